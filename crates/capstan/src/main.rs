@@ -1,0 +1,175 @@
+//! `capstan`: a durable workflow server, wire-compatible with Durable Workflow v2.
+//!
+//! This binary is glue: it parses flags, sets up logging, opens the store and runs the server
+//! library until SIGINT or SIGTERM.
+
+use capstan_server::{AuthConfig, ServerConfig};
+use capstan_store::SqliteStore;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "capstan",
+    version,
+    about = "A durable workflow server, wire-compatible with Durable Workflow v2"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (embedded SQLite in ./capstan-data by default).
+    Serve(ServeArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AuthMode {
+    None,
+    Token,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Parser)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "CAPSTAN_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Directory for the embedded database.
+    #[arg(long, env = "CAPSTAN_DATA_DIR", default_value = "./capstan-data")]
+    data_dir: PathBuf,
+    /// Database URL: `sqlite://PATH` (default: DATA_DIR/capstan.db).
+    #[arg(long, env = "CAPSTAN_DATABASE")]
+    database: Option<String>,
+    /// Authentication: `none`, or `token` (bearer tokens below).
+    #[arg(long, env = "CAPSTAN_AUTH", value_enum, default_value = "none")]
+    auth: AuthMode,
+    /// Shared token, valid for every role.
+    #[arg(long, env = "CAPSTAN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Token for the worker role (worker plane and cluster info).
+    #[arg(long, env = "CAPSTAN_WORKER_TOKEN", hide_env_values = true)]
+    worker_token: Option<String>,
+    /// Token for the operator role (control plane).
+    #[arg(long, env = "CAPSTAN_OPERATOR_TOKEN", hide_env_values = true)]
+    operator_token: Option<String>,
+    /// Token for the admin role (control plane, admin routes).
+    #[arg(long, env = "CAPSTAN_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Workflow task lease length.
+    #[arg(long, env = "CAPSTAN_WORKFLOW_TASK_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(i64).range(1..=3600))]
+    workflow_task_lease_seconds: i64,
+    /// Activity attempt lease length (heartbeats extend it).
+    #[arg(long, env = "CAPSTAN_ACTIVITY_TASK_LEASE_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(i64).range(1..=86400))]
+    activity_task_lease_seconds: i64,
+    /// Largest payload blob accepted, in bytes.
+    #[arg(long, env = "CAPSTAN_MAX_PAYLOAD_BYTES", default_value_t = 2 * 1024 * 1024)]
+    max_payload_bytes: usize,
+    /// Most history events one run may hold.
+    #[arg(long, env = "CAPSTAN_MAX_HISTORY_EVENTS", default_value_t = 50_000)]
+    max_history_events: u64,
+    /// Log format.
+    #[arg(long, env = "CAPSTAN_LOG_FORMAT", value_enum, default_value = "human")]
+    log_format: LogFormat,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CAPSTAN_LOG").unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn database_path(args: &ServeArgs) -> Result<PathBuf, String> {
+    match &args.database {
+        None => Ok(args.data_dir.join("capstan.db")),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Err("PostgreSQL is not supported by this build yet; use the embedded SQLite default.".into())
+        }
+        Some(url) => Ok(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
+    }
+}
+
+fn auth_config(args: &ServeArgs) -> Result<AuthConfig, String> {
+    match args.auth {
+        AuthMode::None => Ok(AuthConfig::None),
+        AuthMode::Token => {
+            let config = AuthConfig::Token {
+                shared: args.token.clone(),
+                worker: args.worker_token.clone(),
+                operator: args.operator_token.clone(),
+                admin: args.admin_token.clone(),
+            };
+            if args.token.is_none() && args.worker_token.is_none() && args.operator_token.is_none() && args.admin_token.is_none() {
+                return Err("--auth token needs at least one of --token, --worker-token, --operator-token, --admin-token".into());
+            }
+            Ok(config)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install the SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("shutting down");
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let path = database_path(&args)?;
+    let auth = auth_config(&args)?;
+    let mut config = ServerConfig {
+        auth,
+        workflow_task_lease_ms: args.workflow_task_lease_seconds * 1000,
+        activity_task_lease_ms: args.activity_task_lease_seconds * 1000,
+        ..ServerConfig::default()
+    };
+    config.limits.payload_bytes_max = args.max_payload_bytes;
+    config.limits.history_events_max = args.max_history_events;
+    let store =
+        SqliteStore::open(&path, config.limits.clone(), capstan_server::now_ms()).map_err(|e| format!("open {}: {e}", path.display()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| format!("listen on {}: {e}", args.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%address, database = %path.display(), "capstan serving");
+    capstan_server::serve(listener, store, config, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_format);
+            let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
+            match runtime.block_on(serve(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    tracing::error!(%message, "capstan stopped");
+                    eprintln!("capstan: {message}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Workflow-task commands in engine form. The HTTP layer converts the wire JSON into these by
+//! hand; the engine never sees request JSON.
+
+use crate::payload::Payload;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Parallel-group and other descriptive fields copied verbatim from a command onto its events.
+pub type StepTags = Map<String, Value>;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkflowCommand {
+    ScheduleActivity(ScheduleActivity),
+    StartTimer {
+        delay_seconds: i64,
+        tags: StepTags,
+    },
+    OpenConditionWait {
+        condition_key: Option<String>,
+        fingerprint: Option<String>,
+        timeout_seconds: Option<i64>,
+        tags: StepTags,
+    },
+    OpenSignalWait {
+        signal_name: String,
+        timeout_seconds: Option<i64>,
+        tags: StepTags,
+    },
+    RecordSideEffect {
+        result: Payload,
+        tags: StepTags,
+    },
+    RecordVersionMarker {
+        change_id: String,
+        version: i64,
+        min_supported: i64,
+        max_supported: i64,
+        tags: StepTags,
+    },
+    UpsertSearchAttributes {
+        attributes: Map<String, Value>,
+        tags: StepTags,
+    },
+    /// `result` is filled by the caller (an Avro null when the worker sent none).
+    CompleteWorkflow {
+        result: Payload,
+    },
+    FailWorkflow(WorkflowFailure),
+}
+
+impl WorkflowCommand {
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_))
+    }
+
+    /// The kind name used to match a re-sent parallel-group member against its recorded step.
+    pub fn step_kind(&self) -> Option<StepKind> {
+        Some(match self {
+            WorkflowCommand::ScheduleActivity(a) => StepKind::Activity(a.activity_type.clone()),
+            WorkflowCommand::StartTimer { .. } => StepKind::Timer,
+            WorkflowCommand::OpenConditionWait { .. } => StepKind::ConditionWait,
+            WorkflowCommand::OpenSignalWait { signal_name, .. } => StepKind::SignalWait(signal_name.clone()),
+            WorkflowCommand::RecordSideEffect { .. } => StepKind::SideEffect,
+            WorkflowCommand::RecordVersionMarker { .. } => StepKind::VersionMarker,
+            WorkflowCommand::UpsertSearchAttributes { .. } => StepKind::SearchAttributes,
+            WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => return None,
+        })
+    }
+
+    pub fn tags(&self) -> Option<&StepTags> {
+        match self {
+            WorkflowCommand::ScheduleActivity(a) => Some(&a.tags),
+            WorkflowCommand::StartTimer { tags, .. }
+            | WorkflowCommand::OpenConditionWait { tags, .. }
+            | WorkflowCommand::OpenSignalWait { tags, .. }
+            | WorkflowCommand::RecordSideEffect { tags, .. }
+            | WorkflowCommand::RecordVersionMarker { tags, .. }
+            | WorkflowCommand::UpsertSearchAttributes { tags, .. } => Some(tags),
+            WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => None,
+        }
+    }
+}
+
+/// What a step sequence was used for; recorded per run so re-sent group members can be recognised.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepKind {
+    Activity(String),
+    Timer,
+    ConditionWait,
+    SignalWait(String),
+    SideEffect,
+    VersionMarker,
+    SearchAttributes,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleActivity {
+    pub activity_type: String,
+    pub arguments: Payload,
+    pub queue: Option<String>,
+    pub retry_policy: Option<RetryPolicy>,
+    pub timeouts: ActivityTimeouts,
+    pub tags: StepTags,
+}
+
+/// Activity retry policy as DW defines it. `max_attempts: None` means unlimited.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    pub max_attempts: Option<u32>,
+    pub backoff_seconds: Vec<i64>,
+    pub non_retryable_error_types: Vec<String>,
+}
+
+impl RetryPolicy {
+    /// Used when a `schedule_activity` carries no policy: retry until it succeeds, backing off
+    /// 1 s, 2 s, 4 s … capped at 60 s — what a Temporal user expects.
+    pub fn server_default() -> Self {
+        Self {
+            max_attempts: None,
+            backoff_seconds: vec![1, 2, 4, 8, 16, 32, 60],
+            non_retryable_error_types: vec![],
+        }
+    }
+
+    /// Backoff before attempt `failed_attempts + 1`.
+    pub fn backoff_after(&self, failed_attempts: u32) -> i64 {
+        if self.backoff_seconds.is_empty() {
+            return 1;
+        }
+        let index = (failed_attempts.max(1) - 1) as usize;
+        self.backoff_seconds[index.min(self.backoff_seconds.len() - 1)]
+    }
+
+    pub fn allows_attempt(&self, attempt_number: u32) -> bool {
+        self.max_attempts.map_or(true, |max| attempt_number <= max)
+    }
+
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "max_attempts": self.max_attempts,
+            "backoff_seconds": self.backoff_seconds,
+            "non_retryable_error_types": self.non_retryable_error_types,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActivityTimeouts {
+    pub start_to_close_seconds: Option<i64>,
+    pub schedule_to_start_seconds: Option<i64>,
+    pub schedule_to_close_seconds: Option<i64>,
+    pub heartbeat_seconds: Option<i64>,
+}
+
+/// A workflow's own failure (`fail_workflow`) or an activity failure report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowFailure {
+    pub message: String,
+    pub exception_type: Option<String>,
+    pub exception_class: Option<String>,
+    pub exception: Option<Value>,
+    pub non_retryable: bool,
+}
+
+/// An activity attempt's failure as reported by a worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActivityFailure {
+    pub message: String,
+    pub failure_type: Option<String>,
+    pub class: Option<String>,
+    pub code: Option<Value>,
+    pub stack_trace: Option<String>,
+    pub non_retryable: bool,
+    pub details: Option<Payload>,
+}

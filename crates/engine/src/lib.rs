@@ -1,0 +1,35 @@
+//! The pure core of Capstan.
+//!
+//! Everything that decides *what happens* to a workflow run lives here: which history events a
+//! command produces, when a workflow or activity task exists, who holds its lease and under which
+//! fence, when a timer fires, when a report is refused. The crate does no IO, has no async and
+//! never reads a clock: callers pass `now` (milliseconds since the Unix epoch) and an [`IdSource`].
+//! Given the same inputs it makes the same decisions, which is what the unit and property tests
+//! rely on.
+//!
+//! The store feeds it: load a [`RunState`], call one transition, persist the [`Effects`] it
+//! produced in one transaction — or nothing at all when the transition returns a [`Refusal`].
+
+pub mod command;
+pub mod history;
+pub mod ids;
+pub mod limits;
+pub mod payload;
+pub mod refusal;
+pub mod run;
+pub mod task;
+pub mod timefmt;
+mod transitions;
+
+pub use command::*;
+pub use history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
+pub use ids::*;
+pub use limits::Limits;
+pub use payload::Payload;
+pub use refusal::{Reason, Refusal};
+pub use run::*;
+pub use task::*;
+pub use transitions::*;
+
+/// Milliseconds since the Unix epoch. Time is always an input to the engine.
+pub type Millis = i64;

@@ -1,0 +1,421 @@
+//! The state of one workflow run, and the bookkeeping every transition shares.
+
+use crate::command::{ActivityTimeouts, RetryPolicy, StepKind, StepTags, WorkflowFailure};
+use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
+use crate::ids::*;
+use crate::limits::Limits;
+use crate::payload::Payload;
+use crate::task::*;
+use crate::Millis;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunStatus {
+    Pending,
+    Running,
+    Waiting,
+    Completed,
+    Failed,
+    Cancelled,
+    Terminated,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::Terminated => "terminated",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Terminated
+        )
+    }
+
+    /// The list-filter bucket: `running`, `completed` or `failed`.
+    pub fn bucket(self) -> &'static str {
+        match self {
+            RunStatus::Pending | RunStatus::Running | RunStatus::Waiting => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed | RunStatus::Cancelled | RunStatus::Terminated => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClosedReason {
+    Completed,
+    Failed,
+    Cancelled,
+    Terminated,
+    TimedOut,
+}
+
+impl ClosedReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClosedReason::Completed => "completed",
+            ClosedReason::Failed => "failed",
+            ClosedReason::Cancelled => "cancelled",
+            ClosedReason::Terminated => "terminated",
+            ClosedReason::TimedOut => "timed_out",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActivityExecution {
+    pub id: ActivityExecutionId,
+    pub step: u32,
+    pub activity_type: String,
+    pub queue: String,
+    pub arguments: Payload,
+    pub retry_policy: RetryPolicy,
+    /// Whether the workflow gave the policy (it is echoed to workers only then).
+    pub retry_policy_given: bool,
+    pub timeouts: ActivityTimeouts,
+    pub scheduled_at: Millis,
+    pub schedule_to_close_deadline: Option<Millis>,
+    /// Attempts started so far.
+    pub attempt_count: u32,
+    /// Every attempt id ever issued for this execution, oldest first.
+    pub attempt_ids: Vec<ActivityAttemptId>,
+    /// The activity task of the current (or next) attempt.
+    pub task_id: TaskId,
+    pub tags: StepTags,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum TimerPurpose {
+    User,
+    ConditionTimeout(WaitId),
+    SignalTimeout(WaitId),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimerState {
+    pub id: TimerId,
+    pub step: u32,
+    pub delay_seconds: i64,
+    pub fire_at: Millis,
+    pub task_id: TaskId,
+    pub purpose: TimerPurpose,
+    pub tags: StepTags,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConditionWait {
+    pub id: WaitId,
+    pub step: u32,
+    pub condition_key: Option<String>,
+    pub fingerprint: Option<String>,
+    pub timeout_seconds: Option<i64>,
+    pub timer_id: Option<TimerId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SignalWait {
+    pub id: WaitId,
+    pub step: u32,
+    pub signal_name: String,
+    pub timeout_seconds: Option<i64>,
+    pub timer_id: Option<TimerId>,
+}
+
+/// What a closed task answered, kept so an identical retried report gets the same answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClosedTaskReceipt {
+    pub task_id: TaskId,
+    pub owner: String,
+    pub fence: u64,
+    pub attempt_id: Option<ActivityAttemptId>,
+    pub report: ReportKind,
+    pub receipt: Receipt,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReportKind {
+    CompleteWorkflowTask,
+    FailWorkflowTask,
+    CompleteActivity,
+    FailActivity,
+}
+
+/// The answer to an accepted worker report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub run_status: RunStatus,
+    /// Tasks the report created (a next workflow task, activity tasks, a retry task…).
+    pub created_task_ids: Vec<TaskId>,
+    /// For activity reports: the run's workflow task that the resolution woke, if any.
+    pub next_task_id: Option<TaskId>,
+    /// `recorded` for reports that changed state; `retained` when replayed from a receipt.
+    pub retained: bool,
+}
+
+/// Everything about one run that transitions read and write. The store persists it whole.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub run_number: u32,
+    pub workflow_type: String,
+    pub task_queue: String,
+    pub status: RunStatus,
+    pub closed_reason: Option<ClosedReason>,
+    pub input: Payload,
+    pub output: Option<Payload>,
+    pub failure: Option<WorkflowFailure>,
+    pub business_key: Option<String>,
+    pub memo: Map<String, Value>,
+    pub search_attributes: Map<String, Value>,
+    pub execution_timeout_seconds: Option<i64>,
+    pub run_timeout_seconds: Option<i64>,
+    pub execution_deadline_at: Option<Millis>,
+    pub run_deadline_at: Option<Millis>,
+    pub started_at: Millis,
+    pub closed_at: Option<Millis>,
+    pub last_progress_at: Millis,
+    pub start_command_id: CommandId,
+
+    /// Sequence of the last history event (0 before the first).
+    pub last_sequence: u64,
+    /// Hash of the last history event (the genesis hash before the first).
+    pub last_hash: String,
+    /// Next workflow step sequence to hand out (steps start at 1).
+    pub next_step: u32,
+    /// What each recorded step was, by step sequence.
+    pub steps: BTreeMap<u32, StepKind>,
+    /// Control-plane commands applied to this run (the receipts' `command_sequence`).
+    pub command_count: u32,
+
+    /// Open tasks of this run, by id.
+    pub tasks: BTreeMap<TaskId, Task>,
+    /// The one ready-or-leased workflow task.
+    pub workflow_task: Option<TaskId>,
+    /// Something resolved while the workflow task was leased: make a new task when it ends.
+    pub workflow_task_wanted: bool,
+    /// Signals that still need their own resume task, oldest first.
+    pub pending_resumes: VecDeque<ResumeContext>,
+    pub activities: BTreeMap<ActivityExecutionId, ActivityExecution>,
+    pub timers: BTreeMap<TimerId, TimerState>,
+    pub condition_waits: Vec<ConditionWait>,
+    pub signal_waits: Vec<SignalWait>,
+    pub closed_receipts: VecDeque<ClosedTaskReceipt>,
+    /// Highest fence ever issued on this run's tasks (visible in describe output).
+    pub fence_high_water: u64,
+}
+
+/// What one transition produced, for the store to persist in one transaction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Effects {
+    pub events: Vec<HistoryEvent>,
+    /// Open tasks that were created or changed.
+    pub touched_tasks: BTreeSet<TaskId>,
+    /// Tasks that left the open set, with how.
+    pub closed_tasks: Vec<(TaskId, TaskClosure)>,
+}
+
+/// The inputs every transition shares: the time, the id source, the limits, and the effects it
+/// accumulates.
+pub struct Cx<'a> {
+    pub now: Millis,
+    pub ids: &'a mut dyn IdSource,
+    pub limits: &'a Limits,
+    pub effects: Effects,
+}
+
+impl<'a> Cx<'a> {
+    pub fn new(now: Millis, ids: &'a mut dyn IdSource, limits: &'a Limits) -> Self {
+        Self {
+            now,
+            ids,
+            limits,
+            effects: Effects::default(),
+        }
+    }
+
+    pub fn id<T: From<String>>(&mut self) -> T {
+        T::from(self.ids.next_id())
+    }
+}
+
+impl RunState {
+    pub fn is_closed(&self) -> bool {
+        self.status.is_terminal()
+    }
+
+    /// Appends one event to the history and the hash chain.
+    pub(crate) fn append(
+        &mut self,
+        cx: &mut Cx,
+        event_type: EventType,
+        payload: Map<String, Value>,
+        task_id: Option<&TaskId>,
+        command_id: Option<&CommandId>,
+    ) {
+        let mut event = HistoryEvent {
+            id: cx.id(),
+            sequence: self.last_sequence + 1,
+            event_type,
+            payload,
+            workflow_task_id: task_id.cloned(),
+            workflow_command_id: command_id.cloned(),
+            recorded_at: cx.now,
+            prev_hash: if self.last_sequence == 0 {
+                GENESIS_HASH.to_string()
+            } else {
+                self.last_hash.clone()
+            },
+            hash: String::new(),
+        };
+        event.hash = chain_hash(&event.prev_hash, &event.canonical_json());
+        self.last_sequence = event.sequence;
+        self.last_hash = event.hash.clone();
+        self.last_progress_at = cx.now;
+        cx.effects.events.push(event);
+    }
+
+    pub(crate) fn put_task(&mut self, cx: &mut Cx, task: Task) {
+        self.fence_high_water = self.fence_high_water.max(task.fence);
+        cx.effects.touched_tasks.insert(task.id.clone());
+        self.tasks.insert(task.id.clone(), task);
+    }
+
+    pub(crate) fn task_mut(&mut self, cx: &mut Cx, id: &TaskId) -> Option<&mut Task> {
+        let task = self.tasks.get_mut(id)?;
+        cx.effects.touched_tasks.insert(id.clone());
+        Some(task)
+    }
+
+    pub(crate) fn close_task(&mut self, cx: &mut Cx, id: &TaskId, closure: TaskClosure) -> Option<Task> {
+        let task = self.tasks.remove(id)?;
+        cx.effects.touched_tasks.remove(id);
+        cx.effects.closed_tasks.push((id.clone(), closure));
+        if self.workflow_task.as_ref() == Some(id) {
+            self.workflow_task = None;
+        }
+        Some(task)
+    }
+
+    pub(crate) fn new_task(&mut self, cx: &mut Cx, kind: TaskKind, queue: &str, detail: TaskDetail) -> TaskId {
+        let id: TaskId = cx.id();
+        let task = Task {
+            id: id.clone(),
+            kind,
+            state: TaskState::Ready,
+            queue: queue.to_string(),
+            available_at: cx.now,
+            deadline_at: None,
+            fence: 0,
+            created_at: cx.now,
+            detail,
+        };
+        self.put_task(cx, task);
+        id
+    }
+
+    /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
+    /// task: creates one if none exists, otherwise remembers to create one when the leased task
+    /// ends. A signal gets its own resume task so its arguments reach the worker with it.
+    pub(crate) fn want_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> Option<TaskId> {
+        if self.is_closed() {
+            return None;
+        }
+        match self.workflow_task.clone() {
+            None => Some(self.create_workflow_task(cx, resume)),
+            Some(id) => {
+                let task = self.tasks.get(&id).expect("workflow_task points at an open task");
+                let ready_without_resume = task.is_ready() && matches!(task.detail, TaskDetail::Workflow { resume: None, .. });
+                match resume {
+                    Some(resume) if ready_without_resume => {
+                        let task = self.task_mut(cx, &id).expect("open");
+                        task.detail = TaskDetail::Workflow {
+                            resume: Some(resume),
+                            history_snapshot: 0,
+                        };
+                    }
+                    Some(resume) => self.pending_resumes.push_back(resume),
+                    None => {
+                        if !task.is_ready() {
+                            self.workflow_task_wanted = true;
+                        }
+                    }
+                }
+                Some(id)
+            }
+        }
+    }
+
+    fn create_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> TaskId {
+        let queue = self.task_queue.clone();
+        let id = self.new_task(
+            cx,
+            TaskKind::Workflow,
+            &queue,
+            TaskDetail::Workflow {
+                resume,
+                history_snapshot: 0,
+            },
+        );
+        self.workflow_task = Some(id.clone());
+        self.workflow_task_wanted = false;
+        id
+    }
+
+    /// After a workflow task ends without closing the run: start the next one if anything is
+    /// waiting to be seen.
+    pub(crate) fn follow_up_workflow_task(&mut self, cx: &mut Cx) -> Option<TaskId> {
+        if self.is_closed() || self.workflow_task.is_some() {
+            return None;
+        }
+        if let Some(resume) = self.pending_resumes.pop_front() {
+            return Some(self.create_workflow_task(cx, Some(resume)));
+        }
+        if self.workflow_task_wanted {
+            return Some(self.create_workflow_task(cx, None));
+        }
+        None
+    }
+
+    pub(crate) fn remember_receipt(&mut self, cx: &Cx, receipt: ClosedTaskReceipt) {
+        self.closed_receipts.push_back(receipt);
+        while self.closed_receipts.len() > cx.limits.closed_task_receipts_max {
+            self.closed_receipts.pop_front();
+        }
+    }
+
+    pub(crate) fn find_receipt(&self, task_id: &TaskId) -> Option<&ClosedTaskReceipt> {
+        self.closed_receipts.iter().rev().find(|r| &r.task_id == task_id)
+    }
+
+    /// `wait_kind` for describe: what the run is waiting on.
+    pub fn wait_kind(&self) -> Option<&'static str> {
+        if self.is_closed() {
+            None
+        } else if self.workflow_task.is_some() {
+            Some("workflow_task")
+        } else if !self.signal_waits.is_empty() {
+            Some("signal")
+        } else if !self.condition_waits.is_empty() {
+            Some("condition")
+        } else if !self.activities.is_empty() {
+            Some("activity")
+        } else if !self.timers.is_empty() {
+            Some("timer")
+        } else {
+            None
+        }
+    }
+}

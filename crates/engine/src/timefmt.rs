@@ -1,0 +1,44 @@
+//! RFC 3339 formatting of engine instants, without a clock (history payloads carry timestamps).
+
+use crate::Millis;
+
+/// `2026-01-01T00:00:05.000000Z` — microsecond precision, UTC, as DW writes timestamps.
+pub fn iso8601(ms: Millis) -> String {
+    let secs = ms.div_euclid(1000);
+    let micros = ms.rem_euclid(1000) * 1000;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_known_instants() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(iso8601(1_767_225_605_123), "2026-01-01T00:00:05.123000Z");
+        assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000000Z");
+    }
+}

@@ -1,0 +1,1573 @@
+//! The transitions of a run. Each takes the run's state, the shared [`Cx`] and its inputs, and
+//! either changes the state (recording events and task changes in `cx.effects`) or returns a
+//! [`Refusal`]. Callers persist the changed state and the effects only on `Ok`; on `Err` they
+//! discard both, so a refused report leaves nothing behind.
+
+use crate::command::*;
+use crate::history::EventType;
+use crate::ids::*;
+use crate::payload::Payload;
+use crate::refusal::{Reason, Refusal};
+use crate::run::*;
+use crate::task::*;
+use crate::timefmt::iso8601;
+use crate::Millis;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Failure type the SDKs report when replay produced no new command: benign, nothing to retry.
+pub const WAITING_FOR_HISTORY_FAILURE: &str = "WorkflowTaskWaitingForHistory";
+
+/// Longest pause before a failed workflow task is offered again.
+const WORKFLOW_TASK_RETRY_BACKOFF_MAX_MS: Millis = 60_000;
+
+macro_rules! obj {
+    ($($key:expr => $value:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut map = Map::new();
+        $(map.insert($key.to_string(), json!($value));)*
+        map
+    }};
+}
+
+fn payload_json(payload: &Payload) -> Value {
+    json!({"codec": payload.codec, "blob": payload.blob})
+}
+
+fn extend(map: &mut Map<String, Value>, tags: &StepTags) {
+    for (key, value) in tags {
+        map.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start
+
+/// Everything needed to start a run, already validated by the caller.
+#[derive(Clone, Debug)]
+pub struct StartRun {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub workflow_type: String,
+    pub task_queue: String,
+    pub input: Payload,
+    pub execution_timeout_seconds: Option<i64>,
+    pub run_timeout_seconds: Option<i64>,
+    pub business_key: Option<String>,
+    pub memo: Map<String, Value>,
+    pub search_attributes: Map<String, Value>,
+    pub command_id: CommandId,
+}
+
+/// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
+/// the run-deadline task.
+pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
+    let now = cx.now;
+    let execution_deadline_at = start.execution_timeout_seconds.map(|s| now + s * 1000);
+    let run_deadline_at = start.run_timeout_seconds.map(|s| now + s * 1000);
+    let mut run = RunState {
+        namespace: start.namespace,
+        workflow_id: start.workflow_id,
+        run_id: start.run_id,
+        run_number: 1,
+        workflow_type: start.workflow_type,
+        task_queue: start.task_queue,
+        status: RunStatus::Pending,
+        closed_reason: None,
+        input: start.input,
+        output: None,
+        failure: None,
+        business_key: start.business_key,
+        memo: start.memo,
+        search_attributes: start.search_attributes,
+        execution_timeout_seconds: start.execution_timeout_seconds,
+        run_timeout_seconds: start.run_timeout_seconds,
+        execution_deadline_at,
+        run_deadline_at,
+        started_at: now,
+        closed_at: None,
+        last_progress_at: now,
+        start_command_id: start.command_id.clone(),
+        last_sequence: 0,
+        last_hash: String::new(),
+        next_step: 1,
+        steps: BTreeMap::new(),
+        command_count: 1,
+        tasks: BTreeMap::new(),
+        workflow_task: None,
+        workflow_task_wanted: false,
+        pending_resumes: VecDeque::new(),
+        activities: BTreeMap::new(),
+        timers: BTreeMap::new(),
+        condition_waits: Vec::new(),
+        signal_waits: Vec::new(),
+        closed_receipts: VecDeque::new(),
+        fence_high_water: 0,
+    };
+    let command = Some(&start.command_id);
+    let identity = obj!(
+        "workflow_command_id" => start.command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "workflow_type" => run.workflow_type,
+        "business_key" => run.business_key,
+        "memo" => run.memo,
+        "search_attributes" => run.search_attributes,
+    );
+    let mut accepted = identity.clone();
+    accepted.insert("outcome".into(), json!("started_new"));
+    run.append(cx, EventType::StartAccepted, accepted, None, command);
+    let mut started = identity;
+    started.insert("execution_timeout_seconds".into(), json!(run.execution_timeout_seconds));
+    started.insert("run_timeout_seconds".into(), json!(run.run_timeout_seconds));
+    started.insert("execution_deadline_at".into(), json!(execution_deadline_at.map(iso8601)));
+    started.insert("run_deadline_at".into(), json!(run_deadline_at.map(iso8601)));
+    started.insert("input_envelope".into(), payload_json(&run.input));
+    started.insert("task_queue".into(), json!(run.task_queue));
+    run.append(cx, EventType::WorkflowStarted, started, None, command);
+    run.want_workflow_task(cx, None);
+    let deadline = match (execution_deadline_at, run_deadline_at) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    if let Some(deadline) = deadline {
+        let id = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::RunDeadline);
+        run.task_mut(cx, &id).expect("just created").deadline_at = Some(deadline);
+    }
+    run
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workflow tasks
+
+/// Leases a ready workflow task to `owner`. The returned task carries the new lease and the
+/// history snapshot (events up to `history_snapshot`) the worker must replay.
+pub fn lease_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str, lease_ms: i64) -> Result<Task, Refusal> {
+    if run.is_closed() {
+        return Err(run_closed_refusal(run));
+    }
+    let now = cx.now;
+    let snapshot = run.last_sequence;
+    let task = run
+        .tasks
+        .get(task_id)
+        .ok_or_else(|| Refusal::new(Reason::TaskNotLeased, "Workflow task is no longer open."))?;
+    if task.kind != TaskKind::Workflow || !task.is_ready() || task.available_at > now {
+        return Err(Refusal::new(Reason::TaskNotLeased, "Workflow task is not ready to lease."));
+    }
+    let task = run.task_mut(cx, task_id).expect("checked");
+    task.fence += 1;
+    let lease = Lease {
+        owner: owner.to_string(),
+        expires_at: now + lease_ms,
+        fence: task.fence,
+    };
+    task.deadline_at = Some(lease.expires_at);
+    task.state = TaskState::Leased(lease);
+    if let TaskDetail::Workflow { history_snapshot, .. } = &mut task.detail {
+        *history_snapshot = snapshot;
+    }
+    let task = task.clone();
+    run.fence_high_water = run.fence_high_water.max(task.fence);
+    if matches!(run.status, RunStatus::Pending | RunStatus::Waiting) {
+        run.status = RunStatus::Running;
+    }
+    Ok(task)
+}
+
+/// Checks that `(owner, attempt)` holds the live lease of workflow task `task_id`.
+pub fn check_workflow_lease<'r>(run: &'r RunState, now: Millis, task_id: &TaskId, owner: &str, attempt: u64) -> Result<&'r Task, Refusal> {
+    let attach = |refusal: Refusal| refusal.with("task_id", task_id.as_str()).with("workflow_task_attempt", attempt);
+    let Some(task) = run.tasks.get(task_id) else {
+        if run.is_closed() {
+            return Err(attach(run_closed_refusal(run)));
+        }
+        return Err(attach(Refusal::new(Reason::TaskNotLeased, "Workflow task is not leased.")));
+    };
+    if task.kind != TaskKind::Workflow {
+        return Err(attach(Refusal::new(Reason::TaskNotFound, "Workflow task not found.")));
+    }
+    let Some(lease) = task.lease() else {
+        return Err(attach(Refusal::new(Reason::TaskNotLeased, "Workflow task is not leased.")).with("task_status", "ready"));
+    };
+    if lease.owner != owner {
+        return Err(attach(Refusal::new(
+            Reason::LeaseOwnerMismatch,
+            "Workflow task lease is owned by another worker.",
+        ))
+        .with("lease_owner", lease.owner.clone()));
+    }
+    if lease.fence != attempt {
+        return Err(attach(Refusal::new(
+            Reason::WorkflowTaskAttemptMismatch,
+            "Workflow task attempt does not match the current lease.",
+        ))
+        .with("current_attempt", lease.fence));
+    }
+    if lease.expires_at <= now {
+        return Err(attach(Refusal::new(Reason::LeaseExpired, "Workflow task lease has expired."))
+            .with("task_status", "leased")
+            .with("lease_owner", lease.owner.clone())
+            .with("lease_expires_at", iso8601(lease.expires_at)));
+    }
+    Ok(task)
+}
+
+fn retained_receipt(
+    run: &RunState,
+    task_id: &TaskId,
+    owner: &str,
+    fence: u64,
+    attempt_id: Option<&ActivityAttemptId>,
+    report: ReportKind,
+) -> Option<Receipt> {
+    let receipt = run.find_receipt(task_id)?;
+    let same = receipt.owner == owner
+        && receipt.report == report
+        && receipt.attempt_id.as_ref() == attempt_id
+        && (attempt_id.is_some() || receipt.fence == fence);
+    same.then(|| Receipt {
+        retained: true,
+        ..receipt.receipt.clone()
+    })
+}
+
+/// Applies a workflow task's commands: the heart of the engine.
+pub fn complete_workflow_task(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    owner: &str,
+    attempt: u64,
+    commands: Vec<WorkflowCommand>,
+) -> Result<Receipt, Refusal> {
+    if let Some(receipt) = retained_receipt(run, task_id, owner, attempt, None, ReportKind::CompleteWorkflowTask) {
+        return Ok(receipt);
+    }
+    let task = check_workflow_lease(run, cx.now, task_id, owner, attempt)?.clone();
+    validate_commands(run, cx, &commands)?;
+
+    let resume = match &task.detail {
+        TaskDetail::Workflow { resume, .. } => resume.clone(),
+        _ => None,
+    };
+    if let Some(ResumeContext::Signal {
+        signal_id,
+        signal_name,
+        arguments,
+        command_id,
+    }) = resume
+    {
+        apply_signal_to_wait(run, cx, task_id, &signal_id, &signal_name, &arguments, &command_id, &commands);
+    }
+
+    let mut created = Vec::new();
+    let tasks_before: std::collections::BTreeSet<TaskId> = run.tasks.keys().cloned().collect();
+    for command in commands {
+        apply_command(run, cx, task_id, command)?;
+    }
+    run.close_task(cx, task_id, TaskClosure::Completed);
+    if !run.is_closed() {
+        run.status = RunStatus::Waiting;
+        run.follow_up_workflow_task(cx);
+    }
+    for id in run.tasks.keys() {
+        if !tasks_before.contains(id) {
+            created.push(id.clone());
+        }
+    }
+    let receipt = Receipt {
+        run_status: run.status,
+        created_task_ids: created,
+        next_task_id: None,
+        retained: false,
+    };
+    run.remember_receipt(
+        cx,
+        ClosedTaskReceipt {
+            task_id: task_id.clone(),
+            owner: owner.to_string(),
+            fence: attempt,
+            attempt_id: None,
+            report: ReportKind::CompleteWorkflowTask,
+            receipt: receipt.clone(),
+        },
+    );
+    Ok(receipt)
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal::new(Reason::InvalidCommands, message)
+}
+
+fn validate_commands(run: &RunState, cx: &Cx, commands: &[WorkflowCommand]) -> Result<(), Refusal> {
+    if commands.is_empty() {
+        return Err(invalid("A workflow task completion needs at least one command."));
+    }
+    if commands.len() > cx.limits.commands_per_completion_max {
+        return Err(
+            Refusal::new(Reason::StructuralLimitExceeded, "Too many commands in one completion.")
+                .with("limit_kind", "commands_per_completion")
+                .with("current_value", commands.len())
+                .with("configured_limit", cx.limits.commands_per_completion_max),
+        );
+    }
+    let terminal_count = commands.iter().filter(|c| c.is_terminal()).count();
+    if terminal_count > 1 || (terminal_count == 1 && !commands.last().is_some_and(|c| c.is_terminal())) {
+        return Err(invalid("At most one terminal command is allowed and it must be last."));
+    }
+    let events_after = run.last_sequence + 3 * commands.len() as u64;
+    if events_after > cx.limits.history_events_max {
+        return Err(Refusal::new(Reason::StructuralLimitExceeded, "The run's history is full.")
+            .with("limit_kind", "history_events")
+            .with("current_value", run.last_sequence)
+            .with("configured_limit", cx.limits.history_events_max));
+    }
+    let new_activities = commands
+        .iter()
+        .filter(|c| matches!(c, WorkflowCommand::ScheduleActivity(_)))
+        .count();
+    if run.activities.len() + new_activities > cx.limits.pending_activities_max {
+        return Err(Refusal::new(Reason::StructuralLimitExceeded, "Too many pending activities.")
+            .with("limit_kind", "pending_activities")
+            .with("current_value", run.activities.len() + new_activities)
+            .with("configured_limit", cx.limits.pending_activities_max));
+    }
+    let new_timers = commands
+        .iter()
+        .filter(|c| matches!(c, WorkflowCommand::StartTimer { .. }) || matches!(c, WorkflowCommand::OpenConditionWait { timeout_seconds: Some(t), .. } | WorkflowCommand::OpenSignalWait { timeout_seconds: Some(t), .. } if *t > 0))
+        .count();
+    if run.timers.len() + new_timers > cx.limits.pending_timers_max {
+        return Err(Refusal::new(Reason::StructuralLimitExceeded, "Too many pending timers.")
+            .with("limit_kind", "pending_timers")
+            .with("current_value", run.timers.len() + new_timers)
+            .with("configured_limit", cx.limits.pending_timers_max));
+    }
+    for command in commands {
+        let delay = match command {
+            WorkflowCommand::StartTimer { delay_seconds, .. } => Some(*delay_seconds),
+            WorkflowCommand::OpenConditionWait { timeout_seconds, .. } | WorkflowCommand::OpenSignalWait { timeout_seconds, .. } => {
+                *timeout_seconds
+            }
+            _ => None,
+        };
+        if let Some(delay) = delay {
+            if delay < 0 || delay > cx.limits.delay_seconds_max {
+                return Err(invalid(format!(
+                    "Delay {delay} s is outside 0..={} s.",
+                    cx.limits.delay_seconds_max
+                )));
+            }
+        }
+        if let WorkflowCommand::RecordVersionMarker {
+            version,
+            min_supported,
+            max_supported,
+            ..
+        } = command
+        {
+            if !(min_supported <= version && version <= max_supported) {
+                return Err(invalid("record_version_marker needs min_supported <= version <= max_supported."));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Step 2 of a completion: the signal that caused this task is applied to the wait it resolves.
+#[allow(clippy::too_many_arguments)]
+fn apply_signal_to_wait(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    signal_id: &SignalId,
+    signal_name: &str,
+    arguments: &Payload,
+    command_id: &CommandId,
+    commands: &[WorkflowCommand],
+) {
+    if let Some(index) = run.signal_waits.iter().position(|w| w.signal_name == signal_name) {
+        let wait = run.signal_waits.remove(index);
+        cancel_wait_timer(run, cx, wait.timer_id.as_ref());
+        let payload = obj!(
+            "workflow_command_id" => command_id,
+            "signal_id" => signal_id,
+            "signal_name" => signal_name,
+            "signal_wait_id" => wait.id,
+            "sequence" => wait.step,
+            "value" => arguments.blob,
+            "payload_codec" => arguments.codec,
+        );
+        run.append(cx, EventType::SignalApplied, payload, Some(task_id), Some(command_id));
+        return;
+    }
+    let Some(wait) = run.condition_waits.last().cloned() else {
+        return;
+    };
+    run.condition_waits.pop();
+    cancel_wait_timer(run, cx, wait.timer_id.as_ref());
+    let reopened = commands.iter().any(|c| {
+        matches!(c, WorkflowCommand::OpenConditionWait { condition_key, fingerprint, .. }
+            if *condition_key == wait.condition_key && *fingerprint == wait.fingerprint)
+    });
+    if reopened {
+        // The re-open supersedes the old wait; a Satisfied row between them would bind later
+        // receivers to the old wait on replay (protocol 20 §5 step 2).
+        return;
+    }
+    let payload = obj!(
+        "condition_wait_id" => wait.id,
+        "condition_key" => wait.condition_key,
+        "condition_definition_fingerprint" => wait.fingerprint,
+        "sequence" => wait.step,
+        "timer_id" => wait.timer_id,
+        "timeout_seconds" => wait.timeout_seconds,
+        "workflow_signal_id" => signal_id,
+        "signal_name" => signal_name,
+    );
+    run.append(cx, EventType::ConditionWaitSatisfied, payload, Some(task_id), Some(command_id));
+}
+
+/// Closes a wait's timeout timer without an event: the wait's own resolution row records the end.
+fn cancel_wait_timer(run: &mut RunState, cx: &mut Cx, timer_id: Option<&TimerId>) {
+    if let Some(timer) = timer_id.and_then(|id| run.timers.remove(id)) {
+        run.close_task(cx, &timer.task_id, TaskClosure::Cancelled);
+    }
+}
+
+/// Assigns the step sequence of a command, or `None` when it re-sends an already recorded
+/// parallel-group member (a replay: no events, no step).
+fn take_step(run: &mut RunState, command: &WorkflowCommand) -> Result<Option<u32>, Refusal> {
+    let kind = command.step_kind().expect("only step commands take steps");
+    let tags = command.tags().expect("step commands have tags");
+    let base = tags.get("parallel_group_base_sequence").and_then(Value::as_u64);
+    let index = tags.get("parallel_group_index").and_then(Value::as_u64);
+    if let (Some(base), Some(index)) = (base, index) {
+        let target = (base + index) as u32;
+        if target < run.next_step {
+            return match run.steps.get(&target) {
+                Some(recorded) if *recorded == kind => Ok(None),
+                _ => Err(invalid(format!(
+                    "Parallel group member at step {target} does not match the recorded step."
+                ))),
+            };
+        }
+        if target != run.next_step {
+            return Err(invalid(format!(
+                "parallel_group_base_sequence + parallel_group_index = {target}, but the next step is {}.",
+                run.next_step
+            )));
+        }
+    }
+    let step = run.next_step;
+    run.next_step += 1;
+    run.steps.insert(step, kind);
+    Ok(Some(step))
+}
+
+fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: WorkflowCommand) -> Result<(), Refusal> {
+    let step = if command.step_kind().is_some() {
+        match take_step(run, &command)? {
+            Some(step) => step,
+            None => return Ok(()),
+        }
+    } else {
+        0
+    };
+    let now = cx.now;
+    let wt = Some(task_id);
+    match command {
+        WorkflowCommand::ScheduleActivity(schedule) => {
+            let execution_id: ActivityExecutionId = cx.id();
+            let queue = schedule
+                .queue
+                .clone()
+                .filter(|q| !q.is_empty())
+                .unwrap_or_else(|| run.task_queue.clone());
+            let retry_policy_given = schedule.retry_policy.is_some();
+            let retry_policy = schedule.retry_policy.clone().unwrap_or_else(RetryPolicy::server_default);
+            let schedule_to_close_deadline = schedule.timeouts.schedule_to_close_seconds.map(|s| now + s * 1000);
+            let task = run.new_task(
+                cx,
+                TaskKind::Activity,
+                &queue,
+                TaskDetail::Activity {
+                    execution_id: execution_id.clone(),
+                    activity_type: schedule.activity_type.clone(),
+                    attempt_number: 1,
+                    attempt_id: None,
+                    last_heartbeat_at: None,
+                },
+            );
+            let execution = ActivityExecution {
+                id: execution_id,
+                step,
+                activity_type: schedule.activity_type,
+                queue,
+                arguments: schedule.arguments,
+                retry_policy,
+                retry_policy_given,
+                timeouts: schedule.timeouts,
+                scheduled_at: now,
+                schedule_to_close_deadline,
+                attempt_count: 0,
+                attempt_ids: Vec::new(),
+                task_id: task.clone(),
+                tags: schedule.tags,
+            };
+            set_ready_activity_deadline(run, cx, &task, &execution);
+            let mut payload = activity_identity(&execution);
+            payload.insert("queue".into(), json!(execution.queue));
+            if execution.retry_policy_given {
+                payload.insert("retry_policy".into(), execution.retry_policy.to_json());
+            }
+            let t = &execution.timeouts;
+            for (key, value) in [
+                ("start_to_close_timeout", t.start_to_close_seconds),
+                ("schedule_to_start_timeout", t.schedule_to_start_seconds),
+                ("schedule_to_close_timeout", t.schedule_to_close_seconds),
+                ("heartbeat_timeout", t.heartbeat_seconds),
+            ] {
+                if let Some(value) = value {
+                    payload.insert(key.into(), json!(value));
+                }
+            }
+            payload.insert("task_id".into(), json!(task));
+            run.activities.insert(execution.id.clone(), execution);
+            run.append(cx, EventType::ActivityScheduled, payload, wt, None);
+        }
+        WorkflowCommand::StartTimer { delay_seconds, tags } => {
+            let timer = schedule_timer(run, cx, step, delay_seconds, TimerPurpose::User, tags);
+            let payload = timer_payload(run, &timer);
+            run.append(cx, EventType::TimerScheduled, payload, wt, None);
+        }
+        WorkflowCommand::OpenConditionWait {
+            condition_key,
+            fingerprint,
+            timeout_seconds,
+            tags,
+        } => {
+            let wait_id: WaitId = cx.id();
+            let mut payload = obj!(
+                "condition_wait_id" => wait_id,
+                "condition_key" => condition_key,
+                "condition_definition_fingerprint" => fingerprint,
+                "sequence" => step,
+                "timeout_seconds" => timeout_seconds,
+            );
+            extend(&mut payload, &tags);
+            run.append(cx, EventType::ConditionWaitOpened, payload, wt, None);
+            let mut wait = ConditionWait {
+                id: wait_id.clone(),
+                step,
+                condition_key,
+                fingerprint,
+                timeout_seconds,
+                timer_id: None,
+            };
+            if let Some(timeout) = timeout_seconds.filter(|t| *t > 0) {
+                let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::ConditionTimeout(wait_id), tags);
+                wait.timer_id = Some(timer.id.clone());
+                run.condition_waits.push(wait);
+                let payload = timer_payload(run, &timer);
+                run.append(cx, EventType::TimerScheduled, payload, wt, None);
+            } else {
+                run.condition_waits.push(wait);
+            }
+        }
+        WorkflowCommand::OpenSignalWait {
+            signal_name,
+            timeout_seconds,
+            tags,
+        } => {
+            let wait_id: WaitId = cx.id();
+            let mut payload = obj!(
+                "signal_name" => signal_name,
+                "signal_wait_id" => wait_id,
+                "sequence" => step,
+                "timeout_seconds" => timeout_seconds,
+            );
+            extend(&mut payload, &tags);
+            run.append(cx, EventType::SignalWaitOpened, payload, wt, None);
+            let mut wait = SignalWait {
+                id: wait_id.clone(),
+                step,
+                signal_name,
+                timeout_seconds,
+                timer_id: None,
+            };
+            match timeout_seconds {
+                Some(0) => {
+                    // A zero timeout resolves at once: the wait times out in this very completion.
+                    let timer = TimerState {
+                        id: cx.id(),
+                        step,
+                        delay_seconds: 0,
+                        fire_at: now,
+                        task_id: TaskId(String::new()),
+                        purpose: TimerPurpose::SignalTimeout(wait_id),
+                        tags,
+                    };
+                    let mut payload = timer_payload_for(&timer, Some(&wait.signal_name));
+                    payload.insert("fired_at".into(), json!(iso8601(now)));
+                    run.append(cx, EventType::TimerFired, payload, wt, None);
+                    run.workflow_task_wanted = true;
+                }
+                Some(timeout) if timeout > 0 => {
+                    let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::SignalTimeout(wait_id), tags);
+                    wait.timer_id = Some(timer.id.clone());
+                    let payload = timer_payload_for(&timer, Some(&wait.signal_name));
+                    run.signal_waits.push(wait);
+                    run.append(cx, EventType::TimerScheduled, payload, wt, None);
+                }
+                _ => run.signal_waits.push(wait),
+            }
+        }
+        WorkflowCommand::RecordSideEffect { result, tags } => {
+            let mut payload = obj!("sequence" => step, "result" => result.blob, "payload_codec" => result.codec);
+            extend(&mut payload, &tags);
+            run.append(cx, EventType::SideEffectRecorded, payload, wt, None);
+        }
+        WorkflowCommand::RecordVersionMarker {
+            change_id,
+            version,
+            min_supported,
+            max_supported,
+            tags,
+        } => {
+            let mut payload = obj!(
+                "sequence" => step,
+                "change_id" => change_id,
+                "version" => version,
+                "min_supported" => min_supported,
+                "max_supported" => max_supported,
+            );
+            extend(&mut payload, &tags);
+            run.append(cx, EventType::VersionMarkerRecorded, payload, wt, None);
+        }
+        WorkflowCommand::UpsertSearchAttributes { attributes, tags } => {
+            for (key, value) in &attributes {
+                if value.is_null() {
+                    run.search_attributes.remove(key);
+                } else {
+                    run.search_attributes.insert(key.clone(), value.clone());
+                }
+            }
+            let mut payload = obj!("sequence" => step, "attributes" => attributes, "merged" => run.search_attributes);
+            extend(&mut payload, &tags);
+            run.append(cx, EventType::SearchAttributesUpserted, payload, wt, None);
+        }
+        WorkflowCommand::CompleteWorkflow { result } => {
+            let payload = obj!("output" => result.blob, "payload_codec" => result.codec);
+            run.output = Some(result);
+            close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
+            run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
+        }
+        WorkflowCommand::FailWorkflow(failure) => {
+            let failure_id: String = cx.ids.next_id();
+            let payload = obj!(
+                "failure_id" => failure_id,
+                "source_kind" => "workflow_run",
+                "source_id" => run.run_id,
+                "failure_category" => "application",
+                "non_retryable" => failure.non_retryable,
+                "exception_type" => failure.exception_type,
+                "exception_class" => failure.exception_class.clone().or_else(|| failure.exception_type.clone()),
+                "message" => failure.message,
+                "exception" => failure.exception,
+            );
+            run.failure = Some(failure);
+            close_run(run, cx, RunStatus::Failed, ClosedReason::Failed);
+            run.append(cx, EventType::WorkflowFailed, payload, wt, None);
+        }
+    }
+    Ok(())
+}
+
+fn schedule_timer(run: &mut RunState, cx: &mut Cx, step: u32, delay_seconds: i64, purpose: TimerPurpose, tags: StepTags) -> TimerState {
+    let timer_id: TimerId = cx.id();
+    let fire_at = cx.now + delay_seconds * 1000;
+    let task_id = run.new_task(
+        cx,
+        TaskKind::Timer,
+        "",
+        TaskDetail::Timer {
+            timer_id: timer_id.clone(),
+        },
+    );
+    run.task_mut(cx, &task_id).expect("just created").deadline_at = Some(fire_at);
+    let timer = TimerState {
+        id: timer_id,
+        step,
+        delay_seconds,
+        fire_at,
+        task_id,
+        purpose,
+        tags,
+    };
+    run.timers.insert(timer.id.clone(), timer.clone());
+    timer
+}
+
+fn timer_payload(run: &RunState, timer: &TimerState) -> Map<String, Value> {
+    let condition = match &timer.purpose {
+        TimerPurpose::ConditionTimeout(wait_id) => run.condition_waits.iter().find(|w| &w.id == wait_id),
+        _ => None,
+    };
+    let mut payload = timer_payload_for(timer, None);
+    if let Some(wait) = condition {
+        payload.insert("condition_key".into(), json!(wait.condition_key));
+        payload.insert("condition_definition_fingerprint".into(), json!(wait.fingerprint));
+    }
+    payload
+}
+
+fn timer_payload_for(timer: &TimerState, signal_name: Option<&str>) -> Map<String, Value> {
+    let mut payload = obj!(
+        "timer_id" => timer.id,
+        "sequence" => timer.step,
+        "delay_seconds" => timer.delay_seconds,
+        "fire_at" => iso8601(timer.fire_at),
+    );
+    match &timer.purpose {
+        TimerPurpose::User => {}
+        TimerPurpose::ConditionTimeout(wait_id) => {
+            payload.insert("timer_kind".into(), json!("condition_timeout"));
+            payload.insert("condition_wait_id".into(), json!(wait_id));
+        }
+        TimerPurpose::SignalTimeout(wait_id) => {
+            payload.insert("timer_kind".into(), json!("signal_timeout"));
+            payload.insert("signal_wait_id".into(), json!(wait_id));
+            if let Some(name) = signal_name {
+                payload.insert("signal_name".into(), json!(name));
+            }
+        }
+    }
+    extend(&mut payload, &timer.tags);
+    payload
+}
+
+/// Closes a run: every open task, timer, wait and activity of it ends with it.
+fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
+    run.status = status;
+    run.closed_reason = Some(reason);
+    run.closed_at = Some(cx.now);
+    let current = run.workflow_task.clone();
+    let open: Vec<TaskId> = run.tasks.keys().filter(|id| Some(*id) != current.as_ref()).cloned().collect();
+    for id in open {
+        run.close_task(cx, &id, TaskClosure::Cancelled);
+    }
+    run.activities.clear();
+    run.timers.clear();
+    run.condition_waits.clear();
+    run.signal_waits.clear();
+    run.pending_resumes.clear();
+    run.workflow_task_wanted = false;
+}
+
+/// Closes the run's in-flight workflow task too: used by closes that do not come from a
+/// workflow task (cancel, terminate, time-out).
+fn close_run_from_outside(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
+    close_run(run, cx, status, reason);
+    if let Some(id) = run.workflow_task.clone() {
+        run.close_task(cx, &id, TaskClosure::Cancelled);
+    }
+}
+
+pub fn run_closed_refusal(run: &RunState) -> Refusal {
+    let stop_reason = match run.closed_reason {
+        Some(ClosedReason::Cancelled) => "run_cancelled",
+        Some(ClosedReason::Terminated) => "run_terminated",
+        Some(ClosedReason::Completed) => "run_completed",
+        Some(ClosedReason::Failed) => "run_failed",
+        _ => "run_closed",
+    };
+    Refusal::new(Reason::RunClosed, "The workflow run is closed.")
+        .with("stop_reason", stop_reason)
+        .with("cancel_requested", run.closed_reason == Some(ClosedReason::Cancelled))
+        .with("can_continue", false)
+        .with("run_status", run.status.as_str())
+        .with("run_closed_reason", run.closed_reason.map(|r| r.as_str()))
+        .with("run_closed_at", run.closed_at.map(iso8601))
+}
+
+/// A worker's failure report for a workflow task.
+#[derive(Clone, Debug, Default)]
+pub struct WorkflowTaskFailure {
+    pub message: String,
+    pub failure_type: Option<String>,
+}
+
+/// A failed workflow task records no history. `WorkflowTaskWaitingForHistory` closes it (nothing
+/// new to do); any other failure offers it again after a capped exponential backoff.
+pub fn fail_workflow_task(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    owner: &str,
+    attempt: u64,
+    failure: WorkflowTaskFailure,
+) -> Result<Receipt, Refusal> {
+    if let Some(receipt) = retained_receipt(run, task_id, owner, attempt, None, ReportKind::FailWorkflowTask) {
+        return Ok(receipt);
+    }
+    check_workflow_lease(run, cx.now, task_id, owner, attempt)?;
+    let mut created = Vec::new();
+    if failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE) {
+        run.close_task(cx, task_id, TaskClosure::Completed);
+        if run.status == RunStatus::Running {
+            run.status = RunStatus::Waiting;
+        }
+        created.extend(run.follow_up_workflow_task(cx));
+    } else {
+        let backoff = (1000i64 << attempt.saturating_sub(1).min(16)).min(WORKFLOW_TASK_RETRY_BACKOFF_MAX_MS);
+        let now = cx.now;
+        let task = run.task_mut(cx, task_id).expect("lease checked");
+        task.state = TaskState::Ready;
+        task.available_at = now + backoff;
+        task.deadline_at = None;
+    }
+    let receipt = Receipt {
+        run_status: run.status,
+        created_task_ids: created,
+        next_task_id: None,
+        retained: false,
+    };
+    run.remember_receipt(
+        cx,
+        ClosedTaskReceipt {
+            task_id: task_id.clone(),
+            owner: owner.to_string(),
+            fence: attempt,
+            attempt_id: None,
+            report: ReportKind::FailWorkflowTask,
+            receipt: receipt.clone(),
+        },
+    );
+    Ok(receipt)
+}
+
+/// Extends a workflow task's lease.
+pub fn heartbeat_workflow_task(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    owner: &str,
+    attempt: u64,
+    lease_ms: i64,
+) -> Result<Lease, Refusal> {
+    check_workflow_lease(run, cx.now, task_id, owner, attempt)?;
+    let now = cx.now;
+    let task = run.task_mut(cx, task_id).expect("lease checked");
+    let TaskState::Leased(lease) = &mut task.state else {
+        unreachable!("lease checked")
+    };
+    lease.expires_at = now + lease_ms;
+    let lease = lease.clone();
+    task.deadline_at = Some(lease.expires_at);
+    Ok(lease)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activities
+
+fn activity_identity(execution: &ActivityExecution) -> Map<String, Value> {
+    let mut payload = obj!(
+        "activity_execution_id" => execution.id,
+        "activity_type" => execution.activity_type,
+        "sequence" => execution.step,
+    );
+    extend(&mut payload, &execution.tags);
+    payload
+}
+
+fn set_ready_activity_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, execution: &ActivityExecution) {
+    let now = cx.now;
+    let task = run.task_mut(cx, task_id).expect("open activity task");
+    let schedule_to_start = execution
+        .timeouts
+        .schedule_to_start_seconds
+        .map(|s| task.available_at.max(now) + s * 1000);
+    task.deadline_at = min_opt(schedule_to_start, execution.schedule_to_close_deadline);
+}
+
+fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn execution_of<'r>(run: &'r RunState, task: &Task) -> Option<&'r ActivityExecution> {
+    match &task.detail {
+        TaskDetail::Activity { execution_id, .. } => run.activities.get(execution_id),
+        _ => None,
+    }
+}
+
+/// Leases a ready activity task: a new attempt with a new `activity_attempt_id` and fence.
+pub fn lease_activity_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str, lease_ms: i64) -> Result<Task, Refusal> {
+    if run.is_closed() {
+        return Err(run_closed_refusal(run));
+    }
+    let now = cx.now;
+    let task = run
+        .tasks
+        .get(task_id)
+        .ok_or_else(|| Refusal::new(Reason::TaskNotLeased, "Activity task is no longer open."))?;
+    if task.kind != TaskKind::Activity || !task.is_ready() || task.available_at > now {
+        return Err(Refusal::new(Reason::TaskNotLeased, "Activity task is not ready to lease."));
+    }
+    let execution = execution_of(run, task).expect("open activity task has an execution").clone();
+    let attempt_id: ActivityAttemptId = cx.id();
+    let attempt_number = execution.attempt_count + 1;
+    let expires_at = now + lease_ms;
+    let t = &execution.timeouts;
+    let deadline = [
+        Some(expires_at),
+        t.start_to_close_seconds.map(|s| now + s * 1000),
+        t.heartbeat_seconds.map(|s| now + s * 1000),
+        execution.schedule_to_close_deadline,
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let task = run.task_mut(cx, task_id).expect("checked");
+    task.fence = attempt_number as u64;
+    task.state = TaskState::Leased(Lease {
+        owner: owner.to_string(),
+        expires_at,
+        fence: task.fence,
+    });
+    task.deadline_at = deadline;
+    task.detail = TaskDetail::Activity {
+        execution_id: execution.id.clone(),
+        activity_type: execution.activity_type.clone(),
+        attempt_number,
+        attempt_id: Some(attempt_id.clone()),
+        last_heartbeat_at: None,
+    };
+    let task = task.clone();
+    run.fence_high_water = run.fence_high_water.max(task.fence);
+    let stored = run.activities.get_mut(&execution.id).expect("exists");
+    stored.attempt_count = attempt_number;
+    stored.attempt_ids.push(attempt_id.clone());
+    let mut payload = activity_identity(&execution);
+    payload.insert("activity_attempt_id".into(), json!(attempt_id));
+    payload.insert("attempt_number".into(), json!(attempt_number));
+    payload.insert("lease_expires_at".into(), json!(iso8601(expires_at)));
+    payload.insert("task_id".into(), json!(task_id));
+    run.append(cx, EventType::ActivityStarted, payload, None, None);
+    Ok(task)
+}
+
+/// Checks that `(attempt_id, owner)` holds the live lease of activity task `task_id`.
+fn check_activity_lease<'r>(
+    run: &'r RunState,
+    now: Millis,
+    task_id: &TaskId,
+    attempt_id: &ActivityAttemptId,
+    owner: &str,
+) -> Result<&'r Task, Refusal> {
+    let attach = |refusal: Refusal| {
+        refusal
+            .with("task_id", task_id.as_str())
+            .with("activity_attempt_id", attempt_id.as_str())
+    };
+    let Some(task) = run.tasks.get(task_id) else {
+        if run.is_closed() {
+            return Err(attach(activity_run_closed_refusal(run)));
+        }
+        return Err(attach(Refusal::new(
+            Reason::AttemptClosed,
+            "The activity attempt is already closed.",
+        )));
+    };
+    let TaskDetail::Activity {
+        attempt_id: current,
+        execution_id,
+        ..
+    } = &task.detail
+    else {
+        return Err(attach(Refusal::new(Reason::TaskNotFound, "Activity task not found.")));
+    };
+    if current.as_ref() != Some(attempt_id) {
+        let execution = run.activities.get(execution_id);
+        if execution.is_some_and(|e| e.attempt_ids.contains(attempt_id)) {
+            return Err(attach(Refusal::new(Reason::AttemptClosed, "The activity attempt was superseded.")));
+        }
+        if run.activities.values().any(|e| e.attempt_ids.contains(attempt_id)) {
+            return Err(attach(Refusal::new(
+                Reason::TaskMismatch,
+                "The activity attempt does not belong to this task.",
+            )));
+        }
+        if current.is_none() {
+            return Err(attach(Refusal::new(
+                Reason::ActivityNotRunning,
+                "The activity task has no running attempt.",
+            )));
+        }
+        return Err(attach(Refusal::new(Reason::AttemptNotFound, "Activity attempt not found.")));
+    }
+    let lease = task.lease().expect("an attempt id is only set on a leased task");
+    if lease.owner != owner {
+        return Err(attach(Refusal::new(
+            Reason::LeaseOwnerMismatch,
+            "Activity attempt lease is owned by another worker.",
+        ))
+        .with("lease_owner", lease.owner.clone()));
+    }
+    if lease.expires_at <= now {
+        return Err(attach(Refusal::new(Reason::LeaseExpired, "Activity attempt lease has expired."))
+            .with("lease_expires_at", iso8601(lease.expires_at)));
+    }
+    Ok(task)
+}
+
+fn activity_run_closed_refusal(run: &RunState) -> Refusal {
+    let reason = match run.closed_reason {
+        Some(ClosedReason::Cancelled) => Reason::RunCancelled,
+        Some(ClosedReason::Terminated) => Reason::RunTerminated,
+        _ => Reason::RunClosed,
+    };
+    Refusal::new(reason, "The workflow run is closed; the activity outcome is ignored.")
+        .with("outcome", "ignored")
+        .with("cancel_requested", true)
+        .with("can_continue", false)
+        .with("run_status", run.status.as_str())
+}
+
+fn activity_receipt(
+    run: &mut RunState,
+    cx: &Cx,
+    task: &Task,
+    owner: &str,
+    attempt_id: &ActivityAttemptId,
+    report: ReportKind,
+    receipt: Receipt,
+) {
+    run.remember_receipt(
+        cx,
+        ClosedTaskReceipt {
+            task_id: task.id.clone(),
+            owner: owner.to_string(),
+            fence: task.fence,
+            attempt_id: Some(attempt_id.clone()),
+            report,
+            receipt,
+        },
+    );
+}
+
+/// Records an attempt's result: `ActivityCompleted`, the execution closes, the workflow wakes.
+pub fn complete_activity(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    attempt_id: &ActivityAttemptId,
+    owner: &str,
+    result: Payload,
+) -> Result<Receipt, Refusal> {
+    if let Some(receipt) = retained_receipt(run, task_id, owner, 0, Some(attempt_id), ReportKind::CompleteActivity) {
+        return Ok(receipt);
+    }
+    let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();
+    let execution = execution_of(run, &task).expect("leased activity has an execution").clone();
+    let mut payload = activity_identity(&execution);
+    payload.insert("activity_attempt_id".into(), json!(attempt_id));
+    payload.insert("attempt_number".into(), json!(execution.attempt_count));
+    payload.insert("result".into(), json!(result.blob));
+    payload.insert("payload_codec".into(), json!(result.codec));
+    run.append(cx, EventType::ActivityCompleted, payload, None, None);
+    run.close_task(cx, task_id, TaskClosure::Completed);
+    run.activities.remove(&execution.id);
+    let next = run.want_workflow_task(cx, None);
+    let receipt = Receipt {
+        run_status: run.status,
+        created_task_ids: vec![],
+        next_task_id: next,
+        retained: false,
+    };
+    activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
+    Ok(receipt)
+}
+
+/// Records an attempt's failure: a retry (`ActivityRetryScheduled` + a new task after the backoff)
+/// when the policy allows, else the final `ActivityFailed`.
+pub fn fail_activity(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    attempt_id: &ActivityAttemptId,
+    owner: &str,
+    failure: ActivityFailure,
+) -> Result<Receipt, Refusal> {
+    if let Some(receipt) = retained_receipt(run, task_id, owner, 0, Some(attempt_id), ReportKind::FailActivity) {
+        return Ok(receipt);
+    }
+    let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();
+    let execution = execution_of(run, &task).expect("leased activity has an execution").clone();
+    let non_retryable = failure.non_retryable
+        || failure
+            .failure_type
+            .as_ref()
+            .is_some_and(|t| execution.retry_policy.non_retryable_error_types.contains(t));
+    let outcome = end_attempt(run, cx, &task, &execution, AttemptEnd::Failed { failure, non_retryable });
+    activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::FailActivity, outcome.clone());
+    Ok(outcome)
+}
+
+enum AttemptEnd {
+    Failed { failure: ActivityFailure, non_retryable: bool },
+    TimedOut { timeout_kind: &'static str },
+}
+
+/// Ends the current attempt of `execution` (failed or timed out): retry or final failure.
+fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, end: AttemptEnd) -> Receipt {
+    let now = cx.now;
+    let attempt_number = execution.attempt_count;
+    let backoff_ms = execution.retry_policy.backoff_after(attempt_number) * 1000;
+    let retry_at = now + backoff_ms;
+    let (retryable, closure) = match &end {
+        AttemptEnd::Failed { non_retryable, .. } => (!non_retryable, TaskClosure::Failed),
+        AttemptEnd::TimedOut { timeout_kind } => (*timeout_kind != "schedule_to_close", TaskClosure::TimedOut),
+    };
+    let within_deadline = execution.schedule_to_close_deadline.map_or(true, |deadline| retry_at < deadline);
+    let will_retry = retryable && within_deadline && execution.retry_policy.allows_attempt(attempt_number + 1);
+    run.close_task(cx, &task.id, closure);
+    let attempt_id = match &task.detail {
+        TaskDetail::Activity { attempt_id, .. } => attempt_id.clone(),
+        _ => None,
+    };
+    let mut payload = activity_identity(execution);
+    payload.insert("activity_attempt_id".into(), json!(attempt_id));
+    payload.insert("attempt_number".into(), json!(attempt_number));
+    match &end {
+        AttemptEnd::Failed { failure, .. } => {
+            payload.insert("exception_type".into(), json!(failure.failure_type));
+            payload.insert(
+                "exception_class".into(),
+                json!(failure.class.clone().or_else(|| failure.failure_type.clone())),
+            );
+            payload.insert("message".into(), json!(failure.message));
+            payload.insert("code".into(), json!(failure.code));
+            payload.insert(
+                "exception".into(),
+                json!({
+                    "class": failure.class.clone().or_else(|| failure.failure_type.clone()),
+                    "type": failure.failure_type,
+                    "message": failure.message,
+                    "code": failure.code,
+                    "trace": failure.stack_trace,
+                    "details": failure.details.as_ref().map(payload_json),
+                }),
+            );
+        }
+        AttemptEnd::TimedOut { timeout_kind } => {
+            payload.insert("timeout_kind".into(), json!(timeout_kind));
+            payload.insert("message".into(), json!(format!("Activity attempt timed out ({timeout_kind}).")));
+        }
+    }
+    if will_retry {
+        let retry_task = run.new_task(
+            cx,
+            TaskKind::Activity,
+            &execution.queue,
+            TaskDetail::Activity {
+                execution_id: execution.id.clone(),
+                activity_type: execution.activity_type.clone(),
+                attempt_number: attempt_number + 1,
+                attempt_id: None,
+                last_heartbeat_at: None,
+            },
+        );
+        run.task_mut(cx, &retry_task).expect("just created").available_at = retry_at;
+        let stored = run.activities.get_mut(&execution.id).expect("open execution");
+        stored.task_id = retry_task.clone();
+        let stored = stored.clone();
+        set_ready_activity_deadline(run, cx, &retry_task, &stored);
+        payload.insert("retry_task_id".into(), json!(retry_task));
+        payload.insert("retry_of_task_id".into(), json!(task.id));
+        payload.insert("retry_available_at".into(), json!(iso8601(retry_at)));
+        payload.insert("retry_backoff_seconds".into(), json!(backoff_ms / 1000));
+        payload.insert("retry_after_attempt_id".into(), json!(attempt_id));
+        payload.insert("retry_after_attempt".into(), json!(attempt_number));
+        payload.insert(
+            "retry_reason".into(),
+            json!(if matches!(end, AttemptEnd::TimedOut { .. }) {
+                "timeout"
+            } else {
+                "failure"
+            }),
+        );
+        payload.insert("max_attempts".into(), json!(execution.retry_policy.max_attempts));
+        payload.insert("retry_policy".into(), execution.retry_policy.to_json());
+        run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
+        return Receipt {
+            run_status: run.status,
+            created_task_ids: vec![retry_task],
+            next_task_id: None,
+            retained: false,
+        };
+    }
+    let failure_id: String = cx.ids.next_id();
+    payload.insert("failure_id".into(), json!(failure_id));
+    let event_type = match end {
+        AttemptEnd::Failed { non_retryable, .. } => {
+            payload.insert("failure_category".into(), json!("activity"));
+            payload.insert(
+                "non_retryable".into(),
+                json!(non_retryable || !retryable || !execution.retry_policy.allows_attempt(attempt_number + 1)),
+            );
+            EventType::ActivityFailed
+        }
+        AttemptEnd::TimedOut { timeout_kind } => {
+            payload.insert("failure_category".into(), json!("timeout"));
+            payload.insert("exception_class".into(), json!("ActivityTimedOut"));
+            payload.insert(
+                "schedule_to_close_deadline_at".into(),
+                json!(execution.schedule_to_close_deadline.map(iso8601)),
+            );
+            let _ = timeout_kind;
+            EventType::ActivityTimedOut
+        }
+    };
+    run.append(cx, event_type, payload, None, None);
+    run.activities.remove(&execution.id);
+    let next = run.want_workflow_task(cx, None);
+    Receipt {
+        run_status: run.status,
+        created_task_ids: vec![],
+        next_task_id: next,
+        retained: false,
+    }
+}
+
+/// What an activity heartbeat tells the worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActivityHeartbeat {
+    pub lease: Option<Lease>,
+    pub cancel_requested: bool,
+    pub can_continue: bool,
+    pub reason: Option<&'static str>,
+}
+
+/// Extends an attempt's lease and heartbeat deadline. On a closed run it answers "stop" instead
+/// of refusing, so the worker abandons the attempt.
+pub fn heartbeat_activity(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    attempt_id: &ActivityAttemptId,
+    owner: &str,
+    lease_ms: i64,
+) -> Result<ActivityHeartbeat, Refusal> {
+    if run.is_closed() && !run.tasks.contains_key(task_id) {
+        let reason = match run.closed_reason {
+            Some(ClosedReason::Cancelled) => "run_cancelled",
+            Some(ClosedReason::Terminated) => "run_terminated",
+            _ => "run_closed",
+        };
+        return Ok(ActivityHeartbeat {
+            lease: None,
+            cancel_requested: true,
+            can_continue: false,
+            reason: Some(reason),
+        });
+    }
+    let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();
+    let execution = execution_of(run, &task).expect("leased activity has an execution").clone();
+    let now = cx.now;
+    let task = run.task_mut(cx, task_id).expect("checked");
+    let TaskState::Leased(lease) = &mut task.state else {
+        unreachable!("checked")
+    };
+    lease.expires_at = lease.expires_at.max(now + lease_ms);
+    let lease = lease.clone();
+    // The start-to-close budget does not move with heartbeats; the heartbeat deadline does.
+    let start_to_close = task.deadline_at.filter(|_| execution.timeouts.start_to_close_seconds.is_some());
+    task.deadline_at = [
+        Some(lease.expires_at),
+        start_to_close,
+        execution.timeouts.heartbeat_seconds.map(|s| now + s * 1000),
+        execution.schedule_to_close_deadline,
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    if let TaskDetail::Activity { last_heartbeat_at, .. } = &mut task.detail {
+        *last_heartbeat_at = Some(now);
+    }
+    Ok(ActivityHeartbeat {
+        lease: Some(lease),
+        cancel_requested: false,
+        can_continue: true,
+        reason: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time-driven transitions
+
+/// Looks at a task whose `deadline_at` has passed: fires a timer, times a run out, returns an
+/// expired workflow lease to ready, or ends a timed-out activity attempt. Returns whether
+/// anything changed (a task whose deadline moved meanwhile is left alone).
+pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
+    let now = cx.now;
+    let Some(task) = run.tasks.get(task_id).cloned() else {
+        return false;
+    };
+    if task.deadline_at.map_or(true, |d| d > now) {
+        return false;
+    }
+    match (&task.kind, &task.state) {
+        (TaskKind::Timer, _) => {
+            let TaskDetail::Timer { timer_id } = &task.detail else {
+                return false;
+            };
+            fire_timer(run, cx, timer_id);
+        }
+        (TaskKind::RunDeadline, _) => time_out_run(run, cx),
+        (TaskKind::Workflow, TaskState::Leased(_)) => {
+            // Lease lost: offer the same task again; the next lease gets a higher attempt.
+            let task = run.task_mut(cx, task_id).expect("open");
+            task.state = TaskState::Ready;
+            task.available_at = now;
+            task.deadline_at = None;
+        }
+        (TaskKind::Activity, state) => {
+            let Some(execution) = execution_of(run, &task).cloned() else {
+                return false;
+            };
+            let s2c_passed = execution.schedule_to_close_deadline.is_some_and(|d| d <= now);
+            let timeout_kind = match state {
+                _ if s2c_passed => "schedule_to_close",
+                TaskState::Ready => "schedule_to_start",
+                TaskState::Leased(lease) => {
+                    let TaskDetail::Activity { last_heartbeat_at, .. } = &task.detail else {
+                        return false;
+                    };
+                    let heartbeat_due = execution
+                        .timeouts
+                        .heartbeat_seconds
+                        .map(|s| last_heartbeat_at.unwrap_or(lease.expires_at.min(now)) + s * 1000);
+                    if heartbeat_due.is_some_and(|d| d <= now) && lease.expires_at > now {
+                        "heartbeat"
+                    } else {
+                        "start_to_close"
+                    }
+                }
+            };
+            if matches!(state, TaskState::Ready) && timeout_kind == "schedule_to_start" {
+                // schedule_to_start ends the execution: no attempt ran, none can be retried.
+                end_unstarted(run, cx, &task, &execution, timeout_kind);
+            } else {
+                end_attempt(run, cx, &task, &execution, AttemptEnd::TimedOut { timeout_kind });
+            }
+        }
+        (TaskKind::Workflow, TaskState::Ready) => {
+            let task = run.task_mut(cx, task_id).expect("open");
+            task.deadline_at = None;
+        }
+    }
+    true
+}
+
+fn end_unstarted(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, timeout_kind: &'static str) {
+    run.close_task(cx, &task.id, TaskClosure::TimedOut);
+    let failure_id: String = cx.ids.next_id();
+    let mut payload = activity_identity(execution);
+    payload.insert("attempt_number".into(), json!(execution.attempt_count));
+    payload.insert("failure_id".into(), json!(failure_id));
+    payload.insert("failure_category".into(), json!("timeout"));
+    payload.insert("timeout_kind".into(), json!(timeout_kind));
+    payload.insert("exception_class".into(), json!("ActivityTimedOut"));
+    payload.insert("message".into(), json!(format!("Activity timed out ({timeout_kind}).")));
+    run.append(cx, EventType::ActivityTimedOut, payload, None, None);
+    run.activities.remove(&execution.id);
+    run.want_workflow_task(cx, None);
+}
+
+fn fire_timer(run: &mut RunState, cx: &mut Cx, timer_id: &TimerId) {
+    let Some(timer) = run.timers.remove(timer_id) else { return };
+    run.close_task(cx, &timer.task_id, TaskClosure::Completed);
+    let signal_name = match &timer.purpose {
+        TimerPurpose::SignalTimeout(wait_id) => {
+            let index = run.signal_waits.iter().position(|w| &w.id == wait_id);
+            index.map(|i| run.signal_waits.remove(i).signal_name)
+        }
+        _ => None,
+    };
+    let mut payload = timer_payload_for(&timer, signal_name.as_deref());
+    if let TimerPurpose::ConditionTimeout(wait_id) = &timer.purpose {
+        if let Some(index) = run.condition_waits.iter().position(|w| &w.id == wait_id) {
+            let wait = run.condition_waits.remove(index);
+            payload.insert("condition_key".into(), json!(wait.condition_key));
+            payload.insert("condition_definition_fingerprint".into(), json!(wait.fingerprint));
+        }
+    }
+    payload.insert("fired_at".into(), json!(iso8601(cx.now)));
+    run.append(cx, EventType::TimerFired, payload, None, None);
+    run.want_workflow_task(cx, None);
+}
+
+fn time_out_run(run: &mut RunState, cx: &mut Cx) {
+    if run.is_closed() {
+        return;
+    }
+    let now = cx.now;
+    let timeout_kind = match (run.execution_deadline_at, run.run_deadline_at) {
+        (Some(e), _) if e <= now => "execution_timeout",
+        _ => "run_timeout",
+    };
+    let failure_id: String = cx.ids.next_id();
+    let message = format!("Workflow {} timed out ({timeout_kind}).", run.workflow_id);
+    let payload = obj!(
+        "failure_id" => failure_id,
+        "timeout_kind" => timeout_kind,
+        "failure_category" => "timeout",
+        "message" => message,
+        "exception_class" => "WorkflowTimedOut",
+        "execution_deadline_at" => run.execution_deadline_at.map(iso8601),
+        "run_deadline_at" => run.run_deadline_at.map(iso8601),
+    );
+    run.failure = Some(WorkflowFailure {
+        message,
+        exception_type: Some("WorkflowTimedOut".into()),
+        exception_class: Some("WorkflowTimedOut".into()),
+        exception: None,
+        non_retryable: true,
+    });
+    close_run_from_outside(run, cx, RunStatus::Failed, ClosedReason::TimedOut);
+    run.append(cx, EventType::WorkflowTimedOut, payload, None, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Control-plane commands
+
+/// The receipt of a control-plane command applied to a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommandReceipt {
+    pub command_id: CommandId,
+    pub command_sequence: u32,
+    pub signal_id: Option<SignalId>,
+}
+
+fn require_open(run: &RunState) -> Result<(), Refusal> {
+    if run.is_closed() {
+        return Err(Refusal::new(Reason::RunNotActive, "The workflow run is not active.")
+            .with("run_status", run.status.as_str())
+            .with("closed_reason", run.closed_reason.map(|r| r.as_str())));
+    }
+    Ok(())
+}
+
+/// `SignalReceived`, and a workflow task that carries the signal as its resume context.
+pub fn signal(
+    run: &mut RunState,
+    cx: &mut Cx,
+    signal_name: &str,
+    arguments: Payload,
+    command_id: CommandId,
+) -> Result<CommandReceipt, Refusal> {
+    require_open(run)?;
+    let signal_id: SignalId = cx.id();
+    run.command_count += 1;
+    let payload = obj!(
+        "workflow_command_id" => command_id,
+        "signal_id" => signal_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "signal_name" => signal_name,
+        "arguments" => payload_json(&arguments),
+        "payload_codec" => arguments.codec,
+    );
+    run.append(cx, EventType::SignalReceived, payload, None, Some(&command_id));
+    let resume = ResumeContext::Signal {
+        signal_id: signal_id.clone(),
+        signal_name: signal_name.to_string(),
+        arguments,
+        command_id: command_id.clone(),
+    };
+    run.want_workflow_task(cx, Some(resume));
+    Ok(CommandReceipt {
+        command_id,
+        command_sequence: run.command_count,
+        signal_id: Some(signal_id),
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseCommand {
+    Cancel,
+    Terminate,
+}
+
+/// Cancel and terminate close the run at once (DW v2 semantics): the request event, then the
+/// terminal event; every open task, timer and activity of the run ends.
+pub fn close_by_command(
+    run: &mut RunState,
+    cx: &mut Cx,
+    kind: CloseCommand,
+    reason: Option<String>,
+    command_id: CommandId,
+) -> Result<CommandReceipt, Refusal> {
+    require_open(run)?;
+    run.command_count += 1;
+    let (request_type, terminal_type, status, closed, command_type, verb) = match kind {
+        CloseCommand::Cancel => (
+            EventType::CancelRequested,
+            EventType::WorkflowCancelled,
+            RunStatus::Cancelled,
+            ClosedReason::Cancelled,
+            "cancel",
+            "cancelled",
+        ),
+        CloseCommand::Terminate => (
+            EventType::TerminateRequested,
+            EventType::WorkflowTerminated,
+            RunStatus::Terminated,
+            ClosedReason::Terminated,
+            "terminate",
+            "terminated",
+        ),
+    };
+    let cmd = Some(&command_id);
+    let request = obj!(
+        "workflow_command_id" => command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "command_type" => command_type,
+        "reason" => reason,
+    );
+    run.append(cx, request_type, request, None, cmd);
+    close_run_from_outside(run, cx, status, closed);
+    let failure_id: String = cx.ids.next_id();
+    let message = match &reason {
+        Some(reason) => format!("Workflow {verb}: {reason}"),
+        None => format!("Workflow {verb}."),
+    };
+    let terminal = obj!(
+        "workflow_command_id" => command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "failure_id" => failure_id,
+        "failure_category" => verb,
+        "closed_reason" => closed.as_str(),
+        "exception_class" => if kind == CloseCommand::Cancel { "WorkflowCancelled" } else { "WorkflowTerminated" },
+        "message" => message,
+        "reason" => reason,
+    );
+    run.failure = Some(WorkflowFailure {
+        message,
+        ..Default::default()
+    });
+    run.append(cx, terminal_type, terminal, None, cmd);
+    Ok(CommandReceipt {
+        command_id,
+        command_sequence: run.command_count,
+        signal_id: None,
+    })
+}

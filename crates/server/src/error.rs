@@ -1,0 +1,103 @@
+//! Every error the API returns, in the DW error shape: `reason`, `message` (and `error`), plus
+//! the fields the SDKs read. The status code follows from the reason, in one table.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use capstan_engine::{Reason, Refusal};
+use capstan_store::StoreError;
+use serde_json::{json, Map, Value};
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub reason: String,
+    pub message: String,
+    pub fields: Map<String, Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.to_string(),
+            message: message.into(),
+            fields: Map::new(),
+        }
+    }
+
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.fields.insert(key.to_string(), value.into());
+        self
+    }
+
+    /// `422 validation_failed` naming the field at fault.
+    pub fn validation(field: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let errors = json!({ field: [message.clone()] });
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", message)
+            .with("errors", errors.clone())
+            .with("validation_errors", errors)
+    }
+
+    pub fn body(&self) -> Map<String, Value> {
+        let mut body = self.fields.clone();
+        body.insert("reason".into(), json!(self.reason));
+        body.insert("message".into(), json!(self.message));
+        body.insert("error".into(), json!(self.message));
+        body
+    }
+}
+
+/// The HTTP status of each engine/store reason.
+pub fn status_of(reason: Reason) -> StatusCode {
+    match reason {
+        Reason::TaskNotFound
+        | Reason::AttemptNotFound
+        | Reason::InstanceNotFound
+        | Reason::RunNotFound
+        | Reason::NamespaceNotFound
+        | Reason::HistoryNotAvailable => StatusCode::NOT_FOUND,
+        Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
+        Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
+        Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::CONFLICT,
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        Self {
+            status: status_of(refusal.reason),
+            reason: refusal.reason.as_str().to_string(),
+            message: refusal.message,
+            fields: refusal.details,
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Refused(refusal) => refusal.into(),
+            StoreError::Storage(message) => {
+                tracing::error!(%message, "storage failure");
+                // The change was not applied; the client may retry.
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_unavailable",
+                    "The database could not complete the request; retry.",
+                )
+                .with("retryable", true)
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(Value::Object(self.body()))).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

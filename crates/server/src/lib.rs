@@ -1,0 +1,104 @@
+#![recursion_limit = "256"]
+//! Capstan's HTTP server: the DW v2 wire protocol in front of the engine and a store.
+//!
+//! Handlers only translate: wire JSON in → engine types → a store call → wire JSON out. The
+//! server also owns the long-poll wake-up hub and the background clock that fires timers and
+//! expires leases. It is a library: `capstan serve` is a thin shell around [`serve`].
+
+pub mod auth;
+mod avro;
+mod body;
+mod clock;
+pub mod error;
+mod hub;
+mod render;
+mod routes;
+mod wire;
+
+use axum::Router;
+use capstan_engine::Limits;
+use capstan_store::Store;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use auth::{AuthConfig, Role};
+pub use avro::{empty_arguments_blob, null_blob};
+
+/// Worker protocol version advertised; requests may use `1.0` … this.
+pub const WORKER_PROTOCOL_VERSION: &str = "1.20";
+pub const WORKER_PROTOCOL_MINOR: u32 = 20;
+/// Control-plane version accepted (exactly).
+pub const CONTROL_PLANE_VERSION: &str = "2";
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub auth: AuthConfig,
+    /// Workflow task lease length.
+    pub workflow_task_lease_ms: i64,
+    /// Activity attempt lease length (extended by heartbeats).
+    pub activity_task_lease_ms: i64,
+    /// Longest long-poll hold, whatever the client asks.
+    pub poll_wait_max_ms: i64,
+    pub limits: Limits,
+    /// Shown as `server_id` in cluster info.
+    pub server_id: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            auth: AuthConfig::None,
+            workflow_task_lease_ms: 60_000,
+            activity_task_lease_ms: 300_000,
+            poll_wait_max_ms: 60_000,
+            limits: Limits::default(),
+            server_id: "capstan".to_string(),
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState<S: Store> {
+    pub store: S,
+    pub config: ServerConfig,
+    hub: hub::WakeHub,
+    clock_kick: tokio::sync::Notify,
+}
+
+pub type Shared<S> = Arc<AppState<S>>;
+
+/// Wall-clock milliseconds; the only place the server reads the time.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Builds the application router for `store`.
+pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
+    let state = Arc::new(AppState {
+        store,
+        config,
+        hub: hub::WakeHub::default(),
+        clock_kick: tokio::sync::Notify::new(),
+    });
+    (routes::router(state.clone()), state)
+}
+
+/// Serves until `shutdown` resolves, with the background clock running beside it.
+pub async fn serve<S: Store>(
+    listener: tokio::net::TcpListener,
+    store: S,
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (router, state) = app(store, config);
+    let clock = tokio::spawn(clock::run(state.clone()));
+    let result = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await;
+    clock.abort();
+    result
+}

@@ -1,0 +1,276 @@
+//! Engine types → wire JSON.
+
+use capstan_engine::timefmt::iso8601;
+use capstan_engine::*;
+use capstan_store::RunSummary;
+use serde_json::{json, Map, Value};
+
+pub fn time(ms: Millis) -> Value {
+    json!(iso8601(ms))
+}
+
+pub fn opt_time(ms: Option<Millis>) -> Value {
+    ms.map(time).unwrap_or(Value::Null)
+}
+
+pub fn envelope(payload: &Payload) -> Value {
+    json!({"codec": payload.codec, "blob": payload.blob})
+}
+
+/// History event as the worker plane shows it.
+pub fn worker_event(namespace: &str, event: &HistoryEvent) -> Value {
+    json!({
+        "id": event.id,
+        "sequence": event.sequence,
+        "event_type": event.event_type.as_str(),
+        "namespace": namespace,
+        "payload": event.payload,
+        "workflow_task_id": event.workflow_task_id,
+        "workflow_command_id": event.workflow_command_id,
+        "recorded_at": time(event.recorded_at),
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+    })
+}
+
+/// History event as the control plane shows it.
+pub fn control_event(event: &HistoryEvent) -> Value {
+    json!({
+        "id": event.id,
+        "sequence": event.sequence,
+        "event_type": event.event_type.as_str(),
+        "timestamp": time(event.recorded_at),
+        "payload": event.payload,
+        "workflow_task_id": event.workflow_task_id,
+        "workflow_command_id": event.workflow_command_id,
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+    })
+}
+
+/// History page tokens are base64 of the decimal sequence already returned (DW's encoding;
+/// Python sends `MA==` for "from the start").
+pub fn page_token(after: u64) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(after.to_string())
+}
+
+pub fn parse_page_token(token: &str) -> Option<u64> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(token.trim()).ok()?;
+    std::str::from_utf8(&bytes).ok()?.parse().ok()
+}
+
+/// `GET /workflows/{id}` and `/runs/{run}`.
+pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Value {
+    let closed = run.is_closed();
+    let failure = run.failure.as_ref().map(|f| {
+        json!({
+            "message": f.message,
+            "exception_type": f.exception_type,
+            "exception_class": f.exception_class,
+            "non_retryable": f.non_retryable,
+            "exception": f.exception,
+        })
+    });
+    let open_tasks: Vec<Value> = run
+        .tasks
+        .values()
+        .map(|t| {
+            json!({
+                "task_id": t.id,
+                "kind": t.kind.as_str(),
+                "status": if t.is_ready() { "ready" } else { "leased" },
+                "queue": t.queue,
+                "fence": t.fence,
+                "lease_owner": t.lease().map(|l| l.owner.clone()),
+                "lease_expires_at": opt_time(t.lease().map(|l| l.expires_at)),
+                "deadline_at": opt_time(t.deadline_at),
+            })
+        })
+        .collect();
+    json!({
+        "workflow_id": run.workflow_id,
+        "run_id": run.run_id,
+        "namespace": run.namespace,
+        "workflow_type": run.workflow_type,
+        "status": run.status.as_str(),
+        "status_bucket": run.status.bucket(),
+        "is_terminal": closed,
+        "closed_reason": run.closed_reason.map(|r| r.as_str()),
+        "task_queue": run.task_queue,
+        "business_key": run.business_key,
+        "run_number": run.run_number,
+        "run_count": run_count,
+        "is_current_run": &run.run_id == current_run_id,
+        "payload_codec": payload::AVRO_CODEC,
+        "execution_timeout_seconds": run.execution_timeout_seconds,
+        "run_timeout_seconds": run.run_timeout_seconds,
+        "execution_deadline_at": opt_time(run.execution_deadline_at),
+        "run_deadline_at": opt_time(run.run_deadline_at),
+        "input": Value::Null,
+        "output": Value::Null,
+        "input_envelope": envelope(&run.input),
+        "output_envelope": run.output.as_ref().map(envelope),
+        "failure": failure,
+        "error": run.failure.as_ref().map(|f| f.message.clone()),
+        "started_at": time(run.started_at),
+        "closed_at": opt_time(run.closed_at),
+        "last_progress_at": time(run.last_progress_at),
+        "wait_kind": run.wait_kind(),
+        "wait_reason": Value::Null,
+        "memo": run.memo,
+        "search_attributes": run.search_attributes,
+        "history_event_count": run.last_sequence,
+        "history_head_hash": run.last_hash,
+        "fence_high_water": run.fence_high_water,
+        "open_tasks": open_tasks,
+        "pending_activity_count": run.activities.len(),
+        "pending_timer_count": run.timers.len(),
+        "actions": {
+            "can_signal": !closed, "can_query": false, "can_update": false,
+            "can_cancel": !closed, "can_terminate": !closed, "can_repair": false, "can_archive": false,
+        },
+    })
+}
+
+pub fn summary(row: &RunSummary) -> Value {
+    json!({
+        "workflow_id": row.workflow_id,
+        "run_id": row.run_id,
+        "run_number": row.run_number,
+        "workflow_type": row.workflow_type,
+        "business_key": row.business_key,
+        "status": row.status.as_str(),
+        "status_bucket": row.status.bucket(),
+        "task_queue": row.task_queue,
+        "is_terminal": row.status.is_terminal(),
+        "started_at": time(row.started_at),
+        "closed_at": opt_time(row.closed_at),
+        "search_attributes": row.search_attributes,
+        "memo": row.memo,
+        "namespace": row.namespace,
+        "payload_codec": payload::AVRO_CODEC,
+    })
+}
+
+/// The task object of an activity poll.
+pub fn activity_task(run: &RunState, task: &Task) -> Value {
+    let TaskDetail::Activity {
+        execution_id,
+        activity_type,
+        attempt_number,
+        attempt_id,
+        ..
+    } = &task.detail
+    else {
+        return Value::Null;
+    };
+    let execution = run.activities.get(execution_id);
+    let lease = task.lease();
+    let mut body = Map::new();
+    let mut put = |key: &str, value: Value| {
+        if !value.is_null() {
+            body.insert(key.to_string(), value);
+        }
+    };
+    put("task_id", json!(task.id));
+    put("namespace", json!(run.namespace));
+    put("workflow_id", json!(run.workflow_id));
+    put("run_id", json!(run.run_id));
+    put("workflow_type", json!(run.workflow_type));
+    put("activity_execution_id", json!(execution_id));
+    put("activity_attempt_id", json!(attempt_id));
+    put("attempt_number", json!(attempt_number));
+    put("activity_type", json!(activity_type));
+    put("payload_codec", json!(payload::AVRO_CODEC));
+    put("arguments", execution.map(|e| envelope(&e.arguments)).unwrap_or(Value::Null));
+    put("task_queue", json!(task.queue));
+    put("lease_owner", json!(lease.map(|l| l.owner.clone())));
+    put("lease_expires_at", opt_time(lease.map(|l| l.expires_at)));
+    put("fence", json!(task.fence));
+    if let Some(execution) = execution {
+        if execution.retry_policy_given {
+            put("retry_policy", execution.retry_policy.to_json());
+        }
+        let t = &execution.timeouts;
+        let mut deadlines = Map::new();
+        let started = lease.map(|l| l.expires_at).unwrap_or(0);
+        let _ = started;
+        if let Some(deadline) = task.deadline_at {
+            if t.start_to_close_seconds.is_some() {
+                deadlines.insert("start_to_close".into(), time(deadline));
+            }
+        }
+        if let Some(deadline) = execution.schedule_to_close_deadline {
+            deadlines.insert("schedule_to_close".into(), time(deadline));
+        }
+        if !deadlines.is_empty() {
+            put("deadlines", Value::Object(deadlines));
+        }
+        if let Some(hb) = t.heartbeat_seconds {
+            put("heartbeat_timeout", json!(hb));
+        }
+        if let Some(stc) = t.start_to_close_seconds {
+            put("start_to_close_timeout", json!(stc));
+        }
+    }
+    Value::Object(body)
+}
+
+/// The task object of a workflow poll, with the first history page.
+pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_token: Option<String>) -> Value {
+    let TaskDetail::Workflow { resume, history_snapshot } = &task.detail else {
+        return Value::Null;
+    };
+    let lease = task.lease();
+    let history: Vec<Value> = events.iter().map(|e| worker_event(&run.namespace, e)).collect();
+    let mut body = json!({
+        "task_id": task.id,
+        "namespace": run.namespace,
+        "workflow_id": run.workflow_id,
+        "run_id": run.run_id,
+        "workflow_type": run.workflow_type,
+        "workflow_task_attempt": task.fence,
+        "lease_owner": lease.map(|l| l.owner.clone()),
+        "lease_expires_at": opt_time(lease.map(|l| l.expires_at)),
+        "task_queue": task.queue,
+        "payload_codec": payload::AVRO_CODEC,
+        "arguments": envelope(&run.input),
+        "run_status": run.status.as_str(),
+        "last_history_sequence": history_snapshot,
+        "total_history_events": history_snapshot,
+        "next_history_page_token": next_token,
+        "history_events": history,
+        "workflow_wait_kind": Value::Null,
+        "resume_source_kind": Value::Null,
+        "resume_source_id": Value::Null,
+        "workflow_signal_id": Value::Null,
+        "signal_name": Value::Null,
+        "signal_arguments": Value::Null,
+        "workflow_update_id": Value::Null,
+        "workflow_command_id": Value::Null,
+        "cancel_requested": false,
+        "fence": task.fence,
+    });
+    if let Some(ResumeContext::Signal {
+        signal_id,
+        signal_name,
+        arguments,
+        command_id,
+    }) = resume
+    {
+        body["resume_source_kind"] = json!("workflow_signal");
+        body["resume_source_id"] = json!(signal_id);
+        body["workflow_signal_id"] = json!(signal_id);
+        body["signal_name"] = json!(signal_name);
+        body["signal_arguments"] = envelope(arguments);
+        body["workflow_command_id"] = json!(command_id);
+        body["workflow_wait_kind"] = json!("signal");
+    }
+    body
+}
+
+pub fn receipt_created(receipt: &Receipt) -> Value {
+    json!(receipt.created_task_ids)
+}

@@ -1,0 +1,553 @@
+//! The control plane: start, describe, list, history, signal, cancel, terminate.
+
+use super::worker::after_change;
+use super::Namespace;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ApiResult};
+use crate::wire::{self, Fields};
+use crate::{now_ms, render, Shared};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use capstan_engine::*;
+use capstan_store::{intent_hash, CommandKey, DuplicatePolicy, KeyedReceipt, ListFilter, RunLocator, StartOutcome, Store};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+
+fn control_plane(operation: &str, workflow_id: &str) -> Value {
+    json!({"operation": operation, "workflow_id": workflow_id})
+}
+
+/// Adds `control_plane.operation` to an error so the SDKs can route it (signal vs query…).
+fn in_operation(mut error: ApiError, operation: &str, workflow_id: &str) -> ApiError {
+    error
+        .fields
+        .entry("control_plane")
+        .or_insert_with(|| control_plane(operation, workflow_id));
+    error.fields.entry("workflow_id").or_insert_with(|| json!(workflow_id));
+    error
+}
+
+const REJECTED_START_FIELDS: &[&str] = &[
+    "workflow_execution_timeout",
+    "workflow_run_timeout",
+    "workflow_task_timeout",
+    "retry_policy",
+    "idempotency_key",
+    "request_id",
+];
+
+pub async fn start<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    let f = Fields::new(&body);
+    for field in REJECTED_START_FIELDS {
+        if body.contains_key(*field) {
+            return Err(ApiError::validation(field, format!("The {field} field is not supported on start.")));
+        }
+    }
+    let workflow_type = f.req_str("workflow_type", 255)?;
+    let workflow_id = match f.opt_str("workflow_id", 128)? {
+        Some(id) if wire::valid_workflow_id(&id) => id,
+        Some(_) => {
+            return Err(ApiError::validation(
+                "workflow_id",
+                "The workflow_id may only contain letters, digits, '.', '_', ':' and '-'.",
+            ))
+        }
+        None => ulid::Ulid::new().to_string(),
+    };
+    let task_queue = f
+        .opt_str("task_queue", 255)?
+        .filter(|q| !q.is_empty())
+        .unwrap_or_else(|| "default".into());
+    let input = f
+        .opt_payload("input", &state.config.limits)?
+        .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
+    let max = state.config.limits.delay_seconds_max;
+    let execution_timeout_seconds = f.opt_int("execution_timeout_seconds", 1, max)?;
+    let run_timeout_seconds = f.opt_int("run_timeout_seconds", 1, max)?;
+    if let (Some(run), Some(execution)) = (run_timeout_seconds, execution_timeout_seconds) {
+        if run > execution {
+            return Err(ApiError::validation(
+                "run_timeout_seconds",
+                "run_timeout_seconds must not exceed execution_timeout_seconds.",
+            ));
+        }
+    }
+    let policy = match f.opt_str("duplicate_policy", 32)?.as_deref() {
+        None | Some("fail") => DuplicatePolicy::Fail,
+        Some("use-existing") => DuplicatePolicy::UseExisting,
+        Some(other) => {
+            return Err(ApiError::validation(
+                "duplicate_policy",
+                format!("duplicate_policy must be \"fail\" or \"use-existing\", not {other:?}."),
+            ))
+        }
+    };
+    let memo = f.opt_object("memo")?.cloned().unwrap_or_default();
+    if serde_json::to_string(&memo).map(|s| s.len()).unwrap_or(0) > 262_144 {
+        return Err(ApiError::validation("memo", "The memo must be at most 262144 bytes of JSON."));
+    }
+    let search_attributes = f.opt_object("search_attributes")?.cloned().unwrap_or_default();
+    let start = StartRun {
+        namespace: namespace.clone(),
+        workflow_id: WorkflowId(workflow_id.clone()),
+        run_id: RunId(ulid::Ulid::new().to_string()),
+        workflow_type,
+        task_queue,
+        input,
+        execution_timeout_seconds,
+        run_timeout_seconds,
+        business_key: f.opt_str("business_key", 255)?,
+        memo,
+        search_attributes,
+        command_id: CommandId(ulid::Ulid::new().to_string()),
+    };
+    let (outcome, run) = state
+        .store
+        .start_workflow(start, policy, now_ms())
+        .await
+        .map_err(|e| in_operation(e.into(), "start", &workflow_id))?;
+    let (status, outcome) = match outcome {
+        StartOutcome::StartedNew => {
+            after_change(&state, &run);
+            tracing::info!(namespace, workflow_id, run_id = %run.run_id, workflow_type = %run.workflow_type, "workflow started");
+            (StatusCode::CREATED, "started_new")
+        }
+        StartOutcome::ReturnedExistingActive => (StatusCode::OK, "returned_existing_active"),
+    };
+    let body = json!({
+        "workflow_id": run.workflow_id,
+        "run_id": run.run_id,
+        "workflow_type": run.workflow_type,
+        "namespace": namespace,
+        "status": run.status.as_str(),
+        "business_key": run.business_key,
+        "payload_codec": payload::AVRO_CODEC,
+        "task_queue": run.task_queue,
+        "outcome": outcome,
+        "command_id": run.start_command_id,
+        "control_plane": control_plane("start", &workflow_id),
+    });
+    Ok((status, Json(body)).into_response())
+}
+
+async fn describe_at<S: Store>(state: &Shared<S>, namespace: &str, locator: RunLocator, workflow_id: &str) -> ApiResult<Json<Value>> {
+    let run = state
+        .store
+        .load_run(namespace, locator.clone())
+        .await?
+        .ok_or_else(|| match &locator {
+            RunLocator::Run(_, run_id) => ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+                .with("workflow_id", workflow_id)
+                .with("run_id", run_id.as_str()),
+            _ => ApiError::new(StatusCode::NOT_FOUND, "instance_not_found", "Workflow not found.").with("workflow_id", workflow_id),
+        })?;
+    let runs = state.store.runs_of(namespace, &run.workflow_id).await?;
+    let current = runs.last().map(|r| r.run_id.clone()).unwrap_or_else(|| run.run_id.clone());
+    let mut body = render::describe(&run, runs.len(), &current);
+    body["control_plane"] = control_plane("describe", workflow_id);
+    Ok(Json(body))
+}
+
+pub async fn describe<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    describe_at(
+        &state,
+        &namespace,
+        RunLocator::Current(WorkflowId(workflow_id.clone())),
+        &workflow_id,
+    )
+    .await
+}
+
+pub async fn describe_run<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    describe_at(
+        &state,
+        &namespace,
+        RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id)),
+        &workflow_id,
+    )
+    .await
+}
+
+pub async fn runs<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let runs = state.store.runs_of(&namespace, &WorkflowId(workflow_id.clone())).await?;
+    if runs.is_empty() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "instance_not_found", "Workflow not found.").with("workflow_id", workflow_id));
+    }
+    let rows: Vec<Value> = runs.iter().map(render::summary).collect();
+    Ok(Json(json!({"workflow_id": workflow_id, "run_count": rows.len(), "runs": rows})))
+}
+
+const LIST_PAGE_MAX: usize = 200;
+
+pub async fn list<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let page_size = match query.get("page_size") {
+        None => 50,
+        Some(raw) => raw
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=LIST_PAGE_MAX).contains(n))
+            .ok_or_else(|| ApiError::validation("page_size", format!("page_size must be between 1 and {LIST_PAGE_MAX}.")))?,
+    };
+    let status_bucket = match query.get("status").map(String::as_str) {
+        None | Some("") => None,
+        Some(s @ ("running" | "completed" | "failed")) => Some(s.to_string()),
+        Some(_) => return Err(ApiError::validation("status", "status must be running, completed or failed.")),
+    };
+    let offset = match query.get("next_page_token").filter(|t| !t.is_empty()) {
+        None => 0,
+        Some(token) => render::parse_page_token(token)
+            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?
+            as usize,
+    };
+    let filter = ListFilter {
+        workflow_type: query.get("workflow_type").filter(|s| !s.is_empty()).cloned(),
+        status_bucket,
+        query: query.get("query").filter(|s| !s.is_empty()).cloned(),
+    };
+    let (rows, more) = state.store.list_runs(&namespace, filter, offset, page_size).await?;
+    let workflows: Vec<Value> = rows.iter().map(render::summary).collect();
+    Ok(Json(json!({
+        "workflows": workflows,
+        "workflow_count": workflows.len(),
+        "next_page_token": more.then(|| render::page_token((offset + page_size) as u64)),
+    })))
+}
+
+const HISTORY_PAGE_MAX: usize = 1000;
+
+pub async fn history<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let page_size = match query.get("page_size") {
+        None => 100,
+        Some(raw) => raw
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=HISTORY_PAGE_MAX).contains(n))
+            .ok_or_else(|| ApiError::validation("page_size", format!("page_size must be between 1 and {HISTORY_PAGE_MAX}.")))?,
+    };
+    let after = match query.get("next_page_token").filter(|t| !t.is_empty()) {
+        None => 0,
+        Some(token) => render::parse_page_token(token)
+            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?,
+    };
+    let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
+    let wait_new_event = matches!(query.get("wait_new_event").map(String::as_str), Some("1" | "true"));
+    let deadline = now_ms() + 30_000;
+    loop {
+        let run = state.store.load_run(&namespace, locator.clone()).await?.ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+                .with("workflow_id", workflow_id.clone())
+                .with("run_id", run_id.clone())
+        })?;
+        if wait_new_event && run.last_sequence <= after && !run.is_closed() && now_ms() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            continue;
+        }
+        let events = state.store.history(&run.run_id, after, run.last_sequence, page_size).await?;
+        let last = events.last().map(|e| e.sequence).unwrap_or(after);
+        let rows: Vec<Value> = events.iter().map(render::control_event).collect();
+        return Ok(Json(json!({
+            "workflow_id": workflow_id,
+            "run_id": run_id,
+            "events": rows,
+            "next_page_token": (last < run.last_sequence).then(|| render::page_token(last)),
+        })));
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Signal, cancel, terminate
+
+/// A command on a run: the current one, or a named run that must still be current.
+fn target(workflow_id: &str, run_id: Option<String>) -> (RunLocator, Option<RunId>) {
+    (RunLocator::Current(WorkflowId(workflow_id.to_string())), run_id.map(RunId))
+}
+
+fn check_target(run: &RunState, wanted: &Option<RunId>) -> Result<(), Refusal> {
+    match wanted {
+        Some(run_id) if *run_id != run.run_id => Err(Refusal::new(
+            Reason::RunNotCurrent,
+            "The targeted run is not the current run of this workflow.",
+        )
+        .with("run_id", run_id.as_str())
+        .with("current_run_id", run.run_id.as_str())),
+        _ => Ok(()),
+    }
+}
+
+async fn signal_impl<S: Store>(
+    state: Shared<S>,
+    namespace: String,
+    workflow_id: String,
+    run_id: Option<String>,
+    signal_name: String,
+    body: Map<String, Value>,
+) -> ApiResult<Response> {
+    let f = Fields::new(&body);
+    let input = f
+        .opt_payload("input", &state.config.limits)
+        .map_err(|e| in_operation(e, "signal", &workflow_id))?;
+    let request_id = f
+        .opt_str("request_id", 255)
+        .map_err(|e| in_operation(e, "signal", &workflow_id))?
+        .filter(|s| !s.is_empty());
+    if signal_name.is_empty() || signal_name.len() > 255 {
+        return Err(in_operation(
+            ApiError::validation("signal_name", "The signal name must be 1 to 255 characters."),
+            "signal",
+            &workflow_id,
+        ));
+    }
+    let arguments = input.unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
+    let (locator, wanted) = target(&workflow_id, run_id.clone());
+    let command_id = CommandId(ulid::Ulid::new().to_string());
+    let name = signal_name.clone();
+    let args = arguments.clone();
+    let transition = move |run: &mut RunState, cx: &mut Cx| {
+        check_target(run, &wanted)?;
+        capstan_engine::signal(run, cx, &name, args, command_id)
+    };
+    let receipt_body = {
+        let workflow_id = workflow_id.clone();
+        let signal_name = signal_name.clone();
+        let request_id = request_id.clone();
+        move |receipt: &CommandReceipt, run: &RunState| {
+            json!({
+                "workflow_id": workflow_id,
+                "run_id": run.run_id,
+                "signal_name": signal_name,
+                "signal_id": receipt.signal_id,
+                "outcome": "signal_received",
+                "command_id": receipt.command_id,
+                "command_sequence": receipt.command_sequence,
+                "command_status": "accepted",
+                "request_id": request_id,
+                "control_plane": {"operation": "signal", "workflow_id": workflow_id, "operation_name": signal_name},
+            })
+        }
+    };
+    let now = now_ms();
+    let body = match request_id.clone() {
+        Some(request_id) => {
+            let key = CommandKey {
+                command_type: "signal".into(),
+                intent_hash: intent_hash(&[&signal_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
+                request_id: request_id.clone(),
+            };
+            let (receipt, run) = state
+                .store
+                .mutate_run_keyed(&namespace, locator, key, now, transition, receipt_body)
+                .await
+                .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
+            match receipt {
+                KeyedReceipt::Retained(mut stored) => {
+                    stored["retained"] = json!(true);
+                    stored["intent_verified"] = json!(true);
+                    stored
+                }
+                KeyedReceipt::Fresh(_) => {
+                    let run = run.expect("fresh receipts come with the run");
+                    after_change(&state, &run);
+                    let stored = state
+                        .store
+                        .load_run(&namespace, RunLocator::Run(run.workflow_id.clone(), run.run_id.clone()))
+                        .await?;
+                    let _ = stored;
+                    let mut body = receipt_body_from(&run, &workflow_id, &signal_name);
+                    body["request_id"] = json!(request_id);
+                    body
+                }
+            }
+        }
+        None => {
+            let (receipt, run) = state
+                .store
+                .mutate_run(&namespace, locator, now, transition)
+                .await
+                .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
+            after_change(&state, &run);
+            receipt_body(&receipt, &run)
+        }
+    };
+    tracing::info!(namespace, workflow_id, signal_name, "signal received");
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// The receipt of a fresh keyed signal, rebuilt from the run (the store kept the same body).
+fn receipt_body_from(run: &RunState, workflow_id: &str, signal_name: &str) -> Value {
+    json!({
+        "workflow_id": workflow_id,
+        "run_id": run.run_id,
+        "signal_name": signal_name,
+        "outcome": "signal_received",
+        "command_sequence": run.command_count,
+        "command_status": "accepted",
+        "control_plane": {"operation": "signal", "workflow_id": workflow_id, "operation_name": signal_name},
+    })
+}
+
+pub async fn signal<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, signal_name)): Path<(String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    signal_impl(state, namespace, workflow_id, None, signal_name, body).await
+}
+
+pub async fn signal_run<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id, signal_name)): Path<(String, String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    signal_impl(state, namespace, workflow_id, Some(run_id), signal_name, body).await
+}
+
+async fn close_impl<S: Store>(
+    state: Shared<S>,
+    namespace: String,
+    workflow_id: String,
+    run_id: Option<String>,
+    kind: CloseCommand,
+    body: Map<String, Value>,
+) -> ApiResult<Json<Value>> {
+    let operation = match kind {
+        CloseCommand::Cancel => "cancel",
+        CloseCommand::Terminate => "terminate",
+    };
+    let outcome = match kind {
+        CloseCommand::Cancel => "cancelled",
+        CloseCommand::Terminate => "terminated",
+    };
+    let f = Fields::new(&body);
+    let reason = f.opt_str("reason", 1000).map_err(|e| in_operation(e, operation, &workflow_id))?;
+    let request_id = f
+        .opt_str("request_id", 255)
+        .map_err(|e| in_operation(e, operation, &workflow_id))?
+        .filter(|s| !s.is_empty());
+    let (locator, wanted) = target(&workflow_id, run_id.clone());
+    let command_id = CommandId(ulid::Ulid::new().to_string());
+    let why = reason.clone();
+    let transition = move |run: &mut RunState, cx: &mut Cx| {
+        check_target(run, &wanted)?;
+        capstan_engine::close_by_command(run, cx, kind, why, command_id)
+    };
+    let render_receipt = {
+        let workflow_id = workflow_id.clone();
+        let reason = reason.clone();
+        move |receipt: &CommandReceipt, run: &RunState| {
+            json!({
+                "workflow_id": workflow_id,
+                "run_id": run.run_id,
+                "outcome": outcome,
+                "command_id": receipt.command_id,
+                "command_sequence": receipt.command_sequence,
+                "command_status": "accepted",
+                "reason": reason,
+                "control_plane": {"operation": operation, "workflow_id": workflow_id},
+            })
+        }
+    };
+    let now = now_ms();
+    let body = match request_id.clone() {
+        Some(request_id) => {
+            let key = CommandKey {
+                command_type: operation.into(),
+                intent_hash: intent_hash(&[reason.as_deref().unwrap_or(""), run_id.as_deref().unwrap_or("")]),
+                request_id: request_id.clone(),
+            };
+            let (receipt, run) = state
+                .store
+                .mutate_run_keyed(&namespace, locator, key, now, transition, render_receipt.clone())
+                .await
+                .map_err(|e| in_operation(e.into(), operation, &workflow_id))?;
+            match receipt {
+                KeyedReceipt::Retained(mut stored) => {
+                    stored["retained"] = json!(true);
+                    stored
+                }
+                KeyedReceipt::Fresh(receipt) => {
+                    let run = run.expect("fresh receipts come with the run");
+                    after_change(&state, &run);
+                    let mut body = render_receipt(&receipt, &run);
+                    body["request_id"] = json!(request_id);
+                    body
+                }
+            }
+        }
+        None => {
+            let (receipt, run) = state
+                .store
+                .mutate_run(&namespace, locator, now, transition)
+                .await
+                .map_err(|e| in_operation(e.into(), operation, &workflow_id))?;
+            after_change(&state, &run);
+            render_receipt(&receipt, &run)
+        }
+    };
+    tracing::info!(namespace, workflow_id, operation, "workflow closed by command");
+    Ok(Json(body))
+}
+
+pub async fn cancel<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    close_impl(state, namespace, workflow_id, None, CloseCommand::Cancel, body).await
+}
+
+pub async fn cancel_run<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id)): Path<(String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    close_impl(state, namespace, workflow_id, Some(run_id), CloseCommand::Cancel, body).await
+}
+
+pub async fn terminate<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    close_impl(state, namespace, workflow_id, None, CloseCommand::Terminate, body).await
+}
+
+pub async fn terminate_run<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id)): Path<(String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    close_impl(state, namespace, workflow_id, Some(run_id), CloseCommand::Terminate, body).await
+}

@@ -1,0 +1,261 @@
+//! The route table and the plane middleware (auth → role → version → namespace, in DW's order).
+
+mod control;
+mod system;
+pub(crate) mod worker;
+pub(crate) use worker::after_change;
+
+use crate::auth::Role;
+use crate::error::ApiError;
+use crate::{AppState, Shared, CONTROL_PLANE_VERSION, WORKER_PROTOCOL_MINOR, WORKER_PROTOCOL_VERSION};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use capstan_store::Store;
+use serde_json::{json, Value};
+
+/// The namespace a request addresses, resolved by the plane middleware.
+#[derive(Clone, Debug)]
+pub struct Namespace(pub String);
+
+pub fn router<S: Store>(state: Shared<S>) -> Router {
+    let worker_plane = Router::new()
+        .route("/worker/register", post(worker::register::<S>))
+        .route("/worker/heartbeat", post(worker::heartbeat::<S>))
+        .route("/worker/registrations/:worker_id", delete(worker::deregister::<S>))
+        .route("/worker/workflow-tasks/poll", post(worker::poll_workflow_task::<S>))
+        .route("/worker/workflow-tasks/:task_id/history", post(worker::workflow_task_history::<S>))
+        .route(
+            "/worker/workflow-tasks/:task_id/heartbeat",
+            post(worker::heartbeat_workflow_task::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/complete",
+            post(worker::complete_workflow_task::<S>),
+        )
+        .route("/worker/workflow-tasks/:task_id/fail", post(worker::fail_workflow_task::<S>))
+        .route("/worker/activity-tasks/poll", post(worker::poll_activity_task::<S>))
+        .route(
+            "/worker/activity-tasks/:task_id/complete",
+            post(worker::complete_activity_task::<S>),
+        )
+        .route("/worker/activity-tasks/:task_id/fail", post(worker::fail_activity_task::<S>))
+        .route(
+            "/worker/activity-tasks/:task_id/heartbeat",
+            post(worker::heartbeat_activity_task::<S>),
+        )
+        .route("/worker/query-tasks/poll", post(worker::poll_query_task::<S>))
+        .route_layer(middleware::from_fn_with_state(state.clone(), worker_plane::<S>));
+
+    let control_plane = Router::new()
+        .route("/workflows", post(control::start::<S>).get(control::list::<S>))
+        .route("/workflows/:workflow_id", get(control::describe::<S>))
+        .route("/workflows/:workflow_id/runs", get(control::runs::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id", get(control::describe_run::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/history", get(control::history::<S>))
+        .route("/workflows/:workflow_id/signal/:signal_name", post(control::signal::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/signal/:signal_name",
+            post(control::signal_run::<S>),
+        )
+        .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))
+        .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
+        .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
+
+    let api = Router::new()
+        .route("/health", get(system::health::<S>))
+        .route("/ready", get(system::ready::<S>))
+        .route("/cluster/info", get(system::cluster_info::<S>))
+        .merge(worker_plane)
+        .merge(control_plane);
+
+    Router::new()
+        .nest("/api", api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        .layer(tower_http::compression::CompressionLayer::new())
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "No such endpoint.")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "This endpoint does not accept that method.",
+    )
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "The server hit a bug handling this request.",
+    )
+    .into_response()
+}
+
+/// `X-Namespace`, else `?namespace=`, else `default`; lower-cased.
+fn namespace_of(request: &Request) -> String {
+    let from_header = request
+        .headers()
+        .get("x-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    let from_query = || {
+        request.uri().query().and_then(|q| {
+            q.split('&')
+                .find_map(|pair| pair.strip_prefix("namespace=").filter(|v| !v.is_empty()).map(|v| v.to_string()))
+        })
+    };
+    from_header
+        .map(str::to_string)
+        .or_else(from_query)
+        .unwrap_or_else(|| "default".into())
+        .to_lowercase()
+}
+
+async fn require_namespace<S: Store>(state: &AppState<S>, namespace: &str) -> Result<(), ApiError> {
+    if state.store.namespace_exists(namespace).await? {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "namespace_not_found",
+            format!("Namespace {namespace:?} does not exist."),
+        )
+        .with("namespace", namespace))
+    }
+}
+
+/// Accepts `1.N` for N ≤ the advertised minor.
+fn check_worker_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(raw) = headers.get("x-durable-workflow-protocol-version") else {
+        return Err(version_error(
+            "missing_protocol_version",
+            "The X-Durable-Workflow-Protocol-Version header is required.",
+            WORKER_PROTOCOL_VERSION,
+            None,
+        ));
+    };
+    let requested = raw.to_str().unwrap_or("").trim().to_string();
+    let supported = requested
+        .split_once('.')
+        .and_then(|(major, minor)| Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?)))
+        .is_some_and(|(major, minor)| major == 1 && minor <= WORKER_PROTOCOL_MINOR);
+    if supported {
+        Ok(())
+    } else {
+        Err(version_error(
+            "unsupported_protocol_version",
+            "Unsupported worker protocol version.",
+            WORKER_PROTOCOL_VERSION,
+            Some(requested),
+        ))
+    }
+}
+
+fn check_control_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(raw) = headers.get("x-durable-workflow-control-plane-version") else {
+        return Err(version_error(
+            "missing_control_plane_version",
+            "The X-Durable-Workflow-Control-Plane-Version header is required.",
+            CONTROL_PLANE_VERSION,
+            None,
+        ));
+    };
+    let requested = raw.to_str().unwrap_or("").trim().to_string();
+    if requested == CONTROL_PLANE_VERSION {
+        Ok(())
+    } else {
+        Err(version_error(
+            "unsupported_control_plane_version",
+            "Unsupported control plane version.",
+            CONTROL_PLANE_VERSION,
+            Some(requested),
+        ))
+    }
+}
+
+fn version_error(reason: &str, message: &str, supported: &str, requested: Option<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, reason, message)
+        .with("supported_version", supported)
+        .with("requested_version", requested)
+        .with("remediation", format!("Send version {supported}."))
+}
+
+async fn worker_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
+    let namespace = namespace_of(&request);
+    let headers = request.headers().clone();
+    let checked = async {
+        state.config.auth.require(&headers, &[Role::Worker])?;
+        check_worker_version(&headers)?;
+        require_namespace(&state, &namespace).await
+    }
+    .await;
+    let response = match checked {
+        Ok(()) => {
+            request.extensions_mut().insert(Namespace(namespace));
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    };
+    decorate_worker_response(response).await
+}
+
+/// Every worker-plane body carries `protocol_version` and `server_capabilities`; every response
+/// carries the protocol header.
+async fn decorate_worker_response(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    parts.headers.insert(
+        "x-durable-workflow-protocol-version",
+        HeaderValue::from_static(WORKER_PROTOCOL_VERSION),
+    );
+    let Ok(bytes) = axum::body::to_bytes(body, crate::body::BODY_BYTES_MAX * 2).await else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "response too large").into_response();
+    };
+    let body = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(mut map)) => {
+            map.entry("protocol_version").or_insert_with(|| json!(WORKER_PROTOCOL_VERSION));
+            map.entry("server_capabilities").or_insert_with(system::server_capabilities);
+            axum::body::Body::from(Value::Object(map).to_string())
+        }
+        _ => axum::body::Body::from(bytes),
+    };
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, body)
+}
+
+async fn control_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
+    let namespace = namespace_of(&request);
+    let headers = request.headers().clone();
+    let checked = async {
+        state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+        check_control_version(&headers)?;
+        require_namespace(&state, &namespace).await
+    }
+    .await;
+    let mut response = match checked {
+        Ok(()) => {
+            request.extensions_mut().insert(Namespace(namespace));
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    };
+    response.headers_mut().insert(
+        "x-durable-workflow-control-plane-version",
+        HeaderValue::from_static(CONTROL_PLANE_VERSION),
+    );
+    response
+}

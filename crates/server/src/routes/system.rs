@@ -1,0 +1,128 @@
+//! Health, readiness and the cluster-info document the SDKs validate.
+
+use crate::auth::Role;
+use crate::error::ApiResult;
+use crate::wire::SUPPORTED_COMMANDS;
+use crate::{now_ms, render, Shared, CONTROL_PLANE_VERSION, WORKER_PROTOCOL_VERSION};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use capstan_store::Store;
+use serde_json::{json, Value};
+
+pub async fn health<S: Store>(State(state): State<Shared<S>>) -> Response {
+    let database = state.store.ping().await;
+    let body = json!({
+        "status": if database.is_ok() { "serving" } else { "degraded" },
+        "timestamp": render::time(now_ms()),
+        "checks": {"database": if database.is_ok() { "ok" } else { "unavailable" }},
+    });
+    let status = if database.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+pub async fn ready<S: Store>(State(state): State<Shared<S>>) -> Response {
+    let database = state.store.ping().await;
+    let body = json!({
+        "status": if database.is_ok() { "ready" } else { "not_ready" },
+        "timestamp": render::time(now_ms()),
+        "checks": {"database": if database.is_ok() { "ok" } else { "unavailable" }},
+    });
+    let status = if database.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// What this server implements, advertised to workers (cluster info and every worker response).
+pub fn server_capabilities() -> Value {
+    json!({
+        "long_poll_timeout": 30,
+        "supported_workflow_task_commands": SUPPORTED_COMMANDS,
+        "workflow_task_poll_request_idempotency": true,
+        "history_page_size_default": 500,
+        "history_page_size_max": 1000,
+        "query_tasks": false,
+        "activity_retry_policy": true,
+        "activity_timeouts": true,
+        "non_retryable_failures": true,
+    })
+}
+
+pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    state.config.auth.require(&headers, &[Role::Worker, Role::Operator, Role::Admin])?;
+    let namespace = headers
+        .get("x-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_lowercase())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into());
+    let limits = &state.config.limits;
+    Ok(Json(json!({
+        "server_id": state.config.server_id,
+        "server": "capstan",
+        "version": env!("CARGO_PKG_VERSION"),
+        "default_namespace": "default",
+        "namespace": {"name": namespace},
+        "supported_sdk_versions": {"python": ">=2.0", "rust": ">=4.0"},
+        "capabilities": {
+            "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": false, "updates": false,
+            "schedules": false, "search_attributes": true, "history_export": false, "continue_as_new": false,
+            "child_workflows": false, "activity_timeouts": true, "activity_retry_policy": true,
+            "payload_codecs": ["avro"], "response_compression": ["gzip", "deflate"],
+        },
+        "limits": {
+            "max_payload_bytes": limits.payload_bytes_max,
+            "max_history_events": limits.history_events_max,
+            "max_commands_per_completion": limits.commands_per_completion_max,
+            "max_pending_activities": limits.pending_activities_max,
+            "max_pending_timers": limits.pending_timers_max,
+            "max_request_body_bytes": crate::body::BODY_BYTES_MAX,
+        },
+        "control_plane": {
+            "version": CONTROL_PLANE_VERSION,
+            "header": "X-Durable-Workflow-Control-Plane-Version",
+            "request_contract": {
+                "schema": "durable-workflow.v2.control-plane-request.contract",
+                "version": 1,
+                "operations": {
+                    "start": {"fields": {"duplicate_policy": {"canonical_values": ["fail", "use-existing"]}}},
+                    "list": {"fields": {"status": {"canonical_values": ["running", "completed", "failed"]}}},
+                },
+            },
+        },
+        "worker_protocol": {
+            "version": WORKER_PROTOCOL_VERSION,
+            "server_capabilities": server_capabilities(),
+        },
+        "auth_composition_contract": {
+            "schema": "durable-workflow.v2.auth-composition.contract",
+            "version": 1,
+            "precedence": {
+                "connection_values": ["flag", "environment", "selected_profile", "default"],
+                "profile_selection": ["flag_env", "DW_ENV", "current_profile", "default_profile"],
+            },
+            "canonical_environment": {
+                "server_url": "DURABLE_WORKFLOW_SERVER_URL",
+                "namespace": "DURABLE_WORKFLOW_NAMESPACE",
+                "auth_token": "DURABLE_WORKFLOW_AUTH_TOKEN",
+                "tls_verify": "DURABLE_WORKFLOW_TLS_VERIFY",
+                "profile": "DW_ENV",
+            },
+            "auth_material": {
+                "token": {"status": "supported", "effective_config_value": "redacted"},
+                "mtls": {"status": "reserved"},
+                "signed_headers": {"status": "reserved"},
+            },
+            "effective_config": {"required_fields": ["server_url", "namespace", "profile", "auth", "tls", "identity"]},
+            "redaction": {"never_echo": ["bearer_tokens", "private_keys", "raw_authorization_headers"]},
+        },
+    })))
+}

@@ -1,0 +1,601 @@
+//! The worker plane: registration, long polls, and fenced task reports.
+
+use super::Namespace;
+use crate::error::{ApiError, ApiResult};
+use crate::wire::{self, Fields};
+use crate::{now_ms, render, AppState, Shared};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use capstan_engine::*;
+use capstan_store::{PollKey, RunLocator, Store, StoreError, WorkerRecord};
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+use crate::body::JsonObject;
+
+/// Wakes pollers for every ready task of `run` and nudges the clock (a new deadline may be
+/// earlier than the one it sleeps towards).
+pub(crate) fn after_change<S: Store>(state: &AppState<S>, run: &RunState) {
+    for task in run.tasks.values() {
+        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
+            state.hub.wake(&run.namespace, task.kind, &task.queue);
+        }
+    }
+    state.clock_kick.notify_one();
+}
+
+/// A refused worker report: the DW body with `recorded: false` and the task identity.
+fn refused(error: StoreError, task_id: &str) -> ApiError {
+    let mut error = ApiError::from(error);
+    if error.status.is_client_error() {
+        error.fields.entry("task_id").or_insert_with(|| json!(task_id));
+        error.fields.entry("recorded").or_insert(json!(false));
+        error.fields.entry("outcome").or_insert(json!("rejected"));
+        tracing::warn!(task_id, reason = %error.reason, "worker report refused");
+    }
+    error
+}
+
+// ------------------------------------------------------------------------------------------
+// Registration
+
+pub async fn register<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    let f = Fields::new(&body);
+    let worker_id = f
+        .opt_str("worker_id", 255)?
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| ulid::Ulid::new().to_string());
+    let task_queue = f.req_str("task_queue", 255)?;
+    let runtime = f.req_str("runtime", 64)?;
+    let now = now_ms();
+    let fingerprints = f.opt_object("workflow_definition_fingerprints")?.cloned().unwrap_or_default();
+    let mut document = Map::new();
+    for key in [
+        "capabilities",
+        "capability_manifest",
+        "workflow_command_contracts",
+        "max_concurrent_workflow_tasks",
+        "max_concurrent_activity_tasks",
+        "task_slots",
+        "process_metrics",
+    ] {
+        if let Some(value) = f.raw(key) {
+            document.insert(key.to_string(), value.clone());
+        }
+    }
+    let record = WorkerRecord {
+        namespace: namespace.clone(),
+        worker_id: worker_id.clone(),
+        task_queue: task_queue.clone(),
+        runtime,
+        sdk_version: f.opt_str("sdk_version", 64)?,
+        build_id: f.opt_str("build_id", 255)?,
+        supported_workflow_types: f.string_list("supported_workflow_types")?,
+        supported_activity_types: f.string_list("supported_activity_types")?,
+        workflow_definition_fingerprints: fingerprints,
+        document,
+        status: "active".into(),
+        registered_at: now,
+        last_heartbeat_at: now,
+    };
+    let record = state.store.register_worker(record).await?;
+    tracing::info!(namespace, worker_id, task_queue, runtime = %record.runtime, "worker registered");
+    let body = json!({
+        "worker_id": record.worker_id,
+        "registered": true,
+        "namespace": namespace,
+        "task_queue": record.task_queue,
+        "heartbeat_interval_seconds": 60,
+        "capabilities": body.get("capabilities").cloned().unwrap_or(json!([])),
+        "capability_manifest": body.get("capability_manifest").cloned().unwrap_or(json!({})),
+    });
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+pub async fn heartbeat<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let worker_id = Fields::new(&body).req_str("worker_id", 255)?;
+    match state.store.heartbeat_worker(&namespace, &worker_id, now_ms()).await? {
+        Some(_) => Ok(Json(
+            json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": 60, "stale_after_seconds": 120}),
+        )),
+        None => Err(not_registered(&worker_id)),
+    }
+}
+
+fn not_registered(worker_id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "worker_not_registered", "The worker is not registered.").with("worker_id", worker_id)
+}
+
+pub async fn deregister<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(worker_id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    if !state.store.deregister_worker(&namespace, &worker_id).await? {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "worker_not_found", "The worker is not registered.").with("worker_id", worker_id));
+    }
+    tracing::info!(namespace, worker_id, "worker deregistered");
+    // Leases the worker still holds expire on their own; the fence keeps its late reports out.
+    Ok(Json(json!({
+        "worker_id": worker_id,
+        "outcome": "deregistered",
+        "deregistered": true,
+        "recovered_workflow_task_count": 0,
+        "recovered_activity_task_count": 0,
+    })))
+}
+
+// ------------------------------------------------------------------------------------------
+// Polls
+
+struct PollRequest {
+    worker: WorkerRecord,
+    queue: String,
+    poll_request_id: Option<String>,
+    wait_ms: i64,
+    history_page_size: usize,
+}
+
+async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str, body: &Map<String, Value>) -> ApiResult<PollRequest> {
+    let f = Fields::new(body);
+    let worker_id = f.req_str("worker_id", 255)?;
+    let queue = f.req_str("task_queue", 255)?;
+    let poll_request_id = f.opt_str("poll_request_id", 255)?;
+    let wait_ms = (f.opt_int("timeout_seconds", 0, 3600)?.unwrap_or(30).min(60) * 1000).min(state.config.poll_wait_max_ms);
+    let history_page_size = f.opt_int("history_page_size", 1, 1000)?.unwrap_or(500) as usize;
+    let build_id = f.opt_str("build_id", 255)?;
+    let worker = state.store.get_worker(namespace, &worker_id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "worker_not_registered",
+            "Register the worker before polling.",
+        )
+        .with("worker_id", worker_id.clone())
+    })?;
+    if worker.task_queue != queue {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "task_queue_mismatch",
+            "The worker is registered for another task queue.",
+        )
+        .with("registered_task_queue", worker.task_queue.clone())
+        .with("requested_task_queue", queue));
+    }
+    if let (Some(asked), Some(registered)) = (&build_id, &worker.build_id) {
+        if asked != registered {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "build_id_mismatch",
+                "The poll's build id differs from the registration's.",
+            )
+            .with("registered_build_id", registered.clone())
+            .with("requested_build_id", asked.clone()));
+        }
+    }
+    Ok(PollRequest {
+        worker,
+        queue,
+        poll_request_id,
+        wait_ms,
+        history_page_size,
+    })
+}
+
+fn poll_key(namespace: &str, request: &PollRequest, kind: TaskKind) -> Option<PollKey> {
+    request.poll_request_id.as_ref().map(|id| PollKey {
+        namespace: namespace.to_string(),
+        task_queue: request.queue.clone(),
+        worker_id: request.worker.worker_id.clone(),
+        kind,
+        poll_request_id: id.clone(),
+    })
+}
+
+/// The long poll shared by workflow and activity tasks: answer a retried `poll_request_id`
+/// with its earlier lease, else lease the oldest ready task, waiting up to the poll timeout.
+async fn long_poll<S: Store>(
+    state: &AppState<S>,
+    namespace: &str,
+    request: &PollRequest,
+    kind: TaskKind,
+) -> ApiResult<Option<(Task, RunState)>> {
+    let owner = request.worker.worker_id.as_str();
+    if let Some(key) = poll_key(namespace, request, kind) {
+        if let Some((task_id, fence)) = state.store.recall_poll(key).await? {
+            if let Some(run) = state.store.load_run(namespace, RunLocator::Task(task_id.clone())).await? {
+                let now = now_ms();
+                let live = run.tasks.get(&task_id).filter(|t| {
+                    t.lease()
+                        .is_some_and(|l| l.owner == owner && l.fence == fence && l.expires_at > now)
+                });
+                if let Some(task) = live {
+                    return Ok(Some((task.clone(), run)));
+                }
+            }
+        }
+    }
+    let types = match kind {
+        TaskKind::Workflow => &request.worker.supported_workflow_types,
+        _ => &request.worker.supported_activity_types,
+    };
+    let lease_ms = match kind {
+        TaskKind::Workflow => state.config.workflow_task_lease_ms,
+        _ => state.config.activity_task_lease_ms,
+    };
+    let deadline = now_ms() + request.wait_ms;
+    let notify = state.hub.channel(namespace, kind, &request.queue);
+    loop {
+        let woken = notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let now = now_ms();
+        if state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
+            if let Some((task, run)) = state
+                .store
+                .claim_task(namespace, kind, &request.queue, types, owner, lease_ms, now)
+                .await?
+            {
+                if let Some(key) = poll_key(namespace, request, kind) {
+                    state.store.remember_poll(key, task.id.clone(), task.fence, now).await?;
+                }
+                tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id, kind = kind.as_str(),
+                    fence = task.fence, owner, "task leased");
+                return Ok(Some((task, run)));
+            }
+        }
+        let now = now_ms();
+        if now >= deadline {
+            return Ok(None);
+        }
+        // Tasks that become available later (retry backoff) are found by the periodic re-check.
+        let recheck = Duration::from_millis((deadline - now).clamp(1, 1000) as u64);
+        tokio::select! {
+            _ = &mut woken => {}
+            _ = tokio::time::sleep(recheck) => {}
+        }
+    }
+}
+
+fn empty_poll() -> Json<Value> {
+    Json(json!({"task": null, "poll_status": "timeout"}))
+}
+
+pub async fn poll_workflow_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let request = poll_request(&state, &namespace, &body).await?;
+    let Some((task, run)) = long_poll(&state, &namespace, &request, TaskKind::Workflow).await? else {
+        return Ok(empty_poll());
+    };
+    let snapshot = match &task.detail {
+        TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,
+        _ => 0,
+    };
+    let events = state.store.history(&run.run_id, 0, snapshot, request.history_page_size).await?;
+    let last = events.last().map(|e| e.sequence).unwrap_or(0);
+    let next = (last < snapshot).then(|| render::page_token(last));
+    Ok(Json(json!({"task": render::workflow_task(&run, &task, &events, next)})))
+}
+
+pub async fn poll_activity_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let request = poll_request(&state, &namespace, &body).await?;
+    match long_poll(&state, &namespace, &request, TaskKind::Activity).await? {
+        Some((task, run)) => Ok(Json(json!({"task": render::activity_task(&run, &task)}))),
+        None => Ok(empty_poll()),
+    }
+}
+
+/// Queries are not implemented yet (cluster info says `query_tasks: false`), but Rust workers
+/// with query handlers poll anyway: hold like any poll, then answer empty.
+pub async fn poll_query_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let request = poll_request(&state, &namespace, &body).await?;
+    tokio::time::sleep(Duration::from_millis(request.wait_ms as u64)).await;
+    Ok(Json(json!({"task": null, "poll_status": "empty"})))
+}
+
+// ------------------------------------------------------------------------------------------
+// Workflow task reports
+
+struct WorkflowLeaseClaim {
+    owner: String,
+    attempt: u64,
+}
+
+fn workflow_claim(body: &Map<String, Value>) -> ApiResult<WorkflowLeaseClaim> {
+    let f = Fields::new(body);
+    Ok(WorkflowLeaseClaim {
+        owner: f.req_str("lease_owner", 255)?,
+        attempt: f.req_int("workflow_task_attempt", 1, i64::MAX)? as u64,
+    })
+}
+
+pub async fn workflow_task_history<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let claim = workflow_claim(&body)?;
+    let f = Fields::new(&body);
+    let token = f.req_str("next_history_page_token", 64)?;
+    let page_size = f.opt_int("history_page_size", 1, 1000)?.unwrap_or(500) as usize;
+    let task_id = TaskId(task_id);
+    let run = state
+        .store
+        .load_run(&namespace, RunLocator::Task(task_id.clone()))
+        .await?
+        .ok_or_else(|| {
+            refused(
+                StoreError::Refused(Refusal::new(Reason::TaskNotFound, "Task not found.")),
+                task_id.as_str(),
+            )
+        })?;
+    let task = capstan_engine::check_workflow_lease(&run, now_ms(), &task_id, &claim.owner, claim.attempt)
+        .map_err(|r| refused(r.into(), task_id.as_str()))?;
+    let snapshot = match &task.detail {
+        TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,
+        _ => 0,
+    };
+    let after = render::parse_page_token(&token).filter(|after| *after <= snapshot).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_page_token",
+            "The history page token is not valid for this task.",
+        )
+    })?;
+    let events = state.store.history(&run.run_id, after, snapshot, page_size).await?;
+    let last = events.last().map(|e| e.sequence).unwrap_or(after);
+    let next = (last < snapshot).then(|| render::page_token(last));
+    let history: Vec<Value> = events.iter().map(|e| render::worker_event(&namespace, e)).collect();
+    Ok(Json(json!({
+        "task_id": task_id,
+        "workflow_task_attempt": claim.attempt,
+        "history_events": history,
+        "total_history_events": snapshot,
+        "next_history_page_token": next,
+    })))
+}
+
+pub async fn heartbeat_workflow_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let claim = workflow_claim(&body)?;
+    let lease_ms = state.config.workflow_task_lease_ms;
+    let id = TaskId(task_id.clone());
+    let (owner, attempt) = (claim.owner.clone(), claim.attempt);
+    let (lease, run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            capstan_engine::heartbeat_workflow_task(run, cx, &id, &owner, attempt, lease_ms)
+        })
+        .await
+        .map_err(|e| refused(e, &task_id))?;
+    Ok(Json(json!({
+        "task_id": task_id,
+        "workflow_task_attempt": claim.attempt,
+        "lease_owner": lease.owner,
+        "renewed": true,
+        "lease_expires_at": render::time(lease.expires_at),
+        "run_status": run.status.as_str(),
+        "task_status": "leased",
+        "reason": null,
+    })))
+}
+
+pub async fn complete_workflow_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let claim = workflow_claim(&body)?;
+    let commands = wire::parse_commands(body.get("commands"), &state.config.limits).map_err(|mut e| {
+        e.fields.insert("task_id".into(), json!(task_id));
+        e.fields.insert("workflow_task_attempt".into(), json!(claim.attempt));
+        e
+    })?;
+    let id = TaskId(task_id.clone());
+    let (owner, attempt) = (claim.owner.clone(), claim.attempt);
+    let (receipt, run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            capstan_engine::complete_workflow_task(run, cx, &id, &owner, attempt, commands)
+        })
+        .await
+        .map_err(|e| refused(e, &task_id))?;
+    after_change(&state, &run);
+    tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, fence = claim.attempt,
+        run_status = run.status.as_str(), retained = receipt.retained, "workflow task completed");
+    Ok(Json(json!({
+        "task_id": task_id,
+        "workflow_task_attempt": claim.attempt,
+        "outcome": "completed",
+        "recorded": true,
+        "retained": receipt.retained,
+        "run_id": run.run_id,
+        "run_status": receipt.run_status.as_str(),
+        "created_task_ids": render::receipt_created(&receipt),
+        "reason": null,
+    })))
+}
+
+pub async fn fail_workflow_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let claim = workflow_claim(&body)?;
+    let failure_map = Fields::new(&body).opt_object("failure")?.cloned().unwrap_or_default();
+    let ff = Fields::nested(&failure_map, "failure.".into());
+    let failure = WorkflowTaskFailure {
+        message: ff.opt_str("message", 1_000_000)?.unwrap_or_default(),
+        failure_type: ff.opt_str("type", 1000)?,
+    };
+    let benign = failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE);
+    let message = failure.message.clone();
+    let id = TaskId(task_id.clone());
+    let (owner, attempt) = (claim.owner.clone(), claim.attempt);
+    let (receipt, run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            capstan_engine::fail_workflow_task(run, cx, &id, &owner, attempt, failure)
+        })
+        .await
+        .map_err(|e| refused(e, &task_id))?;
+    after_change(&state, &run);
+    if benign {
+        tracing::debug!(namespace, workflow_id = %run.workflow_id, task_id, "workflow task closed: waiting for history");
+    } else {
+        tracing::warn!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, fence = claim.attempt, %message, "workflow task failed; offered again after backoff");
+    }
+    Ok(Json(json!({
+        "task_id": task_id,
+        "workflow_task_attempt": claim.attempt,
+        "outcome": "failed",
+        "recorded": true,
+        "retained": receipt.retained,
+        "reason": null,
+        "next_task_id": receipt.created_task_ids.first(),
+    })))
+}
+
+// ------------------------------------------------------------------------------------------
+// Activity task reports
+
+fn activity_claim(body: &Map<String, Value>) -> ApiResult<(ActivityAttemptId, String)> {
+    let f = Fields::new(body);
+    let attempt = f
+        .opt_str("activity_attempt_id", 255)?
+        .or(f.opt_str("attempt_id", 255)?)
+        .filter(|s| !s.is_empty());
+    let attempt = attempt.ok_or_else(|| ApiError::validation("activity_attempt_id", "The activity_attempt_id field is required."))?;
+    Ok((ActivityAttemptId(attempt), f.req_str("lease_owner", 255)?))
+}
+
+fn activity_refused(error: StoreError, task_id: &str, attempt_id: &ActivityAttemptId) -> ApiError {
+    let mut error = refused(error, task_id);
+    error.fields.entry("activity_attempt_id").or_insert_with(|| json!(attempt_id));
+    if matches!(error.reason.as_str(), "run_cancelled" | "run_terminated" | "run_closed") {
+        error.fields.insert("outcome".into(), json!("ignored"));
+    }
+    error
+}
+
+pub async fn complete_activity_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let (attempt_id, owner) = activity_claim(&body)?;
+    let result = Fields::new(&body)
+        .opt_payload("result", &state.config.limits)?
+        .unwrap_or_else(|| Payload::avro(crate::avro::null_blob()));
+    let id = TaskId(task_id.clone());
+    let attempt = attempt_id.clone();
+    let (receipt, run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            capstan_engine::complete_activity(run, cx, &id, &attempt, &owner, result)
+        })
+        .await
+        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
+    after_change(&state, &run);
+    tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id, retained = receipt.retained, "activity completed");
+    Ok(Json(json!({
+        "task_id": task_id,
+        "activity_attempt_id": attempt_id,
+        "outcome": "completed",
+        "recorded": true,
+        "retained": receipt.retained,
+        "reason": null,
+        "next_task_id": receipt.next_task_id,
+    })))
+}
+
+pub async fn fail_activity_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let (attempt_id, owner) = activity_claim(&body)?;
+    let failure_map = Fields::new(&body).opt_object("failure")?.cloned().unwrap_or_default();
+    let failure = wire::parse_activity_failure(&failure_map, &state.config.limits)?;
+    let id = TaskId(task_id.clone());
+    let attempt = attempt_id.clone();
+    let (receipt, run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            capstan_engine::fail_activity(run, cx, &id, &attempt, &owner, failure)
+        })
+        .await
+        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
+    after_change(&state, &run);
+    tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id,
+        retry_task = ?receipt.created_task_ids.first(), "activity attempt failed");
+    Ok(Json(json!({
+        "task_id": task_id,
+        "activity_attempt_id": attempt_id,
+        "outcome": "failed",
+        "recorded": true,
+        "retained": receipt.retained,
+        "reason": null,
+        "next_task_id": receipt.next_task_id.or(receipt.created_task_ids.first().cloned()),
+    })))
+}
+
+pub async fn heartbeat_activity_task<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let (attempt_id, owner) = activity_claim(&body)?;
+    let id = TaskId(task_id.clone());
+    let attempt = attempt_id.clone();
+    let owner_echo = owner.clone();
+    let lease_ms = state.config.activity_task_lease_ms;
+    let (beat, _run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            capstan_engine::heartbeat_activity(run, cx, &id, &attempt, &owner, lease_ms)
+        })
+        .await
+        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
+    Ok(Json(json!({
+        "task_id": task_id,
+        "activity_attempt_id": attempt_id,
+        "lease_owner": owner_echo,
+        "cancel_requested": beat.cancel_requested,
+        "can_continue": beat.can_continue,
+        "reason": beat.reason,
+        "heartbeat_recorded": beat.lease.is_some(),
+        "lease_expires_at": render::opt_time(beat.lease.as_ref().map(|l| l.expires_at)),
+        "last_heartbeat_at": render::time(now_ms()),
+    })))
+}

@@ -1,0 +1,460 @@
+//! Wire JSON → engine types, by hand. Every malformed field becomes a `422 validation_failed`
+//! naming the field; nothing here panics on input.
+
+use crate::error::{ApiError, ApiResult};
+use axum::http::StatusCode;
+use capstan_engine::*;
+use serde_json::{Map, Value};
+
+/// Typed reads of a JSON object with DW validation errors.
+pub struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    /// Prefix for error field names, e.g. `commands.2.`.
+    prefix: String,
+}
+
+impl<'a> Fields<'a> {
+    pub fn new(map: &'a Map<String, Value>) -> Self {
+        Self {
+            map,
+            prefix: String::new(),
+        }
+    }
+
+    pub fn nested(map: &'a Map<String, Value>, prefix: String) -> Self {
+        Self { map, prefix }
+    }
+
+    fn name(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.map.get(key).is_some_and(|v| !v.is_null())
+    }
+
+    pub fn raw(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    pub fn opt_str(&self, key: &str, max_len: usize) -> ApiResult<Option<String>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if s.chars().count() <= max_len => Ok(Some(s.clone())),
+            Some(Value::String(_)) => Err(ApiError::validation(
+                &self.name(key),
+                format!("The {key} field must be at most {max_len} characters."),
+            )),
+            Some(_) => Err(ApiError::validation(&self.name(key), format!("The {key} field must be a string."))),
+        }
+    }
+
+    pub fn req_str(&self, key: &str, max_len: usize) -> ApiResult<String> {
+        match self.opt_str(key, max_len)? {
+            Some(s) if !s.trim().is_empty() => Ok(s),
+            _ => Err(ApiError::validation(&self.name(key), format!("The {key} field is required."))),
+        }
+    }
+
+    /// An integer; digit strings are accepted as DW coerces them.
+    pub fn opt_int(&self, key: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
+        let value = match self.map.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64)),
+            Some(Value::String(s)) => s.trim().parse::<i64>().ok(),
+            Some(_) => None,
+        };
+        match value {
+            Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
+            Some(_) => Err(ApiError::validation(
+                &self.name(key),
+                format!("The {key} field must be between {min} and {max}."),
+            )),
+            None => Err(ApiError::validation(
+                &self.name(key),
+                format!("The {key} field must be an integer."),
+            )),
+        }
+    }
+
+    pub fn req_int(&self, key: &str, min: i64, max: i64) -> ApiResult<i64> {
+        self.opt_int(key, min, max)?
+            .ok_or_else(|| ApiError::validation(&self.name(key), format!("The {key} field is required.")))
+    }
+
+    pub fn opt_bool(&self, key: &str) -> ApiResult<Option<bool>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::validation(&self.name(key), format!("The {key} field must be a boolean."))),
+        }
+    }
+
+    pub fn opt_object(&self, key: &str) -> ApiResult<Option<&'a Map<String, Value>>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(m)) => Ok(Some(m)),
+            Some(Value::Array(a)) if a.is_empty() => Ok(None),
+            Some(_) => Err(ApiError::validation(&self.name(key), format!("The {key} field must be an object."))),
+        }
+    }
+
+    pub fn string_list(&self, key: &str) -> ApiResult<Vec<String>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(vec![]),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| ApiError::validation(&self.name(key), format!("The {key} field must be a list of strings.")))
+                })
+                .collect(),
+            Some(_) => Err(ApiError::validation(
+                &self.name(key),
+                format!("The {key} field must be a list of strings."),
+            )),
+        }
+    }
+
+    /// A payload: an envelope `{codec, blob}` or a bare blob string (Avro assumed).
+    pub fn opt_payload(&self, key: &str, limits: &Limits) -> ApiResult<Option<Payload>> {
+        let payload = match self.map.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(blob)) => Payload::avro(blob.clone()),
+            Some(Value::Object(envelope)) => {
+                let codec = match envelope.get("codec") {
+                    None | Some(Value::Null) => payload::AVRO_CODEC.to_string(),
+                    Some(Value::String(c)) => c.clone(),
+                    Some(_) => return Err(ApiError::validation(&self.name(key), "The payload codec must be a string.")),
+                };
+                let Some(Value::String(blob)) = envelope.get("blob") else {
+                    return Err(ApiError::validation(
+                        &self.name(key),
+                        format!("The {key} envelope needs a string blob (external payloads are not supported)."),
+                    ));
+                };
+                Payload { codec, blob: blob.clone() }
+            }
+            Some(_) => {
+                return Err(ApiError::validation(
+                    &self.name(key),
+                    format!("The {key} field must be a payload envelope."),
+                ))
+            }
+        };
+        if payload.codec != payload::AVRO_CODEC {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unsupported_payload_codec",
+                format!("Payload codec {:?} is not supported; use \"avro\".", payload.codec),
+            )
+            .with("field", self.name(key)));
+        }
+        if payload.blob.len() > limits.payload_bytes_max {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("The {key} payload exceeds {} bytes.", limits.payload_bytes_max),
+            )
+            .with("field", self.name(key))
+            .with("limit_bytes", limits.payload_bytes_max));
+        }
+        Ok(Some(payload))
+    }
+}
+
+/// The parallel-group and scope fields copied from a command onto its events.
+fn step_tags(command: &Map<String, Value>) -> StepTags {
+    const COPIED: &[&str] = &[
+        "parallel_group_id",
+        "parallel_group_kind",
+        "parallel_group_base_sequence",
+        "parallel_group_size",
+        "parallel_group_index",
+        "parallel_group_path",
+    ];
+    COPIED
+        .iter()
+        .filter_map(|k| command.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())))
+        .collect()
+}
+
+/// Commands this server applies; anything else is `invalid_commands`.
+pub const SUPPORTED_COMMANDS: &[&str] = &[
+    "complete_workflow",
+    "fail_workflow",
+    "schedule_activity",
+    "start_timer",
+    "record_side_effect",
+    "record_version_marker",
+    "upsert_search_attributes",
+    "open_condition_wait",
+    "open_signal_wait",
+];
+
+fn invalid_commands(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "invalid_commands", message)
+        .with("outcome", "rejected")
+        .with("recorded", false)
+}
+
+/// Parses `commands[]` of a workflow task completion.
+pub fn parse_commands(list: Option<&Value>, limits: &Limits) -> ApiResult<Vec<WorkflowCommand>> {
+    let Some(Value::Array(items)) = list else {
+        return Err(ApiError::validation("commands", "The commands field must be a non-empty list."));
+    };
+    if items.is_empty() {
+        return Err(ApiError::validation("commands", "The commands field must be a non-empty list."));
+    }
+    let mut commands = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let Value::Object(map) = item else {
+            return Err(ApiError::validation(
+                &format!("commands.{index}"),
+                "Each command must be an object.",
+            ));
+        };
+        commands.push(parse_command(map, index, limits)?);
+    }
+    Ok(commands)
+}
+
+fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> ApiResult<WorkflowCommand> {
+    let f = Fields::nested(map, format!("commands.{index}."));
+    let kind = f.req_str("type", 64)?;
+    let tags = step_tags(map);
+    let only_on = |keys: &[&str], allowed: &[&str]| -> ApiResult<()> {
+        for key in keys {
+            if f.has(key) && !allowed.contains(&kind.as_str()) {
+                return Err(ApiError::validation(
+                    &format!("commands.{index}.{key}"),
+                    format!("The {key} field is not allowed on {kind} commands."),
+                ));
+            }
+        }
+        Ok(())
+    };
+    only_on(&["retry_policy"], &["schedule_activity", "start_child_workflow"])?;
+    only_on(
+        &[
+            "start_to_close_timeout",
+            "schedule_to_start_timeout",
+            "schedule_to_close_timeout",
+            "heartbeat_timeout",
+        ],
+        &["schedule_activity"],
+    )?;
+    only_on(&["non_retryable"], &["fail_workflow", "fail_update"])?;
+    let max_delay = limits.delay_seconds_max;
+    Ok(match kind.as_str() {
+        "schedule_activity" => {
+            let timeout = |key: &str| f.opt_int(key, 1, max_delay);
+            let timeouts = ActivityTimeouts {
+                start_to_close_seconds: timeout("start_to_close_timeout")?,
+                schedule_to_start_seconds: timeout("schedule_to_start_timeout")?,
+                schedule_to_close_seconds: timeout("schedule_to_close_timeout")?,
+                heartbeat_seconds: timeout("heartbeat_timeout")?,
+            };
+            let le = |a: Option<i64>, b: Option<i64>, what: &str| match (a, b) {
+                (Some(a), Some(b)) if a > b => Err(ApiError::validation(&format!("commands.{index}"), what.to_string())),
+                _ => Ok(()),
+            };
+            le(
+                timeouts.heartbeat_seconds,
+                timeouts.start_to_close_seconds,
+                "heartbeat_timeout must not exceed start_to_close_timeout.",
+            )?;
+            le(
+                timeouts.start_to_close_seconds,
+                timeouts.schedule_to_close_seconds,
+                "start_to_close_timeout must not exceed schedule_to_close_timeout.",
+            )?;
+            le(
+                timeouts.schedule_to_start_seconds,
+                timeouts.schedule_to_close_seconds,
+                "schedule_to_start_timeout must not exceed schedule_to_close_timeout.",
+            )?;
+            WorkflowCommand::ScheduleActivity(ScheduleActivity {
+                activity_type: f.req_str("activity_type", 255)?,
+                arguments: f
+                    .opt_payload("arguments", limits)?
+                    .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+                queue: f.opt_str("queue", 255)?,
+                retry_policy: f
+                    .opt_object("retry_policy")?
+                    .map(|p| parse_retry_policy(p, index, max_delay))
+                    .transpose()?,
+                timeouts,
+                tags,
+            })
+        }
+        "start_timer" => WorkflowCommand::StartTimer {
+            delay_seconds: f.req_int("delay_seconds", 0, max_delay)?,
+            tags,
+        },
+        "open_condition_wait" => WorkflowCommand::OpenConditionWait {
+            condition_key: f.opt_str("condition_key", 255)?,
+            fingerprint: f.opt_str("condition_definition_fingerprint", 255)?,
+            timeout_seconds: f.opt_int("timeout_seconds", 0, max_delay)?,
+            tags,
+        },
+        "open_signal_wait" => WorkflowCommand::OpenSignalWait {
+            signal_name: f.req_str("signal_name", 255)?,
+            timeout_seconds: f.opt_int("timeout_seconds", 0, max_delay)?,
+            tags,
+        },
+        "record_side_effect" => WorkflowCommand::RecordSideEffect {
+            result: f
+                .opt_payload("result", limits)?
+                .ok_or_else(|| ApiError::validation(&format!("commands.{index}.result"), "The result field is required."))?,
+            tags,
+        },
+        "record_version_marker" => WorkflowCommand::RecordVersionMarker {
+            change_id: f.req_str("change_id", 255)?,
+            version: f.req_int("version", i64::MIN, i64::MAX)?,
+            min_supported: f.req_int("min_supported", i64::MIN, i64::MAX)?,
+            max_supported: f.req_int("max_supported", i64::MIN, i64::MAX)?,
+            tags,
+        },
+        "upsert_search_attributes" => WorkflowCommand::UpsertSearchAttributes {
+            attributes: f
+                .opt_object("attributes")?
+                .cloned()
+                .ok_or_else(|| ApiError::validation(&format!("commands.{index}.attributes"), "The attributes field is required."))?,
+            tags,
+        },
+        "complete_workflow" => WorkflowCommand::CompleteWorkflow {
+            result: f
+                .opt_payload("result", limits)?
+                .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
+        },
+        "fail_workflow" => WorkflowCommand::FailWorkflow(WorkflowFailure {
+            message: f.req_str("message", 1_000_000)?,
+            exception_type: f.opt_str("exception_type", 1000)?,
+            exception_class: f.opt_str("exception_class", 1000)?,
+            exception: f.raw("exception").cloned(),
+            non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
+        }),
+        other => return Err(invalid_commands(format!("Command type {other:?} is not supported by this server."))),
+    })
+}
+
+fn parse_retry_policy(policy: &Map<String, Value>, index: usize, max_delay: i64) -> ApiResult<RetryPolicy> {
+    let f = Fields::nested(policy, format!("commands.{index}.retry_policy."));
+    let backoff_seconds = match policy.get("backoff_seconds") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_i64().filter(|s| (0..=max_delay).contains(s)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::validation(
+                    &format!("commands.{index}.retry_policy.backoff_seconds"),
+                    "backoff_seconds must be a list of non-negative integers.",
+                )
+            })?,
+        Some(Value::Number(n)) => vec![n.as_i64().filter(|s| *s >= 0).ok_or_else(|| {
+            ApiError::validation(
+                &format!("commands.{index}.retry_policy.backoff_seconds"),
+                "backoff_seconds must be non-negative.",
+            )
+        })?],
+        Some(_) => {
+            return Err(ApiError::validation(
+                &format!("commands.{index}.retry_policy.backoff_seconds"),
+                "backoff_seconds must be a list of integers.",
+            ))
+        }
+    };
+    Ok(RetryPolicy {
+        max_attempts: f.opt_int("max_attempts", 1, u32::MAX as i64)?.map(|n| n as u32),
+        backoff_seconds,
+        non_retryable_error_types: f.string_list("non_retryable_error_types")?,
+    })
+}
+
+/// `failure` of an activity fail report.
+pub fn parse_activity_failure(map: &Map<String, Value>, limits: &Limits) -> ApiResult<ActivityFailure> {
+    let f = Fields::nested(map, "failure.".into());
+    Ok(ActivityFailure {
+        message: f.opt_str("message", 1_000_000)?.unwrap_or_default(),
+        failure_type: f.opt_str("type", 1000)?,
+        class: f.opt_str("class", 1000)?,
+        code: f.raw("code").cloned(),
+        stack_trace: f.opt_str("stack_trace", 1_000_000)?,
+        non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false) || f.opt_bool("retryable")? == Some(false),
+        details: f.opt_payload("details", limits)?,
+    })
+}
+
+/// Workflow ids: `^[a-zA-Z0-9._:-]+$`, at most 128 characters.
+pub fn valid_workflow_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(value: Value) -> ApiResult<Vec<WorkflowCommand>> {
+        parse_commands(Some(&value), &Limits::default())
+    }
+
+    #[test]
+    fn parses_a_schedule_activity_with_policy_and_timeouts() {
+        let commands = parse(json!([{"type": "schedule_activity", "activity_type": "charge", "queue": "orders",
+            "arguments": {"codec": "avro", "blob": "AA=="}, "start_to_close_timeout": "30",
+            "retry_policy": {"max_attempts": 3, "backoff_seconds": [1, 2], "non_retryable_error_types": ["Bad"]}}]))
+        .unwrap();
+        let WorkflowCommand::ScheduleActivity(a) = &commands[0] else {
+            panic!("not an activity")
+        };
+        assert_eq!(a.timeouts.start_to_close_seconds, Some(30));
+        assert_eq!(a.retry_policy.as_ref().unwrap().max_attempts, Some(3));
+        assert_eq!(a.arguments.blob, "AA==");
+    }
+
+    #[test]
+    fn refuses_bad_commands_with_field_names() {
+        let error = parse(json!([{"type": "start_timer", "delay_seconds": -1}])).unwrap_err();
+        assert_eq!(error.reason, "validation_failed");
+        assert!(error.fields["errors"].get("commands.0.delay_seconds").is_some());
+        assert_eq!(parse(json!([{"type": "teleport"}])).unwrap_err().reason, "invalid_commands");
+        assert_eq!(parse(json!([])).unwrap_err().reason, "validation_failed");
+        assert_eq!(
+            parse(json!([{"type": "start_timer", "delay_seconds": 1, "retry_policy": {}}]))
+                .unwrap_err()
+                .reason,
+            "validation_failed"
+        );
+        let wrong_codec = parse(json!([{"type": "complete_workflow", "result": {"codec": "json", "blob": "1"}}])).unwrap_err();
+        assert_eq!(wrong_codec.reason, "unsupported_payload_codec");
+        let timeouts =
+            parse(json!([{"type": "schedule_activity", "activity_type": "a", "heartbeat_timeout": 10, "start_to_close_timeout": 5}]));
+        assert_eq!(timeouts.unwrap_err().reason, "validation_failed");
+    }
+
+    #[test]
+    fn accepts_bare_blob_results() {
+        let commands = parse(json!([{"type": "record_side_effect", "result": "wwE="}])).unwrap();
+        assert!(
+            matches!(&commands[0], WorkflowCommand::RecordSideEffect { result, .. } if result.blob == "wwE=" && result.codec == "avro")
+        );
+    }
+
+    #[test]
+    fn workflow_id_pattern() {
+        assert!(valid_workflow_id("order-42:a.b_c"));
+        assert!(!valid_workflow_id("has space"));
+        assert!(!valid_workflow_id(""));
+        assert!(!valid_workflow_id(&"x".repeat(129)));
+    }
+}

@@ -1,0 +1,277 @@
+//! Capstan's storage. Every SQL statement of the project lives in this crate.
+//!
+//! [`Store`] is the contract the server programs against; [`SqliteStore`] implements it on an
+//! embedded SQLite file (PostgreSQL implements the same trait next). A store only persists:
+//! the decisions are the engine's. Run transitions go through [`Store::mutate_run`], which loads
+//! a run's state, hands it to an engine closure and — only when the closure returns `Ok` —
+//! writes the new state, the appended history events and the changed task rows in one
+//! transaction, before the returned future resolves. A refused transition writes nothing.
+//!
+//! Crash contract: a future that resolved `Ok` means the change is durable (fsync'd); a crash
+//! before that leaves no part of the change. Callers that lose the answer retry; the engine's
+//! idempotency rules make the retry safe.
+
+mod schema;
+mod sqlite;
+mod writer;
+
+use capstan_engine::*;
+use serde_json::{Map, Value};
+use std::future::Future;
+
+pub use sqlite::{intent_hash, SqliteStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The engine (or a store-level rule such as duplicate start) said no; nothing was written.
+    #[error("{0}")]
+    Refused(Refusal),
+    /// The database failed. The change was not applied.
+    #[error("storage failure: {0}")]
+    Storage(String),
+}
+
+impl From<Refusal> for StoreError {
+    fn from(refusal: Refusal) -> Self {
+        StoreError::Refused(refusal)
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        StoreError::Storage(error.to_string())
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(error: serde_json::Error) -> Self {
+        StoreError::Storage(format!("corrupt stored document: {error}"))
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Which run a transition is for.
+#[derive(Clone, Debug)]
+pub enum RunLocator {
+    /// The run owning this task (workflow or activity task id).
+    Task(TaskId),
+    /// A specific run of an instance.
+    Run(WorkflowId, RunId),
+    /// The current run of an instance.
+    Current(WorkflowId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DuplicatePolicy {
+    Fail,
+    UseExisting,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartOutcome {
+    StartedNew,
+    ReturnedExistingActive,
+}
+
+/// A worker registration as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerRecord {
+    pub namespace: String,
+    pub worker_id: String,
+    pub task_queue: String,
+    pub runtime: String,
+    pub sdk_version: Option<String>,
+    pub build_id: Option<String>,
+    pub supported_workflow_types: Vec<String>,
+    pub supported_activity_types: Vec<String>,
+    pub workflow_definition_fingerprints: Map<String, Value>,
+    /// Everything else the worker sent (capabilities, manifest, contracts), kept verbatim.
+    pub document: Map<String, Value>,
+    pub status: String,
+    pub registered_at: Millis,
+    pub last_heartbeat_at: Millis,
+}
+
+/// One row of a workflow list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSummary {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub run_number: u32,
+    pub workflow_type: String,
+    pub task_queue: String,
+    pub status: RunStatus,
+    pub business_key: Option<String>,
+    pub started_at: Millis,
+    pub closed_at: Option<Millis>,
+    pub search_attributes: Map<String, Value>,
+    pub memo: Map<String, Value>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ListFilter {
+    pub workflow_type: Option<String>,
+    /// A status bucket: `running`, `completed` or `failed`.
+    pub status_bucket: Option<String>,
+    /// Substring of the workflow id or business key.
+    pub query: Option<String>,
+}
+
+/// A task whose deadline has passed, for the background clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DueTask {
+    pub namespace: String,
+    pub task_id: TaskId,
+}
+
+/// A control-plane command keyed by a caller's `request_id`.
+#[derive(Clone, Debug)]
+pub struct CommandKey {
+    pub command_type: String,
+    pub request_id: String,
+    /// Hash of what the command asks (name, arguments, target); a reuse with another intent
+    /// is a `request_id_conflict`.
+    pub intent_hash: String,
+}
+
+/// The receipt of a keyed command: fresh, or replayed from the first time.
+#[derive(Clone, Debug)]
+pub enum KeyedReceipt<T> {
+    Fresh(T),
+    Retained(Value),
+}
+
+/// The contract between the server and a storage backend. Every method is cancel-safe in the
+/// sense that dropping the future never leaves a partial change; a dropped write may still
+/// commit, exactly like a lost HTTP response, and callers rely on idempotency for that.
+pub trait Store: Send + Sync + 'static {
+    /// Cheap liveness probe of the database.
+    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+
+    fn namespace_exists(&self, namespace: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Creates or updates `(namespace, worker_id)`. A changed workflow definition fingerprint
+    /// on an active registration is refused with `workflow_definition_changed`.
+    fn register_worker(&self, worker: WorkerRecord) -> impl Future<Output = StoreResult<WorkerRecord>> + Send;
+
+    fn heartbeat_worker(
+        &self,
+        namespace: &str,
+        worker_id: &str,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
+
+    fn get_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
+
+    /// Removes a registration; `false` when there was none.
+    fn deregister_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Starts run 1 of a new instance, honouring the duplicate policy and the global reservation
+    /// of workflow ids.
+    fn start_workflow(
+        &self,
+        start: StartRun,
+        policy: DuplicatePolicy,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<(StartOutcome, RunState)>> + Send;
+
+    /// Whether a poll of this shape could lease something right now (a read, no writer trip).
+    fn has_ready_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports.
+    fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<(Task, RunState)>>> + Send;
+
+    /// Runs one engine transition on one run, atomically and durably.
+    fn mutate_run<T, F>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        now: Millis,
+        transition: F,
+    ) -> impl Future<Output = StoreResult<(T, RunState)>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
+
+    /// Like `mutate_run` for a control-plane command with a caller `request_id`: the first call
+    /// applies and stores `render(result)`; a repeat with the same intent returns that stored
+    /// receipt; a repeat with another intent is a `request_id_conflict`.
+    fn mutate_run_keyed<T, F, R>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        key: CommandKey,
+        now: Millis,
+        transition: F,
+        render: R,
+    ) -> impl Future<Output = StoreResult<(KeyedReceipt<T>, Option<RunState>)>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+        R: FnOnce(&T, &RunState) -> Value + Send + 'static;
+
+    fn load_run(&self, namespace: &str, locator: RunLocator) -> impl Future<Output = StoreResult<Option<RunState>>> + Send;
+
+    /// Events with `after < sequence <= upto`, at most `limit`, in order.
+    fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> impl Future<Output = StoreResult<Vec<HistoryEvent>>> + Send;
+
+    /// Runs newest first; returns the page and whether more follow.
+    fn list_runs(
+        &self,
+        namespace: &str,
+        filter: ListFilter,
+        offset: usize,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<(Vec<RunSummary>, bool)>> + Send;
+
+    /// All runs of an instance, oldest first.
+    fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> impl Future<Output = StoreResult<Vec<RunSummary>>> + Send;
+
+    /// Tasks whose deadline is at or before `now`.
+    fn due_tasks(&self, now: Millis, limit: usize) -> impl Future<Output = StoreResult<Vec<DueTask>>> + Send;
+
+    /// The earliest pending deadline, so the clock can sleep until then.
+    fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
+
+    /// Remembers which task a `poll_request_id` was answered with.
+    fn remember_poll(&self, key: PollKey, task_id: TaskId, fence: u64, now: Millis) -> impl Future<Output = StoreResult<()>> + Send;
+
+    fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send;
+}
+
+/// `(namespace, queue, worker, kind, poll_request_id)`: the scope of poll idempotency.
+#[derive(Clone, Debug)]
+pub struct PollKey {
+    pub namespace: String,
+    pub task_queue: String,
+    pub worker_id: String,
+    pub kind: TaskKind,
+    pub poll_request_id: String,
+}
+
+/// ULID ids for engine transitions.
+pub struct UlidIds;
+
+impl IdSource for UlidIds {
+    fn next_id(&mut self) -> String {
+        ulid::Ulid::new().to_string()
+    }
+}

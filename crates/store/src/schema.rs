@@ -1,0 +1,143 @@
+//! The SQLite schema and its migrations. Migrations are append-only: never edit a shipped one.
+
+use rusqlite::Connection;
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    r#"
+CREATE TABLE namespaces (
+    name        TEXT PRIMARY KEY,
+    description TEXT,
+    created_at  INTEGER NOT NULL
+);
+
+-- Workflow ids are reserved across namespaces for all time.
+CREATE TABLE workflow_instances (
+    workflow_id    TEXT PRIMARY KEY,
+    namespace      TEXT NOT NULL,
+    current_run_id TEXT NOT NULL,
+    created_at     INTEGER NOT NULL
+);
+
+-- One row per run. `state` is the engine's RunState document; the other columns are copies
+-- for listing and filtering.
+CREATE TABLE runs (
+    run_id        TEXT PRIMARY KEY,
+    namespace     TEXT NOT NULL,
+    workflow_id   TEXT NOT NULL,
+    run_number    INTEGER NOT NULL,
+    workflow_type TEXT NOT NULL,
+    task_queue    TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    business_key  TEXT,
+    started_at    INTEGER NOT NULL,
+    closed_at     INTEGER,
+    state         TEXT NOT NULL
+);
+CREATE INDEX runs_by_namespace ON runs (namespace, started_at DESC, run_id DESC);
+CREATE INDEX runs_by_instance ON runs (workflow_id, run_number);
+
+-- Append-only history with its hash chain.
+CREATE TABLE history_events (
+    run_id              TEXT NOT NULL,
+    sequence            INTEGER NOT NULL,
+    event_id            TEXT NOT NULL,
+    event_type          TEXT NOT NULL,
+    payload             TEXT NOT NULL,
+    workflow_task_id    TEXT,
+    workflow_command_id TEXT,
+    recorded_at         INTEGER NOT NULL,
+    prev_hash           TEXT NOT NULL,
+    hash                TEXT NOT NULL,
+    PRIMARY KEY (run_id, sequence)
+) WITHOUT ROWID;
+
+-- Every task ever created. Open tasks mirror the engine's RunState.tasks; closed ones keep
+-- their row so late reports can be traced to their run.
+CREATE TABLE tasks (
+    task_id          TEXT PRIMARY KEY,
+    namespace        TEXT NOT NULL,
+    run_id           TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    queue            TEXT NOT NULL,
+    type_name        TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    available_at     INTEGER NOT NULL,
+    deadline_at      INTEGER,
+    lease_owner      TEXT,
+    lease_expires_at INTEGER,
+    fence            INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL
+);
+CREATE INDEX tasks_ready ON tasks (namespace, kind, queue, available_at) WHERE status = 'ready';
+CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased');
+
+CREATE TABLE workers (
+    namespace         TEXT NOT NULL,
+    worker_id         TEXT NOT NULL,
+    task_queue        TEXT NOT NULL,
+    runtime           TEXT NOT NULL,
+    sdk_version       TEXT,
+    build_id          TEXT,
+    workflow_types    TEXT NOT NULL,
+    activity_types    TEXT NOT NULL,
+    fingerprints      TEXT NOT NULL,
+    document          TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    registered_at     INTEGER NOT NULL,
+    last_heartbeat_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, worker_id)
+);
+
+CREATE TABLE poll_requests (
+    namespace       TEXT NOT NULL,
+    task_queue      TEXT NOT NULL,
+    worker_id       TEXT NOT NULL,
+    kind            TEXT NOT NULL,
+    poll_request_id TEXT NOT NULL,
+    task_id         TEXT NOT NULL,
+    fence           INTEGER NOT NULL,
+    created_at      INTEGER NOT NULL,
+    PRIMARY KEY (namespace, task_queue, worker_id, kind, poll_request_id)
+);
+CREATE INDEX poll_requests_age ON poll_requests (created_at);
+
+CREATE TABLE command_requests (
+    namespace    TEXT NOT NULL,
+    workflow_id  TEXT NOT NULL,
+    command_type TEXT NOT NULL,
+    request_id   TEXT NOT NULL,
+    intent_hash  TEXT NOT NULL,
+    receipt      TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (namespace, workflow_id, command_type, request_id)
+);
+"#,
+)];
+
+/// Applies every migration not yet recorded, each in its own transaction.
+pub fn migrate(conn: &mut Connection, now: i64) -> rusqlite::Result<()> {
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")?;
+    for (version, sql) in MIGRATIONS {
+        let applied: bool = conn.query_row(
+            "SELECT EXISTS(SELECT 1 FROM schema_migrations WHERE version = ?1)",
+            [version],
+            |r| r.get(0),
+        )?;
+        if applied {
+            continue;
+        }
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+            [*version, now],
+        )?;
+        tx.commit()?;
+    }
+    conn.execute(
+        "INSERT OR IGNORE INTO namespaces (name, description, created_at) VALUES ('default', 'Default namespace', ?1)",
+        [now],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,736 @@
+//! [`Store`] on an embedded SQLite file: WAL journal, `synchronous=FULL`, one writer thread with
+//! group commit (see `writer.rs`) and a small pool of reader connections.
+
+use crate::schema;
+use crate::writer::Writer;
+use crate::*;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+const READERS: usize = 4;
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: Writer,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    path: PathBuf,
+    limits: Arc<Limits>,
+}
+
+fn open_connection(path: &Path) -> StoreResult<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    // WAL lets readers run beside the writer; FULL makes every COMMIT fsync the WAL, so an
+    // acknowledged transition survives power loss, not just a process crash.
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = FULL;
+         PRAGMA foreign_keys = ON;
+         PRAGMA busy_timeout = 10000;",
+    )?;
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file, migrates it and bootstraps `default`.
+    pub fn open(path: &Path, limits: Limits, now: Millis) -> StoreResult<Self> {
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| StoreError::Storage(format!("create {}: {e}", dir.display())))?;
+            }
+        }
+        let mut conn = open_connection(path)?;
+        schema::migrate(&mut conn, now)?;
+        let readers = (0..READERS).map(|_| open_connection(path)).collect::<StoreResult<Vec<_>>>()?;
+        Ok(Self {
+            writer: Writer::start(conn),
+            readers: Arc::new(Mutex::new(readers)),
+            path: path.to_path_buf(),
+            limits: Arc::new(limits),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs a read on a pooled connection off the async threads.
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let readers = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.lock().expect("reader pool").pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => open_connection(&path)?,
+            };
+            let result = f(&conn);
+            let mut pool = readers.lock().expect("reader pool");
+            if pool.len() < READERS {
+                pool.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Storage(format!("reader task failed: {e}")))?
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Row <-> engine conversions
+
+fn load_state(conn: &Connection, run_id: &str) -> StoreResult<Option<RunState>> {
+    let doc: Option<String> = conn
+        .query_row("SELECT state FROM runs WHERE run_id = ?1", [run_id], |r| r.get(0))
+        .optional()?;
+    Ok(match doc {
+        Some(doc) => Some(serde_json::from_str(&doc)?),
+        None => None,
+    })
+}
+
+fn locate_run(conn: &Connection, namespace: &str, locator: &RunLocator) -> StoreResult<Option<String>> {
+    Ok(match locator {
+        RunLocator::Task(task_id) => conn
+            .query_row(
+                "SELECT run_id FROM tasks WHERE task_id = ?1 AND namespace = ?2",
+                params![task_id.as_str(), namespace],
+                |r| r.get(0),
+            )
+            .optional()?,
+        RunLocator::Run(workflow_id, run_id) => conn
+            .query_row(
+                "SELECT run_id FROM runs WHERE run_id = ?1 AND workflow_id = ?2 AND namespace = ?3",
+                params![run_id.as_str(), workflow_id.as_str(), namespace],
+                |r| r.get(0),
+            )
+            .optional()?,
+        RunLocator::Current(workflow_id) => conn
+            .query_row(
+                "SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1 AND namespace = ?2",
+                params![workflow_id.as_str(), namespace],
+                |r| r.get(0),
+            )
+            .optional()?,
+    })
+}
+
+fn not_found(locator: &RunLocator) -> Refusal {
+    match locator {
+        RunLocator::Task(task_id) => Refusal::new(Reason::TaskNotFound, "Task not found.").with("task_id", task_id.as_str()),
+        RunLocator::Run(workflow_id, run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.")
+            .with("workflow_id", workflow_id.as_str())
+            .with("run_id", run_id.as_str()),
+        RunLocator::Current(workflow_id) => {
+            Refusal::new(Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id.as_str())
+        }
+    }
+}
+
+fn task_status(task: &Task) -> &'static str {
+    match task.state {
+        TaskState::Ready => "ready",
+        TaskState::Leased(_) => "leased",
+    }
+}
+
+fn task_type_name(run: &RunState, task: &Task) -> String {
+    match &task.detail {
+        TaskDetail::Workflow { .. } => run.workflow_type.clone(),
+        TaskDetail::Activity { activity_type, .. } => activity_type.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Writes a run's new state, its new events and its changed tasks.
+fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: bool) -> StoreResult<()> {
+    let state = serde_json::to_string(run)?;
+    if insert_run {
+        conn.execute(
+            "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                run.run_id.as_str(),
+                run.namespace,
+                run.workflow_id.as_str(),
+                run.run_number,
+                run.workflow_type,
+                run.task_queue,
+                run.status.as_str(),
+                run.business_key,
+                run.started_at,
+                run.closed_at,
+                state
+            ],
+        )?;
+    } else {
+        conn.execute(
+            "UPDATE runs SET status = ?2, closed_at = ?3, state = ?4 WHERE run_id = ?1",
+            params![run.run_id.as_str(), run.status.as_str(), run.closed_at, state],
+        )?;
+    }
+    let mut insert_event = conn.prepare_cached(
+        "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?;
+    for event in &effects.events {
+        // Check the chain on the way in, as the verifier checks it on the way out.
+        debug_assert_eq!(event.computed_hash(), event.hash);
+        insert_event.execute(params![
+            run.run_id.as_str(),
+            event.sequence as i64,
+            event.id.as_str(),
+            event.event_type.as_str(),
+            serde_json::to_string(&event.payload)?,
+            event.workflow_task_id.as_ref().map(|t| t.as_str()),
+            event.workflow_command_id.as_ref().map(|c| c.as_str()),
+            event.recorded_at,
+            event.prev_hash,
+            event.hash,
+        ])?;
+    }
+    let mut upsert_task = conn.prepare_cached(
+        "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+         ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
+             deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
+             lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
+    )?;
+    let mut close_task = conn.prepare_cached("UPDATE tasks SET status = ?2, deadline_at = NULL WHERE task_id = ?1")?;
+    for task_id in &effects.touched_tasks {
+        let Some(task) = run.tasks.get(task_id) else {
+            // Touched but no longer open in the run: the row must not look open.
+            close_task.execute(params![task_id.as_str(), "cancelled"])?;
+            continue;
+        };
+        let lease = task.lease();
+        upsert_task.execute(params![
+            task.id.as_str(),
+            run.namespace,
+            run.run_id.as_str(),
+            task.kind.as_str(),
+            task.queue,
+            task_type_name(run, task),
+            task_status(task),
+            task.available_at,
+            task.deadline_at,
+            lease.map(|l| l.owner.clone()),
+            lease.map(|l| l.expires_at),
+            task.fence as i64,
+            task.created_at,
+        ])?;
+    }
+    let mut insert_closed = conn.prepare_cached(
+        "INSERT OR IGNORE INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, fence, created_at)
+         VALUES (?1, ?2, ?3, 'timer', '', '', ?4, 0, NULL, 0, 0)",
+    )?;
+    for (task_id, closure) in &effects.closed_tasks {
+        if close_task.execute(params![task_id.as_str(), closure.as_str()])? == 0 {
+            // Created and closed within one transition (never had a row): record it closed.
+            insert_closed.execute(params![task_id.as_str(), run.namespace, run.run_id.as_str(), closure.as_str()])?;
+        }
+    }
+    Ok(())
+}
+
+fn worker_from_row(row: &rusqlite::Row) -> rusqlite::Result<WorkerRecord> {
+    let parse_list = |text: String| serde_json::from_str::<Vec<String>>(&text).unwrap_or_default();
+    let parse_map = |text: String| serde_json::from_str::<Map<String, Value>>(&text).unwrap_or_default();
+    Ok(WorkerRecord {
+        namespace: row.get(0)?,
+        worker_id: row.get(1)?,
+        task_queue: row.get(2)?,
+        runtime: row.get(3)?,
+        sdk_version: row.get(4)?,
+        build_id: row.get(5)?,
+        supported_workflow_types: parse_list(row.get(6)?),
+        supported_activity_types: parse_list(row.get(7)?),
+        workflow_definition_fingerprints: parse_map(row.get(8)?),
+        document: parse_map(row.get(9)?),
+        status: row.get(10)?,
+        registered_at: row.get(11)?,
+        last_heartbeat_at: row.get(12)?,
+    })
+}
+
+const WORKER_COLUMNS: &str = "namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at";
+
+fn get_worker(conn: &Connection, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = ?1 AND worker_id = ?2"),
+            params![namespace, worker_id],
+            worker_from_row,
+        )
+        .optional()?)
+}
+
+fn summary_from_row(row: &rusqlite::Row) -> rusqlite::Result<RunSummary> {
+    let state: String = row.get(0)?;
+    let run: RunState =
+        serde_json::from_str(&state).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?;
+    Ok(summary_of(&run))
+}
+
+fn summary_of(run: &RunState) -> RunSummary {
+    RunSummary {
+        namespace: run.namespace.clone(),
+        workflow_id: run.workflow_id.clone(),
+        run_id: run.run_id.clone(),
+        run_number: run.run_number,
+        workflow_type: run.workflow_type.clone(),
+        task_queue: run.task_queue.clone(),
+        status: run.status,
+        business_key: run.business_key.clone(),
+        started_at: run.started_at,
+        closed_at: run.closed_at,
+        search_attributes: run.search_attributes.clone(),
+        memo: run.memo.clone(),
+    }
+}
+
+/// Adds `AND type_name IN (...)` for a worker that declared the types it supports.
+fn type_filter(types: &[String], first_param: usize) -> String {
+    if types.is_empty() {
+        return String::new();
+    }
+    let marks: Vec<String> = (0..types.len()).map(|i| format!("?{}", first_param + i)).collect();
+    format!(" AND type_name IN ({})", marks.join(", "))
+}
+
+fn event_from_row(row: &rusqlite::Row) -> rusqlite::Result<HistoryEvent> {
+    let event_type: String = row.get(2)?;
+    let payload: String = row.get(3)?;
+    let bad = |e: Box<dyn std::error::Error + Send + Sync>| rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, e);
+    Ok(HistoryEvent {
+        sequence: row.get::<_, i64>(0)? as u64,
+        id: EventId(row.get(1)?),
+        event_type: EventType::parse(&event_type).ok_or_else(|| bad(format!("unknown event type {event_type}").into()))?,
+        payload: serde_json::from_str(&payload).map_err(|e| bad(Box::new(e)))?,
+        workflow_task_id: row.get::<_, Option<String>>(4)?.map(TaskId),
+        workflow_command_id: row.get::<_, Option<String>>(5)?.map(CommandId),
+        recorded_at: row.get(6)?,
+        prev_hash: row.get(7)?,
+        hash: row.get(8)?,
+    })
+}
+
+fn hash_text(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+impl Store for SqliteStore {
+    async fn ping(&self) -> StoreResult<()> {
+        self.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?))
+            .await
+    }
+
+    async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| Ok(conn.query_row("SELECT EXISTS(SELECT 1 FROM namespaces WHERE name = ?1)", [namespace], |r| r.get(0))?))
+            .await
+    }
+
+    async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
+        self.writer
+            .write(move |conn| {
+                if let Some(existing) = get_worker(conn, &worker.namespace, &worker.worker_id)? {
+                    if existing.status == "active" {
+                        for (workflow_type, fingerprint) in &worker.workflow_definition_fingerprints {
+                            if let Some(old) = existing.workflow_definition_fingerprints.get(workflow_type) {
+                                if old != fingerprint {
+                                    return Err(Refusal::new(
+                                        Reason::WorkflowDefinitionChanged,
+                                        format!(
+                                            "Worker {} re-registered workflow type {workflow_type} with a different definition.",
+                                            worker.worker_id
+                                        ),
+                                    )
+                                    .with("workflow_type", workflow_type.clone())
+                                    .into());
+                                }
+                            }
+                        }
+                    }
+                }
+                let mut record = worker.clone();
+                if let Some(existing) = get_worker(conn, &worker.namespace, &worker.worker_id)? {
+                    record.registered_at = existing.registered_at;
+                }
+                conn.execute(
+                    &format!(
+                        "INSERT INTO workers ({WORKER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+                         ON CONFLICT (namespace, worker_id) DO UPDATE SET task_queue = excluded.task_queue, runtime = excluded.runtime,
+                           sdk_version = excluded.sdk_version, build_id = excluded.build_id, workflow_types = excluded.workflow_types,
+                           activity_types = excluded.activity_types, fingerprints = excluded.fingerprints, document = excluded.document,
+                           status = excluded.status, last_heartbeat_at = excluded.last_heartbeat_at"
+                    ),
+                    params![
+                        record.namespace,
+                        record.worker_id,
+                        record.task_queue,
+                        record.runtime,
+                        record.sdk_version,
+                        record.build_id,
+                        serde_json::to_string(&record.supported_workflow_types)?,
+                        serde_json::to_string(&record.supported_activity_types)?,
+                        serde_json::to_string(&record.workflow_definition_fingerprints)?,
+                        serde_json::to_string(&record.document)?,
+                        record.status,
+                        record.registered_at,
+                        record.last_heartbeat_at,
+                    ],
+                )?;
+                Ok(record)
+            })
+            .await
+    }
+
+    async fn heartbeat_worker(&self, namespace: &str, worker_id: &str, now: Millis) -> StoreResult<Option<WorkerRecord>> {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.writer
+            .write(move |conn| {
+                conn.execute(
+                    "UPDATE workers SET last_heartbeat_at = ?3 WHERE namespace = ?1 AND worker_id = ?2",
+                    params![namespace, worker_id, now],
+                )?;
+                get_worker(conn, &namespace, &worker_id)
+            })
+            .await
+    }
+
+    async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.read(move |conn| get_worker(conn, &namespace, &worker_id)).await
+    }
+
+    async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.writer
+            .write(move |conn| {
+                Ok(conn.execute(
+                    "DELETE FROM workers WHERE namespace = ?1 AND worker_id = ?2",
+                    params![namespace, worker_id],
+                )? > 0)
+            })
+            .await
+    }
+
+    async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let existing: Option<(String, String)> = conn
+                    .query_row(
+                        "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = ?1",
+                        [start.workflow_id.as_str()],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                if let Some((namespace, run_id)) = existing {
+                    if namespace != start.namespace {
+                        return Err(Refusal::new(
+                            Reason::WorkflowIdReservedInNamespace,
+                            "This workflow id is reserved in another namespace.",
+                        )
+                        .with("workflow_id", start.workflow_id.as_str())
+                        .into());
+                    }
+                    let run = load_state(conn, &run_id)?
+                        .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
+                    if policy == DuplicatePolicy::UseExisting && !run.is_closed() {
+                        return Ok((StartOutcome::ReturnedExistingActive, run));
+                    }
+                    return Err(
+                        Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
+                            .with("workflow_id", start.workflow_id.as_str())
+                            .with("run_id", run.run_id.as_str())
+                            .with("status", run.status.as_str())
+                            .into(),
+                    );
+                }
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(now, &mut ids, &limits);
+                let run = capstan_engine::start_run(&mut cx, start);
+                conn.execute(
+                    "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![run.workflow_id.as_str(), run.namespace, run.run_id.as_str(), now],
+                )?;
+                persist(conn, &run, &cx.effects, true)?;
+                Ok((StartOutcome::StartedNew, run))
+            })
+            .await
+    }
+
+    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
+        let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT EXISTS(SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{})",
+                type_filter(&types, 5)
+            );
+            let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
+            values.extend(types.into_iter().map(rusqlite::types::Value::from));
+            Ok(conn.query_row(&sql, rusqlite::params_from_iter(values), |r| r.get(0))?)
+        })
+        .await
+    }
+
+    async fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> StoreResult<Option<(Task, RunState)>> {
+        let (namespace, queue, types, owner) = (namespace.to_string(), queue.to_string(), types.to_vec(), owner.to_string());
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
+                     ORDER BY available_at, task_id LIMIT 8",
+                    type_filter(&types, 5)
+                );
+                let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
+                values.extend(types.into_iter().map(rusqlite::types::Value::from));
+                let candidates: Vec<(String, String)> = conn
+                    .prepare_cached(&sql)?
+                    .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                for (task_id, run_id) in candidates {
+                    let Some(mut run) = load_state(conn, &run_id)? else { continue };
+                    let mut ids = UlidIds;
+                    let mut cx = Cx::new(now, &mut ids, &limits);
+                    let task_id = TaskId(task_id);
+                    let leased = match kind {
+                        TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, &owner, lease_ms),
+                        TaskKind::Activity => lease_activity_task(&mut run, &mut cx, &task_id, &owner, lease_ms),
+                        _ => continue,
+                    };
+                    match leased {
+                        Ok(task) => {
+                            persist(conn, &run, &cx.effects, false)?;
+                            return Ok(Some((task, run)));
+                        }
+                        Err(refusal) => {
+                            // The row was out of step with the run document: a bug, but not one
+                            // to wedge the queue on. Repair the row from the engine's view.
+                            tracing::warn!(task_id = %task_id, run_id = %run_id, %refusal, "ready task row could not be leased");
+                            let status = run.tasks.get(&task_id).map(task_status).unwrap_or("cancelled");
+                            conn.execute("UPDATE tasks SET status = ?2 WHERE task_id = ?1", params![task_id.as_str(), status])?;
+                        }
+                    }
+                }
+                Ok(None)
+            })
+            .await
+    }
+
+    async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let namespace = namespace.to_string();
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let run_id = locate_run(conn, &namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
+                let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(now, &mut ids, &limits);
+                let value = transition(&mut run, &mut cx)?;
+                persist(conn, &run, &cx.effects, false)?;
+                Ok((value, run))
+            })
+            .await
+    }
+
+    async fn mutate_run_keyed<T, F, R>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        key: CommandKey,
+        now: Millis,
+        transition: F,
+        render: R,
+    ) -> StoreResult<(KeyedReceipt<T>, Option<RunState>)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+        R: FnOnce(&T, &RunState) -> Value + Send + 'static,
+    {
+        let namespace = namespace.to_string();
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let workflow_id = match &locator {
+                    RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
+                    RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
+                };
+                let stored: Option<(String, String)> = conn
+                    .query_row(
+                        "SELECT intent_hash, receipt FROM command_requests WHERE namespace = ?1 AND workflow_id = ?2 AND command_type = ?3 AND request_id = ?4",
+                        params![namespace, workflow_id, key.command_type, key.request_id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                if let Some((intent_hash, receipt)) = stored {
+                    if intent_hash != key.intent_hash {
+                        return Err(Refusal::new(Reason::RequestIdConflict, "This request_id was already used for a different command.")
+                            .with("retained_command_type", key.command_type.clone())
+                            .with("request_id", key.request_id.clone())
+                            .into());
+                    }
+                    return Ok((KeyedReceipt::Retained(serde_json::from_str(&receipt)?), None));
+                }
+                let run_id = locate_run(conn, &namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
+                let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(now, &mut ids, &limits);
+                let value = transition(&mut run, &mut cx)?;
+                persist(conn, &run, &cx.effects, false)?;
+                let receipt = render(&value, &run);
+                conn.execute(
+                    "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![namespace, workflow_id, key.command_type, key.request_id, key.intent_hash, receipt.to_string(), now],
+                )?;
+                Ok((KeyedReceipt::Fresh(value), Some(run)))
+            })
+            .await
+    }
+
+    async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| match locate_run(conn, &namespace, &locator)? {
+            Some(run_id) => load_state(conn, &run_id),
+            None => Ok(None),
+        })
+        .await
+    }
+
+    async fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {
+        let run_id = run_id.clone();
+        self.read(move |conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash
+                 FROM history_events WHERE run_id = ?1 AND sequence > ?2 AND sequence <= ?3 ORDER BY sequence LIMIT ?4",
+            )?;
+            let rows = statement.query_map(params![run_id.as_str(), after as i64, upto as i64, limit as i64], event_from_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let mut sql = String::from("SELECT state FROM runs r WHERE namespace = ?1 AND run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)");
+            let mut values: Vec<rusqlite::types::Value> = vec![namespace.into()];
+            if let Some(workflow_type) = filter.workflow_type {
+                values.push(workflow_type.into());
+                sql.push_str(&format!(" AND workflow_type = ?{}", values.len()));
+            }
+            if let Some(bucket) = filter.status_bucket {
+                let statuses = match bucket.as_str() {
+                    "running" => "('pending', 'running', 'waiting')",
+                    "completed" => "('completed')",
+                    _ => "('failed', 'cancelled', 'terminated')",
+                };
+                sql.push_str(&format!(" AND status IN {statuses}"));
+            }
+            if let Some(query) = filter.query {
+                values.push(format!("%{}%", query.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")).into());
+                let n = values.len();
+                sql.push_str(&format!(" AND (workflow_id LIKE ?{n} ESCAPE '\\' OR business_key LIKE ?{n} ESCAPE '\\')"));
+            }
+            sql.push_str(&format!(" ORDER BY started_at DESC, run_id DESC LIMIT {} OFFSET {}", limit + 1, offset));
+            let mut rows: Vec<RunSummary> =
+                conn.prepare(&sql)?.query_map(rusqlite::params_from_iter(values), summary_from_row)?.collect::<Result<_, _>>()?;
+            let more = rows.len() > limit;
+            rows.truncate(limit);
+            Ok((rows, more))
+        })
+        .await
+    }
+
+    async fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<RunSummary>> {
+        let (namespace, workflow_id) = (namespace.to_string(), workflow_id.clone());
+        self.read(move |conn| {
+            Ok(conn
+                .prepare("SELECT state FROM runs WHERE namespace = ?1 AND workflow_id = ?2 ORDER BY run_number")?
+                .query_map(params![namespace, workflow_id.as_str()], summary_from_row)?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn due_tasks(&self, now: Millis, limit: usize) -> StoreResult<Vec<DueTask>> {
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT namespace, task_id FROM tasks WHERE deadline_at IS NOT NULL AND deadline_at <= ?1 AND status IN ('ready', 'leased')
+                     ORDER BY deadline_at LIMIT ?2",
+                )?
+                .query_map(params![now, limit as i64], |r| Ok(DueTask { namespace: r.get(0)?, task_id: TaskId(r.get(1)?) }))?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn next_deadline(&self) -> StoreResult<Option<Millis>> {
+        self.read(|conn| {
+            Ok(conn.query_row(
+                "SELECT MIN(deadline_at) FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased')",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    async fn remember_poll(&self, key: PollKey, task_id: TaskId, fence: u64, now: Millis) -> StoreResult<()> {
+        self.writer
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT OR REPLACE INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![key.namespace, key.task_queue, key.worker_id, key.kind.as_str(), key.poll_request_id, task_id.as_str(), fence as i64, now],
+                )?;
+                // Poll memos only need to outlive a lease; trim old ones as we go.
+                conn.execute("DELETE FROM poll_requests WHERE created_at < ?1", [now - 3_600_000])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn recall_poll(&self, key: PollKey) -> StoreResult<Option<(TaskId, u64)>> {
+        self.read(move |conn| {
+            Ok(conn
+                .query_row(
+                    "SELECT task_id, fence FROM poll_requests WHERE namespace = ?1 AND task_queue = ?2 AND worker_id = ?3 AND kind = ?4 AND poll_request_id = ?5",
+                    params![key.namespace, key.task_queue, key.worker_id, key.kind.as_str(), key.poll_request_id],
+                    |r| Ok((TaskId(r.get(0)?), r.get::<_, i64>(1)? as u64)),
+                )
+                .optional()?)
+        })
+        .await
+    }
+}
+
+/// Hash of a command's intent, for `request_id` idempotency.
+pub fn intent_hash(parts: &[&str]) -> String {
+    hash_text(&parts.join("\u{1f}"))
+}

@@ -1,0 +1,628 @@
+"""Helpers shared by the Capstan end-to-end tests that drive the published
+Python SDK (``durable-workflow==2.12.0``) against a real ``capstan`` process.
+
+Nothing here talks to the server through private routes: the server is a
+black box started with ``capstan serve``, probed through ``GET /api/health``,
+and exercised only through the SDK's ``Client`` / ``Worker`` plus plain
+control-plane HTTP for history reads.
+
+The fixtures that wrap these helpers live in ``conftest.py``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from durable_workflow import Client, TransportRetryPolicy, Worker
+
+log = logging.getLogger("capstan.tests")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BINARY = REPO_ROOT / "target" / "debug" / "capstan"
+
+NAMESPACE = "default"
+CONTROL_HEADERS = {
+    "X-Durable-Workflow-Control-Plane-Version": "2",
+    "X-Namespace": NAMESPACE,
+}
+
+# Every event type that closes a run. A run history must end with exactly one.
+TERMINAL_EVENT_TYPES = frozenset({
+    "WorkflowCompleted",
+    "WorkflowFailed",
+    "WorkflowCancelled",
+    "WorkflowTerminated",
+    "WorkflowTimedOut",
+    "WorkflowContinuedAsNew",
+})
+# Events that resolve one scheduled activity execution (all retries included).
+ACTIVITY_RESOLUTION_TYPES = frozenset({
+    "ActivityCompleted",
+    "ActivityFailed",
+    "ActivityTimedOut",
+    "ActivityCancelled",
+})
+
+STARTUP_TIMEOUT = float(os.environ.get("CAPSTAN_STARTUP_TIMEOUT", "60"))
+SHUTDOWN_TIMEOUT = float(os.environ.get("CAPSTAN_SHUTDOWN_TIMEOUT", "20"))
+
+
+# ── ids ──────────────────────────────────────────────────────────────────
+
+
+def unique(prefix: str) -> str:
+    """A workflow id / task queue name that no other test (or rerun) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# ── the server process ───────────────────────────────────────────────────
+
+
+def capstan_binary() -> Path:
+    return Path(os.environ.get("CAPSTAN_BIN") or DEFAULT_BINARY)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _child_dies_with_parent() -> Callable[[], None] | None:
+    """preexec_fn asking Linux to SIGKILL the server if the test process dies.
+
+    Keeps a hung-and-killed pytest run from leaving ``capstan`` processes
+    behind. Returns None where prctl is unavailable.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+
+    return preexec
+
+
+class CapstanStartupError(RuntimeError):
+    pass
+
+
+class CapstanServer:
+    """One ``capstan serve`` process bound to a fixed port and data dir.
+
+    The same object can be killed and spawned again on the same port and data
+    dir, which is what the crash-recovery test needs. Everything the process
+    prints goes to ``log_path`` (appended across restarts, with a marker line
+    per start).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        binary: Path | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.log_path = Path(log_path)
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.binary = Path(binary) if binary is not None else capstan_binary()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.history: list[str] = []  # what happened to each process, for reports
+        self._expected_exit = False
+
+    @property
+    def url(self) -> str:
+        """Server origin for ``Client`` (the SDK appends ``/api`` itself)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/api/health"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.binary), "serve",
+            "--listen", f"127.0.0.1:{self.port}",
+            "--data-dir", str(self.data_dir),
+            *self.extra_args,
+        ]
+
+    # lifecycle -----------------------------------------------------------
+
+    def spawn(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("capstan is already running")
+        if not self.binary.exists():
+            raise CapstanStartupError(
+                f"capstan binary not found at {self.binary}; build it (cargo build) or set CAPSTAN_BIN"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.command()
+        env = dict(os.environ)
+        env.setdefault("RUST_BACKTRACE", "1")
+        env.setdefault("RUST_LOG", "info")
+        self.starts += 1
+        with open(self.log_path, "ab") as log_file:
+            log_file.write(
+                f"\n===== capstan start #{self.starts} at {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode()
+            )
+            log_file.flush()
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_child_dies_with_parent(),
+            )
+        self._expected_exit = False
+        self.history.append(f"start #{self.starts} pid={self.proc.pid}")
+
+    def _check_alive(self) -> None:
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            raise CapstanStartupError(
+                f"capstan exited with code {code} before becoming healthy\n"
+                f"command: {' '.join(self.command())}\n--- log tail ---\n{self.log_tail()}"
+            )
+
+    def _ready_timeout_error(self, timeout: float, last: str) -> CapstanStartupError:
+        return CapstanStartupError(
+            f"capstan did not answer 200 on {self.health_url} within {timeout:.0f}s "
+            f"(last probe: {last})\n--- log tail ---\n{self.log_tail()}"
+        )
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> dict[str, Any]:
+        """Poll GET /api/health until it answers 200 (blocking)."""
+        deadline = time.monotonic() + timeout
+        last = "no probe yet"
+        with httpx.Client(timeout=2.0) as http:
+            while True:
+                self._check_alive()
+                try:
+                    resp = http.get(self.health_url)
+                    if resp.status_code == 200:
+                        return _json_or_text(resp)
+                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                except httpx.HTTPError as error:
+                    last = f"{type(error).__name__}: {error}"
+                if time.monotonic() >= deadline:
+                    raise self._ready_timeout_error(timeout, last)
+                time.sleep(0.05)
+
+    async def wait_ready_async(self, timeout: float = STARTUP_TIMEOUT) -> dict[str, Any]:
+        """Same as wait_ready but without blocking a running event loop."""
+        deadline = time.monotonic() + timeout
+        last = "no probe yet"
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                self._check_alive()
+                try:
+                    resp = await http.get(self.health_url)
+                    if resp.status_code == 200:
+                        return _json_or_text(resp)
+                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                except httpx.HTTPError as error:
+                    last = f"{type(error).__name__}: {error}"
+                if time.monotonic() >= deadline:
+                    raise self._ready_timeout_error(timeout, last)
+                await asyncio.sleep(0.05)
+
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        self.spawn()
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def unexpected_exit_code(self) -> int | None:
+        """Exit code if the process died on its own (not through kill/terminate)."""
+        if self.proc is None or self._expected_exit:
+            return None
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no chance to flush or clean up."""
+        if self.proc is None:
+            return
+        self._expected_exit = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=SHUTDOWN_TIMEOUT)
+        self.history.append(f"pid={self.proc.pid} SIGKILLed (exit {self.proc.returncode})")
+
+    def terminate(self, timeout: float = SHUTDOWN_TIMEOUT) -> int | None:
+        """SIGTERM and wait for a graceful exit.
+
+        Returns the exit code. Raises if the process ignores SIGTERM for
+        ``timeout`` seconds (it is then SIGKILLed so nothing leaks).
+        """
+        if self.proc is None:
+            return None
+        if self.proc.poll() is not None:
+            code = self.proc.returncode
+            if not self._expected_exit:
+                self.history.append(f"pid={self.proc.pid} had already exited on its own with {code}")
+            return code
+        self._expected_exit = True
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=SHUTDOWN_TIMEOUT)
+            self.history.append(f"pid={self.proc.pid} ignored SIGTERM for {timeout}s; SIGKILLed")
+            raise RuntimeError(
+                f"capstan did not exit within {timeout}s of SIGTERM (graceful shutdown hangs)\n"
+                f"--- log tail ---\n{self.log_tail()}"
+            ) from None
+        self.history.append(f"pid={self.proc.pid} SIGTERM -> exit {code}")
+        return code
+
+    # logs ----------------------------------------------------------------
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no server log written)"
+
+    def log_tail(self, lines: int = 200) -> str:
+        text = self.log_text().splitlines()
+        head = [] if len(text) <= lines else [f"... ({len(text) - lines} earlier lines in {self.log_path})"]
+        return "\n".join(head + text[-lines:])
+
+
+def _json_or_text(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text
+
+
+# ── SDK clients and workers ──────────────────────────────────────────────
+
+
+def make_client(base_url: str, *, patient: bool = False, timeout: float = 30.0) -> Client:
+    """A control-plane Client. ``patient`` rides out a server restart."""
+    retry = (
+        TransportRetryPolicy(max_attempts=40, initial_backoff_seconds=0.1, max_backoff_seconds=1.0)
+        if patient else None
+    )
+    return Client(base_url, namespace=NAMESPACE, timeout=timeout, retry_policy=retry)
+
+
+class WorkerStartupError(RuntimeError):
+    pass
+
+
+class BackgroundWorker:
+    """An SDK ``Worker`` running as an asyncio task next to the test code.
+
+    Owns its own ``Client`` so stopping one worker never closes the client
+    the test uses. ``start()`` returns once the worker has registered (or
+    raises what made registration fail); ``stop()`` stops polling, drains,
+    deregisters and closes the client, all bounded by timeouts.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        task_queue: str,
+        *,
+        workflows: Iterable[type] = (),
+        activities: Iterable[Callable[..., Any]] = (),
+        name: str | None = None,
+        **worker_options: Any,
+    ) -> None:
+        self.base_url = base_url
+        self.task_queue = task_queue
+        self.workflows = list(workflows)
+        self.activities = list(activities)
+        self.name = name or unique("pyworker")
+        options: dict[str, Any] = {"poll_timeout": 10.0, "shutdown_timeout": 10.0}
+        options.update(worker_options)
+        self.worker_options = options
+        self.client: Client | None = None
+        self.worker: Worker | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stop_error: BaseException | None = None
+
+    async def start(self, ready_timeout: float = 20.0) -> BackgroundWorker:
+        self.client = make_client(self.base_url)
+        self.worker = Worker(
+            self.client,
+            task_queue=self.task_queue,
+            workflows=self.workflows,
+            activities=self.activities,
+            worker_id=self.name,
+            **self.worker_options,
+        )
+        self.task = asyncio.create_task(self.worker.run(), name=f"worker {self.name}")
+        # Worker.run() registers first (reads /api/cluster/info, then
+        # POST /api/worker/register) and sets this event either way.
+        # (Private SDK attribute; without it we just give run() a moment.)
+        registered = getattr(self.worker, "_registration_done", None)
+        if isinstance(registered, asyncio.Event):
+            waiter = asyncio.ensure_future(registered.wait())
+            done, _ = await asyncio.wait(
+                {self.task, waiter}, timeout=ready_timeout, return_when=asyncio.FIRST_COMPLETED,
+            )
+            waiter.cancel()
+            if not done:
+                await self.stop()
+                raise WorkerStartupError(f"worker {self.name} did not register within {ready_timeout}s")
+        else:
+            await asyncio.wait({self.task}, timeout=1.0)
+        await asyncio.sleep(0.05)  # let a failed registration finish unwinding run()
+        if self.task.done():
+            error = self.task.exception() if not self.task.cancelled() else None
+            await self._close_client()
+            raise WorkerStartupError(f"worker {self.name} stopped during startup: {error!r}") from error
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def failure(self) -> BaseException | None:
+        """Why the worker loop ended on its own, if it did."""
+        if self.task is None or not self.task.done() or self.task.cancelled():
+            return None
+        return self.task.exception()
+
+    async def stop(self, timeout: float = 20.0) -> None:
+        if self.worker is not None and self.task is not None and not self.task.done():
+            try:
+                await asyncio.wait_for(self.worker.stop(), timeout=timeout)
+            except BaseException as error:  # noqa: BLE001 - recorded and reported, never hides a test failure
+                self.stop_error = error
+                log.warning("worker %s did not stop cleanly: %r", self.name, error)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.task is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=5.0)
+            if self.task.done() and not self.task.cancelled() and self.task.exception() is not None:
+                self.stop_error = self.stop_error or self.task.exception()
+        await self._close_client()
+
+    async def _close_client(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    base_url: str,
+    task_queue: str,
+    *,
+    workflows: Iterable[type] = (),
+    activities: Iterable[Callable[..., Any]] = (),
+    **worker_options: Any,
+) -> AsyncIterator[BackgroundWorker]:
+    """``async with running_worker(url, queue, workflows=[...], activities=[...]) as w:``"""
+    worker = BackgroundWorker(
+        base_url, task_queue, workflows=workflows, activities=activities, **worker_options,
+    )
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
+def run_async(coro: Awaitable[Any], timeout: float) -> Any:
+    """Run one test body on a fresh event loop with a hard deadline."""
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, timeout=timeout)
+
+    return asyncio.run(bounded())
+
+
+async def wait_result(handle: Any, *, timeout: float, workers: Sequence[BackgroundWorker] = ()) -> Any:
+    """``handle.result()`` with a deadline and a useful message when it expires."""
+    try:
+        return await handle.result(timeout=timeout, poll_interval=0.2)
+    except TimeoutError as error:
+        dead = [f"{w.name}: {w.failure()!r}" for w in workers if not w.alive]
+        raise AssertionError(
+            f"workflow {handle.workflow_id} (run {handle.run_id}) not terminal after {timeout}s: {error}; "
+            f"dead workers: {dead or 'none'}"
+        ) from error
+
+
+# ── history ──────────────────────────────────────────────────────────────
+
+
+async def fetch_history(client: Client, workflow_id: str, run_id: str, *, page_size: int = 1000) -> list[dict[str, Any]]:
+    """Every event of a run through ``Client.get_history`` (all pages)."""
+    events: list[dict[str, Any]] = []
+    token: str | None = None
+    seen: set[str] = set()
+    for _ in range(1000):
+        page = await client.get_history(workflow_id, run_id, page_size=page_size, next_page_token=token)
+        assert isinstance(page, dict), f"history page is not an object: {page!r}"
+        batch = page.get("events")
+        assert isinstance(batch, list), f"history page has no 'events' list: {sorted(page)}"
+        events.extend(batch)
+        token = page.get("next_page_token")
+        if not token:
+            return events
+        assert token not in seen, f"history pagination repeated token {token!r}"
+        seen.add(token)
+    raise AssertionError("history pagination did not terminate")
+
+
+async def fetch_history_raw(base_url: str, workflow_id: str, run_id: str, *, page_size: int = 1000) -> list[dict[str, Any]]:
+    """Every event of a run through plain ``GET /api/workflows/{id}/runs/{run}/history``."""
+    events: list[dict[str, Any]] = []
+    token: str | None = None
+    seen: set[str] = set()
+    async with httpx.AsyncClient(base_url=base_url, headers=CONTROL_HEADERS, timeout=15.0) as http:
+        for _ in range(1000):
+            params: dict[str, Any] = {"page_size": page_size}
+            if token:
+                params["next_page_token"] = token
+            resp = await http.get(f"/api/workflows/{workflow_id}/runs/{run_id}/history", params=params)
+            assert resp.status_code == 200, (
+                f"GET history -> {resp.status_code}: {resp.text[:500]}"
+            )
+            page = resp.json()
+            assert page.get("workflow_id") in (None, workflow_id), page.get("workflow_id")
+            assert page.get("run_id") in (None, run_id), page.get("run_id")
+            batch = page.get("events")
+            assert isinstance(batch, list), f"history page has no 'events' list: {sorted(page)}"
+            events.extend(batch)
+            token = page.get("next_page_token")
+            if not token:
+                return events
+            assert token not in seen, f"history pagination repeated token {token!r}"
+            seen.add(token)
+    raise AssertionError("history pagination did not terminate")
+
+
+def event_type(event: dict[str, Any]) -> str | None:
+    return event.get("event_type") or event.get("type")
+
+
+def payload_of(event: dict[str, Any]) -> dict[str, Any]:
+    payload = event.get("payload")
+    return payload if isinstance(payload, dict) else {}
+
+
+def events_of(events: Iterable[dict[str, Any]], *types: str) -> list[dict[str, Any]]:
+    wanted = set(types)
+    return [e for e in events if event_type(e) in wanted]
+
+
+def type_sequence(events: Iterable[dict[str, Any]]) -> list[str | None]:
+    return [event_type(e) for e in events]
+
+
+def assert_in_order(events: Sequence[dict[str, Any]], expected: Sequence[str]) -> None:
+    """``expected`` event types appear in this relative order (others may interleave)."""
+    types = type_sequence(events)
+    position = 0
+    for wanted in expected:
+        try:
+            position = types.index(wanted, position) + 1
+        except ValueError:
+            raise AssertionError(
+                f"expected {list(expected)} in order; {wanted!r} missing after position {position} in {types}"
+            ) from None
+
+
+def assert_history_invariants(
+    events: Sequence[dict[str, Any]],
+    *,
+    terminal: str | None = "WorkflowCompleted",
+    context: str = "",
+) -> dict[str, Any]:
+    """Checks every run history must satisfy; returns a small summary.
+
+    * top-level ``sequence`` is 1, 2, 3, ... with no gap or repeat;
+    * exactly one terminal workflow event, and it is the last event
+      (``terminal`` names which one; None = the run must still be open);
+    * per ``activity_execution_id`` at most one resolution event
+      (ActivityCompleted / ActivityFailed / ActivityTimedOut / ActivityCancelled),
+      and every resolved execution was scheduled;
+    * per ``timer_id`` at most one TimerFired, and every fired timer was scheduled.
+    """
+    where = f" [{context}]" if context else ""
+    types = type_sequence(events)
+    sequences = [e.get("sequence") for e in events]
+    assert sequences == list(range(1, len(events) + 1)), (
+        f"event sequence numbers are not contiguous from 1{where}: {list(zip(sequences, types))}"
+    )
+
+    terminals = [e for e in events if event_type(e) in TERMINAL_EVENT_TYPES]
+    if terminal is None:
+        assert not terminals, f"open run has terminal events{where}: {types}"
+    else:
+        assert len(terminals) == 1, f"expected exactly one terminal event{where}, got {types}"
+        assert event_type(terminals[0]) == terminal, f"terminal event is {event_type(terminals[0])}, want {terminal}{where}"
+        assert event_type(events[-1]) == terminal, f"terminal event is not the last event{where}: {types}"
+
+    scheduled = {payload_of(e).get("activity_execution_id") for e in events_of(events, "ActivityScheduled")}
+    resolutions: dict[Any, list[str | None]] = defaultdict(list)
+    for e in events_of(events, *ACTIVITY_RESOLUTION_TYPES):
+        resolutions[payload_of(e).get("activity_execution_id")].append(event_type(e))
+    for execution_id, kinds in resolutions.items():
+        assert execution_id, f"activity resolution event without activity_execution_id{where}: {kinds}"
+        assert len(kinds) == 1, f"activity {execution_id} resolved {len(kinds)} times{where}: {kinds}"
+        assert execution_id in scheduled, f"activity {execution_id} resolved but never scheduled{where}"
+
+    timers_scheduled = Counter(payload_of(e).get("timer_id") for e in events_of(events, "TimerScheduled"))
+    timers_fired = Counter(payload_of(e).get("timer_id") for e in events_of(events, "TimerFired"))
+    for timer_id, count in timers_fired.items():
+        assert timer_id, f"TimerFired without timer_id{where}"
+        assert count == 1, f"timer {timer_id} fired {count} times{where}"
+        assert timer_id in timers_scheduled, f"timer {timer_id} fired but never scheduled{where}"
+
+    return {
+        "events": len(events),
+        "activities_scheduled": len(scheduled),
+        "activity_resolutions": {k: v[0] for k, v in resolutions.items()},
+        "timers_scheduled": dict(timers_scheduled),
+        "timers_fired": dict(timers_fired),
+    }
+
+
+async def wait_for_history(
+    client: Client,
+    workflow_id: str,
+    run_id: str,
+    predicate: Callable[[list[dict[str, Any]]], bool],
+    *,
+    what: str,
+    timeout: float = 20.0,
+) -> list[dict[str, Any]]:
+    """Poll a run's history until ``predicate(events)`` holds."""
+    deadline = time.monotonic() + timeout
+    events: list[dict[str, Any]] = []
+    while True:
+        events = await fetch_history(client, workflow_id, run_id)
+        if predicate(events):
+            return events
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what} in {workflow_id}; history: {type_sequence(events)}"
+            )
+        await asyncio.sleep(0.1)

@@ -1,0 +1,454 @@
+"""End-to-end tests: the published Python SDK (``durable-workflow==2.12.0``)
+drives a real ``capstan serve`` through its ``Worker`` and ``Client``.
+
+Each test uses its own task queue and workflow ids, so the module shares one
+server. Every test asserts real outcomes: the workflow result, the run status
+as described by the server, and the recorded history.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+from durable_workflow import (
+    ActivityRetryPolicy,
+    SignalFailed,
+    WorkflowAlreadyStarted,
+    WorkflowCancelled,
+    WorkflowFailed,
+    WorkflowTerminated,
+    activity,
+    workflow,
+)
+
+from capstan_harness import (
+    TERMINAL_EVENT_TYPES,
+    assert_history_invariants,
+    assert_in_order,
+    event_type,
+    events_of,
+    fetch_history,
+    fetch_history_raw,
+    make_client,
+    payload_of,
+    run_async,
+    type_sequence,
+    unique,
+    wait_for_history,
+    wait_result,
+)
+
+# ── workflows and activities ─────────────────────────────────────────────
+
+
+@activity.defn(name="e2e.greet")
+def greet(name: str) -> str:
+    return f"Hello, {name}!"
+
+
+@workflow.defn(name="e2e.greeting")
+class GreetingWorkflow:
+    def run(self, ctx, name):
+        greeting = yield ctx.schedule_activity("e2e.greet", [name])
+        return greeting
+
+
+@workflow.defn(name="e2e.nap")
+class NapWorkflow:
+    def run(self, ctx, seconds):
+        yield ctx.sleep(seconds)
+        return f"slept {seconds}s"
+
+
+@workflow.defn(name="e2e.approval")
+class ApprovalWorkflow:
+    def __init__(self) -> None:
+        self.approver: str | None = None
+
+    @workflow.signal("approve")
+    def approve(self, approver: str) -> None:
+        self.approver = approver
+
+    def run(self, ctx, request):
+        yield ctx.wait_condition(lambda: self.approver is not None)
+        return f"{request} approved by {self.approver}"
+
+
+# activity attempt bookkeeping, keyed by a per-test key passed as argument
+FLAKY_ATTEMPTS: dict[str, list[int]] = {}
+
+
+@activity.defn(name="e2e.flaky")
+async def flaky(key: str, failures_before_success: int) -> str:
+    attempts = FLAKY_ATTEMPTS.setdefault(key, [])
+    attempts.append(activity.context().info.attempt_number)
+    if len(attempts) <= failures_before_success:
+        raise RuntimeError(f"transient failure #{len(attempts)} for {key}")
+    return f"{key} ok after {len(attempts)} attempts"
+
+
+@workflow.defn(name="e2e.retrying")
+class RetryingWorkflow:
+    def run(self, ctx, key, failures_before_success, max_attempts):
+        result = yield ctx.schedule_activity(
+            "e2e.flaky",
+            [key, failures_before_success],
+            retry_policy=ActivityRetryPolicy(max_attempts=max_attempts, backoff_seconds=[1] * (max_attempts - 1)),
+        )
+        return result
+
+
+@activity.defn(name="e2e.square")
+async def square(n: int) -> int:
+    return n * n
+
+
+@workflow.defn(name="e2e.squarer")
+class SquarerWorkflow:
+    def run(self, ctx, n):
+        squared = yield ctx.schedule_activity("e2e.square", [n])
+        return {"n": n, "square": squared}
+
+
+NOT_TERMINAL = {"pending", "running", "waiting"}
+
+
+async def _wait_until_waiting(client, handle) -> list[dict]:
+    """Until the first workflow task has opened the condition wait."""
+    return await wait_for_history(
+        client, handle.workflow_id, handle.run_id,
+        lambda events: bool(events_of(events, "ConditionWaitOpened")),
+        what="ConditionWaitOpened",
+    )
+
+
+# ── tests ────────────────────────────────────────────────────────────────
+
+
+def test_workflow_returns_activity_result(server_url, run_worker):
+    queue = unique("e2e-greeting")
+    workflow_id = unique("greeting")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[GreetingWorkflow], activities=[greet]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.greeting", task_queue=queue, workflow_id=workflow_id, input=["Capstan"],
+                )
+                assert handle.workflow_id == workflow_id
+                assert handle.run_id, "start response carried no run_id"
+
+                result = await wait_result(handle, timeout=30, workers=[worker])
+                assert result == "Hello, Capstan!"
+
+                described = await handle.describe()
+                assert described.status == "completed"
+                assert described.workflow_type == "e2e.greeting"
+                assert described.run_id == handle.run_id
+                assert described.task_queue == queue
+                # output_envelope decoded by the SDK (Rust SDK requires it too)
+                assert described.output == "Hello, Capstan!"
+
+            # raw control-plane read: events / sequence / timestamp / payload
+            events = await fetch_history_raw(server_url, workflow_id, handle.run_id)
+            for event in events:
+                assert {"sequence", "event_type", "timestamp", "payload"} <= set(event), event
+            assert_history_invariants(events, terminal="WorkflowCompleted")
+            assert_in_order(events, ["WorkflowStarted", "ActivityScheduled", "ActivityCompleted", "WorkflowCompleted"])
+
+            started = payload_of(events_of(events, "WorkflowStarted")[0])
+            assert started.get("workflow_type") == "e2e.greeting"
+            assert started.get("workflow_instance_id") == workflow_id
+            assert started.get("workflow_run_id") == handle.run_id
+
+            (scheduled,) = events_of(events, "ActivityScheduled")
+            (completed,) = events_of(events, "ActivityCompleted")
+            assert payload_of(scheduled).get("activity_type") == "e2e.greet"
+            execution_id = payload_of(scheduled).get("activity_execution_id")
+            assert execution_id and payload_of(completed).get("activity_execution_id") == execution_id
+            assert payload_of(scheduled).get("sequence") == 1
+            assert payload_of(completed).get("sequence") == 1
+
+            finished = payload_of(events[-1])
+            assert finished.get("output"), "WorkflowCompleted carries no output"
+            assert finished.get("payload_codec") == "avro"
+
+    run_async(main(), timeout=60)
+
+
+def test_durable_timer_fires(server_url, run_worker):
+    queue = unique("e2e-timer")
+    workflow_id = unique("nap")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[NapWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                began = time.monotonic()
+                handle = await client.start_workflow(
+                    workflow_type="e2e.nap", task_queue=queue, workflow_id=workflow_id, input=[2],
+                )
+                result = await wait_result(handle, timeout=30, workers=[worker])
+                elapsed = time.monotonic() - began
+                assert result == "slept 2s"
+                assert elapsed >= 1.9, f"a 2 s durable timer resolved after {elapsed:.2f}s"
+                assert (await handle.describe()).status == "completed"
+
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert_history_invariants(events, terminal="WorkflowCompleted")
+        assert_in_order(events, ["WorkflowStarted", "TimerScheduled", "TimerFired", "WorkflowCompleted"])
+        (scheduled,) = events_of(events, "TimerScheduled")
+        (fired,) = events_of(events, "TimerFired")
+        timer_id = payload_of(scheduled).get("timer_id")
+        assert timer_id, f"TimerScheduled has no timer_id: {scheduled}"
+        assert payload_of(scheduled).get("delay_seconds") == 2
+        assert payload_of(fired).get("timer_id") == timer_id
+        assert payload_of(fired).get("sequence") == payload_of(scheduled).get("sequence") == 1
+        assert payload_of(fired).get("timer_kind") is None, "a user timer must fire without timer_kind"
+
+    run_async(main(), timeout=60)
+
+
+def test_signal_wakes_waiting_workflow(server_url, run_worker):
+    queue = unique("e2e-signal")
+    workflow_id = unique("approval")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["expense-42"],
+                )
+                await _wait_until_waiting(client, handle)
+                described = await handle.describe()
+                assert described.status in NOT_TERMINAL, f"workflow closed before the signal: {described.status}"
+
+                receipt = await handle.signal("approve", ["alice"])
+                assert receipt.get("workflow_id") == workflow_id, receipt
+                assert receipt.get("outcome") == "signal_received", receipt
+
+                result = await wait_result(handle, timeout=30, workers=[worker])
+                assert result == "expense-42 approved by alice"
+                assert (await handle.describe()).status == "completed"
+
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert_history_invariants(events, terminal="WorkflowCompleted")
+        assert_in_order(events, ["ConditionWaitOpened", "SignalReceived", "ConditionWaitSatisfied", "WorkflowCompleted"])
+        (received,) = events_of(events, "SignalReceived")
+        assert payload_of(received).get("signal_name") == "approve"
+        assert payload_of(received).get("arguments"), "SignalReceived carries no arguments"
+        assert "sequence" not in payload_of(received), "SignalReceived must not consume a step sequence"
+
+    run_async(main(), timeout=60)
+
+
+def test_activity_retries_then_succeeds(server_url, run_worker):
+    queue = unique("e2e-retry")
+    workflow_id = unique("retry")
+    key = unique("flaky")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[RetryingWorkflow], activities=[flaky]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.retrying", task_queue=queue, workflow_id=workflow_id, input=[key, 2, 3],
+                )
+                result = await wait_result(handle, timeout=40, workers=[worker])
+                assert result == f"{key} ok after 3 attempts"
+                assert (await handle.describe()).status == "completed"
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert FLAKY_ATTEMPTS[key] == [1, 2, 3], f"attempt numbers seen by the activity: {FLAKY_ATTEMPTS[key]}"
+
+        assert_history_invariants(events, terminal="WorkflowCompleted")
+        (scheduled,) = events_of(events, "ActivityScheduled")
+        execution_id = payload_of(scheduled).get("activity_execution_id")
+        assert execution_id
+
+        def for_execution(kind: str) -> list[dict]:
+            return [e for e in events_of(events, kind) if payload_of(e).get("activity_execution_id") == execution_id]
+
+        assert len(for_execution("ActivityCompleted")) == 1, type_sequence(events)
+        assert len(for_execution("ActivityRetryScheduled")) == 2, type_sequence(events)
+        assert for_execution("ActivityFailed") == [], "a retried failure must not be recorded as ActivityFailed"
+        started_attempts = [payload_of(e).get("attempt_number") for e in for_execution("ActivityStarted")]
+        assert started_attempts == [1, 2, 3], f"ActivityStarted attempt numbers: {started_attempts}"
+        assert_in_order(events, [
+            "ActivityScheduled", "ActivityRetryScheduled", "ActivityRetryScheduled", "ActivityCompleted",
+            "WorkflowCompleted",
+        ])
+
+    run_async(main(), timeout=70)
+
+
+def test_activity_retries_exhausted_fails_workflow(server_url, run_worker):
+    queue = unique("e2e-retry-exhausted")
+    workflow_id = unique("retry-exhausted")
+    key = unique("hopeless")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[RetryingWorkflow], activities=[flaky]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.retrying", task_queue=queue, workflow_id=workflow_id,
+                    input=[key, 99, 2],
+                )
+                with pytest.raises(WorkflowFailed) as failure:
+                    await wait_result(handle, timeout=40, workers=[worker])
+                assert "transient failure #2" in str(failure.value), str(failure.value)
+                assert failure.value.exception_class == "builtins.RuntimeError", failure.value.exception_class
+                assert (await handle.describe()).status == "failed"
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert FLAKY_ATTEMPTS[key] == [1, 2]
+        assert_history_invariants(events, terminal="WorkflowFailed")
+        counts = Counter(type_sequence(events))
+        assert counts["ActivityRetryScheduled"] == 1, type_sequence(events)
+        assert counts["ActivityFailed"] == 1, type_sequence(events)
+        assert counts["ActivityCompleted"] == 0, type_sequence(events)
+        (failed,) = events_of(events, "ActivityFailed")
+        assert payload_of(failed).get("exception_type") == "RuntimeError"
+        assert "transient failure #2" in str(payload_of(failed).get("message"))
+
+    run_async(main(), timeout=70)
+
+
+def test_cancel_waiting_workflow(server_url, run_worker):
+    queue = unique("e2e-cancel")
+    workflow_id = unique("cancel-me")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["trip-7"],
+                )
+                await _wait_until_waiting(client, handle)
+
+                await handle.cancel(reason="customer changed their mind")
+
+                with pytest.raises(WorkflowCancelled) as cancelled:
+                    await handle.result(timeout=20, poll_interval=0.2)
+                assert "customer changed their mind" in str(cancelled.value)
+                assert (await handle.describe()).status == "cancelled"
+
+                # a closed run refuses further signals (409 run_not_active)
+                with pytest.raises(SignalFailed):
+                    await handle.signal("approve", ["too-late"])
+
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert_history_invariants(events, terminal="WorkflowCancelled")
+        assert_in_order(events, ["ConditionWaitOpened", "CancelRequested", "WorkflowCancelled"])
+        assert payload_of(events[-1]).get("reason") == "customer changed their mind"
+        assert not events_of(events, "SignalReceived"), "the refused signal must not reach history"
+
+    run_async(main(), timeout=60)
+
+
+def test_terminate_waiting_workflow(server_url, run_worker):
+    queue = unique("e2e-terminate")
+    workflow_id = unique("terminate-me")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["trip-8"],
+                )
+                await _wait_until_waiting(client, handle)
+
+                await handle.terminate(reason="operator cleanup")
+
+                with pytest.raises(WorkflowTerminated) as terminated:
+                    await handle.result(timeout=20, poll_interval=0.2)
+                assert "operator cleanup" in str(terminated.value)
+                assert (await handle.describe()).status == "terminated"
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert_history_invariants(events, terminal="WorkflowTerminated")
+        assert_in_order(events, ["ConditionWaitOpened", "TerminateRequested", "WorkflowTerminated"])
+        assert payload_of(events[-1]).get("reason") == "operator cleanup"
+
+    run_async(main(), timeout=60)
+
+
+def test_duplicate_start_is_rejected(server_url, run_worker):
+    queue = unique("e2e-duplicate")
+    workflow_id = unique("only-once")
+
+    async def main():
+        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                first = await client.start_workflow(
+                    workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["first"],
+                )
+
+                # default policy ("fail") while the first run is open
+                with pytest.raises(WorkflowAlreadyStarted):
+                    await client.start_workflow(
+                        workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["second"],
+                    )
+
+                # "use-existing" hands back the open run, untouched
+                existing = await client.start_workflow(
+                    workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["third"],
+                    duplicate_policy="use-existing",
+                )
+                assert existing.workflow_id == workflow_id
+                assert existing.run_id == first.run_id
+
+                await _wait_until_waiting(client, first)
+                await first.signal("approve", ["bob"])
+                assert await wait_result(first, timeout=30, workers=[worker]) == "first approved by bob"
+
+                # an id stays taken after its run closed, under both policies
+                for policy in (None, "use-existing"):
+                    with pytest.raises(WorkflowAlreadyStarted):
+                        await client.start_workflow(
+                            workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id,
+                            input=["fourth"], duplicate_policy=policy,
+                        )
+
+                runs = await first.list_runs()
+                assert [run.run_id for run in runs.runs] == [first.run_id], "a rejected start must not add a run"
+
+    run_async(main(), timeout=60)
+
+
+def test_fifty_concurrent_workflows(server_url, run_worker):
+    queue = unique("e2e-fanout")
+    prefix = unique("square")
+    count = 50
+
+    async def main():
+        async with run_worker(
+            server_url, queue, workflows=[SquarerWorkflow], activities=[square],
+            max_concurrent_workflow_tasks=20, max_concurrent_activity_tasks=20,
+        ) as worker:
+            async with make_client(server_url) as client:
+                handles = await asyncio.gather(*(
+                    client.start_workflow(
+                        workflow_type="e2e.squarer", task_queue=queue, workflow_id=f"{prefix}-{n}", input=[n],
+                    )
+                    for n in range(count)
+                ))
+                assert len({h.run_id for h in handles}) == count
+                results = await asyncio.gather(*(wait_result(h, timeout=90, workers=[worker]) for h in handles))
+                assert results == [{"n": n, "square": n * n} for n in range(count)]
+
+                statuses = await asyncio.gather(*(h.describe() for h in handles))
+                assert {s.status for s in statuses} == {"completed"}
+
+                histories = await asyncio.gather(*(fetch_history(client, h.workflow_id, h.run_id) for h in handles))
+                for handle, events in zip(handles, histories):
+                    summary = assert_history_invariants(events, terminal="WorkflowCompleted", context=handle.workflow_id)
+                    assert summary["activities_scheduled"] == 1
+                    assert [event_type(e) for e in events if event_type(e) in TERMINAL_EVENT_TYPES] == [
+                        "WorkflowCompleted"
+                    ]
+
+    run_async(main(), timeout=120)
