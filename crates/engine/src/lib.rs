@@ -22,7 +22,7 @@ pub mod timefmt;
 mod transitions;
 
 pub use command::*;
-pub use history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
+pub use history::{chain_hash, verify_chain, EventType, HistoryEvent, GENESIS_HASH};
 pub use ids::*;
 pub use limits::Limits;
 pub use payload::Payload;

@@ -814,7 +814,11 @@ pub fn fail_workflow_task(
     }
     check_workflow_lease(run, cx.now, task_id, owner, attempt)?;
     let mut created = Vec::new();
-    if failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE) {
+    // "Waiting for history" is benign only while something pending will wake the workflow;
+    // otherwise closing the task would strand the run, so it is re-offered like any failure.
+    let something_pending =
+        !run.activities.is_empty() || !run.timers.is_empty() || !run.condition_waits.is_empty() || !run.signal_waits.is_empty();
+    if failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE) && something_pending {
         run.close_task(cx, task_id, TaskClosure::Completed);
         if run.status == RunStatus::Running {
             run.status = RunStatus::Waiting;

@@ -1,0 +1,594 @@
+//! Scenario tests of the engine's transitions: commands in, history out.
+
+use capstan_engine::*;
+use serde_json::{json, Map};
+
+const LEASE_MS: i64 = 60_000;
+
+/// A run under test with its own clock, ids and the whole history it produced so far.
+struct Sim {
+    run: RunState,
+    ids: SequentialIds,
+    limits: Limits,
+    now: Millis,
+    history: Vec<HistoryEvent>,
+}
+
+impl Sim {
+    fn start() -> Self {
+        let limits = Limits::default();
+        let mut ids = SequentialIds::new("id");
+        let now = 1_000_000;
+        let mut cx = Cx::new(now, &mut ids, &limits);
+        let run = start_run(
+            &mut cx,
+            StartRun {
+                namespace: "default".into(),
+                workflow_id: "wf-1".into(),
+                run_id: "run-1".into(),
+                workflow_type: "greeter".into(),
+                task_queue: "q".into(),
+                input: Payload::avro("wwHioz3/VYAiNwwA"),
+                execution_timeout_seconds: Some(3600),
+                run_timeout_seconds: Some(600),
+                business_key: None,
+                memo: Map::new(),
+                search_attributes: Map::new(),
+                command_id: "cmd-start".into(),
+            },
+        );
+        let history = cx.effects.events;
+        Self {
+            run,
+            ids,
+            limits,
+            now,
+            history,
+        }
+    }
+
+    /// Applies a transition like the store does: keep the state and events only on `Ok`.
+    fn apply<T>(&mut self, f: impl FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal>) -> Result<T, Refusal> {
+        let before = self.run.clone();
+        let mut cx = Cx::new(self.now, &mut self.ids, &self.limits);
+        match f(&mut self.run, &mut cx) {
+            Ok(value) => {
+                self.history.extend(cx.effects.events);
+                Ok(value)
+            }
+            Err(refusal) => {
+                self.run = before;
+                Err(refusal)
+            }
+        }
+    }
+
+    fn ready_task(&self, kind: TaskKind) -> TaskId {
+        self.run
+            .tasks
+            .values()
+            .find(|t| t.kind == kind && t.is_ready() && t.available_at <= self.now)
+            .map(|t| t.id.clone())
+            .expect("a ready task")
+    }
+
+    fn lease_workflow(&mut self, owner: &str) -> (TaskId, u64) {
+        let id = self.ready_task(TaskKind::Workflow);
+        let task = self.apply(|run, cx| lease_workflow_task(run, cx, &id, owner, LEASE_MS)).unwrap();
+        (id, task.fence)
+    }
+
+    fn complete_workflow(&mut self, owner: &str, commands: Vec<WorkflowCommand>) -> Result<Receipt, Refusal> {
+        let (id, fence) = self.lease_workflow(owner);
+        self.apply(|run, cx| complete_workflow_task(run, cx, &id, owner, fence, commands))
+    }
+
+    fn lease_activity(&mut self, owner: &str) -> (TaskId, ActivityAttemptId) {
+        let id = self.ready_task(TaskKind::Activity);
+        let task = self.apply(|run, cx| lease_activity_task(run, cx, &id, owner, LEASE_MS)).unwrap();
+        let TaskDetail::Activity {
+            attempt_id: Some(attempt), ..
+        } = task.detail
+        else {
+            panic!("leased without attempt")
+        };
+        (id, attempt)
+    }
+
+    /// Moves the clock and runs every deadline that passed, as the background clock does.
+    fn advance(&mut self, ms: i64) {
+        self.now += ms;
+        let due: Vec<TaskId> = self
+            .run
+            .tasks
+            .values()
+            .filter(|t| t.deadline_at.is_some_and(|d| d <= self.now))
+            .map(|t| t.id.clone())
+            .collect();
+        for id in due {
+            self.apply(|run, cx| Ok(on_deadline(run, cx, &id))).unwrap();
+        }
+    }
+
+    fn event_types(&self) -> Vec<&'static str> {
+        self.history.iter().map(|e| e.event_type.as_str()).collect()
+    }
+
+    fn count(&self, event_type: EventType) -> usize {
+        self.history.iter().filter(|e| e.event_type == event_type).count()
+    }
+}
+
+fn activity(retry: Option<RetryPolicy>) -> WorkflowCommand {
+    WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "greet".into(),
+        arguments: Payload::avro("args"),
+        queue: None,
+        retry_policy: retry,
+        timeouts: ActivityTimeouts::default(),
+        tags: Map::new(),
+    })
+}
+
+fn complete(blob: &str) -> WorkflowCommand {
+    WorkflowCommand::CompleteWorkflow {
+        result: Payload::avro(blob),
+    }
+}
+
+fn retry(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: Some(max_attempts),
+        backoff_seconds: vec![1],
+        non_retryable_error_types: vec!["Fatal".into()],
+    }
+}
+
+fn failure(kind: &str) -> ActivityFailure {
+    ActivityFailure {
+        message: "boom".into(),
+        failure_type: Some(kind.into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn start_records_accepted_and_started_and_offers_one_workflow_task() {
+    let sim = Sim::start();
+    assert_eq!(sim.event_types(), ["StartAccepted", "WorkflowStarted"]);
+    assert_eq!(sim.run.status, RunStatus::Pending);
+    let workflow_tasks = sim.run.tasks.values().filter(|t| t.kind == TaskKind::Workflow).count();
+    assert_eq!(workflow_tasks, 1);
+    assert!(sim.run.tasks.values().any(|t| t.kind == TaskKind::RunDeadline));
+    verify_chain(&sim.history).unwrap();
+}
+
+#[test]
+fn one_activity_then_complete_walks_the_documented_history() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(None)]).unwrap();
+    assert_eq!(sim.run.status, RunStatus::Waiting);
+    let (task, attempt) = sim.lease_activity("w");
+    let receipt = sim
+        .apply(|run, cx| complete_activity(run, cx, &task, &attempt, "w", Payload::avro("result")))
+        .unwrap();
+    assert!(receipt.next_task_id.is_some(), "the result wakes the workflow");
+    sim.complete_workflow("w", vec![complete("done")]).unwrap();
+    assert_eq!(
+        sim.event_types(),
+        [
+            "StartAccepted",
+            "WorkflowStarted",
+            "ActivityScheduled",
+            "ActivityStarted",
+            "ActivityCompleted",
+            "WorkflowCompleted"
+        ]
+    );
+    let steps: Vec<_> = sim.history[2..5].iter().map(|e| e.payload["sequence"].clone()).collect();
+    assert_eq!(steps, [json!(1), json!(1), json!(1)]);
+    assert_eq!(sim.history[4].payload["result"], json!("result"));
+    assert_eq!(sim.run.status, RunStatus::Completed);
+    assert_eq!(sim.run.output, Some(Payload::avro("done")));
+    assert!(sim.run.tasks.is_empty(), "a closed run holds no open task");
+    verify_chain(&sim.history).unwrap();
+}
+
+#[test]
+fn step_sequences_count_commands_not_events() {
+    let mut sim = Sim::start();
+    let timer = WorkflowCommand::StartTimer {
+        delay_seconds: 5,
+        tags: Map::new(),
+    };
+    let wait = WorkflowCommand::OpenConditionWait {
+        condition_key: Some("k".into()),
+        fingerprint: None,
+        timeout_seconds: Some(10),
+        tags: Map::new(),
+    };
+    sim.complete_workflow("w", vec![activity(None), timer, wait]).unwrap();
+    let steps: Vec<(String, u64)> = sim.history[2..]
+        .iter()
+        .map(|e| (e.event_type.as_str().to_string(), e.payload["sequence"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("ActivityScheduled".into(), 1),
+            ("TimerScheduled".into(), 2),
+            ("ConditionWaitOpened".into(), 3),
+            ("TimerScheduled".into(), 3) // the wait's timeout timer shares its step
+        ]
+    );
+}
+
+#[test]
+fn stale_and_foreign_workflow_reports_are_refused_without_a_trace() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("a");
+    let events = sim.history.len();
+    let wrong_owner = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "b", fence, vec![complete("x")]))
+        .unwrap_err();
+    assert_eq!(wrong_owner.reason, Reason::LeaseOwnerMismatch);
+    let wrong_attempt = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "a", fence + 1, vec![complete("x")]))
+        .unwrap_err();
+    assert_eq!(wrong_attempt.reason, Reason::WorkflowTaskAttemptMismatch);
+    assert_eq!(sim.history.len(), events);
+
+    // The lease expires; the clock re-offers the same task and the next lease has a higher fence.
+    sim.advance(LEASE_MS + 1);
+    let late = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "a", fence, vec![complete("x")]))
+        .unwrap_err();
+    assert_eq!(late.reason, Reason::TaskNotLeased);
+    let (again, new_fence) = sim.lease_workflow("b");
+    assert_eq!(again, task, "the same task id is redelivered");
+    assert_eq!(new_fence, fence + 1);
+    let stale = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "a", fence, vec![complete("x")]))
+        .unwrap_err();
+    assert_eq!(stale.reason, Reason::LeaseOwnerMismatch);
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "b", new_fence, vec![complete("y")]))
+        .unwrap();
+    assert_eq!(sim.count(EventType::WorkflowCompleted), 1);
+}
+
+#[test]
+fn an_identical_retried_completion_gets_the_original_receipt() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("a");
+    let first = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "a", fence, vec![activity(None)]))
+        .unwrap();
+    let events = sim.history.len();
+    let again = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "a", fence, vec![activity(None)]))
+        .unwrap();
+    assert!(again.retained && !first.retained);
+    assert_eq!(again.created_task_ids, first.created_task_ids);
+    assert_eq!(sim.history.len(), events, "a retained receipt writes nothing");
+    assert_eq!(sim.count(EventType::ActivityScheduled), 1);
+}
+
+#[test]
+fn activity_retries_keep_the_execution_id_and_issue_new_attempt_ids() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(Some(retry(3)))]).unwrap();
+    let (t1, a1) = sim.lease_activity("w");
+    sim.apply(|run, cx| fail_activity(run, cx, &t1, &a1, "w", failure("Flaky")))
+        .unwrap();
+    sim.advance(1_000);
+    let (t2, a2) = sim.lease_activity("w");
+    assert_ne!(t1, t2);
+    assert_ne!(a1, a2);
+    // The first attempt's late result is refused.
+    let late = sim
+        .apply(|run, cx| complete_activity(run, cx, &t1, &a1, "w", Payload::avro("late")))
+        .unwrap_err();
+    assert_eq!(late.reason, Reason::AttemptClosed);
+    sim.apply(|run, cx| complete_activity(run, cx, &t2, &a2, "w", Payload::avro("ok")))
+        .unwrap();
+    let executions: std::collections::BTreeSet<_> = sim
+        .history
+        .iter()
+        .filter(|e| e.event_type.as_str().starts_with("Activity"))
+        .map(|e| e.payload["activity_execution_id"].to_string())
+        .collect();
+    assert_eq!(executions.len(), 1);
+    assert_eq!(sim.count(EventType::ActivityRetryScheduled), 1);
+    assert_eq!(sim.count(EventType::ActivityCompleted), 1);
+    let attempts: Vec<_> = sim
+        .history
+        .iter()
+        .filter(|e| e.event_type == EventType::ActivityStarted)
+        .map(|e| e.payload["attempt_number"].clone())
+        .collect();
+    assert_eq!(attempts, [json!(1), json!(2)]);
+}
+
+#[test]
+fn non_retryable_failures_and_exhausted_policies_end_the_activity() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(Some(retry(5))), activity(Some(retry(1)))])
+        .unwrap();
+    let (t1, a1) = sim.lease_activity("w");
+    sim.apply(|run, cx| fail_activity(run, cx, &t1, &a1, "w", failure("Fatal")))
+        .unwrap();
+    let (t2, a2) = sim.lease_activity("w");
+    sim.apply(|run, cx| fail_activity(run, cx, &t2, &a2, "w", failure("Flaky")))
+        .unwrap();
+    assert_eq!(sim.count(EventType::ActivityFailed), 2);
+    assert_eq!(sim.count(EventType::ActivityRetryScheduled), 0);
+    assert!(sim.run.activities.is_empty());
+}
+
+#[test]
+fn an_expired_activity_lease_is_a_timed_out_attempt_that_retries() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(Some(retry(2)))]).unwrap();
+    let (t1, a1) = sim.lease_activity("w");
+    sim.advance(LEASE_MS);
+    assert_eq!(sim.count(EventType::ActivityRetryScheduled), 1);
+    let late = sim
+        .apply(|run, cx| complete_activity(run, cx, &t1, &a1, "w", Payload::avro("late")))
+        .unwrap_err();
+    assert_eq!(late.reason, Reason::AttemptClosed);
+    sim.advance(1_000);
+    let (_t2, _a2) = sim.lease_activity("w");
+    sim.advance(LEASE_MS);
+    assert_eq!(
+        sim.count(EventType::ActivityTimedOut),
+        1,
+        "the second expiry exhausts max_attempts 2"
+    );
+}
+
+#[test]
+fn timers_fire_once_and_wake_the_workflow() {
+    let mut sim = Sim::start();
+    sim.complete_workflow(
+        "w",
+        vec![WorkflowCommand::StartTimer {
+            delay_seconds: 5,
+            tags: Map::new(),
+        }],
+    )
+    .unwrap();
+    sim.advance(4_999);
+    assert_eq!(sim.count(EventType::TimerFired), 0);
+    sim.advance(1);
+    sim.advance(10_000);
+    assert_eq!(sim.count(EventType::TimerFired), 1);
+    let fired = sim.history.iter().find(|e| e.event_type == EventType::TimerFired).unwrap();
+    assert_eq!(fired.payload["sequence"], json!(1));
+    assert!(fired.payload.get("timer_kind").is_none(), "user timers carry no timer_kind");
+    assert!(sim.run.tasks.values().any(|t| t.kind == TaskKind::Workflow && t.is_ready()));
+}
+
+#[test]
+fn a_signal_resumes_a_condition_wait_and_cancels_its_timeout() {
+    let mut sim = Sim::start();
+    let wait = WorkflowCommand::OpenConditionWait {
+        condition_key: Some("approved".into()),
+        fingerprint: Some("fp".into()),
+        timeout_seconds: Some(30),
+        tags: Map::new(),
+    };
+    sim.complete_workflow("w", vec![wait]).unwrap();
+    sim.apply(|run, cx| signal(run, cx, "approve", Payload::avro("yes"), "cmd-sig".into()))
+        .unwrap();
+    let (task, fence) = sim.lease_workflow("w");
+    let resume = &sim.run.tasks[&task].detail;
+    assert!(
+        matches!(resume, TaskDetail::Workflow { resume: Some(ResumeContext::Signal { signal_name, .. }), .. } if signal_name == "approve")
+    );
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![complete("done")]))
+        .unwrap();
+    assert_eq!(
+        sim.event_types()[2..],
+        [
+            "ConditionWaitOpened",
+            "TimerScheduled",
+            "SignalReceived",
+            "ConditionWaitSatisfied",
+            "WorkflowCompleted"
+        ]
+    );
+    sim.advance(60_000);
+    assert_eq!(sim.count(EventType::TimerFired), 0, "the cancelled timeout never fires");
+}
+
+#[test]
+fn reopening_the_same_condition_wait_records_no_satisfied_row() {
+    let mut sim = Sim::start();
+    let wait = || WorkflowCommand::OpenConditionWait {
+        condition_key: Some("k".into()),
+        fingerprint: Some("fp".into()),
+        timeout_seconds: None,
+        tags: Map::new(),
+    };
+    sim.complete_workflow("w", vec![wait()]).unwrap();
+    sim.apply(|run, cx| signal(run, cx, "poke", Payload::avro("1"), "c1".into()))
+        .unwrap();
+    sim.complete_workflow("w", vec![wait()]).unwrap();
+    assert_eq!(sim.count(EventType::ConditionWaitSatisfied), 0);
+    assert_eq!(sim.count(EventType::ConditionWaitOpened), 2);
+    assert_eq!(sim.run.condition_waits.len(), 1);
+}
+
+#[test]
+fn a_signal_wait_is_applied_with_the_signal_value() {
+    let mut sim = Sim::start();
+    sim.complete_workflow(
+        "w",
+        vec![WorkflowCommand::OpenSignalWait {
+            signal_name: "go".into(),
+            timeout_seconds: None,
+            tags: Map::new(),
+        }],
+    )
+    .unwrap();
+    sim.apply(|run, cx| signal(run, cx, "go", Payload::avro("value-blob"), "c1".into()))
+        .unwrap();
+    sim.complete_workflow("w", vec![complete("done")]).unwrap();
+    let applied = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::SignalApplied)
+        .expect("SignalApplied");
+    assert_eq!(applied.payload["value"], json!("value-blob"));
+    assert_eq!(applied.payload["sequence"], json!(1));
+}
+
+#[test]
+fn signals_during_a_lease_get_their_own_resume_tasks_afterwards() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("w");
+    sim.apply(|run, cx| signal(run, cx, "a", Payload::avro("1"), "c1".into())).unwrap();
+    sim.apply(|run, cx| signal(run, cx, "b", Payload::avro("2"), "c2".into())).unwrap();
+    assert_eq!(
+        sim.run.tasks.values().filter(|t| t.kind == TaskKind::Workflow).count(),
+        1,
+        "one workflow task at a time"
+    );
+    sim.apply(|run, cx| {
+        complete_workflow_task(
+            run,
+            cx,
+            &task,
+            "w",
+            fence,
+            vec![WorkflowCommand::StartTimer {
+                delay_seconds: 100,
+                tags: Map::new(),
+            }],
+        )
+    })
+    .unwrap();
+    for expected in ["a", "b"] {
+        let (task, fence) = sim.lease_workflow("w");
+        let TaskDetail::Workflow {
+            resume: Some(ResumeContext::Signal { signal_name, .. }),
+            ..
+        } = &sim.run.tasks[&task].detail
+        else {
+            panic!("expected a resume context")
+        };
+        assert_eq!(signal_name, expected);
+        let timer = WorkflowCommand::StartTimer {
+            delay_seconds: 100,
+            tags: Map::new(),
+        };
+        sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![timer]))
+            .unwrap();
+    }
+    assert!(sim.run.workflow_task.is_none());
+}
+
+#[test]
+fn cancel_closes_everything_and_late_reports_are_ignored() {
+    let mut sim = Sim::start();
+    sim.complete_workflow(
+        "w",
+        vec![
+            activity(None),
+            WorkflowCommand::StartTimer {
+                delay_seconds: 5,
+                tags: Map::new(),
+            },
+        ],
+    )
+    .unwrap();
+    let (task, attempt) = sim.lease_activity("w");
+    sim.apply(|run, cx| close_by_command(run, cx, CloseCommand::Cancel, Some("user".into()), "c".into()))
+        .unwrap();
+    assert_eq!(sim.run.status, RunStatus::Cancelled);
+    assert!(sim.run.tasks.is_empty());
+    let late = sim
+        .apply(|run, cx| complete_activity(run, cx, &task, &attempt, "w", Payload::avro("x")))
+        .unwrap_err();
+    assert_eq!(late.reason, Reason::RunCancelled);
+    let beat = sim
+        .apply(|run, cx| heartbeat_activity(run, cx, &task, &attempt, "w", LEASE_MS))
+        .unwrap();
+    assert!(beat.cancel_requested && !beat.can_continue);
+    sim.advance(10_000);
+    assert_eq!(*sim.event_types().last().unwrap(), "WorkflowCancelled");
+    let again = sim
+        .apply(|run, cx| close_by_command(run, cx, CloseCommand::Terminate, None, "c2".into()))
+        .unwrap_err();
+    assert_eq!(again.reason, Reason::RunNotActive);
+    let signal_closed = sim
+        .apply(|run, cx| signal(run, cx, "s", Payload::avro("1"), "c3".into()))
+        .unwrap_err();
+    assert_eq!(signal_closed.reason, Reason::RunNotActive);
+}
+
+#[test]
+fn the_run_timeout_fails_the_run_as_timed_out() {
+    let mut sim = Sim::start();
+    sim.advance(600_000);
+    assert_eq!(sim.run.status, RunStatus::Failed);
+    assert_eq!(sim.run.closed_reason, Some(ClosedReason::TimedOut));
+    assert_eq!(*sim.event_types().last().unwrap(), "WorkflowTimedOut");
+    assert!(sim.run.tasks.is_empty());
+}
+
+#[test]
+fn command_validation_refuses_without_changing_the_run() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("w");
+    let before = sim.run.clone();
+    let not_last = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![complete("x"), activity(None)]))
+        .unwrap_err();
+    assert_eq!(not_last.reason, Reason::InvalidCommands);
+    let empty = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![]))
+        .unwrap_err();
+    assert_eq!(empty.reason, Reason::InvalidCommands);
+    let marker = WorkflowCommand::RecordVersionMarker {
+        change_id: "c".into(),
+        version: 5,
+        min_supported: 1,
+        max_supported: 2,
+        tags: Map::new(),
+    };
+    assert_eq!(
+        sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![marker]))
+            .unwrap_err()
+            .reason,
+        Reason::InvalidCommands
+    );
+    assert_eq!(sim.run, before);
+}
+
+#[test]
+fn resent_parallel_group_members_are_replays_not_new_steps() {
+    let mut sim = Sim::start();
+    let member = |index: u64| {
+        let mut tags = Map::new();
+        tags.insert("parallel_group_base_sequence".into(), json!(1));
+        tags.insert("parallel_group_index".into(), json!(index));
+        tags.insert("parallel_group_size".into(), json!(2));
+        WorkflowCommand::ScheduleActivity(ScheduleActivity {
+            activity_type: "greet".into(),
+            arguments: Payload::avro("args"),
+            queue: None,
+            retry_policy: None,
+            timeouts: ActivityTimeouts::default(),
+            tags,
+        })
+    };
+    sim.complete_workflow("w", vec![member(0), member(1)]).unwrap();
+    let (task, attempt) = sim.lease_activity("w");
+    sim.apply(|run, cx| complete_activity(run, cx, &task, &attempt, "w", Payload::avro("r")))
+        .unwrap();
+    // Python re-sends the whole group while a member is open.
+    sim.complete_workflow("w", vec![member(0), member(1)]).unwrap();
+    assert_eq!(sim.count(EventType::ActivityScheduled), 2);
+    assert_eq!(sim.run.next_step, 3);
+}
