@@ -275,3 +275,5 @@ impl IdSource for UlidIds {
         ulid::Ulid::new().to_string()
     }
 }
+
+pub mod suite;

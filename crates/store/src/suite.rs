@@ -1,0 +1,477 @@
+//! The store behaviour suite: one set of checks every [`Store`] implementation must pass.
+//!
+//! Each check takes a fresh, empty store. A backend runs the whole suite with
+//! [`store_suite!`](crate::store_suite), which expands to one `#[tokio::test]` per check, so a
+//! new backend gets every check by adding one line.
+
+use crate::*;
+use serde_json::json;
+
+pub const NOW: Millis = 1_800_000_000_000;
+
+pub fn start_request(workflow_id: &str, queue: &str) -> StartRun {
+    StartRun {
+        namespace: "default".into(),
+        workflow_id: WorkflowId(workflow_id.into()),
+        run_id: RunId(format!("run-{workflow_id}")),
+        workflow_type: "suite.workflow".into(),
+        task_queue: queue.into(),
+        input: Payload::avro("wwHioz3/VYAiNwwA"),
+        execution_timeout_seconds: None,
+        run_timeout_seconds: None,
+        business_key: Some(format!("bk-{workflow_id}")),
+        memo: Map::new(),
+        search_attributes: Map::new(),
+        command_id: CommandId(format!("cmd-{workflow_id}")),
+    }
+}
+
+fn worker(worker_id: &str, queue: &str) -> WorkerRecord {
+    WorkerRecord {
+        namespace: "default".into(),
+        worker_id: worker_id.into(),
+        task_queue: queue.into(),
+        runtime: "python".into(),
+        sdk_version: None,
+        build_id: None,
+        supported_workflow_types: vec![],
+        supported_activity_types: vec![],
+        workflow_definition_fingerprints: Map::new(),
+        document: Map::new(),
+        status: "active".into(),
+        registered_at: NOW,
+        last_heartbeat_at: NOW,
+    }
+}
+
+fn reason<T: std::fmt::Debug>(result: StoreResult<T>) -> Reason {
+    match result {
+        Err(StoreError::Refused(refusal)) => refusal.reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+async fn started<S: Store>(store: &S, workflow_id: &str, queue: &str) -> RunState {
+    store
+        .start_workflow(start_request(workflow_id, queue), DuplicatePolicy::Fail, NOW)
+        .await
+        .expect("start")
+        .1
+}
+
+async fn all_history<S: Store>(store: &S, run: &RunState) -> Vec<HistoryEvent> {
+    store.history(&run.run_id, 0, u64::MAX / 2, 10_000).await.expect("history")
+}
+
+/// Leases the workflow task of `queue` and completes it with `commands`.
+async fn complete_next<S: Store>(store: &S, queue: &str, commands: Vec<WorkflowCommand>) -> RunState {
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, queue, &[], "w", 60_000, NOW)
+        .await
+        .unwrap()
+        .expect("a workflow task");
+    let id = task.id.clone();
+    let fence = task.fence;
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            complete_workflow_task(run, cx, &id, "w", fence, commands)
+        })
+        .await
+        .expect("complete")
+        .1
+}
+
+fn timer(delay_seconds: i64) -> WorkflowCommand {
+    WorkflowCommand::StartTimer {
+        delay_seconds,
+        tags: Map::new(),
+    }
+}
+
+fn activity() -> WorkflowCommand {
+    WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "suite.activity".into(),
+        arguments: Payload::avro("args"),
+        queue: None,
+        retry_policy: None,
+        timeouts: ActivityTimeouts::default(),
+        tags: Map::new(),
+    })
+}
+
+pub async fn start_then_load_by_every_locator<S: Store>(store: S) {
+    let run = started(&store, "wf-1", "q").await;
+    for locator in [
+        RunLocator::Current(run.workflow_id.clone()),
+        RunLocator::Run(run.workflow_id.clone(), run.run_id.clone()),
+    ] {
+        let loaded = store.load_run("default", locator).await.unwrap().expect("found");
+        assert_eq!(loaded, run);
+    }
+    let task = run.workflow_task.clone().expect("a first workflow task");
+    assert_eq!(
+        store
+            .load_run("default", RunLocator::Task(task.clone()))
+            .await
+            .unwrap()
+            .unwrap()
+            .run_id,
+        run.run_id
+    );
+    assert!(
+        store.load_run("other", RunLocator::Task(task)).await.unwrap().is_none(),
+        "tasks are namespaced"
+    );
+    let history = all_history(&store, &run).await;
+    assert_eq!(
+        history.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>(),
+        ["StartAccepted", "WorkflowStarted"]
+    );
+    verify_chain(&history).expect("a valid chain");
+    assert!(store.namespace_exists("default").await.unwrap());
+    assert!(!store.namespace_exists("nope").await.unwrap());
+}
+
+pub async fn duplicate_starts_follow_the_policy<S: Store>(store: S) {
+    let run = started(&store, "dup", "q").await;
+    assert_eq!(
+        reason(store.start_workflow(start_request("dup", "q"), DuplicatePolicy::Fail, NOW).await),
+        Reason::InstanceAlreadyStarted
+    );
+    let (outcome, existing) = store
+        .start_workflow(start_request("dup", "q"), DuplicatePolicy::UseExisting, NOW)
+        .await
+        .unwrap();
+    assert_eq!(outcome, StartOutcome::ReturnedExistingActive);
+    assert_eq!(existing.run_id, run.run_id);
+    store
+        .mutate_run("default", RunLocator::Current(run.workflow_id.clone()), NOW, |run, cx| {
+            close_by_command(run, cx, CloseCommand::Terminate, None, "c".into())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        reason(
+            store
+                .start_workflow(start_request("dup", "q"), DuplicatePolicy::UseExisting, NOW)
+                .await
+        ),
+        Reason::InstanceAlreadyStarted
+    );
+}
+
+pub async fn a_claim_goes_to_exactly_one_poller<S: Store + Clone>(store: S) {
+    started(&store, "claim", "q").await;
+    let claims = (0..8).map(|i| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_task("default", TaskKind::Workflow, "q", &[], &format!("w{i}"), 60_000, NOW)
+                .await
+                .unwrap()
+        }
+    });
+    let results = futures_join(claims.collect()).await;
+    assert_eq!(results.iter().filter(|r| r.is_some()).count(), 1);
+    assert!(!store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW).await.unwrap());
+}
+
+async fn futures_join<T: Send + 'static>(futures: Vec<impl std::future::Future<Output = T> + Send + 'static>) -> Vec<T> {
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for handle in handles {
+        out.push(handle.await.expect("task"));
+    }
+    out
+}
+
+pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
+    started(&store, "typed", "q").await;
+    assert!(store
+        .claim_task("default", TaskKind::Workflow, "other-q", &[], "w", 60_000, NOW)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW)
+        .await
+        .unwrap()
+        .is_none());
+    let other_type = vec!["not.this.type".to_string()];
+    assert!(!store
+        .has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW)
+        .await
+        .unwrap());
+    assert!(store
+        .claim_task("default", TaskKind::Workflow, "q", &other_type, "w", 60_000, NOW)
+        .await
+        .unwrap()
+        .is_none());
+    let this_type = vec!["suite.workflow".to_string()];
+    assert!(store
+        .has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW)
+        .await
+        .unwrap());
+    let (task, run) = store
+        .claim_task("default", TaskKind::Workflow, "q", &this_type, "w", 60_000, NOW)
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert_eq!(task.fence, 1);
+    assert_eq!(task.lease().unwrap().owner, "w");
+    assert_eq!(run.status, RunStatus::Running);
+}
+
+pub async fn a_refused_transition_writes_nothing<S: Store>(store: S) {
+    let run = started(&store, "refused", "q").await;
+    let before_history = all_history(&store, &run).await;
+    let task = run.workflow_task.clone().unwrap();
+    let result = store
+        .mutate_run("default", RunLocator::Task(task.clone()), NOW, move |run, cx| {
+            // Change things, then refuse: none of it may persist.
+            signal(run, cx, "s", Payload::avro("x"), "c".into())?;
+            complete_workflow_task(run, cx, &task, "nobody", 7, vec![timer(1)])
+        })
+        .await;
+    assert_eq!(reason(result), Reason::TaskNotLeased);
+    let after = store
+        .load_run("default", RunLocator::Current(run.workflow_id.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after, run);
+    assert_eq!(all_history(&store, &run).await, before_history);
+    assert!(matches!(
+        store.mutate_run("default", RunLocator::Current(WorkflowId("missing".into())), NOW, |_, _| Ok(())).await,
+        Err(StoreError::Refused(r)) if r.reason == Reason::InstanceNotFound
+    ));
+}
+
+pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
+    started(&store, "persist", "q").await;
+    let run = complete_next(&store, "q", vec![activity()]).await;
+    assert!(store.has_ready_task("default", TaskKind::Activity, "q", &[], NOW).await.unwrap());
+    let (task, _) = store
+        .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW)
+        .await
+        .unwrap()
+        .expect("activity task");
+    let TaskDetail::Activity {
+        attempt_id: Some(attempt), ..
+    } = task.detail.clone()
+    else {
+        panic!("no attempt")
+    };
+    let id = task.id.clone();
+    let (_, run_after) = store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            complete_activity(run, cx, &id, &attempt, "w", Payload::avro("r"))
+        })
+        .await
+        .unwrap();
+    assert!(
+        store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW).await.unwrap(),
+        "the result woke the workflow"
+    );
+    let history = all_history(&store, &run_after).await;
+    assert_eq!(history.len() as u64, run_after.last_sequence);
+    assert_eq!(history.last().unwrap().event_type, EventType::ActivityCompleted);
+    verify_chain(&history).unwrap();
+    // Paging reads contiguous slices.
+    let page = store.history(&run.run_id, 2, run_after.last_sequence, 2).await.unwrap();
+    assert_eq!(page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [3, 4]);
+}
+
+pub async fn deadlines_are_reported_when_due<S: Store>(store: S) {
+    started(&store, "timers", "q").await;
+    complete_next(&store, "q", vec![timer(5)]).await;
+    assert_eq!(store.next_deadline().await.unwrap(), Some(NOW + 5_000));
+    assert!(store.due_tasks(NOW + 4_999, 10).await.unwrap().is_empty());
+    let due = store.due_tasks(NOW + 5_000, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    let id = due[0].task_id.clone();
+    let (fired, _) = store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW + 5_000, move |run, cx| {
+            Ok(on_deadline(run, cx, &id))
+        })
+        .await
+        .unwrap();
+    assert!(fired);
+    assert!(
+        store.due_tasks(NOW + 10_000, 10).await.unwrap().is_empty(),
+        "a fired timer is not due again"
+    );
+    assert_eq!(store.next_deadline().await.unwrap(), None);
+}
+
+pub async fn keyed_commands_are_idempotent<S: Store>(store: S) {
+    let run = started(&store, "keyed", "q").await;
+    let key = |intent: &str| CommandKey {
+        command_type: "signal".into(),
+        request_id: "req-1".into(),
+        intent_hash: intent.into(),
+    };
+    let apply = |intent: &'static str| {
+        store.mutate_run_keyed(
+            "default",
+            RunLocator::Current(run.workflow_id.clone()),
+            key(intent),
+            NOW,
+            |run, cx| signal(run, cx, "s", Payload::avro("x"), "c".into()),
+            |receipt, run| json!({"command_sequence": receipt.command_sequence, "run_id": run.run_id}),
+        )
+    };
+    assert!(matches!(apply("A").await.unwrap().0, KeyedReceipt::Fresh(_)));
+    let KeyedReceipt::Retained(stored) = apply("A").await.unwrap().0 else {
+        panic!("expected the retained receipt")
+    };
+    assert_eq!(stored["run_id"], json!(run.run_id));
+    assert_eq!(reason(apply("B").await), Reason::RequestIdConflict);
+    let signals = all_history(&store, &run)
+        .await
+        .iter()
+        .filter(|e| e.event_type == EventType::SignalReceived)
+        .count();
+    assert_eq!(signals, 1);
+}
+
+pub async fn poll_memos_round_trip<S: Store>(store: S) {
+    let key = PollKey {
+        namespace: "default".into(),
+        task_queue: "q".into(),
+        worker_id: "w".into(),
+        kind: TaskKind::Workflow,
+        poll_request_id: "p1".into(),
+    };
+    assert!(store.recall_poll(key.clone()).await.unwrap().is_none());
+    store.remember_poll(key.clone(), TaskId("t1".into()), 3, NOW).await.unwrap();
+    assert_eq!(store.recall_poll(key.clone()).await.unwrap(), Some((TaskId("t1".into()), 3)));
+    let other = PollKey {
+        kind: TaskKind::Activity,
+        ..key
+    };
+    assert!(store.recall_poll(other).await.unwrap().is_none());
+}
+
+pub async fn worker_registrations<S: Store>(store: S) {
+    let mut w = worker("w1", "q");
+    w.workflow_definition_fingerprints.insert("t".into(), json!("fp-1"));
+    store.register_worker(w.clone()).await.unwrap();
+    store.register_worker(w.clone()).await.expect("re-registration is idempotent");
+    let mut changed = w.clone();
+    changed.workflow_definition_fingerprints.insert("t".into(), json!("fp-2"));
+    assert_eq!(reason(store.register_worker(changed).await), Reason::WorkflowDefinitionChanged);
+    assert_eq!(
+        store
+            .heartbeat_worker("default", "w1", NOW + 5)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_heartbeat_at,
+        NOW + 5
+    );
+    assert!(store.heartbeat_worker("default", "ghost", NOW).await.unwrap().is_none());
+    assert_eq!(store.get_worker("default", "w1").await.unwrap().unwrap().task_queue, "q");
+    assert!(store.deregister_worker("default", "w1").await.unwrap());
+    assert!(!store.deregister_worker("default", "w1").await.unwrap());
+    assert!(store.get_worker("default", "w1").await.unwrap().is_none());
+}
+
+pub async fn listing_filters_and_pages<S: Store>(store: S) {
+    for i in 0..5 {
+        started(&store, &format!("list-{i}"), "q").await;
+    }
+    store
+        .mutate_run("default", RunLocator::Current(WorkflowId("list-0".into())), NOW, |run, cx| {
+            close_by_command(run, cx, CloseCommand::Cancel, None, "c".into())
+        })
+        .await
+        .unwrap();
+    let (page, more) = store.list_runs("default", ListFilter::default(), 0, 3).await.unwrap();
+    assert_eq!((page.len(), more), (3, true));
+    let (rest, more) = store.list_runs("default", ListFilter::default(), 3, 3).await.unwrap();
+    assert_eq!((rest.len(), more), (2, false));
+    let failed = ListFilter {
+        status_bucket: Some("failed".into()),
+        ..Default::default()
+    };
+    let (rows, _) = store.list_runs("default", failed, 0, 10).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.workflow_id.as_str()).collect::<Vec<_>>(), ["list-0"]);
+    let query = ListFilter {
+        query: Some("list-3".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.list_runs("default", query, 0, 10).await.unwrap().0.len(), 1);
+    let by_business_key = ListFilter {
+        query: Some("bk-list-4".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.list_runs("default", by_business_key, 0, 10).await.unwrap().0.len(), 1);
+    assert_eq!(store.runs_of("default", &WorkflowId("list-2".into())).await.unwrap().len(), 1);
+    assert!(store.list_runs("other", ListFilter::default(), 0, 10).await.unwrap().0.is_empty());
+}
+
+pub async fn concurrent_transitions_all_commit<S: Store + Clone>(store: S) {
+    for i in 0..20 {
+        started(&store, &format!("conc-{i}"), "q").await;
+    }
+    let signals = (0..20).flat_map(|i| (0..5).map(move |j| (i, j))).map(|(i, j)| {
+        let store = store.clone();
+        async move {
+            store
+                .mutate_run(
+                    "default",
+                    RunLocator::Current(WorkflowId(format!("conc-{i}"))),
+                    NOW,
+                    move |run, cx| signal(run, cx, &format!("s{j}"), Payload::avro("x"), CommandId(format!("c{j}"))),
+                )
+                .await
+                .map(|_| ())
+        }
+    });
+    for result in futures_join(signals.collect()).await {
+        result.expect("every concurrent transition commits");
+    }
+    for i in 0..20 {
+        let run = store
+            .load_run("default", RunLocator::Current(WorkflowId(format!("conc-{i}"))))
+            .await
+            .unwrap()
+            .unwrap();
+        let history = all_history(&store, &run).await;
+        assert_eq!(history.iter().filter(|e| e.event_type == EventType::SignalReceived).count(), 5);
+        verify_chain(&history).unwrap();
+    }
+}
+
+/// Expands to one `#[tokio::test]` per suite check, each on a fresh store from `$make`, an
+/// expression giving `(store, guard)`; the guard (a temp dir, a scratch schema) lives as long
+/// as the test.
+#[macro_export]
+macro_rules! store_suite {
+    ($make:expr) => {
+        $crate::store_suite!(@tests $make;
+            start_then_load_by_every_locator,
+            duplicate_starts_follow_the_policy,
+            a_claim_goes_to_exactly_one_poller,
+            claims_respect_queue_type_and_availability,
+            a_refused_transition_writes_nothing,
+            transitions_persist_events_and_tasks,
+            deadlines_are_reported_when_due,
+            keyed_commands_are_idempotent,
+            poll_memos_round_trip,
+            worker_registrations,
+            listing_filters_and_pages,
+            concurrent_transitions_all_commit,
+        );
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let (store, _guard) = $make.await;
+                $crate::suite::$name(store).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,46 @@
+//! The store behaviour suite on SQLite, plus what only a file-backed store can show.
+
+use capstan_engine::*;
+use capstan_store::suite::{start_request, NOW};
+use capstan_store::*;
+
+/// A fresh store in its own temporary directory, removed when the guard drops.
+async fn fresh() -> (SqliteStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(&dir.path().join("capstan.db"), Limits::default(), NOW).expect("open");
+    (store, dir)
+}
+
+capstan_store::store_suite!(fresh());
+
+#[tokio::test]
+async fn committed_changes_survive_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/dir/capstan.db");
+    let run_id = {
+        let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+        let (_, run) = store
+            .start_workflow(start_request("durable", "q"), DuplicatePolicy::Fail, NOW)
+            .await
+            .unwrap();
+        run.run_id
+    };
+    let store = SqliteStore::open(&path, Limits::default(), NOW).expect("reopen and re-run migrations");
+    let run = store
+        .load_run("default", RunLocator::Current(WorkflowId("durable".into())))
+        .await
+        .unwrap()
+        .expect("still there");
+    assert_eq!(run.run_id, run_id);
+    assert!(store.namespace_exists("default").await.unwrap());
+}
+
+#[tokio::test]
+async fn the_database_runs_in_wal_mode_with_full_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capstan.db");
+    let _store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    assert_eq!(mode, "wal");
+}
