@@ -39,6 +39,7 @@ pub enum Reason {
     NamespaceNotFound,
     InvalidPageToken,
     HistoryNotAvailable,
+    StaleFence,
 }
 
 impl Reason {
@@ -74,6 +75,7 @@ impl Reason {
             Reason::NamespaceNotFound => "namespace_not_found",
             Reason::InvalidPageToken => "invalid_page_token",
             Reason::HistoryNotAvailable => "history_not_available",
+            Reason::StaleFence => "stale_fence",
         }
     }
 }

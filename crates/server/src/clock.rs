@@ -5,17 +5,19 @@
 use crate::routes::after_change;
 use crate::{now_ms, AppState};
 use capstan_engine::on_deadline;
-use capstan_store::{RunLocator, Store};
+use capstan_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 
 const BATCH: usize = 256;
 const IDLE_RECHECK_MS: i64 = 1_000;
+/// How long a claimed deadline stays this node's before another node may take it over.
+const DUTY_HOLD_MS: i64 = 30_000;
 
 pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     loop {
         let now = now_ms();
-        let due = match state.store.due_tasks(now, BATCH).await {
+        let due = match state.store.claim_due_tasks(&state.config.server_id, now, BATCH, DUTY_HOLD_MS).await {
             Ok(due) => due,
             Err(error) => {
                 tracing::error!(%error, "clock: could not read due tasks");
@@ -27,7 +29,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
             let id = task.task_id.clone();
             let result = state
                 .store
-                .mutate_run(&task.namespace, RunLocator::Task(id.clone()), now, move |run, cx| {
+                .run_duty(task, now, move |run, cx| {
                     let changed = on_deadline(run, cx, &id);
                     if !changed {
                         // The row disagrees with the run (deadline moved or task closed):
@@ -44,6 +46,9 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                     after_change(&state, &run);
                 }
                 Ok((false, _)) => {}
+                Err(capstan_store::StoreError::Refused(refusal)) => {
+                    tracing::debug!(task_id = %task.task_id, %refusal, "clock: duty taken over by another node");
+                }
                 Err(error) => tracing::warn!(task_id = %task.task_id, %error, "clock: deadline transition failed"),
             }
         }

@@ -41,7 +41,8 @@ pub struct ServerConfig {
     /// Longest long-poll hold, whatever the client asks.
     pub poll_wait_max_ms: i64,
     pub limits: Limits,
-    /// Shown as `server_id` in cluster info.
+    /// This node's id: shown as `server_id` in cluster info, and the owner of the background
+    /// duties it claims. Unique per process.
     pub server_id: String,
 }
 
@@ -53,7 +54,7 @@ impl Default for ServerConfig {
             activity_task_lease_ms: 300_000,
             poll_wait_max_ms: 60_000,
             limits: Limits::default(),
-            server_id: "capstan".to_string(),
+            server_id: format!("capstan-{}", ulid::Ulid::new()),
         }
     }
 }
@@ -96,6 +97,15 @@ pub async fn serve<S: Store>(
 ) -> std::io::Result<()> {
     let (router, state) = app(store, config);
     let clock = tokio::spawn(clock::run(state.clone()));
+    // Other nodes sharing the database announce ready tasks; feed them to local pollers.
+    if let Some(mut wakeups) = state.store.wakeups().await.map_err(|e| std::io::Error::other(e.to_string()))? {
+        let hub = state.hub.clone();
+        tokio::spawn(async move {
+            while let Some((namespace, kind, queue)) = wakeups.recv().await {
+                hub.wake(&namespace, kind, &queue);
+            }
+        });
+    }
     let result = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await;

@@ -119,12 +119,17 @@ pub struct ListFilter {
     pub query: Option<String>,
 }
 
-/// A task whose deadline has passed, for the background clock.
+/// A task whose deadline has passed, claimed by one node's background clock under a duty fence.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DueTask {
     pub namespace: String,
     pub task_id: TaskId,
+    /// Grows each time the duty changes hands; [`Store::run_duty`] refuses an older one.
+    pub duty_fence: u64,
 }
+
+/// Cross-node "a task became ready on this queue" notifications: `(namespace, kind, queue)`.
+pub type WakeReceiver = tokio::sync::mpsc::UnboundedReceiver<(String, TaskKind, String)>;
 
 /// A control-plane command keyed by a caller's `request_id`.
 #[derive(Clone, Debug)]
@@ -245,8 +250,27 @@ pub trait Store: Send + Sync + 'static {
     /// All runs of an instance, oldest first.
     fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> impl Future<Output = StoreResult<Vec<RunSummary>>> + Send;
 
-    /// Tasks whose deadline is at or before `now`.
-    fn due_tasks(&self, now: Millis, limit: usize) -> impl Future<Output = StoreResult<Vec<DueTask>>> + Send;
+    /// Claims up to `limit` tasks whose deadline is at or before `now` for `node`, for `hold_ms`:
+    /// tasks whose duty is held by a live claim of another node are skipped; an expired claim is
+    /// taken over with a higher duty fence.
+    fn claim_due_tasks(
+        &self,
+        node: &str,
+        now: Millis,
+        limit: usize,
+        hold_ms: i64,
+    ) -> impl Future<Output = StoreResult<Vec<DueTask>>> + Send;
+
+    /// Runs a deadline transition for a claimed duty: refused with `stale_fence` (and nothing
+    /// written) unless the task's duty fence still equals `due.duty_fence`; releases the duty.
+    fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> impl Future<Output = StoreResult<(T, RunState)>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
+
+    /// Wake-ups published by other nodes sharing the database; `None` for single-node stores
+    /// (the in-process hub already sees every change).
+    fn wakeups(&self) -> impl Future<Output = StoreResult<Option<WakeReceiver>>> + Send;
 
     /// The earliest pending deadline, so the clock can sleep until then.
     fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;

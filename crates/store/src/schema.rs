@@ -67,7 +67,11 @@ CREATE TABLE tasks (
     lease_owner      TEXT,
     lease_expires_at INTEGER,
     fence            INTEGER NOT NULL,
-    created_at       INTEGER NOT NULL
+    created_at       INTEGER NOT NULL,
+    -- Background duty lease: which node is processing this task's deadline, under which fence.
+    duty_owner       TEXT,
+    duty_fence       INTEGER NOT NULL DEFAULT 0,
+    duty_expires_at  INTEGER
 );
 CREATE INDEX tasks_ready ON tasks (namespace, kind, queue, available_at) WHERE status = 'ready';
 CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased');

@@ -677,17 +677,74 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn due_tasks(&self, now: Millis, limit: usize) -> StoreResult<Vec<DueTask>> {
-        self.read(move |conn| {
-            Ok(conn
-                .prepare_cached(
-                    "SELECT namespace, task_id FROM tasks WHERE deadline_at IS NOT NULL AND deadline_at <= ?1 AND status IN ('ready', 'leased')
-                     ORDER BY deadline_at LIMIT ?2",
-                )?
-                .query_map(params![now, limit as i64], |r| Ok(DueTask { namespace: r.get(0)?, task_id: TaskId(r.get(1)?) }))?
-                .collect::<Result<_, _>>()?)
-        })
-        .await
+    async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
+        let node = node.to_string();
+        self.writer
+            .write(move |conn| {
+                let due: Vec<(String, String, i64)> = conn
+                    .prepare_cached(
+                        "SELECT namespace, task_id, duty_fence FROM tasks
+                         WHERE deadline_at IS NOT NULL AND deadline_at <= ?1 AND status IN ('ready', 'leased')
+                           AND (duty_expires_at IS NULL OR duty_expires_at <= ?1)
+                         ORDER BY deadline_at LIMIT ?2",
+                    )?
+                    .query_map(params![now, limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<_, _>>()?;
+                let mut claim =
+                    conn.prepare_cached("UPDATE tasks SET duty_owner = ?2, duty_fence = ?3, duty_expires_at = ?4 WHERE task_id = ?1")?;
+                let mut claimed = Vec::with_capacity(due.len());
+                for (namespace, task_id, fence) in due {
+                    claim.execute(params![task_id, node, fence + 1, now + hold_ms])?;
+                    claimed.push(DueTask {
+                        namespace,
+                        task_id: TaskId(task_id),
+                        duty_fence: (fence + 1) as u64,
+                    });
+                }
+                Ok(claimed)
+            })
+            .await
+    }
+
+    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let due = due.clone();
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let fence: Option<i64> = conn
+                    .query_row("SELECT duty_fence FROM tasks WHERE task_id = ?1", [due.task_id.as_str()], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                if fence != Some(due.duty_fence as i64) {
+                    return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
+                        .with("task_id", due.task_id.as_str())
+                        .with("duty_fence", due.duty_fence)
+                        .with("current_duty_fence", fence)
+                        .into());
+                }
+                let locator = RunLocator::Task(due.task_id.clone());
+                let run_id = locate_run(conn, &due.namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
+                let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(now, &mut ids, &limits);
+                let value = transition(&mut run, &mut cx)?;
+                persist(conn, &run, &cx.effects, false)?;
+                conn.execute(
+                    "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = ?1",
+                    [due.task_id.as_str()],
+                )?;
+                Ok((value, run))
+            })
+            .await
+    }
+
+    async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
+        Ok(None)
     }
 
     async fn next_deadline(&self) -> StoreResult<Option<Millis>> {

@@ -286,22 +286,51 @@ pub async fn deadlines_are_reported_when_due<S: Store>(store: S) {
     started(&store, "timers", "q").await;
     complete_next(&store, "q", vec![timer(5)]).await;
     assert_eq!(store.next_deadline().await.unwrap(), Some(NOW + 5_000));
-    assert!(store.due_tasks(NOW + 4_999, 10).await.unwrap().is_empty());
-    let due = store.due_tasks(NOW + 5_000, 10).await.unwrap();
+    assert!(store.claim_due_tasks("node-a", NOW + 4_999, 10, 30_000).await.unwrap().is_empty());
+    let due = store.claim_due_tasks("node-a", NOW + 5_000, 10, 30_000).await.unwrap();
     assert_eq!(due.len(), 1);
+    assert!(
+        store.claim_due_tasks("node-b", NOW + 5_000, 10, 30_000).await.unwrap().is_empty(),
+        "a live duty claim is exclusive"
+    );
     let id = due[0].task_id.clone();
     let (fired, _) = store
-        .mutate_run("default", RunLocator::Task(id.clone()), NOW + 5_000, move |run, cx| {
-            Ok(on_deadline(run, cx, &id))
-        })
+        .run_duty(&due[0], NOW + 5_000, move |run, cx| Ok(on_deadline(run, cx, &id)))
         .await
         .unwrap();
     assert!(fired);
     assert!(
-        store.due_tasks(NOW + 10_000, 10).await.unwrap().is_empty(),
+        store.claim_due_tasks("node-a", NOW + 10_000, 10, 30_000).await.unwrap().is_empty(),
         "a fired timer is not due again"
     );
     assert_eq!(store.next_deadline().await.unwrap(), None);
+}
+
+pub async fn an_expired_duty_claim_passes_on_with_a_higher_fence<S: Store>(store: S) {
+    let run = started(&store, "duty", "q").await;
+    complete_next(&store, "q", vec![timer(1)]).await;
+    let first = store.claim_due_tasks("node-a", NOW + 1_000, 10, 500).await.unwrap();
+    assert_eq!(first.len(), 1);
+    // node-a dies holding the claim; after it expires node-b takes over with fence + 1.
+    let second = store.claim_due_tasks("node-b", NOW + 1_600, 10, 500).await.unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].duty_fence, first[0].duty_fence + 1);
+    let id = first[0].task_id.clone();
+    let stale = store
+        .run_duty(&first[0], NOW + 1_600, move |run, cx| Ok(on_deadline(run, cx, &id)))
+        .await;
+    assert_eq!(reason(stale), Reason::StaleFence);
+    let id = second[0].task_id.clone();
+    store
+        .run_duty(&second[0], NOW + 1_600, move |run, cx| Ok(on_deadline(run, cx, &id)))
+        .await
+        .unwrap();
+    let history = all_history(&store, &run).await;
+    assert_eq!(
+        history.iter().filter(|e| e.event_type == EventType::TimerFired).count(),
+        1,
+        "exactly one node fired the timer"
+    );
 }
 
 pub async fn keyed_commands_are_idempotent<S: Store>(store: S) {
@@ -458,6 +487,7 @@ macro_rules! store_suite {
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
             deadlines_are_reported_when_due,
+            an_expired_duty_claim_passes_on_with_a_higher_fence,
             keyed_commands_are_idempotent,
             poll_memos_round_trip,
             worker_registrations,

@@ -1,0 +1,489 @@
+//! Test harness: a real Capstan server on a loopback port (SQLite in a temp dir), driven over
+//! HTTP with reqwest the way the DW SDKs drive it.
+
+#![allow(dead_code)]
+
+use capstan_server::{AuthConfig, ServerConfig};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{json, Value};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub const PROTOCOL_HEADER: &str = "X-Durable-Workflow-Protocol-Version";
+pub const CONTROL_HEADER: &str = "X-Durable-Workflow-Control-Plane-Version";
+/// Avro single-object encoding of the empty argument list.
+pub const EMPTY_ARGS: &str = "wwHioz3/VYAiNwwA";
+/// Avro single-object encoding of `null`.
+pub const AVRO_NULL: &str = "wwHioz3/VYAiNwA=";
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// A payload envelope.
+pub fn env(blob: &str) -> Value {
+    json!({"codec": "avro", "blob": blob})
+}
+
+/// A fresh id for poll_request_id and similar keys.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Role tokens for servers started with token auth.
+pub struct Tokens;
+impl Tokens {
+    pub const SHARED: &'static str = "shared-secret";
+    pub const WORKER: &'static str = "worker-secret";
+    pub const OPERATOR: &'static str = "operator-secret";
+    pub const ADMIN: &'static str = "admin-secret";
+
+    pub fn config() -> AuthConfig {
+        AuthConfig::Token {
+            shared: Some(Self::SHARED.into()),
+            worker: Some(Self::WORKER.into()),
+            operator: Some(Self::OPERATOR.into()),
+            admin: Some(Self::ADMIN.into()),
+        }
+    }
+}
+
+/// A response read completely: status, headers and the JSON body (`null` when empty).
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Resp {
+    /// Asserts the status and returns the body.
+    #[track_caller]
+    pub fn ok(self, status: u16) -> Value {
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.body);
+        self.body
+    }
+
+    /// Asserts a DW error: the status, the `reason`, and the error shape (`reason` + `message`).
+    #[track_caller]
+    pub fn err(self, status: u16, reason: &str) -> Value {
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.body);
+        assert_error_shape(&self.body);
+        assert_eq!(self.body["reason"], reason, "unexpected reason; body: {}", self.body);
+        self.body
+    }
+
+    /// Asserts a DW error with one of several acceptable reasons; returns the reason.
+    #[track_caller]
+    pub fn err_one_of(self, status: u16, reasons: &[&str]) -> String {
+        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.body);
+        assert_error_shape(&self.body);
+        let reason = self.body["reason"].as_str().unwrap_or_default().to_string();
+        assert!(
+            reasons.contains(&reason.as_str()),
+            "reason {reason:?} not in {reasons:?}; body: {}",
+            self.body
+        );
+        reason
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    }
+}
+
+/// Every DW error body is an object with a non-empty string `reason` and `message`.
+#[track_caller]
+pub fn assert_error_shape(body: &Value) {
+    assert!(body.is_object(), "error body is not an object: {body}");
+    assert!(
+        body["reason"].as_str().is_some_and(|s| !s.is_empty()),
+        "error body lacks a reason: {body}"
+    );
+    assert!(
+        body["message"].as_str().is_some_and(|s| !s.is_empty()),
+        "error body lacks a message: {body}"
+    );
+}
+
+/// Sends and reads the response. No request in these tests may ever produce a 5xx.
+pub async fn send(request: RequestBuilder) -> Resp {
+    let response = request.send().await.expect("request sent");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("response body");
+    let body = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("non-JSON body (status {status}): {e}: {text}"))
+    };
+    assert!(!status.is_server_error(), "server error {status}: {body}");
+    Resp { status, headers, body }
+}
+
+/// Polls `probe` until it yields a value, failing after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub struct Harness {
+    pub base: String,
+    pub http: reqwest::Client,
+    /// Bearer token sent by `worker()` / `client()`, if any.
+    pub token: Option<String>,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    pub async fn start() -> Self {
+        Self::with_config(ServerConfig::default(), None).await
+    }
+
+    pub async fn with_config(config: ServerConfig, token: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = capstan_store::SqliteStore::open(&dir.path().join("capstan.db"), config.limits.clone(), capstan_server::now_ms())
+            .expect("open store");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("local addr");
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            capstan_server::serve(listener, store, config, async move {
+                let _ = stop.await;
+            })
+            .await
+            .expect("server runs");
+        });
+        Self {
+            base: format!("http://{address}"),
+            http: reqwest::Client::new(),
+            token: token.map(str::to_string),
+            _shutdown: shutdown,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// A request with no headers at all.
+    pub fn bare(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, self.url(path))
+    }
+
+    fn authed(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.bare(method, path).header("Accept", "application/json");
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// A worker-plane request: protocol 1.20, namespace `default`.
+    pub fn worker(&self, method: Method, path: &str) -> RequestBuilder {
+        self.authed(method, path)
+            .header(PROTOCOL_HEADER, "1.20")
+            .header("X-Namespace", "default")
+    }
+
+    /// A control-plane request: version 2, namespace `default`.
+    pub fn client(&self, method: Method, path: &str) -> RequestBuilder {
+        self.authed(method, path)
+            .header(CONTROL_HEADER, "2")
+            .header("X-Namespace", "default")
+    }
+
+    pub async fn wpost(&self, path: &str, body: Value) -> Resp {
+        send(self.worker(Method::POST, path).json(&body)).await
+    }
+
+    pub async fn cget(&self, path: &str) -> Resp {
+        send(self.client(Method::GET, path)).await
+    }
+
+    pub async fn cpost(&self, path: &str, body: Value) -> Resp {
+        send(self.client(Method::POST, path).json(&body)).await
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Worker plane
+
+    pub async fn register(&self, worker_id: &str, queue: &str) -> Value {
+        self.wpost(
+            "/api/worker/register",
+            json!({"worker_id": worker_id, "task_queue": queue, "runtime": "rust",
+                   "sdk_version": "capstan-http-tests/1", "supported_workflow_types": [],
+                   "supported_activity_types": []}),
+        )
+        .await
+        .ok(201)
+    }
+
+    pub async fn poll_workflow_with(&self, body: Value) -> Resp {
+        self.wpost("/api/worker/workflow-tasks/poll", body).await
+    }
+
+    /// One workflow poll; returns `task` (possibly `null`).
+    pub async fn poll_workflow(&self, worker_id: &str, queue: &str, timeout_seconds: u64) -> Value {
+        let body = self
+            .poll_workflow_with(json!({"worker_id": worker_id, "task_queue": queue,
+                "poll_request_id": unique("wf-poll"), "timeout_seconds": timeout_seconds,
+                "history_page_size": 500}))
+            .await
+            .ok(200);
+        body["task"].clone()
+    }
+
+    /// Polls until a workflow task arrives (long poll of up to 5 s).
+    pub async fn next_workflow_task(&self, worker_id: &str, queue: &str) -> Value {
+        let task = self.poll_workflow(worker_id, queue, 5).await;
+        assert!(task.is_object(), "expected a workflow task, got {task}");
+        task
+    }
+
+    pub async fn poll_activity(&self, worker_id: &str, queue: &str, timeout_seconds: u64) -> Value {
+        let body = self
+            .wpost(
+                "/api/worker/activity-tasks/poll",
+                json!({"worker_id": worker_id, "task_queue": queue,
+                       "poll_request_id": unique("activity-poll"), "timeout_seconds": timeout_seconds}),
+            )
+            .await
+            .ok(200);
+        body["task"].clone()
+    }
+
+    pub async fn next_activity_task(&self, worker_id: &str, queue: &str) -> Value {
+        let task = self.poll_activity(worker_id, queue, 5).await;
+        assert!(task.is_object(), "expected an activity task, got {task}");
+        task
+    }
+
+    /// Completes a polled workflow task with its own lease owner and attempt.
+    pub async fn complete_workflow_task(&self, task: &Value, commands: Value) -> Resp {
+        self.wpost(
+            &format!("/api/worker/workflow-tasks/{}/complete", task["task_id"].as_str().expect("task_id")),
+            json!({"lease_owner": task["lease_owner"], "workflow_task_attempt": task["workflow_task_attempt"],
+                   "commands": commands}),
+        )
+        .await
+    }
+
+    pub async fn complete_activity(&self, task: &Value, blob: &str) -> Resp {
+        self.wpost(
+            &format!("/api/worker/activity-tasks/{}/complete", task["task_id"].as_str().expect("task_id")),
+            json!({"activity_attempt_id": task["activity_attempt_id"], "lease_owner": task["lease_owner"],
+                   "result": env(blob)}),
+        )
+        .await
+    }
+
+    pub async fn fail_activity(&self, task: &Value, message: &str) -> Resp {
+        self.wpost(
+            &format!("/api/worker/activity-tasks/{}/fail", task["task_id"].as_str().expect("task_id")),
+            json!({"activity_attempt_id": task["activity_attempt_id"], "lease_owner": task["lease_owner"],
+                   "failure": {"message": message, "type": "RuntimeError", "class": "builtins.RuntimeError",
+                               "stack_trace": "trace", "non_retryable": false}}),
+        )
+        .await
+    }
+
+    pub async fn heartbeat_activity(&self, task: &Value) -> Resp {
+        self.wpost(
+            &format!(
+                "/api/worker/activity-tasks/{}/heartbeat",
+                task["task_id"].as_str().expect("task_id")
+            ),
+            json!({"activity_attempt_id": task["activity_attempt_id"], "lease_owner": task["lease_owner"],
+                   "details": {"progress": 1}}),
+        )
+        .await
+    }
+
+    // --------------------------------------------------------------------------------------
+    // Control plane
+
+    pub async fn start_workflow_with(&self, body: Value) -> Resp {
+        self.cpost("/api/workflows", body).await
+    }
+
+    /// Starts `workflow_id` (type `test.workflow`) on `queue`; returns the 201 body.
+    pub async fn start_workflow(&self, workflow_id: &str, queue: &str) -> Value {
+        self.start_workflow_with(json!({"workflow_id": workflow_id, "workflow_type": "test.workflow",
+            "task_queue": queue, "input": env(EMPTY_ARGS), "execution_timeout_seconds": 3600,
+            "run_timeout_seconds": 600}))
+            .await
+            .ok(201)
+    }
+
+    pub async fn describe(&self, workflow_id: &str) -> Value {
+        self.cget(&format!("/api/workflows/{workflow_id}")).await.ok(200)
+    }
+
+    /// The whole control-plane history of a run.
+    pub async fn history(&self, workflow_id: &str, run_id: &str) -> Vec<Value> {
+        let mut events = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut path = format!("/api/workflows/{workflow_id}/runs/{run_id}/history?page_size=1000");
+            if let Some(token) = &token {
+                path.push_str(&format!("&next_page_token={}", urlencode(token)));
+            }
+            let page = self.cget(&path).await.ok(200);
+            events.extend(page["events"].as_array().expect("events list").iter().cloned());
+            match page["next_page_token"].as_str() {
+                Some(next) if !next.is_empty() => token = Some(next.to_string()),
+                _ => break,
+            }
+        }
+        assert_hash_chain(&events);
+        events
+    }
+
+    /// Sets up a run with one leased workflow task: registers `worker`, starts, polls.
+    pub async fn started_and_leased(&self, workflow_id: &str, worker: &str, queue: &str) -> (Value, Value) {
+        self.register(worker, queue).await;
+        let start = self.start_workflow(workflow_id, queue).await;
+        let task = self.next_workflow_task(worker, queue).await;
+        assert_eq!(task["workflow_id"], workflow_id);
+        (start, task)
+    }
+}
+
+/// Percent-encodes every byte outside the unreserved set (as Python's `quote(safe="")` does).
+pub fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+pub fn event_types(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["event_type"].as_str().expect("event_type").to_string())
+        .collect()
+}
+
+pub fn count_events(events: &[Value], event_type: &str) -> usize {
+    events.iter().filter(|e| e["event_type"] == event_type).count()
+}
+
+/// Sequences contiguous from 1; `prev_hash` of the first is the genesis hash and each next
+/// `prev_hash` is the previous `hash`; hashes are 64 lowercase hex digits.
+#[track_caller]
+pub fn assert_hash_chain(events: &[Value]) {
+    let mut previous = GENESIS_HASH.to_string();
+    for (index, event) in events.iter().enumerate() {
+        assert_eq!(event["sequence"], (index + 1) as u64, "sequence gap at {index}: {event}");
+        let prev = event["prev_hash"]
+            .as_str()
+            .unwrap_or_else(|| panic!("event without prev_hash: {event}"));
+        let hash = event["hash"].as_str().unwrap_or_else(|| panic!("event without hash: {event}"));
+        assert_eq!(prev, previous, "hash chain broken at sequence {}", index + 1);
+        assert!(
+            hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "hash is not 64 hex digits: {hash}"
+        );
+        assert_ne!(hash, prev, "hash equals prev_hash at sequence {}", index + 1);
+        previous = hash.to_string();
+    }
+}
+
+pub fn schedule_activity(activity_type: &str, queue: &str) -> Value {
+    json!({"type": "schedule_activity", "activity_type": activity_type, "queue": queue,
+           "arguments": env(EMPTY_ARGS), "start_to_close_timeout": 30})
+}
+
+pub fn complete_workflow(blob: &str) -> Value {
+    json!({"type": "complete_workflow", "result": env(blob)})
+}
+
+/// The checks the Python SDK 2.12.0 makes on `/api/cluster/info` before a worker may start
+/// (protocol reference 01-cluster-info.md), for a worker requesting protocol `1.<minor>`.
+#[track_caller]
+pub fn assert_python_sdk_accepts_cluster_info(info: &Value, minor: u32) {
+    assert!(info.is_object(), "cluster info must be an object");
+    let control = &info["control_plane"];
+    assert!(control.is_object(), "control_plane must be an object");
+    let version = match &control["version"] {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => panic!("control_plane.version must be a string or int, got {other}"),
+    };
+    assert_eq!(version, "2");
+    let contract = &control["request_contract"];
+    assert!(contract.is_object());
+    assert_eq!(contract["schema"], "durable-workflow.v2.control-plane-request.contract");
+    assert!(contract["version"] == json!(1) || contract["version"] == json!("1"));
+
+    let worker_protocol = &info["worker_protocol"];
+    assert!(worker_protocol.is_object(), "worker_protocol must be an object");
+    let advertised = worker_protocol["version"].as_str().expect("worker_protocol.version string");
+    let (major, advertised_minor) = advertised.split_once('.').expect("MAJOR.MINOR");
+    assert_eq!(major, "1");
+    assert!(advertised_minor.parse::<u32>().expect("numeric minor") >= minor);
+    let capabilities = &worker_protocol["server_capabilities"];
+    assert!(capabilities.is_object());
+    assert!(capabilities["query_tasks"].is_boolean());
+    assert!(capabilities["supported_workflow_task_commands"]
+        .as_array()
+        .expect("command list")
+        .iter()
+        .all(Value::is_string));
+    // Fencing is not advertised; if it were it would need a registration token.
+    if let Some(fencing) = capabilities.get("worker_deregistration_fencing") {
+        assert_ne!(fencing["supported"], true, "fencing advertised without registration tokens");
+    }
+
+    let auth = &info["auth_composition_contract"];
+    assert!(auth.is_object());
+    assert_eq!(auth["schema"], "durable-workflow.v2.auth-composition.contract");
+    assert_eq!(auth["version"], json!(1));
+    for key in ["connection_values", "profile_selection"] {
+        let list = auth["precedence"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("precedence.{key} list"));
+        assert!(list.iter().all(Value::is_string));
+    }
+    let environment = auth["canonical_environment"].as_object().expect("canonical_environment object");
+    assert!(environment.values().all(Value::is_string));
+    for (key, value) in [
+        ("server_url", "DURABLE_WORKFLOW_SERVER_URL"),
+        ("namespace", "DURABLE_WORKFLOW_NAMESPACE"),
+        ("auth_token", "DURABLE_WORKFLOW_AUTH_TOKEN"),
+        ("tls_verify", "DURABLE_WORKFLOW_TLS_VERIFY"),
+        ("profile", "DW_ENV"),
+    ] {
+        assert_eq!(environment[key], value, "canonical_environment.{key}");
+    }
+    let material = auth["auth_material"].as_object().expect("auth_material object");
+    assert!(material.values().all(Value::is_object));
+    assert_eq!(material["token"]["status"], "supported");
+    assert_eq!(material["token"]["effective_config_value"], "redacted");
+    assert_eq!(material["mtls"]["status"], "reserved");
+    assert_eq!(material["signed_headers"]["status"], "reserved");
+    let required = auth["effective_config"]["required_fields"].as_array().expect("required_fields");
+    for field in ["server_url", "namespace", "profile", "auth", "tls", "identity"] {
+        assert!(required.contains(&json!(field)), "required_fields lacks {field}");
+    }
+    let never_echo = auth["redaction"]["never_echo"].as_array().expect("never_echo");
+    for field in ["bearer_tokens", "private_keys", "raw_authorization_headers"] {
+        assert!(never_echo.contains(&json!(field)), "never_echo lacks {field}");
+    }
+    let max_payload = info["limits"]["max_payload_bytes"].as_u64().expect("limits.max_payload_bytes");
+    assert!(max_payload > 0);
+}

@@ -1,0 +1,2085 @@
+//! HTTP-level integration tests of the DW v2 wire contract (`/work/shared/protocol`): every
+//! endpoint, its success shape and its error paths, against a real server on a loopback port.
+//! Every error is checked for its status, its `reason`, and the DW error shape.
+
+mod common;
+
+use capstan_server::ServerConfig;
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+// ============================================================================================
+// Health, readiness, cluster info
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_ready_need_no_headers() {
+    let h = Harness::start().await;
+    let health = send(h.bare(Method::GET, "/api/health")).await.ok(200);
+    assert_eq!(health["status"], "serving");
+    assert_eq!(health["checks"]["database"], "ok");
+    assert!(health["timestamp"].is_string());
+
+    let ready = send(h.bare(Method::GET, "/api/ready")).await.ok(200);
+    assert_eq!(ready["status"], "ready");
+    assert!(ready["checks"].is_object());
+    assert!(ready["timestamp"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_info_passes_the_python_sdk_checks() {
+    let h = Harness::start().await;
+    let info = send(h.bare(Method::GET, "/api/cluster/info")).await.ok(200);
+    assert_python_sdk_accepts_cluster_info(&info, 20);
+    assert_python_sdk_accepts_cluster_info(&info, 19);
+    assert_eq!(info["worker_protocol"]["version"], "1.20");
+    assert_eq!(info["default_namespace"], "default");
+    assert_eq!(info["namespace"]["name"], "default");
+    assert!(info["server_id"].is_string());
+    assert_eq!(
+        info["control_plane"]["request_contract"]["operations"]["start"]["fields"]["duplicate_policy"]["canonical_values"],
+        json!(["fail", "use-existing"])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_info_is_not_version_gated_and_tolerates_unknown_namespaces() {
+    let h = Harness::start().await;
+    // Either plane's header, with any value, or none.
+    for (header, value) in [
+        (PROTOCOL_HEADER, "1.20"),
+        (PROTOCOL_HEADER, "9.99"),
+        (CONTROL_HEADER, "2"),
+        (CONTROL_HEADER, "7"),
+    ] {
+        let info = send(h.bare(Method::GET, "/api/cluster/info").header(header, value)).await.ok(200);
+        assert_python_sdk_accepts_cluster_info(&info, 20);
+    }
+    let info = send(h.bare(Method::GET, "/api/cluster/info").header("X-Namespace", "No-Such-Namespace"))
+        .await
+        .ok(200);
+    assert_eq!(info["namespace"]["name"], "no-such-namespace");
+}
+
+// ============================================================================================
+// Version negotiation and namespace resolution
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_protocol_1_19_and_1_20_are_accepted() {
+    let h = Harness::start().await;
+    for (worker, version) in [("w-119", "1.19"), ("w-120", "1.20")] {
+        let resp = send(
+            h.bare(Method::POST, "/api/worker/register")
+                .header(PROTOCOL_HEADER, version)
+                .header("X-Namespace", "default")
+                .json(&json!({"worker_id": worker, "task_queue": "q", "runtime": "python"})),
+        )
+        .await;
+        assert_eq!(resp.header(PROTOCOL_HEADER).as_deref(), Some("1.20"));
+        let body = resp.ok(201);
+        assert_eq!(body["worker_id"], worker);
+        assert_eq!(body["registered"], true);
+        assert_eq!(body["protocol_version"], "1.20");
+        assert!(body["server_capabilities"].is_object());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_protocol_missing_or_unsupported_is_refused() {
+    let h = Harness::start().await;
+    let register = json!({"worker_id": "w", "task_queue": "q", "runtime": "rust"});
+
+    let resp = send(
+        h.bare(Method::POST, "/api/worker/register")
+            .header("X-Namespace", "default")
+            .json(&register),
+    )
+    .await;
+    assert_eq!(resp.header(PROTOCOL_HEADER).as_deref(), Some("1.20"));
+    let body = resp.err(400, "missing_protocol_version");
+    assert_eq!(body["supported_version"], "1.20");
+    assert!(body["error"].is_string(), "version errors carry `error` too: {body}");
+
+    for version in ["1.21", "2.0", "2", "abc", "1.x", ""] {
+        let resp = send(
+            h.bare(Method::POST, "/api/worker/register")
+                .header(PROTOCOL_HEADER, version)
+                .header("X-Namespace", "default")
+                .json(&register),
+        )
+        .await;
+        let body = resp.err(400, "unsupported_protocol_version");
+        assert_eq!(body["supported_version"], "1.20");
+        assert_eq!(body["requested_version"], version);
+        assert!(body["error"].is_string());
+        assert_eq!(body["protocol_version"], "1.20", "worker-plane errors are decorated too");
+    }
+    // The control-plane header does not satisfy the worker plane.
+    send(
+        h.bare(Method::POST, "/api/worker/register")
+            .header(CONTROL_HEADER, "2")
+            .json(&register),
+    )
+    .await
+    .err(400, "missing_protocol_version");
+    // Nothing was registered by the refused requests.
+    h.wpost("/api/worker/heartbeat", json!({"worker_id": "w"}))
+        .await
+        .err(404, "worker_not_registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_version_missing_or_unsupported_is_refused() {
+    let h = Harness::start().await;
+    let resp = send(h.bare(Method::GET, "/api/workflows").header("X-Namespace", "default")).await;
+    assert_eq!(resp.header(CONTROL_HEADER).as_deref(), Some("2"));
+    let body = resp.err(400, "missing_control_plane_version");
+    assert_eq!(body["supported_version"], "2");
+    assert!(body["error"].is_string());
+
+    for version in ["1", "3", "2.0", "v2"] {
+        let resp = send(h.bare(Method::GET, "/api/workflows").header(CONTROL_HEADER, version)).await;
+        assert_eq!(resp.header(CONTROL_HEADER).as_deref(), Some("2"));
+        let body = resp.err(400, "unsupported_control_plane_version");
+        assert_eq!(body["requested_version"], version);
+        assert_eq!(body["supported_version"], "2");
+    }
+    // The worker header does not satisfy the control plane.
+    send(h.bare(Method::GET, "/api/workflows").header(PROTOCOL_HEADER, "1.20"))
+        .await
+        .err(400, "missing_control_plane_version");
+
+    let ok = h.cget("/api/workflows").await;
+    assert_eq!(ok.header(CONTROL_HEADER).as_deref(), Some("2"));
+    ok.ok(200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_namespace_is_404_after_the_version_check() {
+    let h = Harness::start().await;
+    // Worker plane.
+    let body = send(
+        h.bare(Method::POST, "/api/worker/register")
+            .header(PROTOCOL_HEADER, "1.20")
+            .header("X-Namespace", "nowhere")
+            .json(&json!({"worker_id": "w", "task_queue": "q", "runtime": "rust"})),
+    )
+    .await
+    .err(404, "namespace_not_found");
+    assert_eq!(body["namespace"], "nowhere");
+    // Control plane, by header and by query parameter.
+    let body = send(
+        h.bare(Method::GET, "/api/workflows")
+            .header(CONTROL_HEADER, "2")
+            .header("X-Namespace", "nowhere"),
+    )
+    .await
+    .err(404, "namespace_not_found");
+    assert_eq!(body["namespace"], "nowhere");
+    send(
+        h.bare(Method::GET, "/api/workflows?namespace=elsewhere")
+            .header(CONTROL_HEADER, "2"),
+    )
+    .await
+    .err(404, "namespace_not_found");
+    // Version errors win over the namespace check.
+    send(h.bare(Method::GET, "/api/workflows").header("X-Namespace", "nowhere"))
+        .await
+        .err(400, "missing_control_plane_version");
+    send(
+        h.bare(Method::POST, "/api/worker/heartbeat")
+            .header("X-Namespace", "nowhere")
+            .json(&json!({"worker_id": "w"})),
+    )
+    .await
+    .err(400, "missing_protocol_version");
+    // The namespace is lower-cased; no header at all means `default`.
+    send(
+        h.bare(Method::GET, "/api/workflows")
+            .header(CONTROL_HEADER, "2")
+            .header("X-Namespace", "DEFAULT"),
+    )
+    .await
+    .ok(200);
+    send(h.bare(Method::GET, "/api/workflows").header(CONTROL_HEADER, "2"))
+        .await
+        .ok(200);
+}
+
+// ============================================================================================
+// Authentication
+
+async fn token_harness() -> Harness {
+    Harness::with_config(
+        ServerConfig {
+            auth: Tokens::config(),
+            ..ServerConfig::default()
+        },
+        None,
+    )
+    .await
+}
+
+fn worker_call(h: &Harness, token: Option<&str>) -> reqwest::RequestBuilder {
+    let request = h
+        .bare(Method::POST, "/api/worker/heartbeat")
+        .header(PROTOCOL_HEADER, "1.20")
+        .header("X-Namespace", "default")
+        .json(&json!({"worker_id": "nobody"}));
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+fn control_call(h: &Harness, token: Option<&str>) -> reqwest::RequestBuilder {
+    let request = h
+        .bare(Method::GET, "/api/workflows")
+        .header(CONTROL_HEADER, "2")
+        .header("X-Namespace", "default");
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_auth_401_without_or_with_a_wrong_token() {
+    let h = token_harness().await;
+    send(worker_call(&h, None)).await.err(401, "unauthorized");
+    send(worker_call(&h, Some("wrong"))).await.err(401, "unauthorized");
+    send(control_call(&h, None)).await.err(401, "unauthorized");
+    send(control_call(&h, Some("wrong"))).await.err(401, "unauthorized");
+    send(h.bare(Method::GET, "/api/cluster/info")).await.err(401, "unauthorized");
+    send(h.bare(Method::GET, "/api/cluster/info").bearer_auth("wrong"))
+        .await
+        .err(401, "unauthorized");
+    send(
+        h.bare(Method::GET, "/api/cluster/info")
+            .header("Authorization", "Basic c2hhcmVkLXNlY3JldA=="),
+    )
+    .await
+    .err(401, "unauthorized");
+    // Health and readiness stay open.
+    send(h.bare(Method::GET, "/api/health")).await.ok(200);
+    send(h.bare(Method::GET, "/api/ready")).await.ok(200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_auth_roles_are_enforced_per_plane() {
+    let h = token_harness().await;
+    // Worker plane: worker and shared tokens pass (404 = reached the handler), others are 403.
+    send(worker_call(&h, Some(Tokens::WORKER))).await.err(404, "worker_not_registered");
+    send(worker_call(&h, Some(Tokens::SHARED))).await.err(404, "worker_not_registered");
+    send(worker_call(&h, Some(Tokens::OPERATOR))).await.err(403, "forbidden");
+    send(worker_call(&h, Some(Tokens::ADMIN))).await.err(403, "forbidden");
+    // Control plane: operator, admin and shared pass; worker is 403.
+    send(control_call(&h, Some(Tokens::OPERATOR))).await.ok(200);
+    send(control_call(&h, Some(Tokens::ADMIN))).await.ok(200);
+    send(control_call(&h, Some(Tokens::SHARED))).await.ok(200);
+    send(control_call(&h, Some(Tokens::WORKER))).await.err(403, "forbidden");
+    // Cluster info: any role.
+    for token in [Tokens::WORKER, Tokens::OPERATOR, Tokens::ADMIN, Tokens::SHARED] {
+        let info = send(h.bare(Method::GET, "/api/cluster/info").bearer_auth(token)).await.ok(200);
+        assert_python_sdk_accepts_cluster_info(&info, 20);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_token_drives_a_whole_workflow() {
+    let h = Harness::with_config(
+        ServerConfig {
+            auth: Tokens::config(),
+            ..ServerConfig::default()
+        },
+        Some(Tokens::SHARED),
+    )
+    .await;
+    let (start, task) = h.started_and_leased("auth-wf", "w1", "q").await;
+    h.complete_workflow_task(&task, json!([complete_workflow(AVRO_NULL)])).await.ok(200);
+    let described = h.describe("auth-wf").await;
+    assert_eq!(described["status"], "completed");
+    assert_eq!(h.history("auth-wf", start["run_id"].as_str().unwrap()).await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_precedence_is_auth_then_role_then_version_then_namespace() {
+    let h = token_harness().await;
+    let no_version_unknown_ns = |token: Option<&str>| {
+        let request = h.bare(Method::GET, "/api/workflows").header("X-Namespace", "nowhere");
+        match token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    };
+    send(no_version_unknown_ns(None)).await.err(401, "unauthorized");
+    send(no_version_unknown_ns(Some("wrong"))).await.err(401, "unauthorized");
+    send(no_version_unknown_ns(Some(Tokens::WORKER))).await.err(403, "forbidden");
+    send(no_version_unknown_ns(Some(Tokens::OPERATOR)))
+        .await
+        .err(400, "missing_control_plane_version");
+    send(no_version_unknown_ns(Some(Tokens::OPERATOR)).header(CONTROL_HEADER, "3"))
+        .await
+        .err(400, "unsupported_control_plane_version");
+    send(no_version_unknown_ns(Some(Tokens::OPERATOR)).header(CONTROL_HEADER, "2"))
+        .await
+        .err(404, "namespace_not_found");
+
+    let worker = |token: Option<&str>, version: Option<&str>| {
+        let mut request = h
+            .bare(Method::POST, "/api/worker/register")
+            .header("X-Namespace", "nowhere")
+            .json(&json!({"worker_id": "w", "task_queue": "q", "runtime": "rust"}));
+        if let Some(v) = version {
+            request = request.header(PROTOCOL_HEADER, v);
+        }
+        match token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    };
+    send(worker(None, Some("2.0"))).await.err(401, "unauthorized");
+    send(worker(Some(Tokens::OPERATOR), Some("2.0"))).await.err(403, "forbidden");
+    send(worker(Some(Tokens::WORKER), None)).await.err(400, "missing_protocol_version");
+    send(worker(Some(Tokens::WORKER), Some("2.0")))
+        .await
+        .err(400, "unsupported_protocol_version");
+    send(worker(Some(Tokens::WORKER), Some("1.20")))
+        .await
+        .err(404, "namespace_not_found");
+}
+
+// ============================================================================================
+// Registration
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_heartbeat_and_deregister() {
+    let h = Harness::start().await;
+    let body = h
+        .wpost(
+            "/api/worker/register",
+            json!({"worker_id": "py-worker-1", "task_queue": "orders", "runtime": "python",
+                   "sdk_version": "durable-workflow-python/2.12.0", "capabilities": ["query_tasks"],
+                   "capability_manifest": {"local_activities": {"supported": false}},
+                   "max_concurrent_workflow_tasks": 10}),
+        )
+        .await
+        .ok(201);
+    assert_eq!(body["worker_id"], "py-worker-1");
+    assert_eq!(body["registered"], true);
+    assert_eq!(body["namespace"], "default");
+    assert_eq!(body["task_queue"], "orders");
+    assert_eq!(body["capabilities"], json!(["query_tasks"]));
+    assert!(body["heartbeat_interval_seconds"].as_u64().is_some_and(|s| s > 0));
+
+    // Re-registration is idempotent.
+    h.register("py-worker-1", "orders").await;
+    // Without a worker id the server generates one.
+    let generated = h
+        .wpost("/api/worker/register", json!({"task_queue": "orders", "runtime": "rust"}))
+        .await
+        .ok(201);
+    assert!(generated["worker_id"].as_str().is_some_and(|id| !id.is_empty()));
+
+    let beat = h
+        .wpost(
+            "/api/worker/heartbeat",
+            json!({"worker_id": "py-worker-1", "task_slots": {"workflow_available": 3}}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(beat["worker_id"], "py-worker-1");
+    assert_eq!(beat["acknowledged"], true);
+    let body = h
+        .wpost("/api/worker/heartbeat", json!({"worker_id": "ghost"}))
+        .await
+        .err(404, "worker_not_registered");
+    assert_eq!(body["worker_id"], "ghost");
+    h.wpost("/api/worker/heartbeat", json!({})).await.err(422, "validation_failed");
+
+    let gone = send(h.worker(Method::DELETE, "/api/worker/registrations/py-worker-1"))
+        .await
+        .ok(200);
+    assert_eq!(gone["worker_id"], "py-worker-1");
+    assert_eq!(gone["outcome"], "deregistered");
+    assert_eq!(gone["recovered_workflow_task_count"], 0);
+    send(h.worker(Method::DELETE, "/api/worker/registrations/py-worker-1"))
+        .await
+        .err(404, "worker_not_found");
+    send(h.worker(Method::DELETE, "/api/worker/registrations/never-was"))
+        .await
+        .err(404, "worker_not_found");
+    h.wpost("/api/worker/heartbeat", json!({"worker_id": "py-worker-1"}))
+        .await
+        .err(404, "worker_not_registered");
+    h.poll_workflow_with(json!({"worker_id": "py-worker-1", "task_queue": "orders", "timeout_seconds": 0}))
+        .await
+        .err(412, "worker_not_registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_validates_its_fields() {
+    let h = Harness::start().await;
+    let body = h
+        .wpost("/api/worker/register", json!({"worker_id": "w", "runtime": "rust"}))
+        .await
+        .err(422, "validation_failed");
+    assert!(body["errors"]["task_queue"].is_array(), "errors names the field: {body}");
+    assert!(body["validation_errors"]["task_queue"].is_array());
+    let body = h
+        .wpost("/api/worker/register", json!({"worker_id": "w", "task_queue": "q"}))
+        .await
+        .err(422, "validation_failed");
+    assert!(body["errors"]["runtime"].is_array());
+    for bad in [
+        json!({"worker_id": "w", "task_queue": 7, "runtime": "rust"}),
+        json!({"worker_id": 7, "task_queue": "q", "runtime": "rust"}),
+        json!({"worker_id": "w", "task_queue": "q", "runtime": "rust", "supported_workflow_types": "all"}),
+        json!({"worker_id": "w", "task_queue": "q", "runtime": "rust", "supported_activity_types": [1, 2]}),
+        json!({"worker_id": "w", "task_queue": "q", "runtime": "rust", "workflow_definition_fingerprints": "x"}),
+        json!({"worker_id": "w", "task_queue": "q".repeat(256), "runtime": "rust"}),
+    ] {
+        let body = h.wpost("/api/worker/register", bad.clone()).await.err(422, "validation_failed");
+        assert!(body["errors"].is_object(), "{bad} → {body}");
+    }
+    // Any non-empty runtime is accepted (the old server refused `rust`).
+    h.wpost(
+        "/api/worker/register",
+        json!({"worker_id": "w", "task_queue": "q", "runtime": "rust"}),
+    )
+    .await
+    .ok(201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_workflow_fingerprint_is_409() {
+    let h = Harness::start().await;
+    let register = |fingerprint: &str| {
+        json!({"worker_id": "fp-worker", "task_queue": "q", "runtime": "python",
+               "workflow_definition_fingerprints": {"order.process": fingerprint, "other": "x"}})
+    };
+    h.wpost("/api/worker/register", register("sha-1")).await.ok(201);
+    h.wpost("/api/worker/register", register("sha-1")).await.ok(201);
+    let body = h
+        .wpost("/api/worker/register", register("sha-2"))
+        .await
+        .err(409, "workflow_definition_changed");
+    assert_eq!(body["workflow_type"], "order.process");
+    // Another worker id may register the new definition.
+    h.wpost(
+        "/api/worker/register",
+        json!({"worker_id": "fp-worker-2", "task_queue": "q", "runtime": "python",
+               "workflow_definition_fingerprints": {"order.process": "sha-2"}}),
+    )
+    .await
+    .ok(201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deregister_releases_leased_workflow_tasks() {
+    // Protocol 10 §3: deregistration releases the worker's leased workflow tasks and counts them.
+    let h = Harness::start().await;
+    let (_, task) = h.started_and_leased("dereg-wf", "leaving", "q").await;
+    h.register("staying", "q").await;
+    let gone = send(h.worker(Method::DELETE, "/api/worker/registrations/leaving")).await.ok(200);
+    assert_eq!(gone["outcome"], "deregistered");
+    assert_eq!(gone["recovered_workflow_task_count"], 1, "the leased task is released: {gone}");
+    let again = h.poll_workflow("staying", "q", 2).await;
+    assert_eq!(again["task_id"], task["task_id"], "the released task is offered at once");
+}
+
+// ============================================================================================
+// Polls
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_preconditions() {
+    let h = Harness::start().await;
+    h.register("w1", "orders").await;
+    for path in [
+        "/api/worker/workflow-tasks/poll",
+        "/api/worker/activity-tasks/poll",
+        "/api/worker/query-tasks/poll",
+    ] {
+        let body = h
+            .wpost(path, json!({"worker_id": "stranger", "task_queue": "orders", "timeout_seconds": 0}))
+            .await
+            .err(412, "worker_not_registered");
+        assert_eq!(body["worker_id"], "stranger");
+        let body = h
+            .wpost(path, json!({"worker_id": "w1", "task_queue": "billing", "timeout_seconds": 0}))
+            .await
+            .err(409, "task_queue_mismatch");
+        assert_eq!(body["registered_task_queue"], "orders");
+        assert_eq!(body["requested_task_queue"], "billing");
+        assert_eq!(body["protocol_version"], "1.20");
+        let body = h.wpost(path, json!({"task_queue": "orders"})).await.err(422, "validation_failed");
+        assert!(body["errors"]["worker_id"].is_array());
+        h.wpost(path, json!({"worker_id": "w1"})).await.err(422, "validation_failed");
+        h.wpost(path, json!({"worker_id": "w1", "task_queue": "orders", "timeout_seconds": "soon"}))
+            .await
+            .err(422, "validation_failed");
+        h.wpost(path, json!({"worker_id": "w1", "task_queue": "orders", "timeout_seconds": -1}))
+            .await
+            .err(422, "validation_failed");
+    }
+    // Build id mismatch between registration and poll.
+    h.wpost(
+        "/api/worker/register",
+        json!({"worker_id": "built", "task_queue": "orders", "runtime": "rust", "build_id": "b1"}),
+    )
+    .await
+    .ok(201);
+    h.poll_workflow_with(json!({"worker_id": "built", "task_queue": "orders", "build_id": "b2", "timeout_seconds": 0}))
+        .await
+        .err(409, "build_id_mismatch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_polls_answer_200_task_null() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    for path in [
+        "/api/worker/workflow-tasks/poll",
+        "/api/worker/activity-tasks/poll",
+        "/api/worker/query-tasks/poll",
+    ] {
+        let began = Instant::now();
+        let resp = h
+            .wpost(
+                path,
+                json!({"worker_id": "w1", "task_queue": "q", "timeout_seconds": 0,
+                                "poll_request_id": unique("probe")}),
+            )
+            .await;
+        assert_eq!(resp.header(PROTOCOL_HEADER).as_deref(), Some("1.20"));
+        let body = resp.ok(200);
+        assert!(body.get("task").is_some_and(Value::is_null), "{path}: {body}");
+        assert_eq!(body["protocol_version"], "1.20");
+        assert!(body["server_capabilities"].is_object());
+        assert!(began.elapsed() < Duration::from_secs(2), "{path}: a 0 s poll answers at once");
+    }
+    // A 1 s poll holds about a second, then answers empty.
+    let began = Instant::now();
+    assert!(h.poll_workflow("w1", "q", 1).await.is_null());
+    let held = began.elapsed();
+    assert!(held >= Duration::from_millis(900) && held < Duration::from_secs(5), "held {held:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_poll_is_woken_by_a_start() {
+    let h = std::sync::Arc::new(Harness::start().await);
+    h.register("w1", "q").await;
+    let poller = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let began = Instant::now();
+            let task = h.poll_workflow("w1", "q", 20).await;
+            (task, began.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the poll start waiting
+    h.start_workflow("woken", "q").await;
+    let (task, waited) = poller.await.unwrap();
+    assert_eq!(task["workflow_id"], "woken");
+    assert!(waited < Duration::from_secs(5), "the start woke the poll ({waited:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_request_id_replay_returns_the_same_lease() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    h.start_workflow("replayed", "q").await;
+    let poll = json!({"worker_id": "w1", "task_queue": "q", "poll_request_id": "wf-poll-abc", "timeout_seconds": 5});
+    let first = h.poll_workflow_with(poll.clone()).await.ok(200)["task"].clone();
+    assert!(first.is_object());
+    let second = h.poll_workflow_with(poll).await.ok(200)["task"].clone();
+    assert_eq!(second["task_id"], first["task_id"]);
+    assert_eq!(second["workflow_task_attempt"], first["workflow_task_attempt"]);
+    assert_eq!(second["lease_owner"], "w1");
+    assert_eq!(second["history_events"], first["history_events"]);
+    // A different poll id finds nothing (one workflow task per run).
+    assert!(h.poll_workflow("w1", "q", 0).await.is_null());
+
+    // The same for activity polls.
+    h.complete_workflow_task(&first, json!([schedule_activity("charge", "q")]))
+        .await
+        .ok(200);
+    let poll = json!({"worker_id": "w1", "task_queue": "q", "poll_request_id": "activity-poll-abc", "timeout_seconds": 5});
+    let first = h.wpost("/api/worker/activity-tasks/poll", poll.clone()).await.ok(200)["task"].clone();
+    let second = h.wpost("/api/worker/activity-tasks/poll", poll).await.ok(200)["task"].clone();
+    assert!(first.is_object());
+    assert_eq!(second["task_id"], first["task_id"]);
+    assert_eq!(second["activity_attempt_id"], first["activity_attempt_id"]);
+    assert_eq!(second["attempt_number"], 1);
+    assert!(h.poll_activity("w1", "q", 0).await.is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_task_poll_returns_null_even_with_work_queued() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    h.start_workflow("q-wf", "q").await;
+    let body = h
+        .wpost(
+            "/api/worker/query-tasks/poll",
+            json!({"worker_id": "w1", "task_queue": "q", "poll_request_id": "rust-query-poll-1", "timeout_seconds": 0}),
+        )
+        .await
+        .ok(200);
+    assert!(body["task"].is_null());
+    // The workflow task is still there for the workflow poller.
+    assert_eq!(h.next_workflow_task("w1", "q").await["workflow_id"], "q-wf");
+}
+
+// ============================================================================================
+// The full workflow task cycle by hand
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_workflow_cycle_by_hand() {
+    let h = Harness::start().await;
+    h.register("w1", "orders").await;
+    let input = "wwHioz3/VYAiNwwCDGhlbGxvAA==";
+    let start = h
+        .start_workflow_with(
+            json!({"workflow_id": "order-42", "workflow_type": "order.process", "task_queue": "orders",
+            "input": env(input), "execution_timeout_seconds": 3600, "run_timeout_seconds": 600,
+            "business_key": "bk-42", "memo": {"note": "hi"}}),
+        )
+        .await
+        .ok(201);
+    assert_eq!(start["outcome"], "started_new");
+    assert_eq!(start["workflow_id"], "order-42");
+    assert_eq!(start["workflow_type"], "order.process");
+    assert_eq!(start["payload_codec"], "avro");
+    assert_eq!(start["control_plane"]["operation"], "start");
+    let run_id = start["run_id"].as_str().expect("run_id").to_string();
+
+    // 1. The first workflow task: StartAccepted, WorkflowStarted.
+    let task = h.next_workflow_task("w1", "orders").await;
+    assert_eq!(task["workflow_id"], "order-42");
+    assert_eq!(task["run_id"], run_id.as_str());
+    assert_eq!(task["workflow_type"], "order.process");
+    assert_eq!(task["workflow_task_attempt"], 1);
+    assert_eq!(task["lease_owner"], "w1");
+    assert_eq!(task["payload_codec"], "avro");
+    assert_eq!(task["arguments"], env(input));
+    assert_eq!(task["total_history_events"], 2);
+    assert!(task["next_history_page_token"].is_null());
+    let events = task["history_events"].as_array().unwrap().clone();
+    assert_eq!(event_types(&events), ["StartAccepted", "WorkflowStarted"]);
+    assert_eq!(events[1]["payload"]["workflow_type"], "order.process");
+    assert_eq!(events[1]["payload"]["workflow_run_id"], run_id.as_str());
+    assert!(events.iter().all(|e| e["recorded_at"].is_string() && e["id"].is_string()));
+    assert_hash_chain(&events);
+    assert_eq!(h.describe("order-42").await["status"], "running");
+
+    // 2. Schedule an activity.
+    let done = h
+        .complete_workflow_task(&task, json!([schedule_activity("charge", "orders")]))
+        .await
+        .ok(200);
+    assert_eq!(done["outcome"], "completed");
+    assert_eq!(done["recorded"], true);
+    assert_eq!(done["retained"], false);
+    assert_eq!(done["run_status"], "waiting");
+    assert_eq!(done["created_task_ids"].as_array().unwrap().len(), 1);
+    assert_eq!(h.describe("order-42").await["status"], "waiting");
+
+    // 3. The activity task.
+    let activity = h.next_activity_task("w1", "orders").await;
+    assert_eq!(activity["task_id"], done["created_task_ids"][0]);
+    assert_eq!(activity["activity_type"], "charge");
+    assert_eq!(activity["attempt_number"], 1);
+    assert_eq!(activity["payload_codec"], "avro");
+    assert_eq!(activity["arguments"], env(EMPTY_ARGS));
+    assert_eq!(activity["workflow_id"], "order-42");
+    assert_eq!(activity["run_id"], run_id.as_str());
+    assert_eq!(activity["lease_owner"], "w1");
+    assert!(activity["activity_attempt_id"].is_string());
+    assert!(activity["activity_execution_id"].is_string());
+    let result = "wwHioz3/VYAiNwIU";
+    let completed = h.complete_activity(&activity, result).await.ok(200);
+    assert_eq!(completed["outcome"], "completed");
+    assert_eq!(completed["recorded"], true);
+    assert!(completed["next_task_id"].is_string());
+
+    // 4. The next workflow task sees the result.
+    let task = h.next_workflow_task("w1", "orders").await;
+    assert_eq!(task["task_id"], completed["next_task_id"]);
+    let events = task["history_events"].as_array().unwrap().clone();
+    assert_eq!(
+        event_types(&events),
+        [
+            "StartAccepted",
+            "WorkflowStarted",
+            "ActivityScheduled",
+            "ActivityStarted",
+            "ActivityCompleted"
+        ]
+    );
+    assert_eq!(events[4]["payload"]["result"], result);
+    assert_eq!(events[4]["payload"]["activity_execution_id"], activity["activity_execution_id"]);
+    assert_hash_chain(&events);
+
+    // 5. Complete the workflow.
+    let output = "wwHioz3/VYAiNwQE";
+    let done = h.complete_workflow_task(&task, json!([complete_workflow(output)])).await.ok(200);
+    assert_eq!(done["run_status"], "completed");
+
+    let described = h.describe("order-42").await;
+    assert_eq!(described["status"], "completed");
+    assert_eq!(described["status_bucket"], "completed");
+    assert_eq!(described["closed_reason"], "completed");
+    assert_eq!(described["is_terminal"], true);
+    assert_eq!(described["output_envelope"], env(output));
+    assert_eq!(described["input_envelope"], env(input));
+    assert_eq!(described["run_id"], run_id.as_str());
+    assert_eq!(described["workflow_type"], "order.process");
+    assert_eq!(described["namespace"], "default");
+    assert_eq!(described["task_queue"], "orders");
+    assert_eq!(described["payload_codec"], "avro");
+    assert_eq!(described["business_key"], "bk-42");
+    assert_eq!(described["memo"], json!({"note": "hi"}));
+    assert!(described["closed_at"].is_string());
+    let by_run = h.cget(&format!("/api/workflows/order-42/runs/{run_id}")).await.ok(200);
+    assert_eq!(by_run["status"], "completed");
+    assert_eq!(by_run["is_current_run"], true);
+
+    let history = h.history("order-42", &run_id).await;
+    assert_eq!(
+        event_types(&history),
+        [
+            "StartAccepted",
+            "WorkflowStarted",
+            "ActivityScheduled",
+            "ActivityStarted",
+            "ActivityCompleted",
+            "WorkflowCompleted"
+        ]
+    );
+    assert_eq!(history[5]["payload"]["output"], output);
+    assert_eq!(history[5]["payload"]["payload_codec"], "avro");
+    assert!(history.iter().all(|e| e["timestamp"].is_string()));
+
+    // No further work anywhere.
+    assert!(h.poll_workflow("w1", "orders", 0).await.is_null());
+    assert!(h.poll_activity("w1", "orders", 0).await.is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_and_history_of_unknown_workflows_and_runs() {
+    let h = Harness::start().await;
+    h.start_workflow("known", "q").await;
+    let body = h.cget("/api/workflows/unknown").await.err(404, "instance_not_found");
+    assert_eq!(body["workflow_id"], "unknown");
+    h.cget("/api/workflows/unknown/runs").await.err(404, "instance_not_found");
+    let body = h.cget("/api/workflows/known/runs/01NOSUCHRUN").await.err(404, "run_not_found");
+    assert_eq!(body["run_id"], "01NOSUCHRUN");
+    h.cget("/api/workflows/known/runs/01NOSUCHRUN/history")
+        .await
+        .err(404, "run_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_workflow_is_described_with_its_failure() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("failing", "w1", "q").await;
+    h.complete_workflow_task(
+        &task,
+        json!([{"type": "fail_workflow", "message": "boom", "exception_type": "ValueError",
+                "exception_class": "builtins.ValueError", "non_retryable": true}]),
+    )
+    .await
+    .ok(200);
+    let described = h.describe("failing").await;
+    assert_eq!(described["status"], "failed");
+    assert_eq!(described["closed_reason"], "failed");
+    assert_eq!(described["failure"]["message"], "boom");
+    assert_eq!(described["failure"]["exception_type"], "ValueError");
+    let history = h.history("failing", start["run_id"].as_str().unwrap()).await;
+    let last = history.last().unwrap();
+    assert_eq!(last["event_type"], "WorkflowFailed");
+    assert_eq!(last["payload"]["message"], "boom");
+    assert_eq!(last["payload"]["exception_class"], "builtins.ValueError");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_history_pages_with_page_size_1() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("paged", "w1", "q").await;
+    h.complete_workflow_task(
+        &task,
+        json!([{"type": "record_side_effect", "result": env(AVRO_NULL)}, complete_workflow(AVRO_NULL)]),
+    )
+    .await
+    .ok(200);
+    let run_id = start["run_id"].as_str().unwrap();
+    let full = h.history("paged", run_id).await;
+    assert_eq!(
+        event_types(&full),
+        ["StartAccepted", "WorkflowStarted", "SideEffectRecorded", "WorkflowCompleted"]
+    );
+
+    let mut paged = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut path = format!("/api/workflows/paged/runs/{run_id}/history?page_size=1");
+        if let Some(token) = &token {
+            path.push_str(&format!("&next_page_token={}", urlencode(token)));
+        }
+        let page = h.cget(&path).await.ok(200);
+        assert_eq!(page["workflow_id"], "paged");
+        assert_eq!(page["run_id"], run_id);
+        let events = page["events"].as_array().unwrap();
+        assert_eq!(events.len(), 1, "page_size=1 pages hold one event: {page}");
+        paged.extend(events.iter().cloned());
+        match page["next_page_token"].as_str() {
+            Some(next) => {
+                assert_ne!(Some(next.to_string()), token, "a page token never repeats");
+                token = Some(next.to_string());
+            }
+            None => break,
+        }
+        assert!(paged.len() <= full.len(), "paging does not terminate");
+    }
+    assert_eq!(paged, full);
+    assert_hash_chain(&paged);
+
+    let base = format!("/api/workflows/paged/runs/{run_id}/history");
+    h.cget(&format!("{base}?next_page_token=%21%21%21"))
+        .await
+        .err(400, "invalid_page_token");
+    for bad in ["0", "1001", "abc", "-1"] {
+        let body = h.cget(&format!("{base}?page_size={bad}")).await.err(422, "validation_failed");
+        assert!(body["errors"]["page_size"].is_array());
+    }
+    // wait_new_event on a closed run answers at once.
+    let began = Instant::now();
+    let page = h
+        .cget(&format!("{base}?wait_new_event=true&next_page_token={}", urlencode("NA==")))
+        .await
+        .ok(200);
+    assert!(page["events"].as_array().unwrap().is_empty());
+    assert!(began.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_plane_history_paging() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    let start = h.start_workflow("paged-worker", "q").await;
+    for n in 0..3 {
+        h.cpost(
+            &format!("/api/workflows/paged-worker/signal/s{n}"),
+            json!({"input": env(EMPTY_ARGS)}),
+        )
+        .await
+        .ok(202);
+    }
+    let task = h
+        .poll_workflow_with(json!({"worker_id": "w1", "task_queue": "q", "timeout_seconds": 5, "history_page_size": 2}))
+        .await
+        .ok(200)["task"]
+        .clone();
+    assert_eq!(task["total_history_events"], 5);
+    let first = task["history_events"].as_array().unwrap().clone();
+    assert_eq!(first.len(), 2);
+    let mut all = first;
+    let mut token = task["next_history_page_token"].as_str().expect("more pages").to_string();
+    let task_id = task["task_id"].as_str().unwrap();
+    let path = format!("/api/worker/workflow-tasks/{task_id}/history");
+    loop {
+        let page = h
+            .wpost(
+                &path,
+                json!({"lease_owner": "w1", "workflow_task_attempt": task["workflow_task_attempt"],
+                                 "next_history_page_token": token, "history_page_size": 2}),
+            )
+            .await
+            .ok(200);
+        assert_eq!(page["task_id"], task_id);
+        assert_eq!(page["total_history_events"], 5);
+        all.extend(page["history_events"].as_array().unwrap().iter().cloned());
+        match page["next_history_page_token"].as_str() {
+            Some(next) if !next.is_empty() => {
+                assert_ne!(next, token);
+                token = next.to_string();
+            }
+            _ => break,
+        }
+        assert!(all.len() <= 5);
+    }
+    assert_eq!(
+        event_types(&all),
+        [
+            "StartAccepted",
+            "WorkflowStarted",
+            "SignalReceived",
+            "SignalReceived",
+            "SignalReceived"
+        ]
+    );
+    assert_hash_chain(&all);
+    // "MA==" (base64 "0") asks for a cold replay from the start.
+    let cold = h
+        .wpost(
+            &path,
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1, "next_history_page_token": "MA=="}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(cold["history_events"].as_array().unwrap().len(), 5);
+    assert!(cold["next_history_page_token"].is_null());
+    // The control plane shows the same events.
+    let control = h.history("paged-worker", start["run_id"].as_str().unwrap()).await;
+    let hashes = |events: &[Value]| events.iter().map(|e| e["hash"].clone()).collect::<Vec<_>>();
+    assert_eq!(hashes(&control), hashes(&all));
+
+    // Errors.
+    h.wpost(
+        &path,
+        json!({"lease_owner": "w1", "workflow_task_attempt": 1, "next_history_page_token": "!!"}),
+    )
+    .await
+    .err(400, "invalid_page_token");
+    h.wpost(
+        &path,
+        json!({"lease_owner": "w1", "workflow_task_attempt": 1, "next_history_page_token": "OTk5"}),
+    )
+    .await
+    .err(400, "invalid_page_token");
+    h.wpost(&path, json!({"lease_owner": "w1", "workflow_task_attempt": 1}))
+        .await
+        .err(422, "validation_failed");
+    let body = h
+        .wpost(
+            &path,
+            json!({"lease_owner": "w2", "workflow_task_attempt": 1, "next_history_page_token": "MA=="}),
+        )
+        .await
+        .err(409, "lease_owner_mismatch");
+    assert_eq!(body["lease_owner"], "w1");
+    h.wpost(
+        &path,
+        json!({"lease_owner": "w1", "workflow_task_attempt": 2, "next_history_page_token": "MA=="}),
+    )
+    .await
+    .err(409, "workflow_task_attempt_mismatch");
+    h.wpost(
+        "/api/worker/workflow-tasks/01NOSUCHTASK/history",
+        json!({"lease_owner": "w1", "workflow_task_attempt": 1, "next_history_page_token": "MA=="}),
+    )
+    .await
+    .err(404, "task_not_found");
+}
+
+// ============================================================================================
+// Fencing
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workflow_task_fencing() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("fenced", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let task_id = task["task_id"].as_str().unwrap();
+    let complete = format!("/api/worker/workflow-tasks/{task_id}/complete");
+    let commands = json!([{"type": "start_timer", "delay_seconds": 3600}]);
+
+    let body = h
+        .wpost(
+            &complete,
+            json!({"lease_owner": "intruder", "workflow_task_attempt": 1, "commands": commands}),
+        )
+        .await
+        .err(409, "lease_owner_mismatch");
+    assert_eq!(body["lease_owner"], "w1");
+    assert_eq!(body["task_id"], task_id);
+    assert_eq!(body["recorded"], false);
+    assert_eq!(body["protocol_version"], "1.20");
+    let body = h
+        .wpost(
+            &complete,
+            json!({"lease_owner": "w1", "workflow_task_attempt": 2, "commands": commands}),
+        )
+        .await
+        .err(409, "workflow_task_attempt_mismatch");
+    assert_eq!(body["current_attempt"], 1);
+    let body = h
+        .wpost(
+            "/api/worker/workflow-tasks/01NOSUCHTASK/complete",
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1, "commands": commands}),
+        )
+        .await
+        .err(404, "task_not_found");
+    assert_eq!(body["task_id"], "01NOSUCHTASK");
+    // Refusals changed nothing.
+    assert_eq!(h.history("fenced", run_id).await.len(), 2);
+
+    // Workflow task heartbeat.
+    let beat = h
+        .wpost(
+            &format!("/api/worker/workflow-tasks/{task_id}/heartbeat"),
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(beat["renewed"], true);
+    assert_eq!(beat["lease_owner"], "w1");
+    assert_eq!(beat["task_id"], task_id);
+    assert_eq!(beat["workflow_task_attempt"], 1);
+    h.wpost(
+        &format!("/api/worker/workflow-tasks/{task_id}/heartbeat"),
+        json!({"lease_owner": "intruder", "workflow_task_attempt": 1}),
+    )
+    .await
+    .err(409, "lease_owner_mismatch");
+
+    // The real completion, then an identical retry.
+    let first = h
+        .wpost(
+            &complete,
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1, "commands": commands}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(first["retained"], false);
+    let retry = h
+        .wpost(
+            &complete,
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1, "commands": commands}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(retry["retained"], true);
+    assert_eq!(retry["outcome"], "completed");
+    assert_eq!(retry["created_task_ids"], first["created_task_ids"]);
+    let history = h.history("fenced", run_id).await;
+    assert_eq!(count_events(&history, "TimerScheduled"), 1, "the retry recorded nothing");
+    assert_eq!(history.len(), 3);
+
+    // Other reports on the finished task.
+    h.wpost(
+        &format!("/api/worker/workflow-tasks/{task_id}/fail"),
+        json!({"lease_owner": "w1", "workflow_task_attempt": 1, "failure": {"message": "late"}}),
+    )
+    .await
+    .err(409, "task_not_leased");
+    h.wpost(
+        &format!("/api/worker/workflow-tasks/{task_id}/heartbeat"),
+        json!({"lease_owner": "w1", "workflow_task_attempt": 1}),
+    )
+    .await
+    .err(409, "task_not_leased");
+    h.wpost(
+        &complete,
+        json!({"lease_owner": "w1", "workflow_task_attempt": 2, "commands": commands}),
+    )
+    .await
+    .err(409, "task_not_leased");
+    h.wpost(
+        &complete,
+        json!({"lease_owner": "intruder", "workflow_task_attempt": 1, "commands": commands}),
+    )
+    .await
+    .err(409, "task_not_leased");
+    assert_eq!(h.history("fenced", run_id).await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activity_task_fencing_and_duplicate_completion() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("act-fenced", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    h.complete_workflow_task(&task, json!([schedule_activity("charge", "q")]))
+        .await
+        .ok(200);
+    let activity = h.next_activity_task("w1", "q").await;
+    let task_id = activity["task_id"].as_str().unwrap();
+    let attempt_id = activity["activity_attempt_id"].as_str().unwrap();
+    let complete = format!("/api/worker/activity-tasks/{task_id}/complete");
+
+    let body = h
+        .wpost(
+            &complete,
+            json!({"activity_attempt_id": "01NOSUCHATTEMPT", "lease_owner": "w1", "result": env(AVRO_NULL)}),
+        )
+        .await
+        .err(404, "attempt_not_found");
+    assert_eq!(body["task_id"], task_id);
+    assert_eq!(body["activity_attempt_id"], "01NOSUCHATTEMPT");
+    let body = h
+        .wpost(
+            &complete,
+            json!({"activity_attempt_id": attempt_id, "lease_owner": "intruder", "result": env(AVRO_NULL)}),
+        )
+        .await
+        .err(409, "lease_owner_mismatch");
+    assert_eq!(body["lease_owner"], "w1");
+    h.wpost(
+        "/api/worker/activity-tasks/01NOSUCHTASK/complete",
+        json!({"activity_attempt_id": attempt_id, "lease_owner": "w1", "result": env(AVRO_NULL)}),
+    )
+    .await
+    .err(404, "task_not_found");
+    let body = h
+        .wpost(&complete, json!({"lease_owner": "w1", "result": env(AVRO_NULL)}))
+        .await
+        .err(422, "validation_failed");
+    assert!(body["errors"]["activity_attempt_id"].is_array());
+    h.wpost(&complete, json!({"activity_attempt_id": attempt_id, "result": env(AVRO_NULL)}))
+        .await
+        .err(422, "validation_failed");
+    h.wpost(
+        &complete,
+        json!({"activity_attempt_id": attempt_id, "lease_owner": "w1", "result": {"codec": "json", "blob": "1"}}),
+    )
+    .await
+    .err(422, "unsupported_payload_codec");
+
+    // Heartbeats while running.
+    let beat = h.heartbeat_activity(&activity).await.ok(200);
+    assert_eq!(beat["cancel_requested"], false);
+    assert_eq!(beat["can_continue"], true);
+    assert_eq!(beat["heartbeat_recorded"], true);
+    assert!(beat["reason"].is_null());
+    assert!(beat["lease_expires_at"].is_string());
+    h.wpost(
+        &format!("/api/worker/activity-tasks/{task_id}/heartbeat"),
+        json!({"activity_attempt_id": "01NOSUCHATTEMPT", "lease_owner": "w1"}),
+    )
+    .await
+    .err(404, "attempt_not_found");
+
+    // Complete, then the same report again.
+    let first = h.complete_activity(&activity, AVRO_NULL).await.ok(200);
+    assert_eq!(first["retained"], false);
+    let again = h.complete_activity(&activity, AVRO_NULL).await.ok(200);
+    assert_eq!(again["retained"], true);
+    assert_eq!(again["next_task_id"], first["next_task_id"]);
+    let history = h.history("act-fenced", run_id).await;
+    assert_eq!(count_events(&history, "ActivityCompleted"), 1);
+
+    // A different report on the closed attempt is refused without effect.
+    let body = h.fail_activity(&activity, "too late").await;
+    body.err_one_of(409, &["attempt_closed", "activity_not_running", "task_not_leased"]);
+    let history = h.history("act-fenced", run_id).await;
+    assert_eq!(count_events(&history, "ActivityCompleted"), 1);
+    assert_eq!(count_events(&history, "ActivityFailed"), 0);
+    // Exactly one workflow task for the result.
+    let next = h.next_workflow_task("w1", "q").await;
+    assert_eq!(next["task_id"], first["next_task_id"]);
+    assert!(h.poll_workflow("w1", "q", 0).await.is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_workflow_lease_is_redelivered_with_a_higher_attempt() {
+    let h = Harness::with_config(
+        ServerConfig {
+            workflow_task_lease_ms: 300,
+            ..ServerConfig::default()
+        },
+        None,
+    )
+    .await;
+    let (start, task) = h.started_and_leased("expiring", "slow", "q").await;
+    h.register("fast", "q").await;
+    assert_eq!(task["workflow_task_attempt"], 1);
+    let run_id = start["run_id"].as_str().unwrap();
+
+    // The background clock takes the expired lease back without any poll.
+    wait_for("the expired lease to be recovered", Duration::from_secs(10), || async {
+        let described = h.describe("expiring").await;
+        let open = described["open_tasks"].as_array().cloned().unwrap_or_default();
+        open.iter()
+            .any(|t| t["task_id"] == task["task_id"] && t["status"] == "ready")
+            .then_some(())
+    })
+    .await;
+    let commands = json!([complete_workflow(AVRO_NULL)]);
+    h.complete_workflow_task(&task, commands.clone())
+        .await
+        .err_one_of(409, &["lease_expired", "task_not_leased"]);
+
+    // Redelivery to another worker with attempt 2.
+    let again = h.next_workflow_task("fast", "q").await;
+    assert_eq!(again["task_id"], task["task_id"]);
+    assert_eq!(again["workflow_task_attempt"], 2);
+    assert_eq!(again["lease_owner"], "fast");
+    // The old holder is fenced out.
+    h.complete_workflow_task(&task, commands.clone())
+        .await
+        .err_one_of(409, &["lease_owner_mismatch", "lease_expired", "task_not_leased"]);
+    assert_eq!(h.history("expiring", run_id).await.len(), 2, "no history from refused reports");
+
+    // The new holder completes (retrying with a fresh lease if a slow machine let 300 ms pass).
+    let mut current = again;
+    let mut attempts = vec![2u64];
+    loop {
+        let resp = h.complete_workflow_task(&current, commands.clone()).await;
+        if resp.status.as_u16() == 200 {
+            break;
+        }
+        resp.err_one_of(409, &["lease_expired", "task_not_leased"]);
+        assert!(attempts.len() < 5, "could not complete within a 300 ms lease five times");
+        current = h.next_workflow_task("fast", "q").await;
+        let attempt = current["workflow_task_attempt"].as_u64().unwrap();
+        assert!(attempt > *attempts.last().unwrap());
+        attempts.push(attempt);
+    }
+    assert_eq!(h.describe("expiring").await["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_workflow_task_is_offered_again() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("retry-task", "w1", "q").await;
+    let task_id = task["task_id"].as_str().unwrap();
+    let fail = format!("/api/worker/workflow-tasks/{task_id}/fail");
+    h.wpost(&fail, json!({"workflow_task_attempt": 1, "failure": {"message": "x"}}))
+        .await
+        .err(422, "validation_failed");
+    h.wpost(&fail, json!({"lease_owner": "w1", "failure": {"message": "x"}}))
+        .await
+        .err(422, "validation_failed");
+    let failed = h
+        .wpost(
+            &fail,
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1,
+                             "failure": {"message": "replay blew up", "type": "NondeterminismError"}}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(failed["outcome"], "failed");
+    assert_eq!(failed["recorded"], true);
+    let again = h.next_workflow_task("w1", "q").await;
+    assert_eq!(again["task_id"], task_id);
+    assert_eq!(again["workflow_task_attempt"], 2);
+    // The benign "waiting for history" failure closes the task without a retry or an event.
+    let again_id = again["task_id"].as_str().unwrap();
+    h.wpost(
+        &format!("/api/worker/workflow-tasks/{again_id}/fail"),
+        json!({"lease_owner": "w1", "workflow_task_attempt": 2,
+               "failure": {"message": "Workflow task waiting for scheduled history.", "type": "WorkflowTaskWaitingForHistory"}}),
+    )
+    .await
+    .ok(200);
+    assert!(h.poll_workflow("w1", "q", 0).await.is_null());
+    assert_eq!(h.history("retry-task", start["run_id"].as_str().unwrap()).await.len(), 2);
+}
+
+// ============================================================================================
+// Bad input
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_non_object_json_is_400() {
+    let h = Harness::start().await;
+    for raw in ["{not json", "{\"workflow_type\": ", "[1, 2]", "\"text\"", "42", "null", "true"] {
+        send(
+            h.client(Method::POST, "/api/workflows")
+                .header("Content-Type", "application/json")
+                .body(raw),
+        )
+        .await
+        .err(400, "invalid_json");
+        let body = send(
+            h.worker(Method::POST, "/api/worker/register")
+                .header("Content-Type", "application/json")
+                .body(raw),
+        )
+        .await
+        .err(400, "invalid_json");
+        assert_eq!(body["protocol_version"], "1.20");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_validation() {
+    let h = Harness::start().await;
+    let body = h.start_workflow_with(json!({})).await.err(422, "validation_failed");
+    assert!(body["errors"]["workflow_type"].is_array());
+    assert!(body["validation_errors"]["workflow_type"].is_array());
+    let bad_bodies = [
+        ("workflow_type", json!({"workflow_type": 5})),
+        ("workflow_type", json!({"workflow_type": ""})),
+        ("workflow_id", json!({"workflow_type": "t", "workflow_id": "has space"})),
+        ("workflow_id", json!({"workflow_type": "t", "workflow_id": "a/b"})),
+        ("workflow_id", json!({"workflow_type": "t", "workflow_id": "x".repeat(129)})),
+        ("workflow_id", json!({"workflow_type": "t", "workflow_id": 12})),
+        ("task_queue", json!({"workflow_type": "t", "task_queue": ["q"]})),
+        ("memo", json!({"workflow_type": "t", "memo": "note"})),
+        (
+            "execution_timeout_seconds",
+            json!({"workflow_type": "t", "execution_timeout_seconds": 0}),
+        ),
+        (
+            "execution_timeout_seconds",
+            json!({"workflow_type": "t", "execution_timeout_seconds": "soon"}),
+        ),
+        (
+            "run_timeout_seconds",
+            json!({"workflow_type": "t", "execution_timeout_seconds": 10, "run_timeout_seconds": 20}),
+        ),
+        (
+            "duplicate_policy",
+            json!({"workflow_type": "t", "duplicate_policy": "use_existing"}),
+        ),
+        ("input", json!({"workflow_type": "t", "input": 5})),
+        ("input", json!({"workflow_type": "t", "input": {"codec": "avro"}})),
+        ("request_id", json!({"workflow_type": "t", "request_id": "r-1"})),
+        ("retry_policy", json!({"workflow_type": "t", "retry_policy": {"max_attempts": 3}})),
+        ("idempotency_key", json!({"workflow_type": "t", "idempotency_key": "k"})),
+        (
+            "workflow_execution_timeout",
+            json!({"workflow_type": "t", "workflow_execution_timeout": 10}),
+        ),
+        ("workflow_run_timeout", json!({"workflow_type": "t", "workflow_run_timeout": 10})),
+        ("workflow_task_timeout", json!({"workflow_type": "t", "workflow_task_timeout": 10})),
+    ];
+    for (field, bad) in bad_bodies {
+        let body = h.start_workflow_with(bad.clone()).await.err(422, "validation_failed");
+        assert!(body["errors"][field].is_array(), "{bad} should name {field}: {body}");
+    }
+    h.start_workflow_with(json!({"workflow_type": "t", "input": {"codec": "json", "blob": "W10="}}))
+        .await
+        .err(422, "unsupported_payload_codec");
+    // Nothing was started by any of them.
+    let list = h.cget("/api/workflows").await.ok(200);
+    assert_eq!(list["workflows"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_are_413() {
+    let h = Harness::start().await;
+    // A body over the 8 MiB request cap.
+    let huge = format!("{{\"workflow_type\":\"t\",\"pad\":\"{}\"}}", "a".repeat(8 * 1024 * 1024 + 16));
+    send(
+        h.client(Method::POST, "/api/workflows")
+            .header("Content-Type", "application/json")
+            .body(huge),
+    )
+    .await
+    .err(413, "payload_too_large");
+    // A payload blob over the 2 MiB payload limit inside a body under the cap.
+    let blob = "A".repeat(2 * 1024 * 1024 + 4);
+    h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": "big", "input": env(&blob)}))
+        .await
+        .err(413, "payload_too_large");
+    h.cget("/api/workflows/big").await.err(404, "instance_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_command_validation() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("cmds", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let task_id = task["task_id"].as_str().unwrap();
+    let path = format!("/api/worker/workflow-tasks/{task_id}/complete");
+    let post = |commands: Value| {
+        let path = path.clone();
+        let h = &h;
+        async move {
+            h.wpost(
+                &path,
+                json!({"lease_owner": "w1", "workflow_task_attempt": 1, "commands": commands}),
+            )
+            .await
+        }
+    };
+
+    // 422: structurally invalid.
+    for (field, commands) in [
+        ("commands", json!([])),
+        ("commands", json!(null)),
+        ("commands", json!({"type": "complete_workflow"})),
+        ("commands.0", json!(["complete_workflow"])),
+        ("commands.0.type", json!([{"activity_type": "a"}])),
+        ("commands.0.activity_type", json!([{"type": "schedule_activity"}])),
+        ("commands.0.delay_seconds", json!([{"type": "start_timer"}])),
+        ("commands.0.delay_seconds", json!([{"type": "start_timer", "delay_seconds": -1}])),
+        (
+            "commands.0.delay_seconds",
+            json!([{"type": "start_timer", "delay_seconds": "soon"}]),
+        ),
+        (
+            "commands.0.retry_policy",
+            json!([{"type": "start_timer", "delay_seconds": 1, "retry_policy": {}}]),
+        ),
+        (
+            "commands.0.start_to_close_timeout",
+            json!([{"type": "start_timer", "delay_seconds": 1, "start_to_close_timeout": 5}]),
+        ),
+        (
+            "commands.0.non_retryable",
+            json!([{"type": "complete_workflow", "non_retryable": true}]),
+        ),
+        (
+            "commands.0",
+            json!([{"type": "schedule_activity", "activity_type": "a", "heartbeat_timeout": 10, "start_to_close_timeout": 5}]),
+        ),
+        ("commands.0.message", json!([{"type": "fail_workflow"}])),
+    ] {
+        let body = post(commands.clone()).await.err(422, "validation_failed");
+        assert!(body["errors"][field].is_array(), "{commands} should name {field}: {body}");
+    }
+    let body = post(json!([{"type": "complete_workflow", "result": {"codec": "json", "blob": "bnVsbA=="}}]))
+        .await
+        .err(422, "unsupported_payload_codec");
+    assert_eq!(body["task_id"], task_id);
+    h.wpost(
+        &path,
+        json!({"workflow_task_attempt": 1, "commands": [complete_workflow(AVRO_NULL)]}),
+    )
+    .await
+    .err(422, "validation_failed");
+    h.wpost(
+        &path,
+        json!({"lease_owner": "w1", "workflow_task_attempt": "first", "commands": [complete_workflow(AVRO_NULL)]}),
+    )
+    .await
+    .err(422, "validation_failed");
+    h.wpost(
+        &path,
+        json!({"lease_owner": "w1", "workflow_task_attempt": 0, "commands": [complete_workflow(AVRO_NULL)]}),
+    )
+    .await
+    .err(422, "validation_failed");
+
+    // 409 invalid_commands: semantically invalid.
+    for commands in [
+        json!([{"type": "teleport"}]),
+        json!([{"type": "continue_as_new"}]),
+        json!([complete_workflow(AVRO_NULL), complete_workflow(AVRO_NULL)]),
+        json!([complete_workflow(AVRO_NULL), {"type": "fail_workflow", "message": "x"}]),
+        json!([complete_workflow(AVRO_NULL), {"type": "start_timer", "delay_seconds": 1}]),
+        json!([{"type": "record_version_marker", "change_id": "c", "version": 5, "min_supported": 1, "max_supported": 2}]),
+    ] {
+        let body = post(commands.clone()).await.err(409, "invalid_commands");
+        assert_eq!(body["recorded"], false, "{commands}: {body}");
+    }
+    // The lease survived every refusal and nothing was recorded.
+    assert_eq!(h.history("cmds", run_id).await.len(), 2);
+    post(json!([complete_workflow(AVRO_NULL)])).await.ok(200);
+    assert_eq!(h.describe("cmds").await["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_validation() {
+    let h = Harness::start().await;
+    for query in [
+        "status=bogus",
+        "status=cancelled",
+        "page_size=0",
+        "page_size=201",
+        "page_size=ten",
+        "page_size=-3",
+    ] {
+        let body = h.cget(&format!("/api/workflows?{query}")).await.err(422, "validation_failed");
+        assert!(body["errors"].is_object(), "{query}: {body}");
+    }
+    h.cget("/api/workflows?next_page_token=%21%21").await.err(400, "invalid_page_token");
+    h.cget("/api/workflows?page_size=200").await.ok(200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_routes_are_404_and_wrong_methods_405() {
+    let h = Harness::start().await;
+    send(h.bare(Method::GET, "/api/nope")).await.err(404, "not_found");
+    send(h.bare(Method::GET, "/nope")).await.err(404, "not_found");
+    send(h.bare(Method::GET, "/")).await.err(404, "not_found");
+    send(h.client(Method::GET, "/api/workflows/a/b/c/d/e")).await.err(404, "not_found");
+    send(h.worker(Method::POST, "/api/worker/nope").json(&json!({})))
+        .await
+        .err(404, "not_found");
+    send(h.client(Method::GET, "/api/schedules")).await.err(404, "not_found");
+
+    send(h.worker(Method::GET, "/api/worker/register"))
+        .await
+        .err(405, "method_not_allowed");
+    send(h.worker(Method::PUT, "/api/worker/workflow-tasks/poll"))
+        .await
+        .err(405, "method_not_allowed");
+    send(h.client(Method::DELETE, "/api/workflows"))
+        .await
+        .err(405, "method_not_allowed");
+    send(h.client(Method::POST, "/api/workflows/x").json(&json!({})))
+        .await
+        .err(405, "method_not_allowed");
+    send(h.client(Method::GET, "/api/workflows/x/cancel"))
+        .await
+        .err(405, "method_not_allowed");
+    send(h.bare(Method::POST, "/api/health")).await.err(405, "method_not_allowed");
+    send(h.bare(Method::POST, "/api/cluster/info")).await.err(405, "method_not_allowed");
+}
+
+// ============================================================================================
+// Start, list, runs
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_duplicate_policies() {
+    let h = Harness::start().await;
+    let first = h.start_workflow("dup", "q").await;
+    assert_eq!(first["outcome"], "started_new");
+    assert_eq!(first["status"], "pending");
+    assert_eq!(first["namespace"], "default");
+    let run_id = first["run_id"].clone();
+
+    let body = h
+        .start_workflow_with(json!({"workflow_id": "dup", "workflow_type": "test.workflow", "task_queue": "q"}))
+        .await
+        .err(409, "instance_already_started");
+    assert_eq!(body["control_plane"]["operation"], "start");
+    h.start_workflow_with(json!({"workflow_id": "dup", "workflow_type": "test.workflow", "duplicate_policy": "fail"}))
+        .await
+        .err(409, "instance_already_started");
+    let existing = h
+        .start_workflow_with(json!({"workflow_id": "dup", "workflow_type": "test.workflow", "task_queue": "q",
+                                    "duplicate_policy": "use-existing", "input": env(AVRO_NULL)}))
+        .await
+        .ok(200);
+    assert_eq!(existing["outcome"], "returned_existing_active");
+    assert_eq!(existing["run_id"], run_id);
+    assert_eq!(existing["workflow_id"], "dup");
+    assert_eq!(existing["workflow_type"], "test.workflow");
+    // use-existing did not touch the run's input.
+    assert_eq!(h.describe("dup").await["input_envelope"], env(EMPTY_ARGS));
+
+    // Once closed, both policies refuse.
+    h.cpost("/api/workflows/dup/terminate", json!({"reason": "done"})).await.ok(200);
+    h.start_workflow_with(json!({"workflow_id": "dup", "workflow_type": "test.workflow", "duplicate_policy": "use-existing"}))
+        .await
+        .err(409, "instance_already_started");
+    h.start_workflow_with(json!({"workflow_id": "dup", "workflow_type": "test.workflow"}))
+        .await
+        .err(409, "instance_already_started");
+    let runs = h.cget("/api/workflows/dup/runs").await.ok(200);
+    assert_eq!(runs["run_count"], 1);
+
+    // Defaults: a generated id, the default queue, an empty argument list as input.
+    let generated = h.start_workflow_with(json!({"workflow_type": "test.workflow"})).await.ok(201);
+    let id = generated["workflow_id"].as_str().expect("generated workflow id");
+    let described = h.describe(id).await;
+    assert_eq!(described["task_queue"], "default");
+    assert_eq!(described["input_envelope"], env(EMPTY_ARGS));
+    // Bare-string input is taken as an Avro blob.
+    let bare = h
+        .start_workflow_with(json!({"workflow_type": "test.workflow", "workflow_id": "bare-input", "input": AVRO_NULL}))
+        .await
+        .ok(201);
+    assert_eq!(bare["payload_codec"], "avro");
+    assert_eq!(h.describe("bare-input").await["input_envelope"], env(AVRO_NULL));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_filters_and_pages() {
+    let h = Harness::start().await;
+    for id in ["list-a", "list-b", "list-c"] {
+        h.start_workflow(id, "q").await;
+    }
+    h.start_workflow_with(json!({"workflow_id": "other-d", "workflow_type": "other.type", "business_key": "needle"}))
+        .await
+        .ok(201);
+    h.cpost("/api/workflows/list-b/terminate", json!({})).await.ok(200);
+
+    let all = h.cget("/api/workflows").await.ok(200);
+    assert_eq!(all["workflow_count"], 4);
+    assert!(all["next_page_token"].is_null());
+    let row = all["workflows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["workflow_id"] == "list-a")
+        .unwrap()
+        .clone();
+    for key in [
+        "run_id",
+        "workflow_type",
+        "status",
+        "status_bucket",
+        "task_queue",
+        "started_at",
+        "namespace",
+        "payload_codec",
+    ] {
+        assert!(!row[key].is_null(), "list row lacks {key}: {row}");
+    }
+    assert_eq!(row["is_terminal"], false);
+
+    let ids = |page: &Value| -> Vec<String> {
+        page["workflows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["workflow_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let running = h.cget("/api/workflows?status=running").await.ok(200);
+    let mut running_ids = ids(&running);
+    running_ids.sort();
+    assert_eq!(running_ids, ["list-a", "list-c", "other-d"]);
+    let failed = h.cget("/api/workflows?status=failed").await.ok(200);
+    assert_eq!(ids(&failed), ["list-b"], "terminated counts in the failed bucket");
+    assert_eq!(failed["workflows"][0]["status"], "terminated");
+    assert_eq!(ids(&h.cget("/api/workflows?status=completed").await.ok(200)), Vec::<String>::new());
+    assert_eq!(ids(&h.cget("/api/workflows?workflow_type=other.type").await.ok(200)), ["other-d"]);
+    assert_eq!(ids(&h.cget("/api/workflows?query=needle").await.ok(200)), ["other-d"]);
+    let mut matched = ids(&h.cget("/api/workflows?query=list-").await.ok(200));
+    matched.sort();
+    assert_eq!(matched, ["list-a", "list-b", "list-c"]);
+
+    // Paging.
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut path = "/api/workflows?page_size=3".to_string();
+        if let Some(token) = &token {
+            path.push_str(&format!("&next_page_token={}", urlencode(token)));
+        }
+        let page = h.cget(&path).await.ok(200);
+        pages += 1;
+        seen.extend(ids(&page));
+        match page["next_page_token"].as_str() {
+            Some(next) => token = Some(next.to_string()),
+            None => break,
+        }
+        assert!(pages < 10);
+    }
+    assert_eq!(pages, 2);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 4, "pages neither repeat nor skip: {seen:?}");
+    // Newest first.
+    let started: Vec<String> = all["workflows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["started_at"].as_str().unwrap().to_string())
+        .collect();
+    assert!(started.windows(2).all(|w| w[0] >= w[1]), "not newest first: {started:?}");
+
+    let runs = h.cget("/api/workflows/list-a/runs").await.ok(200);
+    assert_eq!(runs["workflow_id"], "list-a");
+    assert_eq!(runs["run_count"], 1);
+    assert_eq!(runs["runs"][0]["run_number"], 1);
+    assert_eq!(runs["runs"][0]["run_id"], row["run_id"]);
+    assert_eq!(runs["runs"][0]["workflow_type"], "test.workflow");
+}
+
+// ============================================================================================
+// Signals
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_plain_and_run_targeted_with_encoded_ids() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    let start = h.start_workflow("order:42", "q").await;
+    let run_id = start["run_id"].as_str().unwrap().to_string();
+
+    // Python percent-encodes every path segment of the signal route.
+    let plain = format!("/api/workflows/{}/signal/{}", urlencode("order:42"), urlencode("my signal"));
+    assert!(plain.contains("order%3A42") && plain.contains("my%20signal"));
+    let receipt = h.cpost(&plain, json!({"input": env(EMPTY_ARGS)})).await.ok(202);
+    assert_eq!(receipt["workflow_id"], "order:42");
+    assert_eq!(receipt["run_id"], run_id.as_str());
+    assert_eq!(receipt["signal_name"], "my signal");
+    assert_eq!(receipt["outcome"], "signal_received");
+    assert_eq!(receipt["command_status"], "accepted");
+    assert!(receipt["command_id"].is_string());
+    assert_eq!(receipt["control_plane"]["operation"], "signal");
+
+    let targeted = format!(
+        "/api/workflows/{}/runs/{}/signal/{}",
+        urlencode("order:42"),
+        urlencode(&run_id),
+        urlencode("approve")
+    );
+    let receipt = h
+        .cpost(&targeted, json!({"input": env(AVRO_NULL), "request_id": "sdk-python-signal-1"}))
+        .await
+        .ok(202);
+    assert_eq!(receipt["run_id"], run_id.as_str());
+    assert_eq!(receipt["signal_name"], "approve");
+    assert_eq!(receipt["request_id"], "sdk-python-signal-1");
+    // Without input (Python omits it for no arguments).
+    h.cpost("/api/workflows/order:42/signal/bare", json!({})).await.ok(202);
+    send(h.client(Method::POST, "/api/workflows/order:42/signal/no-body")).await.ok(202);
+
+    let history = h.history("order:42", &run_id).await;
+    let signals: Vec<&Value> = history.iter().filter(|e| e["event_type"] == "SignalReceived").collect();
+    assert_eq!(signals.len(), 4);
+    assert_eq!(signals[0]["payload"]["signal_name"], "my signal");
+    assert_eq!(signals[0]["payload"]["arguments"], env(EMPTY_ARGS));
+    assert_eq!(signals[0]["payload"]["workflow_instance_id"], "order:42");
+    assert_eq!(signals[1]["payload"]["signal_name"], "approve");
+    assert_eq!(signals[1]["payload"]["arguments"], env(AVRO_NULL));
+    assert_eq!(signals[2]["payload"]["arguments"], env(EMPTY_ARGS));
+
+    // The workflow task carries the first signal as its resume context.
+    let task = h.next_workflow_task("w1", "q").await;
+    assert_eq!(task["resume_source_kind"], "workflow_signal");
+    assert_eq!(task["signal_name"], "my signal");
+    assert_eq!(event_types(task["history_events"].as_array().unwrap()).len(), 6);
+
+    // A run that is not the current one.
+    h.cpost(
+        "/api/workflows/order:42/runs/01NOTTHERUN/signal/approve",
+        json!({"input": env(EMPTY_ARGS)}),
+    )
+    .await
+    .err_one_of(409, &["run_not_current"]);
+    // Signal names are bounded.
+    let long = "s".repeat(256);
+    h.cpost(&format!("/api/workflows/order:42/signal/{long}"), json!({}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost(
+        "/api/workflows/order:42/signal/x",
+        json!({"input": {"codec": "json", "blob": "W10="}}),
+    )
+    .await
+    .err(422, "unsupported_payload_codec");
+    h.cpost("/api/workflows/order:42/signal/x", json!({"request_id": 5}))
+        .await
+        .err(422, "validation_failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_request_id_idempotency() {
+    let h = Harness::start().await;
+    let start = h.start_workflow("keyed", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let body = json!({"input": env(EMPTY_ARGS), "request_id": "sdk-rust-signal-1"});
+    let first = h.cpost("/api/workflows/keyed/signal/approve", body.clone()).await.ok(202);
+    assert_eq!(first["outcome"], "signal_received");
+    assert!(first.get("retained").map_or(true, |r| r == false));
+    let again = h.cpost("/api/workflows/keyed/signal/approve", body.clone()).await.ok(202);
+    assert_eq!(again["retained"], true);
+    assert_eq!(again["run_id"], first["run_id"]);
+    assert_eq!(again["signal_name"], "approve");
+    assert_eq!(again["command_sequence"], first["command_sequence"]);
+    assert_eq!(count_events(&h.history("keyed", run_id).await, "SignalReceived"), 1);
+
+    // Same key, different intent.
+    let body = h
+        .cpost(
+            "/api/workflows/keyed/signal/approve",
+            json!({"input": env(AVRO_NULL), "request_id": "sdk-rust-signal-1"}),
+        )
+        .await
+        .err(409, "request_id_conflict");
+    assert_eq!(body["retained_command_type"], "signal");
+    assert_eq!(body["control_plane"]["operation"], "signal");
+    h.cpost(
+        "/api/workflows/keyed/signal/reject",
+        json!({"input": env(EMPTY_ARGS), "request_id": "sdk-rust-signal-1"}),
+    )
+    .await
+    .err(409, "request_id_conflict");
+    h.cpost(
+        &format!("/api/workflows/keyed/runs/{run_id}/signal/approve"),
+        json!({"input": env(EMPTY_ARGS), "request_id": "sdk-rust-signal-1"}),
+    )
+    .await
+    .err(409, "request_id_conflict");
+    assert_eq!(count_events(&h.history("keyed", run_id).await, "SignalReceived"), 1);
+    // Another key is another signal.
+    h.cpost(
+        "/api/workflows/keyed/signal/approve",
+        json!({"input": env(EMPTY_ARGS), "request_id": "sdk-rust-signal-2"}),
+    )
+    .await
+    .ok(202);
+    assert_eq!(count_events(&h.history("keyed", run_id).await, "SignalReceived"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_signal_receipt_is_replayed_verbatim() {
+    // 50-server-semantics: "same key + same intent → return the stored receipt with retained:true".
+    // The first answer and its replay must therefore describe the same command.
+    let h = Harness::start().await;
+    h.start_workflow("verbatim", "q").await;
+    let body = json!({"input": env(EMPTY_ARGS), "request_id": "sdk-python-signal-abc"});
+    let first = h.cpost("/api/workflows/verbatim/signal/go", body.clone()).await.ok(202);
+    let again = h.cpost("/api/workflows/verbatim/signal/go", body).await.ok(202);
+    assert_eq!(again["retained"], true);
+    assert!(
+        first["command_id"].is_string(),
+        "the first keyed receipt names its command: {first}"
+    );
+    assert_eq!(again["command_id"], first["command_id"], "first: {first}\nreplay: {again}");
+    assert_eq!(again["signal_id"], first["signal_id"], "first: {first}\nreplay: {again}");
+    assert_eq!(again["command_sequence"], first["command_sequence"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_errors() {
+    let h = Harness::start().await;
+    let body = h
+        .cpost("/api/workflows/ghost/signal/approve", json!({"input": env(EMPTY_ARGS)}))
+        .await
+        .err(404, "instance_not_found");
+    assert_eq!(body["workflow_id"], "ghost");
+    h.cpost(
+        "/api/workflows/ghost/signal/approve",
+        json!({"input": env(EMPTY_ARGS), "request_id": "r"}),
+    )
+    .await
+    .err(404, "instance_not_found");
+
+    let (_, task) = h.started_and_leased("closed-sig", "w1", "q").await;
+    h.complete_workflow_task(&task, json!([complete_workflow(AVRO_NULL)])).await.ok(200);
+    for body in [
+        json!({"input": env(EMPTY_ARGS)}),
+        json!({"input": env(EMPTY_ARGS), "request_id": "late-1"}),
+    ] {
+        let refused = h
+            .cpost("/api/workflows/closed-sig/signal/approve", body)
+            .await
+            .err(409, "run_not_active");
+        assert_eq!(refused["control_plane"]["operation"], "signal", "{refused}");
+        assert_eq!(refused["workflow_id"], "closed-sig");
+    }
+}
+
+// ============================================================================================
+// Cancel and terminate
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_closes_the_run_and_stops_its_activity() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("to-cancel", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    h.complete_workflow_task(&task, json!([schedule_activity("slow", "q")]))
+        .await
+        .ok(200);
+    let activity = h.next_activity_task("w1", "q").await;
+
+    let cancelled = h
+        .cpost("/api/workflows/to-cancel/cancel", json!({"reason": "user asked"}))
+        .await
+        .ok(200);
+    assert_eq!(cancelled["outcome"], "cancelled");
+    assert_eq!(cancelled["workflow_id"], "to-cancel");
+    assert_eq!(cancelled["run_id"], run_id);
+    assert_eq!(cancelled["command_status"], "accepted");
+    assert!(cancelled["command_id"].is_string());
+    assert_eq!(cancelled["control_plane"]["operation"], "cancel");
+
+    let history = h.history("to-cancel", run_id).await;
+    let types = event_types(&history);
+    assert_eq!(types[types.len() - 2..], ["CancelRequested", "WorkflowCancelled"]);
+    let request = &history[history.len() - 2];
+    assert_eq!(request["payload"]["reason"], "user asked");
+    assert_eq!(request["payload"]["command_type"], "cancel");
+    assert_eq!(history.last().unwrap()["payload"]["closed_reason"], "cancelled");
+    let described = h.describe("to-cancel").await;
+    assert_eq!(described["status"], "cancelled");
+    assert_eq!(described["closed_reason"], "cancelled");
+    assert_eq!(described["is_terminal"], true);
+
+    let body = h
+        .cpost("/api/workflows/to-cancel/cancel", json!({}))
+        .await
+        .err(409, "run_not_active");
+    assert_eq!(body["control_plane"]["operation"], "cancel");
+    h.cpost("/api/workflows/to-cancel/terminate", json!({}))
+        .await
+        .err(409, "run_not_active");
+
+    // The leased activity learns about it.
+    let beat = h.heartbeat_activity(&activity).await.ok(200);
+    assert_eq!(beat["cancel_requested"], true);
+    assert_eq!(beat["can_continue"], false);
+    assert_eq!(beat["reason"], "run_cancelled");
+    let body = h.complete_activity(&activity, AVRO_NULL).await.err(409, "run_cancelled");
+    assert_eq!(body["outcome"], "ignored");
+    assert_eq!(body["can_continue"], false);
+    assert_eq!(body["activity_attempt_id"], activity["activity_attempt_id"]);
+    h.fail_activity(&activity, "gave up").await.err(409, "run_cancelled");
+
+    // Nothing new in history, no work offered.
+    assert_eq!(h.history("to-cancel", run_id).await.len(), history.len());
+    assert!(h.poll_workflow("w1", "q", 0).await.is_null());
+    assert!(h.poll_activity("w1", "q", 0).await.is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_closes_the_run_and_fences_its_workflow_task() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("to-terminate", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let terminated = h
+        .cpost(
+            &format!("/api/workflows/to-terminate/runs/{run_id}/terminate"),
+            json!({"reason": "ops"}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(terminated["outcome"], "terminated");
+    assert_eq!(terminated["control_plane"]["operation"], "terminate");
+    let history = h.history("to-terminate", run_id).await;
+    assert_eq!(
+        event_types(&history),
+        ["StartAccepted", "WorkflowStarted", "TerminateRequested", "WorkflowTerminated"]
+    );
+    assert_eq!(history[3]["payload"]["reason"], "ops");
+    let described = h.describe("to-terminate").await;
+    assert_eq!(described["status"], "terminated");
+    assert_eq!(described["closed_reason"], "terminated");
+
+    // The in-flight workflow task is fenced out.
+    let body = h
+        .complete_workflow_task(&task, json!([complete_workflow(AVRO_NULL)]))
+        .await
+        .err(409, "run_closed");
+    assert_eq!(body["stop_reason"], "run_terminated");
+    assert_eq!(body["can_continue"], false);
+    assert_eq!(h.history("to-terminate", run_id).await.len(), 4);
+
+    h.cpost("/api/workflows/to-terminate/terminate", json!({}))
+        .await
+        .err(409, "run_not_active");
+    h.cpost("/api/workflows/ghost/terminate", json!({}))
+        .await
+        .err(404, "instance_not_found");
+    h.cpost("/api/workflows/ghost/cancel", json!({}))
+        .await
+        .err(404, "instance_not_found");
+    h.cpost("/api/workflows/to-terminate/cancel", json!({"reason": 5}))
+        .await
+        .err(422, "validation_failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_request_id_is_idempotent() {
+    let h = Harness::start().await;
+    let start = h.start_workflow("keyed-cancel", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let body = json!({"reason": "stop", "request_id": "cancel-1"});
+    let first = h.cpost("/api/workflows/keyed-cancel/cancel", body.clone()).await.ok(200);
+    assert_eq!(first["outcome"], "cancelled");
+    let again = h.cpost("/api/workflows/keyed-cancel/cancel", body).await.ok(200);
+    assert_eq!(again["retained"], true);
+    assert_eq!(again["command_id"], first["command_id"]);
+    assert_eq!(count_events(&h.history("keyed-cancel", run_id).await, "WorkflowCancelled"), 1);
+    let body = h
+        .cpost(
+            "/api/workflows/keyed-cancel/cancel",
+            json!({"reason": "other", "request_id": "cancel-1"}),
+        )
+        .await
+        .err(409, "request_id_conflict");
+    assert_eq!(body["retained_command_type"], "cancel");
+    h.cpost("/api/workflows/keyed-cancel/cancel", json!({"request_id": "cancel-2"}))
+        .await
+        .err(409, "run_not_active");
+}
+
+// ============================================================================================
+// Timers and activity retries
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_fires_from_the_background_clock() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("timed", "w1", "q").await;
+    let done = h
+        .complete_workflow_task(&task, json!([{"type": "start_timer", "delay_seconds": 1}]))
+        .await
+        .ok(200);
+    assert_eq!(done["run_status"], "waiting");
+    let began = Instant::now();
+    let next = h.next_workflow_task("w1", "q").await;
+    let waited = began.elapsed();
+    assert!(waited < Duration::from_secs(4), "timer task arrived after {waited:?}");
+    let events = next["history_events"].as_array().unwrap().clone();
+    assert_eq!(
+        event_types(&events),
+        ["StartAccepted", "WorkflowStarted", "TimerScheduled", "TimerFired"]
+    );
+    assert_eq!(events[3]["payload"]["timer_id"], events[2]["payload"]["timer_id"]);
+    assert_eq!(events[2]["payload"]["delay_seconds"], 1);
+    h.complete_workflow_task(&next, json!([complete_workflow(AVRO_NULL)])).await.ok(200);
+    assert_eq!(h.history("timed", start["run_id"].as_str().unwrap()).await.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activity_retry_then_final_failure() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("retrying", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let mut command = schedule_activity("flaky", "q");
+    command["retry_policy"] = json!({"max_attempts": 2, "backoff_seconds": [0], "non_retryable_error_types": []});
+    h.complete_workflow_task(&task, json!([command])).await.ok(200);
+
+    let first = h.next_activity_task("w1", "q").await;
+    assert_eq!(first["attempt_number"], 1);
+    assert_eq!(first["retry_policy"]["max_attempts"], 2);
+    let failed = h.fail_activity(&first, "attempt 1 broke").await.ok(200);
+    assert_eq!(failed["outcome"], "failed");
+    assert_eq!(failed["recorded"], true);
+
+    let second = h.next_activity_task("w1", "q").await;
+    assert_eq!(second["attempt_number"], 2);
+    assert_eq!(second["activity_execution_id"], first["activity_execution_id"]);
+    assert_ne!(second["activity_attempt_id"], first["activity_attempt_id"]);
+    assert_ne!(second["task_id"], first["task_id"]);
+    assert_eq!(failed["next_task_id"], second["task_id"]);
+    // The superseded attempt is fenced out.
+    h.complete_activity(&first, AVRO_NULL)
+        .await
+        .err_one_of(409, &["attempt_closed", "activity_not_running", "task_mismatch"]);
+
+    let last = h.fail_activity(&second, "attempt 2 broke").await.ok(200);
+    assert!(
+        last["next_task_id"].is_string(),
+        "the final failure creates a workflow task: {last}"
+    );
+    assert!(h.poll_activity("w1", "q", 0).await.is_null(), "no third attempt");
+
+    let history = h.history("retrying", run_id).await;
+    assert_eq!(
+        event_types(&history),
+        [
+            "StartAccepted",
+            "WorkflowStarted",
+            "ActivityScheduled",
+            "ActivityStarted",
+            "ActivityRetryScheduled",
+            "ActivityStarted",
+            "ActivityFailed"
+        ]
+    );
+    assert_eq!(history[4]["payload"]["message"], "attempt 1 broke");
+    assert_eq!(history[6]["payload"]["message"], "attempt 2 broke");
+    assert_eq!(history[6]["payload"]["attempt_number"], 2);
+
+    let next = h.next_workflow_task("w1", "q").await;
+    assert_eq!(next["task_id"], last["next_task_id"]);
+    assert_eq!(
+        next["history_events"].as_array().unwrap().last().unwrap()["event_type"],
+        "ActivityFailed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_retryable_activity_failure_is_final_at_once() {
+    let h = Harness::start().await;
+    let (start, task) = h.started_and_leased("no-retry", "w1", "q").await;
+    let mut command = schedule_activity("strict", "q");
+    command["retry_policy"] = json!({"max_attempts": 5, "backoff_seconds": [0], "non_retryable_error_types": ["BadInput"]});
+    h.complete_workflow_task(&task, json!([command])).await.ok(200);
+    let activity = h.next_activity_task("w1", "q").await;
+    h.wpost(
+        &format!("/api/worker/activity-tasks/{}/fail", activity["task_id"].as_str().unwrap()),
+        json!({"activity_attempt_id": activity["activity_attempt_id"], "lease_owner": "w1",
+               "failure": {"message": "bad", "type": "BadInput", "details": env(AVRO_NULL)}}),
+    )
+    .await
+    .ok(200);
+    let history = h.history("no-retry", start["run_id"].as_str().unwrap()).await;
+    assert_eq!(count_events(&history, "ActivityRetryScheduled"), 0);
+    assert_eq!(history.last().unwrap()["event_type"], "ActivityFailed");
+    assert_eq!(history.last().unwrap()["payload"]["non_retryable"], true);
+}
