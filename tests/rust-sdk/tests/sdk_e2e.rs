@@ -1,0 +1,579 @@
+//! End-to-end interoperability: the published `durable-workflow` 4.10.2 Rust
+//! SDK (real `Client` + `Worker`) drives a freshly spawned `capstan serve`.
+//!
+//! Every test starts its own server (free port, temporary data directory),
+//! runs one SDK worker, bounds every wait with a timeout, and finishes by
+//! stopping the worker through the SDK's clean shutdown path, which ends with
+//! `DELETE /api/worker/registrations/{id}`.
+
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use durable_workflow::{
+    json, ActivityError, ActivityOptions, ActivityRetryPolicy, Client, Error, Value, WorkflowCommandKind, WorkflowCommandOptions,
+    WorkflowHandle, WorkflowTerminalKind,
+};
+use serde::{Deserialize, Serialize};
+use support::{new_worker, result_options, unique, within, CapstanServer, RunningWorker, CALL_TIMEOUT, RESULT_TIMEOUT};
+use tokio::task::JoinSet;
+
+/// Start a workflow through the SDK client, bounded by [`CALL_TIMEOUT`].
+async fn start<T: Serialize>(client: &Client, workflow_type: &str, task_queue: &str, workflow_id: &str, input: T) -> WorkflowHandle {
+    within(
+        CALL_TIMEOUT,
+        &format!("start_workflow {workflow_type} as {workflow_id}"),
+        client.start_workflow(workflow_type, task_queue, workflow_id, input),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("start_workflow {workflow_id} failed: {error} ({error:?})"))
+}
+
+/// The run id the start response reported, or the current run from describe.
+async fn run_id_of(handle: &WorkflowHandle) -> String {
+    if let Some(run_id) = &handle.run_id {
+        return run_id.clone();
+    }
+    let description = within(CALL_TIMEOUT, "describe", handle.describe())
+        .await
+        .expect("describe workflow");
+    description.run_id.expect("describe response carries a run_id")
+}
+
+// ---------------------------------------------------------------------------
+// 1. A workflow with one activity returns the activity's result.
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+struct GreetingRequest {
+    name: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+struct GreetingResult {
+    greeting: String,
+    activity_calls: u32,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workflow_returns_its_activity_result() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("greet-q");
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut worker = new_worker(&client, &queue);
+    {
+        let calls = Arc::clone(&calls);
+        worker.register_typed_activity("e2e.greet", move |_ctx, request: GreetingRequest| {
+            let calls = Arc::clone(&calls);
+            async move {
+                let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(GreetingResult {
+                    greeting: format!("Hello, {}!", request.name),
+                    activity_calls: call,
+                })
+            }
+        });
+    }
+    worker.register_typed_workflow("e2e.greeting", |ctx, request: GreetingRequest| async move {
+        let from_activity: GreetingResult = ctx.activity_typed("e2e.greet", request).await?;
+        Ok(from_activity)
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("greeting");
+    let handle = start(
+        &client,
+        "e2e.greeting",
+        &queue,
+        &workflow_id,
+        GreetingRequest {
+            name: "Capstan".to_string(),
+        },
+    )
+    .await;
+    assert_eq!(handle.workflow_id, workflow_id);
+    assert_eq!(handle.workflow_type, "e2e.greeting");
+
+    let result: GreetingResult = running
+        .guard(
+            RESULT_TIMEOUT,
+            "typed greeting result",
+            handle.result_typed(result_options(RESULT_TIMEOUT)),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("greeting workflow did not complete: {error} ({error:?})"));
+    assert_eq!(
+        result,
+        GreetingResult {
+            greeting: "Hello, Capstan!".to_string(),
+            activity_calls: 1,
+        }
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "activity ran exactly once");
+
+    // The dynamic result surface decodes the same output_envelope.
+    let dynamic = running.result(&handle).await.expect("dynamic result");
+    assert_eq!(dynamic, json!({"greeting": "Hello, Capstan!", "activity_calls": 1}));
+    let description = within(CALL_TIMEOUT, "describe", handle.describe())
+        .await
+        .expect("describe completed workflow");
+    assert!(description.is_completed(), "status: {:?}", description.status);
+    assert_eq!(description.workflow_id.as_deref(), Some(workflow_id.as_str()));
+
+    running.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// 2. A durable timer fires and the workflow completes.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durable_timer_workflow_completes() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("timer-q");
+
+    let mut worker = new_worker(&client, &queue);
+    worker.register_workflow("e2e.timer", |ctx, _input| async move {
+        ctx.sleep(Duration::from_secs(2)).await?;
+        Ok(json!({"timer": "fired", "delay_seconds": 2}))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("timer");
+    let started_at = Instant::now();
+    let handle = start(&client, "e2e.timer", &queue, &workflow_id, json!([])).await;
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("timer workflow did not complete: {error} ({error:?})"));
+    let elapsed = started_at.elapsed();
+
+    assert_eq!(result, json!({"timer": "fired", "delay_seconds": 2}));
+    assert!(
+        elapsed >= Duration::from_millis(1900),
+        "a 2 s durable timer resolved after only {elapsed:?}"
+    );
+
+    let run_id = run_id_of(&handle).await;
+    let events = server.history_event_types(&workflow_id, &run_id).await;
+    for expected in ["TimerScheduled", "TimerFired", "WorkflowCompleted"] {
+        assert!(events.iter().any(|event| event == expected), "history lacks {expected}: {events:?}");
+    }
+
+    running.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// 3. A client signal wakes a workflow blocked in wait_signal.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn signal_wakes_waiting_workflow_and_delivers_its_argument() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("signal-q");
+
+    let mut worker = new_worker(&client, &queue);
+    worker.register_workflow("e2e.await-approval", |ctx, _input| async move {
+        let arguments = ctx.wait_signal("approve").await?;
+        Ok(json!({
+            "approval": arguments.first().cloned().unwrap_or(Value::Null),
+            "argument_count": arguments.len(),
+        }))
+    });
+    worker
+        .declare_workflow_signals("e2e.await-approval", &["approve"])
+        .expect("declare signal names");
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("approval");
+    let handle = start(&client, "e2e.await-approval", &queue, &workflow_id, json!([])).await;
+    let run_id = run_id_of(&handle).await;
+
+    // Signal only once the worker has recorded the open signal wait, so the
+    // signal has to wake a blocked run rather than be buffered before it.
+    server
+        .wait_for_history_event(&workflow_id, &run_id, "SignalWaitOpened", Duration::from_secs(20))
+        .await;
+    let waiting = within(CALL_TIMEOUT, "describe waiting workflow", handle.describe())
+        .await
+        .expect("describe waiting workflow");
+    assert!(
+        !waiting.is_terminal(),
+        "workflow closed before being signalled: {:?}",
+        waiting.status
+    );
+
+    let approval = json!({"approved_by": "ops", "ticket": 42});
+    let receipt = within(CALL_TIMEOUT, "signal approve", handle.signal("approve", approval.clone()))
+        .await
+        .unwrap_or_else(|error| panic!("signal was refused: {error} ({error:?})"));
+    assert!(receipt.is_object(), "signal receipt: {receipt}");
+
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("signalled workflow did not complete: {error} ({error:?})"));
+    assert_eq!(result, json!({"approval": approval, "argument_count": 1}));
+
+    running.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// 4. An activity failing twice succeeds on its third (last allowed) attempt.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn activity_retry_policy_recovers_after_two_failures() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("retry-q");
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let attempt_numbers = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let mut worker = new_worker(&client, &queue);
+    {
+        let calls = Arc::clone(&calls);
+        let attempt_numbers = Arc::clone(&attempt_numbers);
+        worker.register_activity("e2e.flaky", move |ctx, _args| {
+            let calls = Arc::clone(&calls);
+            let attempt_numbers = Arc::clone(&attempt_numbers);
+            async move {
+                let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                attempt_numbers.lock().expect("attempt log lock").push(ctx.attempt_number);
+                if call < 3 {
+                    return Err(ActivityError::new("E2eTransientFailure", format!("planned failure on call {call}")).into());
+                }
+                Ok(json!({"call": call, "attempt_number": ctx.attempt_number}))
+            }
+        });
+    }
+    worker.register_workflow("e2e.retrying", |ctx, _input| async move {
+        let options = ActivityOptions::new()
+            .retry_policy(ActivityRetryPolicy::new(3).backoff_intervals([Duration::from_secs(1)]))
+            .start_to_close_timeout(Duration::from_secs(30));
+        let outcome = ctx.activity_with_options("e2e.flaky", options, json!([])).await?;
+        Ok(json!({"activity": outcome}))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("retrying");
+    let handle = start(&client, "e2e.retrying", &queue, &workflow_id, json!([])).await;
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("retrying workflow did not complete: {error} ({error:?})"));
+
+    assert_eq!(result, json!({"activity": {"call": 3, "attempt_number": 3}}));
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "exactly three attempts ran");
+    assert_eq!(
+        *attempt_numbers.lock().expect("attempt log lock"),
+        vec![1, 2, 3],
+        "server-assigned attempt_number per delivered attempt"
+    );
+
+    running.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// 5. Cancel and terminate of a waiting workflow.
+// ---------------------------------------------------------------------------
+
+const WAITING_WORKFLOW: &str = "e2e.wait-forever";
+
+/// Start a worker whose workflow blocks on a signal nobody sends, start one
+/// run, and wait until its signal wait is durably open.
+async fn start_waiting_workflow(server: &CapstanServer, client: &Client) -> (RunningWorker, WorkflowHandle, String) {
+    let queue = unique("waiting-q");
+    let mut worker = new_worker(client, &queue);
+    worker.register_workflow(WAITING_WORKFLOW, |ctx, _input| async move {
+        let arguments = ctx.wait_signal("never").await?;
+        Ok(json!({"unexpectedly_signalled": arguments}))
+    });
+    worker
+        .declare_workflow_signals(WAITING_WORKFLOW, &["never"])
+        .expect("declare signal names");
+    let running = RunningWorker::start(worker);
+
+    let workflow_id = unique("waiting");
+    let handle = start(client, WAITING_WORKFLOW, &queue, &workflow_id, json!([])).await;
+    let run_id = run_id_of(&handle).await;
+    server
+        .wait_for_history_event(&workflow_id, &run_id, "SignalWaitOpened", Duration::from_secs(20))
+        .await;
+    (running, handle, run_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelling_a_waiting_workflow_yields_cancelled_outcome() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let (mut running, handle, run_id) = start_waiting_workflow(&server, &client).await;
+
+    let accepted = within(
+        CALL_TIMEOUT,
+        "cancel",
+        handle.cancel(WorkflowCommandOptions {
+            reason: Some("e2e cancel".to_string()),
+            request_id: None,
+        }),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("cancel was refused: {error} ({error:?})"));
+    assert_eq!(accepted.command, WorkflowCommandKind::Cancel);
+    assert_eq!(accepted.workflow_id, handle.workflow_id);
+    if let Some(accepted_run) = &accepted.run_id {
+        assert_eq!(accepted_run, &run_id, "receipt: {}", accepted.raw);
+    }
+    if let Some(outcome) = &accepted.outcome {
+        assert_eq!(outcome, "cancelled", "cancel receipt: {}", accepted.raw);
+    }
+
+    match running.result(&handle).await {
+        Err(Error::WorkflowCancelled(outcome)) => {
+            assert_eq!(outcome.kind, WorkflowTerminalKind::Cancelled);
+            assert_eq!(outcome.workflow_id, handle.workflow_id);
+            if let Some(outcome_run) = &outcome.run_id {
+                assert_eq!(outcome_run, &run_id);
+            }
+        }
+        other => panic!("expected Error::WorkflowCancelled, got {other:?}"),
+    }
+    let description = within(CALL_TIMEOUT, "describe cancelled", handle.describe())
+        .await
+        .expect("describe cancelled workflow");
+    assert_eq!(description.status.as_deref(), Some("cancelled"));
+    assert!(description.is_terminal());
+
+    running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn terminating_a_waiting_workflow_yields_terminated_outcome() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let (mut running, handle, run_id) = start_waiting_workflow(&server, &client).await;
+
+    let accepted = within(
+        CALL_TIMEOUT,
+        "terminate",
+        handle.terminate(WorkflowCommandOptions {
+            reason: Some("e2e terminate".to_string()),
+            request_id: None,
+        }),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("terminate was refused: {error} ({error:?})"));
+    assert_eq!(accepted.command, WorkflowCommandKind::Terminate);
+    assert_eq!(accepted.workflow_id, handle.workflow_id);
+    if let Some(accepted_run) = &accepted.run_id {
+        assert_eq!(accepted_run, &run_id, "receipt: {}", accepted.raw);
+    }
+    if let Some(outcome) = &accepted.outcome {
+        assert_eq!(outcome, "terminated", "terminate receipt: {}", accepted.raw);
+    }
+
+    match running.result(&handle).await {
+        Err(Error::WorkflowTerminated(outcome)) => {
+            assert_eq!(outcome.kind, WorkflowTerminalKind::Terminated);
+            assert_eq!(outcome.workflow_id, handle.workflow_id);
+            if let Some(outcome_run) = &outcome.run_id {
+                assert_eq!(outcome_run, &run_id);
+            }
+        }
+        other => panic!("expected Error::WorkflowTerminated, got {other:?}"),
+    }
+    let description = within(CALL_TIMEOUT, "describe terminated", handle.describe())
+        .await
+        .expect("describe terminated workflow");
+    assert_eq!(description.status.as_deref(), Some("terminated"));
+    assert!(description.is_terminal());
+
+    running.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// 6. Starting the same workflow id twice is refused.
+// ---------------------------------------------------------------------------
+
+/// Assert that `result` is the server's duplicate-start refusal:
+/// HTTP 409 with `reason: "instance_already_started"`.
+fn assert_duplicate_refused(result: durable_workflow::Result<WorkflowHandle>, when: &str) {
+    match result {
+        Err(Error::Http { status, body }) => {
+            assert_eq!(status.as_u16(), 409, "{when}: duplicate start status; body: {body}");
+            let body: Value = serde_json::from_str(&body).unwrap_or_else(|error| panic!("{when}: non-JSON refusal ({error}): {body}"));
+            assert_eq!(
+                body.get("reason").and_then(Value::as_str),
+                Some("instance_already_started"),
+                "{when}: refusal body {body}"
+            );
+        }
+        Ok(handle) => panic!("{when}: duplicate start was accepted (run_id {:?})", handle.run_id),
+        Err(other) => panic!("{when}: expected an HTTP 409 refusal, got {other} ({other:?})"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_start_of_same_workflow_id_is_refused() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("dup-q");
+
+    let mut worker = new_worker(&client, &queue);
+    worker.register_workflow("e2e.dedupe", |ctx, input| async move {
+        let arguments = ctx.wait_signal("finish").await?;
+        Ok(json!({"input": input, "finish": arguments}))
+    });
+    worker
+        .declare_workflow_signals("e2e.dedupe", &["finish"])
+        .expect("declare signal names");
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("dedupe");
+    let first = start(&client, "e2e.dedupe", &queue, &workflow_id, json!(["first"])).await;
+    let first_run = run_id_of(&first).await;
+
+    // While the first run is open.
+    let second = within(
+        CALL_TIMEOUT,
+        "duplicate start while running",
+        client.start_workflow("e2e.dedupe", &queue, &workflow_id, json!(["second"])),
+    )
+    .await;
+    assert_duplicate_refused(second, "while the first run is open");
+
+    // The refusal left the original run in place.
+    let description = within(CALL_TIMEOUT, "describe after duplicate", first.describe())
+        .await
+        .expect("describe after duplicate start");
+    assert_eq!(description.run_id.as_deref(), Some(first_run.as_str()));
+    assert!(!description.is_terminal(), "status: {:?}", description.status);
+
+    // Finish the original run with its own input.
+    server
+        .wait_for_history_event(&workflow_id, &first_run, "SignalWaitOpened", Duration::from_secs(20))
+        .await;
+    within(CALL_TIMEOUT, "signal finish", first.signal("finish", json!("done")))
+        .await
+        .unwrap_or_else(|error| panic!("signal was refused: {error} ({error:?})"));
+    let result = running
+        .result(&first)
+        .await
+        .unwrap_or_else(|error| panic!("original run did not complete: {error} ({error:?})"));
+    assert_eq!(result, json!({"input": ["first"], "finish": ["done"]}));
+
+    // An instance id stays taken after its run closed (duplicate policy `fail`).
+    let third = within(
+        CALL_TIMEOUT,
+        "duplicate start after completion",
+        client.start_workflow("e2e.dedupe", &queue, &workflow_id, json!(["third"])),
+    )
+    .await;
+    assert_duplicate_refused(third, "after the first run completed");
+    let description = within(CALL_TIMEOUT, "describe after completion", first.describe())
+        .await
+        .expect("describe completed workflow");
+    assert_eq!(description.run_id.as_deref(), Some(first_run.as_str()));
+    assert!(description.is_completed(), "status: {:?}", description.status);
+
+    running.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// 7. Twenty concurrent workflows all complete with their own results.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_workflows_complete() {
+    const COUNT: u64 = 20;
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("fanout-q");
+
+    let activity_calls = Arc::new(AtomicU32::new(0));
+    let mut worker = new_worker(&client, &queue);
+    {
+        let activity_calls = Arc::clone(&activity_calls);
+        worker.register_typed_activity("e2e.square", move |_ctx, n: u64| {
+            let activity_calls = Arc::clone(&activity_calls);
+            async move {
+                activity_calls.fetch_add(1, Ordering::SeqCst);
+                Ok(n * n)
+            }
+        });
+    }
+    worker.register_typed_workflow("e2e.square-workflow", |ctx, n: u64| async move {
+        let square: u64 = ctx.activity_typed("e2e.square", n).await?;
+        Ok(json!({"n": n, "square": square}))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let prefix = unique("fanout");
+    let mut starts = JoinSet::new();
+    for n in 0..COUNT {
+        let client = client.clone();
+        let queue = queue.clone();
+        let workflow_id = format!("{prefix}-{n}");
+        starts.spawn(async move {
+            let handle = client.start_workflow("e2e.square-workflow", &queue, &workflow_id, n).await;
+            (n, workflow_id, handle)
+        });
+    }
+    let handles = within(Duration::from_secs(60), "20 concurrent starts", async {
+        let mut handles = Vec::new();
+        while let Some(joined) = starts.join_next().await {
+            let (n, workflow_id, handle) = joined.expect("start task panicked");
+            let handle = handle.unwrap_or_else(|error| panic!("start {workflow_id} failed: {error} ({error:?})"));
+            assert_eq!(handle.workflow_id, workflow_id);
+            handles.push((n, handle));
+        }
+        handles
+    })
+    .await;
+    let run_ids: BTreeSet<_> = handles.iter().filter_map(|(_, handle)| handle.run_id.clone()).collect();
+    assert!(
+        run_ids.is_empty() || run_ids.len() == COUNT as usize,
+        "run ids are not distinct: {run_ids:?}"
+    );
+
+    let limit = Duration::from_secs(90);
+    let results = running
+        .guard(limit, "20 concurrent workflow results", async {
+            let mut waits = JoinSet::new();
+            for (n, handle) in handles {
+                waits.spawn(async move { (n, handle.result(result_options(limit)).await) });
+            }
+            let mut results = Vec::new();
+            while let Some(joined) = waits.join_next().await {
+                results.push(joined.expect("result task panicked"));
+            }
+            results
+        })
+        .await;
+
+    let mut completed = BTreeSet::new();
+    for (n, result) in results {
+        let value = result.unwrap_or_else(|error| panic!("workflow #{n} did not complete: {error} ({error:?})"));
+        assert_eq!(value, json!({"n": n, "square": n * n}), "workflow #{n}");
+        completed.insert(n);
+    }
+    assert_eq!(completed, (0..COUNT).collect::<BTreeSet<_>>());
+    assert_eq!(
+        activity_calls.load(Ordering::SeqCst),
+        COUNT as u32,
+        "one activity execution per workflow"
+    );
+
+    running.shutdown().await;
+}
