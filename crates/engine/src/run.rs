@@ -231,13 +231,13 @@ pub struct Effects {
 /// accumulates.
 pub struct Cx<'a> {
     pub now: Millis,
-    pub ids: &'a mut dyn IdSource,
+    pub ids: &'a mut (dyn IdSource + Send),
     pub limits: &'a Limits,
     pub effects: Effects,
 }
 
 impl<'a> Cx<'a> {
-    pub fn new(now: Millis, ids: &'a mut dyn IdSource, limits: &'a Limits) -> Self {
+    pub fn new(now: Millis, ids: &'a mut (dyn IdSource + Send), limits: &'a Limits) -> Self {
         Self {
             now,
             ids,

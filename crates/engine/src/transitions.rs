@@ -852,6 +852,21 @@ pub fn fail_workflow_task(
     Ok(receipt)
 }
 
+/// A worker gives its workflow task back (it is shutting down): the task is offered again at
+/// once, under a higher fence at its next lease. No history changes.
+pub fn release_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str) -> Result<(), Refusal> {
+    let now = cx.now;
+    let held = run.tasks.get(task_id).and_then(|t| t.lease()).is_some_and(|l| l.owner == owner);
+    if !held {
+        return Err(Refusal::new(Reason::TaskNotLeased, "The task is not leased to this worker."));
+    }
+    let task = run.task_mut(cx, task_id).expect("checked");
+    task.state = TaskState::Ready;
+    task.available_at = now;
+    task.deadline_at = None;
+    Ok(())
+}
+
 /// Extends a workflow task's lease.
 pub fn heartbeat_workflow_task(
     run: &mut RunState,

@@ -21,6 +21,12 @@ async fn health_and_ready_need_no_headers() {
     assert_eq!(health["checks"]["database"], "ok");
     assert!(health["timestamp"].is_string());
 
+    let resp = send(h.bare(Method::GET, "/api/health")).await;
+    assert!(resp.header("content-type").is_some_and(|t| t.starts_with("application/json")));
+    let resp = send(h.bare(Method::GET, "/api/workflows")).await;
+    assert!(resp.header("content-type").is_some_and(|t| t.starts_with("application/json")));
+    resp.err(400, "missing_control_plane_version");
+
     let ready = send(h.bare(Method::GET, "/api/ready")).await.ok(200);
     assert_eq!(ready["status"], "ready");
     assert!(ready["checks"].is_object());
@@ -68,7 +74,7 @@ async fn cluster_info_is_not_version_gated_and_tolerates_unknown_namespaces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_protocol_1_19_and_1_20_are_accepted() {
     let h = Harness::start().await;
-    for (worker, version) in [("w-119", "1.19"), ("w-120", "1.20")] {
+    for (worker, version) in [("w-119", "1.19"), ("w-120", "1.20"), ("w-10", "1.0")] {
         let resp = send(
             h.bare(Method::POST, "/api/worker/register")
                 .header(PROTOCOL_HEADER, version)
@@ -150,6 +156,9 @@ async fn control_plane_version_missing_or_unsupported_is_refused() {
         .await
         .err(400, "missing_control_plane_version");
 
+    send(h.bare(Method::GET, "/api/workflows").header(CONTROL_HEADER, " 2 "))
+        .await
+        .ok(200);
     let ok = h.cget("/api/workflows").await;
     assert_eq!(ok.header(CONTROL_HEADER).as_deref(), Some("2"));
     ok.ok(200);
@@ -600,6 +609,23 @@ async fn poll_request_id_replay_returns_the_same_lease() {
     assert_eq!(second["history_events"], first["history_events"]);
     // A different poll id finds nothing (one workflow task per run).
     assert!(h.poll_workflow("w1", "q", 0).await.is_null());
+    // Once the lease is gone (task completed), the same id is a fresh poll, not a stale replay.
+    h.start_workflow("replayed-2", "q").await;
+    let other = h.next_workflow_task("w1", "q").await;
+    h.complete_workflow_task(&other, json!([complete_workflow(AVRO_NULL)]))
+        .await
+        .ok(200);
+    let stale = json!({"worker_id": "w1", "task_queue": "q", "poll_request_id": "wf-poll-other", "timeout_seconds": 0});
+    h.start_workflow("replayed-3", "q").await;
+    let fresh = h.poll_workflow_with(stale.clone()).await.ok(200)["task"].clone();
+    assert_eq!(fresh["workflow_id"], "replayed-3");
+    h.complete_workflow_task(&fresh, json!([complete_workflow(AVRO_NULL)]))
+        .await
+        .ok(200);
+    assert!(
+        h.poll_workflow_with(stale).await.ok(200)["task"].is_null(),
+        "a completed task is not replayed"
+    );
 
     // The same for activity polls.
     h.complete_workflow_task(&first, json!([schedule_activity("charge", "q")]))
@@ -2082,4 +2108,82 @@ async fn non_retryable_activity_failure_is_final_at_once() {
     assert_eq!(count_events(&history, "ActivityRetryScheduled"), 0);
     assert_eq!(history.last().unwrap()["event_type"], "ActivityFailed");
     assert_eq!(history.last().unwrap()["payload"]["non_retryable"], true);
+}
+
+// ============================================================================================
+// Concurrency and history long-poll
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_pollers_never_share_a_task() {
+    let h = std::sync::Arc::new(Harness::start().await);
+    const N: usize = 6;
+    for i in 0..N {
+        h.register(&format!("racer-{i}"), "race").await;
+    }
+    for i in 0..N {
+        h.start_workflow(&format!("race-{i}"), "race").await;
+    }
+    let polls: Vec<_> = (0..N)
+        .map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move { h.poll_workflow(&format!("racer-{i}"), "race", 5).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for poll in polls {
+        let task = poll.await.unwrap();
+        assert!(task.is_object(), "every poller gets one of the {N} tasks");
+        ids.push(task["task_id"].as_str().unwrap().to_string());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), N, "a task was handed to two pollers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_wait_new_event_returns_when_an_event_arrives() {
+    let h = std::sync::Arc::new(Harness::start().await);
+    let start = h.start_workflow("watched", "q").await;
+    let run_id = start["run_id"].as_str().unwrap().to_string();
+    let watcher = {
+        let h = h.clone();
+        let run_id = run_id.clone();
+        tokio::spawn(async move {
+            let token = urlencode("Mg=="); // after sequence 2
+            h.cget(&format!(
+                "/api/workflows/watched/runs/{run_id}/history?wait_new_event=true&next_page_token={token}"
+            ))
+            .await
+            .ok(200)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the watcher start waiting
+    assert!(!watcher.is_finished(), "no new event yet, the history poll waits");
+    h.cpost("/api/workflows/watched/signal/ping", json!({})).await.ok(202);
+    let page = tokio::time::timeout(Duration::from_secs(10), watcher)
+        .await
+        .expect("woke up")
+        .unwrap();
+    assert_eq!(event_types(page["events"].as_array().unwrap()), ["SignalReceived"]);
+    assert_eq!(page["events"][0]["sequence"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_targeted_cancel_of_another_run_is_refused() {
+    let h = Harness::start().await;
+    let start = h.start_workflow("targeted", "q").await;
+    h.cpost("/api/workflows/targeted/runs/01NOTTHERUN/cancel", json!({}))
+        .await
+        .err(409, "run_not_current");
+    h.cpost("/api/workflows/targeted/runs/01NOTTHERUN/terminate", json!({}))
+        .await
+        .err(409, "run_not_current");
+    assert_eq!(h.describe("targeted").await["status"], "pending");
+    let run_id = start["run_id"].as_str().unwrap();
+    let done = h
+        .cpost(&format!("/api/workflows/targeted/runs/{run_id}/cancel"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(done["outcome"], "cancelled");
+    assert_eq!(done["run_id"], run_id);
 }

@@ -11,6 +11,7 @@
 //! before that leaves no part of the change. Callers that lose the answer retry; the engine's
 //! idempotency rules make the retry safe.
 
+mod postgres;
 mod schema;
 mod sqlite;
 mod writer;
@@ -19,6 +20,7 @@ use capstan_engine::*;
 use serde_json::{Map, Value};
 use std::future::Future;
 
+pub use postgres::PostgresStore;
 pub use sqlite::{intent_hash, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +171,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
 
     fn get_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
+
+    /// Open tasks of `kind` currently leased to `owner`.
+    fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> impl Future<Output = StoreResult<Vec<TaskId>>> + Send;
 
     /// Removes a registration; `false` when there was none.
     fn deregister_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<bool>> + Send;

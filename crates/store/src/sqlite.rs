@@ -412,6 +412,17 @@ impl Store for SqliteStore {
         self.read(move |conn| get_worker(conn, &namespace, &worker_id)).await
     }
 
+    async fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
+        let (namespace, owner) = (namespace.to_string(), owner.to_string());
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached("SELECT task_id FROM tasks WHERE namespace = ?1 AND lease_owner = ?2 AND kind = ?3 AND status = 'leased'")?
+                .query_map(params![namespace, owner, kind.as_str()], |r| Ok(TaskId(r.get(0)?)))?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
     async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
         let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
         self.writer

@@ -219,6 +219,15 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
         .expect("claimed");
     assert_eq!(task.fence, 1);
     assert_eq!(task.lease().unwrap().owner, "w");
+    assert_eq!(
+        store.leased_tasks("default", "w", TaskKind::Workflow).await.unwrap(),
+        vec![task.id.clone()]
+    );
+    assert!(store
+        .leased_tasks("default", "someone-else", TaskKind::Workflow)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(run.status, RunStatus::Running);
 }
 

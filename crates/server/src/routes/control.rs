@@ -362,7 +362,7 @@ async fn signal_impl<S: Store>(
             };
             let (receipt, run) = state
                 .store
-                .mutate_run_keyed(&namespace, locator, key, now, transition, receipt_body)
+                .mutate_run_keyed(&namespace, locator, key, now, transition, receipt_body.clone())
                 .await
                 .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
             match receipt {
@@ -371,17 +371,11 @@ async fn signal_impl<S: Store>(
                     stored["intent_verified"] = json!(true);
                     stored
                 }
-                KeyedReceipt::Fresh(_) => {
+                KeyedReceipt::Fresh(receipt) => {
                     let run = run.expect("fresh receipts come with the run");
                     after_change(&state, &run);
-                    let stored = state
-                        .store
-                        .load_run(&namespace, RunLocator::Run(run.workflow_id.clone(), run.run_id.clone()))
-                        .await?;
-                    let _ = stored;
-                    let mut body = receipt_body_from(&run, &workflow_id, &signal_name);
-                    body["request_id"] = json!(request_id);
-                    body
+                    // Exactly the body the store kept, so a replay answers the same.
+                    receipt_body(&receipt, &run)
                 }
             }
         }
@@ -397,19 +391,6 @@ async fn signal_impl<S: Store>(
     };
     tracing::info!(namespace, workflow_id, signal_name, "signal received");
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
-}
-
-/// The receipt of a fresh keyed signal, rebuilt from the run (the store kept the same body).
-fn receipt_body_from(run: &RunState, workflow_id: &str, signal_name: &str) -> Value {
-    json!({
-        "workflow_id": workflow_id,
-        "run_id": run.run_id,
-        "signal_name": signal_name,
-        "outcome": "signal_received",
-        "command_sequence": run.command_count,
-        "command_status": "accepted",
-        "control_plane": {"operation": "signal", "workflow_id": workflow_id, "operation_name": signal_name},
-    })
 }
 
 pub async fn signal<S: Store>(

@@ -124,13 +124,32 @@ pub async fn deregister<S: Store>(
     if !state.store.deregister_worker(&namespace, &worker_id).await? {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "worker_not_found", "The worker is not registered.").with("worker_id", worker_id));
     }
-    tracing::info!(namespace, worker_id, "worker deregistered");
-    // Leases the worker still holds expire on their own; the fence keeps its late reports out.
+    // Give its leased workflow tasks back so live workers get them now, not after the lease.
+    // (Activity attempts are left to finish or expire: the worker may still report them.)
+    let mut recovered = 0;
+    for task_id in state.store.leased_tasks(&namespace, &worker_id, TaskKind::Workflow).await? {
+        let (id, owner) = (task_id.clone(), worker_id.clone());
+        match state
+            .store
+            .mutate_run(&namespace, RunLocator::Task(task_id), now_ms(), move |run, cx| {
+                release_workflow_task(run, cx, &id, &owner)
+            })
+            .await
+        {
+            Ok(((), run)) => {
+                recovered += 1;
+                after_change(&state, &run);
+            }
+            Err(StoreError::Refused(_)) => {} // completed or re-leased meanwhile
+            Err(error) => return Err(error.into()),
+        }
+    }
+    tracing::info!(namespace, worker_id, recovered, "worker deregistered");
     Ok(Json(json!({
         "worker_id": worker_id,
         "outcome": "deregistered",
         "deregistered": true,
-        "recovered_workflow_task_count": 0,
+        "recovered_workflow_task_count": recovered,
         "recovered_activity_task_count": 0,
     })))
 }

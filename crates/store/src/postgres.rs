@@ -1,0 +1,1067 @@
+//! [`Store`] on PostgreSQL, for several Capstan nodes sharing one database.
+//!
+//! The database is the only authority. Every run transition holds the run's row lock
+//! (`SELECT … FOR UPDATE`) while the engine checks owners, attempts and fences against the run
+//! document it just read, so two nodes can never both advance one run. Pollers skip runs another
+//! node is working on (`FOR UPDATE SKIP LOCKED`). Background deadlines are claimed per task under a
+//! duty fence (`claim_due_tasks`), taken over with fence + 1 when a node dies. Ready tasks are
+//! announced with `NOTIFY capstan_wake` at commit; every node `LISTEN`s and wakes its pollers.
+//!
+//! Lock order, everywhere: the run row first, then its task rows. The duty claim locks only task
+//! rows, and `run_duty` locks the run row before the task row, so no two statements wait on each
+//! other in a cycle.
+
+use crate::*;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Transaction};
+use futures_util::StreamExt;
+use std::sync::Arc;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+const POOL_SIZE: usize = 16;
+const MIGRATION_LOCK: i64 = 0x00ca_9574_0001;
+const WAKE_CHANNEL: &str = "capstan_wake";
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    r#"
+CREATE TABLE namespaces (
+    name        TEXT PRIMARY KEY,
+    description TEXT,
+    created_at  BIGINT NOT NULL
+);
+CREATE TABLE workflow_instances (
+    workflow_id    TEXT PRIMARY KEY,
+    namespace      TEXT NOT NULL,
+    current_run_id TEXT NOT NULL,
+    created_at     BIGINT NOT NULL
+);
+CREATE TABLE runs (
+    run_id        TEXT PRIMARY KEY,
+    namespace     TEXT NOT NULL,
+    workflow_id   TEXT NOT NULL,
+    run_number    BIGINT NOT NULL,
+    workflow_type TEXT NOT NULL,
+    task_queue    TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    business_key  TEXT,
+    started_at    BIGINT NOT NULL,
+    closed_at     BIGINT,
+    state         TEXT NOT NULL
+);
+CREATE INDEX runs_by_namespace ON runs (namespace, started_at DESC, run_id DESC);
+CREATE INDEX runs_by_instance ON runs (workflow_id, run_number);
+CREATE TABLE history_events (
+    run_id              TEXT NOT NULL,
+    sequence            BIGINT NOT NULL,
+    event_id            TEXT NOT NULL,
+    event_type          TEXT NOT NULL,
+    payload             TEXT NOT NULL,
+    workflow_task_id    TEXT,
+    workflow_command_id TEXT,
+    recorded_at         BIGINT NOT NULL,
+    prev_hash           TEXT NOT NULL,
+    hash                TEXT NOT NULL,
+    PRIMARY KEY (run_id, sequence)
+);
+CREATE TABLE tasks (
+    task_id          TEXT PRIMARY KEY,
+    namespace        TEXT NOT NULL,
+    run_id           TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    queue            TEXT NOT NULL,
+    type_name        TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    available_at     BIGINT NOT NULL,
+    deadline_at      BIGINT,
+    lease_owner      TEXT,
+    lease_expires_at BIGINT,
+    fence            BIGINT NOT NULL,
+    created_at       BIGINT NOT NULL,
+    duty_owner       TEXT,
+    duty_fence       BIGINT NOT NULL DEFAULT 0,
+    duty_expires_at  BIGINT
+);
+CREATE INDEX tasks_ready ON tasks (namespace, kind, queue, available_at) WHERE status = 'ready';
+CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased');
+CREATE TABLE workers (
+    namespace         TEXT NOT NULL,
+    worker_id         TEXT NOT NULL,
+    task_queue        TEXT NOT NULL,
+    runtime           TEXT NOT NULL,
+    sdk_version       TEXT,
+    build_id          TEXT,
+    workflow_types    TEXT NOT NULL,
+    activity_types    TEXT NOT NULL,
+    fingerprints      TEXT NOT NULL,
+    document          TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    registered_at     BIGINT NOT NULL,
+    last_heartbeat_at BIGINT NOT NULL,
+    PRIMARY KEY (namespace, worker_id)
+);
+CREATE TABLE poll_requests (
+    namespace       TEXT NOT NULL,
+    task_queue      TEXT NOT NULL,
+    worker_id       TEXT NOT NULL,
+    kind            TEXT NOT NULL,
+    poll_request_id TEXT NOT NULL,
+    task_id         TEXT NOT NULL,
+    fence           BIGINT NOT NULL,
+    created_at      BIGINT NOT NULL,
+    PRIMARY KEY (namespace, task_queue, worker_id, kind, poll_request_id)
+);
+CREATE INDEX poll_requests_age ON poll_requests (created_at);
+CREATE TABLE command_requests (
+    namespace    TEXT NOT NULL,
+    workflow_id  TEXT NOT NULL,
+    command_type TEXT NOT NULL,
+    request_id   TEXT NOT NULL,
+    intent_hash  TEXT NOT NULL,
+    receipt      TEXT NOT NULL,
+    created_at   BIGINT NOT NULL,
+    PRIMARY KEY (namespace, workflow_id, command_type, request_id)
+);
+"#,
+)];
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        StoreError::Storage(error.to_string())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        StoreError::Storage(format!("no database connection: {error}"))
+    }
+}
+
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    limits: Arc<Limits>,
+}
+
+impl PostgresStore {
+    /// Connects, migrates (one node at a time, under an advisory lock) and bootstraps `default`.
+    pub async fn connect(url: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Storage(format!("bad database URL: {e}")))?;
+        Self::with_config(config, limits, now).await
+    }
+
+    /// Like [`connect`](Self::connect), with every table in `schema` (created if missing): lets
+    /// tests and tenants share one database.
+    pub async fn connect_in_schema(url: &str, schema: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
+        if !schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(StoreError::Storage(format!("schema name {schema:?} must be [A-Za-z0-9_]")));
+        }
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Storage(format!("bad database URL: {e}")))?;
+        let (client, connection) = config.connect(NoTls).await?;
+        let driver = tokio::spawn(connection);
+        client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await?;
+        drop(client);
+        let _ = driver.await;
+        config.options(format!("-c search_path={schema}"));
+        Self::with_config(config, limits, now).await
+    }
+
+    async fn with_config(config: tokio_postgres::Config, limits: Limits, now: Millis) -> StoreResult<Self> {
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| StoreError::Storage(e.to_string()))?;
+        let store = Self {
+            pool,
+            config,
+            limits: Arc::new(limits),
+        };
+        store.migrate(now).await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self, now: Millis) -> StoreResult<()> {
+        let mut client = self.pool.get().await?;
+        client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
+        let result = async {
+            client.batch_execute("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)").await?;
+            for (version, sql) in MIGRATIONS {
+                let applied = client.query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version]).await?.is_some();
+                if applied {
+                    continue;
+                }
+                let tx = client.transaction().await?;
+                tx.batch_execute(sql).await?;
+                tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)", &[version, &now]).await?;
+                tx.commit().await?;
+            }
+            client
+                .execute(
+                    "INSERT INTO namespaces (name, description, created_at) VALUES ('default', 'Default namespace', $1) ON CONFLICT DO NOTHING",
+                    &[&now],
+                )
+                .await?;
+            Ok::<(), StoreError>(())
+        }
+        .await;
+        client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await?;
+        result
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+
+fn corrupt(error: serde_json::Error) -> StoreError {
+    StoreError::Storage(format!("corrupt stored document: {error}"))
+}
+
+async fn locate_run(tx: &Transaction<'_>, namespace: &str, locator: &RunLocator) -> StoreResult<Option<String>> {
+    let row = match locator {
+        RunLocator::Task(task_id) => {
+            tx.query_opt(
+                "SELECT run_id FROM tasks WHERE task_id = $1 AND namespace = $2",
+                &[&task_id.as_str(), &namespace],
+            )
+            .await?
+        }
+        RunLocator::Run(workflow_id, run_id) => {
+            tx.query_opt(
+                "SELECT run_id FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
+                &[&run_id.as_str(), &workflow_id.as_str(), &namespace],
+            )
+            .await?
+        }
+        RunLocator::Current(workflow_id) => {
+            tx.query_opt(
+                "SELECT current_run_id FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2",
+                &[&workflow_id.as_str(), &namespace],
+            )
+            .await?
+        }
+    };
+    Ok(row.map(|r| r.get(0)))
+}
+
+fn not_found(locator: &RunLocator) -> Refusal {
+    match locator {
+        RunLocator::Task(task_id) => Refusal::new(Reason::TaskNotFound, "Task not found.").with("task_id", task_id.as_str()),
+        RunLocator::Run(workflow_id, run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.")
+            .with("workflow_id", workflow_id.as_str())
+            .with("run_id", run_id.as_str()),
+        RunLocator::Current(workflow_id) => {
+            Refusal::new(Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id.as_str())
+        }
+    }
+}
+
+/// Loads and row-locks a run. `skip_locked`: give up (None) instead of waiting for another node.
+async fn lock_run(tx: &Transaction<'_>, run_id: &str, skip_locked: bool) -> StoreResult<Option<RunState>> {
+    let sql = if skip_locked {
+        "SELECT state FROM runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED"
+    } else {
+        "SELECT state FROM runs WHERE run_id = $1 FOR UPDATE"
+    };
+    match tx.query_opt(sql, &[&run_id]).await? {
+        Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
+        None => Ok(None),
+    }
+}
+
+fn task_status(task: &Task) -> &'static str {
+    match task.state {
+        TaskState::Ready => "ready",
+        TaskState::Leased(_) => "leased",
+    }
+}
+
+fn task_type_name(run: &RunState, task: &Task) -> String {
+    match &task.detail {
+        TaskDetail::Workflow { .. } => run.workflow_type.clone(),
+        TaskDetail::Activity { activity_type, .. } => activity_type.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Writes a run's new state, its new events and its changed tasks; announces ready tasks.
+async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert_run: bool) -> StoreResult<()> {
+    let state = serde_json::to_string(run).map_err(corrupt)?;
+    if insert_run {
+        tx.execute(
+            "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            &[
+                &run.run_id.as_str(),
+                &run.namespace,
+                &run.workflow_id.as_str(),
+                &(run.run_number as i64),
+                &run.workflow_type,
+                &run.task_queue,
+                &run.status.as_str(),
+                &run.business_key,
+                &run.started_at,
+                &run.closed_at,
+                &state,
+            ],
+        )
+        .await?;
+    } else {
+        tx.execute(
+            "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1",
+            &[&run.run_id.as_str(), &run.status.as_str(), &run.closed_at, &state],
+        )
+        .await?;
+    }
+    if !effects.events.is_empty() {
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .await?;
+        for event in &effects.events {
+            debug_assert_eq!(event.computed_hash(), event.hash);
+            let payload = serde_json::to_string(&event.payload).map_err(corrupt)?;
+            tx.execute(
+                &insert,
+                &[
+                    &run.run_id.as_str(),
+                    &(event.sequence as i64),
+                    &event.id.as_str(),
+                    &event.event_type.as_str(),
+                    &payload,
+                    &event.workflow_task_id.as_ref().map(|t| t.as_str()),
+                    &event.workflow_command_id.as_ref().map(|c| c.as_str()),
+                    &event.recorded_at,
+                    &event.prev_hash,
+                    &event.hash,
+                ],
+            )
+            .await?;
+        }
+    }
+    let mut announced: Vec<String> = Vec::new();
+    for task_id in &effects.touched_tasks {
+        let Some(task) = run.tasks.get(task_id) else {
+            tx.execute(
+                "UPDATE tasks SET status = 'cancelled', deadline_at = NULL WHERE task_id = $1",
+                &[&task_id.as_str()],
+            )
+            .await?;
+            continue;
+        };
+        let lease = task.lease();
+        let upsert = tx
+            .prepare_cached(
+                "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
+                     deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
+                     lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
+            )
+            .await?;
+        tx.execute(
+            &upsert,
+            &[
+                &task.id.as_str(),
+                &run.namespace,
+                &run.run_id.as_str(),
+                &task.kind.as_str(),
+                &task.queue,
+                &task_type_name(run, task),
+                &task_status(task),
+                &task.available_at,
+                &task.deadline_at,
+                &lease.map(|l| l.owner.clone()),
+                &lease.map(|l| l.expires_at),
+                &(task.fence as i64),
+                &task.created_at,
+            ],
+        )
+        .await?;
+        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
+            let key = format!("{}\u{1f}{}\u{1f}{}", run.namespace, task.kind.as_str(), task.queue);
+            if !announced.contains(&key) {
+                announced.push(key);
+            }
+        }
+    }
+    for (task_id, closure) in &effects.closed_tasks {
+        let updated = tx
+            .execute(
+                "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1",
+                &[&task_id.as_str(), &closure.as_str()],
+            )
+            .await?;
+        if updated == 0 {
+            tx.execute(
+                "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
+                 VALUES ($1, $2, $3, 'timer', '', '', $4, 0, 0, 0) ON CONFLICT DO NOTHING",
+                &[&task_id.as_str(), &run.namespace, &run.run_id.as_str(), &closure.as_str()],
+            )
+            .await?;
+        }
+    }
+    for key in announced {
+        // Delivered to every listening node when (and only if) this transaction commits.
+        tx.execute("SELECT pg_notify($1, $2)", &[&WAKE_CHANNEL, &key]).await?;
+    }
+    Ok(())
+}
+
+fn parse_kind(kind: &str) -> Option<TaskKind> {
+    match kind {
+        "workflow" => Some(TaskKind::Workflow),
+        "activity" => Some(TaskKind::Activity),
+        _ => None,
+    }
+}
+
+const WORKER_COLUMNS: &str =
+    "namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at";
+
+fn worker_from_row(row: &tokio_postgres::Row) -> WorkerRecord {
+    let list = |i: usize| serde_json::from_str::<Vec<String>>(row.get::<_, &str>(i)).unwrap_or_default();
+    let map = |i: usize| serde_json::from_str::<Map<String, Value>>(row.get::<_, &str>(i)).unwrap_or_default();
+    WorkerRecord {
+        namespace: row.get(0),
+        worker_id: row.get(1),
+        task_queue: row.get(2),
+        runtime: row.get(3),
+        sdk_version: row.get(4),
+        build_id: row.get(5),
+        supported_workflow_types: list(6),
+        supported_activity_types: list(7),
+        workflow_definition_fingerprints: map(8),
+        document: map(9),
+        status: row.get(10),
+        registered_at: row.get(11),
+        last_heartbeat_at: row.get(12),
+    }
+}
+
+fn summary_from_state(state: &str) -> StoreResult<RunSummary> {
+    let run: RunState = serde_json::from_str(state).map_err(corrupt)?;
+    Ok(RunSummary {
+        namespace: run.namespace.clone(),
+        workflow_id: run.workflow_id.clone(),
+        run_id: run.run_id.clone(),
+        run_number: run.run_number,
+        workflow_type: run.workflow_type.clone(),
+        task_queue: run.task_queue.clone(),
+        status: run.status,
+        business_key: run.business_key.clone(),
+        started_at: run.started_at,
+        closed_at: run.closed_at,
+        search_attributes: run.search_attributes,
+        memo: run.memo,
+    })
+}
+
+fn type_filter(types: &[String]) -> Option<Vec<String>> {
+    (!types.is_empty()).then(|| types.to_vec())
+}
+
+impl Store for PostgresStore {
+    async fn ping(&self) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        client.query_one("SELECT 1", &[]).await?;
+        Ok(())
+    }
+
+    async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .query_opt("SELECT 1 FROM namespaces WHERE name = $1", &[&namespace])
+            .await?
+            .is_some())
+    }
+
+    async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let existing = tx
+            .query_opt(
+                &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 AND worker_id = $2 FOR UPDATE"),
+                &[&worker.namespace, &worker.worker_id],
+            )
+            .await?
+            .map(|row| worker_from_row(&row));
+        let mut record = worker.clone();
+        if let Some(existing) = existing {
+            if existing.status == "active" {
+                for (workflow_type, fingerprint) in &worker.workflow_definition_fingerprints {
+                    if existing
+                        .workflow_definition_fingerprints
+                        .get(workflow_type)
+                        .is_some_and(|old| old != fingerprint)
+                    {
+                        return Err(Refusal::new(
+                            Reason::WorkflowDefinitionChanged,
+                            format!(
+                                "Worker {} re-registered workflow type {workflow_type} with a different definition.",
+                                worker.worker_id
+                            ),
+                        )
+                        .with("workflow_type", workflow_type.clone())
+                        .into());
+                    }
+                }
+            }
+            record.registered_at = existing.registered_at;
+        }
+        let json = |v: &dyn erased::Json| v.to_json();
+        tx.execute(
+            &format!(
+                "INSERT INTO workers ({WORKER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 ON CONFLICT (namespace, worker_id) DO UPDATE SET task_queue = excluded.task_queue, runtime = excluded.runtime,
+                   sdk_version = excluded.sdk_version, build_id = excluded.build_id, workflow_types = excluded.workflow_types,
+                   activity_types = excluded.activity_types, fingerprints = excluded.fingerprints, document = excluded.document,
+                   status = excluded.status, last_heartbeat_at = excluded.last_heartbeat_at"
+            ),
+            &[
+                &record.namespace,
+                &record.worker_id,
+                &record.task_queue,
+                &record.runtime,
+                &record.sdk_version,
+                &record.build_id,
+                &json(&record.supported_workflow_types),
+                &json(&record.supported_activity_types),
+                &json(&record.workflow_definition_fingerprints),
+                &json(&record.document),
+                &record.status,
+                &record.registered_at,
+                &record.last_heartbeat_at,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    async fn heartbeat_worker(&self, namespace: &str, worker_id: &str, now: Millis) -> StoreResult<Option<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                &format!("UPDATE workers SET last_heartbeat_at = $3 WHERE namespace = $1 AND worker_id = $2 RETURNING {WORKER_COLUMNS}"),
+                &[&namespace, &worker_id, &now],
+            )
+            .await?;
+        Ok(row.map(|r| worker_from_row(&r)))
+    }
+
+    async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 AND worker_id = $2"),
+                &[&namespace, &worker_id],
+            )
+            .await?;
+        Ok(row.map(|r| worker_from_row(&r)))
+    }
+
+    async fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT task_id FROM tasks WHERE namespace = $1 AND lease_owner = $2 AND kind = $3 AND status = 'leased'",
+                &[&namespace, &owner, &kind.as_str()],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| TaskId(r.get(0))).collect())
+    }
+
+    async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM workers WHERE namespace = $1 AND worker_id = $2",
+                &[&namespace, &worker_id],
+            )
+            .await?
+            > 0)
+    }
+
+    async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let existing = tx
+            .query_opt(
+                "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1 FOR UPDATE",
+                &[&start.workflow_id.as_str()],
+            )
+            .await?;
+        if let Some(row) = existing {
+            let (namespace, run_id): (String, String) = (row.get(0), row.get(1));
+            if namespace != start.namespace {
+                return Err(Refusal::new(
+                    Reason::WorkflowIdReservedInNamespace,
+                    "This workflow id is reserved in another namespace.",
+                )
+                .with("workflow_id", start.workflow_id.as_str())
+                .into());
+            }
+            let run = lock_run(&tx, &run_id, false)
+                .await?
+                .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
+            if policy == DuplicatePolicy::UseExisting && !run.is_closed() {
+                return Ok((StartOutcome::ReturnedExistingActive, run));
+            }
+            return Err(
+                Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
+                    .with("workflow_id", start.workflow_id.as_str())
+                    .with("run_id", run.run_id.as_str())
+                    .with("status", run.status.as_str())
+                    .into(),
+            );
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let workflow_id = start.workflow_id.clone();
+        let run = start_run(&mut cx, start);
+        let inserted = tx
+            .execute(
+                "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)",
+                &[&run.workflow_id.as_str(), &run.namespace, &run.run_id.as_str(), &now],
+            )
+            .await;
+        if let Err(error) = inserted {
+            if error.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+                // Another node started this id a moment ago.
+                return Err(
+                    Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
+                        .with("workflow_id", workflow_id.as_str())
+                        .into(),
+                );
+            }
+            return Err(error.into());
+        }
+        persist(&tx, &run, &cx.effects, true).await?;
+        tx.commit().await?;
+        Ok((StartOutcome::StartedNew, run))
+    }
+
+    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
+                   AND ($5::text[] IS NULL OR type_name = ANY($5)) LIMIT 1",
+                &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
+            )
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> StoreResult<Option<(Task, RunState)>> {
+        let mut client = self.pool.get().await?;
+        let candidates = client
+            .query(
+                "SELECT task_id, run_id FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
+                   AND ($5::text[] IS NULL OR type_name = ANY($5)) ORDER BY available_at, task_id LIMIT 16",
+                &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
+            )
+            .await?;
+        for row in candidates {
+            let (task_id, run_id): (String, String) = (row.get(0), row.get(1));
+            let tx = client.transaction().await?;
+            // Another node is working on this run: leave it and try the next candidate.
+            let Some(mut run) = lock_run(&tx, &run_id, true).await? else {
+                continue;
+            };
+            let mut ids = UlidIds;
+            let mut cx = Cx::new(now, &mut ids, &self.limits);
+            let task_id = TaskId(task_id);
+            let leased = match kind {
+                TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms),
+                TaskKind::Activity => lease_activity_task(&mut run, &mut cx, &task_id, owner, lease_ms),
+                _ => continue,
+            };
+            match leased {
+                Ok(task) => {
+                    persist(&tx, &run, &cx.effects, false).await?;
+                    tx.commit().await?;
+                    return Ok(Some((task, run)));
+                }
+                Err(_) => {
+                    // The row was read before another node leased the task; it is fine now.
+                    let status = run.tasks.get(&task_id).map(task_status).unwrap_or("cancelled");
+                    tx.execute(
+                        "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'",
+                        &[&task_id.as_str(), &status],
+                    )
+                    .await?;
+                    tx.commit().await?;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let run_id = locate_run(&tx, namespace, &locator).await?.ok_or_else(|| not_found(&locator))?;
+        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let value = transition(&mut run, &mut cx)?;
+        persist(&tx, &run, &cx.effects, false).await?;
+        tx.commit().await?;
+        Ok((value, run))
+    }
+
+    async fn mutate_run_keyed<T, F, R>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        key: CommandKey,
+        now: Millis,
+        transition: F,
+        render: R,
+    ) -> StoreResult<(KeyedReceipt<T>, Option<RunState>)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+        R: FnOnce(&T, &RunState) -> Value + Send + 'static,
+    {
+        let workflow_id = match &locator {
+            RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
+            RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
+        };
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let run_id = locate_run(&tx, namespace, &locator).await?.ok_or_else(|| not_found(&locator))?;
+        // The run lock serialises concurrent uses of one request id.
+        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
+        let stored = tx
+            .query_opt(
+                "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4",
+                &[&namespace, &workflow_id, &key.command_type, &key.request_id],
+            )
+            .await?;
+        if let Some(row) = stored {
+            let (intent_hash, receipt): (String, String) = (row.get(0), row.get(1));
+            if intent_hash != key.intent_hash {
+                return Err(Refusal::new(
+                    Reason::RequestIdConflict,
+                    "This request_id was already used for a different command.",
+                )
+                .with("retained_command_type", key.command_type.clone())
+                .with("request_id", key.request_id.clone())
+                .into());
+            }
+            return Ok((KeyedReceipt::Retained(serde_json::from_str(&receipt).map_err(corrupt)?), None));
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let value = transition(&mut run, &mut cx)?;
+        persist(&tx, &run, &cx.effects, false).await?;
+        let receipt = render(&value, &run).to_string();
+        tx.execute(
+            "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&namespace, &workflow_id, &key.command_type, &key.request_id, &key.intent_hash, &receipt, &now],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((KeyedReceipt::Fresh(value), Some(run)))
+    }
+
+    async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
+        let client = self.pool.get().await?;
+        let sql = match &locator {
+            RunLocator::Task(_) => "SELECT r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+            RunLocator::Run(_, _) => "SELECT state FROM runs WHERE run_id = $1 AND workflow_id = $3 AND namespace = $2",
+            RunLocator::Current(_) => "SELECT r.state FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1 AND i.namespace = $2",
+        };
+        let row = match &locator {
+            RunLocator::Task(task_id) => client.query_opt(sql, &[&task_id.as_str(), &namespace]).await?,
+            RunLocator::Run(workflow_id, run_id) => {
+                client
+                    .query_opt(sql, &[&run_id.as_str(), &namespace, &workflow_id.as_str()])
+                    .await?
+            }
+            RunLocator::Current(workflow_id) => client.query_opt(sql, &[&workflow_id.as_str(), &namespace]).await?,
+        };
+        match row {
+            Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash
+                 FROM history_events WHERE run_id = $1 AND sequence > $2 AND sequence <= $3 ORDER BY sequence LIMIT $4",
+                &[
+                    &run_id.as_str(),
+                    &(after as i64),
+                    &(upto.min(i64::MAX as u64) as i64),
+                    &(limit as i64),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let event_type: &str = row.get(2);
+                Ok(HistoryEvent {
+                    sequence: row.get::<_, i64>(0) as u64,
+                    id: EventId(row.get(1)),
+                    event_type: EventType::parse(event_type)
+                        .ok_or_else(|| StoreError::Storage(format!("unknown stored event type {event_type}")))?,
+                    payload: serde_json::from_str(row.get::<_, &str>(3)).map_err(corrupt)?,
+                    workflow_task_id: row.get::<_, Option<String>>(4).map(TaskId),
+                    workflow_command_id: row.get::<_, Option<String>>(5).map(CommandId),
+                    recorded_at: row.get(6),
+                    prev_hash: row.get(7),
+                    hash: row.get(8),
+                })
+            })
+            .collect()
+    }
+
+    async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
+        let client = self.pool.get().await?;
+        let statuses: Option<Vec<String>> = filter.status_bucket.as_deref().map(|bucket| {
+            match bucket {
+                "running" => vec!["pending", "running", "waiting"],
+                "completed" => vec!["completed"],
+                _ => vec!["failed", "cancelled", "terminated"],
+            }
+            .into_iter()
+            .map(String::from)
+            .collect()
+        });
+        let pattern = filter
+            .query
+            .map(|q| format!("%{}%", q.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &namespace,
+            &filter.workflow_type,
+            &statuses,
+            &pattern,
+            &((limit + 1) as i64),
+            &(offset as i64),
+        ];
+        let rows = client
+            .query(
+                "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
+                 WHERE r.namespace = $1 AND ($2::text IS NULL OR r.workflow_type = $2)
+                   AND ($3::text[] IS NULL OR r.status = ANY($3))
+                   AND ($4::text IS NULL OR r.workflow_id LIKE $4 OR r.business_key LIKE $4)
+                 ORDER BY r.started_at DESC, r.run_id DESC LIMIT $5 OFFSET $6",
+                &params,
+            )
+            .await?;
+        let mut summaries = rows
+            .iter()
+            .map(|row| summary_from_state(row.get(0)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let more = summaries.len() > limit;
+        summaries.truncate(limit);
+        Ok((summaries, more))
+    }
+
+    async fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<RunSummary>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT state FROM runs WHERE namespace = $1 AND workflow_id = $2 ORDER BY run_number",
+                &[&namespace, &workflow_id.as_str()],
+            )
+            .await?;
+        rows.iter().map(|row| summary_from_state(row.get(0))).collect()
+    }
+
+    async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "UPDATE tasks SET duty_owner = $1, duty_fence = duty_fence + 1, duty_expires_at = $3
+                 WHERE task_id IN (
+                     SELECT task_id FROM tasks
+                     WHERE deadline_at IS NOT NULL AND deadline_at <= $2 AND status IN ('ready', 'leased')
+                       AND (duty_expires_at IS NULL OR duty_expires_at <= $2)
+                     ORDER BY deadline_at LIMIT $4 FOR UPDATE SKIP LOCKED)
+                 RETURNING namespace, task_id, duty_fence",
+                &[&node, &now, &(now + hold_ms), &(limit as i64)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| DueTask {
+                namespace: r.get(0),
+                task_id: TaskId(r.get(1)),
+                duty_fence: r.get::<_, i64>(2) as u64,
+            })
+            .collect())
+    }
+
+    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let locator = RunLocator::Task(due.task_id.clone());
+        let run_id = locate_run(&tx, &due.namespace, &locator)
+            .await?
+            .ok_or_else(|| not_found(&locator))?;
+        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
+        // Lock the task row too, so no other node's claim can move the fence under us.
+        let fence: Option<i64> = tx
+            .query_opt(
+                "SELECT duty_fence FROM tasks WHERE task_id = $1 FOR UPDATE",
+                &[&due.task_id.as_str()],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if fence != Some(due.duty_fence as i64) {
+            return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
+                .with("task_id", due.task_id.as_str())
+                .with("duty_fence", due.duty_fence)
+                .with("current_duty_fence", fence)
+                .into());
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let value = transition(&mut run, &mut cx)?;
+        persist(&tx, &run, &cx.effects, false).await?;
+        tx.execute(
+            "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1",
+            &[&due.task_id.as_str()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((value, run))
+    }
+
+    async fn next_deadline(&self) -> StoreResult<Option<Millis>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT MIN(deadline_at) FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased')",
+                &[],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn remember_poll(&self, key: PollKey, task_id: TaskId, fence: u64, now: Millis) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id) DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at",
+                &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id, &task_id.as_str(), &(fence as i64), &now],
+            )
+            .await?;
+        client
+            .execute("DELETE FROM poll_requests WHERE created_at < $1", &[&(now - 3_600_000)])
+            .await?;
+        Ok(())
+    }
+
+    async fn recall_poll(&self, key: PollKey) -> StoreResult<Option<(TaskId, u64)>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT task_id, fence FROM poll_requests WHERE namespace = $1 AND task_queue = $2 AND worker_id = $3 AND kind = $4 AND poll_request_id = $5",
+                &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id],
+            )
+            .await?;
+        Ok(row.map(|r| (TaskId(r.get(0)), r.get::<_, i64>(1) as u64)))
+    }
+
+    async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let config = self.config.clone();
+        tokio::spawn(async move {
+            // Reconnect forever: a lost listener only costs latency (pollers re-check the
+            // database every second), never a task.
+            loop {
+                if let Err(error) = listen(&config, &sender).await {
+                    tracing::warn!(%error, "wake-up listener lost its connection; reconnecting");
+                }
+                if sender.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        });
+        Ok(Some(receiver))
+    }
+}
+
+async fn listen(
+    config: &tokio_postgres::Config,
+    sender: &tokio::sync::mpsc::UnboundedSender<(String, TaskKind, String)>,
+) -> StoreResult<()> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+    let listen_sql = format!("LISTEN {WAKE_CHANNEL}");
+    let listening = client.batch_execute(&listen_sql);
+    // The connection must be driven while LISTEN runs; do both until LISTEN returns.
+    tokio::pin!(listening);
+    loop {
+        tokio::select! {
+            result = &mut listening => { result?; break; }
+            message = messages.next() => match message {
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error.into()),
+                None => return Err(StoreError::Storage("listener connection closed".into())),
+            }
+        }
+    }
+    while let Some(message) = messages.next().await {
+        if let AsyncMessage::Notification(notification) = message? {
+            let mut parts = notification.payload().splitn(3, '\u{1f}');
+            if let (Some(namespace), Some(kind), Some(queue)) = (parts.next(), parts.next().and_then(parse_kind), parts.next()) {
+                if sender.send((namespace.to_string(), kind, queue.to_string())).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Err(StoreError::Storage("listener connection closed".into()))
+}
+
+mod erased {
+    /// Serialises a stored JSON column.
+    pub trait Json {
+        fn to_json(&self) -> String;
+    }
+
+    impl<T: serde::Serialize> Json for T {
+        fn to_json(&self) -> String {
+            serde_json::to_string(self).unwrap_or_else(|_| "null".into())
+        }
+    }
+}
