@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every Capstan test: engine unit/property tests, the store suite, HTTP API tests, the Rust
-# SDK interop tests and the Python SDK suite (including the kill -9 crash test).
-# Installs what the tests need first: a Python venv in .venv with the published DW SDK.
+# Runs every Capstan test: engine unit/property tests, the store suite on SQLite and PostgreSQL,
+# HTTP API tests, the Rust SDK interop tests, the Python SDK suite (including the kill -9 crash
+# test) and the multi-node PostgreSQL cluster tests.
+# Installs what the tests need first: a Python venv in .venv with the published DW SDK, and a
+# private PostgreSQL (Debian's packages) started by scripts/postgres.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +12,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+
+CAPSTAN_TEST_POSTGRES_URL=$(./scripts/postgres.sh)
+export CAPSTAN_TEST_POSTGRES_URL
 
 # One build of everything (binaries and test targets), then the tests in one pass.
 cargo build --workspace --all-targets

@@ -4,7 +4,7 @@
 //! library until SIGINT or SIGTERM.
 
 use capstan_server::{AuthConfig, ServerConfig};
-use capstan_store::SqliteStore;
+use capstan_store::{PostgresStore, SqliteStore};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,7 +46,8 @@ struct ServeArgs {
     /// Directory for the embedded database.
     #[arg(long, env = "CAPSTAN_DATA_DIR", default_value = "./capstan-data")]
     data_dir: PathBuf,
-    /// Database URL: `sqlite://PATH` (default: DATA_DIR/capstan.db).
+    /// Database URL: `sqlite://PATH` (default: DATA_DIR/capstan.db) or `postgres://…` to share
+    /// one PostgreSQL database between several nodes.
     #[arg(long, env = "CAPSTAN_DATABASE")]
     database: Option<String>,
     /// Authentication: `none`, or `token` (bearer tokens below).
@@ -76,6 +77,10 @@ struct ServeArgs {
     /// Most history events one run may hold.
     #[arg(long, env = "CAPSTAN_MAX_HISTORY_EVENTS", default_value_t = 50_000)]
     max_history_events: u64,
+    /// How long a node holds a claimed background duty (timer, timeout) before another node may
+    /// take it over, if the first died.
+    #[arg(long, env = "CAPSTAN_DUTY_LEASE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(i64).range(1..=3600))]
+    duty_lease_seconds: i64,
     /// Log format.
     #[arg(long, env = "CAPSTAN_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -90,13 +95,16 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn database_path(args: &ServeArgs) -> Result<PathBuf, String> {
+enum Database {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+fn database(args: &ServeArgs) -> Database {
     match &args.database {
-        None => Ok(args.data_dir.join("capstan.db")),
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            Err("PostgreSQL is not supported by this build yet; use the embedded SQLite default.".into())
-        }
-        Some(url) => Ok(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
+        None => Database::Sqlite(args.data_dir.join("capstan.db")),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Database::Postgres(url.clone()),
+        Some(url) => Database::Sqlite(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
     }
 }
 
@@ -134,26 +142,39 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let path = database_path(&args)?;
     let auth = auth_config(&args)?;
     let mut config = ServerConfig {
         auth,
         workflow_task_lease_ms: args.workflow_task_lease_seconds * 1000,
         activity_task_lease_ms: args.activity_task_lease_seconds * 1000,
+        duty_lease_ms: args.duty_lease_seconds * 1000,
         ..ServerConfig::default()
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;
     config.limits.history_events_max = args.max_history_events;
-    let store =
-        SqliteStore::open(&path, config.limits.clone(), capstan_server::now_ms()).map_err(|e| format!("open {}: {e}", path.display()))?;
+    let now = capstan_server::now_ms();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| format!("listen on {}: {e}", args.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(%address, database = %path.display(), "capstan serving");
-    capstan_server::serve(listener, store, config, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    match database(&args) {
+        Database::Sqlite(path) => {
+            let store = SqliteStore::open(&path, config.limits.clone(), now).map_err(|e| format!("open {}: {e}", path.display()))?;
+            tracing::info!(%address, database = %path.display(), node = %config.server_id, "capstan serving (SQLite)");
+            capstan_server::serve(listener, store, config, shutdown_signal())
+                .await
+                .map_err(|e| e.to_string())
+        }
+        Database::Postgres(url) => {
+            let store = PostgresStore::connect(&url, config.limits.clone(), now)
+                .await
+                .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
+            tracing::info!(%address, node = %config.server_id, "capstan serving (PostgreSQL)");
+            capstan_server::serve(listener, store, config, shutdown_signal())
+                .await
+                .map_err(|e| e.to_string())
+        }
+    }
 }
 
 fn main() -> ExitCode {

@@ -11,13 +11,15 @@ use std::time::Duration;
 
 const BATCH: usize = 256;
 const IDLE_RECHECK_MS: i64 = 1_000;
-/// How long a claimed deadline stays this node's before another node may take it over.
-const DUTY_HOLD_MS: i64 = 30_000;
 
 pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     loop {
         let now = now_ms();
-        let due = match state.store.claim_due_tasks(&state.config.server_id, now, BATCH, DUTY_HOLD_MS).await {
+        let due = match state
+            .store
+            .claim_due_tasks(&state.config.server_id, now, BATCH, state.config.duty_lease_ms)
+            .await
+        {
             Ok(due) => due,
             Err(error) => {
                 tracing::error!(%error, "clock: could not read due tasks");

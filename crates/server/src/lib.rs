@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub workflow_task_lease_ms: i64,
     /// Activity attempt lease length (extended by heartbeats).
     pub activity_task_lease_ms: i64,
+    /// How long a claimed background duty stays this node's before another may take it over.
+    pub duty_lease_ms: i64,
     /// Longest long-poll hold, whatever the client asks.
     pub poll_wait_max_ms: i64,
     pub limits: Limits,
@@ -52,6 +54,7 @@ impl Default for ServerConfig {
             auth: AuthConfig::None,
             workflow_task_lease_ms: 60_000,
             activity_task_lease_ms: 300_000,
+            duty_lease_ms: 30_000,
             poll_wait_max_ms: 60_000,
             limits: Limits::default(),
             server_id: format!("capstan-{}", ulid::Ulid::new()),
