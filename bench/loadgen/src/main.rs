@@ -1,0 +1,480 @@
+//! `capstan-bench`: a load generator that speaks the DW worker protocol and control plane
+//! directly. It starts workflows (as fast as possible with N in flight, or at an offered rate),
+//! answers their workflow and activity tasks with M worker loops, verifies every result and
+//! (optionally) every history, and reports throughput, start→result latency, and the server's
+//! CPU seconds per workflow and peak RSS when it spawned the server itself.
+
+mod avro;
+mod proc_stats;
+
+use clap::{Parser, ValueEnum};
+use reqwest::Client;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Workload {
+    /// DW Standard Workflow v1: one echo activity, payload in and out.
+    W1,
+    /// Ten sequential echo activities.
+    W10,
+    /// One durable 1 s timer.
+    Timer,
+    /// Wait for a signal sent by the client right after the start.
+    Signal,
+    /// Idle long polls held open while /api/health latency is measured.
+    IdlePolls,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "capstan-bench", about = "Load generator for Capstan (DW v2 wire protocol)")]
+struct Args {
+    /// Workload to run.
+    #[arg(long, value_enum, default_value = "w1")]
+    workload: Workload,
+    /// Server origin to drive. Without it, a `capstan serve` is spawned (see --spawn).
+    #[arg(long)]
+    server: Option<String>,
+    /// capstan binary to spawn when --server is absent.
+    #[arg(long, default_value = "target/release/capstan")]
+    spawn: String,
+    /// Extra `capstan serve` arguments for the spawned server (e.g. "--database postgres://…").
+    #[arg(long, allow_hyphen_values = true)]
+    server_args: Option<String>,
+    /// Workflows to run.
+    #[arg(long, default_value_t = 2000)]
+    workflows: usize,
+    /// Workflows in flight at once (closed-loop mode).
+    #[arg(long, default_value_t = 50)]
+    concurrency: usize,
+    /// Offered start rate per second (open-loop mode); overrides --concurrency pacing.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Workflow-task worker loops and activity worker loops (each).
+    #[arg(long, default_value_t = 16)]
+    workers: usize,
+    /// Bytes of the string payload passed in and echoed back.
+    #[arg(long, default_value_t = 1024)]
+    payload_bytes: usize,
+    /// Idle long polls to hold (idle-polls workload).
+    #[arg(long, default_value_t = 1000)]
+    idle_polls: usize,
+    /// Check every history's hash chain and event counts after the run (slower).
+    #[arg(long)]
+    verify_histories: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+const WORKER_HEADERS: [(&str, &str); 2] = [("X-Durable-Workflow-Protocol-Version", "1.20"), ("X-Namespace", "default")];
+const CONTROL_HEADERS: [(&str, &str); 2] = [("X-Durable-Workflow-Control-Plane-Version", "2"), ("X-Namespace", "default")];
+
+struct Api {
+    http: Client,
+    base: String,
+}
+
+impl Api {
+    async fn worker(&self, path: &str, body: Value) -> anyhow_lite::Result<(u16, Value)> {
+        let mut request = self.http.post(format!("{}/api{path}", self.base)).json(&body);
+        for (k, v) in WORKER_HEADERS {
+            request = request.header(k, v);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        Ok((status, response.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn control(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow_lite::Result<(u16, Value)> {
+        let mut request = self.http.request(method, format!("{}/api{path}", self.base));
+        for (k, v) in CONTROL_HEADERS {
+            request = request.header(k, v);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        Ok((status, response.json().await.unwrap_or(Value::Null)))
+    }
+}
+
+mod anyhow_lite {
+    pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// Shared run state: start instants, latencies, counters.
+struct Ledger {
+    started: Mutex<HashMap<String, Instant>>,
+    latencies_us: Mutex<Vec<u64>>,
+    completed: AtomicU64,
+    activities: AtomicU64,
+    done: AtomicBool,
+    expected_result: String,
+}
+
+fn history_events(task: &Value) -> &[Value] {
+    task["history_events"].as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn count(events: &[Value], event_type: &str) -> usize {
+    events.iter().filter(|e| e["event_type"] == event_type).count()
+}
+
+/// Decides the next commands of a workflow task from its history, per workload.
+fn decide(workload: Workload, task: &Value) -> Vec<Value> {
+    let events = history_events(task);
+    let input = task["arguments"].clone();
+    let last_result = events
+        .iter()
+        .rev()
+        .find(|e| e["event_type"] == "ActivityCompleted")
+        .map(|e| e["payload"]["result"].clone());
+    let activity = |arguments: Value| json!({"type": "schedule_activity", "activity_type": "echo", "arguments": arguments, "start_to_close_timeout": 60});
+    match workload {
+        Workload::W1 | Workload::W10 => {
+            let needed = if workload == Workload::W1 { 1 } else { 10 };
+            let done = count(events, "ActivityCompleted");
+            let scheduled = count(events, "ActivityScheduled");
+            if done >= needed {
+                vec![json!({"type": "complete_workflow", "result": {"codec": "avro", "blob": last_result.unwrap_or(Value::Null)}})]
+            } else if scheduled == done {
+                vec![activity(input)]
+            } else {
+                vec![] // waiting for the running activity: nothing new
+            }
+        }
+        Workload::Timer => {
+            if count(events, "TimerFired") > 0 {
+                vec![json!({"type": "complete_workflow", "result": input["blob"].clone()})]
+            } else if count(events, "TimerScheduled") == 0 {
+                vec![json!({"type": "start_timer", "delay_seconds": 1})]
+            } else {
+                vec![]
+            }
+        }
+        Workload::Signal => {
+            if task["signal_name"] == "go" || count(events, "SignalApplied") > 0 {
+                vec![json!({"type": "complete_workflow", "result": input["blob"].clone()})]
+            } else if count(events, "SignalWaitOpened") == 0 {
+                vec![json!({"type": "open_signal_wait", "signal_name": "go"})]
+            } else {
+                vec![]
+            }
+        }
+        Workload::IdlePolls => vec![],
+    }
+}
+
+async fn register(api: &Api, worker_id: &str, queue: &str) {
+    let (status, body) = api
+        .worker(
+            "/worker/register",
+            json!({"worker_id": worker_id, "task_queue": queue, "runtime": "rust", "sdk_version": "capstan-bench"}),
+        )
+        .await
+        .expect("register");
+    assert!(status < 300, "register failed: {status} {body}");
+}
+
+async fn workflow_worker(api: Arc<Api>, ledger: Arc<Ledger>, workload: Workload, index: usize, queue: String) {
+    let worker_id = format!("bench-wf-{index}");
+    register(&api, &worker_id, &queue).await;
+    let mut polls = 0u64;
+    while !ledger.done.load(Ordering::Relaxed) {
+        polls += 1;
+        let poll = json!({"worker_id": worker_id, "task_queue": queue, "timeout_seconds": 1, "history_page_size": 1000, "poll_request_id": format!("{worker_id}-{polls}")});
+        let Ok((200, body)) = api.worker("/worker/workflow-tasks/poll", poll).await else {
+            continue;
+        };
+        let task = &body["task"];
+        if task.is_null() {
+            continue;
+        }
+        assert!(task["next_history_page_token"].is_null(), "bench histories fit one page");
+        let task_id = task["task_id"].as_str().expect("task_id").to_string();
+        let attempt = task["workflow_task_attempt"].clone();
+        let commands = decide(workload, task);
+        let finishing = commands.iter().any(|c| c["type"] == "complete_workflow");
+        let (path, request) = if commands.is_empty() {
+            (
+                format!("/worker/workflow-tasks/{task_id}/fail"),
+                json!({"lease_owner": worker_id, "workflow_task_attempt": attempt, "failure": {"message": "waiting", "type": "WorkflowTaskWaitingForHistory"}}),
+            )
+        } else {
+            (
+                format!("/worker/workflow-tasks/{task_id}/complete"),
+                json!({"lease_owner": worker_id, "workflow_task_attempt": attempt, "commands": commands}),
+            )
+        };
+        let (status, response) = api.worker(&path, request).await.expect("report");
+        assert!(status == 200, "workflow task report refused: {status} {response}");
+        if finishing {
+            let workflow_id = task["workflow_id"].as_str().unwrap_or_default().to_string();
+            if let Some(started) = ledger.started.lock().unwrap().remove(&workflow_id) {
+                ledger.latencies_us.lock().unwrap().push(started.elapsed().as_micros() as u64);
+                ledger.completed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+async fn activity_worker(api: Arc<Api>, ledger: Arc<Ledger>, index: usize, queue: String) {
+    let worker_id = format!("bench-act-{index}");
+    register(&api, &worker_id, &queue).await;
+    let mut polls = 0u64;
+    while !ledger.done.load(Ordering::Relaxed) {
+        polls += 1;
+        let poll =
+            json!({"worker_id": worker_id, "task_queue": queue, "timeout_seconds": 1, "poll_request_id": format!("{worker_id}-{polls}")});
+        let Ok((200, body)) = api.worker("/worker/activity-tasks/poll", poll).await else {
+            continue;
+        };
+        let task = &body["task"];
+        if task.is_null() {
+            continue;
+        }
+        // Echo: the result is the first argument.
+        let result = avro::first_argument(task["arguments"]["blob"].as_str().unwrap_or_default());
+        let request = json!({"activity_attempt_id": task["activity_attempt_id"], "lease_owner": worker_id, "result": {"codec": "avro", "blob": result}});
+        let path = format!("/worker/activity-tasks/{}/complete", task["task_id"].as_str().unwrap_or_default());
+        let (status, response) = api.worker(&path, request).await.expect("activity report");
+        assert!(status == 200, "activity report refused: {status} {response}");
+        ledger.activities.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index] as f64 / 1000.0
+}
+
+async fn idle_polls(api: Arc<Api>, args: &Args, queue: &str) -> Value {
+    let worker_id = "bench-idle";
+    register(&api, worker_id, queue).await;
+    let held = Arc::new(AtomicU64::new(0));
+    let mut polls = Vec::new();
+    for i in 0..args.idle_polls {
+        let api = api.clone();
+        let queue = queue.to_string();
+        let held = held.clone();
+        polls.push(tokio::spawn(async move {
+            held.fetch_add(1, Ordering::Relaxed);
+            let poll = json!({"worker_id": worker_id, "task_queue": queue, "timeout_seconds": 30, "poll_request_id": format!("idle-{i}")});
+            let _ = api.worker("/worker/workflow-tasks/poll", poll).await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut latencies = Vec::new();
+    for _ in 0..200 {
+        let start = Instant::now();
+        let (status, _) = api.control(reqwest::Method::GET, "/health", None).await.expect("health");
+        assert_eq!(status, 200);
+        latencies.push(start.elapsed().as_micros() as u64);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    latencies.sort_unstable();
+    for poll in polls {
+        poll.abort();
+    }
+    json!({"idle_polls": args.idle_polls, "health_p50_ms": percentile(&latencies, 0.5), "health_p99_ms": percentile(&latencies, 0.99)})
+}
+
+async fn verify(api: &Api, workflow_ids: &[String], expected_blob: &str, workload: Workload, histories: bool) -> usize {
+    let mut problems = 0;
+    for id in workflow_ids {
+        let (status, describe) = api
+            .control(reqwest::Method::GET, &format!("/workflows/{id}"), None)
+            .await
+            .expect("describe");
+        let ok = status == 200 && describe["status"] == "completed" && describe["output_envelope"]["blob"] == expected_blob;
+        if !ok {
+            problems += 1;
+            eprintln!("workflow {id}: {status} {}", describe["status"]);
+            continue;
+        }
+        if histories {
+            let run = describe["run_id"].as_str().unwrap_or_default();
+            let (_, history) = api
+                .control(
+                    reqwest::Method::GET,
+                    &format!("/workflows/{id}/runs/{run}/history?page_size=1000"),
+                    None,
+                )
+                .await
+                .expect("history");
+            let events = history["events"].as_array().cloned().unwrap_or_default();
+            let mut previous = "0".repeat(64);
+            for (i, event) in events.iter().enumerate() {
+                if event["sequence"] != json!(i + 1) || event["prev_hash"] != json!(previous) {
+                    problems += 1;
+                    eprintln!("workflow {id}: broken chain at event {}", i + 1);
+                    break;
+                }
+                previous = event["hash"].as_str().unwrap_or_default().to_string();
+            }
+            let activities = match workload {
+                Workload::W1 => 1,
+                Workload::W10 => 10,
+                _ => 0,
+            };
+            if count(&events, "ActivityCompleted") != activities || count(&events, "WorkflowCompleted") != 1 {
+                problems += 1;
+                eprintln!("workflow {id}: unexpected history shape");
+            }
+        }
+    }
+    problems
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let mut spawned = None;
+    let base = match &args.server {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => {
+            let server = proc_stats::SpawnedServer::start(&args.spawn, args.server_args.as_deref()).await;
+            let url = server.url.clone();
+            spawned = Some(server);
+            url
+        }
+    };
+    let http = Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("http client");
+    let api = Arc::new(Api { http, base: base.clone() });
+    let queue = format!("bench-{}", std::process::id());
+    let cpu_before = spawned.as_ref().map(|s| s.cpu_seconds()).unwrap_or(0.0);
+
+    if args.workload == Workload::IdlePolls {
+        let report = idle_polls(api.clone(), &args, &queue).await;
+        let rss = spawned.as_ref().map(|s| s.peak_rss_mib());
+        println!(
+            "{}",
+            json!({"workload": "idle-polls", "report": report, "server_peak_rss_mib": rss})
+        );
+        return;
+    }
+
+    let payload = "x".repeat(args.payload_bytes);
+    let input_blob = avro::argument_list_of_string(&payload);
+    let expected_result = avro::string_value(&payload);
+    let ledger = Arc::new(Ledger {
+        started: Mutex::new(HashMap::new()),
+        latencies_us: Mutex::new(Vec::with_capacity(args.workflows)),
+        completed: AtomicU64::new(0),
+        activities: AtomicU64::new(0),
+        done: AtomicBool::new(false),
+        expected_result: expected_result.clone(),
+    });
+    let mut workers = Vec::new();
+    for i in 0..args.workers {
+        workers.push(tokio::spawn(workflow_worker(
+            api.clone(),
+            ledger.clone(),
+            args.workload,
+            i,
+            queue.clone(),
+        )));
+        if matches!(args.workload, Workload::W1 | Workload::W10) {
+            workers.push(tokio::spawn(activity_worker(api.clone(), ledger.clone(), i, queue.clone())));
+        }
+    }
+
+    let begin = Instant::now();
+    let in_flight = Arc::new(Semaphore::new(args.concurrency));
+    let mut ids = Vec::with_capacity(args.workflows);
+    let mut starters = Vec::new();
+    for i in 0..args.workflows {
+        let id = format!("{queue}-{i}");
+        ids.push(id.clone());
+        if let Some(rate) = args.rate {
+            let due = begin + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let permit = in_flight.clone().acquire_owned().await.expect("semaphore");
+        let api = api.clone();
+        let ledger = ledger.clone();
+        let queue = queue.clone();
+        let input = input_blob.clone();
+        let workload = args.workload;
+        starters.push(tokio::spawn(async move {
+            ledger.started.lock().unwrap().insert(id.clone(), Instant::now());
+            let body = json!({"workflow_type": "bench", "workflow_id": id, "task_queue": queue, "input": {"codec": "avro", "blob": input}});
+            let (status, response) = api.control(reqwest::Method::POST, "/workflows", Some(body)).await.expect("start");
+            assert_eq!(status, 201, "start refused: {response}");
+            if workload == Workload::Signal {
+                let (status, response) = api
+                    .control(
+                        reqwest::Method::POST,
+                        &format!("/workflows/{id}/signal/go"),
+                        Some(json!({"input": {"codec": "avro", "blob": input}})),
+                    )
+                    .await
+                    .expect("signal");
+                assert_eq!(status, 202, "signal refused: {response}");
+            }
+            // Hold the permit until this workflow finished (closed loop).
+            while ledger.started.lock().unwrap().contains_key(&id) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            drop(permit);
+        }));
+    }
+    for starter in starters {
+        starter.await.expect("starter");
+    }
+    let elapsed = begin.elapsed().as_secs_f64();
+    ledger.done.store(true, Ordering::Relaxed);
+    let cpu = spawned.as_ref().map(|s| s.cpu_seconds() - cpu_before);
+    let rss = spawned.as_ref().map(|s| s.peak_rss_mib());
+    for worker in workers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), worker).await;
+    }
+
+    let expected_output = match args.workload {
+        Workload::W1 | Workload::W10 => ledger.expected_result.clone(),
+        _ => input_blob.clone(),
+    };
+    let problems = verify(&api, &ids, &expected_output, args.workload, args.verify_histories).await;
+    let mut latencies = ledger.latencies_us.lock().unwrap().clone();
+    latencies.sort_unstable();
+    let completed = ledger.completed.load(Ordering::Relaxed);
+    let report = json!({
+        "workload": format!("{:?}", args.workload).to_lowercase(),
+        "server": if spawned.is_some() { format!("spawned {} {}", args.spawn, args.server_args.clone().unwrap_or_default()) } else { base.clone() },
+        "workflows": args.workflows,
+        "completed": completed,
+        "concurrency": args.concurrency,
+        "offered_rate": args.rate,
+        "workers": args.workers,
+        "payload_bytes": args.payload_bytes,
+        "elapsed_s": elapsed,
+        "workflows_per_s": completed as f64 / elapsed,
+        "activities_per_s": ledger.activities.load(Ordering::Relaxed) as f64 / elapsed,
+        "latency_ms": {"p50": percentile(&latencies, 0.5), "p90": percentile(&latencies, 0.9), "p99": percentile(&latencies, 0.99)},
+        "server_cpu_s_per_workflow": cpu.map(|c| c / completed.max(1) as f64),
+        "server_peak_rss_mib": rss,
+        "verification_problems": problems,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report).unwrap());
+    }
+    drop(spawned);
+    if problems > 0 || completed as usize != args.workflows {
+        std::process::exit(1);
+    }
+}

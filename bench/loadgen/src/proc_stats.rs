@@ -1,0 +1,70 @@
+//! A spawned `capstan serve` and what /proc says about it: CPU seconds and peak RSS.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct SpawnedServer {
+    child: Child,
+    pub url: String,
+    _data: tempfile::TempDir,
+}
+
+impl SpawnedServer {
+    pub async fn start(binary: &str, extra_args: Option<&str>) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut command = Command::new(binary);
+        command
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(data.path());
+        if let Some(extra) = extra_args {
+            command.args(extra.split_whitespace());
+        }
+        command.env("CAPSTAN_LOG", "warn").stdout(Stdio::null()).stderr(Stdio::inherit());
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {binary}: {e} (build it: cargo build --release -p capstan)"));
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let http = reqwest::Client::new();
+        loop {
+            if let Ok(response) = http.get(format!("{url}/api/health")).send().await {
+                if response.status().is_success() {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "capstan did not become healthy");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child, url, _data: data }
+    }
+
+    /// User + system CPU seconds the server has used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+            + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        ticks / 100.0
+    }
+
+    /// Peak resident set size (VmHWM) in MiB.
+    pub fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for SpawnedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
