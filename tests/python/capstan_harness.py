@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from durable_workflow import Client, TransportRetryPolicy, Worker
+from durable_workflow import Client, TransportRetryPolicy, Worker, serializer
 
 log = logging.getLogger("capstan.tests")
 
@@ -125,16 +126,23 @@ class CapstanServer:
         port: int | None = None,
         extra_args: Sequence[str] = (),
         binary: Path | None = None,
+        database: str | None = None,
+        name: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        # ``--database`` URL (a shared PostgreSQL database in cluster mode);
+        # None = the embedded SQLite database in ``data_dir``.
+        self.database = database
+        self.name = name or self.data_dir.name
         self.binary = Path(binary) if binary is not None else capstan_binary()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.history: list[str] = []  # what happened to each process, for reports
         self._expected_exit = False
+        self._paused = False
 
     @property
     def url(self) -> str:
@@ -150,6 +158,7 @@ class CapstanServer:
             str(self.binary), "serve",
             "--listen", f"127.0.0.1:{self.port}",
             "--data-dir", str(self.data_dir),
+            *(["--database", self.database] if self.database else []),
             *self.extra_args,
         ]
 
@@ -184,6 +193,7 @@ class CapstanServer:
                 preexec_fn=_child_dies_with_parent(),
             )
         self._expected_exit = False
+        self._paused = False
         self.history.append(f"start #{self.starts} pid={self.proc.pid}")
 
     def _check_alive(self) -> None:
@@ -265,6 +275,25 @@ class CapstanServer:
         self.proc.wait(timeout=SHUTDOWN_TIMEOUT)
         self.history.append(f"pid={self.proc.pid} SIGKILLed (exit {self.proc.returncode})")
 
+    @property
+    def killed_by_test(self) -> bool:
+        """The test SIGKILLed this process and did not start it again."""
+        return self.proc is not None and self._expected_exit and self.proc.poll() is not None
+
+    def pause(self) -> None:
+        """SIGSTOP: the node freezes (its sockets and database sessions stay open)."""
+        assert self.proc is not None and self.proc.poll() is None, "pause() needs a running process"
+        self.proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+        self.history.append(f"pid={self.proc.pid} SIGSTOPped")
+
+    def resume(self) -> None:
+        """SIGCONT after pause()."""
+        assert self.proc is not None and self.proc.poll() is None, "resume() needs a running process"
+        self.proc.send_signal(signal.SIGCONT)
+        self._paused = False
+        self.history.append(f"pid={self.proc.pid} SIGCONTinued")
+
     def terminate(self, timeout: float = SHUTDOWN_TIMEOUT) -> int | None:
         """SIGTERM and wait for a graceful exit.
 
@@ -279,6 +308,8 @@ class CapstanServer:
                 self.history.append(f"pid={self.proc.pid} had already exited on its own with {code}")
             return code
         self._expected_exit = True
+        if self._paused:
+            self.resume()  # a stopped process would not act on SIGTERM
         self.proc.send_signal(signal.SIGTERM)
         try:
             code = self.proc.wait(timeout=timeout)
@@ -626,3 +657,292 @@ async def wait_for_history(
                 f"timed out after {timeout}s waiting for {what} in {workflow_id}; history: {type_sequence(events)}"
             )
         await asyncio.sleep(0.1)
+
+
+GENESIS_HASH = "0" * 64  # prev_hash of a run's first event
+
+
+def assert_hash_chain(events: Sequence[dict[str, Any]], *, context: str = "") -> None:
+    """The run's events form one unbroken hash chain.
+
+    The first event's ``prev_hash`` is the genesis hash (64 zeros), every
+    later ``prev_hash`` equals the previous event's ``hash``, and each
+    ``hash`` is ``hex(SHA-256(prev_hash || canonical event))`` where the
+    canonical event is the compact, key-sorted JSON of ``event_type``,
+    ``payload``, ``recorded_at`` (epoch milliseconds), ``sequence``,
+    ``workflow_command_id`` and ``workflow_task_id`` (crates/engine/src/history.rs).
+    """
+    where = f" [{context}]" if context else ""
+    previous = GENESIS_HASH
+    for event in events:
+        seq = event.get("sequence")
+        assert event.get("prev_hash") == previous, (
+            f"hash chain broken at sequence {seq}{where}: prev_hash {event.get('prev_hash')!r}, "
+            f"previous event's hash {previous!r}"
+        )
+        digest = event.get("hash")
+        assert isinstance(digest, str) and len(digest) == 64, f"event {seq} has no 64-hex hash{where}: {digest!r}"
+        recomputed = _event_hash(event)
+        assert recomputed == digest, (
+            f"event {seq} hash does not match its content{where}: stored {digest}, recomputed {recomputed}"
+        )
+        previous = digest
+
+
+def _timestamp_ms(value: str) -> int:
+    from datetime import datetime
+
+    parsed = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ")
+    epoch = datetime(1970, 1, 1)
+    delta = parsed - epoch
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _event_hash(event: dict[str, Any]) -> str:
+    import hashlib
+    import json
+
+    stamp = event.get("timestamp") or event.get("recorded_at")
+    canonical = json.dumps(
+        {
+            "event_type": event_type(event),
+            "payload": event.get("payload"),
+            "recorded_at": _timestamp_ms(stamp),
+            "sequence": event.get("sequence"),
+            "workflow_command_id": event.get("workflow_command_id"),
+            "workflow_task_id": event.get("workflow_task_id"),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256((event["prev_hash"] + canonical).encode()).hexdigest()
+
+
+# ── PostgreSQL: scratch databases for cluster mode ───────────────────────
+
+POSTGRES_URL_ENV = "CAPSTAN_TEST_POSTGRES_URL"
+
+
+class PostgresUnavailable(RuntimeError):
+    pass
+
+
+def postgres_admin_url() -> str:
+    """The URL of the test PostgreSQL (any database on it; new ones are created next to it)."""
+    url = os.environ.get(POSTGRES_URL_ENV, "").strip()
+    if not url:
+        raise PostgresUnavailable(
+            f"{POSTGRES_URL_ENV} is not set: the PostgreSQL cluster tests need it. Start the private "
+            f"PostgreSQL with scripts/postgres.sh and export the URL it prints, e.g. "
+            f"{POSTGRES_URL_ENV}=postgres://postgres@127.0.0.1:54329/postgres"
+        )
+    return url
+
+
+def psql(url: str, sql: str, *, timeout: float = 30.0) -> str:
+    """Run one SQL statement with ``psql`` and return its unaligned, tuples-only output."""
+    try:
+        done = subprocess.run(
+            ["psql", url, "-X", "-v", "ON_ERROR_STOP=1", "-At", "-c", sql],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+    except FileNotFoundError as error:
+        raise PostgresUnavailable("psql is not installed; the PostgreSQL tests need it") from error
+    if done.returncode != 0:
+        raise PostgresUnavailable(f"psql failed ({done.returncode}) running {sql!r} on {url}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def with_database(url: str, database: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+
+
+class ScratchDatabase:
+    """A fresh PostgreSQL database (``capstan_<random>``), dropped afterwards."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.name = f"capstan_{uuid.uuid4().hex[:16]}"
+        self.url = with_database(admin_url, self.name)
+        self.created = False
+
+    def create(self) -> ScratchDatabase:
+        psql(self.admin_url, f"CREATE DATABASE {self.name}")
+        self.created = True
+        return self
+
+    def query(self, sql: str) -> list[list[str]]:
+        """Rows of a read-only diagnostic query (columns split on '|')."""
+        out = psql(self.url, sql)
+        return [line.split("|") for line in out.splitlines() if line]
+
+    def drop(self) -> None:
+        if self.created:
+            psql(self.admin_url, f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+            self.created = False
+
+
+def start_all(servers: Sequence[CapstanServer], timeout: float = STARTUP_TIMEOUT) -> None:
+    """Spawn every server, then wait until each is healthy (they boot in parallel)."""
+    try:
+        for server in servers:
+            server.spawn()
+        for server in servers:
+            server.wait_ready(timeout)
+    except BaseException:
+        for server in servers:
+            with contextlib.suppress(Exception):
+                server.kill()
+        raise
+
+
+# ── the raw worker protocol (no SDK) ─────────────────────────────────────
+
+WORKER_HEADERS = {
+    "X-Durable-Workflow-Protocol-Version": "1.20",
+    "X-Namespace": NAMESPACE,
+}
+
+
+def envelope(value: Any) -> dict[str, str]:
+    """An Avro payload envelope, encoded the way the SDK encodes one."""
+    return serializer.envelope(value)
+
+
+def decode_envelope(value: Any) -> Any:
+    return serializer.decode_envelope(value)
+
+
+class RawWorker:
+    """One worker identity speaking the worker plane over plain HTTP.
+
+    Every call names the node it goes through, so a test can register on one
+    node, poll on another and complete on a third.
+    """
+
+    def __init__(self, task_queue: str, *, worker_id: str | None = None, timeout: float = 10.0) -> None:
+        self.task_queue = task_queue
+        self.worker_id = worker_id or unique("raw-worker")
+        self.http = httpx.AsyncClient(headers=WORKER_HEADERS, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> RawWorker:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def post(self, base_url: str, path: str, body: dict[str, Any], *, timeout: float | None = None) -> httpx.Response:
+        kwargs: dict[str, Any] = {"json": body}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        return await self.http.post(f"{base_url}/api{path}", **kwargs)
+
+    async def register(self, base_url: str) -> dict[str, Any]:
+        resp = await self.post(base_url, "/worker/register", {
+            "worker_id": self.worker_id,
+            "task_queue": self.task_queue,
+            "runtime": "python",
+            "sdk_version": "capstan-tests/raw",
+            "supported_workflow_types": [],
+            "supported_activity_types": [],
+            "capabilities": [],
+            "capability_manifest": {},
+        })
+        assert resp.status_code in (200, 201), f"register via {base_url} -> {resp.status_code}: {resp.text[:500]}"
+        body = resp.json()
+        assert body.get("worker_id") == self.worker_id and body.get("registered") is True, body
+        return body
+
+    async def poll_workflow_task(self, base_url: str, *, timeout_seconds: int = 0) -> dict[str, Any] | None:
+        """One long poll; the task, or None when the poll timed out empty."""
+        resp = await self.post(base_url, "/worker/workflow-tasks/poll", {
+            "worker_id": self.worker_id,
+            "task_queue": self.task_queue,
+            "poll_request_id": unique("raw-poll"),
+            "timeout_seconds": timeout_seconds,
+            "history_page_size": 500,
+        }, timeout=timeout_seconds + 15.0)
+        assert resp.status_code == 200, f"poll via {base_url} -> {resp.status_code}: {resp.text[:500]}"
+        task = resp.json().get("task")
+        assert task is None or isinstance(task, dict), resp.text[:500]
+        return task
+
+    async def next_workflow_task(self, base_url: str, *, within: float, what: str = "a workflow task") -> dict[str, Any]:
+        """Poll until a task arrives (each poll is bounded by what is left of ``within``)."""
+        deadline = time.monotonic() + within
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.worker_id} got no {what} via {base_url} within {within}s")
+            task = await self.poll_workflow_task(base_url, timeout_seconds=max(1, min(int(left), 30)))
+            if task is not None:
+                return task
+
+    async def complete_workflow_task(
+        self,
+        base_url: str,
+        task: dict[str, Any],
+        commands: list[dict[str, Any]],
+        *,
+        attempt: int | None = None,
+    ) -> httpx.Response:
+        return await self.post(base_url, f"/worker/workflow-tasks/{task['task_id']}/complete", {
+            "lease_owner": self.worker_id,
+            "workflow_task_attempt": attempt if attempt is not None else task["workflow_task_attempt"],
+            "commands": commands,
+        })
+
+
+def complete_workflow_command(result: Any) -> dict[str, Any]:
+    return {"type": "complete_workflow", "result": envelope(result)}
+
+
+def start_timer_command(delay_seconds: int) -> dict[str, Any]:
+    return {"type": "start_timer", "delay_seconds": delay_seconds}
+
+
+class ControlPlane:
+    """Plain control-plane calls against one node."""
+
+    def __init__(self, base_url: str, *, timeout: float = 15.0) -> None:
+        self.base_url = base_url
+        self.http = httpx.AsyncClient(base_url=base_url, headers=CONTROL_HEADERS, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> ControlPlane:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start_workflow(self, workflow_type: str, workflow_id: str, task_queue: str, args: list[Any]) -> dict[str, Any]:
+        resp = await self.http.post("/api/workflows", json={
+            "workflow_type": workflow_type,
+            "workflow_id": workflow_id,
+            "task_queue": task_queue,
+            "input": envelope(args),
+        })
+        assert resp.status_code == 201, f"start {workflow_id} via {self.base_url} -> {resp.status_code}: {resp.text[:500]}"
+        body = resp.json()
+        assert body.get("workflow_id") == workflow_id and body.get("run_id"), body
+        return body
+
+    async def describe(self, workflow_id: str) -> dict[str, Any]:
+        resp = await self.http.get(f"/api/workflows/{workflow_id}")
+        assert resp.status_code == 200, f"describe {workflow_id} via {self.base_url} -> {resp.status_code}: {resp.text[:500]}"
+        return resp.json()
+
+    async def history(self, workflow_id: str, run_id: str) -> list[dict[str, Any]]:
+        return await fetch_history_raw(self.base_url, workflow_id, run_id)
+
+    async def cluster_info(self) -> dict[str, Any]:
+        resp = await self.http.get("/api/cluster/info", headers=WORKER_HEADERS)
+        assert resp.status_code == 200, f"cluster info via {self.base_url} -> {resp.status_code}: {resp.text[:300]}"
+        return resp.json()

@@ -1,18 +1,31 @@
 """Fixtures for the Python SDK end-to-end tests against a real ``capstan``.
 
-* ``capstan_server`` (module scope): a fresh ``capstan serve`` on a free port
-  with its own temp data dir, healthy before the first test of the module
-  runs, SIGTERMed after the last one.
-* ``server_url``: that server's origin, e.g. ``http://127.0.0.1:43121``
-  (pass it to ``Client``; the SDK appends ``/api`` itself).
+* ``capstan_nodes`` (module scope): the servers the module's tests share,
+  healthy before the first test of the module runs, SIGTERMed after the
+  last one. Which servers depends on ``CAPSTAN_TEST_BACKEND``:
+
+  - unset / ``sqlite``: one ``capstan serve`` on a free port with its own
+    temp data dir (embedded SQLite);
+  - ``postgres``: a fresh database ``capstan_<random>`` on the PostgreSQL at
+    ``CAPSTAN_TEST_POSTGRES_URL`` (required; the run fails without it) and
+    TWO nodes sharing it. The database is dropped afterwards.
+* ``capstan_server`` / ``server_url``: the node the tests' ``Client`` talks
+  to, e.g. ``http://127.0.0.1:43121`` (pass it to ``Client``; the SDK
+  appends ``/api`` itself).
+* ``worker_url``: the node SDK ``Worker``s poll. The same node as
+  ``server_url`` with SQLite; the *other* node with PostgreSQL, so every
+  workflow crosses nodes.
 * ``server_factory``: per-test servers with extra flags (e.g. short leases)
   that the test may SIGKILL and restart on the same port and data dir.
+* ``cluster_factory``: per-test PostgreSQL clusters, each on its own fresh
+  database (always PostgreSQL, whatever ``CAPSTAN_TEST_BACKEND`` says).
 * ``run_worker``: ``async with run_worker(url, queue, workflows=[...],
   activities=[...]) as worker:`` runs an SDK ``Worker`` as a background
   asyncio task and stops it cleanly afterwards.
 
 The binary is ``target/debug/capstan`` unless ``CAPSTAN_BIN`` points
-elsewhere. A missing binary fails the tests (they are never skipped).
+elsewhere. A missing binary or a missing PostgreSQL fails the tests (they
+are never skipped).
 
 When a test fails, the tail of every server log it used is attached to the
 failure report; the full logs stay in pytest's temp directory.
@@ -33,7 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capstan_harness import (  # noqa: E402
     CapstanServer,
     CapstanStartupError,
+    PostgresUnavailable,
+    ScratchDatabase,
+    postgres_admin_url,
     running_worker,
+    start_all,
 )
 
 # Last-resort guard: a test that is still running after this many seconds
@@ -41,8 +58,39 @@ from capstan_harness import (  # noqa: E402
 # children die with it). Tests carry their own, much shorter, timeouts.
 HARD_TEST_TIMEOUT = float(os.environ.get("CAPSTAN_TEST_HARD_TIMEOUT", "300"))
 
+BACKEND_ENV = "CAPSTAN_TEST_BACKEND"
+
+
+def backend() -> str:
+    """``sqlite`` (default) or ``postgres``, from ``CAPSTAN_TEST_BACKEND``."""
+    value = os.environ.get(BACKEND_ENV, "").strip().lower() or "sqlite"
+    if value not in ("sqlite", "postgres"):
+        pytest.fail(f"{BACKEND_ENV}={value!r}: expected 'sqlite' or 'postgres'", pytrace=False)
+    return value
+
+
+def _postgres_or_fail() -> str:
+    problem: str | None = None
+    try:
+        return postgres_admin_url()
+    except PostgresUnavailable as error:
+        problem = str(error)
+    pytest.fail(problem, pytrace=False)
+
+
+def _create_database_or_fail() -> ScratchDatabase:
+    admin_url = _postgres_or_fail()
+    problem: str | None = None
+    try:
+        return ScratchDatabase(admin_url).create()
+    except PostgresUnavailable as error:
+        problem = f"cannot create a scratch database: {error}"
+    pytest.fail(problem, pytrace=False)
+
 
 def _shutdown(server: CapstanServer) -> None:
+    if server.killed_by_test:
+        return  # SIGKILLed on purpose and left down
     died_on_its_own = server.unexpected_exit_code()
     code = server.terminate()
     if died_on_its_own is not None:
@@ -67,20 +115,73 @@ def _start_or_fail(server: CapstanServer) -> None:
         pytest.fail(problem, pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def capstan_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[CapstanServer]:
-    base = tmp_path_factory.mktemp(f"capstan-{request.module.__name__.rsplit('.', 1)[-1]}")
-    server = CapstanServer(base / "data", base / "capstan.log")
-    _start_or_fail(server)
+def _start_all_or_fail(servers: list[CapstanServer]) -> None:
+    problem: str | None = None
     try:
-        yield server
+        start_all(servers)
+    except CapstanStartupError as error:
+        problem = str(error)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+
+
+def _shutdown_cluster(servers: list[CapstanServer], database: ScratchDatabase | None) -> None:
+    problems = []
+    for server in servers:
+        try:
+            _shutdown(server)
+        except Exception as error:  # noqa: BLE001 - collect, then report all
+            problems.append(f"node {server.name}: {error}")
+    if database is not None:
+        try:
+            database.drop()
+        except Exception as error:  # noqa: BLE001
+            problems.append(f"could not drop {database.name}: {error}")
+    if problems:
+        raise AssertionError("\n\n".join(problems))
+
+
+class Cluster(list):
+    """The nodes of one cluster (a list of CapstanServer) and their database."""
+
+    def __init__(self, servers: list[CapstanServer], database: ScratchDatabase | None) -> None:
+        super().__init__(servers)
+        self.database = database
+
+
+@pytest.fixture(scope="module")
+def capstan_nodes(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    base = tmp_path_factory.mktemp(f"capstan-{request.module.__name__.rsplit('.', 1)[-1]}")
+    if backend() == "postgres":
+        database = _create_database_or_fail()
+        nodes = Cluster([
+            CapstanServer(base / f"data-{label}", base / f"capstan-{label}.log", database=database.url, name=label)
+            for label in ("worker-node", "client-node")
+        ], database)
+    else:
+        nodes = Cluster([CapstanServer(base / "data", base / "capstan.log", name="sqlite")], None)
+    try:
+        _start_all_or_fail(nodes)
+        yield nodes
     finally:
-        _shutdown(server)
+        _shutdown_cluster(nodes, nodes.database)
+
+
+@pytest.fixture(scope="module")
+def capstan_server(capstan_nodes: Cluster) -> CapstanServer:
+    """The node the tests' Client talks to."""
+    return capstan_nodes[-1]
 
 
 @pytest.fixture(scope="module")
 def server_url(capstan_server: CapstanServer) -> str:
     return capstan_server.url
+
+
+@pytest.fixture(scope="module")
+def worker_url(capstan_nodes: Cluster) -> str:
+    """The node SDK Workers poll (== server_url unless the backend is postgres)."""
+    return capstan_nodes[0].url
 
 
 class ServerFactory:
@@ -120,6 +221,54 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
         factory.shutdown_all()
 
 
+class ClusterFactory:
+    """Creates per-test PostgreSQL clusters; at teardown every node is shut
+    down and every scratch database dropped."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.clusters: list[Cluster] = []
+
+    @property
+    def servers(self) -> list[CapstanServer]:
+        return [server for cluster in self.clusters for server in cluster]
+
+    def create(self, nodes: int = 2, *extra_args: str, start: bool = True) -> Cluster:
+        """``nodes`` servers on one fresh database, named A, B, C, ..."""
+        database = _create_database_or_fail()
+        index = len(self.clusters) + 1
+        cluster = Cluster([
+            CapstanServer(
+                self.base / f"c{index}-data-{label}", self.base / f"c{index}-node-{label}.log",
+                database=database.url, extra_args=extra_args, name=label,
+            )
+            for label in "ABCDEFGH"[:nodes]
+        ], database)
+        self.clusters.append(cluster)
+        if start:
+            _start_all_or_fail(cluster)
+        return cluster
+
+    def shutdown_all(self) -> None:
+        problems = []
+        for cluster in self.clusters:
+            try:
+                _shutdown_cluster(cluster, cluster.database)
+            except Exception as error:  # noqa: BLE001 - collect, then report all
+                problems.append(str(error))
+        if problems:
+            raise AssertionError("\n\n".join(problems))
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[ClusterFactory]:
+    factory = ClusterFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.shutdown_all()
+
+
 @pytest.fixture
 def run_worker():  # noqa: ANN201 - returns the async context manager factory
     return running_worker
@@ -139,8 +288,10 @@ def _servers_used_by(item: pytest.Item) -> list[CapstanServer]:
     for value in getattr(item, "funcargs", {}).values():
         if isinstance(value, CapstanServer):
             found.append(value)
-        elif isinstance(value, ServerFactory):
+        elif isinstance(value, (ServerFactory, ClusterFactory)):
             found.extend(value.servers)
+        elif isinstance(value, list):
+            found.extend(v for v in value if isinstance(v, CapstanServer))
     unique_servers: list[CapstanServer] = []
     for server in found:
         if all(server is not seen for seen in unique_servers):
@@ -157,6 +308,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     for server in _servers_used_by(item):
         lifecycle = "; ".join(server.history) or "never started"
         report.sections.append((
-            f"capstan log {server.log_path} ({lifecycle})",
+            f"capstan node {server.name} log {server.log_path} ({lifecycle})",
             server.log_tail(300),
         ))

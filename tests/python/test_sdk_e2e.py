@@ -4,6 +4,10 @@ drives a real ``capstan serve`` through its ``Worker`` and ``Client``.
 Each test uses its own task queue and workflow ids, so the module shares one
 server. Every test asserts real outcomes: the workflow result, the run status
 as described by the server, and the recorded history.
+
+With ``CAPSTAN_TEST_BACKEND=postgres`` the module shares a two-node cluster
+instead: Workers poll one node (``worker_url``) and the Client talks to the
+other (``server_url``), so every workflow crosses nodes.
 """
 from __future__ import annotations
 
@@ -127,12 +131,12 @@ async def _wait_until_waiting(client, handle) -> list[dict]:
 # ── tests ────────────────────────────────────────────────────────────────
 
 
-def test_workflow_returns_activity_result(server_url, run_worker):
+def test_workflow_returns_activity_result(server_url, worker_url, run_worker):
     queue = unique("e2e-greeting")
     workflow_id = unique("greeting")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[GreetingWorkflow], activities=[greet]) as worker:
+        async with run_worker(worker_url, queue, workflows=[GreetingWorkflow], activities=[greet]) as worker:
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.greeting", task_queue=queue, workflow_id=workflow_id, input=["Capstan"],
@@ -178,12 +182,12 @@ def test_workflow_returns_activity_result(server_url, run_worker):
     run_async(main(), timeout=60)
 
 
-def test_durable_timer_fires(server_url, run_worker):
+def test_durable_timer_fires(server_url, worker_url, run_worker):
     queue = unique("e2e-timer")
     workflow_id = unique("nap")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[NapWorkflow]) as worker:
+        async with run_worker(worker_url, queue, workflows=[NapWorkflow]) as worker:
             async with make_client(server_url) as client:
                 began = time.monotonic()
                 handle = await client.start_workflow(
@@ -211,12 +215,12 @@ def test_durable_timer_fires(server_url, run_worker):
     run_async(main(), timeout=60)
 
 
-def test_signal_wakes_waiting_workflow(server_url, run_worker):
+def test_signal_wakes_waiting_workflow(server_url, worker_url, run_worker):
     queue = unique("e2e-signal")
     workflow_id = unique("approval")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]) as worker:
+        async with run_worker(worker_url, queue, workflows=[ApprovalWorkflow]) as worker:
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["expense-42"],
@@ -245,13 +249,13 @@ def test_signal_wakes_waiting_workflow(server_url, run_worker):
     run_async(main(), timeout=60)
 
 
-def test_activity_retries_then_succeeds(server_url, run_worker):
+def test_activity_retries_then_succeeds(server_url, worker_url, run_worker):
     queue = unique("e2e-retry")
     workflow_id = unique("retry")
     key = unique("flaky")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[RetryingWorkflow], activities=[flaky]) as worker:
+        async with run_worker(worker_url, queue, workflows=[RetryingWorkflow], activities=[flaky]) as worker:
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.retrying", task_queue=queue, workflow_id=workflow_id, input=[key, 2, 3],
@@ -284,13 +288,13 @@ def test_activity_retries_then_succeeds(server_url, run_worker):
     run_async(main(), timeout=70)
 
 
-def test_activity_retries_exhausted_fails_workflow(server_url, run_worker):
+def test_activity_retries_exhausted_fails_workflow(server_url, worker_url, run_worker):
     queue = unique("e2e-retry-exhausted")
     workflow_id = unique("retry-exhausted")
     key = unique("hopeless")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[RetryingWorkflow], activities=[flaky]) as worker:
+        async with run_worker(worker_url, queue, workflows=[RetryingWorkflow], activities=[flaky]) as worker:
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.retrying", task_queue=queue, workflow_id=workflow_id,
@@ -316,12 +320,12 @@ def test_activity_retries_exhausted_fails_workflow(server_url, run_worker):
     run_async(main(), timeout=70)
 
 
-def test_cancel_waiting_workflow(server_url, run_worker):
+def test_cancel_waiting_workflow(server_url, worker_url, run_worker):
     queue = unique("e2e-cancel")
     workflow_id = unique("cancel-me")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]):
+        async with run_worker(worker_url, queue, workflows=[ApprovalWorkflow]):
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["trip-7"],
@@ -349,12 +353,12 @@ def test_cancel_waiting_workflow(server_url, run_worker):
     run_async(main(), timeout=60)
 
 
-def test_terminate_waiting_workflow(server_url, run_worker):
+def test_terminate_waiting_workflow(server_url, worker_url, run_worker):
     queue = unique("e2e-terminate")
     workflow_id = unique("terminate-me")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]):
+        async with run_worker(worker_url, queue, workflows=[ApprovalWorkflow]):
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["trip-8"],
@@ -376,12 +380,12 @@ def test_terminate_waiting_workflow(server_url, run_worker):
     run_async(main(), timeout=60)
 
 
-def test_duplicate_start_is_rejected(server_url, run_worker):
+def test_duplicate_start_is_rejected(server_url, worker_url, run_worker):
     queue = unique("e2e-duplicate")
     workflow_id = unique("only-once")
 
     async def main():
-        async with run_worker(server_url, queue, workflows=[ApprovalWorkflow]) as worker:
+        async with run_worker(worker_url, queue, workflows=[ApprovalWorkflow]) as worker:
             async with make_client(server_url) as client:
                 first = await client.start_workflow(
                     workflow_type="e2e.approval", task_queue=queue, workflow_id=workflow_id, input=["first"],
@@ -419,14 +423,14 @@ def test_duplicate_start_is_rejected(server_url, run_worker):
     run_async(main(), timeout=60)
 
 
-def test_fifty_concurrent_workflows(server_url, run_worker):
+def test_fifty_concurrent_workflows(server_url, worker_url, run_worker):
     queue = unique("e2e-fanout")
     prefix = unique("square")
     count = 50
 
     async def main():
         async with run_worker(
-            server_url, queue, workflows=[SquarerWorkflow], activities=[square],
+            worker_url, queue, workflows=[SquarerWorkflow], activities=[square],
             max_concurrent_workflow_tasks=20, max_concurrent_activity_tasks=20,
         ) as worker:
             async with make_client(server_url) as client:

@@ -110,7 +110,8 @@ mod anyhow_lite {
 
 /// Shared run state: start instants, latencies, counters.
 struct Ledger {
-    started: Mutex<HashMap<String, Instant>>,
+    /// In-flight workflows: when each started, and whom to tell when it finished.
+    started: Mutex<HashMap<String, (Instant, tokio::sync::oneshot::Sender<()>)>>,
     latencies_us: Mutex<Vec<u64>>,
     completed: AtomicU64,
     activities: AtomicU64,
@@ -216,9 +217,11 @@ async fn workflow_worker(api: Arc<Api>, ledger: Arc<Ledger>, workload: Workload,
         assert!(status == 200, "workflow task report refused: {status} {response}");
         if finishing {
             let workflow_id = task["workflow_id"].as_str().unwrap_or_default().to_string();
-            if let Some(started) = ledger.started.lock().unwrap().remove(&workflow_id) {
+            let finished = ledger.started.lock().unwrap().remove(&workflow_id);
+            if let Some((started, waiter)) = finished {
                 ledger.latencies_us.lock().unwrap().push(started.elapsed().as_micros() as u64);
                 ledger.completed.fetch_add(1, Ordering::Relaxed);
+                let _ = waiter.send(());
             }
         }
     }
@@ -410,7 +413,8 @@ async fn main() {
         let input = input_blob.clone();
         let workload = args.workload;
         starters.push(tokio::spawn(async move {
-            ledger.started.lock().unwrap().insert(id.clone(), Instant::now());
+            let (finished, finished_rx) = tokio::sync::oneshot::channel();
+            ledger.started.lock().unwrap().insert(id.clone(), (Instant::now(), finished));
             let body = json!({"workflow_type": "bench", "workflow_id": id, "task_queue": queue, "input": {"codec": "avro", "blob": input}});
             let (status, response) = api.control(reqwest::Method::POST, "/workflows", Some(body)).await.expect("start");
             assert_eq!(status, 201, "start refused: {response}");
@@ -426,9 +430,7 @@ async fn main() {
                 assert_eq!(status, 202, "signal refused: {response}");
             }
             // Hold the permit until this workflow finished (closed loop).
-            while ledger.started.lock().unwrap().contains_key(&id) {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let _ = finished_rx.await;
             drop(permit);
         }));
     }

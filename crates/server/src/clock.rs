@@ -12,9 +12,20 @@ use std::time::Duration;
 const BATCH: usize = 256;
 const IDLE_RECHECK_MS: i64 = 1_000;
 
+/// Poll memos only need to outlive a lease; older ones are pruned this often.
+const PRUNE_EVERY_MS: i64 = 60_000;
+const POLL_MEMO_TTL_MS: i64 = 3_600_000;
+
 pub async fn run<S: Store>(state: Arc<AppState<S>>) {
+    let mut pruned_at = 0;
     loop {
         let now = now_ms();
+        if now - pruned_at >= PRUNE_EVERY_MS {
+            pruned_at = now;
+            if let Err(error) = state.store.prune(now - POLL_MEMO_TTL_MS).await {
+                tracing::warn!(%error, "clock: could not prune poll memos");
+            }
+        }
         let due = match state
             .store
             .claim_due_tasks(&state.config.server_id, now, BATCH, state.config.duty_lease_ms)

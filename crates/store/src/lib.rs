@@ -197,7 +197,9 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> impl Future<Output = StoreResult<bool>> + Send;
 
-    /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports.
+    /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports, and in
+    /// the same transaction remembers it under the poll's `poll_request_id`, if any.
+    #[allow(clippy::too_many_arguments)]
     fn claim_task(
         &self,
         namespace: &str,
@@ -207,6 +209,7 @@ pub trait Store: Send + Sync + 'static {
         owner: &str,
         lease_ms: i64,
         now: Millis,
+        poll: Option<PollKey>,
     ) -> impl Future<Output = StoreResult<Option<(Task, RunState)>>> + Send;
 
     /// Runs one engine transition on one run, atomically and durably.
@@ -280,8 +283,8 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest pending deadline, so the clock can sleep until then.
     fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
 
-    /// Remembers which task a `poll_request_id` was answered with.
-    fn remember_poll(&self, key: PollKey, task_id: TaskId, fence: u64, now: Millis) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Forgets poll memos older than `older_than` (they only need to outlive a lease).
+    fn prune(&self, older_than: Millis) -> impl Future<Output = StoreResult<()>> + Send;
 
     fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send;
 }

@@ -21,6 +21,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 const POOL_SIZE: usize = 16;
 const MIGRATION_LOCK: i64 = 0x00ca_9574_0001;
+/// NOTIFY channel of the default schema; stores in another schema append its name.
 const WAKE_CHANNEL: &str = "capstan_wake";
 
 const MIGRATIONS: &[(i64, &str)] = &[(
@@ -143,13 +144,15 @@ pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
     limits: Arc<Limits>,
+    /// The NOTIFY channel of this store's schema (channels are database-wide).
+    wake_channel: Arc<str>,
 }
 
 impl PostgresStore {
     /// Connects, migrates (one node at a time, under an advisory lock) and bootstraps `default`.
     pub async fn connect(url: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Storage(format!("bad database URL: {e}")))?;
-        Self::with_config(config, limits, now).await
+        Self::with_config(config, limits, now, WAKE_CHANNEL.to_string()).await
     }
 
     /// Like [`connect`](Self::connect), with every table in `schema` (created if missing): lets
@@ -165,10 +168,10 @@ impl PostgresStore {
         drop(client);
         let _ = driver.await;
         config.options(format!("-c search_path={schema}"));
-        Self::with_config(config, limits, now).await
+        Self::with_config(config, limits, now, format!("{WAKE_CHANNEL}_{schema}")).await
     }
 
-    async fn with_config(config: tokio_postgres::Config, limits: Limits, now: Millis) -> StoreResult<Self> {
+    async fn with_config(config: tokio_postgres::Config, limits: Limits, now: Millis, wake_channel: String) -> StoreResult<Self> {
         let manager = Manager::from_config(
             config.clone(),
             NoTls,
@@ -184,6 +187,7 @@ impl PostgresStore {
             pool,
             config,
             limits: Arc::new(limits),
+            wake_channel: wake_channel.into(),
         };
         store.migrate(now).await?;
         Ok(store)
@@ -292,7 +296,7 @@ fn task_type_name(run: &RunState, task: &Task) -> String {
 }
 
 /// Writes a run's new state, its new events and its changed tasks; announces ready tasks.
-async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert_run: bool) -> StoreResult<()> {
+async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert_run: bool, wake_channel: &str) -> StoreResult<()> {
     let state = serde_json::to_string(run).map_err(corrupt)?;
     if insert_run {
         tx.execute(
@@ -412,7 +416,7 @@ async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert
     }
     for key in announced {
         // Delivered to every listening node when (and only if) this transaction commits.
-        tx.execute("SELECT pg_notify($1, $2)", &[&WAKE_CHANNEL, &key]).await?;
+        tx.execute("SELECT pg_notify($1, $2)", &[&wake_channel, &key]).await?;
     }
     Ok(())
 }
@@ -646,7 +650,7 @@ impl Store for PostgresStore {
             }
             return Err(error.into());
         }
-        persist(&tx, &run, &cx.effects, true).await?;
+        persist(&tx, &run, &cx.effects, true, &self.wake_channel).await?;
         tx.commit().await?;
         Ok((StartOutcome::StartedNew, run))
     }
@@ -672,6 +676,7 @@ impl Store for PostgresStore {
         owner: &str,
         lease_ms: i64,
         now: Millis,
+        poll: Option<PollKey>,
     ) -> StoreResult<Option<(Task, RunState)>> {
         let mut client = self.pool.get().await?;
         let candidates = client
@@ -698,7 +703,17 @@ impl Store for PostgresStore {
             };
             match leased {
                 Ok(task) => {
-                    persist(&tx, &run, &cx.effects, false).await?;
+                    persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
+                    if let Some(key) = &poll {
+                        tx.execute(
+                            "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                             ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
+                             DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at",
+                            &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id, &task.id.as_str(), &(task.fence as i64), &now],
+                        )
+                        .await?;
+                    }
                     tx.commit().await?;
                     return Ok(Some((task, run)));
                 }
@@ -729,7 +744,7 @@ impl Store for PostgresStore {
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false).await?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
         tx.commit().await?;
         Ok((value, run))
     }
@@ -779,7 +794,7 @@ impl Store for PostgresStore {
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false).await?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
         let receipt = render(&value, &run).to_string();
         tx.execute(
             "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -952,7 +967,7 @@ impl Store for PostgresStore {
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false).await?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
         tx.execute(
             "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1",
             &[&due.task_id.as_str()],
@@ -973,18 +988,10 @@ impl Store for PostgresStore {
         Ok(row.get(0))
     }
 
-    async fn remember_poll(&self, key: PollKey, task_id: TaskId, fence: u64, now: Millis) -> StoreResult<()> {
+    async fn prune(&self, older_than: Millis) -> StoreResult<()> {
         let client = self.pool.get().await?;
         client
-            .execute(
-                "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id) DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at",
-                &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id, &task_id.as_str(), &(fence as i64), &now],
-            )
-            .await?;
-        client
-            .execute("DELETE FROM poll_requests WHERE created_at < $1", &[&(now - 3_600_000)])
+            .execute("DELETE FROM poll_requests WHERE created_at < $1", &[&older_than])
             .await?;
         Ok(())
     }
@@ -1003,11 +1010,12 @@ impl Store for PostgresStore {
     async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let config = self.config.clone();
+        let channel = self.wake_channel.clone();
         tokio::spawn(async move {
             // Reconnect forever: a lost listener only costs latency (pollers re-check the
             // database every second), never a task.
             loop {
-                if let Err(error) = listen(&config, &sender).await {
+                if let Err(error) = listen(&config, &channel, &sender).await {
                     tracing::warn!(%error, "wake-up listener lost its connection; reconnecting");
                 }
                 if sender.is_closed() {
@@ -1022,11 +1030,12 @@ impl Store for PostgresStore {
 
 async fn listen(
     config: &tokio_postgres::Config,
+    channel: &str,
     sender: &tokio::sync::mpsc::UnboundedSender<(String, TaskKind, String)>,
 ) -> StoreResult<()> {
     let (client, mut connection) = config.connect(NoTls).await?;
     let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-    let listen_sql = format!("LISTEN {WAKE_CHANNEL}");
+    let listen_sql = format!("LISTEN {channel}");
     let listening = client.batch_execute(&listen_sql);
     // The connection must be driven while LISTEN runs; do both until LISTEN returns.
     tokio::pin!(listening);

@@ -57,29 +57,24 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs a read on a pooled connection off the async threads.
+    /// Runs a read on a pooled reader connection, inline: SQLite point reads take microseconds,
+    /// far less than a hand-off to a blocking thread would.
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
-        let readers = self.readers.clone();
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = readers.lock().expect("reader pool").pop();
-            let conn = match pooled {
-                Some(conn) => conn,
-                None => open_connection(&path)?,
-            };
-            let result = f(&conn);
-            let mut pool = readers.lock().expect("reader pool");
-            if pool.len() < READERS {
-                pool.push(conn);
-            }
-            result
-        })
-        .await
-        .map_err(|e| StoreError::Storage(format!("reader task failed: {e}")))?
+        let pooled = self.readers.lock().expect("reader pool").pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_connection(&self.path)?,
+        };
+        let result = f(&conn);
+        let mut pool = self.readers.lock().expect("reader pool");
+        if pool.len() < READERS {
+            pool.push(conn);
+        }
+        result
     }
 }
 
@@ -106,18 +101,12 @@ fn locate_run(conn: &Connection, namespace: &str, locator: &RunLocator) -> Store
             )
             .optional()?,
         RunLocator::Run(workflow_id, run_id) => conn
-            .query_row(
-                "SELECT run_id FROM runs WHERE run_id = ?1 AND workflow_id = ?2 AND namespace = ?3",
-                params![run_id.as_str(), workflow_id.as_str(), namespace],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT run_id FROM runs WHERE run_id = ?1 AND workflow_id = ?2 AND namespace = ?3")?
+            .query_row(params![run_id.as_str(), workflow_id.as_str(), namespace], |r| r.get(0))
             .optional()?,
         RunLocator::Current(workflow_id) => conn
-            .query_row(
-                "SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1 AND namespace = ?2",
-                params![workflow_id.as_str(), namespace],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1 AND namespace = ?2")?
+            .query_row(params![workflow_id.as_str(), namespace], |r| r.get(0))
             .optional()?,
     })
 }
@@ -153,10 +142,11 @@ fn task_type_name(run: &RunState, task: &Task) -> String {
 fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: bool) -> StoreResult<()> {
     let state = serde_json::to_string(run)?;
     if insert_run {
-        conn.execute(
+        conn.prepare_cached(
             "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            params![
+        )?
+        .execute(params![
                 run.run_id.as_str(),
                 run.namespace,
                 run.workflow_id.as_str(),
@@ -168,13 +158,10 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
                 run.started_at,
                 run.closed_at,
                 state
-            ],
-        )?;
+            ])?;
     } else {
-        conn.execute(
-            "UPDATE runs SET status = ?2, closed_at = ?3, state = ?4 WHERE run_id = ?1",
-            params![run.run_id.as_str(), run.status.as_str(), run.closed_at, state],
-        )?;
+        conn.prepare_cached("UPDATE runs SET status = ?2, closed_at = ?3, state = ?4 WHERE run_id = ?1")?
+            .execute(params![run.run_id.as_str(), run.status.as_str(), run.closed_at, state])?;
     }
     let mut insert_event = conn.prepare_cached(
         "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
@@ -335,8 +322,12 @@ impl Store for SqliteStore {
 
     async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
         let namespace = namespace.to_string();
-        self.read(move |conn| Ok(conn.query_row("SELECT EXISTS(SELECT 1 FROM namespaces WHERE name = ?1)", [namespace], |r| r.get(0))?))
-            .await
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached("SELECT EXISTS(SELECT 1 FROM namespaces WHERE name = ?1)")?
+                .query_row([namespace], |r| r.get(0))?)
+        })
+        .await
     }
 
     async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
@@ -490,7 +481,7 @@ impl Store for SqliteStore {
             );
             let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
             values.extend(types.into_iter().map(rusqlite::types::Value::from));
-            Ok(conn.query_row(&sql, rusqlite::params_from_iter(values), |r| r.get(0))?)
+            Ok(conn.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values), |r| r.get(0))?)
         })
         .await
     }
@@ -504,6 +495,7 @@ impl Store for SqliteStore {
         owner: &str,
         lease_ms: i64,
         now: Millis,
+        poll: Option<PollKey>,
     ) -> StoreResult<Option<(Task, RunState)>> {
         let (namespace, queue, types, owner) = (namespace.to_string(), queue.to_string(), types.to_vec(), owner.to_string());
         let limits = self.limits.clone();
@@ -533,6 +525,9 @@ impl Store for SqliteStore {
                     match leased {
                         Ok(task) => {
                             persist(conn, &run, &cx.effects, false)?;
+                            if let Some(key) = &poll {
+                                remember_poll(conn, key, &task, now)?;
+                            }
                             return Ok(Some((task, run)));
                         }
                         Err(refusal) => {
@@ -769,16 +764,11 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn remember_poll(&self, key: PollKey, task_id: TaskId, fence: u64, now: Millis) -> StoreResult<()> {
+    async fn prune(&self, older_than: Millis) -> StoreResult<()> {
         self.writer
             .write(move |conn| {
-                conn.execute(
-                    "INSERT OR REPLACE INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    params![key.namespace, key.task_queue, key.worker_id, key.kind.as_str(), key.poll_request_id, task_id.as_str(), fence as i64, now],
-                )?;
-                // Poll memos only need to outlive a lease; trim old ones as we go.
-                conn.execute("DELETE FROM poll_requests WHERE created_at < ?1", [now - 3_600_000])?;
+                conn.prepare_cached("DELETE FROM poll_requests WHERE created_at < ?1")?
+                    .execute([older_than])?;
                 Ok(())
             })
             .await
@@ -796,6 +786,24 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+fn remember_poll(conn: &Connection, key: &PollKey, task: &Task, now: Millis) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        key.namespace,
+        key.task_queue,
+        key.worker_id,
+        key.kind.as_str(),
+        key.poll_request_id,
+        task.id.as_str(),
+        task.fence as i64,
+        now
+    ])?;
+    Ok(())
 }
 
 /// Hash of a command's intent, for `request_id` idempotency.

@@ -66,7 +66,7 @@ async fn all_history<S: Store>(store: &S, run: &RunState) -> Vec<HistoryEvent> {
 /// Leases the workflow task of `queue` and completes it with `commands`.
 async fn complete_next<S: Store>(store: &S, queue: &str, commands: Vec<WorkflowCommand>) -> RunState {
     let (task, _) = store
-        .claim_task("default", TaskKind::Workflow, queue, &[], "w", 60_000, NOW)
+        .claim_task("default", TaskKind::Workflow, queue, &[], "w", 60_000, NOW, None)
         .await
         .unwrap()
         .expect("a workflow task");
@@ -166,7 +166,7 @@ pub async fn a_claim_goes_to_exactly_one_poller<S: Store + Clone>(store: S) {
         let store = store.clone();
         async move {
             store
-                .claim_task("default", TaskKind::Workflow, "q", &[], &format!("w{i}"), 60_000, NOW)
+                .claim_task("default", TaskKind::Workflow, "q", &[], &format!("w{i}"), 60_000, NOW, None)
                 .await
                 .unwrap()
         }
@@ -188,12 +188,12 @@ async fn futures_join<T: Send + 'static>(futures: Vec<impl std::future::Future<O
 pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
     started(&store, "typed", "q").await;
     assert!(store
-        .claim_task("default", TaskKind::Workflow, "other-q", &[], "w", 60_000, NOW)
+        .claim_task("default", TaskKind::Workflow, "other-q", &[], "w", 60_000, NOW, None)
         .await
         .unwrap()
         .is_none());
     assert!(store
-        .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW)
+        .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW, None)
         .await
         .unwrap()
         .is_none());
@@ -203,7 +203,7 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
         .await
         .unwrap());
     assert!(store
-        .claim_task("default", TaskKind::Workflow, "q", &other_type, "w", 60_000, NOW)
+        .claim_task("default", TaskKind::Workflow, "q", &other_type, "w", 60_000, NOW, None)
         .await
         .unwrap()
         .is_none());
@@ -213,7 +213,7 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
         .await
         .unwrap());
     let (task, run) = store
-        .claim_task("default", TaskKind::Workflow, "q", &this_type, "w", 60_000, NOW)
+        .claim_task("default", TaskKind::Workflow, "q", &this_type, "w", 60_000, NOW, None)
         .await
         .unwrap()
         .expect("claimed");
@@ -261,7 +261,7 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     let run = complete_next(&store, "q", vec![activity()]).await;
     assert!(store.has_ready_task("default", TaskKind::Activity, "q", &[], NOW).await.unwrap());
     let (task, _) = store
-        .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW)
+        .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW, None)
         .await
         .unwrap()
         .expect("activity task");
@@ -374,6 +374,7 @@ pub async fn keyed_commands_are_idempotent<S: Store>(store: S) {
 }
 
 pub async fn poll_memos_round_trip<S: Store>(store: S) {
+    started(&store, "memo", "q").await;
     let key = PollKey {
         namespace: "default".into(),
         task_queue: "q".into(),
@@ -382,13 +383,24 @@ pub async fn poll_memos_round_trip<S: Store>(store: S) {
         poll_request_id: "p1".into(),
     };
     assert!(store.recall_poll(key.clone()).await.unwrap().is_none());
-    store.remember_poll(key.clone(), TaskId("t1".into()), 3, NOW).await.unwrap();
-    assert_eq!(store.recall_poll(key.clone()).await.unwrap(), Some((TaskId("t1".into()), 3)));
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "q", &[], "w", 60_000, NOW, Some(key.clone()))
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert_eq!(store.recall_poll(key.clone()).await.unwrap(), Some((task.id.clone(), task.fence)));
     let other = PollKey {
         kind: TaskKind::Activity,
-        ..key
+        ..key.clone()
     };
     assert!(store.recall_poll(other).await.unwrap().is_none());
+    store.prune(NOW - 1).await.unwrap();
+    assert!(
+        store.recall_poll(key.clone()).await.unwrap().is_some(),
+        "young memos survive pruning"
+    );
+    store.prune(NOW + 1).await.unwrap();
+    assert!(store.recall_poll(key).await.unwrap().is_none());
 }
 
 pub async fn worker_registrations<S: Store>(store: S) {

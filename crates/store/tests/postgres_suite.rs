@@ -97,7 +97,7 @@ async fn two_nodes_never_lease_one_task_twice() {
         tokio::spawn(async move {
             let mut won = Vec::new();
             while let Some((task, _)) = store
-                .claim_task("default", TaskKind::Workflow, "race-q", &[], owner, 60_000, NOW)
+                .claim_task("default", TaskKind::Workflow, "race-q", &[], owner, 60_000, NOW, None)
                 .await
                 .unwrap()
             {

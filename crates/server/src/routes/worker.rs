@@ -259,14 +259,12 @@ async fn long_poll<S: Store>(
         woken.as_mut().enable();
         let now = now_ms();
         if state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
+            let memo = poll_key(namespace, request, kind);
             if let Some((task, run)) = state
                 .store
-                .claim_task(namespace, kind, &request.queue, types, owner, lease_ms, now)
+                .claim_task(namespace, kind, &request.queue, types, owner, lease_ms, now, memo)
                 .await?
             {
-                if let Some(key) = poll_key(namespace, request, kind) {
-                    state.store.remember_poll(key, task.id.clone(), task.fence, now).await?;
-                }
                 tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id, kind = kind.as_str(),
                     fence = task.fence, owner, "task leased");
                 return Ok(Some((task, run)));
