@@ -21,3 +21,6 @@ cargo build --workspace --all-targets
 export CAPSTAN_BIN="$PWD/target/debug/capstan"
 cargo test --workspace --no-fail-fast
 .venv/bin/python -m pytest tests/python -q
+# The SDK suite once more, against a two-node cluster on PostgreSQL (workers on one node,
+# clients on the other).
+CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py -q
