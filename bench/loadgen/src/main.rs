@@ -28,6 +28,8 @@ enum Workload {
     Signal,
     /// Idle long polls held open while /api/health latency is measured.
     IdlePolls,
+    /// Start --workflows workflows and leave them open (no workers); report the server's RSS.
+    Open,
 }
 
 #[derive(Parser, Debug)]
@@ -168,7 +170,7 @@ fn decide(workload: Workload, task: &Value) -> Vec<Value> {
                 vec![]
             }
         }
-        Workload::IdlePolls => vec![],
+        Workload::IdlePolls | Workload::Open => vec![],
     }
 }
 
@@ -367,6 +369,38 @@ async fn main() {
             "{}",
             json!({"workload": "idle-polls", "report": report, "server_peak_rss_mib": rss})
         );
+        return;
+    }
+
+    if args.workload == Workload::Open {
+        let input = avro::argument_list_of_string(&"x".repeat(args.payload_bytes));
+        let rss_idle = spawned.as_ref().map(|s| s.current_rss_mib());
+        let begin = Instant::now();
+        let gate = Arc::new(Semaphore::new(args.concurrency));
+        let mut starts = Vec::new();
+        for i in 0..args.workflows {
+            let permit = gate.clone().acquire_owned().await.expect("semaphore");
+            let (api, queue, input) = (api.clone(), queue.clone(), input.clone());
+            starts.push(tokio::spawn(async move {
+                let body = json!({"workflow_type": "bench", "workflow_id": format!("{queue}-open-{i}"), "task_queue": queue, "input": {"codec": "avro", "blob": input}});
+                let (status, response) = api.control(reqwest::Method::POST, "/workflows", Some(body)).await.expect("start");
+                assert_eq!(status, 201, "start refused: {response}");
+                drop(permit);
+            }));
+        }
+        for start in starts {
+            start.await.expect("start");
+        }
+        let elapsed = begin.elapsed().as_secs_f64();
+        let report = json!({
+            "workload": "open",
+            "open_workflows": args.workflows,
+            "starts_per_s": args.workflows as f64 / elapsed,
+            "server_rss_idle_mib": rss_idle,
+            "server_rss_with_open_workflows_mib": spawned.as_ref().map(|s| s.current_rss_mib()),
+            "server_peak_rss_mib": spawned.as_ref().map(|s| s.peak_rss_mib()),
+        });
+        println!("{report}");
         return;
     }
 

@@ -52,10 +52,19 @@ impl SpawnedServer {
 
     /// Peak resident set size (VmHWM) in MiB.
     pub fn peak_rss_mib(&self) -> f64 {
+        self.status_mib("VmHWM:")
+    }
+
+    /// Current resident set size (VmRSS) in MiB.
+    pub fn current_rss_mib(&self) -> f64 {
+        self.status_mib("VmRSS:")
+    }
+
+    fn status_mib(&self, field: &str) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
             .map(|kb| kb / 1024.0)
             .unwrap_or(0.0)
