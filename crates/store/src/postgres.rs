@@ -267,6 +267,38 @@ fn not_found(locator: &RunLocator) -> Refusal {
     }
 }
 
+/// Finds and row-locks the run `locator` names, in one round trip.
+async fn locate_and_lock(tx: &Transaction<'_>, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
+    let row = match locator {
+        RunLocator::Task(task_id) => {
+            tx.query_opt(
+                "SELECT r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2 FOR UPDATE OF r",
+                &[&task_id.as_str(), &namespace],
+            )
+            .await?
+        }
+        RunLocator::Run(workflow_id, run_id) => {
+            tx.query_opt(
+                "SELECT state FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3 FOR UPDATE",
+                &[&run_id.as_str(), &workflow_id.as_str(), &namespace],
+            )
+            .await?
+        }
+        RunLocator::Current(workflow_id) => {
+            tx.query_opt(
+                "SELECT r.state FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
+                 WHERE i.workflow_id = $1 AND i.namespace = $2 FOR UPDATE OF r",
+                &[&workflow_id.as_str(), &namespace],
+            )
+            .await?
+        }
+    };
+    match row {
+        Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
+        None => Ok(None),
+    }
+}
+
 /// Loads and row-locks a run. `skip_locked`: give up (None) instead of waiting for another node.
 async fn lock_run(tx: &Transaction<'_>, run_id: &str, skip_locked: bool) -> StoreResult<Option<RunState>> {
     let sql = if skip_locked {
@@ -296,6 +328,8 @@ fn task_type_name(run: &RunState, task: &Task) -> String {
 }
 
 /// Writes a run's new state, its new events and its changed tasks; announces ready tasks.
+/// The statements are independent, so they are sent pipelined on the one connection: one round
+/// trip of latency instead of one per row.
 async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert_run: bool, wake_channel: &str) -> StoreResult<()> {
     let state = serde_json::to_string(run).map_err(corrupt)?;
     if insert_run {
@@ -317,99 +351,143 @@ async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert
             ],
         )
         .await?;
-    } else {
-        tx.execute(
-            "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1",
-            &[&run.run_id.as_str(), &run.status.as_str(), &run.closed_at, &state],
+    }
+    let update_run = tx
+        .prepare_cached("UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1")
+        .await?;
+    let insert_event = tx
+        .prepare_cached(
+            "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .await?;
+    let upsert_task = tx
+        .prepare_cached(
+            "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
+                 deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
+                 lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
+        )
+        .await?;
+    let close_task = tx
+        .prepare_cached("UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1")
+        .await?;
+
+    // Owned values first, so the pipelined statements can borrow them.
+    struct EventRow<'e> {
+        sequence: i64,
+        event_type: &'static str,
+        payload: String,
+        task_id: Option<&'e str>,
+        command_id: Option<&'e str>,
     }
-    if !effects.events.is_empty() {
-        let insert = tx
-            .prepare_cached(
-                "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            )
-            .await?;
-        for event in &effects.events {
+    let event_rows: Vec<EventRow> = effects
+        .events
+        .iter()
+        .map(|event| {
             debug_assert_eq!(event.computed_hash(), event.hash);
-            let payload = serde_json::to_string(&event.payload).map_err(corrupt)?;
-            tx.execute(
-                &insert,
-                &[
-                    &run.run_id.as_str(),
-                    &(event.sequence as i64),
-                    &event.id.as_str(),
-                    &event.event_type.as_str(),
-                    &payload,
-                    &event.workflow_task_id.as_ref().map(|t| t.as_str()),
-                    &event.workflow_command_id.as_ref().map(|c| c.as_str()),
-                    &event.recorded_at,
-                    &event.prev_hash,
-                    &event.hash,
-                ],
-            )
-            .await?;
-        }
+            Ok(EventRow {
+                sequence: event.sequence as i64,
+                event_type: event.event_type.as_str(),
+                payload: serde_json::to_string(&event.payload).map_err(corrupt)?,
+                task_id: event.workflow_task_id.as_ref().map(|t| t.as_str()),
+                command_id: event.workflow_command_id.as_ref().map(|c| c.as_str()),
+            })
+        })
+        .collect::<StoreResult<_>>()?;
+    struct TaskRow<'t> {
+        task: &'t Task,
+        kind: &'static str,
+        status: &'static str,
+        type_name: String,
+        owner: Option<String>,
+        expires_at: Option<i64>,
+        fence: i64,
     }
+    let mut task_rows = Vec::new();
+    let mut vanished = Vec::new();
     let mut announced: Vec<String> = Vec::new();
     for task_id in &effects.touched_tasks {
-        let Some(task) = run.tasks.get(task_id) else {
-            tx.execute(
-                "UPDATE tasks SET status = 'cancelled', deadline_at = NULL WHERE task_id = $1",
-                &[&task_id.as_str()],
-            )
-            .await?;
-            continue;
-        };
-        let lease = task.lease();
-        let upsert = tx
-            .prepare_cached(
-                "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                 ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
-                     deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
-                     lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
-            )
-            .await?;
-        tx.execute(
-            &upsert,
-            &[
-                &task.id.as_str(),
-                &run.namespace,
-                &run.run_id.as_str(),
-                &task.kind.as_str(),
-                &task.queue,
-                &task_type_name(run, task),
-                &task_status(task),
-                &task.available_at,
-                &task.deadline_at,
-                &lease.map(|l| l.owner.clone()),
-                &lease.map(|l| l.expires_at),
-                &(task.fence as i64),
-                &task.created_at,
-            ],
-        )
-        .await?;
-        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
-            let key = format!("{}\u{1f}{}\u{1f}{}", run.namespace, task.kind.as_str(), task.queue);
-            if !announced.contains(&key) {
-                announced.push(key);
+        match run.tasks.get(task_id) {
+            Some(task) => {
+                let lease = task.lease();
+                task_rows.push(TaskRow {
+                    task,
+                    kind: task.kind.as_str(),
+                    status: task_status(task),
+                    type_name: task_type_name(run, task),
+                    owner: lease.map(|l| l.owner.clone()),
+                    expires_at: lease.map(|l| l.expires_at),
+                    fence: task.fence as i64,
+                });
+                if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
+                    let key = format!("{}\u{1f}{}\u{1f}{}", run.namespace, task.kind.as_str(), task.queue);
+                    if !announced.contains(&key) {
+                        announced.push(key);
+                    }
+                }
             }
+            None => vanished.push(task_id.as_str()),
         }
     }
+
+    let run_id = run.run_id.as_str();
+    let status = run.status.as_str();
+    let cancelled = "cancelled";
+    let mut batch: Vec<(&tokio_postgres::Statement, Vec<&(dyn ToSql + Sync)>)> = Vec::new();
+    if !insert_run {
+        batch.push((&update_run, vec![&run_id, &status, &run.closed_at, &state]));
+    }
+    for (event, row) in effects.events.iter().zip(&event_rows) {
+        batch.push((
+            &insert_event,
+            vec![
+                &run_id,
+                &row.sequence,
+                &event.id.0,
+                &row.event_type,
+                &row.payload,
+                &row.task_id,
+                &row.command_id,
+                &event.recorded_at,
+                &event.prev_hash,
+                &event.hash,
+            ],
+        ));
+    }
+    for row in &task_rows {
+        batch.push((
+            &upsert_task,
+            vec![
+                &row.task.id.0,
+                &run.namespace,
+                &run_id,
+                &row.kind,
+                &row.task.queue,
+                &row.type_name,
+                &row.status,
+                &row.task.available_at,
+                &row.task.deadline_at,
+                &row.owner,
+                &row.expires_at,
+                &row.fence,
+                &row.task.created_at,
+            ],
+        ));
+    }
+    for task_id in &vanished {
+        batch.push((&close_task, vec![task_id, &cancelled]));
+    }
+    futures_util::future::try_join_all(batch.iter().map(|(statement, params)| tx.execute(*statement, params.as_slice()))).await?;
+
     for (task_id, closure) in &effects.closed_tasks {
-        let updated = tx
-            .execute(
-                "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1",
-                &[&task_id.as_str(), &closure.as_str()],
-            )
-            .await?;
+        let updated = tx.execute(&close_task, &[&task_id.as_str(), &closure.as_str()]).await?;
         if updated == 0 {
             tx.execute(
                 "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
                  VALUES ($1, $2, $3, 'timer', '', '', $4, 0, 0, 0) ON CONFLICT DO NOTHING",
-                &[&task_id.as_str(), &run.namespace, &run.run_id.as_str(), &closure.as_str()],
+                &[&task_id.as_str(), &run.namespace, &run_id, &closure.as_str()],
             )
             .await?;
         }
@@ -739,8 +817,9 @@ impl Store for PostgresStore {
     {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let run_id = locate_run(&tx, namespace, &locator).await?.ok_or_else(|| not_found(&locator))?;
-        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
+        let mut run = locate_and_lock(&tx, namespace, &locator)
+            .await?
+            .ok_or_else(|| not_found(&locator))?;
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
@@ -769,9 +848,10 @@ impl Store for PostgresStore {
         };
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let run_id = locate_run(&tx, namespace, &locator).await?.ok_or_else(|| not_found(&locator))?;
         // The run lock serialises concurrent uses of one request id.
-        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
+        let mut run = locate_and_lock(&tx, namespace, &locator)
+            .await?
+            .ok_or_else(|| not_found(&locator))?;
         let stored = tx
             .query_opt(
                 "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4",
