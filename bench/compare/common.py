@@ -16,7 +16,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 import procstats  # noqa: E402  (bench/python/procstats.py)
 
-__all__ = ["procstats", "free_port", "wait_tcp", "terminate", "closed_loop", "report", "ok"]
+__all__ = ["procstats", "free_port", "wait_tcp", "terminate", "closed_loop", "report", "ok", "exit_cleanly_on_sigterm"]
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """SIGTERM (e.g. from `timeout`) raises KeyboardInterrupt, so `finally` blocks stop servers."""
+
+    def interrupt(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def free_port() -> int:

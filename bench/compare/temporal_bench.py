@@ -92,6 +92,7 @@ def main() -> int:
 
     if args.worker_mode:
         return asyncio.run(worker_main(args))
+    common.exit_cleanly_on_sigterm()
 
     data = tempfile.mkdtemp(prefix="capstan-compare-temporal-")
     port, http_port, metrics_port = common.free_port(), common.free_port(), common.free_port()
@@ -103,7 +104,8 @@ def main() -> int:
     for pragma in args.sqlite_pragma:
         command += ["--sqlite-pragma", pragma]
     log = open(os.path.join(data, "server.log"), "w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # Same process group as this driver: a `timeout` around it takes every process down.
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     worker = None
     address = f"127.0.0.1:{port}"
     queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -113,7 +115,7 @@ def main() -> int:
         sampler = procstats.RssSampler(server.pid)
         worker = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker-mode", "--address", address, "--task-queue", queue],
-            stdout=subprocess.PIPE, text=True, start_new_session=True,
+            stdout=subprocess.PIPE, text=True,
         )
         line = worker.stdout.readline() if worker.stdout else ""
         if line.strip() != "READY":

@@ -272,8 +272,8 @@ def main() -> int:
     parser.add_argument("--max-concurrent-tasks", type=int, default=10,
                         help="max_concurrent_workflow_tasks and max_concurrent_activity_tasks (SDK default 10)")
     parser.add_argument("--poll-timeout", type=float, default=35.0, help="Worker long-poll timeout (SDK default 35)")
-    parser.add_argument("--result-poll-interval", type=float, default=0.05,
-                        help="WorkflowHandle.result poll interval in seconds (SDK default 0.5)")
+    parser.add_argument("--result-poll-interval", type=float, default=0.5,
+                        help="WorkflowHandle.result poll interval in seconds (default: the SDK's, 0.5)")
     parser.add_argument("--result-timeout", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line")
     parser.add_argument("--worker-mode", action="store_true", help=argparse.SUPPRESS)
@@ -284,6 +284,10 @@ def main() -> int:
     if args.worker_mode:
         return asyncio.run(worker_main(args))
 
+    def interrupt(signum, frame):  # noqa: ARG001 - SIGTERM (e.g. `timeout`) runs the `finally` cleanup
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
     server = None
     if args.server:
         url = args.server.rstrip("/")

@@ -159,10 +159,19 @@ async function main() {
     detached: true,
   });
   let service = null;
+  // Killed from outside (timeout, Ctrl-C): take the server and the service down with us.
+  for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"]) {
+    process.on(signal, () => {
+      for (const child of [service, server]) {
+        try { if (child) process.kill(-child.pid, "SIGKILL"); } catch {}
+      }
+      process.exit(130);
+    });
+  }
   let report = null;
   let failure = null;
   try {
-    await waitFor("restate admin", async () => (await fetch("http://127.0.0.1:9070/health")).ok, server);
+    await waitFor("restate admin", async () => (await fetch("http://127.0.0.1:9070/health", { signal: AbortSignal.timeout(2000) })).ok, server);
     await waitFor("restate ingress", () => portOpen(8080), server);
     service = spawn(process.execPath, [path.join(__dirname, "service.cjs"), "9080"], {
       stdio: ["ignore", "ignore", "inherit"],
@@ -172,6 +181,7 @@ async function main() {
     await waitFor("restate service endpoint", () => portOpen(9080), service);
     const registered = await fetch("http://127.0.0.1:9070/deployments", {
       method: "POST",
+      signal: AbortSignal.timeout(30000),
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ uri: "http://127.0.0.1:9080" }),
     });
@@ -179,18 +189,19 @@ async function main() {
 
     const payload = "x".repeat(args.payloadBytes);
     const target = args.flavour === "rpc" ? `${args.workload}rpc` : args.workload;
-    const invoke = async (id) => {
+    const invoke = async (id, timeoutMs = 120000) => {
       const response = await fetch(`http://127.0.0.1:8080/${target}/${id}/run`, {
         method: "POST",
         headers: { "content-type": "application/json" },
         body: JSON.stringify(payload),
+        signal: AbortSignal.timeout(timeoutMs),
       });
       const text = await response.text();
       if (!response.ok) throw new Error(`${response.status} ${text.slice(0, 200)}`);
       return JSON.parse(text);
     };
     // The ingress learns the new deployment asynchronously: wait until one invocation goes through.
-    await waitFor("first invocation", async () => (await invoke(`warmup-${Date.now()}`)) === payload, server, 30);
+    await waitFor("first invocation", async () => (await invoke(`warmup-${Date.now()}`, 5000)) === payload, server, 30);
 
     const sampler = new RssSampler(server.pid);
     const cpuBefore = cpuSeconds(server.pid);

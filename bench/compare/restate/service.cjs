@@ -8,6 +8,17 @@
 //
 // Usage: node service.cjs PORT   (NODE_PATH must reach @restatedev/restate-sdk)
 "use strict";
+
+// @restatedev/restate-sdk 1.17 calls Promise.withResolvers (Node.js >= 22); Debian's and
+// this machine's Node.js is 20, so supply the three-line ES2024 method when it is missing.
+if (typeof Promise.withResolvers !== "function") {
+  Promise.withResolvers = function withResolvers() {
+    let resolve, reject;
+    const promise = new this((res, rej) => { resolve = res; reject = rej; });
+    return { promise, resolve, reject };
+  };
+}
+
 const restate = require("@restatedev/restate-sdk");
 
 const echo = restate.service({

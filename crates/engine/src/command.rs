@@ -132,7 +132,7 @@ impl RetryPolicy {
     }
 
     pub fn allows_attempt(&self, attempt_number: u32) -> bool {
-        self.max_attempts.map_or(true, |max| attempt_number <= max)
+        self.max_attempts.is_none_or(|max| attempt_number <= max)
     }
 
     pub fn to_json(&self) -> Value {

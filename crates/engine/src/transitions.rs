@@ -1153,7 +1153,7 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Activit
         AttemptEnd::Failed { non_retryable, .. } => (!non_retryable, TaskClosure::Failed),
         AttemptEnd::TimedOut { timeout_kind } => (*timeout_kind != "schedule_to_close", TaskClosure::TimedOut),
     };
-    let within_deadline = execution.schedule_to_close_deadline.map_or(true, |deadline| retry_at < deadline);
+    let within_deadline = execution.schedule_to_close_deadline.is_none_or(|deadline| retry_at < deadline);
     let will_retry = retryable && within_deadline && execution.retry_policy.allows_attempt(attempt_number + 1);
     run.close_task(cx, &task.id, closure);
     let attempt_id = match &task.detail {
@@ -1338,7 +1338,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
     let Some(task) = run.tasks.get(task_id).cloned() else {
         return false;
     };
-    if task.deadline_at.map_or(true, |d| d > now) {
+    if task.deadline_at.is_none_or(|d| d > now) {
         return false;
     }
     match (&task.kind, &task.state) {

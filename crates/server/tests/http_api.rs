@@ -1779,7 +1779,7 @@ async fn signal_request_id_idempotency() {
     let body = json!({"input": env(EMPTY_ARGS), "request_id": "sdk-rust-signal-1"});
     let first = h.cpost("/api/workflows/keyed/signal/approve", body.clone()).await.ok(202);
     assert_eq!(first["outcome"], "signal_received");
-    assert!(first.get("retained").map_or(true, |r| r == false));
+    assert!(first.get("retained").is_none_or(|r| r == false));
     let again = h.cpost("/api/workflows/keyed/signal/approve", body.clone()).await.ok(202);
     assert_eq!(again["retained"], true);
     assert_eq!(again["run_id"], first["run_id"]);
