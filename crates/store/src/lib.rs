@@ -12,6 +12,7 @@
 //! idempotency rules make the retry safe.
 
 mod postgres;
+mod rows;
 mod schema;
 mod sqlite;
 mod writer;

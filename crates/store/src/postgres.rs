@@ -11,6 +11,7 @@
 //! rows, and `run_duty` locks the run row before the task row, so no two statements wait on each
 //! other in a cycle.
 
+use crate::rows::*;
 use crate::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Transaction};
 use futures_util::StreamExt;
@@ -255,18 +256,6 @@ async fn locate_run(tx: &Transaction<'_>, namespace: &str, locator: &RunLocator)
     Ok(row.map(|r| r.get(0)))
 }
 
-fn not_found(locator: &RunLocator) -> Refusal {
-    match locator {
-        RunLocator::Task(task_id) => Refusal::new(Reason::TaskNotFound, "Task not found.").with("task_id", task_id.as_str()),
-        RunLocator::Run(workflow_id, run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.")
-            .with("workflow_id", workflow_id.as_str())
-            .with("run_id", run_id.as_str()),
-        RunLocator::Current(workflow_id) => {
-            Refusal::new(Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id.as_str())
-        }
-    }
-}
-
 /// Finds and row-locks the run `locator` names, in one round trip.
 async fn locate_and_lock(tx: &Transaction<'_>, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
     let row = match locator {
@@ -309,21 +298,6 @@ async fn lock_run(tx: &Transaction<'_>, run_id: &str, skip_locked: bool) -> Stor
     match tx.query_opt(sql, &[&run_id]).await? {
         Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
         None => Ok(None),
-    }
-}
-
-fn task_status(task: &Task) -> &'static str {
-    match task.state {
-        TaskState::Ready => "ready",
-        TaskState::Leased(_) => "leased",
-    }
-}
-
-fn task_type_name(run: &RunState, task: &Task) -> String {
-    match &task.detail {
-        TaskDetail::Workflow { .. } => run.workflow_type.clone(),
-        TaskDetail::Activity { activity_type, .. } => activity_type.clone(),
-        _ => String::new(),
     }
 }
 
@@ -507,9 +481,6 @@ fn parse_kind(kind: &str) -> Option<TaskKind> {
     }
 }
 
-const WORKER_COLUMNS: &str =
-    "namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at";
-
 fn worker_from_row(row: &tokio_postgres::Row) -> WorkerRecord {
     let list = |i: usize| serde_json::from_str::<Vec<String>>(row.get::<_, &str>(i)).unwrap_or_default();
     let map = |i: usize| serde_json::from_str::<Map<String, Value>>(row.get::<_, &str>(i)).unwrap_or_default();
@@ -532,20 +503,7 @@ fn worker_from_row(row: &tokio_postgres::Row) -> WorkerRecord {
 
 fn summary_from_state(state: &str) -> StoreResult<RunSummary> {
     let run: RunState = serde_json::from_str(state).map_err(corrupt)?;
-    Ok(RunSummary {
-        namespace: run.namespace.clone(),
-        workflow_id: run.workflow_id.clone(),
-        run_id: run.run_id.clone(),
-        run_number: run.run_number,
-        workflow_type: run.workflow_type.clone(),
-        task_queue: run.task_queue.clone(),
-        status: run.status,
-        business_key: run.business_key.clone(),
-        started_at: run.started_at,
-        closed_at: run.closed_at,
-        search_attributes: run.search_attributes,
-        memo: run.memo,
-    })
+    Ok(summary_of(&run))
 }
 
 fn type_filter(types: &[String]) -> Option<Vec<String>> {
@@ -579,25 +537,7 @@ impl Store for PostgresStore {
             .map(|row| worker_from_row(&row));
         let mut record = worker.clone();
         if let Some(existing) = existing {
-            if existing.status == "active" {
-                for (workflow_type, fingerprint) in &worker.workflow_definition_fingerprints {
-                    if existing
-                        .workflow_definition_fingerprints
-                        .get(workflow_type)
-                        .is_some_and(|old| old != fingerprint)
-                    {
-                        return Err(Refusal::new(
-                            Reason::WorkflowDefinitionChanged,
-                            format!(
-                                "Worker {} re-registered workflow type {workflow_type} with a different definition.",
-                                worker.worker_id
-                            ),
-                        )
-                        .with("workflow_type", workflow_type.clone())
-                        .into());
-                    }
-                }
-            }
+            check_fingerprints(&existing, &worker)?;
             record.registered_at = existing.registered_at;
         }
         let json = |v: &dyn erased::Json| v.to_json();
@@ -942,19 +882,11 @@ impl Store for PostgresStore {
 
     async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
         let client = self.pool.get().await?;
-        let statuses: Option<Vec<String>> = filter.status_bucket.as_deref().map(|bucket| {
-            match bucket {
-                "running" => vec!["pending", "running", "waiting"],
-                "completed" => vec!["completed"],
-                _ => vec!["failed", "cancelled", "terminated"],
-            }
-            .into_iter()
-            .map(String::from)
-            .collect()
-        });
-        let pattern = filter
-            .query
-            .map(|q| format!("%{}%", q.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
+        let statuses: Option<Vec<String>> = filter
+            .status_bucket
+            .as_deref()
+            .map(|bucket| bucket_statuses(bucket).iter().map(|s| s.to_string()).collect());
+        let pattern = filter.query.as_deref().map(like_pattern);
         let params: [&(dyn ToSql + Sync); 6] = [
             &namespace,
             &filter.workflow_type,

@@ -1,6 +1,7 @@
 //! [`Store`] on an embedded SQLite file: WAL journal, `synchronous=FULL`, one writer thread with
 //! group commit (see `writer.rs`) and a small pool of reader connections.
 
+use crate::rows::*;
 use crate::schema;
 use crate::writer::Writer;
 use crate::*;
@@ -109,33 +110,6 @@ fn locate_run(conn: &Connection, namespace: &str, locator: &RunLocator) -> Store
             .query_row(params![workflow_id.as_str(), namespace], |r| r.get(0))
             .optional()?,
     })
-}
-
-fn not_found(locator: &RunLocator) -> Refusal {
-    match locator {
-        RunLocator::Task(task_id) => Refusal::new(Reason::TaskNotFound, "Task not found.").with("task_id", task_id.as_str()),
-        RunLocator::Run(workflow_id, run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.")
-            .with("workflow_id", workflow_id.as_str())
-            .with("run_id", run_id.as_str()),
-        RunLocator::Current(workflow_id) => {
-            Refusal::new(Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id.as_str())
-        }
-    }
-}
-
-fn task_status(task: &Task) -> &'static str {
-    match task.state {
-        TaskState::Ready => "ready",
-        TaskState::Leased(_) => "leased",
-    }
-}
-
-fn task_type_name(run: &RunState, task: &Task) -> String {
-    match &task.detail {
-        TaskDetail::Workflow { .. } => run.workflow_type.clone(),
-        TaskDetail::Activity { activity_type, .. } => activity_type.clone(),
-        _ => String::new(),
-    }
 }
 
 /// Writes a run's new state, its new events and its changed tasks.
@@ -247,8 +221,6 @@ fn worker_from_row(row: &rusqlite::Row) -> rusqlite::Result<WorkerRecord> {
     })
 }
 
-const WORKER_COLUMNS: &str = "namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at";
-
 fn get_worker(conn: &Connection, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
     Ok(conn
         .query_row(
@@ -264,23 +236,6 @@ fn summary_from_row(row: &rusqlite::Row) -> rusqlite::Result<RunSummary> {
     let run: RunState =
         serde_json::from_str(&state).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?;
     Ok(summary_of(&run))
-}
-
-fn summary_of(run: &RunState) -> RunSummary {
-    RunSummary {
-        namespace: run.namespace.clone(),
-        workflow_id: run.workflow_id.clone(),
-        run_id: run.run_id.clone(),
-        run_number: run.run_number,
-        workflow_type: run.workflow_type.clone(),
-        task_queue: run.task_queue.clone(),
-        status: run.status,
-        business_key: run.business_key.clone(),
-        started_at: run.started_at,
-        closed_at: run.closed_at,
-        search_attributes: run.search_attributes.clone(),
-        memo: run.memo.clone(),
-    }
 }
 
 /// Adds `AND type_name IN (...)` for a worker that declared the types it supports.
@@ -333,27 +288,9 @@ impl Store for SqliteStore {
     async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
         self.writer
             .write(move |conn| {
-                if let Some(existing) = get_worker(conn, &worker.namespace, &worker.worker_id)? {
-                    if existing.status == "active" {
-                        for (workflow_type, fingerprint) in &worker.workflow_definition_fingerprints {
-                            if let Some(old) = existing.workflow_definition_fingerprints.get(workflow_type) {
-                                if old != fingerprint {
-                                    return Err(Refusal::new(
-                                        Reason::WorkflowDefinitionChanged,
-                                        format!(
-                                            "Worker {} re-registered workflow type {workflow_type} with a different definition.",
-                                            worker.worker_id
-                                        ),
-                                    )
-                                    .with("workflow_type", workflow_type.clone())
-                                    .into());
-                                }
-                            }
-                        }
-                    }
-                }
                 let mut record = worker.clone();
                 if let Some(existing) = get_worker(conn, &worker.namespace, &worker.worker_id)? {
+                    check_fingerprints(&existing, &worker)?;
                     record.registered_at = existing.registered_at;
                 }
                 conn.execute(
@@ -650,15 +587,11 @@ impl Store for SqliteStore {
                 sql.push_str(&format!(" AND workflow_type = ?{}", values.len()));
             }
             if let Some(bucket) = filter.status_bucket {
-                let statuses = match bucket.as_str() {
-                    "running" => "('pending', 'running', 'waiting')",
-                    "completed" => "('completed')",
-                    _ => "('failed', 'cancelled', 'terminated')",
-                };
-                sql.push_str(&format!(" AND status IN {statuses}"));
+                let statuses: Vec<String> = bucket_statuses(&bucket).iter().map(|s| format!("'{s}'")).collect();
+                sql.push_str(&format!(" AND status IN ({})", statuses.join(", ")));
             }
             if let Some(query) = filter.query {
-                values.push(format!("%{}%", query.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")).into());
+                values.push(like_pattern(&query).into());
                 let n = values.len();
                 sql.push_str(&format!(" AND (workflow_id LIKE ?{n} ESCAPE '\\' OR business_key LIKE ?{n} ESCAPE '\\')"));
             }

@@ -1,0 +1,92 @@
+//! What both backends derive the same way from engine types: row values, refusals for missing
+//! rows, and the store-level rules (definition fingerprints, status buckets).
+
+use crate::*;
+
+/// The refusal for a locator that names nothing.
+pub(crate) fn not_found(locator: &RunLocator) -> Refusal {
+    match locator {
+        RunLocator::Task(task_id) => Refusal::new(Reason::TaskNotFound, "Task not found.").with("task_id", task_id.as_str()),
+        RunLocator::Run(workflow_id, run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.")
+            .with("workflow_id", workflow_id.as_str())
+            .with("run_id", run_id.as_str()),
+        RunLocator::Current(workflow_id) => {
+            Refusal::new(Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id.as_str())
+        }
+    }
+}
+
+/// `tasks.status` of an open task.
+pub(crate) fn task_status(task: &Task) -> &'static str {
+    match task.state {
+        TaskState::Ready => "ready",
+        TaskState::Leased(_) => "leased",
+    }
+}
+
+/// `tasks.type_name`: what a poller's supported-types filter matches against.
+pub(crate) fn task_type_name(run: &RunState, task: &Task) -> String {
+    match &task.detail {
+        TaskDetail::Workflow { .. } => run.workflow_type.clone(),
+        TaskDetail::Activity { activity_type, .. } => activity_type.clone(),
+        _ => String::new(),
+    }
+}
+
+pub(crate) fn summary_of(run: &RunState) -> RunSummary {
+    RunSummary {
+        namespace: run.namespace.clone(),
+        workflow_id: run.workflow_id.clone(),
+        run_id: run.run_id.clone(),
+        run_number: run.run_number,
+        workflow_type: run.workflow_type.clone(),
+        task_queue: run.task_queue.clone(),
+        status: run.status,
+        business_key: run.business_key.clone(),
+        started_at: run.started_at,
+        closed_at: run.closed_at,
+        search_attributes: run.search_attributes.clone(),
+        memo: run.memo.clone(),
+    }
+}
+
+/// An active registration may not change a workflow type's definition fingerprint (DW rule).
+pub(crate) fn check_fingerprints(existing: &WorkerRecord, incoming: &WorkerRecord) -> Result<(), Refusal> {
+    if existing.status != "active" {
+        return Ok(());
+    }
+    for (workflow_type, fingerprint) in &incoming.workflow_definition_fingerprints {
+        if existing
+            .workflow_definition_fingerprints
+            .get(workflow_type)
+            .is_some_and(|old| old != fingerprint)
+        {
+            return Err(Refusal::new(
+                Reason::WorkflowDefinitionChanged,
+                format!(
+                    "Worker {} re-registered workflow type {workflow_type} with a different definition.",
+                    incoming.worker_id
+                ),
+            )
+            .with("workflow_type", workflow_type.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The run statuses of a list-filter bucket.
+pub(crate) fn bucket_statuses(bucket: &str) -> &'static [&'static str] {
+    match bucket {
+        "running" => &["pending", "running", "waiting"],
+        "completed" => &["completed"],
+        _ => &["failed", "cancelled", "terminated"],
+    }
+}
+
+/// `%query%` with LIKE's wildcards escaped (escape character `\`).
+pub(crate) fn like_pattern(query: &str) -> String {
+    format!("%{}%", query.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))
+}
+
+pub(crate) const WORKER_COLUMNS: &str =
+    "namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at";
