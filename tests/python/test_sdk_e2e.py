@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 from durable_workflow import (
     ActivityRetryPolicy,
+    QueryFailed,
     SignalFailed,
     WorkflowAlreadyStarted,
     WorkflowCancelled,
@@ -78,6 +79,31 @@ class ApprovalWorkflow:
     def run(self, ctx, request):
         yield ctx.wait_condition(lambda: self.approver is not None)
         return f"{request} approved by {self.approver}"
+
+
+@workflow.defn(name="e2e.counter")
+class CounterWorkflow:
+    """Counts `bump` signals until `stop`; answers the `count` query from replayed state."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.stopped = False
+
+    @workflow.signal("bump")
+    def bump(self, by: int) -> None:
+        self.count += by
+
+    @workflow.signal("stop")
+    def stop(self) -> None:
+        self.stopped = True
+
+    @workflow.query("count")
+    def current_count(self) -> int:
+        return self.count
+
+    def run(self, ctx):
+        yield ctx.wait_condition(lambda: self.stopped)
+        return self.count
 
 
 # activity attempt bookkeeping, keyed by a per-test key passed as argument
@@ -247,6 +273,44 @@ def test_signal_wakes_waiting_workflow(server_url, worker_url, run_worker):
         assert "sequence" not in payload_of(received), "SignalReceived must not consume a step sequence"
 
     run_async(main(), timeout=60)
+
+
+def test_query_answers_from_replayed_state(server_url, worker_url, run_worker):
+    queue = unique("e2e-query")
+    workflow_id = unique("counter")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CounterWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.counter", task_queue=queue, workflow_id=workflow_id, input=[])
+                await _wait_until_waiting(client, handle)
+
+                async def count():
+                    # The 2.12.0 client returns the server's query body with `result` decoded.
+                    answer = await handle.query("count")
+                    assert answer["query_name"] == "count" and answer["workflow_id"] == workflow_id, answer
+                    return answer["result"]
+
+                assert await count() == 0
+                await handle.signal("bump", [5])
+                await handle.signal("bump", [2])
+                # Signals are history once acknowledged; the query replays them.
+                deadline = time.monotonic() + 20
+                while (seen := await count()) != 7:
+                    assert time.monotonic() < deadline, f"query kept answering {seen}"
+                    await asyncio.sleep(0.2)
+                with pytest.raises(QueryFailed):
+                    await handle.query("no-such-query")
+                before = await fetch_history(client, workflow_id, handle.run_id)
+                await count()
+                after = await fetch_history(client, workflow_id, handle.run_id)
+                assert len(after) == len(before), "a query must not write history"
+                await handle.signal("stop", [])
+                assert await wait_result(handle, timeout=30, workers=[worker]) == 7
+                # Queries still work on a closed run: they replay its committed history.
+                assert await count() == 7
+
+    run_async(main(), timeout=90)
 
 
 def test_activity_retries_then_succeeds(server_url, worker_url, run_worker):

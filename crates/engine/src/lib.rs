@@ -15,6 +15,7 @@ pub mod history;
 pub mod ids;
 pub mod limits;
 pub mod payload;
+pub mod query;
 pub mod refusal;
 pub mod run;
 pub mod task;
@@ -26,6 +27,7 @@ pub use history::{chain_hash, verify_chain, EventType, HistoryEvent, GENESIS_HAS
 pub use ids::*;
 pub use limits::Limits;
 pub use payload::Payload;
+pub use query::{QueryOutcome, QueryState, QueryTask};
 pub use refusal::{Reason, Refusal};
 pub use run::*;
 pub use task::*;

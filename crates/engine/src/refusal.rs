@@ -40,6 +40,9 @@ pub enum Reason {
     InvalidPageToken,
     HistoryNotAvailable,
     StaleFence,
+    QueryTaskNotFound,
+    QueryTaskNotLeased,
+    QueryTaskAttemptMismatch,
 }
 
 impl Reason {
@@ -76,6 +79,9 @@ impl Reason {
             Reason::InvalidPageToken => "invalid_page_token",
             Reason::HistoryNotAvailable => "history_not_available",
             Reason::StaleFence => "stale_fence",
+            Reason::QueryTaskNotFound => "query_task_not_found",
+            Reason::QueryTaskNotLeased => "query_task_not_leased",
+            Reason::QueryTaskAttemptMismatch => "query_task_attempt_mismatch",
         }
     }
 }

@@ -19,6 +19,8 @@ pub enum TaskKind {
     Timer,
     /// Server-internal: times the run out at `deadline_at`.
     RunDeadline,
+    /// Leased by query pollers; ephemeral, outside any run (see `query.rs`).
+    Query,
 }
 
 impl TaskKind {
@@ -28,6 +30,7 @@ impl TaskKind {
             TaskKind::Activity => "activity",
             TaskKind::Timer => "timer",
             TaskKind::RunDeadline => "run_deadline",
+            TaskKind::Query => "query",
         }
     }
 }

@@ -1390,6 +1390,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
             let task = run.task_mut(cx, task_id).expect("open");
             task.deadline_at = None;
         }
+        (TaskKind::Query, _) => return false, // query tasks live outside runs
     }
     true
 }

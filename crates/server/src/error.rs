@@ -56,7 +56,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InstanceNotFound
         | Reason::RunNotFound
         | Reason::NamespaceNotFound
-        | Reason::HistoryNotAvailable => StatusCode::NOT_FOUND,
+        | Reason::HistoryNotAvailable
+        | Reason::QueryTaskNotFound => StatusCode::NOT_FOUND,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,

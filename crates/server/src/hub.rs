@@ -33,6 +33,35 @@ impl WakeHub {
     }
 }
 
+/// Per-key wake-ups for waiters of one item (a client waiting for its query's answer). Like the
+/// queue hub, only a hint: waiters also re-read the store.
+#[derive(Default, Clone)]
+pub struct KeyedWakeups {
+    waiters: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+}
+
+impl KeyedWakeups {
+    pub fn channel(&self, key: &str) -> Arc<Notify> {
+        self.waiters
+            .lock()
+            .expect("keyed wake-ups")
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
+    pub fn wake(&self, key: &str) {
+        let notify = self.waiters.lock().expect("keyed wake-ups").get(key).cloned();
+        if let Some(notify) = notify {
+            notify.notify_waiters();
+        }
+    }
+
+    pub fn forget(&self, key: &str) {
+        self.waiters.lock().expect("keyed wake-ups").remove(key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

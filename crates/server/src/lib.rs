@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub activity_task_lease_ms: i64,
     /// How long a claimed background duty stays this node's before another may take it over.
     pub duty_lease_ms: i64,
+    /// How long a query waits for a worker's answer before 504.
+    pub query_wait_ms: i64,
     /// Longest long-poll hold, whatever the client asks.
     pub poll_wait_max_ms: i64,
     pub limits: Limits,
@@ -55,6 +57,7 @@ impl Default for ServerConfig {
             workflow_task_lease_ms: 60_000,
             activity_task_lease_ms: 300_000,
             duty_lease_ms: 30_000,
+            query_wait_ms: 30_000,
             poll_wait_max_ms: 60_000,
             limits: Limits::default(),
             server_id: format!("capstan-{}", ulid::Ulid::new()),
@@ -67,6 +70,7 @@ pub struct AppState<S: Store> {
     pub store: S,
     pub config: ServerConfig,
     hub: hub::WakeHub,
+    query_answers: hub::KeyedWakeups,
     clock_kick: tokio::sync::Notify,
 }
 
@@ -86,6 +90,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         store,
         config,
         hub: hub::WakeHub::default(),
+        query_answers: hub::KeyedWakeups::default(),
         clock_kick: tokio::sync::Notify::new(),
     });
     (routes::router(state.clone()), state)

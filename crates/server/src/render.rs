@@ -128,7 +128,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "pending_activity_count": run.activities.len(),
         "pending_timer_count": run.timers.len(),
         "actions": {
-            "can_signal": !closed, "can_query": false, "can_update": false,
+            "can_signal": !closed, "can_query": true, "can_update": false,
             "can_cancel": !closed, "can_terminate": !closed, "can_repair": false, "can_archive": false,
         },
     })

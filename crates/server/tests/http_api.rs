@@ -2187,3 +2187,184 @@ async fn run_targeted_cancel_of_another_run_is_refused() {
     assert_eq!(done["outcome"], "cancelled");
     assert_eq!(done["run_id"], run_id);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Queries
+
+/// A registration that can answer queries (the capability Python and Rust workers send).
+async fn register_query_worker(h: &Harness, worker_id: &str, queue: &str) {
+    h.wpost(
+        "/api/worker/register",
+        json!({"worker_id": worker_id, "task_queue": queue, "runtime": "python", "capabilities": ["query_tasks"]}),
+    )
+    .await
+    .ok(201);
+}
+
+async fn poll_query(h: &Harness, worker_id: &str, queue: &str) -> Value {
+    h.wpost(
+        "/api/worker/query-tasks/poll",
+        json!({"worker_id": worker_id, "task_queue": queue, "timeout_seconds": 10, "poll_request_id": unique("qp")}),
+    )
+    .await
+    .ok(200)
+}
+
+#[tokio::test]
+async fn a_query_is_routed_to_a_worker_and_answered_without_history() {
+    let h = Harness::start().await;
+    let queue = unique("query-q");
+    register_query_worker(&h, "qw", &queue).await;
+    let started = h.start_workflow("queried", &queue).await;
+    let run_id = started["run_id"].as_str().unwrap().to_string();
+    let events_before = h.history("queried", &run_id).await.len();
+
+    let ask = {
+        let (base, http) = (h.base.clone(), h.http.clone());
+        tokio::spawn(async move {
+            http.post(format!("{base}/api/workflows/queried/query/status"))
+                .header("X-Durable-Workflow-Control-Plane-Version", "2")
+                .json(&json!({"input": env("wwHioz3/VYAiNwwA")}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    let task = poll_query(&h, "qw", &queue).await["task"].clone();
+    assert_eq!(task["query_name"], "status");
+    assert_eq!(task["workflow_id"], "queried");
+    assert_eq!(task["lease_owner"], "qw");
+    assert_eq!(task["task_queue"], json!(queue));
+    assert_eq!(task["query_task_attempt"], 1);
+    assert_eq!(task["payload_codec"], "avro");
+    assert_eq!(task["query_arguments"], env("wwHioz3/VYAiNwwA"));
+    assert_eq!(
+        task["history_events"].as_array().unwrap().len(),
+        events_before,
+        "the worker replays committed history"
+    );
+    let id = task["query_task_id"].as_str().unwrap().to_string();
+
+    // Fencing: wrong owner, wrong attempt, unknown id.
+    let complete = |owner: &str, attempt: u64| json!({"lease_owner": owner, "query_task_attempt": attempt, "result_envelope": env("wwHioz3/VYAiNwIB")});
+    h.wpost(&format!("/api/worker/query-tasks/{id}/complete"), complete("intruder", 1))
+        .await
+        .err(409, "lease_owner_mismatch");
+    h.wpost(&format!("/api/worker/query-tasks/{id}/complete"), complete("qw", 2))
+        .await
+        .err(409, "query_task_attempt_mismatch");
+    h.wpost("/api/worker/query-tasks/nope/complete", complete("qw", 1))
+        .await
+        .err(404, "query_task_not_found");
+    h.wpost(&format!("/api/worker/query-tasks/{id}/complete"), complete("qw", 1))
+        .await
+        .ok(200);
+    let answer = ask.await.unwrap();
+    // Answered (and then cleaned up by the asking client): a second answer is refused either way.
+    let again = h.wpost(&format!("/api/worker/query-tasks/{id}/complete"), complete("qw", 1)).await;
+    assert!(
+        matches!(
+            (again.status.as_u16(), again.body["reason"].as_str()),
+            (409, Some("query_task_not_leased")) | (404, Some("query_task_not_found"))
+        ),
+        "{:?}",
+        again.body
+    );
+
+    assert_eq!(answer.status(), 200);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["result_envelope"], env("wwHioz3/VYAiNwIB"));
+    assert_eq!(body["control_plane"]["operation"], "query");
+    assert_eq!(
+        h.history("queried", &run_id).await.len(),
+        events_before,
+        "queries never write history"
+    );
+}
+
+#[tokio::test]
+async fn query_failures_map_to_the_dw_reasons() {
+    let h = Harness::start().await;
+    let queue = unique("query-fail-q");
+    h.start_workflow("no-worker", &queue).await;
+    // Nobody on the queue answers queries.
+    let body = h
+        .cpost("/api/workflows/no-worker/query/status", json!({}))
+        .await
+        .err(409, "query_worker_unavailable");
+    assert_eq!(body["control_plane"]["operation"], "query");
+    h.cpost("/api/workflows/missing/query/status", json!({}))
+        .await
+        .err(404, "instance_not_found");
+
+    register_query_worker(&h, "qw", &queue).await;
+    for (reason, status) in [
+        ("rejected_unknown_query", 404),
+        ("invalid_query_arguments", 422),
+        ("query_rejected", 409),
+    ] {
+        let ask = {
+            let (base, http) = (h.base.clone(), h.http.clone());
+            tokio::spawn(async move {
+                http.post(format!("{base}/api/workflows/no-worker/query/status"))
+                    .header("X-Durable-Workflow-Control-Plane-Version", "2")
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap()
+            })
+        };
+        let task = poll_query(&h, "qw", &queue).await["task"].clone();
+        let id = task["query_task_id"].as_str().unwrap();
+        h.wpost(
+            &format!("/api/worker/query-tasks/{id}/fail"),
+            json!({"lease_owner": "qw", "query_task_attempt": 1, "failure": {"message": "no", "reason": reason}}),
+        )
+        .await
+        .ok(200);
+        let answer = ask.await.unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{reason}");
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(body["reason"], reason);
+    }
+}
+
+#[tokio::test]
+async fn an_unclaimed_query_times_out_with_504() {
+    let config = ServerConfig {
+        query_wait_ms: 300,
+        ..ServerConfig::default()
+    };
+    let h = Harness::with_config(config, None).await;
+    let queue = unique("query-timeout-q");
+    register_query_worker(&h, "qw", &queue).await;
+    h.start_workflow("unanswered", &queue).await;
+    // A deliberate 504, so not through the harness (which fails any 5xx).
+    let unclaimed = h
+        .http
+        .post(h.url("/api/workflows/unanswered/query/status"))
+        .header("X-Durable-Workflow-Control-Plane-Version", "2")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unclaimed.status(), 504);
+    assert_eq!(unclaimed.json::<Value>().await.unwrap()["reason"], "query_task_not_claimed");
+    // Claimed but never answered.
+    let ask = {
+        let (base, http) = (h.base.clone(), h.http.clone());
+        tokio::spawn(async move {
+            http.post(format!("{base}/api/workflows/unanswered/query/status"))
+                .header("X-Durable-Workflow-Control-Plane-Version", "2")
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    poll_query(&h, "qw", &queue).await;
+    let answer = ask.await.unwrap();
+    assert_eq!(answer.status(), 504);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["reason"], "query_worker_timeout");
+}

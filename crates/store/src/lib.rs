@@ -284,7 +284,38 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest pending deadline, so the clock can sleep until then.
     fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
 
-    /// Forgets poll memos older than `older_than` (they only need to outlive a lease).
+    /// Registrations on one task queue (for query routing: who can answer).
+    fn queue_workers(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;
+
+    /// Stores a new query task, ready for a query poller of its queue.
+    fn create_query_task(&self, task: QueryTask) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Leases the oldest leasable query task of `queue` (ready, or its lease ran out unanswered).
+    fn claim_query_task(
+        &self,
+        namespace: &str,
+        queue: &str,
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send;
+
+    /// Records a worker's answer under the engine's fencing rules (`QueryTask::answer`).
+    fn answer_query_task(
+        &self,
+        namespace: &str,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        outcome: QueryOutcome,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<QueryTask>> + Send;
+
+    fn get_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send;
+
+    fn delete_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Forgets poll memos and query tasks older than `older_than`.
     fn prune(&self, older_than: Millis) -> impl Future<Output = StoreResult<()>> + Send;
 
     fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send;

@@ -25,9 +25,10 @@ const MIGRATION_LOCK: i64 = 0x00ca_9574_0001;
 /// NOTIFY channel of the default schema; stores in another schema append its name.
 const WAKE_CHANNEL: &str = "capstan_wake";
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
 CREATE TABLE namespaces (
     name        TEXT PRIMARY KEY,
     description TEXT,
@@ -126,7 +127,24 @@ CREATE TABLE command_requests (
     PRIMARY KEY (namespace, workflow_id, command_type, request_id)
 );
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+CREATE TABLE query_tasks (
+    query_task_id    TEXT PRIMARY KEY,
+    namespace        TEXT NOT NULL,
+    task_queue       TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    lease_expires_at BIGINT,
+    created_at       BIGINT NOT NULL,
+    deadline_at      BIGINT NOT NULL,
+    doc              TEXT NOT NULL
+);
+CREATE INDEX query_tasks_open ON query_tasks (namespace, task_queue, created_at) WHERE status <> 'answered';
+"#,
+    ),
+];
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(error: tokio_postgres::Error) -> Self {
@@ -473,10 +491,25 @@ async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert
     Ok(())
 }
 
+async fn write_query_task<C: tokio_postgres::GenericClient>(client: &C, task: &QueryTask) -> StoreResult<()> {
+    let (status, lease_expires_at) = query_columns(task);
+    let doc = serde_json::to_string(task).map_err(corrupt)?;
+    client
+        .execute(
+            "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (query_task_id) DO UPDATE SET status = excluded.status, lease_expires_at = excluded.lease_expires_at, doc = excluded.doc",
+            &[&task.id, &task.namespace, &task.task_queue, &status, &lease_expires_at, &task.created_at, &task.deadline_at, &doc],
+        )
+        .await?;
+    Ok(())
+}
+
 fn parse_kind(kind: &str) -> Option<TaskKind> {
     match kind {
         "workflow" => Some(TaskKind::Workflow),
         "activity" => Some(TaskKind::Activity),
+        "query" => Some(TaskKind::Query),
         _ => None,
     }
 }
@@ -1004,6 +1037,112 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         client
             .execute("DELETE FROM poll_requests WHERE created_at < $1", &[&older_than])
+            .await?;
+        client
+            .execute("DELETE FROM query_tasks WHERE created_at < $1", &[&older_than])
+            .await?;
+        Ok(())
+    }
+
+    async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 AND task_queue = $2"),
+                &[&namespace, &queue],
+            )
+            .await?;
+        Ok(rows.iter().map(worker_from_row).collect())
+    }
+
+    async fn create_query_task(&self, task: QueryTask) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        write_query_task(&**client, &task).await?;
+        // Query pollers on other nodes learn of it at once.
+        let key = format!("{}\u{1f}query\u{1f}{}", task.namespace, task.task_queue);
+        client.execute("SELECT pg_notify($1, $2)", &[&&*self.wake_channel, &key]).await?;
+        Ok(())
+    }
+
+    async fn claim_query_task(
+        &self,
+        namespace: &str,
+        queue: &str,
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> StoreResult<Option<QueryTask>> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let rows = tx
+            .query(
+                "SELECT doc FROM query_tasks WHERE namespace = $1 AND task_queue = $2 AND deadline_at > $3
+                   AND (status = 'ready' OR (status = 'leased' AND lease_expires_at <= $3))
+                 ORDER BY created_at LIMIT 8 FOR UPDATE SKIP LOCKED",
+                &[&namespace, &queue, &now],
+            )
+            .await?;
+        for row in rows {
+            let mut task: QueryTask = serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?;
+            if task.lease(owner, lease_ms, now).is_ok() {
+                write_query_task(&*tx, &task).await?;
+                tx.commit().await?;
+                return Ok(Some(task));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn answer_query_task(
+        &self,
+        namespace: &str,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        outcome: QueryOutcome,
+        now: Millis,
+    ) -> StoreResult<QueryTask> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT doc FROM query_tasks WHERE query_task_id = $1 AND namespace = $2 FOR UPDATE",
+                &[&id, &namespace],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Err(Refusal::new(Reason::QueryTaskNotFound, "Query task not found.")
+                .with("query_task_id", id)
+                .into());
+        };
+        let mut task: QueryTask = serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?;
+        task.answer(owner, attempt, outcome, now)?;
+        write_query_task(&*tx, &task).await?;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    async fn get_query_task(&self, namespace: &str, id: &str) -> StoreResult<Option<QueryTask>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT doc FROM query_tasks WHERE query_task_id = $1 AND namespace = $2",
+                &[&id, &namespace],
+            )
+            .await?;
+        match row {
+            Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn delete_query_task(&self, namespace: &str, id: &str) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "DELETE FROM query_tasks WHERE query_task_id = $1 AND namespace = $2",
+                &[&id, &namespace],
+            )
             .await?;
         Ok(())
     }

@@ -90,3 +90,12 @@ pub(crate) fn like_pattern(query: &str) -> String {
 
 pub(crate) const WORKER_COLUMNS: &str =
     "namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at";
+
+/// `query_tasks.status` and `lease_expires_at` of a query task.
+pub(crate) fn query_columns(task: &QueryTask) -> (&'static str, Option<Millis>) {
+    match &task.state {
+        QueryState::Ready => ("ready", None),
+        QueryState::Leased { expires_at, .. } => ("leased", Some(*expires_at)),
+        QueryState::Answered(_) => ("answered", None),
+    }
+}

@@ -2,9 +2,10 @@
 
 use rusqlite::Connection;
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
 CREATE TABLE namespaces (
     name        TEXT PRIMARY KEY,
     description TEXT,
@@ -117,7 +118,25 @@ CREATE TABLE command_requests (
     PRIMARY KEY (namespace, workflow_id, command_type, request_id)
 );
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+-- Ephemeral query tasks. `doc` is the engine's QueryTask; the columns are copies for claiming.
+CREATE TABLE query_tasks (
+    query_task_id    TEXT PRIMARY KEY,
+    namespace        TEXT NOT NULL,
+    task_queue       TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    lease_expires_at INTEGER,
+    created_at       INTEGER NOT NULL,
+    deadline_at      INTEGER NOT NULL,
+    doc              TEXT NOT NULL
+);
+CREATE INDEX query_tasks_open ON query_tasks (namespace, task_queue, created_at) WHERE status <> 'answered';
+"#,
+    ),
+];
 
 /// Applies every migration not yet recorded, each in its own transaction.
 pub fn migrate(conn: &mut Connection, now: i64) -> rusqlite::Result<()> {

@@ -702,6 +702,93 @@ impl Store for SqliteStore {
             .write(move |conn| {
                 conn.prepare_cached("DELETE FROM poll_requests WHERE created_at < ?1")?
                     .execute([older_than])?;
+                conn.prepare_cached("DELETE FROM query_tasks WHERE created_at < ?1")?
+                    .execute([older_than])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = ?1 AND task_queue = ?2"
+                ))?
+                .query_map(params![namespace, queue], worker_from_row)?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn create_query_task(&self, task: QueryTask) -> StoreResult<()> {
+        self.writer.write(move |conn| write_query_task(conn, &task)).await
+    }
+
+    async fn claim_query_task(
+        &self,
+        namespace: &str,
+        queue: &str,
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> StoreResult<Option<QueryTask>> {
+        let (namespace, queue, owner) = (namespace.to_string(), queue.to_string(), owner.to_string());
+        self.writer
+            .write(move |conn| {
+                let docs: Vec<String> = conn
+                    .prepare_cached(
+                        "SELECT doc FROM query_tasks WHERE namespace = ?1 AND task_queue = ?2 AND deadline_at > ?3
+                           AND (status = 'ready' OR (status = 'leased' AND lease_expires_at <= ?3))
+                         ORDER BY created_at LIMIT 8",
+                    )?
+                    .query_map(params![namespace, queue, now], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                for doc in docs {
+                    let mut task: QueryTask = serde_json::from_str(&doc)?;
+                    if task.lease(&owner, lease_ms, now).is_ok() {
+                        write_query_task(conn, &task)?;
+                        return Ok(Some(task));
+                    }
+                }
+                Ok(None)
+            })
+            .await
+    }
+
+    async fn answer_query_task(
+        &self,
+        namespace: &str,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        outcome: QueryOutcome,
+        now: Millis,
+    ) -> StoreResult<QueryTask> {
+        let (namespace, id, owner) = (namespace.to_string(), id.to_string(), owner.to_string());
+        self.writer
+            .write(move |conn| {
+                let mut task = read_query_task(conn, &namespace, &id)?
+                    .ok_or_else(|| Refusal::new(Reason::QueryTaskNotFound, "Query task not found.").with("query_task_id", id.clone()))?;
+                task.answer(&owner, attempt, outcome, now)?;
+                write_query_task(conn, &task)?;
+                Ok(task)
+            })
+            .await
+    }
+
+    async fn get_query_task(&self, namespace: &str, id: &str) -> StoreResult<Option<QueryTask>> {
+        let (namespace, id) = (namespace.to_string(), id.to_string());
+        self.read(move |conn| read_query_task(conn, &namespace, &id)).await
+    }
+
+    async fn delete_query_task(&self, namespace: &str, id: &str) -> StoreResult<()> {
+        let (namespace, id) = (namespace.to_string(), id.to_string());
+        self.writer
+            .write(move |conn| {
+                conn.prepare_cached("DELETE FROM query_tasks WHERE query_task_id = ?1 AND namespace = ?2")?
+                    .execute(params![id, namespace])?;
                 Ok(())
             })
             .await
@@ -719,6 +806,28 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+fn read_query_task(conn: &Connection, namespace: &str, id: &str) -> StoreResult<Option<QueryTask>> {
+    let doc: Option<String> = conn
+        .prepare_cached("SELECT doc FROM query_tasks WHERE query_task_id = ?1 AND namespace = ?2")?
+        .query_row(params![id, namespace], |r| r.get(0))
+        .optional()?;
+    Ok(match doc {
+        Some(doc) => Some(serde_json::from_str(&doc)?),
+        None => None,
+    })
+}
+
+fn write_query_task(conn: &Connection, task: &QueryTask) -> StoreResult<()> {
+    let (status, lease_expires_at) = query_columns(task);
+    conn.prepare_cached(
+        "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (query_task_id) DO UPDATE SET status = excluded.status, lease_expires_at = excluded.lease_expires_at, doc = excluded.doc",
+    )?
+    .execute(params![task.id, task.namespace, task.task_queue, status, lease_expires_at, task.created_at, task.deadline_at, serde_json::to_string(task)?])?;
+    Ok(())
 }
 
 fn remember_poll(conn: &Connection, key: &PollKey, task: &Task, now: Millis) -> StoreResult<()> {

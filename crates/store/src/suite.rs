@@ -403,6 +403,88 @@ pub async fn poll_memos_round_trip<S: Store>(store: S) {
     assert!(store.recall_poll(key).await.unwrap().is_none());
 }
 
+fn query_task(id: &str) -> QueryTask {
+    QueryTask {
+        id: id.into(),
+        namespace: "default".into(),
+        task_queue: "q".into(),
+        workflow_id: "wf".into(),
+        run_id: "run".into(),
+        workflow_type: "t".into(),
+        query_name: "status".into(),
+        arguments: None,
+        state: QueryState::Ready,
+        attempt: 0,
+        created_at: NOW,
+        deadline_at: NOW + 30_000,
+    }
+}
+
+pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
+    store.create_query_task(query_task("q1")).await.unwrap();
+    let leased = store
+        .claim_query_task("default", "q", "a", 5_000, NOW)
+        .await
+        .unwrap()
+        .expect("leased");
+    assert_eq!((leased.id.as_str(), leased.attempt), ("q1", 1));
+    assert!(
+        store.claim_query_task("default", "q", "b", 5_000, NOW).await.unwrap().is_none(),
+        "a live lease is exclusive"
+    );
+    assert!(
+        store.claim_query_task("other", "q", "b", 5_000, NOW).await.unwrap().is_none(),
+        "queries are namespaced"
+    );
+    let answer = || QueryOutcome::Result(Payload::avro("x"));
+    assert_eq!(
+        reason(store.answer_query_task("default", "q1", "b", 1, answer(), NOW).await),
+        Reason::LeaseOwnerMismatch
+    );
+    assert_eq!(
+        reason(store.answer_query_task("default", "nope", "a", 1, answer(), NOW).await),
+        Reason::QueryTaskNotFound
+    );
+    store.answer_query_task("default", "q1", "a", 1, answer(), NOW).await.unwrap();
+    assert!(store.get_query_task("default", "q1").await.unwrap().unwrap().is_answered());
+    assert_eq!(
+        reason(store.answer_query_task("default", "q1", "a", 1, answer(), NOW).await),
+        Reason::QueryTaskNotLeased
+    );
+    store.delete_query_task("default", "q1").await.unwrap();
+    assert!(store.get_query_task("default", "q1").await.unwrap().is_none());
+
+    // An expired lease passes to another worker with a higher attempt; the first answer is stale.
+    store.create_query_task(query_task("q2")).await.unwrap();
+    store
+        .claim_query_task("default", "q", "a", 1_000, NOW)
+        .await
+        .unwrap()
+        .expect("leased");
+    let again = store
+        .claim_query_task("default", "q", "b", 1_000, NOW + 1_500)
+        .await
+        .unwrap()
+        .expect("re-leased");
+    assert_eq!(again.attempt, 2);
+    assert_eq!(
+        reason(store.answer_query_task("default", "q2", "a", 1, answer(), NOW + 1_600).await),
+        Reason::LeaseOwnerMismatch
+    );
+    assert!(
+        store
+            .claim_query_task("default", "q", "c", 1_000, NOW + 31_000)
+            .await
+            .unwrap()
+            .is_none(),
+        "past its deadline"
+    );
+
+    store.register_worker(worker("qw", "q")).await.unwrap();
+    let workers = store.queue_workers("default", "q").await.unwrap();
+    assert_eq!(workers.iter().map(|w| w.worker_id.as_str()).collect::<Vec<_>>(), ["qw"]);
+}
+
 pub async fn worker_registrations<S: Store>(store: S) {
     let mut w = worker("w1", "q");
     w.workflow_definition_fingerprints.insert("t".into(), json!("fp-1"));
@@ -511,6 +593,7 @@ macro_rules! store_suite {
             an_expired_duty_claim_passes_on_with_a_higher_fence,
             keyed_commands_are_idempotent,
             poll_memos_round_trip,
+            query_tasks_are_leased_and_answered_once,
             worker_registrations,
             listing_filters_and_pages,
             concurrent_transitions_all_commit,

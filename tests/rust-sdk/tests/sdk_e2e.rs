@@ -577,3 +577,56 @@ async fn twenty_concurrent_workflows_complete() {
 
     running.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// 8. A query is answered by the worker's query handler from committed state.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn query_is_answered_from_the_committed_snapshot() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("query-q");
+
+    let mut worker = new_worker(&client, &queue);
+    worker.register_workflow("e2e.queried", |ctx, _input| async move {
+        let arguments = ctx.wait_signal("finish").await?;
+        Ok(json!({"finished_with": arguments}))
+    });
+    worker
+        .declare_workflow_signals("e2e.queried", &["finish"])
+        .expect("declare signal names");
+    worker.register_query("e2e.queried", "input", |ctx, args| async move {
+        Ok(json!({"workflow_input": ctx.workflow_input(), "query_args": args, "run_status": ctx.run_status}))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("queried");
+    let handle = start(&client, "e2e.queried", &queue, &workflow_id, json!(["order-7"])).await;
+    let run_id = run_id_of(&handle).await;
+    server
+        .wait_for_history_event(&workflow_id, &run_id, "SignalWaitOpened", Duration::from_secs(20))
+        .await;
+    let events_before = server.history_event_types(&workflow_id, &run_id).await.len();
+
+    let answer = within(CALL_TIMEOUT, "query input", handle.query("input", json!(["detail"])))
+        .await
+        .unwrap_or_else(|error| panic!("query failed: {error} ({error:?})"));
+    assert_eq!(answer["workflow_input"], json!(["order-7"]), "query answer: {answer}");
+    assert_eq!(answer["query_args"], json!(["detail"]), "query answer: {answer}");
+    assert_eq!(
+        server.history_event_types(&workflow_id, &run_id).await.len(),
+        events_before,
+        "a query must not write history"
+    );
+
+    within(CALL_TIMEOUT, "signal finish", handle.signal("finish", json!("done")))
+        .await
+        .expect("signal");
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("workflow did not complete: {error} ({error:?})"));
+    assert_eq!(result, json!({"finished_with": ["done"]}));
+    running.shutdown().await;
+}

@@ -1,6 +1,7 @@
 //! The route table and the plane middleware (auth → role → version → namespace, in DW's order).
 
 mod control;
+mod query;
 mod system;
 pub(crate) mod worker;
 pub(crate) use worker::after_change;
@@ -47,7 +48,9 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/worker/activity-tasks/:task_id/heartbeat",
             post(worker::heartbeat_activity_task::<S>),
         )
-        .route("/worker/query-tasks/poll", post(worker::poll_query_task::<S>))
+        .route("/worker/query-tasks/poll", post(query::poll_query_task::<S>))
+        .route("/worker/query-tasks/:task_id/complete", post(query::complete_query_task::<S>))
+        .route("/worker/query-tasks/:task_id/fail", post(query::fail_query_task::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), worker_plane::<S>));
 
     let control_plane = Router::new()
@@ -60,6 +63,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route(
             "/workflows/:workflow_id/runs/:run_id/signal/:signal_name",
             post(control::signal_run::<S>),
+        )
+        .route("/workflows/:workflow_id/query/:query_name", post(query::query::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/query/:query_name",
+            post(query::query_run::<S>),
         )
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))

@@ -49,7 +49,7 @@ pub fn server_capabilities() -> Value {
         "workflow_task_poll_request_idempotency": true,
         "history_page_size_default": 500,
         "history_page_size_max": 1000,
-        "query_tasks": false,
+        "query_tasks": true,
         "activity_retry_policy": true,
         "activity_timeouts": true,
         "non_retryable_failures": true,
@@ -73,7 +73,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
         "namespace": {"name": namespace},
         "supported_sdk_versions": {"python": ">=2.0", "rust": ">=4.0"},
         "capabilities": {
-            "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": false, "updates": false,
+            "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": true, "updates": false,
             "schedules": false, "search_attributes": true, "history_export": false, "continue_as_new": false,
             "child_workflows": false, "activity_timeouts": true, "activity_retry_policy": true,
             "payload_codecs": ["avro"], "response_compression": ["gzip", "deflate"],

@@ -157,15 +157,15 @@ pub async fn deregister<S: Store>(
 // ------------------------------------------------------------------------------------------
 // Polls
 
-struct PollRequest {
-    worker: WorkerRecord,
-    queue: String,
+pub(crate) struct PollRequest {
+    pub(crate) worker: WorkerRecord,
+    pub(crate) queue: String,
     poll_request_id: Option<String>,
-    wait_ms: i64,
+    pub(crate) wait_ms: i64,
     history_page_size: usize,
 }
 
-async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str, body: &Map<String, Value>) -> ApiResult<PollRequest> {
+pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str, body: &Map<String, Value>) -> ApiResult<PollRequest> {
     let f = Fields::new(body);
     let worker_id = f.req_str("worker_id", 255)?;
     let queue = f.req_str("task_queue", 255)?;
@@ -316,18 +316,6 @@ pub async fn poll_activity_task<S: Store>(
         Some((task, run)) => Ok(Json(json!({"task": render::activity_task(&run, &task)}))),
         None => Ok(empty_poll()),
     }
-}
-
-/// Queries are not implemented yet (cluster info says `query_tasks: false`), but Rust workers
-/// with query handlers poll anyway: hold like any poll, then answer empty.
-pub async fn poll_query_task<S: Store>(
-    State(state): State<Shared<S>>,
-    Extension(Namespace(namespace)): Extension<Namespace>,
-    JsonObject(body): JsonObject,
-) -> ApiResult<Json<Value>> {
-    let request = poll_request(&state, &namespace, &body).await?;
-    tokio::time::sleep(Duration::from_millis(request.wait_ms as u64)).await;
-    Ok(Json(json!({"task": null, "poll_status": "empty"})))
 }
 
 // ------------------------------------------------------------------------------------------
