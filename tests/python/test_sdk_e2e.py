@@ -106,6 +106,17 @@ class CounterWorkflow:
         return self.count
 
 
+@workflow.defn(name="e2e.countdown")
+class CountdownWorkflow:
+    """Greets `n`, then continues as new with `n - 1` until it reaches zero."""
+
+    def run(self, ctx, n):
+        greeting = yield ctx.schedule_activity("e2e.greet", [str(n)])
+        if n <= 0:
+            return greeting
+        return ctx.continue_as_new(n - 1)
+
+
 # activity attempt bookkeeping, keyed by a per-test key passed as argument
 FLAKY_ATTEMPTS: dict[str, list[int]] = {}
 
@@ -309,6 +320,41 @@ def test_query_answers_from_replayed_state(server_url, worker_url, run_worker):
                 assert await wait_result(handle, timeout=30, workers=[worker]) == 7
                 # Queries still work on a closed run: they replay its committed history.
                 assert await count() == 7
+
+    run_async(main(), timeout=90)
+
+
+def test_continue_as_new_chains_runs_of_one_instance(server_url, worker_url, run_worker):
+    import httpx
+
+    queue = unique("e2e-can")
+    workflow_id = unique("countdown")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CountdownWorkflow], activities=[greet]) as worker:
+            async with make_client(server_url) as client:
+                first = await client.start_workflow(workflow_type="e2e.countdown", task_queue=queue, workflow_id=workflow_id, input=[3])
+                # A handle without a run id follows the instance to its current run.
+                current = client.get_workflow_handle(workflow_id)
+                assert await wait_result(current, timeout=60, workers=[worker]) == "Hello, 0!"
+                async with httpx.AsyncClient(base_url=server_url, headers={"X-Durable-Workflow-Control-Plane-Version": "2"}) as http:
+                    runs = (await http.get(f"/api/workflows/{workflow_id}/runs")).json()["runs"]
+                    described = [(await http.get(f"/api/workflows/{workflow_id}/runs/{r['run_id']}")).json() for r in runs]
+                histories = [await fetch_history(client, workflow_id, r["run_id"]) for r in runs]
+
+        assert [r["run_number"] for r in runs] == [1, 2, 3, 4]
+        assert runs[0]["run_id"] == first.run_id
+        assert [d["closed_reason"] for d in described] == ["continued", "continued", "continued", "completed"]
+        assert all(d["status"] == "completed" for d in described)
+        assert [d["is_current_run"] for d in described] == [False, False, False, True]
+        for earlier, later, history in zip(histories, histories[1:], histories[1:]):
+            (continued,) = events_of(earlier, "WorkflowContinuedAsNew")
+            assert payload_of(continued)["continued_to_run_id"] == events_of(history, "WorkflowStarted")[0]["payload"]["workflow_run_id"]
+            assert event_type(earlier[-1]) == "WorkflowContinuedAsNew"
+            assert event_type(later[0]) == "WorkflowStarted", "a continued run has no StartAccepted"
+            # One hash chain for the instance: each run's first event links to the previous run's last.
+            assert later[0]["prev_hash"] == earlier[-1]["hash"]
+        assert event_type(histories[-1][-1]) == "WorkflowCompleted"
 
     run_async(main(), timeout=90)
 

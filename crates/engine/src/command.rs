@@ -46,11 +46,21 @@ pub enum WorkflowCommand {
         result: Payload,
     },
     FailWorkflow(WorkflowFailure),
+    /// Close this run and start the next run of the same instance with new input.
+    ContinueAsNew {
+        arguments: Payload,
+        workflow_type: Option<String>,
+        queue: Option<String>,
+        tags: StepTags,
+    },
 }
 
 impl WorkflowCommand {
     pub fn is_terminal(&self) -> bool {
-        matches!(self, WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_))
+        matches!(
+            self,
+            WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) | WorkflowCommand::ContinueAsNew { .. }
+        )
     }
 
     /// The kind name used to match a re-sent parallel-group member against its recorded step.
@@ -63,6 +73,7 @@ impl WorkflowCommand {
             WorkflowCommand::RecordSideEffect { .. } => StepKind::SideEffect,
             WorkflowCommand::RecordVersionMarker { .. } => StepKind::VersionMarker,
             WorkflowCommand::UpsertSearchAttributes { .. } => StepKind::SearchAttributes,
+            WorkflowCommand::ContinueAsNew { .. } => StepKind::ContinueAsNew,
             WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => return None,
         })
     }
@@ -75,7 +86,8 @@ impl WorkflowCommand {
             | WorkflowCommand::OpenSignalWait { tags, .. }
             | WorkflowCommand::RecordSideEffect { tags, .. }
             | WorkflowCommand::RecordVersionMarker { tags, .. }
-            | WorkflowCommand::UpsertSearchAttributes { tags, .. } => Some(tags),
+            | WorkflowCommand::UpsertSearchAttributes { tags, .. }
+            | WorkflowCommand::ContinueAsNew { tags, .. } => Some(tags),
             WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => None,
         }
     }
@@ -91,6 +103,7 @@ pub enum StepKind {
     SideEffect,
     VersionMarker,
     SearchAttributes,
+    ContinueAsNew,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -40,6 +40,7 @@ event_types!(
     WorkflowCancelled,
     WorkflowTerminated,
     WorkflowTimedOut,
+    WorkflowContinuedAsNew,
     CancelRequested,
     TerminateRequested,
     ActivityScheduled,
@@ -74,6 +75,7 @@ impl EventType {
                 | EventType::WorkflowCancelled
                 | EventType::WorkflowTerminated
                 | EventType::WorkflowTimedOut
+                | EventType::WorkflowContinuedAsNew
         )
     }
 }
@@ -119,10 +121,16 @@ pub fn chain_hash(prev_hash: &str, canonical: &str) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// Checks a run's whole history: contiguous sequences from 1 and an unbroken hash chain.
-/// Returns the sequence of the first bad event.
+/// Checks a run's whole history: contiguous sequences from 1 and an unbroken hash chain from
+/// the genesis hash. Returns the sequence of the first bad event.
 pub fn verify_chain(events: &[HistoryEvent]) -> Result<(), u64> {
-    let mut prev = GENESIS_HASH.to_string();
+    verify_chain_from(GENESIS_HASH, events)
+}
+
+/// Like [`verify_chain`] for a run whose chain continues another's (continue-as-new): its first
+/// event links to `origin`, the predecessor's last hash.
+pub fn verify_chain_from(origin: &str, events: &[HistoryEvent]) -> Result<(), u64> {
+    let mut prev = origin.to_string();
     for (index, event) in events.iter().enumerate() {
         if event.sequence != index as u64 + 1 || event.prev_hash != prev || event.computed_hash() != event.hash {
             return Err(event.sequence);

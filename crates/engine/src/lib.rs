@@ -23,7 +23,7 @@ pub mod timefmt;
 mod transitions;
 
 pub use command::*;
-pub use history::{chain_hash, verify_chain, EventType, HistoryEvent, GENESIS_HASH};
+pub use history::{chain_hash, verify_chain, verify_chain_from, EventType, HistoryEvent, GENESIS_HASH};
 pub use ids::*;
 pub use limits::Limits;
 pub use payload::Payload;

@@ -59,6 +59,8 @@ pub enum ClosedReason {
     Cancelled,
     Terminated,
     TimedOut,
+    /// Continued as new: the instance goes on in its next run.
+    Continued,
 }
 
 impl ClosedReason {
@@ -69,6 +71,7 @@ impl ClosedReason {
             ClosedReason::Cancelled => "cancelled",
             ClosedReason::Terminated => "terminated",
             ClosedReason::TimedOut => "timed_out",
+            ClosedReason::Continued => "continued",
         }
     }
 }
@@ -189,6 +192,13 @@ pub struct RunState {
     pub last_progress_at: Millis,
     pub start_command_id: CommandId,
 
+    /// The run this one continues (continue-as-new), if any.
+    #[serde(default)]
+    pub continued_from_run_id: Option<RunId>,
+    /// The hash the run's first event links to: the genesis hash, or the last hash of the run it
+    /// continues, so one instance's runs form one chain.
+    #[serde(default = "genesis")]
+    pub chain_origin: String,
     /// Sequence of the last history event (0 before the first).
     pub last_sequence: u64,
     /// Hash of the last history event (the genesis hash before the first).
@@ -217,6 +227,10 @@ pub struct RunState {
     pub fence_high_water: u64,
 }
 
+fn genesis() -> String {
+    GENESIS_HASH.to_string()
+}
+
 /// What one transition produced, for the store to persist in one transaction.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Effects {
@@ -225,6 +239,9 @@ pub struct Effects {
     pub touched_tasks: BTreeSet<TaskId>,
     /// Tasks that left the open set, with how.
     pub closed_tasks: Vec<(TaskId, TaskClosure)>,
+    /// A new run of the same instance (continue-as-new) and its own effects; it becomes the
+    /// instance's current run in the same transaction.
+    pub successor: Option<Box<(RunState, Effects)>>,
 }
 
 /// The inputs every transition shares: the time, the id source, the limits, and the effects it
@@ -274,7 +291,7 @@ impl RunState {
             workflow_command_id: command_id.cloned(),
             recorded_at: cx.now,
             prev_hash: if self.last_sequence == 0 {
-                GENESIS_HASH.to_string()
+                self.chain_origin.clone()
             } else {
                 self.last_hash.clone()
             },

@@ -63,14 +63,23 @@ pub struct StartRun {
 /// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
 /// the run-deadline task.
 pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
+    let execution_deadline_at = start.execution_timeout_seconds.map(|s| cx.now + s * 1000);
+    let mut run = blank_run(cx, start, 1, execution_deadline_at);
+    let command = run.start_command_id.clone();
+    let mut accepted = run_identity(&run);
+    accepted.insert("outcome".into(), json!("started_new"));
+    run.append(cx, EventType::StartAccepted, accepted, None, Some(&command));
+    begin_run(run, cx)
+}
+
+/// The fields of a run before its first event.
+fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: Option<Millis>) -> RunState {
     let now = cx.now;
-    let execution_deadline_at = start.execution_timeout_seconds.map(|s| now + s * 1000);
-    let run_deadline_at = start.run_timeout_seconds.map(|s| now + s * 1000);
-    let mut run = RunState {
+    RunState {
         namespace: start.namespace,
         workflow_id: start.workflow_id,
         run_id: start.run_id,
-        run_number: 1,
+        run_number,
         workflow_type: start.workflow_type,
         task_queue: start.task_queue,
         status: RunStatus::Pending,
@@ -84,11 +93,13 @@ pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
         execution_timeout_seconds: start.execution_timeout_seconds,
         run_timeout_seconds: start.run_timeout_seconds,
         execution_deadline_at,
-        run_deadline_at,
+        run_deadline_at: start.run_timeout_seconds.map(|s| now + s * 1000),
         started_at: now,
         closed_at: None,
         last_progress_at: now,
-        start_command_id: start.command_id.clone(),
+        start_command_id: start.command_id,
+        continued_from_run_id: None,
+        chain_origin: crate::history::GENESIS_HASH.to_string(),
         last_sequence: 0,
         last_hash: String::new(),
         next_step: 1,
@@ -104,38 +115,67 @@ pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
         signal_waits: Vec::new(),
         closed_receipts: VecDeque::new(),
         fence_high_water: 0,
-    };
-    let command = Some(&start.command_id);
-    let identity = obj!(
-        "workflow_command_id" => start.command_id,
+    }
+}
+
+fn run_identity(run: &RunState) -> Map<String, Value> {
+    obj!(
+        "workflow_command_id" => run.start_command_id,
         "workflow_instance_id" => run.workflow_id,
         "workflow_run_id" => run.run_id,
         "workflow_type" => run.workflow_type,
         "business_key" => run.business_key,
         "memo" => run.memo,
         "search_attributes" => run.search_attributes,
-    );
-    let mut accepted = identity.clone();
-    accepted.insert("outcome".into(), json!("started_new"));
-    run.append(cx, EventType::StartAccepted, accepted, None, command);
-    let mut started = identity;
+    )
+}
+
+/// `WorkflowStarted`, the first workflow task and the run-deadline task of a new run.
+fn begin_run(mut run: RunState, cx: &mut Cx) -> RunState {
+    let command = run.start_command_id.clone();
+    let mut started = run_identity(&run);
     started.insert("execution_timeout_seconds".into(), json!(run.execution_timeout_seconds));
     started.insert("run_timeout_seconds".into(), json!(run.run_timeout_seconds));
-    started.insert("execution_deadline_at".into(), json!(execution_deadline_at.map(iso8601)));
-    started.insert("run_deadline_at".into(), json!(run_deadline_at.map(iso8601)));
+    started.insert("execution_deadline_at".into(), json!(run.execution_deadline_at.map(iso8601)));
+    started.insert("run_deadline_at".into(), json!(run.run_deadline_at.map(iso8601)));
     started.insert("input_envelope".into(), payload_json(&run.input));
     started.insert("task_queue".into(), json!(run.task_queue));
-    run.append(cx, EventType::WorkflowStarted, started, None, command);
+    started.insert("run_number".into(), json!(run.run_number));
+    if let Some(previous) = &run.continued_from_run_id {
+        started.insert("continued_from_run_id".into(), json!(previous));
+    }
+    run.append(cx, EventType::WorkflowStarted, started, None, Some(&command));
     run.want_workflow_task(cx, None);
-    let deadline = match (execution_deadline_at, run_deadline_at) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    if let Some(deadline) = deadline {
+    if let Some(deadline) = min_opt(run.execution_deadline_at, run.run_deadline_at) {
         let id = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::RunDeadline);
         run.task_mut(cx, &id).expect("just created").deadline_at = Some(deadline);
     }
     run
+}
+
+/// The next run of a continued instance: same id, run number + 1, new input, the execution
+/// deadline carried over, a fresh run deadline, and a history chain that continues the old one.
+fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_type: Option<String>, queue: Option<String>) -> RunState {
+    let start = StartRun {
+        namespace: previous.namespace.clone(),
+        workflow_id: previous.workflow_id.clone(),
+        run_id: cx.id(),
+        workflow_type: workflow_type
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| previous.workflow_type.clone()),
+        task_queue: queue.filter(|q| !q.is_empty()).unwrap_or_else(|| previous.task_queue.clone()),
+        input: arguments,
+        execution_timeout_seconds: previous.execution_timeout_seconds,
+        run_timeout_seconds: previous.run_timeout_seconds,
+        business_key: previous.business_key.clone(),
+        memo: previous.memo.clone(),
+        search_attributes: previous.search_attributes.clone(),
+        command_id: cx.id(),
+    };
+    let mut run = blank_run(cx, start, previous.run_number + 1, previous.execution_deadline_at);
+    run.continued_from_run_id = Some(previous.run_id.clone());
+    run.chain_origin = previous.last_hash.clone();
+    begin_run(run, cx)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -664,6 +704,36 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
             run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
         }
+        WorkflowCommand::ContinueAsNew {
+            arguments,
+            workflow_type,
+            queue,
+            tags,
+        } => {
+            close_run(run, cx, RunStatus::Completed, ClosedReason::Continued);
+            // The successor is built with its own effects; its events belong to its own run.
+            let (successor, successor_effects) = {
+                let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
+                let successor = continued_run(&mut next, run, arguments, workflow_type, queue);
+                (successor, next.effects)
+            };
+            let mut payload = obj!(
+                "sequence" => step,
+                "continued_to_run_id" => successor.run_id,
+                "continued_to_run_number" => successor.run_number,
+                "workflow_link_id" => successor.start_command_id,
+                "closed_reason" => "continued",
+                "workflow_type" => successor.workflow_type,
+                "task_queue" => successor.task_queue,
+            );
+            extend(&mut payload, &tags);
+            run.append(cx, EventType::WorkflowContinuedAsNew, payload, wt, None);
+            // Link the chains: the successor's first event follows this run's last.
+            let mut successor = successor;
+            let mut successor_effects = successor_effects;
+            relink(&mut successor, &mut successor_effects, &run.last_hash);
+            cx.effects.successor = Some(Box::new((successor, successor_effects)));
+        }
         WorkflowCommand::FailWorkflow(failure) => {
             let failure_id: String = cx.ids.next_id();
             let payload = obj!(
@@ -683,6 +753,19 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
         }
     }
     Ok(())
+}
+
+/// Re-hashes a successor's events so its chain starts at `origin` (the predecessor's final hash,
+/// known only after the predecessor's terminal event was appended).
+fn relink(run: &mut RunState, effects: &mut Effects, origin: &str) {
+    run.chain_origin = origin.to_string();
+    let mut prev = origin.to_string();
+    for event in &mut effects.events {
+        event.prev_hash = prev;
+        event.hash = crate::history::chain_hash(&event.prev_hash, &event.canonical_json());
+        prev = event.hash.clone();
+    }
+    run.last_hash = prev;
 }
 
 fn schedule_timer(run: &mut RunState, cx: &mut Cx, step: u32, delay_seconds: i64, purpose: TimerPurpose, tags: StepTags) -> TimerState {

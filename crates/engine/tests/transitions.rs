@@ -592,3 +592,51 @@ fn resent_parallel_group_members_are_replays_not_new_steps() {
     assert_eq!(sim.count(EventType::ActivityScheduled), 2);
     assert_eq!(sim.run.next_step, 3);
 }
+
+#[test]
+fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("w");
+    let next_input = Payload::avro("next-input");
+    let command = WorkflowCommand::ContinueAsNew {
+        arguments: next_input.clone(),
+        workflow_type: None,
+        queue: None,
+        tags: Map::new(),
+    };
+    let limits = sim.limits.clone();
+    let mut cx = Cx::new(sim.now, &mut sim.ids, &limits);
+    complete_workflow_task(&mut sim.run, &mut cx, &task, "w", fence, vec![command]).unwrap();
+    let effects = cx.effects;
+    sim.history.extend(effects.events.clone());
+
+    assert_eq!(sim.run.status, RunStatus::Completed);
+    assert_eq!(sim.run.closed_reason, Some(ClosedReason::Continued));
+    assert!(sim.run.tasks.is_empty());
+    let last = sim.history.last().unwrap();
+    assert_eq!(last.event_type, EventType::WorkflowContinuedAsNew);
+    assert_eq!(last.payload["sequence"], json!(1), "continue-as-new records its step");
+
+    let (next, next_effects) = *effects.successor.expect("a successor run");
+    assert_eq!(last.payload["continued_to_run_id"], json!(next.run_id));
+    assert_eq!((next.workflow_id.as_str(), next.run_number), ("wf-1", 2));
+    assert_eq!(next.input, next_input);
+    assert_eq!(next.continued_from_run_id.as_ref(), Some(&sim.run.run_id));
+    assert_eq!(
+        next.execution_deadline_at, sim.run.execution_deadline_at,
+        "the execution deadline carries over"
+    );
+    assert_eq!(next.run_deadline_at, Some(sim.now + 600_000), "the run deadline restarts");
+    let types: Vec<_> = next_effects.events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, ["WorkflowStarted"], "a continued run has no StartAccepted");
+    assert_eq!(next_effects.events[0].payload["continued_from_run_id"], json!(sim.run.run_id));
+    assert_eq!(
+        next.tasks.values().filter(|t| t.kind == TaskKind::Workflow && t.is_ready()).count(),
+        1
+    );
+    // One chain across runs: the new run's first event links to the old run's last hash.
+    verify_chain(&sim.history).unwrap();
+    verify_chain_from(&sim.run.last_hash, &next_effects.events).unwrap();
+    assert_eq!(next.chain_origin, sim.run.last_hash);
+    assert!(verify_chain(&next_effects.events).is_err(), "it does not restart from genesis");
+}

@@ -122,6 +122,8 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "memo": run.memo,
         "search_attributes": run.search_attributes,
         "history_event_count": run.last_sequence,
+        "continued_from_run_id": run.continued_from_run_id,
+        "history_chain_origin": run.chain_origin,
         "history_head_hash": run.last_hash,
         "fence_high_water": run.fence_high_water,
         "open_tasks": open_tasks,

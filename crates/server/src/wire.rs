@@ -193,6 +193,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "upsert_search_attributes",
     "open_condition_wait",
     "open_signal_wait",
+    "continue_as_new",
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
@@ -330,6 +331,14 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             result: f
                 .opt_payload("result", limits)?
                 .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
+        },
+        "continue_as_new" => WorkflowCommand::ContinueAsNew {
+            arguments: f
+                .opt_payload("arguments", limits)?
+                .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+            workflow_type: f.opt_str("workflow_type", 255)?,
+            queue: f.opt_str("queue", 255)?,
+            tags,
         },
         "fail_workflow" => WorkflowCommand::FailWorkflow(WorkflowFailure {
             message: f.req_str("message", 1_000_000)?,

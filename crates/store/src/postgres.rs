@@ -488,6 +488,16 @@ async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert
         // Delivered to every listening node when (and only if) this transaction commits.
         tx.execute("SELECT pg_notify($1, $2)", &[&wake_channel, &key]).await?;
     }
+    if let Some(successor) = &effects.successor {
+        // Continue-as-new: the next run is born in the same transaction and becomes current.
+        let (next, next_effects) = successor.as_ref();
+        Box::pin(persist(tx, next, next_effects, true, wake_channel)).await?;
+        tx.execute(
+            "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1",
+            &[&next.workflow_id.as_str(), &next.run_id.as_str()],
+        )
+        .await?;
+    }
     Ok(())
 }
 

@@ -198,6 +198,13 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
             insert_closed.execute(params![task_id.as_str(), run.namespace, run.run_id.as_str(), closure.as_str()])?;
         }
     }
+    if let Some(successor) = &effects.successor {
+        // Continue-as-new: the next run is born in the same transaction and becomes current.
+        let (next, next_effects) = successor.as_ref();
+        persist(conn, next, next_effects, true)?;
+        conn.prepare_cached("UPDATE workflow_instances SET current_run_id = ?2 WHERE workflow_id = ?1")?
+            .execute(params![next.workflow_id.as_str(), next.run_id.as_str()])?;
+    }
     Ok(())
 }
 

@@ -432,6 +432,16 @@ pub async fn complete_workflow_task<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);
+    if run.closed_reason == Some(ClosedReason::Continued) {
+        // The successor run was born in the same transaction: wake its pollers too.
+        if let Some(next) = state
+            .store
+            .load_run(&namespace, RunLocator::Current(run.workflow_id.clone()))
+            .await?
+        {
+            after_change(&state, &next);
+        }
+    }
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, fence = claim.attempt,
         run_status = run.status.as_str(), retained = receipt.retained, "workflow task completed");
     Ok(Json(json!({
