@@ -117,6 +117,17 @@ class CountdownWorkflow:
         return ctx.continue_as_new(n - 1)
 
 
+@workflow.defn(name="e2e.memo")
+class MemoWorkflow:
+    """Upserts its memo twice (the second upsert deletes a key), then finishes."""
+
+    def run(self, ctx, order):
+        yield ctx.upsert_memo({"stage": "charging", "order": order, "attempts": 1, "scratch": "x"})
+        yield ctx.sleep(1)
+        yield ctx.upsert_memo({"stage": "done", "scratch": None, "ratio": 0.5})
+        return "ok"
+
+
 # activity attempt bookkeeping, keyed by a per-test key passed as argument
 FLAKY_ATTEMPTS: dict[str, list[int]] = {}
 
@@ -355,6 +366,33 @@ def test_continue_as_new_chains_runs_of_one_instance(server_url, worker_url, run
             # One hash chain for the instance: each run's first event links to the previous run's last.
             assert later[0]["prev_hash"] == earlier[-1]["hash"]
         assert event_type(histories[-1][-1]) == "WorkflowCompleted"
+
+    run_async(main(), timeout=90)
+
+
+def test_memo_upserts_merge_and_replay(server_url, worker_url, run_worker):
+    queue = unique("e2e-memo")
+    workflow_id = unique("memo")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[MemoWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.memo", task_queue=queue, workflow_id=workflow_id, input=["o-9"], memo={"origin": "api"},
+                )
+                # The sleep between the upserts makes the worker replay the first one.
+                assert await wait_result(handle, timeout=60, workers=[worker]) == "ok"
+                described = await handle.describe()
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert described.memo == {"origin": "api", "stage": "done", "order": "o-9", "attempts": 1, "ratio": 0.5}, described.memo
+        upserts = events_of(events, "MemoUpserted")
+        assert len(upserts) == 2
+        for event in upserts:
+            payload = payload_of(event)
+            assert set(payload["entries"]) == {"codec", "blob"} and set(payload["merged"]) == {"codec", "blob"}, payload
+            assert isinstance(payload["sequence"], int)
+        assert_history_invariants(events, terminal="WorkflowCompleted")
 
     run_async(main(), timeout=90)
 

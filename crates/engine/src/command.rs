@@ -46,6 +46,11 @@ pub enum WorkflowCommand {
         result: Payload,
     },
     FailWorkflow(WorkflowFailure),
+    /// Merge entries (an encoded map; null deletes) into the run's memo.
+    UpsertMemo {
+        entries: Payload,
+        tags: StepTags,
+    },
     /// Close this run and start the next run of the same instance with new input.
     ContinueAsNew {
         arguments: Payload,
@@ -74,6 +79,7 @@ impl WorkflowCommand {
             WorkflowCommand::RecordVersionMarker { .. } => StepKind::VersionMarker,
             WorkflowCommand::UpsertSearchAttributes { .. } => StepKind::SearchAttributes,
             WorkflowCommand::ContinueAsNew { .. } => StepKind::ContinueAsNew,
+            WorkflowCommand::UpsertMemo { .. } => StepKind::Memo,
             WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => return None,
         })
     }
@@ -87,7 +93,8 @@ impl WorkflowCommand {
             | WorkflowCommand::RecordSideEffect { tags, .. }
             | WorkflowCommand::RecordVersionMarker { tags, .. }
             | WorkflowCommand::UpsertSearchAttributes { tags, .. }
-            | WorkflowCommand::ContinueAsNew { tags, .. } => Some(tags),
+            | WorkflowCommand::ContinueAsNew { tags, .. }
+            | WorkflowCommand::UpsertMemo { tags, .. } => Some(tags),
             WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => None,
         }
     }
@@ -104,6 +111,7 @@ pub enum StepKind {
     VersionMarker,
     SearchAttributes,
     ContinueAsNew,
+    Memo,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -63,6 +63,7 @@ event_types!(
     SideEffectRecorded,
     VersionMarkerRecorded,
     SearchAttributesUpserted,
+    MemoUpserted,
 );
 
 impl EventType {

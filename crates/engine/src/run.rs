@@ -181,7 +181,11 @@ pub struct RunState {
     pub output: Option<Payload>,
     pub failure: Option<WorkflowFailure>,
     pub business_key: Option<String>,
+    /// The memo as plain JSON (the start memo, then the projection of every merge).
     pub memo: Map<String, Value>,
+    /// The canonical encoded memo after the last upsert, if any.
+    #[serde(default)]
+    pub memo_merged: Option<Payload>,
     pub search_attributes: Map<String, Value>,
     pub execution_timeout_seconds: Option<i64>,
     pub run_timeout_seconds: Option<i64>,
@@ -250,6 +254,8 @@ pub struct Cx<'a> {
     pub now: Millis,
     pub ids: &'a mut (dyn IdSource + Send),
     pub limits: &'a Limits,
+    /// The payload codec memo upserts merge with; without one `upsert_memo` is refused.
+    pub memo: Option<&'a dyn crate::memo::MemoCodec>,
     pub effects: Effects,
 }
 
@@ -259,6 +265,7 @@ impl<'a> Cx<'a> {
             now,
             ids,
             limits,
+            memo: None,
             effects: Effects::default(),
         }
     }

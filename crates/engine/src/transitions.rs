@@ -89,6 +89,7 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         failure: None,
         business_key: start.business_key,
         memo: start.memo,
+        memo_merged: None,
         search_attributes: start.search_attributes,
         execution_timeout_seconds: start.execution_timeout_seconds,
         run_timeout_seconds: start.run_timeout_seconds,
@@ -175,6 +176,7 @@ fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_
     let mut run = blank_run(cx, start, previous.run_number + 1, previous.execution_deadline_at);
     run.continued_from_run_id = Some(previous.run_id.clone());
     run.chain_origin = previous.last_hash.clone();
+    run.memo_merged = previous.memo_merged.clone();
     begin_run(run, cx)
 }
 
@@ -703,6 +705,25 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             run.output = Some(result);
             close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
             run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
+        }
+        WorkflowCommand::UpsertMemo { entries, tags } => {
+            let codec = cx.memo.ok_or_else(|| invalid("This server cannot merge memos."))?;
+            let base = match &run.memo_merged {
+                Some(merged) => crate::memo::MemoBase::Merged(merged),
+                None => crate::memo::MemoBase::Start(&run.memo),
+            };
+            let merged = codec
+                .merge(base, &entries)
+                .map_err(|reason| invalid(format!("upsert_memo: {reason}")))?;
+            let mut payload = obj!(
+                "sequence" => step,
+                "entries" => payload_json(&entries),
+                "merged" => payload_json(&merged.merged),
+            );
+            extend(&mut payload, &tags);
+            run.memo = merged.projection;
+            run.memo_merged = Some(merged.merged);
+            run.append(cx, EventType::MemoUpserted, payload, wt, None);
         }
         WorkflowCommand::ContinueAsNew {
             arguments,

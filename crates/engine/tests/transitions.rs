@@ -640,3 +640,63 @@ fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
     assert_eq!(next.chain_origin, sim.run.last_hash);
     assert!(verify_chain(&next_effects.events).is_err(), "it does not restart from genesis");
 }
+
+/// A stand-in codec: entries are JSON objects in the blob; merged is the sorted JSON map.
+struct JsonMemo;
+
+impl MemoCodec for JsonMemo {
+    fn merge(&self, base: MemoBase<'_>, entries: &Payload) -> Result<MergedMemo, String> {
+        let mut memo: std::collections::BTreeMap<String, serde_json::Value> = match base {
+            MemoBase::Start(json) => json.clone().into_iter().collect(),
+            MemoBase::Merged(payload) => serde_json::from_str(&payload.blob).map_err(|e| e.to_string())?,
+        };
+        let updates: Map<String, serde_json::Value> = serde_json::from_str(&entries.blob).map_err(|e| e.to_string())?;
+        for (key, value) in updates {
+            if value.is_null() {
+                memo.remove(&key);
+            } else {
+                memo.insert(key, value);
+            }
+        }
+        Ok(MergedMemo {
+            merged: Payload::avro(serde_json::to_string(&memo).unwrap()),
+            projection: memo.into_iter().collect(),
+        })
+    }
+}
+
+#[test]
+fn memo_upserts_merge_through_the_codec_and_take_a_step() {
+    let mut sim = Sim::start();
+    sim.run.memo.insert("origin".into(), json!("api"));
+    let upsert = |blob: &str| WorkflowCommand::UpsertMemo {
+        entries: Payload::avro(blob),
+        tags: Map::new(),
+    };
+    // Without a codec the command is refused and nothing changes.
+    let (task, fence) = sim.lease_workflow("w");
+    let refused = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![upsert(r#"{"a": 1}"#)]))
+        .unwrap_err();
+    assert_eq!(refused.reason, Reason::InvalidCommands);
+    let commands = vec![
+        upsert(r#"{"a": 1, "origin": null}"#),
+        upsert(r#"{"b": 2}"#),
+        WorkflowCommand::StartTimer {
+            delay_seconds: 9,
+            tags: Map::new(),
+        },
+    ];
+    sim.apply(|run, cx| {
+        cx.memo = Some(&JsonMemo);
+        complete_workflow_task(run, cx, &task, "w", fence, commands)
+    })
+    .unwrap();
+    assert_eq!(serde_json::Value::Object(sim.run.memo.clone()), json!({"a": 1, "b": 2}));
+    let upserts: Vec<_> = sim.history.iter().filter(|e| e.event_type == EventType::MemoUpserted).collect();
+    assert_eq!(upserts.len(), 2);
+    assert_eq!(upserts[0].payload["sequence"], json!(1));
+    assert_eq!(upserts[1].payload["merged"], json!({"codec": "avro", "blob": r#"{"a":1,"b":2}"#}));
+    let timer = sim.history.iter().find(|e| e.event_type == EventType::TimerScheduled).unwrap();
+    assert_eq!(timer.payload["sequence"], json!(3), "each upsert consumed a step");
+}

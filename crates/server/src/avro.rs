@@ -48,3 +48,242 @@ mod tests {
         assert_eq!(empty_arguments_blob(), "wwHioz3/VYAiNwwA");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Memos
+
+use capstan_engine::{MemoBase, MemoCodec, MergedMemo, Payload};
+use serde_json::{Map, Value as Json};
+use std::collections::BTreeMap;
+
+/// Memo merges in the DW `Value` encoding.
+pub struct AvroMemo;
+
+pub static AVRO_MEMO: AvroMemo = AvroMemo;
+
+/// SDK-side memo limits, mirrored here.
+const MEMO_ENTRIES_MAX: usize = 100;
+const MEMO_VALUE_BYTES_MAX: usize = 10_240;
+const MEMO_TOTAL_BYTES_MAX: usize = 65_536;
+
+fn valid_memo_key(key: &str) -> bool {
+    let numeric = key.strip_prefix('-').unwrap_or(key);
+    (1..=64).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+        && !(!numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn decode(payload: &Payload) -> Result<AvroValue, String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&payload.blob)
+        .map_err(|e| format!("blob is not base64: {e}"))?;
+    let reader = apache_avro::GenericSingleObjectReader::new(schema().clone()).map_err(|e| e.to_string())?;
+    reader.read_value(&mut bytes.as_slice()).map_err(|e| format!("not a DW Value: {e}"))
+}
+
+/// The inner value of a `Value` record: `(union branch, inner record)`.
+fn branch(value: &AvroValue) -> Option<(u32, &AvroValue)> {
+    match value {
+        AvroValue::Record(fields) => match fields.first() {
+            Some((_, AvroValue::Union(index, inner))) => Some((*index, inner.as_ref())),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn field(record: &AvroValue) -> Option<&AvroValue> {
+    match record {
+        AvroValue::Record(fields) => fields.first().map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn decode_map(payload: &Payload) -> Result<BTreeMap<String, AvroValue>, String> {
+    let value = decode(payload)?;
+    match branch(&value) {
+        Some((7, inner)) => match field(inner) {
+            Some(AvroValue::Map(entries)) => Ok(entries.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            _ => Err("malformed map value".into()),
+        },
+        _ => Err("entries must encode a map".into()),
+    }
+}
+
+fn is_null(value: &AvroValue) -> bool {
+    matches!(branch(value), Some((0, _)))
+}
+
+/// Plain JSON (a start memo) as a `Value`.
+fn from_json(json: &Json) -> AvroValue {
+    match json {
+        Json::Null => wrap(0, AvroValue::Null),
+        Json::Bool(b) => wrap(1, AvroValue::Record(vec![("boolean".into(), AvroValue::Boolean(*b))])),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) => wrap(2, AvroValue::Record(vec![("long".into(), AvroValue::Long(i))])),
+            None => wrap(
+                3,
+                AvroValue::Record(vec![("double".into(), AvroValue::Double(n.as_f64().unwrap_or(0.0)))]),
+            ),
+        },
+        Json::String(s) => wrap(5, AvroValue::Record(vec![("string".into(), AvroValue::String(s.clone()))])),
+        Json::Array(items) => wrap(
+            6,
+            AvroValue::Record(vec![("items".into(), AvroValue::Array(items.iter().map(from_json).collect()))]),
+        ),
+        Json::Object(map) => wrap(
+            7,
+            AvroValue::Record(vec![(
+                "entries".into(),
+                AvroValue::Map(map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect()),
+            )]),
+        ),
+    }
+}
+
+/// The JSON projection DW shows for a `Value`: bytes as `{"$type": "bytes", "base64": …}`, an
+/// integral double as an integer.
+fn project(value: &AvroValue) -> Json {
+    let Some((index, inner)) = branch(value) else { return Json::Null };
+    match (index, field(inner)) {
+        (1, Some(AvroValue::Boolean(b))) => Json::Bool(*b),
+        (2, Some(AvroValue::Long(i))) => Json::from(*i),
+        (3, Some(AvroValue::Double(d))) if d.fract() == 0.0 && d.abs() < 9.0e15 => Json::from(*d as i64),
+        (3, Some(AvroValue::Double(d))) => serde_json::Number::from_f64(*d).map(Json::Number).unwrap_or(Json::Null),
+        (4, Some(AvroValue::Bytes(b))) => {
+            serde_json::json!({"$type": "bytes", "base64": base64::engine::general_purpose::STANDARD.encode(b)})
+        }
+        (5, Some(AvroValue::String(s))) => Json::String(s.clone()),
+        (6, Some(AvroValue::Array(items))) => Json::Array(items.iter().map(project).collect()),
+        (7, Some(AvroValue::Map(entries))) => {
+            let sorted: BTreeMap<_, _> = entries.iter().collect();
+            Json::Object(sorted.into_iter().map(|(k, v)| (k.clone(), project(v))).collect())
+        }
+        _ => Json::Null,
+    }
+}
+
+fn zigzag(value: i64, out: &mut Vec<u8>) {
+    let mut n = ((value << 1) ^ (value >> 63)) as u64;
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// The canonical single-object encoding of a map value: keys sorted, one block.
+fn encode_sorted_map(entries: &BTreeMap<String, AvroValue>) -> Result<(Vec<u8>, Vec<usize>), String> {
+    let header = base64::engine::general_purpose::STANDARD.decode(null_blob()).expect("built-in")[..10].to_vec();
+    let mut out = header;
+    zigzag(7, &mut out);
+    let mut sizes = Vec::with_capacity(entries.len());
+    if !entries.is_empty() {
+        zigzag(entries.len() as i64, &mut out);
+        for (key, value) in entries {
+            zigzag(key.len() as i64, &mut out);
+            out.extend_from_slice(key.as_bytes());
+            let datum = apache_avro::to_avro_datum(schema(), value.clone()).map_err(|e| format!("value of {key:?}: {e}"))?;
+            sizes.push(datum.len());
+            out.extend_from_slice(&datum);
+        }
+    }
+    zigzag(0, &mut out);
+    Ok((out, sizes))
+}
+
+impl MemoCodec for AvroMemo {
+    fn merge(&self, base: MemoBase<'_>, entries: &Payload) -> Result<MergedMemo, String> {
+        if entries.codec != capstan_engine::payload::AVRO_CODEC {
+            return Err(format!("codec {:?} is not supported", entries.codec));
+        }
+        let updates = decode_map(entries)?;
+        if let Some(bad) = updates.keys().find(|k| !valid_memo_key(k)) {
+            return Err(format!("memo key {bad:?} is not valid"));
+        }
+        let mut memo: BTreeMap<String, AvroValue> = match base {
+            MemoBase::Start(json) => json.iter().map(|(k, v)| (k.clone(), from_json(v))).collect(),
+            MemoBase::Merged(payload) => decode_map(payload)?,
+        };
+        for (key, value) in updates {
+            if is_null(&value) {
+                memo.remove(&key);
+            } else {
+                memo.insert(key, value);
+            }
+        }
+        if memo.len() > MEMO_ENTRIES_MAX {
+            return Err(format!("the memo would hold {} entries (at most {MEMO_ENTRIES_MAX})", memo.len()));
+        }
+        let (bytes, sizes) = encode_sorted_map(&memo)?;
+        if sizes.iter().any(|s| *s > MEMO_VALUE_BYTES_MAX) || bytes.len() > MEMO_TOTAL_BYTES_MAX {
+            return Err(format!(
+                "memo values are limited to {MEMO_VALUE_BYTES_MAX} bytes each and {MEMO_TOTAL_BYTES_MAX} in all"
+            ));
+        }
+        let projection: Map<String, Json> = memo.iter().map(|(k, v)| (k.clone(), project(v))).collect();
+        Ok(MergedMemo {
+            merged: Payload::avro(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            projection,
+        })
+    }
+}
+
+#[cfg(test)]
+mod memo_tests {
+    use super::*;
+
+    fn map_payload(entries: Vec<(&str, AvroValue)>) -> Payload {
+        let map = entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        Payload::avro(encode(wrap(7, AvroValue::Record(vec![("entries".into(), AvroValue::Map(map))]))))
+    }
+
+    fn long(i: i64) -> AvroValue {
+        wrap(2, AvroValue::Record(vec![("long".into(), AvroValue::Long(i))]))
+    }
+
+    #[test]
+    fn matches_the_sdk_golden_empty_map() {
+        let merged = AVRO_MEMO.merge(MemoBase::Start(&Map::new()), &map_payload(vec![])).unwrap();
+        assert_eq!(merged.merged.blob, "wwHioz3/VYAiNw4A");
+    }
+
+    #[test]
+    fn merges_sorted_deletes_nulls_and_projects_types() {
+        let start: Map<String, Json> = serde_json::from_str(r#"{"b": "kept", "gone": 1}"#).unwrap();
+        let entries = map_payload(vec![
+            ("a", long(7)),
+            ("gone", wrap(0, AvroValue::Null)),
+            ("d", wrap(3, AvroValue::Record(vec![("double".into(), AvroValue::Double(7.0))]))),
+            (
+                "raw",
+                wrap(4, AvroValue::Record(vec![("bytes".into(), AvroValue::Bytes(vec![0, 255]))])),
+            ),
+        ]);
+        let merged = AVRO_MEMO.merge(MemoBase::Start(&start), &entries).unwrap();
+        assert_eq!(
+            Json::Object(merged.projection.clone()),
+            serde_json::json!({"a": 7, "b": "kept", "d": 7, "raw": {"$type": "bytes", "base64": "AP8="}})
+        );
+        // The merged blob decodes to the same map, and merging it again is stable.
+        let again = AVRO_MEMO.merge(MemoBase::Merged(&merged.merged), &map_payload(vec![])).unwrap();
+        assert_eq!(again.merged, merged.merged);
+        assert_eq!(
+            decode_map(&merged.merged).unwrap().keys().cloned().collect::<Vec<_>>(),
+            ["a", "b", "d", "raw"]
+        );
+    }
+
+    #[test]
+    fn refuses_bad_keys_and_non_maps() {
+        assert!(AVRO_MEMO
+            .merge(MemoBase::Start(&Map::new()), &map_payload(vec![("12", long(1))]))
+            .is_err());
+        assert!(AVRO_MEMO
+            .merge(MemoBase::Start(&Map::new()), &map_payload(vec![("has space", long(1))]))
+            .is_err());
+        assert!(AVRO_MEMO.merge(MemoBase::Start(&Map::new()), &Payload::avro(null_blob())).is_err());
+    }
+}

@@ -194,6 +194,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "open_condition_wait",
     "open_signal_wait",
     "continue_as_new",
+    "upsert_memo",
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
@@ -331,6 +332,12 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             result: f
                 .opt_payload("result", limits)?
                 .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
+        },
+        "upsert_memo" => WorkflowCommand::UpsertMemo {
+            entries: f
+                .opt_payload("entries", limits)?
+                .ok_or_else(|| ApiError::validation(&format!("commands.{index}.entries"), "The entries field is required."))?,
+            tags,
         },
         "continue_as_new" => WorkflowCommand::ContinueAsNew {
             arguments: f

@@ -53,6 +53,7 @@ pub fn server_capabilities() -> Value {
         "activity_retry_policy": true,
         "activity_timeouts": true,
         "non_retryable_failures": true,
+        "workflow_memo_updates": {"supported": true},
     })
 }
 

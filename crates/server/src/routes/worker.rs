@@ -427,6 +427,7 @@ pub async fn complete_workflow_task<S: Store>(
     let (receipt, run) = state
         .store
         .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            cx.memo = Some(&crate::avro::AVRO_MEMO);
             capstan_engine::complete_workflow_task(run, cx, &id, &owner, attempt, commands)
         })
         .await
