@@ -67,12 +67,10 @@ const MEMO_VALUE_BYTES_MAX: usize = 10_240;
 const MEMO_TOTAL_BYTES_MAX: usize = 65_536;
 
 fn valid_memo_key(key: &str) -> bool {
-    let numeric = key.strip_prefix('-').unwrap_or(key);
-    (1..=64).contains(&key.len())
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
-        && !(!numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit()))
+    let digits = key.strip_prefix('-').unwrap_or(key);
+    let all_digits = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    let allowed = key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    (1..=64).contains(&key.len()) && allowed && !all_digits
 }
 
 fn decode(payload: &Payload) -> Result<AvroValue, String> {
