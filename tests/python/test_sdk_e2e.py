@@ -128,6 +128,30 @@ class MemoWorkflow:
         return "ok"
 
 
+@workflow.defn(name="e2e.cart")
+class CartWorkflow:
+    """Collects items through updates until `checkout`; the update returns the new total."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.checked_out = False
+
+    @workflow.update("add_item")
+    def add_item(self, item: str) -> int:
+        if item == "forbidden":
+            raise ValueError("forbidden items are not sold")
+        self.items.append(item)
+        return len(self.items)
+
+    @workflow.signal("checkout")
+    def checkout(self) -> None:
+        self.checked_out = True
+
+    def run(self, ctx):
+        yield ctx.wait_condition(lambda: self.checked_out)
+        return self.items
+
+
 # activity attempt bookkeeping, keyed by a per-test key passed as argument
 FLAKY_ATTEMPTS: dict[str, list[int]] = {}
 
@@ -392,6 +416,38 @@ def test_memo_upserts_merge_and_replay(server_url, worker_url, run_worker):
             payload = payload_of(event)
             assert set(payload["entries"]) == {"codec", "blob"} and set(payload["merged"]) == {"codec", "blob"}, payload
             assert isinstance(payload["sequence"], int)
+        assert_history_invariants(events, terminal="WorkflowCompleted")
+
+    run_async(main(), timeout=90)
+
+
+def test_updates_return_handler_results_and_replay(server_url, worker_url, run_worker):
+    from durable_workflow import UpdateFailed
+
+    queue = unique("e2e-update")
+    workflow_id = unique("cart")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CartWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.cart", task_queue=queue, workflow_id=workflow_id, input=[])
+                await _wait_until_waiting(client, handle)
+                first = await handle.update("add_item", ["apple"], wait_for="completed")
+                assert first["update_status"] == "completed" and first["result"] == 1, first
+                second = await handle.update("add_item", ["pear"], request_id="add-pear")
+                assert second["result"] == 2, second
+                # The same request id and intent: the original update, not a second one.
+                again = await handle.update("add_item", ["pear"], request_id="add-pear")
+                assert again["update_id"] == second["update_id"] and again["result"] == 2, again
+                with pytest.raises(UpdateFailed):
+                    await handle.update("add_item", ["forbidden"])
+                await handle.signal("checkout", [])
+                assert await wait_result(handle, timeout=30, workers=[worker]) == ["apple", "pear"]
+                events = await fetch_history(client, workflow_id, handle.run_id)
+
+        assert len(events_of(events, "UpdateAccepted")) == 3
+        assert len(events_of(events, "UpdateApplied")) == 2, "a failed update records no UpdateApplied"
+        assert len(events_of(events, "UpdateCompleted")) == 3
         assert_history_invariants(events, terminal="WorkflowCompleted")
 
     run_async(main(), timeout=90)

@@ -46,6 +46,16 @@ pub enum WorkflowCommand {
         result: Payload,
     },
     FailWorkflow(WorkflowFailure),
+    /// The result of an update's handler (no step of its own).
+    CompleteUpdate {
+        update_id: String,
+        result: Payload,
+    },
+    /// An update's handler failed (no step of its own, and no `UpdateApplied`).
+    FailUpdate {
+        update_id: String,
+        failure: WorkflowFailure,
+    },
     /// Merge entries (an encoded map; null deletes) into the run's memo.
     UpsertMemo {
         entries: Payload,
@@ -80,7 +90,10 @@ impl WorkflowCommand {
             WorkflowCommand::UpsertSearchAttributes { .. } => StepKind::SearchAttributes,
             WorkflowCommand::ContinueAsNew { .. } => StepKind::ContinueAsNew,
             WorkflowCommand::UpsertMemo { .. } => StepKind::Memo,
-            WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => return None,
+            WorkflowCommand::CompleteWorkflow { .. }
+            | WorkflowCommand::FailWorkflow(_)
+            | WorkflowCommand::CompleteUpdate { .. }
+            | WorkflowCommand::FailUpdate { .. } => return None,
         })
     }
 
@@ -95,7 +108,10 @@ impl WorkflowCommand {
             | WorkflowCommand::UpsertSearchAttributes { tags, .. }
             | WorkflowCommand::ContinueAsNew { tags, .. }
             | WorkflowCommand::UpsertMemo { tags, .. } => Some(tags),
-            WorkflowCommand::CompleteWorkflow { .. } | WorkflowCommand::FailWorkflow(_) => None,
+            WorkflowCommand::CompleteWorkflow { .. }
+            | WorkflowCommand::FailWorkflow(_)
+            | WorkflowCommand::CompleteUpdate { .. }
+            | WorkflowCommand::FailUpdate { .. } => None,
         }
     }
 }

@@ -64,6 +64,9 @@ event_types!(
     VersionMarkerRecorded,
     SearchAttributesUpserted,
     MemoUpserted,
+    UpdateAccepted,
+    UpdateApplied,
+    UpdateCompleted,
 );
 
 impl EventType {

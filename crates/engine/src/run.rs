@@ -135,6 +135,33 @@ pub struct SignalWait {
     pub timer_id: Option<TimerId>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateStatus {
+    Accepted,
+    Completed,
+    Failed,
+}
+
+impl UpdateStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateStatus::Accepted => "accepted",
+            UpdateStatus::Completed => "completed",
+            UpdateStatus::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateRecord {
+    pub update_name: String,
+    pub arguments: Payload,
+    pub command_id: CommandId,
+    pub status: UpdateStatus,
+    pub result: Option<Payload>,
+    pub failure: Option<WorkflowFailure>,
+}
+
 /// What a closed task answered, kept so an identical retried report gets the same answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClosedTaskReceipt {
@@ -227,6 +254,12 @@ pub struct RunState {
     pub condition_waits: Vec<ConditionWait>,
     pub signal_waits: Vec<SignalWait>,
     pub closed_receipts: VecDeque<ClosedTaskReceipt>,
+    /// Accepted updates waiting for their dedicated workflow task, oldest first.
+    #[serde(default)]
+    pub pending_updates: VecDeque<ResumeContext>,
+    /// Every update of this run and where it stands.
+    #[serde(default)]
+    pub updates: BTreeMap<String, UpdateRecord>,
     /// Highest fence ever issued on this run's tasks (visible in describe output).
     pub fence_high_water: u64,
 }
@@ -382,6 +415,35 @@ impl RunState {
         }
     }
 
+    /// An accepted update needs its dedicated task: now if no workflow task exists, by turning a
+    /// ready plain task into it (the plain work then follows), else after the current task.
+    pub(crate) fn want_update_task(&mut self, cx: &mut Cx, update: ResumeContext) {
+        if self.is_closed() {
+            return;
+        }
+        match self.workflow_task.clone() {
+            None => {
+                self.create_workflow_task(cx, Some(update));
+            }
+            Some(id) => {
+                let plain_ready = self
+                    .tasks
+                    .get(&id)
+                    .is_some_and(|t| t.is_ready() && matches!(t.detail, TaskDetail::Workflow { resume: None, .. }));
+                if plain_ready {
+                    let task = self.task_mut(cx, &id).expect("open");
+                    task.detail = TaskDetail::Workflow {
+                        resume: Some(update),
+                        history_snapshot: 0,
+                    };
+                    self.workflow_task_wanted = true;
+                } else {
+                    self.pending_updates.push_back(update);
+                }
+            }
+        }
+    }
+
     fn create_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> TaskId {
         let queue = self.task_queue.clone();
         let id = self.new_task(
@@ -403,6 +465,13 @@ impl RunState {
     pub(crate) fn follow_up_workflow_task(&mut self, cx: &mut Cx) -> Option<TaskId> {
         if self.is_closed() || self.workflow_task.is_some() {
             return None;
+        }
+        // Accepted updates get their own tasks, one at a time, ahead of other work.
+        if let Some(update) = self.pending_updates.pop_front() {
+            let still_wanted = self.workflow_task_wanted;
+            let id = self.create_workflow_task(cx, Some(update));
+            self.workflow_task_wanted = still_wanted;
+            return Some(id);
         }
         if let Some(resume) = self.pending_resumes.pop_front() {
             return Some(self.create_workflow_task(cx, Some(resume)));

@@ -58,6 +58,15 @@ pub enum ResumeContext {
         arguments: Payload,
         command_id: CommandId,
     },
+    /// A dedicated task that runs one accepted update's handler.
+    Update {
+        update_id: String,
+        update_name: String,
+        command_id: CommandId,
+    },
+    /// The regular task after a successful update: the handler may have changed what an open
+    /// wait depends on, and like a signal the update counts as that wait's receiver.
+    AfterUpdate { update_id: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

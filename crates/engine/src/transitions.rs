@@ -115,6 +115,8 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         condition_waits: Vec::new(),
         signal_waits: Vec::new(),
         closed_receipts: VecDeque::new(),
+        pending_updates: VecDeque::new(),
+        updates: BTreeMap::new(),
         fence_high_water: 0,
     }
 }
@@ -294,14 +296,20 @@ pub fn complete_workflow_task(
         TaskDetail::Workflow { resume, .. } => resume.clone(),
         _ => None,
     };
-    if let Some(ResumeContext::Signal {
-        signal_id,
-        signal_name,
-        arguments,
-        command_id,
-    }) = resume
-    {
-        apply_signal_to_wait(run, cx, task_id, &signal_id, &signal_name, &arguments, &command_id, &commands);
+    match &resume {
+        Some(ResumeContext::Signal {
+            signal_id,
+            signal_name,
+            arguments,
+            command_id,
+        }) => {
+            apply_signal_to_wait(run, cx, task_id, signal_id, signal_name, arguments, command_id, &commands);
+        }
+        Some(ResumeContext::AfterUpdate { update_id }) => {
+            let receiver = obj!("workflow_update_id" => update_id);
+            satisfy_condition_wait(run, cx, task_id, receiver, None, &commands);
+        }
+        _ => {}
     }
 
     let mut created = Vec::new();
@@ -310,6 +318,12 @@ pub fn complete_workflow_task(
         apply_command(run, cx, task_id, command)?;
     }
     run.close_task(cx, task_id, TaskClosure::Completed);
+    if let Some(update @ ResumeContext::Update { update_id, .. }) = &resume {
+        // The worker did not settle the update this task was for: offer it again.
+        if run.updates.get(update_id).is_some_and(|u| u.status == UpdateStatus::Accepted) && !run.is_closed() {
+            run.pending_updates.push_front(update.clone());
+        }
+    }
     if !run.is_closed() {
         run.status = RunStatus::Waiting;
         run.follow_up_workflow_task(cx);
@@ -444,6 +458,20 @@ fn apply_signal_to_wait(
         run.append(cx, EventType::SignalApplied, payload, Some(task_id), Some(command_id));
         return;
     }
+    let receiver = obj!("workflow_signal_id" => signal_id, "signal_name" => signal_name);
+    satisfy_condition_wait(run, cx, task_id, receiver, Some(command_id), commands);
+}
+
+/// A receiver (signal or applied update) resolves the latest open condition wait — unless the
+/// same completion re-opens that wait (protocol 20 §5 step 2).
+fn satisfy_condition_wait(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    receiver: Map<String, Value>,
+    command_id: Option<&CommandId>,
+    commands: &[WorkflowCommand],
+) {
     let Some(wait) = run.condition_waits.last().cloned() else {
         return;
     };
@@ -455,20 +483,19 @@ fn apply_signal_to_wait(
     });
     if reopened {
         // The re-open supersedes the old wait; a Satisfied row between them would bind later
-        // receivers to the old wait on replay (protocol 20 §5 step 2).
+        // receivers to the old wait on replay.
         return;
     }
-    let payload = obj!(
+    let mut payload = obj!(
         "condition_wait_id" => wait.id,
         "condition_key" => wait.condition_key,
         "condition_definition_fingerprint" => wait.fingerprint,
         "sequence" => wait.step,
         "timer_id" => wait.timer_id,
         "timeout_seconds" => wait.timeout_seconds,
-        "workflow_signal_id" => signal_id,
-        "signal_name" => signal_name,
     );
-    run.append(cx, EventType::ConditionWaitSatisfied, payload, Some(task_id), Some(command_id));
+    payload.extend(receiver);
+    run.append(cx, EventType::ConditionWaitSatisfied, payload, Some(task_id), command_id);
 }
 
 /// Closes a wait's timeout timer without an event: the wait's own resolution row records the end.
@@ -706,6 +733,52 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
             run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
         }
+        WorkflowCommand::CompleteUpdate { update_id, result } => {
+            let record = accepted_update(run, &update_id)?;
+            let wait_step = run.condition_waits.last().map(|w| w.step);
+            let mut identity = obj!(
+                "workflow_command_id" => record.command_id,
+                "update_id" => update_id,
+                "workflow_instance_id" => run.workflow_id,
+                "workflow_run_id" => run.run_id,
+                "update_name" => record.update_name,
+            );
+            if let Some(step) = wait_step {
+                identity.insert("sequence".into(), json!(step));
+            }
+            let mut applied = identity.clone();
+            applied.insert("arguments".into(), payload_json(&record.arguments));
+            run.append(cx, EventType::UpdateApplied, applied, wt, Some(&record.command_id));
+            let mut completed = identity;
+            completed.insert("result".into(), json!(result.blob));
+            completed.insert("payload_codec".into(), json!(result.codec));
+            run.append(cx, EventType::UpdateCompleted, completed, wt, Some(&record.command_id));
+            let stored = run.updates.get_mut(&update_id).expect("checked");
+            stored.status = UpdateStatus::Completed;
+            stored.result = Some(result);
+            // A regular task follows, re-evaluating whatever the handler changed.
+            run.pending_resumes.push_back(ResumeContext::AfterUpdate { update_id });
+        }
+        WorkflowCommand::FailUpdate { update_id, failure } => {
+            let record = accepted_update(run, &update_id)?;
+            let payload = obj!(
+                "workflow_command_id" => record.command_id,
+                "update_id" => update_id,
+                "workflow_instance_id" => run.workflow_id,
+                "workflow_run_id" => run.run_id,
+                "update_name" => record.update_name,
+                "failure_category" => "application",
+                "non_retryable" => failure.non_retryable,
+                "exception_type" => failure.exception_type,
+                "exception_class" => failure.exception_class.clone().or_else(|| failure.exception_type.clone()),
+                "message" => failure.message,
+                "exception" => failure.exception,
+            );
+            run.append(cx, EventType::UpdateCompleted, payload, wt, Some(&record.command_id));
+            let stored = run.updates.get_mut(&update_id).expect("checked");
+            stored.status = UpdateStatus::Failed;
+            stored.failure = Some(failure);
+        }
         WorkflowCommand::UpsertMemo { entries, tags } => {
             let codec = cx.memo.ok_or_else(|| invalid("This server cannot merge memos."))?;
             let base = match &run.memo_merged {
@@ -789,6 +862,14 @@ fn relink(run: &mut RunState, effects: &mut Effects, origin: &str) {
     run.last_hash = prev;
 }
 
+fn accepted_update(run: &RunState, update_id: &str) -> Result<UpdateRecord, Refusal> {
+    match run.updates.get(update_id) {
+        Some(record) if record.status == UpdateStatus::Accepted => Ok(record.clone()),
+        Some(_) => Err(invalid(format!("Update {update_id} is already settled."))),
+        None => Err(invalid(format!("Update {update_id} is not known on this run."))),
+    }
+}
+
 fn schedule_timer(run: &mut RunState, cx: &mut Cx, step: u32, delay_seconds: i64, purpose: TimerPurpose, tags: StepTags) -> TimerState {
     let timer_id: TimerId = cx.id();
     let fire_at = cx.now + delay_seconds * 1000;
@@ -867,6 +948,14 @@ fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedR
     run.condition_waits.clear();
     run.signal_waits.clear();
     run.pending_resumes.clear();
+    run.pending_updates.clear();
+    for update in run.updates.values_mut().filter(|u| u.status == UpdateStatus::Accepted) {
+        update.status = UpdateStatus::Failed;
+        update.failure = Some(WorkflowFailure {
+            message: "The workflow run closed before the update was applied.".into(),
+            ..Default::default()
+        });
+    }
     run.workflow_task_wanted = false;
 }
 
@@ -1621,6 +1710,54 @@ pub fn signal(
         command_sequence: run.command_count,
         signal_id: Some(signal_id),
     })
+}
+
+/// `UpdateAccepted`, and a dedicated workflow task that runs the update's handler.
+pub fn accept_update(
+    run: &mut RunState,
+    cx: &mut Cx,
+    update_name: &str,
+    arguments: Payload,
+    command_id: CommandId,
+) -> Result<(String, CommandReceipt), Refusal> {
+    require_open(run)?;
+    let update_id: String = cx.ids.next_id();
+    run.command_count += 1;
+    let payload = obj!(
+        "workflow_command_id" => command_id,
+        "update_id" => update_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "update_name" => update_name,
+        "arguments" => payload_json(&arguments),
+        "payload_codec" => arguments.codec,
+    );
+    run.append(cx, EventType::UpdateAccepted, payload, None, Some(&command_id));
+    run.updates.insert(
+        update_id.clone(),
+        UpdateRecord {
+            update_name: update_name.to_string(),
+            arguments,
+            command_id: command_id.clone(),
+            status: UpdateStatus::Accepted,
+            result: None,
+            failure: None,
+        },
+    );
+    let resume = ResumeContext::Update {
+        update_id: update_id.clone(),
+        update_name: update_name.to_string(),
+        command_id: command_id.clone(),
+    };
+    run.want_update_task(cx, resume);
+    Ok((
+        update_id,
+        CommandReceipt {
+            command_id,
+            command_sequence: run.command_count,
+            signal_id: None,
+        },
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

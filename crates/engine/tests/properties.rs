@@ -41,6 +41,7 @@ enum Op {
         owner: usize,
     },
     Signal,
+    Update,
     /// The clock moves; the background sweep may or may not have run yet.
     Advance {
         ms: i64,
@@ -59,6 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..8usize, 0..2usize, any::<bool>()).prop_map(|(pick, owner, fatal)| Op::FailActivity { pick, owner, fatal }),
         1 => (0..8usize, 0..2usize).prop_map(|(pick, owner)| Op::HeartbeatActivity { pick, owner }),
         2 => Just(Op::Signal),
+        1 => Just(Op::Update),
         3 => (0..8_000i64, any::<bool>()).prop_map(|(ms, sweep)| Op::Advance { ms, sweep }),
         1 => Just(Op::Cancel),
     ]
@@ -268,6 +270,9 @@ impl World {
             Op::Signal => {
                 let _ = self.apply(|run, cx| signal(run, cx, "s", Payload::avro("v"), "sig".into()));
             }
+            Op::Update => {
+                let _ = self.apply(|run, cx| accept_update(run, cx, "u", Payload::avro("v"), "upd".into()));
+            }
             Op::Advance { ms, sweep } => {
                 self.now += ms;
                 if !sweep {
@@ -348,6 +353,13 @@ impl World {
             }
         }
 
+        // An update is settled at most once, and only after it was accepted.
+        let mut settled = BTreeSet::new();
+        for event in self.history.iter().filter(|e| e.event_type == EventType::UpdateCompleted) {
+            assert!(settled.insert(event.payload["update_id"].to_string()), "an update completed twice");
+        }
+        assert!(self.history.iter().filter(|e| e.event_type == EventType::UpdateAccepted).count() >= settled.len());
+
         // Each timer fires at most once.
         let mut fired = BTreeSet::new();
         for event in self.history.iter().filter(|e| e.event_type == EventType::TimerFired) {
@@ -399,6 +411,21 @@ fn a_well_behaved_worker_always_finishes_the_run() {
                 }
                 if let Some(id) = world.ready(TaskKind::Workflow) {
                     let task = world.apply(|run, cx| lease_workflow_task(run, cx, &id, "good", LEASE_MS)).unwrap();
+                    if let TaskDetail::Workflow {
+                        resume: Some(ResumeContext::Update { update_id, .. }),
+                        ..
+                    } = &task.detail
+                    {
+                        let settle = vec![WorkflowCommand::CompleteUpdate {
+                            update_id: update_id.clone(),
+                            result: Payload::avro("r"),
+                        }];
+                        world
+                            .apply(|run, cx| complete_workflow_task(run, cx, &id, "good", task.fence, settle))
+                            .unwrap();
+                        world.check_invariants();
+                        continue;
+                    }
                     let commands = if completed_steps < 2 { plan(0) } else { plan(4) };
                     completed_steps += 1;
                     world

@@ -700,3 +700,115 @@ fn memo_upserts_merge_through_the_codec_and_take_a_step() {
     let timer = sim.history.iter().find(|e| e.event_type == EventType::TimerScheduled).unwrap();
     assert_eq!(timer.payload["sequence"], json!(3), "each upsert consumed a step");
 }
+
+#[test]
+fn an_update_gets_its_own_task_and_a_regular_task_follows() {
+    let mut sim = Sim::start();
+    let wait = WorkflowCommand::OpenConditionWait {
+        condition_key: Some("k".into()),
+        fingerprint: None,
+        timeout_seconds: None,
+        tags: Map::new(),
+    };
+    sim.complete_workflow("w", vec![wait.clone()]).unwrap();
+    let (update_id, _) = sim
+        .apply(|run, cx| accept_update(run, cx, "add", Payload::avro("args"), "c-up".into()))
+        .unwrap();
+    let (task, fence) = sim.lease_workflow("w");
+    assert!(
+        matches!(&sim.run.tasks[&task].detail, TaskDetail::Workflow { resume: Some(ResumeContext::Update { update_id: id, .. }), .. } if *id == update_id)
+    );
+    let settle = WorkflowCommand::CompleteUpdate {
+        update_id: update_id.clone(),
+        result: Payload::avro("1"),
+    };
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![settle]))
+        .unwrap();
+    assert_eq!(sim.run.updates[&update_id].status, UpdateStatus::Completed);
+    let applied = sim.history.iter().find(|e| e.event_type == EventType::UpdateApplied).unwrap();
+    assert_eq!(applied.payload["sequence"], json!(1), "bound to the open condition wait");
+    // The regular task after it resolves the wait like a signal would.
+    let (task, fence) = sim.lease_workflow("w");
+    assert!(matches!(
+        &sim.run.tasks[&task].detail,
+        TaskDetail::Workflow {
+            resume: Some(ResumeContext::AfterUpdate { .. }),
+            ..
+        }
+    ));
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![complete("done")]))
+        .unwrap();
+    assert_eq!(sim.count(EventType::ConditionWaitSatisfied), 1);
+
+    // A settled update cannot be settled again; an unknown one is refused.
+    let mut other = Sim::start();
+    let (id, _) = other
+        .apply(|run, cx| accept_update(run, cx, "add", Payload::avro("a"), "c".into()))
+        .unwrap();
+    let (task, fence) = other.lease_workflow("w");
+    let failure = WorkflowFailure {
+        message: "no".into(),
+        ..Default::default()
+    };
+    other
+        .apply(|run, cx| {
+            complete_workflow_task(
+                run,
+                cx,
+                &task,
+                "w",
+                fence,
+                vec![WorkflowCommand::FailUpdate {
+                    update_id: id.clone(),
+                    failure,
+                }],
+            )
+        })
+        .unwrap();
+    assert_eq!(other.count(EventType::UpdateApplied), 0, "a failed update is not applied");
+    assert_eq!(other.run.updates[&id].status, UpdateStatus::Failed);
+    let (task, fence) = other.lease_workflow("w");
+    let again = WorkflowCommand::CompleteUpdate {
+        update_id: id,
+        result: Payload::avro("x"),
+    };
+    let refused = other
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![again]))
+        .unwrap_err();
+    assert_eq!(refused.reason, Reason::InvalidCommands);
+}
+
+#[test]
+fn updates_wait_behind_a_leased_task_and_fail_when_the_run_closes() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("w");
+    let (first, _) = sim
+        .apply(|run, cx| accept_update(run, cx, "a", Payload::avro("1"), "c1".into()))
+        .unwrap();
+    sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("x"), "c2".into())).unwrap();
+    assert_eq!(sim.run.tasks.values().filter(|t| t.kind == TaskKind::Workflow).count(), 1);
+    let timer = WorkflowCommand::StartTimer {
+        delay_seconds: 60,
+        tags: Map::new(),
+    };
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![timer]))
+        .unwrap();
+    // The update's task comes first, ahead of the signal that arrived after it.
+    let (next, _) = sim.lease_workflow("w");
+    assert!(
+        matches!(&sim.run.tasks[&next].detail, TaskDetail::Workflow { resume: Some(ResumeContext::Update { update_id, .. }), .. } if *update_id == first)
+    );
+    sim.apply(|run, cx| close_by_command(run, cx, CloseCommand::Terminate, None, "t".into()))
+        .unwrap();
+    assert_eq!(
+        sim.run.updates[&first].status,
+        UpdateStatus::Failed,
+        "closing the run settles open updates"
+    );
+    assert_eq!(
+        sim.apply(|run, cx| accept_update(run, cx, "a", Payload::avro("1"), "c3".into()))
+            .unwrap_err()
+            .reason,
+        Reason::RunNotActive
+    );
+}

@@ -69,7 +69,9 @@ const MEMO_TOTAL_BYTES_MAX: usize = 65_536;
 fn valid_memo_key(key: &str) -> bool {
     let digits = key.strip_prefix('-').unwrap_or(key);
     let all_digits = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
-    let allowed = key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    let allowed = key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
     (1..=64).contains(&key.len()) && allowed && !all_digits
 }
 

@@ -255,6 +255,18 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
         "cancel_requested": false,
         "fence": task.fence,
     });
+    if let Some(ResumeContext::Update {
+        update_id,
+        update_name,
+        command_id,
+    }) = resume
+    {
+        body["resume_source_kind"] = json!("workflow_update");
+        body["resume_source_id"] = json!(update_id);
+        body["workflow_update_id"] = json!(update_id);
+        body["update_name"] = json!(update_name);
+        body["workflow_command_id"] = json!(command_id);
+    }
     if let Some(ResumeContext::Signal {
         signal_id,
         signal_name,

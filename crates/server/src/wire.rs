@@ -195,6 +195,8 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "open_signal_wait",
     "continue_as_new",
     "upsert_memo",
+    "complete_update",
+    "fail_update",
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
@@ -332,6 +334,22 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             result: f
                 .opt_payload("result", limits)?
                 .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
+        },
+        "complete_update" => WorkflowCommand::CompleteUpdate {
+            update_id: f.req_str("update_id", 255)?,
+            result: f
+                .opt_payload("result", limits)?
+                .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
+        },
+        "fail_update" => WorkflowCommand::FailUpdate {
+            update_id: f.req_str("update_id", 255)?,
+            failure: WorkflowFailure {
+                message: f.req_str("message", 1_000_000)?,
+                exception_type: f.opt_str("exception_type", 1000)?,
+                exception_class: f.opt_str("exception_class", 1000)?,
+                exception: f.raw("exception").cloned(),
+                non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
+            },
         },
         "upsert_memo" => WorkflowCommand::UpsertMemo {
             entries: f

@@ -3,6 +3,7 @@
 mod control;
 mod query;
 mod system;
+mod update;
 pub(crate) mod worker;
 pub(crate) use worker::after_change;
 
@@ -68,6 +69,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route(
             "/workflows/:workflow_id/runs/:run_id/query/:query_name",
             post(query::query_run::<S>),
+        )
+        .route("/workflows/:workflow_id/update/:update_name", post(update::update::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/update/:update_name",
+            post(update::update_run::<S>),
         )
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))

@@ -74,7 +74,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
         "namespace": {"name": namespace},
         "supported_sdk_versions": {"python": ">=2.0", "rust": ">=4.0"},
         "capabilities": {
-            "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": true, "updates": false,
+            "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": true, "updates": true,
             "schedules": false, "search_attributes": true, "history_export": false, "continue_as_new": true,
             "child_workflows": false, "activity_timeouts": true, "activity_retry_policy": true,
             "payload_codecs": ["avro"], "response_compression": ["gzip", "deflate"],
@@ -96,6 +96,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
                 "operations": {
                     "start": {"fields": {"duplicate_policy": {"canonical_values": ["fail", "use-existing"]}}},
                     "list": {"fields": {"status": {"canonical_values": ["running", "completed", "failed"]}}},
+                    "update": {"fields": {"wait_for": {"canonical_values": ["accepted", "completed"]}}},
                 },
             },
         },
