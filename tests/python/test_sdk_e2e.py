@@ -152,6 +152,39 @@ class CartWorkflow:
         return self.items
 
 
+@workflow.defn(name="e2e.child-square")
+class ChildSquareWorkflow:
+    def run(self, ctx, n):
+        if n < 0:
+            raise ValueError(f"cannot square {n}")
+        squared = yield ctx.schedule_activity("e2e.square", [n])
+        return squared
+
+
+@workflow.defn(name="e2e.parent")
+class ParentWorkflow:
+    """Squares each number in a child workflow; a failing child's error is caught."""
+
+    def run(self, ctx, numbers):
+        results = []
+        for n in numbers:
+            try:
+                value = yield ctx.start_child_workflow("e2e.child-square", [n])
+                results.append(value)
+            except Exception as error:  # noqa: BLE001 - the child's failure arrives as an exception
+                results.append(f"failed: {type(error).__name__}")
+        return results
+
+
+@workflow.defn(name="e2e.parent-terminating")
+class TerminatingParentWorkflow:
+    """Starts a child that waits forever, with parent-close policy terminate."""
+
+    def run(self, ctx):
+        value = yield ctx.start_child_workflow("e2e.approval", ["child-request"], parent_close_policy="terminate")
+        return value
+
+
 # activity attempt bookkeeping, keyed by a per-test key passed as argument
 FLAKY_ATTEMPTS: dict[str, list[int]] = {}
 
@@ -449,6 +482,61 @@ def test_updates_return_handler_results_and_replay(server_url, worker_url, run_w
         assert len(events_of(events, "UpdateApplied")) == 2, "a failed update records no UpdateApplied"
         assert len(events_of(events, "UpdateCompleted")) == 3
         assert_history_invariants(events, terminal="WorkflowCompleted")
+
+    run_async(main(), timeout=90)
+
+
+def test_child_workflows_return_results_and_failures(server_url, worker_url, run_worker):
+    import httpx
+
+    queue = unique("e2e-child")
+    workflow_id = unique("parent")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[ParentWorkflow, ChildSquareWorkflow], activities=[square]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.parent", task_queue=queue, workflow_id=workflow_id, input=[[3, -1, 4]])
+                result = await wait_result(handle, timeout=60, workers=[worker])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+                async with httpx.AsyncClient(base_url=server_url, headers={"X-Durable-Workflow-Control-Plane-Version": "2"}) as http:
+                    children = [payload_of(e)["child_workflow_instance_id"] for e in events_of(events, "ChildRunStarted")]
+                    described = [(await http.get(f"/api/workflows/{child}")).json() for child in children]
+
+        assert result == [9, "failed: ChildWorkflowFailed", 16], result
+        assert len(children) == 3
+        assert [d["status"] for d in described] == ["completed", "failed", "completed"]
+        assert all(d["parent_workflow_id"] == workflow_id for d in described)
+        assert len(events_of(events, "ChildRunCompleted")) == 2
+        assert len(events_of(events, "ChildRunFailed")) == 1
+        steps = [payload_of(e)["sequence"] for e in events_of(events, "ChildWorkflowScheduled")]
+        assert steps == [1, 2, 3]
+        assert_history_invariants(events, terminal="WorkflowCompleted")
+
+    run_async(main(), timeout=90)
+
+
+def test_parent_close_policy_terminates_the_child(server_url, worker_url, run_worker):
+    import httpx
+
+    queue = unique("e2e-pcp")
+    workflow_id = unique("pcp-parent")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[TerminatingParentWorkflow, ApprovalWorkflow]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.parent-terminating", task_queue=queue, workflow_id=workflow_id, input=[])
+                events = await wait_for_history(
+                    client, workflow_id, handle.run_id, lambda evs: bool(events_of(evs, "ChildRunStarted")), what="ChildRunStarted",
+                )
+                child_id = payload_of(events_of(events, "ChildRunStarted")[0])["child_workflow_instance_id"]
+                await handle.terminate(reason="stop the family")
+                async with httpx.AsyncClient(base_url=server_url, headers={"X-Durable-Workflow-Control-Plane-Version": "2"}) as http:
+                    child = (await http.get(f"/api/workflows/{child_id}")).json()
+                    parent = (await http.get(f"/api/workflows/{workflow_id}")).json()
+
+        assert parent["status"] == "terminated"
+        assert child["status"] == "terminated", child
+        assert child["closed_reason"] == "terminated"
 
     run_async(main(), timeout=90)
 

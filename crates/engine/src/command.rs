@@ -46,6 +46,8 @@ pub enum WorkflowCommand {
         result: Payload,
     },
     FailWorkflow(WorkflowFailure),
+    /// Start a child workflow (a new instance) linked to this run.
+    StartChildWorkflow(StartChild),
     /// The result of an update's handler (no step of its own).
     CompleteUpdate {
         update_id: String,
@@ -90,6 +92,7 @@ impl WorkflowCommand {
             WorkflowCommand::UpsertSearchAttributes { .. } => StepKind::SearchAttributes,
             WorkflowCommand::ContinueAsNew { .. } => StepKind::ContinueAsNew,
             WorkflowCommand::UpsertMemo { .. } => StepKind::Memo,
+            WorkflowCommand::StartChildWorkflow(child) => StepKind::ChildWorkflow(child.workflow_type.clone()),
             WorkflowCommand::CompleteWorkflow { .. }
             | WorkflowCommand::FailWorkflow(_)
             | WorkflowCommand::CompleteUpdate { .. }
@@ -108,6 +111,7 @@ impl WorkflowCommand {
             | WorkflowCommand::UpsertSearchAttributes { tags, .. }
             | WorkflowCommand::ContinueAsNew { tags, .. }
             | WorkflowCommand::UpsertMemo { tags, .. } => Some(tags),
+            WorkflowCommand::StartChildWorkflow(child) => Some(&child.tags),
             WorkflowCommand::CompleteWorkflow { .. }
             | WorkflowCommand::FailWorkflow(_)
             | WorkflowCommand::CompleteUpdate { .. }
@@ -128,6 +132,22 @@ pub enum StepKind {
     SearchAttributes,
     ContinueAsNew,
     Memo,
+    ChildWorkflow(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartChild {
+    pub workflow_type: String,
+    pub arguments: Payload,
+    pub queue: Option<String>,
+    /// Caller-chosen child id; derived from the parent's ids and the step when absent.
+    pub workflow_id: Option<String>,
+    /// `abandon`, `terminate` or `request_cancel`: what happens to the child when the parent closes.
+    pub parent_close_policy: String,
+    pub cancellation_policy: String,
+    pub execution_timeout_seconds: Option<i64>,
+    pub run_timeout_seconds: Option<i64>,
+    pub tags: StepTags,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -67,6 +67,13 @@ event_types!(
     UpdateAccepted,
     UpdateApplied,
     UpdateCompleted,
+    ChildWorkflowScheduled,
+    ChildRunStarted,
+    ChildRunCompleted,
+    ChildRunFailed,
+    ChildRunCancelled,
+    ChildRunTerminated,
+    ParentClosePolicyApplied,
 );
 
 impl EventType {

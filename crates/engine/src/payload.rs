@@ -23,3 +23,7 @@ impl Payload {
         self.blob.len() + self.codec.len()
     }
 }
+
+/// The DW `Value` Avro single-object encoding of `null` (checked against the SDK's golden
+/// vectors in the server's Avro tests).
+pub const AVRO_NULL_BLOB: &str = "wwHioz3/VYAiNwA=";

@@ -223,6 +223,12 @@ pub struct RunState {
     pub last_progress_at: Millis,
     pub start_command_id: CommandId,
 
+    /// The parent run's step that started this instance, for child workflows.
+    #[serde(default)]
+    pub parent: Option<ParentLink>,
+    /// Open children of this run, by the step that started them.
+    #[serde(default)]
+    pub children: BTreeMap<u32, ChildLink>,
     /// The run this one continues (continue-as-new), if any.
     #[serde(default)]
     pub continued_from_run_id: Option<RunId>,
@@ -268,6 +274,35 @@ fn genesis() -> String {
     GENESIS_HASH.to_string()
 }
 
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParentLink {
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub sequence: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildLink {
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub workflow_type: String,
+    pub parent_close_policy: String,
+    pub cancellation_policy: String,
+}
+
+/// How a child instance ended, delivered to its parent run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildOutcome {
+    pub parent: ParentLink,
+    pub child_workflow_id: WorkflowId,
+    pub child_run_id: RunId,
+    pub status: RunStatus,
+    pub closed_reason: Option<ClosedReason>,
+    pub output: Option<Payload>,
+    pub failure: Option<WorkflowFailure>,
+    pub closed_at: Millis,
+}
+
 /// What one transition produced, for the store to persist in one transaction.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Effects {
@@ -279,6 +314,12 @@ pub struct Effects {
     /// A new run of the same instance (continue-as-new) and its own effects; it becomes the
     /// instance's current run in the same transaction.
     pub successor: Option<Box<(RunState, Effects)>>,
+    /// Child instances started by this transition, each with its own effects.
+    pub children_started: Vec<(RunState, Effects)>,
+    /// This run (a child) closed: its parent must hear of it in the same transaction.
+    pub parent_notice: Option<ChildOutcome>,
+    /// Children to close because this run closed (parent-close policy).
+    pub close_children: Vec<(WorkflowId, crate::transitions::CloseCommand)>,
 }
 
 /// The inputs every transition shares: the time, the id source, the limits, and the effects it

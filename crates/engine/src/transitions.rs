@@ -99,6 +99,8 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         closed_at: None,
         last_progress_at: now,
         start_command_id: start.command_id,
+        parent: None,
+        children: BTreeMap::new(),
         continued_from_run_id: None,
         chain_origin: crate::history::GENESIS_HASH.to_string(),
         last_sequence: 0,
@@ -147,6 +149,11 @@ fn begin_run(mut run: RunState, cx: &mut Cx) -> RunState {
     if let Some(previous) = &run.continued_from_run_id {
         started.insert("continued_from_run_id".into(), json!(previous));
     }
+    if let Some(parent) = &run.parent {
+        started.insert("parent_workflow_instance_id".into(), json!(parent.workflow_id));
+        started.insert("parent_workflow_run_id".into(), json!(parent.run_id));
+        started.insert("parent_sequence".into(), json!(parent.sequence));
+    }
     run.append(cx, EventType::WorkflowStarted, started, None, Some(&command));
     run.want_workflow_task(cx, None);
     if let Some(deadline) = min_opt(run.execution_deadline_at, run.run_deadline_at) {
@@ -179,6 +186,7 @@ fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_
     run.continued_from_run_id = Some(previous.run_id.clone());
     run.chain_origin = previous.last_hash.clone();
     run.memo_merged = previous.memo_merged.clone();
+    run.parent = previous.parent.clone();
     begin_run(run, cx)
 }
 
@@ -733,6 +741,72 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
             run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
         }
+        WorkflowCommand::StartChildWorkflow(child) => {
+            let child_id = child
+                .workflow_id
+                .clone()
+                .unwrap_or_else(|| format!("{}:{}:{step}", run.workflow_id, run.run_id));
+            let parent = ParentLink {
+                workflow_id: run.workflow_id.clone(),
+                run_id: run.run_id.clone(),
+                sequence: step,
+            };
+            let (child_run, child_effects) = {
+                let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
+                let start = StartRun {
+                    namespace: run.namespace.clone(),
+                    workflow_id: WorkflowId(child_id.clone()),
+                    run_id: next.id(),
+                    workflow_type: child.workflow_type.clone(),
+                    task_queue: child
+                        .queue
+                        .clone()
+                        .filter(|q| !q.is_empty())
+                        .unwrap_or_else(|| run.task_queue.clone()),
+                    input: child.arguments.clone(),
+                    execution_timeout_seconds: child.execution_timeout_seconds,
+                    run_timeout_seconds: child.run_timeout_seconds,
+                    business_key: None,
+                    memo: Map::new(),
+                    search_attributes: Map::new(),
+                    command_id: next.id(),
+                };
+                let execution_deadline_at = start.execution_timeout_seconds.map(|s| next.now + s * 1000);
+                let mut child_run = blank_run(&next, start, 1, execution_deadline_at);
+                child_run.parent = Some(parent);
+                let child_run = begin_run(child_run, &mut next);
+                (child_run, next.effects)
+            };
+            let mut payload = obj!(
+                "sequence" => step,
+                "child_workflow_instance_id" => child_run.workflow_id,
+                "child_workflow_run_id" => child_run.run_id,
+                "child_workflow_type" => child_run.workflow_type,
+                "child_call_id" => child_run.start_command_id,
+                "workflow_link_id" => child_run.start_command_id,
+                "parent_close_policy" => child.parent_close_policy,
+                "cancellation_policy" => child.cancellation_policy,
+                "task_queue" => child_run.task_queue,
+            );
+            extend(&mut payload, &child.tags);
+            run.append(cx, EventType::ChildWorkflowScheduled, payload.clone(), wt, None);
+            payload.insert("child_status".into(), json!(child_run.status.as_str()));
+            payload.insert("child_run_number".into(), json!(child_run.run_number));
+            payload.insert("execution_timeout_seconds".into(), json!(child_run.execution_timeout_seconds));
+            payload.insert("run_timeout_seconds".into(), json!(child_run.run_timeout_seconds));
+            run.append(cx, EventType::ChildRunStarted, payload, wt, None);
+            run.children.insert(
+                step,
+                ChildLink {
+                    workflow_id: child_run.workflow_id.clone(),
+                    run_id: child_run.run_id.clone(),
+                    workflow_type: child_run.workflow_type.clone(),
+                    parent_close_policy: child.parent_close_policy,
+                    cancellation_policy: child.cancellation_policy,
+                },
+            );
+            cx.effects.children_started.push((child_run, child_effects));
+        }
         WorkflowCommand::CompleteUpdate { update_id, result } => {
             let record = accepted_update(run, &update_id)?;
             let wait_step = run.condition_waits.last().map(|w| w.step);
@@ -938,6 +1012,33 @@ fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedR
     run.status = status;
     run.closed_reason = Some(reason);
     run.closed_at = Some(cx.now);
+    if reason != ClosedReason::Continued {
+        // A child's end reaches its parent in the same transaction (the store applies it).
+        if let Some(parent) = run.parent.clone() {
+            cx.effects.parent_notice = Some(ChildOutcome {
+                parent,
+                child_workflow_id: run.workflow_id.clone(),
+                child_run_id: run.run_id.clone(),
+                status,
+                closed_reason: Some(reason),
+                output: run.output.clone(),
+                failure: run.failure.clone(),
+                closed_at: cx.now,
+            });
+        }
+    }
+    // Parent-close policy: open children end with the parent unless abandoned. (A continued run
+    // keeps them: they belong to the instance, not the run.)
+    if reason != ClosedReason::Continued {
+        for child in std::mem::take(&mut run.children).into_values() {
+            let command = match child.parent_close_policy.as_str() {
+                "terminate" => CloseCommand::Terminate,
+                "request_cancel" | "request_cancellation" => CloseCommand::Cancel,
+                _ => continue,
+            };
+            cx.effects.close_children.push((child.workflow_id, command));
+        }
+    }
     let current = run.workflow_task.clone();
     let open: Vec<TaskId> = run.tasks.keys().filter(|id| Some(*id) != current.as_ref()).cloned().collect();
     for id in open {
@@ -1758,6 +1859,63 @@ pub fn accept_update(
             signal_id: None,
         },
     ))
+}
+
+/// A child instance ended: record its resolution on the parent step that started it and wake
+/// the parent. A parent that closed meanwhile, or never heard of the child, takes no note.
+pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) -> Result<bool, Refusal> {
+    if run.is_closed() || run.children.remove(&outcome.parent.sequence).is_none() {
+        return Ok(false);
+    }
+    let mut payload = obj!(
+        "sequence" => outcome.parent.sequence,
+        "child_workflow_instance_id" => outcome.child_workflow_id,
+        "child_workflow_run_id" => outcome.child_run_id,
+        "child_status" => outcome.status.as_str(),
+        "closed_reason" => outcome.closed_reason.map(|r| r.as_str()),
+        "closed_at" => iso8601(outcome.closed_at),
+    );
+    let failure = |payload: &mut Map<String, Value>, category: &str| {
+        let failure = outcome.failure.clone().unwrap_or_default();
+        payload.insert("failure_category".into(), json!(category));
+        payload.insert("exception_type".into(), json!(failure.exception_type));
+        payload.insert("exception_class".into(), json!(failure.exception_class.or(failure.exception_type)));
+        payload.insert("message".into(), json!(failure.message));
+        payload.insert("exception".into(), json!(failure.exception));
+    };
+    let event_type = match outcome.closed_reason {
+        Some(ClosedReason::Completed) => {
+            let output = outcome
+                .output
+                .clone()
+                .unwrap_or_else(|| Payload::avro(crate::payload::AVRO_NULL_BLOB));
+            payload.insert("output".into(), json!(output.blob));
+            payload.insert("payload_codec".into(), json!(output.codec));
+            EventType::ChildRunCompleted
+        }
+        Some(ClosedReason::Cancelled) => {
+            failure(&mut payload, "cancelled");
+            EventType::ChildRunCancelled
+        }
+        Some(ClosedReason::Terminated) => {
+            failure(&mut payload, "terminated");
+            EventType::ChildRunTerminated
+        }
+        _ => {
+            failure(
+                &mut payload,
+                if outcome.closed_reason == Some(ClosedReason::TimedOut) {
+                    "timeout"
+                } else {
+                    "application"
+                },
+            );
+            EventType::ChildRunFailed
+        }
+    };
+    run.append(cx, event_type, payload, None, None);
+    run.want_workflow_task(cx, None);
+    Ok(true)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

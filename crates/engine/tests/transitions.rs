@@ -812,3 +812,111 @@ fn updates_wait_behind_a_leased_task_and_fail_when_the_run_closes() {
         Reason::RunNotActive
     );
 }
+
+#[test]
+fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
+    let mut parent = Sim::start();
+    let (task, fence) = parent.lease_workflow("w");
+    let child = StartChild {
+        workflow_type: "child".into(),
+        arguments: Payload::avro("child-args"),
+        queue: None,
+        workflow_id: None,
+        parent_close_policy: "terminate".into(),
+        cancellation_policy: "abandon".into(),
+        execution_timeout_seconds: None,
+        run_timeout_seconds: None,
+        tags: Map::new(),
+    };
+    let limits = parent.limits.clone();
+    let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
+    complete_workflow_task(
+        &mut parent.run,
+        &mut cx,
+        &task,
+        "w",
+        fence,
+        vec![WorkflowCommand::StartChildWorkflow(child)],
+    )
+    .unwrap();
+    let effects = cx.effects;
+    let (child_run, child_effects) = effects.children_started.first().cloned().expect("a child run");
+    assert_eq!(
+        child_run.workflow_id.as_str(),
+        "wf-1:run-1:1",
+        "derived from the parent's ids and step"
+    );
+    assert_eq!(child_run.parent.as_ref().map(|p| p.sequence), Some(1));
+    assert_eq!(child_effects.events[0].payload["parent_workflow_instance_id"], json!("wf-1"));
+    let types: Vec<_> = effects.events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, ["ChildWorkflowScheduled", "ChildRunStarted"]);
+    assert_eq!(parent.run.children.len(), 1);
+
+    // The child completes: its close carries a notice for the parent.
+    let mut child_sim = Sim {
+        run: child_run,
+        ids: SequentialIds::new("c"),
+        limits: Limits::default(),
+        now: parent.now,
+        history: child_effects.events,
+    };
+    let (ctask, cfence) = child_sim.lease_workflow("w");
+    let mut cx = Cx::new(child_sim.now, &mut child_sim.ids, &limits);
+    complete_workflow_task(&mut child_sim.run, &mut cx, &ctask, "w", cfence, vec![complete("child-result")]).unwrap();
+    let notice = cx.effects.parent_notice.clone().expect("the parent hears of it");
+    assert_eq!(notice.closed_reason, Some(ClosedReason::Completed));
+    assert!(parent.apply(|run, cx| resolve_child(run, cx, &notice)).unwrap());
+    let resolved = parent.history.last().unwrap();
+    assert_eq!(resolved.event_type, EventType::ChildRunCompleted);
+    assert_eq!(resolved.payload["output"], json!("child-result"));
+    assert_eq!(resolved.payload["sequence"], json!(1));
+    assert!(parent.run.children.is_empty());
+    assert!(
+        !parent.apply(|run, cx| resolve_child(run, cx, &notice)).unwrap(),
+        "a second notice is a no-op"
+    );
+    assert!(
+        parent.run.tasks.values().any(|t| t.kind == TaskKind::Workflow && t.is_ready()),
+        "the parent wakes"
+    );
+}
+
+#[test]
+fn a_closing_parent_ends_children_by_their_policy() {
+    let mut parent = Sim::start();
+    let start_child = |policy: &str| {
+        WorkflowCommand::StartChildWorkflow(StartChild {
+            workflow_type: "child".into(),
+            arguments: Payload::avro("a"),
+            queue: None,
+            workflow_id: None,
+            parent_close_policy: policy.into(),
+            cancellation_policy: "abandon".into(),
+            execution_timeout_seconds: None,
+            run_timeout_seconds: None,
+            tags: Map::new(),
+        })
+    };
+    parent
+        .complete_workflow(
+            "w",
+            vec![start_child("terminate"), start_child("abandon"), start_child("request_cancel")],
+        )
+        .unwrap();
+    let limits = parent.limits.clone();
+    let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
+    close_by_command(&mut parent.run, &mut cx, CloseCommand::Cancel, None, "c".into()).unwrap();
+    let closing: Vec<_> = cx
+        .effects
+        .close_children
+        .iter()
+        .map(|(id, command)| (id.as_str().to_string(), *command))
+        .collect();
+    assert_eq!(
+        closing,
+        [
+            ("wf-1:run-1:1".to_string(), CloseCommand::Terminate),
+            ("wf-1:run-1:3".to_string(), CloseCommand::Cancel)
+        ]
+    );
+}

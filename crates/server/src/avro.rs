@@ -45,6 +45,7 @@ mod tests {
     #[test]
     fn matches_the_sdk_golden_vectors() {
         assert_eq!(null_blob(), "wwHioz3/VYAiNwA=");
+        assert_eq!(null_blob(), capstan_engine::payload::AVRO_NULL_BLOB);
         assert_eq!(empty_arguments_blob(), "wwHioz3/VYAiNwwA");
     }
 }

@@ -197,6 +197,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "upsert_memo",
     "complete_update",
     "fail_update",
+    "start_child_workflow",
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
@@ -335,6 +336,51 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
                 .opt_payload("result", limits)?
                 .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
         },
+        "start_child_workflow" => {
+            let policy = |key: &str, allowed: &[&str]| -> ApiResult<String> {
+                match f.opt_str(key, 64)? {
+                    None => Ok("abandon".into()),
+                    Some(value) if allowed.contains(&value.as_str()) => Ok(value),
+                    Some(value) => Err(ApiError::validation(
+                        &format!("commands.{index}.{key}"),
+                        format!("{key} {value:?} is not one of {allowed:?}."),
+                    )),
+                }
+            };
+            let workflow_id = f.opt_str("workflow_id", 128)?;
+            if workflow_id.as_deref().is_some_and(|id| !valid_workflow_id(id)) {
+                return Err(ApiError::validation(
+                    &format!("commands.{index}.workflow_id"),
+                    "The child workflow_id is not a valid workflow id.",
+                ));
+            }
+            let execution_timeout_seconds = f.opt_int("execution_timeout_seconds", 1, max_delay)?;
+            let run_timeout_seconds = f.opt_int("run_timeout_seconds", 1, max_delay)?;
+            if let (Some(run), Some(execution)) = (run_timeout_seconds, execution_timeout_seconds) {
+                if run > execution {
+                    return Err(ApiError::validation(
+                        &format!("commands.{index}.run_timeout_seconds"),
+                        "run_timeout_seconds must not exceed execution_timeout_seconds.",
+                    ));
+                }
+            }
+            WorkflowCommand::StartChildWorkflow(StartChild {
+                workflow_type: f.req_str("workflow_type", 255)?,
+                arguments: f
+                    .opt_payload("arguments", limits)?
+                    .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+                queue: f.opt_str("queue", 255)?,
+                workflow_id,
+                parent_close_policy: policy(
+                    "parent_close_policy",
+                    &["abandon", "terminate", "request_cancel", "request_cancellation"],
+                )?,
+                cancellation_policy: policy("cancellation_policy", &["abandon", "try_cancel", "wait_cancellation_completed"])?,
+                execution_timeout_seconds,
+                run_timeout_seconds,
+                tags,
+            })
+        }
         "complete_update" => WorkflowCommand::CompleteUpdate {
             update_id: f.req_str("update_id", 255)?,
             result: f

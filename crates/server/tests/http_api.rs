@@ -1474,7 +1474,7 @@ async fn completion_command_validation() {
     // 409 invalid_commands: semantically invalid.
     for commands in [
         json!([{"type": "teleport"}]),
-        json!([{"type": "start_child_workflow", "workflow_type": "child"}]),
+        json!([{"type": "start_service_operation", "service_name": "s"}]),
         json!([complete_workflow(AVRO_NULL), complete_workflow(AVRO_NULL)]),
         json!([complete_workflow(AVRO_NULL), {"type": "fail_workflow", "message": "x"}]),
         json!([complete_workflow(AVRO_NULL), {"type": "start_timer", "delay_seconds": 1}]),

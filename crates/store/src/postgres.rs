@@ -322,7 +322,14 @@ async fn lock_run(tx: &Transaction<'_>, run_id: &str, skip_locked: bool) -> Stor
 /// Writes a run's new state, its new events and its changed tasks; announces ready tasks.
 /// The statements are independent, so they are sent pipelined on the one connection: one round
 /// trip of latency instead of one per row.
-async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert_run: bool, wake_channel: &str) -> StoreResult<()> {
+async fn persist(
+    tx: &Transaction<'_>,
+    run: &RunState,
+    effects: &Effects,
+    insert_run: bool,
+    wake_channel: &str,
+    limits: &Limits,
+) -> StoreResult<()> {
     let state = serde_json::to_string(run).map_err(corrupt)?;
     if insert_run {
         tx.execute(
@@ -491,12 +498,72 @@ async fn persist(tx: &Transaction<'_>, run: &RunState, effects: &Effects, insert
     if let Some(successor) = &effects.successor {
         // Continue-as-new: the next run is born in the same transaction and becomes current.
         let (next, next_effects) = successor.as_ref();
-        Box::pin(persist(tx, next, next_effects, true, wake_channel)).await?;
+        Box::pin(persist(tx, next, next_effects, true, wake_channel, limits)).await?;
         tx.execute(
             "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1",
             &[&next.workflow_id.as_str(), &next.run_id.as_str()],
         )
         .await?;
+    }
+    Box::pin(follow_on(tx, effects, wake_channel, limits)).await?;
+    Ok(())
+}
+
+/// The transitions one transition sets off in other runs, in the same transaction: children it
+/// started, the parent a closing child reports to, children a closing parent ends.
+async fn follow_on(tx: &Transaction<'_>, effects: &Effects, wake_channel: &str, limits: &Limits) -> StoreResult<()> {
+    for (child, child_effects) in &effects.children_started {
+        tx.execute(
+            "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)",
+            &[
+                &child.workflow_id.as_str(),
+                &child.namespace,
+                &child.run_id.as_str(),
+                &child.started_at,
+            ],
+        )
+        .await
+        .map_err(|e| StoreError::Storage(format!("start child {}: {e}", child.workflow_id)))?;
+        Box::pin(persist(tx, child, child_effects, true, wake_channel, limits)).await?;
+    }
+    if let Some(notice) = &effects.parent_notice {
+        if let Some(mut parent) = lock_run(tx, notice.parent.run_id.as_str(), false).await? {
+            let mut ids = UlidIds;
+            let mut cx = Cx::new(notice.closed_at, &mut ids, limits);
+            if resolve_child(&mut parent, &mut cx, notice)? {
+                let effects = cx.effects;
+                Box::pin(persist(tx, &parent, &effects, false, wake_channel, limits)).await?;
+            }
+        }
+    }
+    for (child_id, command) in &effects.close_children {
+        let run_id: Option<String> = tx
+            .query_opt(
+                "SELECT current_run_id FROM workflow_instances WHERE workflow_id = $1",
+                &[&child_id.as_str()],
+            )
+            .await?
+            .map(|r| r.get(0));
+        let Some(run_id) = run_id else { continue };
+        let Some(mut child) = lock_run(tx, &run_id, false).await? else {
+            continue;
+        };
+        if child.is_closed() {
+            continue;
+        }
+        let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, limits);
+        let command_id = CommandId(ulid::Ulid::new().to_string());
+        close_by_command(
+            &mut child,
+            &mut cx,
+            *command,
+            Some("parent closed (parent-close policy)".into()),
+            command_id,
+        )?;
+        let effects = cx.effects;
+        Box::pin(persist(tx, &child, &effects, false, wake_channel, limits)).await?;
     }
     Ok(())
 }
@@ -711,7 +778,7 @@ impl Store for PostgresStore {
             }
             return Err(error.into());
         }
-        persist(&tx, &run, &cx.effects, true, &self.wake_channel).await?;
+        persist(&tx, &run, &cx.effects, true, &self.wake_channel, &self.limits).await?;
         tx.commit().await?;
         Ok((StartOutcome::StartedNew, run))
     }
@@ -764,7 +831,7 @@ impl Store for PostgresStore {
             };
             match leased {
                 Ok(task) => {
-                    persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
+                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
                     if let Some(key) = &poll {
                         tx.execute(
                             "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
@@ -806,7 +873,7 @@ impl Store for PostgresStore {
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
         tx.commit().await?;
         Ok((value, run))
     }
@@ -857,7 +924,7 @@ impl Store for PostgresStore {
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
         let receipt = render(&value, &run).to_string();
         tx.execute(
             "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -1022,7 +1089,7 @@ impl Store for PostgresStore {
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel).await?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
         tx.execute(
             "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1",
             &[&due.task_id.as_str()],

@@ -14,6 +14,8 @@ const READERS: usize = 4;
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: Writer,
+    /// Committed ready-task announcements, handed to the server once (see `wakeups`).
+    wakeups: Arc<Mutex<Option<WakeReceiver>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     path: PathBuf,
     limits: Arc<Limits>,
@@ -46,8 +48,10 @@ impl SqliteStore {
         let mut conn = open_connection(path)?;
         schema::migrate(&mut conn, now)?;
         let readers = (0..READERS).map(|_| open_connection(path)).collect::<StoreResult<Vec<_>>>()?;
+        let (wake, wakeups) = tokio::sync::mpsc::unbounded_channel();
         Ok(Self {
-            writer: Writer::start(conn),
+            writer: Writer::start(conn, wake),
+            wakeups: Arc::new(Mutex::new(Some(wakeups))),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_path_buf(),
             limits: Arc::new(limits),
@@ -113,7 +117,7 @@ fn locate_run(conn: &Connection, namespace: &str, locator: &RunLocator) -> Store
 }
 
 /// Writes a run's new state, its new events and its changed tasks.
-fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: bool) -> StoreResult<()> {
+fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: bool, limits: &Limits) -> StoreResult<()> {
     let state = serde_json::to_string(run)?;
     if insert_run {
         conn.prepare_cached(
@@ -187,6 +191,9 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
             task.fence as i64,
             task.created_at,
         ])?;
+        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
+            crate::writer::announce((run.namespace.clone(), task.kind, task.queue.clone()));
+        }
     }
     let mut insert_closed = conn.prepare_cached(
         "INSERT OR IGNORE INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, fence, created_at)
@@ -201,11 +208,65 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
     if let Some(successor) = &effects.successor {
         // Continue-as-new: the next run is born in the same transaction and becomes current.
         let (next, next_effects) = successor.as_ref();
-        persist(conn, next, next_effects, true)?;
+        persist(conn, next, next_effects, true, limits)?;
         conn.prepare_cached("UPDATE workflow_instances SET current_run_id = ?2 WHERE workflow_id = ?1")?
             .execute(params![next.workflow_id.as_str(), next.run_id.as_str()])?;
     }
+    follow_on(conn, effects, limits)?;
     Ok(())
+}
+
+/// The transitions one transition sets off in other runs, in the same transaction: children it
+/// started, the parent a closing child reports to, children a closing parent ends.
+fn follow_on(conn: &Connection, effects: &Effects, limits: &Limits) -> StoreResult<()> {
+    for (child, child_effects) in &effects.children_started {
+        conn.prepare_cached("INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![
+                child.workflow_id.as_str(),
+                child.namespace,
+                child.run_id.as_str(),
+                child.started_at
+            ])
+            .map_err(|e| StoreError::Storage(format!("start child {}: {e}", child.workflow_id)))?;
+        persist(conn, child, child_effects, true, limits)?;
+    }
+    if let Some(notice) = &effects.parent_notice {
+        if let Some(mut parent) = load_state(conn, notice.parent.run_id.as_str())? {
+            let mut ids = UlidIds;
+            let mut cx = Cx::new(notice.closed_at, &mut ids, limits);
+            if resolve_child(&mut parent, &mut cx, notice)? {
+                persist(conn, &parent, &cx.effects, false, limits)?;
+            }
+        }
+    }
+    for (child_id, command) in &effects.close_children {
+        let run_id = locate_any_namespace(conn, child_id)?;
+        if let Some(mut child) = run_id.map(|id| load_state(conn, &id)).transpose()?.flatten() {
+            if child.is_closed() {
+                continue;
+            }
+            let mut ids = UlidIds;
+            let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
+            let mut cx = Cx::new(now, &mut ids, limits);
+            let command_id = CommandId(ulid::Ulid::new().to_string());
+            close_by_command(
+                &mut child,
+                &mut cx,
+                *command,
+                Some("parent closed (parent-close policy)".into()),
+                command_id,
+            )?;
+            persist(conn, &child, &cx.effects, false, limits)?;
+        }
+    }
+    Ok(())
+}
+
+fn locate_any_namespace(conn: &Connection, workflow_id: &WorkflowId) -> StoreResult<Option<String>> {
+    Ok(conn
+        .prepare_cached("SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1")?
+        .query_row([workflow_id.as_str()], |r| r.get(0))
+        .optional()?)
 }
 
 fn worker_from_row(row: &rusqlite::Row) -> rusqlite::Result<WorkerRecord> {
@@ -410,7 +471,7 @@ impl Store for SqliteStore {
                     "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)",
                     params![run.workflow_id.as_str(), run.namespace, run.run_id.as_str(), now],
                 )?;
-                persist(conn, &run, &cx.effects, true)?;
+                persist(conn, &run, &cx.effects, true, &limits)?;
                 Ok((StartOutcome::StartedNew, run))
             })
             .await
@@ -468,7 +529,7 @@ impl Store for SqliteStore {
                     };
                     match leased {
                         Ok(task) => {
-                            persist(conn, &run, &cx.effects, false)?;
+                            persist(conn, &run, &cx.effects, false, &limits)?;
                             if let Some(key) = &poll {
                                 remember_poll(conn, key, &task, now)?;
                             }
@@ -502,7 +563,7 @@ impl Store for SqliteStore {
                 let mut ids = UlidIds;
                 let mut cx = Cx::new(now, &mut ids, &limits);
                 let value = transition(&mut run, &mut cx)?;
-                persist(conn, &run, &cx.effects, false)?;
+                persist(conn, &run, &cx.effects, false, &limits)?;
                 Ok((value, run))
             })
             .await
@@ -551,7 +612,7 @@ impl Store for SqliteStore {
                 let mut ids = UlidIds;
                 let mut cx = Cx::new(now, &mut ids, &limits);
                 let value = transition(&mut run, &mut cx)?;
-                persist(conn, &run, &cx.effects, false)?;
+                persist(conn, &run, &cx.effects, false, &limits)?;
                 let receipt = render(&value, &run);
                 conn.execute(
                     "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -679,7 +740,7 @@ impl Store for SqliteStore {
                 let mut ids = UlidIds;
                 let mut cx = Cx::new(now, &mut ids, &limits);
                 let value = transition(&mut run, &mut cx)?;
-                persist(conn, &run, &cx.effects, false)?;
+                persist(conn, &run, &cx.effects, false, &limits)?;
                 conn.execute(
                     "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = ?1",
                     [due.task_id.as_str()],
@@ -690,7 +751,8 @@ impl Store for SqliteStore {
     }
 
     async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
-        Ok(None)
+        // Includes tasks made ready in other runs by follow-on transitions (child starts…).
+        Ok(self.wakeups.lock().expect("wakeups").take())
     }
 
     async fn next_deadline(&self) -> StoreResult<Option<Millis>> {

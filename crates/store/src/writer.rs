@@ -8,9 +8,24 @@
 //! any of them being acknowledged before it is durable.
 
 use crate::{StoreError, StoreResult};
+use capstan_engine::TaskKind;
 use rusqlite::Connection;
+use std::cell::RefCell;
 use std::sync::mpsc;
 use tokio::sync::oneshot;
+
+/// `(namespace, kind, queue)` of a task made ready.
+pub type WakeKey = (String, TaskKind, String);
+
+thread_local! {
+    /// Ready-task announcements of the jobs in the current batch; sent only after COMMIT.
+    static ANNOUNCED: RefCell<Vec<WakeKey>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Called by jobs (on the writer thread) for each task they make ready.
+pub fn announce(key: WakeKey) {
+    ANNOUNCED.with(|a| a.borrow_mut().push(key));
+}
 
 const BATCH_MAX: usize = 128;
 
@@ -23,11 +38,12 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn start(conn: Connection) -> Self {
+    /// Starts the writer thread; committed ready-task announcements go to `wake`.
+    pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>) -> Self {
         let (jobs, inbox) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
-            .spawn(move || run(conn, inbox))
+            .spawn(move || run(conn, inbox, wake))
             .expect("spawn the SQLite writer thread");
         Self { jobs }
     }
@@ -56,7 +72,7 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, inbox: mpsc::Receiver<Job>) {
+fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>) {
     while let Ok(first) = inbox.recv() {
         let mut batch = vec![first];
         while batch.len() < BATCH_MAX {
@@ -80,7 +96,11 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>) {
                 tracing::error!(%error, "could not open a savepoint");
                 continue;
             }
+            let mark = ANNOUNCED.with(|a| a.borrow().len());
             let (keep, finish) = job(&conn);
+            if !keep {
+                ANNOUNCED.with(|a| a.borrow_mut().truncate(mark));
+            }
             let end = if keep {
                 conn.execute_batch("RELEASE job")
             } else {
@@ -94,6 +114,12 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>) {
         let commit = conn.execute_batch("COMMIT").map_err(StoreError::from);
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
+        }
+        let announced = ANNOUNCED.with(|a| std::mem::take(&mut *a.borrow_mut()));
+        if commit.is_ok() {
+            for key in announced {
+                let _ = wake.send(key);
+            }
         }
         for finish in finishers {
             finish(match &commit {
