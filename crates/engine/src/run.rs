@@ -95,6 +95,9 @@ pub struct ActivityExecution {
     pub attempt_ids: Vec<ActivityAttemptId>,
     /// The activity task of the current (or next) attempt.
     pub task_id: TaskId,
+    /// The last progress details an attempt heartbeated; handed to the next attempt.
+    #[serde(default)]
+    pub last_heartbeat_details: Option<Value>,
     pub tags: StepTags,
 }
 

@@ -82,6 +82,9 @@ pub enum TaskDetail {
         attempt_number: u32,
         attempt_id: Option<ActivityAttemptId>,
         last_heartbeat_at: Option<Millis>,
+        /// When the current attempt was leased: the start of its start-to-close budget.
+        #[serde(default)]
+        started_at: Option<Millis>,
     },
     Timer {
         timer_id: TimerId,

@@ -575,6 +575,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                     attempt_number: 1,
                     attempt_id: None,
                     last_heartbeat_at: None,
+                    started_at: None,
                 },
             );
             let execution = ActivityExecution {
@@ -591,6 +592,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                 attempt_count: 0,
                 attempt_ids: Vec::new(),
                 task_id: task.clone(),
+                last_heartbeat_details: None,
                 tags: schedule.tags,
             };
             set_ready_activity_deadline(run, cx, &task, &execution);
@@ -1260,6 +1262,7 @@ pub fn lease_activity_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, ow
         attempt_number,
         attempt_id: Some(attempt_id.clone()),
         last_heartbeat_at: None,
+        started_at: Some(now),
     };
     let task = task.clone();
     run.fence_high_water = run.fence_high_water.max(task.fence);
@@ -1457,6 +1460,9 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Activit
     let mut payload = activity_identity(execution);
     payload.insert("activity_attempt_id".into(), json!(attempt_id));
     payload.insert("attempt_number".into(), json!(attempt_number));
+    if let Some(details) = &execution.last_heartbeat_details {
+        payload.insert("last_heartbeat_details".into(), details.clone());
+    }
     match &end {
         AttemptEnd::Failed { failure, .. } => {
             payload.insert("exception_type".into(), json!(failure.failure_type));
@@ -1494,6 +1500,7 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Activit
                 attempt_number: attempt_number + 1,
                 attempt_id: None,
                 last_heartbeat_at: None,
+                started_at: None,
             },
         );
         run.task_mut(cx, &retry_task).expect("just created").available_at = retry_at;
@@ -1576,6 +1583,7 @@ pub fn heartbeat_activity(
     attempt_id: &ActivityAttemptId,
     owner: &str,
     lease_ms: i64,
+    details: Option<Value>,
 ) -> Result<ActivityHeartbeat, Refusal> {
     if run.is_closed() && !run.tasks.contains_key(task_id) {
         let reason = match run.closed_reason {
@@ -1600,7 +1608,14 @@ pub fn heartbeat_activity(
     lease.expires_at = lease.expires_at.max(now + lease_ms);
     let lease = lease.clone();
     // The start-to-close budget does not move with heartbeats; the heartbeat deadline does.
-    let start_to_close = task.deadline_at.filter(|_| execution.timeouts.start_to_close_seconds.is_some());
+    let started_at = match &task.detail {
+        TaskDetail::Activity { started_at, .. } => *started_at,
+        _ => None,
+    };
+    let start_to_close = execution
+        .timeouts
+        .start_to_close_seconds
+        .map(|s| started_at.unwrap_or(now) + s * 1000);
     task.deadline_at = [
         Some(lease.expires_at),
         start_to_close,
@@ -1610,8 +1625,32 @@ pub fn heartbeat_activity(
     .into_iter()
     .flatten()
     .min();
-    if let TaskDetail::Activity { last_heartbeat_at, .. } = &mut task.detail {
-        *last_heartbeat_at = Some(now);
+    let attempt_number = match &mut task.detail {
+        TaskDetail::Activity {
+            last_heartbeat_at,
+            attempt_number,
+            ..
+        } => {
+            *last_heartbeat_at = Some(now);
+            *attempt_number
+        }
+        _ => 0,
+    };
+    // New progress details are kept for the next attempt and recorded once in history.
+    if let Some(details) = details.filter(|d| !d.is_null()) {
+        if execution.last_heartbeat_details.as_ref() != Some(&details) {
+            let mut payload = activity_identity(&execution);
+            payload.insert("activity_attempt_id".into(), json!(attempt_id));
+            payload.insert("attempt_number".into(), json!(attempt_number));
+            payload.insert("heartbeat_at".into(), json!(iso8601(now)));
+            payload.insert("lease_expires_at".into(), json!(iso8601(lease.expires_at)));
+            payload.insert("progress".into(), details.clone());
+            run.activities
+                .get_mut(&execution.id)
+                .expect("open execution")
+                .last_heartbeat_details = Some(details);
+            run.append(cx, EventType::ActivityHeartbeatRecorded, payload, None, None);
+        }
     }
     Ok(ActivityHeartbeat {
         lease: Some(lease),
@@ -1658,18 +1697,27 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
             let timeout_kind = match state {
                 _ if s2c_passed => "schedule_to_close",
                 TaskState::Ready => "schedule_to_start",
-                TaskState::Leased(lease) => {
-                    let TaskDetail::Activity { last_heartbeat_at, .. } = &task.detail else {
+                TaskState::Leased(_) => {
+                    let TaskDetail::Activity {
+                        last_heartbeat_at,
+                        started_at,
+                        ..
+                    } = &task.detail
+                    else {
                         return false;
                     };
+                    // The earliest budget that ran out names the timeout; a bare lease expiry
+                    // (no budget set) counts as start-to-close.
+                    let started = started_at.unwrap_or(now);
+                    let start_to_close_due = execution.timeouts.start_to_close_seconds.map(|s| started + s * 1000);
                     let heartbeat_due = execution
                         .timeouts
                         .heartbeat_seconds
-                        .map(|s| last_heartbeat_at.unwrap_or(lease.expires_at.min(now)) + s * 1000);
-                    if heartbeat_due.is_some_and(|d| d <= now) && lease.expires_at > now {
-                        "heartbeat"
-                    } else {
-                        "start_to_close"
+                        .map(|s| last_heartbeat_at.unwrap_or(started) + s * 1000);
+                    match (heartbeat_due.filter(|d| *d <= now), start_to_close_due.filter(|d| *d <= now)) {
+                        (Some(heartbeat), Some(start_to_close)) if heartbeat < start_to_close => "heartbeat",
+                        (Some(_), None) => "heartbeat",
+                        _ => "start_to_close",
                     }
                 }
             };

@@ -264,7 +264,7 @@ impl World {
             }
             Op::HeartbeatActivity { pick, owner } => {
                 if let Some((id, attempt, _)) = self.attempts.get(pick % self.attempts.len().max(1)).cloned() {
-                    let _ = self.apply(|run, cx| heartbeat_activity(run, cx, &id, &attempt, OWNERS[owner], LEASE_MS));
+                    let _ = self.apply(|run, cx| heartbeat_activity(run, cx, &id, &attempt, OWNERS[owner], LEASE_MS, None));
                 }
             }
             Op::Signal => {

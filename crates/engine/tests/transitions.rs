@@ -512,7 +512,7 @@ fn cancel_closes_everything_and_late_reports_are_ignored() {
         .unwrap_err();
     assert_eq!(late.reason, Reason::RunCancelled);
     let beat = sim
-        .apply(|run, cx| heartbeat_activity(run, cx, &task, &attempt, "w", LEASE_MS))
+        .apply(|run, cx| heartbeat_activity(run, cx, &task, &attempt, "w", LEASE_MS, None))
         .unwrap();
     assert!(beat.cancel_requested && !beat.can_continue);
     sim.advance(10_000);
@@ -919,4 +919,81 @@ fn a_closing_parent_ends_children_by_their_policy() {
             ("wf-1:run-1:3".to_string(), CloseCommand::Cancel)
         ]
     );
+}
+
+#[test]
+fn heartbeats_move_the_heartbeat_deadline_not_start_to_close_and_details_reach_the_retry() {
+    let mut sim = Sim::start();
+    let schedule = WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "slow".into(),
+        arguments: Payload::avro("a"),
+        queue: None,
+        retry_policy: Some(retry(2)),
+        timeouts: ActivityTimeouts {
+            start_to_close_seconds: Some(10),
+            heartbeat_seconds: Some(3),
+            ..Default::default()
+        },
+        tags: Map::new(),
+    });
+    sim.complete_workflow("w", vec![schedule]).unwrap();
+    let (task, attempt) = sim.lease_activity("w");
+    for second in [2, 4, 6, 8] {
+        sim.advance(2_000);
+        assert_eq!(
+            sim.count(EventType::ActivityRetryScheduled),
+            0,
+            "heartbeating at {second}s keeps the attempt alive"
+        );
+        let details = Some(json!({"progress": if second < 6 { 1 } else { 2 }}));
+        let beat = sim
+            .apply(|run, cx| heartbeat_activity(run, cx, &task, &attempt, "w", LEASE_MS, details))
+            .unwrap();
+        assert!(beat.can_continue);
+    }
+    assert_eq!(
+        sim.count(EventType::ActivityHeartbeatRecorded),
+        2,
+        "only changed details are recorded"
+    );
+    sim.advance(2_000); // 10 s after the start: the start-to-close budget is spent
+    let retried = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::ActivityRetryScheduled)
+        .expect("start_to_close timed the attempt out");
+    assert_eq!(retried.payload["timeout_kind"], json!("start_to_close"));
+    assert_eq!(retried.payload["last_heartbeat_details"], json!({"progress": 2}));
+    let execution = sim.run.activities.values().next().unwrap();
+    assert_eq!(
+        execution.last_heartbeat_details,
+        Some(json!({"progress": 2})),
+        "kept for the next attempt"
+    );
+}
+
+#[test]
+fn a_missed_heartbeat_times_the_attempt_out() {
+    let mut sim = Sim::start();
+    let schedule = WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "slow".into(),
+        arguments: Payload::avro("a"),
+        queue: None,
+        retry_policy: Some(retry(1)),
+        timeouts: ActivityTimeouts {
+            start_to_close_seconds: Some(60),
+            heartbeat_seconds: Some(3),
+            ..Default::default()
+        },
+        tags: Map::new(),
+    });
+    sim.complete_workflow("w", vec![schedule]).unwrap();
+    sim.lease_activity("w");
+    sim.advance(3_000);
+    let timed_out = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::ActivityTimedOut)
+        .expect("timed out");
+    assert_eq!(timed_out.payload["timeout_kind"], json!("heartbeat"));
 }

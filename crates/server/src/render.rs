@@ -219,6 +219,9 @@ pub fn activity_task(run: &RunState, task: &Task) -> Value {
         if let Some(stc) = t.start_to_close_seconds {
             put("start_to_close_timeout", json!(stc));
         }
+        if let Some(details) = &execution.last_heartbeat_details {
+            put("last_heartbeat_details", details.clone());
+        }
     }
     Value::Object(body)
 }

@@ -596,10 +596,11 @@ pub async fn heartbeat_activity_task<S: Store>(
     let attempt = attempt_id.clone();
     let owner_echo = owner.clone();
     let lease_ms = state.config.activity_task_lease_ms;
+    let details = body.get("details").cloned().filter(|d| !d.is_null());
     let (beat, _run) = state
         .store
         .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            capstan_engine::heartbeat_activity(run, cx, &id, &attempt, &owner, lease_ms)
+            capstan_engine::heartbeat_activity(run, cx, &id, &attempt, &owner, lease_ms, details)
         })
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
