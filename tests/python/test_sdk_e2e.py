@@ -541,6 +541,33 @@ def test_parent_close_policy_terminates_the_child(server_url, worker_url, run_wo
     run_async(main(), timeout=90)
 
 
+def test_history_export_passes_the_sdk_bundle_verifier(server_url, worker_url, run_worker):
+    import httpx
+    from durable_workflow.history_bundle_verify import verify_bundle
+
+    queue = unique("e2e-export")
+    workflow_id = unique("exported")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[GreetingWorkflow], activities=[greet]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.greeting", task_queue=queue, workflow_id=workflow_id, input=["Zoë ☕"])
+                assert await wait_result(handle, timeout=30, workers=[worker]) == "Hello, Zoë ☕!"
+        async with httpx.AsyncClient(base_url=server_url, headers={"X-Durable-Workflow-Control-Plane-Version": "2"}) as http:
+            return (await http.get(f"/api/workflows/{workflow_id}/runs/{handle.run_id}/history/export")).json()
+
+    bundle = run_async(main(), timeout=60)
+    report = verify_bundle(bundle)
+    errors = [f for f in report.get("findings", []) if f.get("severity") == "error"]
+    assert not errors, errors
+    assert report["integrity"]["checksum_matches"] is True, report["integrity"]
+    assert bundle["workflow"]["status"] == "completed"
+    assert [e["type"] for e in bundle["history_events"]][-1] == "WorkflowCompleted"
+    # Tampering is detected.
+    bundle["history_events"][0]["payload"]["workflow_type"] = "forged"
+    assert verify_bundle(bundle)["integrity"]["checksum_matches"] is False
+
+
 def test_activity_retries_then_succeeds(server_url, worker_url, run_worker):
     queue = unique("e2e-retry")
     workflow_id = unique("retry")

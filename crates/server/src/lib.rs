@@ -8,6 +8,7 @@
 pub mod auth;
 mod avro;
 mod body;
+mod canonical;
 mod clock;
 pub mod error;
 mod hub;

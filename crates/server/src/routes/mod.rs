@@ -60,6 +60,10 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/runs", get(control::runs::<S>))
         .route("/workflows/:workflow_id/runs/:run_id", get(control::describe_run::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/history", get(control::history::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/history/export",
+            get(control::export_history::<S>),
+        )
         .route("/workflows/:workflow_id/signal/:signal_name", post(control::signal::<S>))
         .route(
             "/workflows/:workflow_id/runs/:run_id/signal/:signal_name",

@@ -75,7 +75,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
         "supported_sdk_versions": {"python": ">=2.0", "rust": ">=4.0"},
         "capabilities": {
             "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": true, "updates": true,
-            "schedules": false, "search_attributes": true, "history_export": false, "continue_as_new": true,
+            "schedules": false, "search_attributes": true, "history_export": true, "continue_as_new": true,
             "child_workflows": true, "activity_timeouts": true, "activity_retry_policy": true,
             "payload_codecs": ["avro"], "response_compression": ["gzip", "deflate"],
         },
