@@ -74,6 +74,7 @@ event_types!(
     ChildRunCancelled,
     ChildRunTerminated,
     ParentClosePolicyApplied,
+    RepairRequested,
 );
 
 impl EventType {

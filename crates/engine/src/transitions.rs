@@ -1966,6 +1966,68 @@ pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) ->
     Ok(true)
 }
 
+/// What a repair did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RepairOutcome {
+    pub dispatched: bool,
+    pub task_id: Option<TaskId>,
+    pub command: CommandReceipt,
+}
+
+/// Operator repair of a stuck run: a workflow task waiting out a backoff or an expired lease is
+/// offered now; a run with no workflow task and nothing in flight gets one. Never writes a
+/// second fact: an activity, timer or wait that will resolve the run is left alone.
+pub fn repair(run: &mut RunState, cx: &mut Cx, command_id: CommandId) -> Result<RepairOutcome, Refusal> {
+    require_open(run)?;
+    let now = cx.now;
+    let mut task_id = None;
+    let dispatched = match run.workflow_task.clone() {
+        Some(id) => {
+            let task = run.tasks.get(&id).expect("open");
+            let stuck = match &task.state {
+                TaskState::Ready => task.available_at > now,
+                TaskState::Leased(lease) => lease.expires_at <= now,
+            };
+            if stuck {
+                let task = run.task_mut(cx, &id).expect("open");
+                task.state = TaskState::Ready;
+                task.available_at = now;
+                task.deadline_at = None;
+            }
+            task_id = Some(id);
+            stuck
+        }
+        None => {
+            let idle = run.activities.is_empty() && run.timers.is_empty() && run.condition_waits.is_empty() && run.signal_waits.is_empty();
+            if idle {
+                task_id = run.want_workflow_task(cx, None);
+            }
+            idle
+        }
+    };
+    run.command_count += 1;
+    let payload = obj!(
+        "workflow_command_id" => command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "command_type" => "repair",
+        "outcome" => if dispatched { "repair_dispatched" } else { "repair_not_needed" },
+        "wait_kind" => run.wait_kind(),
+        "task_id" => task_id,
+        "task_type" => task_id.as_ref().map(|_| "workflow"),
+    );
+    run.append(cx, EventType::RepairRequested, payload, None, Some(&command_id));
+    Ok(RepairOutcome {
+        dispatched,
+        task_id,
+        command: CommandReceipt {
+            command_id,
+            command_sequence: run.command_count,
+            signal_id: None,
+        },
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloseCommand {
     Cancel,

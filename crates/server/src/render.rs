@@ -134,7 +134,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "pending_timer_count": run.timers.len(),
         "actions": {
             "can_signal": !closed, "can_query": true, "can_update": false,
-            "can_cancel": !closed, "can_terminate": !closed, "can_repair": false, "can_archive": false,
+            "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": false,
         },
     })
 }

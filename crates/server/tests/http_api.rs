@@ -2368,3 +2368,42 @@ async fn an_unclaimed_query_times_out_with_504() {
     let body: Value = answer.json().await.unwrap();
     assert_eq!(body["reason"], "query_worker_timeout");
 }
+
+#[tokio::test]
+async fn repair_offers_a_backed_off_workflow_task_now_and_writes_one_fact() {
+    let h = Harness::start().await;
+    let queue = unique("repair-q");
+    h.register("w", &queue).await;
+    let (started, task) = h.started_and_leased("repaired", "w", &queue).await;
+    let run_id = started["run_id"].as_str().unwrap().to_string();
+    let task_id = task["task_id"].as_str().unwrap();
+    // A failed workflow task is offered again only after a backoff…
+    h.wpost(
+        &format!("/api/worker/workflow-tasks/{task_id}/fail"),
+        json!({"lease_owner": "w", "workflow_task_attempt": 1, "failure": {"message": "boom", "type": "Crash"}}),
+    )
+    .await
+    .ok(200);
+    let empty = h.poll_workflow("w", &queue, 0).await;
+    assert!(empty.is_null(), "still backing off");
+    // …unless an operator repairs the run.
+    let repaired = h.cpost("/api/workflows/repaired/repair", json!({})).await.ok(200);
+    assert_eq!(repaired["outcome"], "repair_dispatched");
+    assert_eq!(repaired["control_plane"]["operation"], "repair");
+    let again = h.poll_workflow("w", &queue, 0).await;
+    assert_eq!(again["task_id"], json!(task_id));
+    assert_eq!(again["workflow_task_attempt"], 2);
+    let not_needed = h.cpost("/api/workflows/repaired/repair", json!({"request_id": "r1"})).await.ok(200);
+    assert_eq!(not_needed["outcome"], "repair_not_needed", "a live lease needs no repair");
+    let retained = h.cpost("/api/workflows/repaired/repair", json!({"request_id": "r1"})).await.ok(200);
+    assert_eq!(retained["retained"], true);
+    let events = h.history("repaired", &run_id).await;
+    assert_eq!(count_events(&events, "RepairRequested"), 2, "the retained repair wrote nothing");
+    h.cpost("/api/workflows/repaired/terminate", json!({})).await.ok(200);
+    h.cpost("/api/workflows/repaired/repair", json!({}))
+        .await
+        .err(409, "run_not_active");
+    h.cpost("/api/workflows/nobody/repair", json!({}))
+        .await
+        .err(404, "instance_not_found");
+}

@@ -606,3 +606,73 @@ pub async fn export_history<S: Store>(
         json!({"canonicalization": "json-recursive-ksort-v1", "checksum_algorithm": "sha256", "checksum": checksum, "signature": null});
     Ok(Json(bundle))
 }
+
+/// `POST /workflows/{id}/repair`: offer a stuck run's workflow task again (see `engine::repair`).
+pub async fn repair<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let f = Fields::new(&body);
+    let request_id = f
+        .opt_str("request_id", 255)
+        .map_err(|e| in_operation(e, "repair", &workflow_id))?
+        .filter(|s| !s.is_empty());
+    let command_id = CommandId(ulid::Ulid::new().to_string());
+    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
+    let render_receipt = {
+        let workflow_id = workflow_id.clone();
+        move |outcome: &RepairOutcome, run: &RunState| {
+            json!({
+                "workflow_id": workflow_id,
+                "run_id": run.run_id,
+                "outcome": if outcome.dispatched { "repair_dispatched" } else { "repair_not_needed" },
+                "task_id": outcome.task_id,
+                "command_id": outcome.command.command_id,
+                "command_sequence": outcome.command.command_sequence,
+                "command_status": "accepted",
+                "reason": null,
+                "control_plane": {"operation": "repair", "workflow_id": workflow_id},
+            })
+        }
+    };
+    let now = now_ms();
+    let body = match request_id {
+        Some(request_id) => {
+            let key = CommandKey {
+                command_type: "repair".into(),
+                intent_hash: intent_hash(&["repair"]),
+                request_id,
+            };
+            let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::repair(run, cx, command_id);
+            let (receipt, run) = state
+                .store
+                .mutate_run_keyed(&namespace, locator, key, now, transition, render_receipt.clone())
+                .await
+                .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
+            match receipt {
+                KeyedReceipt::Retained(mut stored) => {
+                    stored["retained"] = json!(true);
+                    stored
+                }
+                KeyedReceipt::Fresh(outcome) => {
+                    let run = run.expect("fresh receipts come with the run");
+                    after_change(&state, &run);
+                    render_receipt(&outcome, &run)
+                }
+            }
+        }
+        None => {
+            let (outcome, run) = state
+                .store
+                .mutate_run(&namespace, locator, now, move |run, cx| capstan_engine::repair(run, cx, command_id))
+                .await
+                .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
+            after_change(&state, &run);
+            render_receipt(&outcome, &run)
+        }
+    };
+    tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "repair requested");
+    Ok(Json(body))
+}
