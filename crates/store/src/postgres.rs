@@ -735,27 +735,10 @@ impl Store for PostgresStore {
             .await?;
         if let Some(row) = existing {
             let (namespace, run_id): (String, String) = (row.get(0), row.get(1));
-            if namespace != start.namespace {
-                return Err(Refusal::new(
-                    Reason::WorkflowIdReservedInNamespace,
-                    "This workflow id is reserved in another namespace.",
-                )
-                .with("workflow_id", start.workflow_id.as_str())
-                .into());
-            }
-            let run = lock_run(&tx, &run_id, false)
+            let current = lock_run(&tx, &run_id, false)
                 .await?
                 .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
-            if policy == DuplicatePolicy::UseExisting && !run.is_closed() {
-                return Ok((StartOutcome::ReturnedExistingActive, run));
-            }
-            return Err(
-                Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
-                    .with("workflow_id", start.workflow_id.as_str())
-                    .with("run_id", run.run_id.as_str())
-                    .with("status", run.status.as_str())
-                    .into(),
-            );
+            return Ok(existing_instance(&namespace, &start, current, policy)?);
         }
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);

@@ -99,3 +99,29 @@ pub(crate) fn query_columns(task: &QueryTask) -> (&'static str, Option<Millis>) 
         QueryState::Answered(_) => ("answered", None),
     }
 }
+
+/// The duplicate-start rule, once an instance with the requested id exists: ids are reserved
+/// across namespaces and unique within one forever; `use-existing` returns an open current run.
+pub(crate) fn existing_instance(
+    existing_namespace: &str,
+    start: &StartRun,
+    current: RunState,
+    policy: DuplicatePolicy,
+) -> Result<(StartOutcome, RunState), Refusal> {
+    if existing_namespace != start.namespace {
+        return Err(Refusal::new(
+            Reason::WorkflowIdReservedInNamespace,
+            "This workflow id is reserved in another namespace.",
+        )
+        .with("workflow_id", start.workflow_id.as_str()));
+    }
+    if policy == DuplicatePolicy::UseExisting && !current.is_closed() {
+        return Ok((StartOutcome::ReturnedExistingActive, current));
+    }
+    Err(
+        Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
+            .with("workflow_id", start.workflow_id.as_str())
+            .with("run_id", current.run_id.as_str())
+            .with("status", current.status.as_str()),
+    )
+}

@@ -443,26 +443,9 @@ impl Store for SqliteStore {
                     )
                     .optional()?;
                 if let Some((namespace, run_id)) = existing {
-                    if namespace != start.namespace {
-                        return Err(Refusal::new(
-                            Reason::WorkflowIdReservedInNamespace,
-                            "This workflow id is reserved in another namespace.",
-                        )
-                        .with("workflow_id", start.workflow_id.as_str())
-                        .into());
-                    }
-                    let run = load_state(conn, &run_id)?
+                    let current = load_state(conn, &run_id)?
                         .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
-                    if policy == DuplicatePolicy::UseExisting && !run.is_closed() {
-                        return Ok((StartOutcome::ReturnedExistingActive, run));
-                    }
-                    return Err(
-                        Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
-                            .with("workflow_id", start.workflow_id.as_str())
-                            .with("run_id", run.run_id.as_str())
-                            .with("status", run.status.as_str())
-                            .into(),
-                    );
+                    return Ok(existing_instance(&namespace, &start, current, policy)?);
                 }
                 let mut ids = UlidIds;
                 let mut cx = Cx::new(now, &mut ids, &limits);
