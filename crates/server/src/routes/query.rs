@@ -2,7 +2,7 @@
 //! registered the `query_tasks` capability leases it, replays the committed history and answers.
 //! Nothing here writes history.
 
-use super::worker::{poll_request, PollRequest};
+use super::worker::{poll_request, wait_for_work, PollRequest};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
@@ -195,30 +195,16 @@ pub async fn poll_query_task<S: Store>(
 }
 
 async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request: &PollRequest) -> ApiResult<Option<QueryTask>> {
-    let deadline = now_ms() + request.wait_ms;
     let notify = state.hub.channel(namespace, TaskKind::Query, &request.queue);
-    loop {
-        let woken = notify.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        if let Some(task) = state
-            .store
-            .claim_query_task(namespace, &request.queue, &request.worker.worker_id, QUERY_LEASE_MS, now_ms())
-            .await?
-        {
+    let owner = request.worker.worker_id.as_str();
+    wait_for_work(&notify, request.wait_ms, || async move {
+        let claimed = state.store.claim_query_task(namespace, &request.queue, owner, QUERY_LEASE_MS, now_ms()).await?;
+        if let Some(task) = &claimed {
             tracing::info!(namespace, workflow_id = %task.workflow_id, query_task_id = %task.id, attempt = task.attempt, "query task leased");
-            return Ok(Some(task));
         }
-        let now = now_ms();
-        if now >= deadline {
-            return Ok(None);
-        }
-        let recheck = Duration::from_millis((deadline - now).clamp(1, 1000) as u64);
-        tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(recheck) => {}
-        }
-    }
+        Ok(claimed)
+    })
+    .await
 }
 
 async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<Value> {

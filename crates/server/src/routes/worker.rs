@@ -251,30 +251,46 @@ async fn long_poll<S: Store>(
         TaskKind::Workflow => state.config.workflow_task_lease_ms,
         _ => state.config.activity_task_lease_ms,
     };
-    let deadline = now_ms() + request.wait_ms;
     let notify = state.hub.channel(namespace, kind, &request.queue);
+    wait_for_work(&notify, request.wait_ms, || async move {
+        let now = now_ms();
+        if !state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
+            return Ok(None);
+        }
+        let memo = poll_key(namespace, request, kind);
+        let claimed = state
+            .store
+            .claim_task(namespace, kind, &request.queue, types, owner, lease_ms, now, memo)
+            .await?;
+        if let Some((task, run)) = &claimed {
+            tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id, kind = kind.as_str(),
+                fence = task.fence, owner, "task leased");
+        }
+        Ok(claimed)
+    })
+    .await
+}
+
+/// The long-poll loop: try, and until `wait_ms` is spent, try again whenever the queue is woken
+/// (or at least every second, which also finds tasks whose backoff ran out).
+pub(crate) async fn wait_for_work<T, F, Fut>(notify: &tokio::sync::Notify, wait_ms: i64, mut attempt: F) -> ApiResult<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ApiResult<Option<T>>>,
+{
+    let deadline = now_ms() + wait_ms;
     loop {
+        // Subscribe before looking, so a wake-up between the look and the wait is not lost.
         let woken = notify.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let now = now_ms();
-        if state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
-            let memo = poll_key(namespace, request, kind);
-            if let Some((task, run)) = state
-                .store
-                .claim_task(namespace, kind, &request.queue, types, owner, lease_ms, now, memo)
-                .await?
-            {
-                tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id, kind = kind.as_str(),
-                    fence = task.fence, owner, "task leased");
-                return Ok(Some((task, run)));
-            }
+        if let Some(found) = attempt().await? {
+            return Ok(Some(found));
         }
         let now = now_ms();
         if now >= deadline {
             return Ok(None);
         }
-        // Tasks that become available later (retry backoff) are found by the periodic re-check.
         let recheck = Duration::from_millis((deadline - now).clamp(1, 1000) as u64);
         tokio::select! {
             _ = &mut woken => {}
