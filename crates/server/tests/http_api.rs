@@ -2407,3 +2407,47 @@ async fn repair_offers_a_backed_off_workflow_task_now_and_writes_one_fact() {
         .await
         .err(404, "instance_not_found");
 }
+
+#[tokio::test]
+async fn list_filters_by_search_attributes_with_the_query_grammar() {
+    let h = Harness::start().await;
+    let queue = unique("sa-q");
+    for (id, tier) in [("sa-gold", "gold"), ("sa-silver", "silver")] {
+        h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": id, "task_queue": queue,
+            "search_attributes": {"Tier": tier, "Region": "eu"}}))
+            .await
+            .ok(201);
+    }
+    let ids = |body: Value| -> Vec<String> {
+        let mut ids: Vec<String> = body["workflows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["workflow_id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let list = |query: &str| {
+        let path = format!("/api/workflows?query={}", urlencode(query));
+        let h = &h;
+        async move { h.cget(&path).await }
+    };
+    assert_eq!(ids(list(r#"Tier = "gold""#).await.ok(200)), ["sa-gold"]);
+    assert_eq!(ids(list(r#"Region = 'eu' AND Tier = "silver""#).await.ok(200)), ["sa-silver"]);
+    assert_eq!(ids(list(r#"WorkflowId = "sa-gold" AND Region = "eu""#).await.ok(200)), ["sa-gold"]);
+    assert!(ids(list(r#"Tier = "bronze""#).await.ok(200)).is_empty());
+    assert_eq!(
+        ids(list("sa-").await.ok(200)),
+        ["sa-gold", "sa-silver"],
+        "anything else is a substring match"
+    );
+    // Search attributes are bounded at start.
+    let too_long = "x".repeat(2049);
+    h.start_workflow_with(json!({"workflow_type": "t", "task_queue": queue, "search_attributes": {"Big": too_long}}))
+        .await
+        .err(422, "validation_failed");
+    h.start_workflow_with(json!({"workflow_type": "t", "task_queue": queue, "search_attributes": {"Nested": {"a": 1}}}))
+        .await
+        .err(422, "validation_failed");
+}

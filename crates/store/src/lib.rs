@@ -120,6 +120,11 @@ pub struct ListFilter {
     pub status_bucket: Option<String>,
     /// Substring of the workflow id or business key.
     pub query: Option<String>,
+    /// Exact matches: `(key, value)` on a search attribute (its value rendered as text: strings
+    /// as they are, other JSON values as JSON, each element of a list on its own).
+    pub attributes: Vec<(String, String)>,
+    pub workflow_id: Option<String>,
+    pub business_key: Option<String>,
 }
 
 /// A task whose deadline has passed, claimed by one node's background clock under a duty fence.

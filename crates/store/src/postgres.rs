@@ -144,6 +144,18 @@ CREATE TABLE query_tasks (
 CREATE INDEX query_tasks_open ON query_tasks (namespace, task_queue, created_at) WHERE status <> 'answered';
 "#,
     ),
+    (
+        3,
+        r#"
+CREATE TABLE search_attribute_index (
+    run_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL
+);
+CREATE INDEX search_attribute_lookup ON search_attribute_index (key, value, run_id);
+CREATE INDEX search_attribute_by_run ON search_attribute_index (run_id);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -350,6 +362,17 @@ async fn persist(
             ],
         )
         .await?;
+    }
+    if touches_search_attributes(effects, insert_run) {
+        tx.execute("DELETE FROM search_attribute_index WHERE run_id = $1", &[&run.run_id.as_str()])
+            .await?;
+        for (key, value) in search_attribute_rows(&run.search_attributes) {
+            tx.execute(
+                "INSERT INTO search_attribute_index (run_id, key, value) VALUES ($1, $2, $3)",
+                &[&run.run_id.as_str(), &key, &value],
+            )
+            .await?;
+        }
     }
     let update_run = tx
         .prepare_cached("UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1")
@@ -980,24 +1003,36 @@ impl Store for PostgresStore {
             .as_deref()
             .map(|bucket| bucket_statuses(bucket).iter().map(|s| s.to_string()).collect());
         let pattern = filter.query.as_deref().map(like_pattern);
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let (limit_plus_one, offset_param) = ((limit + 1) as i64, offset as i64);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
             &namespace,
             &filter.workflow_type,
             &statuses,
             &pattern,
-            &((limit + 1) as i64),
-            &(offset as i64),
+            &filter.workflow_id,
+            &filter.business_key,
+            &limit_plus_one,
+            &offset_param,
         ];
-        let rows = client
-            .query(
-                "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
-                 WHERE r.namespace = $1 AND ($2::text IS NULL OR r.workflow_type = $2)
-                   AND ($3::text[] IS NULL OR r.status = ANY($3))
-                   AND ($4::text IS NULL OR r.workflow_id LIKE $4 OR r.business_key LIKE $4)
-                 ORDER BY r.started_at DESC, r.run_id DESC LIMIT $5 OFFSET $6",
-                &params,
-            )
-            .await?;
+        let mut sql = String::from(
+            "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
+             WHERE r.namespace = $1 AND ($2::text IS NULL OR r.workflow_type = $2)
+               AND ($3::text[] IS NULL OR r.status = ANY($3))
+               AND ($4::text IS NULL OR r.workflow_id LIKE $4 OR r.business_key LIKE $4)
+               AND ($5::text IS NULL OR r.workflow_id = $5)
+               AND ($6::text IS NULL OR r.business_key = $6)",
+        );
+        for (key, value) in &filter.attributes {
+            params.push(key);
+            params.push(value);
+            let n = params.len();
+            sql.push_str(&format!(
+                " AND r.run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ${} AND value = ${n})",
+                n - 1
+            ));
+        }
+        sql.push_str(" ORDER BY r.started_at DESC, r.run_id DESC LIMIT $7 OFFSET $8");
+        let rows = client.query(&sql, &params).await?;
         let mut summaries = rows
             .iter()
             .map(|row| summary_from_state(row.get(0)))

@@ -125,3 +125,25 @@ pub(crate) fn existing_instance(
             .with("status", current.status.as_str()),
     )
 }
+
+/// The index rows of a run's search attributes: `(key, value as text)`; a list indexes each item.
+pub(crate) fn search_attribute_rows(attributes: &Map<String, Value>) -> Vec<(String, String)> {
+    let text = |value: &Value| match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut rows = Vec::new();
+    for (key, value) in attributes {
+        match value {
+            Value::Null => {}
+            Value::Array(items) => rows.extend(items.iter().map(|item| (key.clone(), text(item)))),
+            other => rows.push((key.clone(), text(other))),
+        }
+    }
+    rows
+}
+
+/// Whether a transition may have changed the run's search attributes (so its index is rewritten).
+pub(crate) fn touches_search_attributes(effects: &Effects, insert_run: bool) -> bool {
+    insert_run || effects.events.iter().any(|e| e.event_type == EventType::SearchAttributesUpserted)
+}

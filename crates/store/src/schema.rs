@@ -136,6 +136,19 @@ CREATE TABLE query_tasks (
 CREATE INDEX query_tasks_open ON query_tasks (namespace, task_queue, created_at) WHERE status <> 'answered';
 "#,
     ),
+    (
+        3,
+        r#"
+-- One row per (run, search attribute value): what list filters match against.
+CREATE TABLE search_attribute_index (
+    run_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL
+);
+CREATE INDEX search_attribute_lookup ON search_attribute_index (key, value, run_id);
+CREATE INDEX search_attribute_by_run ON search_attribute_index (run_id);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -141,6 +141,14 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
         conn.prepare_cached("UPDATE runs SET status = ?2, closed_at = ?3, state = ?4 WHERE run_id = ?1")?
             .execute(params![run.run_id.as_str(), run.status.as_str(), run.closed_at, state])?;
     }
+    if touches_search_attributes(effects, insert_run) {
+        conn.prepare_cached("DELETE FROM search_attribute_index WHERE run_id = ?1")?
+            .execute([run.run_id.as_str()])?;
+        let mut insert = conn.prepare_cached("INSERT INTO search_attribute_index (run_id, key, value) VALUES (?1, ?2, ?3)")?;
+        for (key, value) in search_attribute_rows(&run.search_attributes) {
+            insert.execute(params![run.run_id.as_str(), key, value])?;
+        }
+    }
     let mut insert_event = conn.prepare_cached(
         "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -645,6 +653,20 @@ impl Store for SqliteStore {
                 values.push(like_pattern(&query).into());
                 let n = values.len();
                 sql.push_str(&format!(" AND (workflow_id LIKE ?{n} ESCAPE '\\' OR business_key LIKE ?{n} ESCAPE '\\')"));
+            }
+            if let Some(workflow_id) = filter.workflow_id {
+                values.push(workflow_id.into());
+                sql.push_str(&format!(" AND workflow_id = ?{}", values.len()));
+            }
+            if let Some(business_key) = filter.business_key {
+                values.push(business_key.into());
+                sql.push_str(&format!(" AND business_key = ?{}", values.len()));
+            }
+            for (key, value) in filter.attributes {
+                values.push(key.into());
+                values.push(value.into());
+                let n = values.len();
+                sql.push_str(&format!(" AND run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ?{} AND value = ?{n})", n - 1));
             }
             sql.push_str(&format!(" ORDER BY started_at DESC, run_id DESC LIMIT {} OFFSET {}", limit + 1, offset));
             let mut rows: Vec<RunSummary> =

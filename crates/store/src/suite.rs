@@ -543,6 +543,75 @@ pub async fn listing_filters_and_pages<S: Store>(store: S) {
     assert!(store.list_runs("other", ListFilter::default(), 0, 10).await.unwrap().0.is_empty());
 }
 
+pub async fn search_attributes_filter_listings_and_follow_upserts<S: Store>(store: S) {
+    let with = |id: &str, attributes: serde_json::Value| {
+        let mut start = start_request(id, &format!("q-{id}"));
+        start.search_attributes = attributes.as_object().cloned().unwrap_or_default();
+        start
+    };
+    store
+        .start_workflow(
+            with("sa-1", json!({"Tier": "gold", "Tags": ["a", "b"], "Count": 3})),
+            DuplicatePolicy::Fail,
+            NOW,
+        )
+        .await
+        .unwrap();
+    store
+        .start_workflow(with("sa-2", json!({"Tier": "silver"})), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let ids = |filter: ListFilter| {
+        let store = &store;
+        async move {
+            let (rows, _) = store.list_runs("default", filter, 0, 10).await.unwrap();
+            let mut ids: Vec<String> = rows.into_iter().map(|r| r.workflow_id.0).collect();
+            ids.sort();
+            ids
+        }
+    };
+    let by = |pairs: &[(&str, &str)]| ListFilter {
+        attributes: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    assert_eq!(ids(by(&[("Tier", "gold")])).await, ["sa-1"]);
+    assert_eq!(ids(by(&[("Tags", "b")])).await, ["sa-1"], "each list item is indexed");
+    assert_eq!(ids(by(&[("Count", "3")])).await, ["sa-1"]);
+    assert_eq!(ids(by(&[("Tier", "gold"), ("Count", "3")])).await, ["sa-1"]);
+    assert!(ids(by(&[("Tier", "bronze")])).await.is_empty());
+    assert_eq!(
+        ids(ListFilter {
+            workflow_id: Some("sa-2".into()),
+            ..Default::default()
+        })
+        .await,
+        ["sa-2"]
+    );
+    assert_eq!(
+        ids(ListFilter {
+            business_key: Some("bk-sa-1".into()),
+            ..Default::default()
+        })
+        .await,
+        ["sa-1"]
+    );
+    // An upsert moves the run to its new value.
+    let mut attributes = Map::new();
+    attributes.insert("Tier".into(), json!("silver"));
+    complete_next(
+        &store,
+        "q-sa-1",
+        vec![WorkflowCommand::UpsertSearchAttributes {
+            attributes,
+            tags: Map::new(),
+        }],
+    )
+    .await;
+    assert!(ids(by(&[("Tier", "gold")])).await.is_empty());
+    assert_eq!(ids(by(&[("Tier", "silver")])).await, ["sa-1", "sa-2"]);
+    assert_eq!(ids(by(&[("Tags", "a")])).await, ["sa-1"], "untouched attributes stay indexed");
+}
+
 pub async fn concurrent_transitions_all_commit<S: Store + Clone>(store: S) {
     for i in 0..20 {
         started(&store, &format!("conc-{i}"), "q").await;
@@ -597,6 +666,7 @@ macro_rules! store_suite {
             worker_registrations,
             listing_filters_and_pages,
             concurrent_transitions_all_commit,
+            search_attributes_filter_listings_and_follow_upserts,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -29,6 +29,10 @@ fn in_operation(mut error: ApiError, operation: &str, workflow_id: &str) -> ApiE
     error
 }
 
+const SEARCH_ATTRIBUTES_MAX: usize = 100;
+const SEARCH_ATTRIBUTE_KEY_MAX: usize = 128;
+const SEARCH_ATTRIBUTE_VALUE_BYTES_MAX: usize = 2048;
+
 const REJECTED_START_FIELDS: &[&str] = &[
     "workflow_execution_timeout",
     "workflow_run_timeout",
@@ -93,6 +97,26 @@ pub async fn start<S: Store>(
         return Err(ApiError::validation("memo", "The memo must be at most 262144 bytes of JSON."));
     }
     let search_attributes = f.opt_object("search_attributes")?.cloned().unwrap_or_default();
+    if search_attributes.len() > SEARCH_ATTRIBUTES_MAX {
+        return Err(ApiError::validation(
+            "search_attributes",
+            format!("At most {SEARCH_ATTRIBUTES_MAX} search attributes."),
+        ));
+    }
+    for (key, value) in &search_attributes {
+        if key.is_empty() || key.len() > SEARCH_ATTRIBUTE_KEY_MAX {
+            return Err(ApiError::validation(
+                "search_attributes",
+                format!("Search attribute keys are 1 to {SEARCH_ATTRIBUTE_KEY_MAX} characters."),
+            ));
+        }
+        if value.as_str().is_some_and(|v| v.len() > SEARCH_ATTRIBUTE_VALUE_BYTES_MAX) || value.is_object() {
+            return Err(ApiError::validation(
+                "search_attributes",
+                format!("Search attribute {key:?} must be a scalar or a list, strings at most {SEARCH_ATTRIBUTE_VALUE_BYTES_MAX} bytes."),
+            ));
+        }
+    }
     let start = StartRun {
         namespace: namespace.clone(),
         workflow_id: WorkflowId(workflow_id.clone()),
@@ -221,11 +245,26 @@ pub async fn list<S: Store>(
             .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?
             as usize,
     };
-    let filter = ListFilter {
+    let mut filter = ListFilter {
         workflow_type: query.get("workflow_type").filter(|s| !s.is_empty()).cloned(),
         status_bucket,
-        query: query.get("query").filter(|s| !s.is_empty()).cloned(),
+        ..ListFilter::default()
     };
+    if let Some(text) = query.get("query").filter(|s| !s.trim().is_empty()) {
+        match wire::parse_visibility_query(text) {
+            Some(clauses) => {
+                for (key, value) in clauses {
+                    match key.as_str() {
+                        "WorkflowId" => filter.workflow_id = Some(value),
+                        "WorkflowType" => filter.workflow_type = Some(value),
+                        "BusinessKey" => filter.business_key = Some(value),
+                        _ => filter.attributes.push((key, value)),
+                    }
+                }
+            }
+            None => filter.query = Some(text.clone()),
+        }
+    }
     let (rows, more) = state.store.list_runs(&namespace, filter, offset, page_size).await?;
     let workflows: Vec<Value> = rows.iter().map(render::summary).collect();
     Ok(Json(json!({
