@@ -382,7 +382,8 @@ async fn main() {
             let permit = gate.clone().acquire_owned().await.expect("semaphore");
             let (api, queue, input) = (api.clone(), queue.clone(), input.clone());
             starts.push(tokio::spawn(async move {
-                let body = json!({"workflow_type": "bench", "workflow_id": format!("{queue}-open-{i}"), "task_queue": queue, "input": {"codec": "avro", "blob": input}});
+                let body = json!({"workflow_type": "bench", "workflow_id": format!("{queue}-open-{i}"), "task_queue": queue,
+                    "input": {"codec": "avro", "blob": input}, "search_attributes": {"Bucket": (i % 100).to_string()}});
                 let (status, response) = api.control(reqwest::Method::POST, "/workflows", Some(body)).await.expect("start");
                 assert_eq!(status, 201, "start refused: {response}");
                 drop(permit);
@@ -392,8 +393,36 @@ async fn main() {
             start.await.expect("start");
         }
         let elapsed = begin.elapsed().as_secs_f64();
+        // Listing at this size: the first page, a status filter, and a search-attribute filter.
+        let mut listing = serde_json::Map::new();
+        for (name, query) in [
+            ("first_page", ""),
+            ("status_running", "&status=running"),
+            ("attribute_filter", "&query=Bucket%20%3D%20%2242%22"),
+        ] {
+            let mut times = Vec::new();
+            for _ in 0..20 {
+                let start = Instant::now();
+                let (status, body) = api
+                    .control(reqwest::Method::GET, &format!("/workflows?page_size=50{query}"), None)
+                    .await
+                    .expect("list");
+                assert_eq!(status, 200, "list failed: {body}");
+                assert!(
+                    !body["workflows"].as_array().map(Vec::is_empty).unwrap_or(true),
+                    "{name} listed nothing"
+                );
+                times.push(start.elapsed().as_micros() as u64);
+            }
+            times.sort_unstable();
+            listing.insert(
+                name.into(),
+                json!({"p50_ms": percentile(&times, 0.5), "p99_ms": percentile(&times, 0.99)}),
+            );
+        }
         let report = json!({
             "workload": "open",
+            "list_latency": listing,
             "open_workflows": args.workflows,
             "starts_per_s": args.workflows as f64 / elapsed,
             "server_rss_idle_mib": rss_idle,
