@@ -813,27 +813,31 @@ impl Store for PostgresStore {
         poll: Option<PollKey>,
     ) -> StoreResult<Option<(Task, RunState)>> {
         let mut client = self.pool.get().await?;
-        let candidates = client
-            .query(
-                "SELECT task_id, run_id FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
-                   AND ($5::text[] IS NULL OR type_name = ANY($5)) ORDER BY available_at, task_id LIMIT 16",
-                &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
-            )
-            .await?;
-        for row in candidates {
-            let (task_id, run_id): (String, String) = (row.get(0), row.get(1));
+        // A few attempts: a candidate can turn out stale (leased a moment ago through another
+        // node) and then the next one is taken.
+        for _ in 0..4 {
             let tx = client.transaction().await?;
-            // Another node is working on this run: leave it and try the next candidate.
-            let Some(mut run) = lock_run(&tx, &run_id, true).await? else {
-                continue;
-            };
+            // One round trip picks the oldest ready task whose run nobody else holds, and locks
+            // that run; runs another poller or node is working on are skipped, not waited for.
+            let row = tx
+                .query_opt(
+                    "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                     WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
+                       AND ($5::text[] IS NULL OR t.type_name = ANY($5))
+                     ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
+                    &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let task_id: String = row.get(0);
+            let mut run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
             let mut ids = UlidIds;
             let mut cx = Cx::new(now, &mut ids, &self.limits);
             let task_id = TaskId(task_id);
             let leased = match kind {
                 TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms),
                 TaskKind::Activity => lease_activity_task(&mut run, &mut cx, &task_id, owner, lease_ms),
-                _ => continue,
+                _ => return Ok(None),
             };
             match leased {
                 Ok(task) => {

@@ -15,14 +15,10 @@ use std::time::Duration;
 
 use crate::body::JsonObject;
 
-/// Wakes pollers for every ready task of `run` and nudges the clock (a new deadline may be
-/// earlier than the one it sleeps towards).
-pub(crate) fn after_change<S: Store>(state: &AppState<S>, run: &RunState) {
-    for task in run.tasks.values() {
-        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
-            state.hub.wake(&run.namespace, task.kind, &task.queue);
-        }
-    }
+/// After a change: nudge the clock (a new deadline may be earlier than the one it sleeps
+/// towards). Pollers are woken by the store's own announcements of tasks it made ready, sent
+/// after commit (`Store::wakeups`), which also cover tasks in other runs and on other nodes.
+pub(crate) fn after_change<S: Store>(state: &AppState<S>, _run: &RunState) {
     state.clock_kick.notify_one();
 }
 
@@ -449,16 +445,6 @@ pub async fn complete_workflow_task<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);
-    if run.closed_reason == Some(ClosedReason::Continued) {
-        // The successor run was born in the same transaction: wake its pollers too.
-        if let Some(next) = state
-            .store
-            .load_run(&namespace, RunLocator::Current(run.workflow_id.clone()))
-            .await?
-        {
-            after_change(&state, &next);
-        }
-    }
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, fence = claim.attempt,
         run_status = run.status.as_str(), retained = receipt.retained, "workflow task completed");
     Ok(Json(json!({
