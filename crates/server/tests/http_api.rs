@@ -2451,3 +2451,30 @@ async fn list_filters_by_search_attributes_with_the_query_grammar() {
         .await
         .err(422, "validation_failed");
 }
+
+#[tokio::test]
+async fn a_poll_whose_client_hung_up_does_not_take_the_task() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start().await;
+    let queue = unique("dead-poll-q");
+    h.register("dead", &queue).await;
+    h.register("live", &queue).await;
+    let body = json!({"worker_id": "dead", "task_queue": queue, "timeout_seconds": 20}).to_string();
+    let address = h.base.trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let request = format!(
+        "POST /api/worker/workflow-tasks/poll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Durable-Workflow-Protocol-Version: 1.20\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the poll start waiting
+    drop(socket); // the worker process dies mid-poll
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.start_workflow("after-hangup", &queue).await;
+    let task = h.poll_workflow("live", &queue, 5).await;
+    assert_eq!(
+        task["workflow_id"], "after-hangup",
+        "the live poller gets the task, not the dead one"
+    );
+    assert_eq!(task["workflow_task_attempt"], 1, "never leased to the dead poll");
+}
