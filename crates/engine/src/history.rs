@@ -75,6 +75,8 @@ event_types!(
     ChildRunTerminated,
     ParentClosePolicyApplied,
     RepairRequested,
+    ArchiveRequested,
+    WorkflowArchived,
 );
 
 impl EventType {

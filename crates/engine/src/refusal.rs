@@ -43,6 +43,7 @@ pub enum Reason {
     QueryTaskNotFound,
     QueryTaskNotLeased,
     QueryTaskAttemptMismatch,
+    RunNotClosed,
 }
 
 impl Reason {
@@ -82,6 +83,7 @@ impl Reason {
             Reason::QueryTaskNotFound => "query_task_not_found",
             Reason::QueryTaskNotLeased => "query_task_not_leased",
             Reason::QueryTaskAttemptMismatch => "query_task_attempt_mismatch",
+            Reason::RunNotClosed => "run_not_closed",
         }
     }
 }

@@ -226,6 +226,9 @@ pub struct RunState {
     pub last_progress_at: Millis,
     pub start_command_id: CommandId,
 
+    /// An operator archived the closed run: it is read-only.
+    #[serde(default)]
+    pub archived: bool,
     /// The parent run's step that started this instance, for child workflows.
     #[serde(default)]
     pub parent: Option<ParentLink>,

@@ -99,6 +99,7 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         closed_at: None,
         last_progress_at: now,
         start_command_id: start.command_id,
+        archived: false,
         parent: None,
         children: BTreeMap::new(),
         continued_from_run_id: None,
@@ -2026,6 +2027,48 @@ pub fn repair(run: &mut RunState, cx: &mut Cx, command_id: CommandId) -> Result<
             signal_id: None,
         },
     })
+}
+
+/// Archives a closed run (`ArchiveRequested` + `WorkflowArchived`, after its terminal event). An
+/// open run cannot be archived; an archived one needs nothing (returns `false`).
+pub fn archive(run: &mut RunState, cx: &mut Cx, reason: Option<String>, command_id: CommandId) -> Result<(bool, CommandReceipt), Refusal> {
+    if !run.is_closed() {
+        return Err(Refusal::new(Reason::RunNotClosed, "Only a closed run can be archived.").with("run_status", run.status.as_str()));
+    }
+    if run.archived {
+        return Ok((
+            false,
+            CommandReceipt {
+                command_id,
+                command_sequence: run.command_count,
+                signal_id: None,
+            },
+        ));
+    }
+    run.command_count += 1;
+    let identity = obj!(
+        "workflow_command_id" => command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "reason" => reason,
+    );
+    let mut requested = identity.clone();
+    requested.insert("command_type".into(), json!("archive"));
+    requested.insert("outcome".into(), json!("archived"));
+    run.append(cx, EventType::ArchiveRequested, requested, None, Some(&command_id));
+    let mut archived = identity;
+    archived.insert("archive_command_id".into(), json!(command_id));
+    archived.insert("outcome".into(), json!("archived"));
+    run.append(cx, EventType::WorkflowArchived, archived, None, Some(&command_id));
+    run.archived = true;
+    Ok((
+        true,
+        CommandReceipt {
+            command_id,
+            command_sequence: run.command_count,
+            signal_id: None,
+        },
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -97,6 +97,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "status": run.status.as_str(),
         "status_bucket": run.status.bucket(),
         "is_terminal": closed,
+        "archived": run.archived,
         "closed_reason": run.closed_reason.map(|r| r.as_str()),
         "task_queue": run.task_queue,
         "business_key": run.business_key,
@@ -134,7 +135,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "pending_timer_count": run.timers.len(),
         "actions": {
             "can_signal": !closed, "can_query": true, "can_update": false,
-            "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": false,
+            "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": closed && !run.archived,
         },
     })
 }

@@ -2478,3 +2478,37 @@ async fn a_poll_whose_client_hung_up_does_not_take_the_task() {
     );
     assert_eq!(task["workflow_task_attempt"], 1, "never leased to the dead poll");
 }
+
+#[tokio::test]
+async fn archive_only_closed_runs_once() {
+    let h = Harness::start().await;
+    let queue = unique("archive-q");
+    let started = h.start_workflow("archived", &queue).await;
+    let run_id = started["run_id"].as_str().unwrap().to_string();
+    h.cpost("/api/workflows/archived/archive", json!({}))
+        .await
+        .err(409, "run_not_closed");
+    h.cpost("/api/workflows/archived/terminate", json!({"reason": "done"}))
+        .await
+        .ok(200);
+    let first = h
+        .cpost("/api/workflows/archived/archive", json!({"reason": "retention"}))
+        .await
+        .ok(200);
+    assert_eq!(first["outcome"], "archived");
+    let second = h.cpost("/api/workflows/archived/archive", json!({})).await.ok(200);
+    assert_eq!(second["outcome"], "archive_not_needed");
+    let described = h.describe("archived").await;
+    assert_eq!(described["archived"], true);
+    assert_eq!(described["actions"]["can_archive"], false);
+    let events = h.history("archived", &run_id).await;
+    let types = event_types(&events);
+    assert_eq!(
+        types[types.len() - 3..],
+        ["WorkflowTerminated", "ArchiveRequested", "WorkflowArchived"]
+    );
+    assert_eq!(count_events(&events, "WorkflowArchived"), 1);
+    h.cpost("/api/workflows/archived/signal/x", json!({}))
+        .await
+        .err(409, "run_not_active");
+}

@@ -715,3 +715,68 @@ pub async fn repair<S: Store>(
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "repair requested");
     Ok(Json(body))
 }
+
+/// `POST /workflows/{id}/archive`: archive the closed current run (read-only from then on).
+pub async fn archive<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let f = Fields::new(&body);
+    let reason = f.opt_str("reason", 1000).map_err(|e| in_operation(e, "archive", &workflow_id))?;
+    let request_id = f
+        .opt_str("request_id", 255)
+        .map_err(|e| in_operation(e, "archive", &workflow_id))?
+        .filter(|s| !s.is_empty());
+    let command_id = CommandId(ulid::Ulid::new().to_string());
+    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
+    let render_receipt = {
+        let workflow_id = workflow_id.clone();
+        move |(archived, receipt): &(bool, CommandReceipt), run: &RunState| {
+            json!({
+                "workflow_id": workflow_id,
+                "run_id": run.run_id,
+                "outcome": if *archived { "archived" } else { "archive_not_needed" },
+                "command_id": receipt.command_id,
+                "command_status": "accepted",
+                "reason": null,
+                "control_plane": {"operation": "archive", "workflow_id": workflow_id},
+            })
+        }
+    };
+    let why = reason.clone();
+    let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::archive(run, cx, why, command_id);
+    let now = now_ms();
+    let body = match request_id {
+        Some(request_id) => {
+            let key = CommandKey {
+                command_type: "archive".into(),
+                intent_hash: intent_hash(&[reason.as_deref().unwrap_or("")]),
+                request_id,
+            };
+            let (receipt, run) = state
+                .store
+                .mutate_run_keyed(&namespace, locator, key, now, transition, render_receipt.clone())
+                .await
+                .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
+            match receipt {
+                KeyedReceipt::Retained(mut stored) => {
+                    stored["retained"] = json!(true);
+                    stored
+                }
+                KeyedReceipt::Fresh(outcome) => render_receipt(&outcome, &run.expect("fresh receipts come with the run")),
+            }
+        }
+        None => {
+            let (outcome, run) = state
+                .store
+                .mutate_run(&namespace, locator, now, transition)
+                .await
+                .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
+            render_receipt(&outcome, &run)
+        }
+    };
+    tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "archive requested");
+    Ok(Json(body))
+}

@@ -80,6 +80,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             post(update::update_run::<S>),
         )
         .route("/workflows/:workflow_id/repair", post(control::repair::<S>))
+        .route("/workflows/:workflow_id/archive", post(control::archive::<S>))
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
