@@ -62,6 +62,44 @@ impl KeyedWakeups {
     }
 }
 
+/// One async lock per key, created on demand and dropped when unused: serialises concurrent
+/// duplicates of one `poll_request_id`, so the second waits for the first's answer.
+#[derive(Default, Clone)]
+pub struct KeyedLocks {
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl KeyedLocks {
+    pub async fn lock(&self, key: &str) -> KeyedGuard {
+        let lock = self.locks.lock().expect("keyed locks").entry(key.to_string()).or_default().clone();
+        let guard = lock.clone().lock_owned().await;
+        KeyedGuard {
+            locks: self.clone(),
+            key: key.to_string(),
+            lock,
+            _guard: Some(guard),
+        }
+    }
+}
+
+pub struct KeyedGuard {
+    locks: KeyedLocks,
+    key: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for KeyedGuard {
+    fn drop(&mut self) {
+        self._guard.take();
+        let mut locks = self.locks.locks.lock().expect("keyed locks");
+        // Ours, the map's and nobody else's: forget the key.
+        if Arc::strong_count(&self.lock) <= 2 && locks.get(&self.key).is_some_and(|l| Arc::ptr_eq(l, &self.lock)) {
+            locks.remove(&self.key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +114,28 @@ mod tests {
         waiting.as_mut().enable();
         hub.wake("default", TaskKind::Workflow, "q");
         tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("woken");
+    }
+
+    #[tokio::test]
+    async fn duplicates_of_a_key_take_turns_and_the_key_is_forgotten() {
+        let locks = KeyedLocks::default();
+        let first = locks.lock("p1").await;
+        let waiting = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks.lock("p1").await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished(), "the duplicate waits for the first");
+        let other = locks.lock("p2").await; // other keys are not held up
+        drop(other);
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("then it runs")
+            .unwrap();
+        assert!(locks.locks.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

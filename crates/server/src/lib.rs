@@ -72,6 +72,7 @@ pub struct AppState<S: Store> {
     pub config: ServerConfig,
     hub: hub::WakeHub,
     query_answers: hub::KeyedWakeups,
+    poll_requests: hub::KeyedLocks,
     clock_kick: tokio::sync::Notify,
 }
 
@@ -92,6 +93,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         config,
         hub: hub::WakeHub::default(),
         query_answers: hub::KeyedWakeups::default(),
+        poll_requests: hub::KeyedLocks::default(),
         clock_kick: tokio::sync::Notify::new(),
     });
     (routes::router(state.clone()), state)

@@ -2512,3 +2512,37 @@ async fn archive_only_closed_runs_once() {
         .await
         .err(409, "run_not_active");
 }
+
+#[tokio::test]
+async fn concurrent_duplicates_of_one_poll_request_get_the_same_lease() {
+    let h = Harness::start().await;
+    let queue = unique("dup-poll-q");
+    h.register("w", &queue).await;
+    let poll = || {
+        let (base, http, queue) = (h.base.clone(), h.http.clone(), queue.clone());
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{base}/api/worker/workflow-tasks/poll"))
+                .header("X-Durable-Workflow-Protocol-Version", "1.20")
+                .json(&json!({"worker_id": "w", "task_queue": queue, "poll_request_id": "same-poll", "timeout_seconds": 5}))
+                .send()
+                .await
+                .unwrap();
+            response.json::<Value>().await.unwrap()["task"].clone()
+        })
+    };
+    let (first, second) = (poll(), poll());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.start_workflow("dup-1", &queue).await;
+    h.start_workflow("dup-2", &queue).await;
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(
+        first["task_id"], second["task_id"],
+        "a retried poll is answered with the first poll's lease"
+    );
+    assert_eq!(first["workflow_task_attempt"], second["workflow_task_attempt"]);
+    // The other workflow's task was not consumed by the duplicate.
+    let other = h.poll_workflow("w", &queue, 2).await;
+    assert!(!other.is_null());
+    assert_ne!(other["task_id"], first["task_id"]);
+}

@@ -225,6 +225,24 @@ async fn long_poll<S: Store>(
     kind: TaskKind,
 ) -> ApiResult<Option<(Task, RunState)>> {
     let owner = request.worker.worker_id.as_str();
+    // A concurrent duplicate of this poll (a client retry) waits for the first to answer, then
+    // gets the same lease from the memo.
+    let _turn = match poll_key(namespace, request, kind) {
+        Some(key) => Some(
+            state
+                .poll_requests
+                .lock(&format!(
+                    "{}|{}|{}|{}|{}",
+                    key.namespace,
+                    key.task_queue,
+                    key.worker_id,
+                    key.kind.as_str(),
+                    key.poll_request_id
+                ))
+                .await,
+        ),
+        None => None,
+    };
     if let Some(key) = poll_key(namespace, request, kind) {
         if let Some((task_id, fence)) = state.store.recall_poll(key).await? {
             if let Some(run) = state.store.load_run(namespace, RunLocator::Task(task_id.clone())).await? {
