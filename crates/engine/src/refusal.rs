@@ -44,6 +44,7 @@ pub enum Reason {
     QueryTaskNotLeased,
     QueryTaskAttemptMismatch,
     RunNotClosed,
+    RunTimedOut,
 }
 
 impl Reason {
@@ -84,6 +85,7 @@ impl Reason {
             Reason::QueryTaskNotLeased => "query_task_not_leased",
             Reason::QueryTaskAttemptMismatch => "query_task_attempt_mismatch",
             Reason::RunNotClosed => "run_not_closed",
+            Reason::RunTimedOut => "run_timed_out",
         }
     }
 }

@@ -299,6 +299,12 @@ pub fn complete_workflow_task(
         return Ok(receipt);
     }
     let task = check_workflow_lease(run, cx.now, task_id, owner, attempt)?.clone();
+    // A run past its deadline takes no more commands; the clock is about to time it out.
+    if let Some(deadline) = min_opt(run.execution_deadline_at, run.run_deadline_at).filter(|d| *d <= cx.now) {
+        return Err(Refusal::new(Reason::RunTimedOut, "The workflow run is past its deadline.")
+            .with("task_id", task_id.as_str())
+            .with("deadline_at", iso8601(deadline)));
+    }
     validate_commands(run, cx, &commands)?;
 
     let resume = match &task.detail {

@@ -997,3 +997,18 @@ fn a_missed_heartbeat_times_the_attempt_out() {
         .expect("timed out");
     assert_eq!(timed_out.payload["timeout_kind"], json!("heartbeat"));
 }
+
+#[test]
+fn a_completion_racing_the_run_deadline_is_refused_and_the_clock_times_the_run_out() {
+    let mut sim = Sim::start(); // run timeout 600 s
+    let (task, fence) = sim.lease_workflow("w");
+    sim.now += 600_000; // the deadline passes before the clock has looked
+    let late = sim
+        .apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![complete("too late")]))
+        .unwrap_err();
+    assert_eq!(late.reason, Reason::RunTimedOut);
+    assert_eq!(sim.count(EventType::WorkflowCompleted), 0);
+    sim.advance(0);
+    assert_eq!(sim.run.closed_reason, Some(ClosedReason::TimedOut));
+    assert_eq!(sim.count(EventType::WorkflowTimedOut), 1);
+}
