@@ -1001,8 +1001,9 @@ fn a_missed_heartbeat_times_the_attempt_out() {
 #[test]
 fn a_completion_racing_the_run_deadline_is_refused_and_the_clock_times_the_run_out() {
     let mut sim = Sim::start(); // run timeout 600 s
+    sim.now += 599_000;
     let (task, fence) = sim.lease_workflow("w");
-    sim.now += 600_000; // the deadline passes before the clock has looked
+    sim.now += 1_000; // the deadline passes while the lease is live, before the clock looked
     let late = sim
         .apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![complete("too late")]))
         .unwrap_err();
