@@ -97,7 +97,15 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::Un
                 continue;
             }
             let mark = ANNOUNCED.with(|a| a.borrow().len());
-            let (keep, finish) = job(&conn);
+            // A bug that panics inside one transition must not take the writer (and with it
+            // every later write) down: undo that job alone; its caller sees a storage error.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&conn)));
+            let Ok((keep, finish)) = outcome else {
+                tracing::error!("a write job panicked; its changes were rolled back");
+                ANNOUNCED.with(|a| a.borrow_mut().truncate(mark));
+                let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
+                continue;
+            };
             if !keep {
                 ANNOUNCED.with(|a| a.borrow_mut().truncate(mark));
             }

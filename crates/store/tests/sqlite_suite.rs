@@ -44,3 +44,33 @@ async fn the_database_runs_in_wal_mode_with_full_sync() {
     let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
     assert_eq!(mode, "wal");
 }
+
+#[tokio::test]
+async fn a_panicking_transition_is_undone_and_the_writer_keeps_going() {
+    let (store, _dir) = fresh().await;
+    let (_, run) = store
+        .start_workflow(start_request("panicky", "q"), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let locator = || RunLocator::Current(WorkflowId("panicky".into()));
+    let result = store
+        .mutate_run(
+            "default",
+            locator(),
+            NOW,
+            |run: &mut RunState, cx: &mut Cx| -> Result<(), Refusal> {
+                signal(run, cx, "s", Payload::avro("x"), "c".into())?;
+                panic!("a bug in a transition")
+            },
+        )
+        .await;
+    assert!(matches!(result, Err(StoreError::Storage(_))), "the caller sees a storage error");
+    let after = store.load_run("default", locator()).await.unwrap().unwrap();
+    assert_eq!(after.last_sequence, run.last_sequence, "nothing of the panicking job was kept");
+    store
+        .mutate_run("default", locator(), NOW, |run, cx| {
+            signal(run, cx, "s", Payload::avro("x"), "c".into())
+        })
+        .await
+        .expect("later writes still work");
+}
