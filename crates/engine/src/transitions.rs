@@ -1550,14 +1550,14 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Activit
             );
             EventType::ActivityFailed
         }
-        AttemptEnd::TimedOut { timeout_kind } => {
+        AttemptEnd::TimedOut { .. } => {
+            // `timeout_kind` is already in the payload (set with the attempt's failure fields).
             payload.insert("failure_category".into(), json!("timeout"));
             payload.insert("exception_class".into(), json!("ActivityTimedOut"));
             payload.insert(
                 "schedule_to_close_deadline_at".into(),
                 json!(execution.schedule_to_close_deadline.map(iso8601)),
             );
-            let _ = timeout_kind;
             EventType::ActivityTimedOut
         }
     };

@@ -201,12 +201,19 @@ pub fn activity_task(run: &RunState, task: &Task) -> Value {
         }
         let t = &execution.timeouts;
         let mut deadlines = Map::new();
-        let started = lease.map(|l| l.expires_at).unwrap_or(0);
-        let _ = started;
-        if let Some(deadline) = task.deadline_at {
-            if t.start_to_close_seconds.is_some() {
-                deadlines.insert("start_to_close".into(), time(deadline));
-            }
+        let (started_at, last_heartbeat_at) = match &task.detail {
+            TaskDetail::Activity {
+                started_at,
+                last_heartbeat_at,
+                ..
+            } => (*started_at, *last_heartbeat_at),
+            _ => (None, None),
+        };
+        if let (Some(started), Some(stc)) = (started_at, t.start_to_close_seconds) {
+            deadlines.insert("start_to_close".into(), time(started + stc * 1000));
+        }
+        if let (Some(started), Some(hb)) = (started_at, t.heartbeat_seconds) {
+            deadlines.insert("heartbeat".into(), time(last_heartbeat_at.unwrap_or(started) + hb * 1000));
         }
         if let Some(deadline) = execution.schedule_to_close_deadline {
             deadlines.insert("schedule_to_close".into(), time(deadline));
