@@ -185,6 +185,19 @@ class TerminatingParentWorkflow:
         return value
 
 
+@workflow.defn(name="e2e.fan-out")
+class FanOutWorkflow:
+    """Two activities awaited together, then a nested group [activity, [activity, timer]]."""
+
+    def run(self, ctx, base):
+        first, second = yield [ctx.schedule_activity("e2e.square", [base]), ctx.schedule_activity("e2e.square", [base + 1])]
+        third, (fourth, _) = yield [
+            ctx.schedule_activity("e2e.square", [base + 2]),
+            [ctx.schedule_activity("e2e.square", [base + 3]), ctx.sleep(1)],
+        ]
+        return [first, second, third, fourth]
+
+
 # activity attempt bookkeeping, keyed by a per-test key passed as argument
 FLAKY_ATTEMPTS: dict[str, list[int]] = {}
 
@@ -566,6 +579,27 @@ def test_history_export_passes_the_sdk_bundle_verifier(server_url, worker_url, r
     # Tampering is detected.
     bundle["history_events"][0]["payload"]["workflow_type"] = "forged"
     assert verify_bundle(bundle)["integrity"]["checksum_matches"] is False
+
+
+def test_parallel_groups_replay_with_contiguous_steps(server_url, worker_url, run_worker):
+    queue = unique("e2e-fanout")
+    workflow_id = unique("fanout")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[FanOutWorkflow], activities=[square]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.fan-out", task_queue=queue, workflow_id=workflow_id, input=[2])
+                result = await wait_result(handle, timeout=60, workers=[worker])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, events
+
+    result, events = run_async(main(), timeout=90)
+    assert result == [4, 9, 16, 25]
+    scheduled = [payload_of(e)["sequence"] for e in events_of(events, "ActivityScheduled")]
+    assert scheduled == [1, 2, 3, 4], f"each activity scheduled once, steps contiguous: {scheduled}"
+    assert [payload_of(e)["sequence"] for e in events_of(events, "TimerScheduled")] == [5]
+    assert len(events_of(events, "ActivityCompleted")) == 4
+    assert_history_invariants(events, terminal="WorkflowCompleted")
 
 
 def test_activity_retries_then_succeeds(server_url, worker_url, run_worker):

@@ -630,3 +630,79 @@ async fn query_is_answered_from_the_committed_snapshot() {
     assert_eq!(result, json!({"finished_with": ["done"]}));
     running.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// 9. A parallel group (and a nested one) replays with contiguous step sequences.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_groups_replay_and_number_steps_contiguously() {
+    use durable_workflow::{ParallelOperation, ParallelResult};
+
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("parallel-q");
+
+    let mut worker = new_worker(&client, &queue);
+    worker.register_activity("e2e.double", |_ctx, args| async move {
+        let n = args.get(0).and_then(Value::as_i64).unwrap_or_default();
+        Ok(json!(n * 2))
+    });
+    worker.register_workflow("e2e.parallel", |ctx, _input| async move {
+        let first = ctx
+            .parallel(vec![
+                ParallelOperation::activity("e2e.double", json!([1])),
+                ParallelOperation::activity("e2e.double", json!([2])),
+            ])
+            .await?;
+        let second = ctx
+            .parallel(vec![
+                ParallelOperation::activity("e2e.double", json!([3])),
+                ParallelOperation::group(vec![
+                    ParallelOperation::activity("e2e.double", json!([4])),
+                    ParallelOperation::timer(Duration::from_secs(1)),
+                ]),
+            ])
+            .await?;
+        let values = |results: &[ParallelResult]| -> Vec<Value> {
+            results
+                .iter()
+                .flat_map(|r| match r {
+                    ParallelResult::Activity(v) => vec![v.clone()],
+                    ParallelResult::Group(inner) => inner
+                        .iter()
+                        .filter_map(|r| {
+                            if let ParallelResult::Activity(v) = r {
+                                Some(v.clone())
+                            } else {
+                                None
+                            }
+                        })
+                        .collect(),
+                    _ => vec![],
+                })
+                .collect()
+        };
+        let mut all = values(&first);
+        all.extend(values(&second));
+        Ok(json!(all))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("parallel");
+    let handle = start(&client, "e2e.parallel", &queue, &workflow_id, json!([])).await;
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("parallel workflow failed: {error} ({error:?})"));
+    assert_eq!(result, json!([2, 4, 6, 8]));
+    let run_id = run_id_of(&handle).await;
+    let events = server.history_event_types(&workflow_id, &run_id).await;
+    assert_eq!(
+        events.iter().filter(|e| *e == "ActivityScheduled").count(),
+        4,
+        "each activity scheduled once: {events:?}"
+    );
+    assert_eq!(events.iter().filter(|e| *e == "TimerScheduled").count(), 1);
+    running.shutdown().await;
+}
