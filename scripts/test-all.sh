@@ -18,6 +18,8 @@ export CAPSTAN_TEST_POSTGRES_URL
 
 # One build of everything (binaries and test targets), then the tests in one pass.
 cargo build --workspace --all-targets
+# The Rust SDK's shipped conformance runners, from the same lockfile and target dir.
+cargo build -p durable-workflow --bins
 export CAPSTAN_BIN="$PWD/target/debug/capstan"
 cargo test --workspace --no-fail-fast
 .venv/bin/python -m pytest tests/python -q

@@ -175,23 +175,68 @@ fn zigzag(value: i64, out: &mut Vec<u8>) {
     out.push(n as u8);
 }
 
-/// The canonical single-object encoding of a map value: keys sorted, one block.
+/// Writes one `Value` datum canonically: like any Avro writer, except that map entries are in
+/// key order at every depth (`apache-avro` writes its `HashMap`s in arbitrary order), so equal
+/// memos always encode to equal bytes — the SDKs compare merged memos byte for byte.
+fn write_canonical(value: &AvroValue, out: &mut Vec<u8>) -> Result<(), String> {
+    let (index, inner) = branch(value).ok_or("not a DW Value record")?;
+    zigzag(index as i64, out);
+    match (index, field(inner)) {
+        (0, _) => {}
+        (1, Some(AvroValue::Boolean(b))) => out.push(u8::from(*b)),
+        (2, Some(AvroValue::Long(i))) => zigzag(*i, out),
+        (3, Some(AvroValue::Double(d))) => out.extend_from_slice(&d.to_le_bytes()),
+        (4, Some(AvroValue::Bytes(b))) => {
+            zigzag(b.len() as i64, out);
+            out.extend_from_slice(b);
+        }
+        (5, Some(AvroValue::String(text))) => {
+            zigzag(text.len() as i64, out);
+            out.extend_from_slice(text.as_bytes());
+        }
+        (6, Some(AvroValue::Array(items))) => {
+            if !items.is_empty() {
+                zigzag(items.len() as i64, out);
+                for item in items {
+                    write_canonical(item, out)?;
+                }
+            }
+            zigzag(0, out);
+        }
+        (7, Some(AvroValue::Map(entries))) => {
+            let sorted: BTreeMap<&String, &AvroValue> = entries.iter().collect();
+            write_map(&sorted, out)?;
+        }
+        (index, other) => return Err(format!("unexpected Value branch {index}: {other:?}")),
+    }
+    Ok(())
+}
+
+fn write_map(entries: &BTreeMap<&String, &AvroValue>, out: &mut Vec<u8>) -> Result<(), String> {
+    if !entries.is_empty() {
+        zigzag(entries.len() as i64, out);
+        for (key, value) in entries {
+            zigzag(key.len() as i64, out);
+            out.extend_from_slice(key.as_bytes());
+            write_canonical(value, out)?;
+        }
+    }
+    zigzag(0, out);
+    Ok(())
+}
+
+/// The canonical single-object encoding of a map value, with each entry's encoded size.
 fn encode_sorted_map(entries: &BTreeMap<String, AvroValue>) -> Result<(Vec<u8>, Vec<usize>), String> {
     let header = base64::engine::general_purpose::STANDARD.decode(null_blob()).expect("built-in")[..10].to_vec();
     let mut out = header;
     zigzag(7, &mut out);
     let mut sizes = Vec::with_capacity(entries.len());
-    if !entries.is_empty() {
-        zigzag(entries.len() as i64, &mut out);
-        for (key, value) in entries {
-            zigzag(key.len() as i64, &mut out);
-            out.extend_from_slice(key.as_bytes());
-            let datum = apache_avro::to_avro_datum(schema(), value.clone()).map_err(|e| format!("value of {key:?}: {e}"))?;
-            sizes.push(datum.len());
-            out.extend_from_slice(&datum);
-        }
+    for value in entries.values() {
+        let mut datum = Vec::new();
+        write_canonical(value, &mut datum)?;
+        sizes.push(datum.len());
     }
-    zigzag(0, &mut out);
+    write_map(&entries.iter().collect(), &mut out)?;
     Ok((out, sizes))
 }
 
@@ -275,6 +320,25 @@ mod memo_tests {
             decode_map(&merged.merged).unwrap().keys().cloned().collect::<Vec<_>>(),
             ["a", "b", "d", "raw"]
         );
+    }
+
+    #[test]
+    fn nested_maps_encode_in_key_order_and_scalars_match_apache_avro() {
+        let nested = |order: &[&str]| {
+            let map = order.iter().map(|k| (k.to_string(), long(1))).collect();
+            wrap(7, AvroValue::Record(vec![("entries".into(), AvroValue::Map(map))]))
+        };
+        let (a, _) = encode_sorted_map(&BTreeMap::from([("n".to_string(), nested(&["alpha", "beta", "gamma", "delta"]))])).unwrap();
+        let (b, _) = encode_sorted_map(&BTreeMap::from([("n".to_string(), nested(&["delta", "gamma", "beta", "alpha"]))])).unwrap();
+        assert_eq!(a, b);
+        for value in [
+            long(-7),
+            wrap(5, AvroValue::Record(vec![("string".into(), AvroValue::String("héllo".into()))])),
+        ] {
+            let mut ours = Vec::new();
+            write_canonical(&value, &mut ours).unwrap();
+            assert_eq!(ours, apache_avro::to_avro_datum(schema(), value).unwrap());
+        }
     }
 
     #[test]
