@@ -294,6 +294,13 @@ pub struct ChildLink {
     pub workflow_type: String,
     pub parent_close_policy: String,
     pub cancellation_policy: String,
+    /// The child's start command id, which the SDKs know as `child_call_id`/`workflow_link_id`.
+    #[serde(default)]
+    pub call_id: String,
+    /// The command's step tags (parallel-group fields): a resolution event repeats them so the
+    /// SDK can match an out-of-order resolution to its group member.
+    #[serde(default)]
+    pub tags: StepTags,
 }
 
 /// How a child instance ended, delivered to its parent run.

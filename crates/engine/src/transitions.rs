@@ -812,6 +812,8 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                     workflow_type: child_run.workflow_type.clone(),
                     parent_close_policy: child.parent_close_policy,
                     cancellation_policy: child.cancellation_policy,
+                    call_id: child_run.start_command_id.to_string(),
+                    tags: child.tags,
                 },
             );
             cx.effects.children_started.push((child_run, child_effects));
@@ -1919,17 +1921,28 @@ pub fn accept_update(
 /// A child instance ended: record its resolution on the parent step that started it and wake
 /// the parent. A parent that closed meanwhile, or never heard of the child, takes no note.
 pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) -> Result<bool, Refusal> {
-    if run.is_closed() || run.children.remove(&outcome.parent.sequence).is_none() {
+    if run.is_closed() {
         return Ok(false);
     }
+    let Some(link) = run.children.remove(&outcome.parent.sequence) else {
+        return Ok(false);
+    };
     let mut payload = obj!(
         "sequence" => outcome.parent.sequence,
         "child_workflow_instance_id" => outcome.child_workflow_id,
         "child_workflow_run_id" => outcome.child_run_id,
+        "child_workflow_type" => link.workflow_type,
+        "parent_close_policy" => link.parent_close_policy,
+        "cancellation_policy" => link.cancellation_policy,
         "child_status" => outcome.status.as_str(),
         "closed_reason" => outcome.closed_reason.map(|r| r.as_str()),
         "closed_at" => iso8601(outcome.closed_at),
     );
+    if !link.call_id.is_empty() {
+        payload.insert("child_call_id".into(), json!(link.call_id));
+        payload.insert("workflow_link_id".into(), json!(link.call_id));
+    }
+    extend(&mut payload, &link.tags);
     let failure = |payload: &mut Map<String, Value>, category: &str| {
         let failure = outcome.failure.clone().unwrap_or_default();
         payload.insert("failure_category".into(), json!(category));

@@ -826,7 +826,10 @@ fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
         cancellation_policy: "abandon".into(),
         execution_timeout_seconds: None,
         run_timeout_seconds: None,
-        tags: Map::new(),
+        tags: json!({"parallel_group_id": "g1", "parallel_group_index": 0, "parallel_group_size": 1, "parallel_group_base_sequence": 1})
+            .as_object()
+            .unwrap()
+            .clone(),
     };
     let limits = parent.limits.clone();
     let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
@@ -870,6 +873,26 @@ fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
     assert_eq!(resolved.event_type, EventType::ChildRunCompleted);
     assert_eq!(resolved.payload["output"], json!("child-result"));
     assert_eq!(resolved.payload["sequence"], json!(1));
+    // The resolution repeats the call's identity and group tags: an SDK resolving a parallel
+    // group of children out of order matches the event to its member by them.
+    let scheduled = effects
+        .events
+        .iter()
+        .find(|e| e.event_type == EventType::ChildWorkflowScheduled)
+        .unwrap();
+    for field in [
+        "child_call_id",
+        "workflow_link_id",
+        "child_workflow_type",
+        "parent_close_policy",
+        "parallel_group_id",
+        "parallel_group_index",
+        "parallel_group_size",
+        "parallel_group_base_sequence",
+    ] {
+        assert_eq!(resolved.payload[field], scheduled.payload[field], "{field}");
+        assert!(!resolved.payload[field].is_null(), "{field}");
+    }
     assert!(parent.run.children.is_empty());
     assert!(
         !parent.apply(|run, cx| resolve_child(run, cx, &notice)).unwrap(),

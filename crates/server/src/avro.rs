@@ -37,9 +37,39 @@ pub fn null_blob() -> &'static str {
     BLOB.get_or_init(|| encode(wrap(0, AvroValue::Null)))
 }
 
+/// Whether `blob` is base64 of an Avro single-object frame written with the DW `Value` schema
+/// (marker `c3 01` and the schema's fingerprint). The body stays opaque: checking the frame is
+/// cheap enough for every payload on the hot path and refuses what would poison a run's replay
+/// (a blob no SDK can decode) at the API instead.
+pub fn is_value_frame(blob: &str) -> bool {
+    static HEADER: OnceLock<Vec<u8>> = OnceLock::new();
+    let header = HEADER.get_or_init(|| {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(null_blob()).expect("own blob");
+        bytes[..10].to_vec()
+    });
+    const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new().with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    match LENIENT.decode(blob) {
+        Ok(bytes) => bytes.len() > header.len() && bytes.starts_with(header),
+        Err(_) => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recognises_value_frames_only() {
+        assert!(is_value_frame(null_blob()));
+        assert!(is_value_frame(empty_arguments_blob()));
+        assert!(is_value_frame(null_blob().trim_end_matches('=')), "unpadded base64 is accepted");
+        for bad in ["", "!!!not-base64!!!", "AAAA", "wwHioz3/VYAiNw==", "eyJhIjoxfQ=="] {
+            assert!(!is_value_frame(bad), "{bad:?}");
+        }
+    }
 
     /// Golden vectors from the published SDK's `schema/avro-value-v1-golden.json`.
     #[test]

@@ -162,6 +162,12 @@ impl<'a> Fields<'a> {
             .with("field", self.name(key))
             .with("limit_bytes", limits.payload_bytes_max));
         }
+        if !crate::avro::is_value_frame(&payload.blob) {
+            return Err(ApiError::validation(
+                &self.name(key),
+                format!("The {key} blob is not base64 of an Avro single-object frame of the DW Value schema."),
+            ));
+        }
         Ok(Some(payload))
     }
 }
@@ -542,7 +548,7 @@ mod tests {
     #[test]
     fn parses_a_schedule_activity_with_policy_and_timeouts() {
         let commands = parse(json!([{"type": "schedule_activity", "activity_type": "charge", "queue": "orders",
-            "arguments": {"codec": "avro", "blob": "AA=="}, "start_to_close_timeout": "30",
+            "arguments": {"codec": "avro", "blob": "wwHioz3/VYAiNwA="}, "start_to_close_timeout": "30",
             "retry_policy": {"max_attempts": 3, "backoff_seconds": [1, 2], "non_retryable_error_types": ["Bad"]}}]))
         .unwrap();
         let WorkflowCommand::ScheduleActivity(a) = &commands[0] else {
@@ -550,7 +556,7 @@ mod tests {
         };
         assert_eq!(a.timeouts.start_to_close_seconds, Some(30));
         assert_eq!(a.retry_policy.as_ref().unwrap().max_attempts, Some(3));
-        assert_eq!(a.arguments.blob, "AA==");
+        assert_eq!(a.arguments.blob, "wwHioz3/VYAiNwA=");
     }
 
     #[test]
@@ -575,10 +581,20 @@ mod tests {
 
     #[test]
     fn accepts_bare_blob_results() {
-        let commands = parse(json!([{"type": "record_side_effect", "result": "wwE="}])).unwrap();
+        let commands = parse(json!([{"type": "record_side_effect", "result": "wwHioz3/VYAiNwA="}])).unwrap();
         assert!(
-            matches!(&commands[0], WorkflowCommand::RecordSideEffect { result, .. } if result.blob == "wwE=" && result.codec == "avro")
+            matches!(&commands[0], WorkflowCommand::RecordSideEffect { result, .. } if result.blob == "wwHioz3/VYAiNwA=" && result.codec == "avro")
         );
+        // A blob no SDK could decode would poison every replay of the run: refused at the door.
+        for bad in ["wwE=", "!!!not-base64!!!", "AAAA"] {
+            let error = parse(json!([{"type": "record_side_effect", "result": bad}])).unwrap_err();
+            assert_eq!(error.reason, "validation_failed", "{bad}");
+            assert!(
+                error.fields["errors"].get("commands.0.result").is_some(),
+                "{bad}: {:?}",
+                error.fields
+            );
+        }
     }
 
     #[test]

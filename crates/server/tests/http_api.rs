@@ -1869,6 +1869,32 @@ async fn signal_errors() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_avro_payloads_are_refused_before_anything_is_recorded() {
+    let h = Harness::start().await;
+    let start = h.start_workflow("poison", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let before = h.history("poison", run_id).await;
+    // Not base64; base64 without the single-object frame; the marker without the DW fingerprint.
+    for blob in ["!!!not-base64!!!", "AAAA", "wwEAAAAAAAAAAAA="] {
+        let refused = h
+            .cpost("/api/workflows/poison/signal/approve", json!({"input": env(blob)}))
+            .await
+            .err(422, "validation_failed");
+        assert!(refused["errors"].get("input").is_some(), "{refused}");
+        h.cpost(
+            "/api/workflows",
+            json!({"workflow_type": "t", "workflow_id": "p2", "input": env(blob)}),
+        )
+        .await
+        .err(422, "validation_failed");
+    }
+    assert_eq!(h.history("poison", run_id).await, before, "nothing recorded");
+    h.cpost("/api/workflows/poison/signal/approve", json!({"input": env(EMPTY_ARGS)}))
+        .await
+        .ok(202);
+}
+
 // ============================================================================================
 // Cancel and terminate
 
