@@ -261,6 +261,12 @@ pub struct RunState {
     pub workflow_task_wanted: bool,
     /// Signals that still need their own resume task, oldest first.
     pub pending_resumes: VecDeque<ResumeContext>,
+    /// Signals accepted while a workflow task was leased, whose `SignalReceived` is recorded when
+    /// that lease ends. Recorded at once, they would precede the leased task's own events, and
+    /// the SDKs bind a receiver to the wait opened just before it: replay would then deliver the
+    /// signal to a wait the live task never saw it in (non-deterministic). Durable with the run.
+    #[serde(default)]
+    pub deferred_signals: Vec<DeferredSignal>,
     pub activities: BTreeMap<ActivityExecutionId, ActivityExecution>,
     pub timers: BTreeMap<TimerId, TimerState>,
     pub condition_waits: Vec<ConditionWait>,
@@ -285,6 +291,13 @@ pub struct ParentLink {
     pub workflow_id: WorkflowId,
     pub run_id: RunId,
     pub sequence: u32,
+}
+
+/// A `SignalReceived` waiting for the leased workflow task to end.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeferredSignal {
+    pub payload: Map<String, Value>,
+    pub command_id: CommandId,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -365,6 +378,22 @@ impl<'a> Cx<'a> {
 impl RunState {
     pub fn is_closed(&self) -> bool {
         self.status.is_terminal()
+    }
+
+    /// Whether the run's workflow task is leased right now.
+    pub(crate) fn workflow_task_leased(&self) -> bool {
+        self.workflow_task
+            .as_ref()
+            .and_then(|id| self.tasks.get(id))
+            .is_some_and(|task| !task.is_ready())
+    }
+
+    /// Records the signals deferred during a lease that has just ended (or is about to be
+    /// replaced by a close), in arrival order.
+    pub(crate) fn record_deferred_signals(&mut self, cx: &mut Cx) {
+        for deferred in std::mem::take(&mut self.deferred_signals) {
+            self.append(cx, EventType::SignalReceived, deferred.payload, None, Some(&deferred.command_id));
+        }
     }
 
     /// Appends one event to the history and the hash chain.

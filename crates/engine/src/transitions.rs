@@ -113,6 +113,7 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         workflow_task: None,
         workflow_task_wanted: false,
         pending_resumes: VecDeque::new(),
+        deferred_signals: Vec::new(),
         activities: BTreeMap::new(),
         timers: BTreeMap::new(),
         condition_waits: Vec::new(),
@@ -201,7 +202,6 @@ pub fn lease_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, ow
         return Err(run_closed_refusal(run));
     }
     let now = cx.now;
-    let snapshot = run.last_sequence;
     let task = run
         .tasks
         .get(task_id)
@@ -209,6 +209,10 @@ pub fn lease_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, ow
     if task.kind != TaskKind::Workflow || !task.is_ready() || task.available_at > now {
         return Err(Refusal::new(Reason::TaskNotLeased, "Workflow task is not ready to lease."));
     }
+    // Every way a lease ends records its deferred signals; this keeps a new lease from ever
+    // starting with some still held back.
+    run.record_deferred_signals(cx);
+    let snapshot = run.last_sequence;
     let task = run.task_mut(cx, task_id).expect("checked");
     task.fence += 1;
     let lease = Lease {
@@ -333,6 +337,7 @@ pub fn complete_workflow_task(
         apply_command(run, cx, task_id, command)?;
     }
     run.close_task(cx, task_id, TaskClosure::Completed);
+    run.record_deferred_signals(cx);
     if let Some(update @ ResumeContext::Update { update_id, .. }) = &resume {
         // The worker did not settle the update this task was for: offer it again.
         if run.updates.get(update_id).is_some_and(|u| u.status == UpdateStatus::Accepted) && !run.is_closed() {
@@ -1020,6 +1025,8 @@ fn timer_payload_for(timer: &TimerState, signal_name: Option<&str>) -> Map<Strin
 
 /// Closes a run: every open task, timer, wait and activity of it ends with it.
 fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
+    // Accepted signals are facts of this run even if no task will see them: before the close.
+    run.record_deferred_signals(cx);
     run.status = status;
     run.closed_reason = Some(reason);
     run.closed_at = Some(cx.now);
@@ -1137,6 +1144,7 @@ pub fn fail_workflow_task(
         task.available_at = now + backoff;
         task.deadline_at = None;
     }
+    run.record_deferred_signals(cx);
     let receipt = Receipt {
         run_status: run.status,
         created_task_ids: created,
@@ -1169,6 +1177,7 @@ pub fn release_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, 
     task.state = TaskState::Ready;
     task.available_at = now;
     task.deadline_at = None;
+    run.record_deferred_signals(cx);
     Ok(())
 }
 
@@ -1697,6 +1706,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
             task.state = TaskState::Ready;
             task.available_at = now;
             task.deadline_at = None;
+            run.record_deferred_signals(cx);
         }
         (TaskKind::Activity, state) => {
             let Some(execution) = execution_of(run, &task).cloned() else {
@@ -1855,7 +1865,14 @@ pub fn signal(
         "arguments" => payload_json(&arguments),
         "payload_codec" => arguments.codec,
     );
-    run.append(cx, EventType::SignalReceived, payload, None, Some(&command_id));
+    if run.workflow_task_leased() {
+        run.deferred_signals.push(DeferredSignal {
+            payload,
+            command_id: command_id.clone(),
+        });
+    } else {
+        run.append(cx, EventType::SignalReceived, payload, None, Some(&command_id));
+    }
     let resume = ResumeContext::Signal {
         signal_id: signal_id.clone(),
         signal_name: signal_name.to_string(),

@@ -1036,3 +1036,81 @@ fn a_completion_racing_the_run_deadline_is_refused_and_the_clock_times_the_run_o
     assert_eq!(sim.run.closed_reason, Some(ClosedReason::TimedOut));
     assert_eq!(sim.count(EventType::WorkflowTimedOut), 1);
 }
+
+fn open_wait() -> WorkflowCommand {
+    WorkflowCommand::OpenConditionWait {
+        condition_key: Some("k".into()),
+        fingerprint: Some("fp".into()),
+        timeout_seconds: None,
+        tags: Map::new(),
+    }
+}
+
+/// The deterministic repro of the conformance finding: `a`, `b` during the first lease and
+/// `close` during the second. Each signal must be recorded after the events of the task that was
+/// leased when it arrived, never before them, so replay binds it to the wait that task opened.
+#[test]
+fn a_signal_arriving_during_a_lease_is_recorded_after_that_tasks_events() {
+    let mut sim = Sim::start();
+    let send = |sim: &mut Sim, name: &str, id: &str| {
+        let (name, id) = (name.to_string(), id.to_string());
+        sim.apply(move |run, cx| signal(run, cx, &name, Payload::avro("1"), id.into()))
+            .unwrap();
+    };
+    let (task, fence) = sim.lease_workflow("w");
+    send(&mut sim, "append", "c-a");
+    send(&mut sim, "append", "c-b");
+    assert_eq!(sim.count(EventType::SignalReceived), 0, "held back while the task is leased");
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![open_wait()]))
+        .unwrap();
+    let (task, fence) = sim.lease_workflow("w");
+    send(&mut sim, "close", "c-close");
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![open_wait()]))
+        .unwrap();
+    let tail: Vec<_> = sim.event_types().into_iter().skip_while(|t| *t != "ConditionWaitOpened").collect();
+    assert_eq!(
+        tail,
+        [
+            "ConditionWaitOpened",
+            "SignalReceived",
+            "SignalReceived",
+            "ConditionWaitOpened",
+            "SignalReceived"
+        ],
+        "{:?}",
+        sim.event_types()
+    );
+    let names: Vec<_> = sim
+        .history
+        .iter()
+        .filter(|e| e.event_type == EventType::SignalReceived)
+        .map(|e| e.payload["workflow_command_id"].clone())
+        .collect();
+    assert_eq!(names, [json!("c-a"), json!("c-b"), json!("c-close")], "arrival order kept");
+
+    // A signal while no task is leased is recorded at once.
+    while sim.run.workflow_task.is_some() {
+        sim.complete_workflow("w", vec![open_wait()]).unwrap();
+    }
+    send(&mut sim, "now", "c-now");
+    assert_eq!(sim.history.last().unwrap().event_type, EventType::SignalReceived);
+}
+
+#[test]
+fn deferred_signals_are_recorded_when_the_lease_expires_or_the_run_closes() {
+    let mut sim = Sim::start();
+    let (_task, _fence) = sim.lease_workflow("w");
+    sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("1"), "c1".into())).unwrap();
+    sim.advance(LEASE_MS + 1);
+    assert_eq!(sim.count(EventType::SignalReceived), 1, "the lost lease ends the hold");
+    assert!(sim.run.deferred_signals.is_empty());
+
+    let (_task, _fence) = sim.lease_workflow("w");
+    sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("2"), "c2".into())).unwrap();
+    sim.apply(|run, cx| close_by_command(run, cx, CloseCommand::Terminate, None, "t".into()))
+        .unwrap();
+    let types = sim.event_types();
+    let received = types.iter().rposition(|t| *t == "SignalReceived").expect("recorded");
+    let closed = types.iter().position(|t| *t == "WorkflowTerminated").expect("closed");
+    assert!(received < closed, "accepted before the close, recorded before it: {types:?}");
+}
