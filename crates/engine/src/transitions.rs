@@ -1111,7 +1111,8 @@ pub struct WorkflowTaskFailure {
     pub failure_type: Option<String>,
 }
 
-/// A failed workflow task records no history. `WorkflowTaskWaitingForHistory` closes it (nothing
+/// A failed workflow task records no history of its own (only signals deferred during its lease).
+/// `WorkflowTaskWaitingForHistory` closes it (nothing
 /// new to do); any other failure offers it again after a capped exponential backoff.
 pub fn fail_workflow_task(
     run: &mut RunState,

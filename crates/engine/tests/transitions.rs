@@ -404,16 +404,10 @@ fn a_signal_resumes_a_condition_wait_and_cancels_its_timeout() {
 #[test]
 fn reopening_the_same_condition_wait_records_no_satisfied_row() {
     let mut sim = Sim::start();
-    let wait = || WorkflowCommand::OpenConditionWait {
-        condition_key: Some("k".into()),
-        fingerprint: Some("fp".into()),
-        timeout_seconds: None,
-        tags: Map::new(),
-    };
-    sim.complete_workflow("w", vec![wait()]).unwrap();
+    sim.complete_workflow("w", vec![open_wait()]).unwrap();
     sim.apply(|run, cx| signal(run, cx, "poke", Payload::avro("1"), "c1".into()))
         .unwrap();
-    sim.complete_workflow("w", vec![wait()]).unwrap();
+    sim.complete_workflow("w", vec![open_wait()]).unwrap();
     assert_eq!(sim.count(EventType::ConditionWaitSatisfied), 0);
     assert_eq!(sim.count(EventType::ConditionWaitOpened), 2);
     assert_eq!(sim.run.condition_waits.len(), 1);
@@ -944,21 +938,26 @@ fn a_closing_parent_ends_children_by_their_policy() {
     );
 }
 
-#[test]
-fn heartbeats_move_the_heartbeat_deadline_not_start_to_close_and_details_reach_the_retry() {
-    let mut sim = Sim::start();
-    let schedule = WorkflowCommand::ScheduleActivity(ScheduleActivity {
+/// A "slow" activity with a 3 s heartbeat timeout.
+fn heartbeating_activity(max_attempts: u32, start_to_close_seconds: i64) -> WorkflowCommand {
+    WorkflowCommand::ScheduleActivity(ScheduleActivity {
         activity_type: "slow".into(),
         arguments: Payload::avro("a"),
         queue: None,
-        retry_policy: Some(retry(2)),
+        retry_policy: Some(retry(max_attempts)),
         timeouts: ActivityTimeouts {
-            start_to_close_seconds: Some(10),
+            start_to_close_seconds: Some(start_to_close_seconds),
             heartbeat_seconds: Some(3),
             ..Default::default()
         },
         tags: Map::new(),
-    });
+    })
+}
+
+#[test]
+fn heartbeats_move_the_heartbeat_deadline_not_start_to_close_and_details_reach_the_retry() {
+    let mut sim = Sim::start();
+    let schedule = heartbeating_activity(2, 10);
     sim.complete_workflow("w", vec![schedule]).unwrap();
     let (task, attempt) = sim.lease_activity("w");
     for second in [2, 4, 6, 8] {
@@ -998,18 +997,7 @@ fn heartbeats_move_the_heartbeat_deadline_not_start_to_close_and_details_reach_t
 #[test]
 fn a_missed_heartbeat_times_the_attempt_out() {
     let mut sim = Sim::start();
-    let schedule = WorkflowCommand::ScheduleActivity(ScheduleActivity {
-        activity_type: "slow".into(),
-        arguments: Payload::avro("a"),
-        queue: None,
-        retry_policy: Some(retry(1)),
-        timeouts: ActivityTimeouts {
-            start_to_close_seconds: Some(60),
-            heartbeat_seconds: Some(3),
-            ..Default::default()
-        },
-        tags: Map::new(),
-    });
+    let schedule = heartbeating_activity(1, 60);
     sim.complete_workflow("w", vec![schedule]).unwrap();
     sim.lease_activity("w");
     sim.advance(3_000);
@@ -1104,6 +1092,17 @@ fn deferred_signals_are_recorded_when_the_lease_expires_or_the_run_closes() {
     sim.advance(LEASE_MS + 1);
     assert_eq!(sim.count(EventType::SignalReceived), 1, "the lost lease ends the hold");
     assert!(sim.run.deferred_signals.is_empty());
+
+    let (task, fence) = sim.lease_workflow("w");
+    sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("f"), "c-f".into())).unwrap();
+    let failure = WorkflowTaskFailure {
+        message: "boom".into(),
+        ..Default::default()
+    };
+    sim.apply(|run, cx| fail_workflow_task(run, cx, &task, "w", fence, failure))
+        .unwrap();
+    assert_eq!(sim.count(EventType::SignalReceived), 2, "a failed task ends the hold");
+    sim.advance(5_000);
 
     let (_task, _fence) = sim.lease_workflow("w");
     sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("2"), "c2".into())).unwrap();

@@ -5,13 +5,13 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
-use crate::{now_ms, render, Shared};
+use crate::{now_ms, render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_engine::*;
-use capstan_store::{intent_hash, CommandKey, DuplicatePolicy, KeyedReceipt, ListFilter, RunLocator, StartOutcome, Store};
+use capstan_store::{intent_hash, CommandKey, DuplicatePolicy, KeyedReceipt, ListFilter, RunLocator, StartOutcome, Store, StoreError};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -27,6 +27,42 @@ fn in_operation(mut error: ApiError, operation: &str, workflow_id: &str) -> ApiE
         .or_insert_with(|| control_plane(operation, workflow_id));
     error.fields.entry("workflow_id").or_insert_with(|| json!(workflow_id));
     error
+}
+
+/// Applies a control-plane command to a run and renders its receipt. With a `key` the command is
+/// idempotent: a retry with the same key and intent answers the body stored with the first, marked
+/// `retained: true` (the second value is then `true` too).
+pub(crate) async fn apply_command<S, T, F, R>(
+    state: &AppState<S>,
+    namespace: &str,
+    locator: RunLocator,
+    key: Option<CommandKey>,
+    transition: F,
+    render: R,
+) -> Result<(Value, bool), StoreError>
+where
+    S: Store,
+    T: Send + 'static,
+    F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    R: Fn(&T, &RunState) -> Value + Clone + Send + 'static,
+{
+    let now = now_ms();
+    let (value, run) = match key {
+        Some(key) => match state
+            .store
+            .mutate_run_keyed(namespace, locator, key, now, transition, render.clone())
+            .await?
+        {
+            (KeyedReceipt::Retained(mut stored), _) => {
+                stored["retained"] = json!(true);
+                return Ok((stored, true));
+            }
+            (KeyedReceipt::Fresh(value), run) => (value, run.expect("fresh receipts come with the run")),
+        },
+        None => state.store.mutate_run(namespace, locator, now, transition).await?,
+    };
+    after_change(state, &run);
+    Ok((render(&value, &run), false))
 }
 
 const SEARCH_ATTRIBUTES_MAX: usize = 100;
@@ -328,7 +364,7 @@ fn target(workflow_id: &str, run_id: Option<String>) -> (RunLocator, Option<RunI
     (RunLocator::Current(WorkflowId(workflow_id.to_string())), run_id.map(RunId))
 }
 
-fn check_target(run: &RunState, wanted: &Option<RunId>) -> Result<(), Refusal> {
+pub(crate) fn check_target(run: &RunState, wanted: &Option<RunId>) -> Result<(), Refusal> {
     match wanted {
         Some(run_id) if *run_id != run.run_id => Err(Refusal::new(
             Reason::RunNotCurrent,
@@ -391,43 +427,17 @@ async fn signal_impl<S: Store>(
             })
         }
     };
-    let now = now_ms();
-    let body = match request_id.clone() {
-        Some(request_id) => {
-            let key = CommandKey {
-                command_type: "signal".into(),
-                intent_hash: intent_hash(&[&signal_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
-                request_id: request_id.clone(),
-            };
-            let (receipt, run) = state
-                .store
-                .mutate_run_keyed(&namespace, locator, key, now, transition, receipt_body.clone())
-                .await
-                .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
-            match receipt {
-                KeyedReceipt::Retained(mut stored) => {
-                    stored["retained"] = json!(true);
-                    stored["intent_verified"] = json!(true);
-                    stored
-                }
-                KeyedReceipt::Fresh(receipt) => {
-                    let run = run.expect("fresh receipts come with the run");
-                    after_change(&state, &run);
-                    // Exactly the body the store kept, so a replay answers the same.
-                    receipt_body(&receipt, &run)
-                }
-            }
-        }
-        None => {
-            let (receipt, run) = state
-                .store
-                .mutate_run(&namespace, locator, now, transition)
-                .await
-                .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
-            after_change(&state, &run);
-            receipt_body(&receipt, &run)
-        }
-    };
+    let key = request_id.map(|request_id| CommandKey {
+        command_type: "signal".into(),
+        intent_hash: intent_hash(&[&signal_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
+        request_id,
+    });
+    let (mut body, retained) = apply_command(&state, &namespace, locator, key, transition, receipt_body)
+        .await
+        .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
+    if retained {
+        body["intent_verified"] = json!(true);
+    }
     tracing::info!(namespace, workflow_id, signal_name, "signal received");
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
@@ -495,43 +505,17 @@ async fn close_impl<S: Store>(
             })
         }
     };
-    let now = now_ms();
-    let body = match request_id.clone() {
-        Some(request_id) => {
-            let key = CommandKey {
-                command_type: operation.into(),
-                intent_hash: intent_hash(&[reason.as_deref().unwrap_or(""), run_id.as_deref().unwrap_or("")]),
-                request_id: request_id.clone(),
-            };
-            let (receipt, run) = state
-                .store
-                .mutate_run_keyed(&namespace, locator, key, now, transition, render_receipt.clone())
-                .await
-                .map_err(|e| in_operation(e.into(), operation, &workflow_id))?;
-            match receipt {
-                KeyedReceipt::Retained(mut stored) => {
-                    stored["retained"] = json!(true);
-                    stored
-                }
-                KeyedReceipt::Fresh(receipt) => {
-                    let run = run.expect("fresh receipts come with the run");
-                    after_change(&state, &run);
-                    let mut body = render_receipt(&receipt, &run);
-                    body["request_id"] = json!(request_id);
-                    body
-                }
-            }
-        }
-        None => {
-            let (receipt, run) = state
-                .store
-                .mutate_run(&namespace, locator, now, transition)
-                .await
-                .map_err(|e| in_operation(e.into(), operation, &workflow_id))?;
-            after_change(&state, &run);
-            render_receipt(&receipt, &run)
-        }
-    };
+    let key = request_id.clone().map(|request_id| CommandKey {
+        command_type: operation.into(),
+        intent_hash: intent_hash(&[reason.as_deref().unwrap_or(""), run_id.as_deref().unwrap_or("")]),
+        request_id,
+    });
+    let (mut body, retained) = apply_command(&state, &namespace, locator, key, transition, render_receipt)
+        .await
+        .map_err(|e| in_operation(e.into(), operation, &workflow_id))?;
+    if let (Some(request_id), false) = (&request_id, retained) {
+        body["request_id"] = json!(request_id);
+    }
     tracing::info!(namespace, workflow_id, operation, "workflow closed by command");
     Ok(Json(body))
 }
@@ -676,42 +660,15 @@ pub async fn repair<S: Store>(
             })
         }
     };
-    let now = now_ms();
-    let body = match request_id {
-        Some(request_id) => {
-            let key = CommandKey {
-                command_type: "repair".into(),
-                intent_hash: intent_hash(&["repair"]),
-                request_id,
-            };
-            let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::repair(run, cx, command_id);
-            let (receipt, run) = state
-                .store
-                .mutate_run_keyed(&namespace, locator, key, now, transition, render_receipt.clone())
-                .await
-                .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
-            match receipt {
-                KeyedReceipt::Retained(mut stored) => {
-                    stored["retained"] = json!(true);
-                    stored
-                }
-                KeyedReceipt::Fresh(outcome) => {
-                    let run = run.expect("fresh receipts come with the run");
-                    after_change(&state, &run);
-                    render_receipt(&outcome, &run)
-                }
-            }
-        }
-        None => {
-            let (outcome, run) = state
-                .store
-                .mutate_run(&namespace, locator, now, move |run, cx| capstan_engine::repair(run, cx, command_id))
-                .await
-                .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
-            after_change(&state, &run);
-            render_receipt(&outcome, &run)
-        }
-    };
+    let key = request_id.map(|request_id| CommandKey {
+        command_type: "repair".into(),
+        intent_hash: intent_hash(&["repair"]),
+        request_id,
+    });
+    let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::repair(run, cx, command_id);
+    let (body, _) = apply_command(&state, &namespace, locator, key, transition, render_receipt)
+        .await
+        .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "repair requested");
     Ok(Json(body))
 }
@@ -747,36 +704,14 @@ pub async fn archive<S: Store>(
     };
     let why = reason.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::archive(run, cx, why, command_id);
-    let now = now_ms();
-    let body = match request_id {
-        Some(request_id) => {
-            let key = CommandKey {
-                command_type: "archive".into(),
-                intent_hash: intent_hash(&[reason.as_deref().unwrap_or("")]),
-                request_id,
-            };
-            let (receipt, run) = state
-                .store
-                .mutate_run_keyed(&namespace, locator, key, now, transition, render_receipt.clone())
-                .await
-                .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
-            match receipt {
-                KeyedReceipt::Retained(mut stored) => {
-                    stored["retained"] = json!(true);
-                    stored
-                }
-                KeyedReceipt::Fresh(outcome) => render_receipt(&outcome, &run.expect("fresh receipts come with the run")),
-            }
-        }
-        None => {
-            let (outcome, run) = state
-                .store
-                .mutate_run(&namespace, locator, now, transition)
-                .await
-                .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
-            render_receipt(&outcome, &run)
-        }
-    };
+    let key = request_id.map(|request_id| CommandKey {
+        command_type: "archive".into(),
+        intent_hash: intent_hash(&[reason.as_deref().unwrap_or("")]),
+        request_id,
+    });
+    let (body, _) = apply_command(&state, &namespace, locator, key, transition, render_receipt)
+        .await
+        .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "archive requested");
     Ok(Json(body))
 }

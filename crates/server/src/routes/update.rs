@@ -1,7 +1,7 @@
 //! Updates: `UpdateAccepted` is recorded at once, a dedicated workflow task runs the handler,
 //! and the request waits (up to its budget) for `UpdateCompleted`.
 
-use super::worker::after_change;
+use super::control::{apply_command, check_target};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
 use capstan_engine::*;
-use capstan_store::{intent_hash, CommandKey, KeyedReceipt, RunLocator, Store};
+use capstan_store::{intent_hash, CommandKey, RunLocator, Store};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -100,50 +100,19 @@ async fn run_update<S: Store>(
     let args = arguments.clone();
     let command_id = CommandId(ulid::Ulid::new().to_string());
     let transition = move |run: &mut RunState, cx: &mut Cx| {
-        if let Some(target) = &wanted {
-            if *target != run.run_id {
-                return Err(
-                    Refusal::new(Reason::RunNotCurrent, "The targeted run is not the current run of this workflow.")
-                        .with("run_id", target.as_str()),
-                );
-            }
-        }
+        check_target(run, &wanted)?;
         accept_update(run, cx, &name, args, command_id)
     };
     let receipt = |(update_id, receipt): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id, "command_id": receipt.command_id, "command_sequence": receipt.command_sequence});
     let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
-    let now = now_ms();
-    let (accepted, retained) = match &request_id {
-        Some(request_id) => {
-            let key = CommandKey {
-                command_type: "update".into(),
-                intent_hash: intent_hash(&[&update_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
-                request_id: request_id.clone(),
-            };
-            let (outcome, run) = state
-                .store
-                .mutate_run_keyed(&namespace, locator, key, now, transition, receipt)
-                .await
-                .map_err(|e| fail(e.into()))?;
-            match outcome {
-                KeyedReceipt::Fresh(value) => {
-                    let run = run.expect("fresh receipts come with the run");
-                    after_change(&state, &run);
-                    (receipt(&value, &run), false)
-                }
-                KeyedReceipt::Retained(stored) => (stored, true),
-            }
-        }
-        None => {
-            let (value, run) = state
-                .store
-                .mutate_run(&namespace, locator, now, transition)
-                .await
-                .map_err(|e| fail(e.into()))?;
-            after_change(&state, &run);
-            (receipt(&value, &run), false)
-        }
-    };
+    let key = request_id.clone().map(|request_id| CommandKey {
+        command_type: "update".into(),
+        intent_hash: intent_hash(&[&update_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
+        request_id,
+    });
+    let (accepted, retained) = apply_command(&state, &namespace, locator, key, transition, receipt)
+        .await
+        .map_err(|e| fail(e.into()))?;
     let update_id = accepted["update_id"].as_str().unwrap_or_default().to_string();
     let run_id = accepted["run_id"].as_str().unwrap_or_default().to_string();
     tracing::info!(namespace, workflow_id, update_name, update_id, retained, "update accepted");
