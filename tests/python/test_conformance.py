@@ -92,6 +92,11 @@ def gap(condition: bool, message: str) -> None:
         raise ConformanceGap(message)
 
 
+def assert_that(condition: bool, message: str) -> None:
+    """An assertion phrased like `gap`, for scenarios that used to be known gaps."""
+    assert condition, message
+
+
 def known_gap(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, raises=ConformanceGap, reason=reason)
 
@@ -746,12 +751,11 @@ def test_unknown_query_is_refused_and_known_handlers_still_answer(server_url, wo
     assert result == {"entries": ["a"], "count": 1}
 
 
-@known_gap("unknown_signal_and_query_errors: an undeclared signal is accepted (202) and recorded")
 def test_unknown_signal_is_refused_when_the_worker_declared_its_signals(server_url, worker_url, run_worker):
     """signal-query: unknown_signal_and_query_errors (the signal half). The Python worker
     registers `workflow_command_contracts` declaring `append` and `close`; the reference answers
     a signal outside a non-empty declared list with `404 unknown_signal` (Python `SignalFailed`).
-    Capstan stores the contracts but does not enforce them: the signal is `signal_received`."""
+    Capstan refuses it the same way and records nothing."""
     queue, workflow_id = unique("conf-unknown-s"), unique("unknown-signal")
 
     async def main():
@@ -764,7 +768,7 @@ def test_unknown_signal_is_refused_when_the_worker_declared_its_signals(server_u
                     receipt = await handle.signal("no-such-signal", ["x"])
                 except SignalFailed as error:
                     receipt = {"refused": error.reason, "status": error.status, "body": error.body}
-                gap(
+                assert_that(
                     receipt.get("status") == 404 and receipt.get("refused") == "unknown_signal",
                     f"an undeclared signal was not refused with 404 unknown_signal: {receipt}",
                 )
@@ -915,12 +919,11 @@ def test_update_wait_stages_accepted_waiting_completed(server_url, worker_url, r
     assert_history_invariants(events, terminal="WorkflowCompleted")
 
 
-@known_gap("accepted_update_control_plane_and_history: no run-detail surface shows an accepted update")
 def test_run_detail_shows_an_accepted_update(server_url, worker_url, run_worker):
     """workflow-update: accepted_update_control_plane_and_history ("run detail surfaces expose
-    the accepted update"). With no worker, an update accepted with `wait_for: accepted` is in
-    history only: neither the run detail (`GET /workflows/{id}/runs/{run}`, describe) nor the
-    history export's `updates` list names it."""
+    the accepted update"). With no worker, an update accepted with `wait_for: accepted` is named
+    by the run detail (`GET /workflows/{id}/runs/{run}`), describe and the history export's
+    `updates` list."""
     queue, workflow_id = unique("conf-upd-detail"), unique("upd-detail")
 
     async def main():
@@ -938,7 +941,7 @@ def test_run_detail_shows_an_accepted_update(server_url, worker_url, run_worker)
                 export = (await http.get(f"/api/workflows/{workflow_id}/runs/{handle.run_id}/history/export")).json()
                 update_id = accepted["update_id"]
                 surfaces = {"run detail": json.dumps(detail), "describe": json.dumps(described), "export updates": json.dumps(export.get("updates"))}
-                gap(
+                assert_that(
                     any(update_id in text for text in surfaces.values()),
                     f"accepted update {update_id} appears on no run-detail surface: run detail keys {sorted(detail)}, export updates {export.get('updates')}",
                 )
@@ -1118,15 +1121,15 @@ def test_update_to_a_closed_run_is_refused(server_url, worker_url, run_worker):
 
 
 def test_unknown_update_fails_typed_and_invokes_no_handler(server_url, worker_url, run_worker):
-    """workflow-update: unknown_update_refusal (what passes). An undeclared update name gives a
-    typed error naming it (422 `update_failed`, Python `UpdateFailed`), no handler runs (no
-    UpdateApplied, state unchanged) and a known update works afterwards."""
+    """workflow-update: unknown_update_refusal (typed error, no handler). An undeclared update
+    name gives a typed error naming it (409 `update_rejected`, Python `UpdateRejected`), no
+    handler runs (no UpdateApplied, state unchanged) and a known update works afterwards."""
     queue, workflow_id = unique("conf-upd-unknown"), unique("upd-unknown")
 
     async def main():
         async with run_worker(worker_url, queue, workflows=[CartWorkflow]) as worker, make_client(server_url) as client:
             handle = await client.start_workflow(workflow_type="conformance.cart", task_queue=queue, workflow_id=workflow_id, input=[])
-            with pytest.raises(UpdateFailed) as failed:
+            with pytest.raises(UpdateRejected) as failed:
                 await handle.update("no_such_update", ["x"], wait_for="completed")
             items = await sdk_query(handle, "items")
             known = await handle.update("add_item", ["fig"], wait_for="completed")
@@ -1142,12 +1145,11 @@ def test_unknown_update_fails_typed_and_invokes_no_handler(server_url, worker_ur
     assert known["result"] == {"count": 1, "items": ["fig"]} and result == ["fig"]
 
 
-@known_gap("unknown_update_refusal: an undeclared update is accepted (UpdateAccepted) and then failed, not rejected")
 def test_unknown_update_is_rejected_before_acceptance(server_url, worker_url, run_worker):
     """workflow-update: unknown_update_refusal (the refusal). The worker declared its updates
     (`workflow_command_contracts.updates = [add_item, echo]`); the reference validates the name
-    before recording anything: `409 update_rejected` (Python `UpdateRejected`). Capstan records
-    UpdateAccepted and the worker fails it (422 `update_failed`)."""
+    before recording anything: `409 update_rejected` (Python `UpdateRejected`), no
+    UpdateAccepted."""
     queue, workflow_id = unique("conf-upd-rejected"), unique("upd-rejected")
 
     async def main():
@@ -1164,19 +1166,18 @@ def test_unknown_update_is_rejected_before_acceptance(server_url, worker_url, ru
                     outcome = f"UpdateFailed({error.reason}): {error}"
                 events = await fetch_history(client, workflow_id, handle.run_id)
                 accepted = [e for e in events_of(events, "UpdateAccepted") if payload_of(e)["update_name"] == "no_such_update"]
-                gap(isinstance(outcome, UpdateRejected) and not accepted, f"undeclared update not rejected: {outcome}; history {type_sequence(events)}")
+                assert_that(isinstance(outcome, UpdateRejected) and not accepted, f"undeclared update not rejected: {outcome}; history {type_sequence(events)}")
             finally:
                 await terminate_quietly(http, workflow_id)
 
     run_async(main(), timeout=60)
 
 
-@known_gap("declared_update_contract_visibility: declared update names are not on any public surface")
 def test_declared_update_contracts_are_visible(server_url, worker_url, run_worker):
     """workflow-update: declared_update_contract_visibility. The reference lets WorkflowStarted
     carry `declared_updates` / `declared_update_contracts` (20-history-and-commands.md); the
-    Python worker registered them (`workflow_command_contracts`) before the start. Capstan keeps
-    them with the registration only: no history field, no describe field, no worker listing."""
+    Python worker registered them (`workflow_command_contracts`) before the start, and Capstan
+    records them on WorkflowStarted and shows them on describe."""
     queue, workflow_id = unique("conf-upd-declared"), unique("upd-declared")
 
     async def main():
@@ -1187,8 +1188,8 @@ def test_declared_update_contracts_are_visible(server_url, worker_url, run_worke
                 events = await wait_for_open_waits(client, handle)
                 started = payload_of(events_of(events, "WorkflowStarted")[0])
                 described = (await http.get(f"/api/workflows/{workflow_id}")).json()
-                declared = started.get("declared_updates") or described.get("declared_updates") or []
-                gap("add_item" in declared, f"no declared_updates on WorkflowStarted ({sorted(started)}) or describe")
+                assert started.get("declared_updates") == ["add_item", "echo"], sorted(started)
+                assert described.get("declared_updates") == ["add_item", "echo"], sorted(described)
                 assert await handle.update("add_item", ["kiwi"], wait_for="completed")
             finally:
                 await terminate_quietly(http, workflow_id)
@@ -1351,12 +1352,11 @@ def test_parent_close_policies_request_cancel_and_abandon(server_url, worker_url
     assert abandoned_result == {"input": "abandon", "value": "ABANDON"}
 
 
-@known_gap("parent_cancellation_propagates_to_child: the parent history does not record the applied parent-close policy")
 def test_parent_history_records_the_applied_parent_close_policy(server_url, worker_url, run_worker):
     """child-workflow: parent_cancellation_propagates_to_child ("parent and child histories
     record the cancellation relationship"). The reference (30-p1-features.md §3) records
     `ParentClosePolicyApplied` (or `…Failed`) for each child a closing parent terminates or
-    cancels; Capstan records the child's cancellation only in the child's history."""
+    cancels; Capstan records it before the parent's terminal event."""
     queue, child_queue = unique("conf-pcp-applied"), unique("conf-pcp-applied-c")
 
     async def main():
@@ -1368,8 +1368,12 @@ def test_parent_history_records_the_applied_parent_close_policy(server_url, work
             await handle.cancel(reason="parent cancelled")
             events = await fetch_history(client, handle.workflow_id, handle.run_id)
         applied = [e for e in events if event_type(e) in ("ParentClosePolicyApplied", "ParentClosePolicyFailed")]
-        gap(
-            any(payload_of(e).get("child_workflow_instance_id") == child_id for e in applied),
+        assert type_sequence(events)[-1] == "WorkflowCancelled", type_sequence(events)
+        assert [payload_of(e)["policy"] for e in applied] == ["request_cancel"], applied
+        # The published replayer takes the parent's history, the new event included.
+        replay(ParentWorkflow, events, ["request_cancel", child_queue, "x"])
+        assert_that(
+            any(payload_of(e).get("child_instance_id") == child_id for e in applied),
             f"parent history has no ParentClosePolicyApplied for {child_id}: {type_sequence(events)}",
         )
 

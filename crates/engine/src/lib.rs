@@ -11,6 +11,7 @@
 //! produced in one transaction — or nothing at all when the transition returns a [`Refusal`].
 
 pub mod command;
+pub mod contract;
 pub mod history;
 pub mod ids;
 pub mod limits;
@@ -24,6 +25,7 @@ pub mod timefmt;
 mod transitions;
 
 pub use command::*;
+pub use contract::CommandContract;
 pub use history::{chain_hash, verify_chain, verify_chain_from, EventType, HistoryEvent, GENESIS_HASH};
 pub use ids::*;
 pub use limits::Limits;

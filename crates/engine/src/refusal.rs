@@ -45,6 +45,8 @@ pub enum Reason {
     QueryTaskAttemptMismatch,
     RunNotClosed,
     RunTimedOut,
+    UnknownSignal,
+    UpdateRejected,
 }
 
 impl Reason {
@@ -86,6 +88,8 @@ impl Reason {
             Reason::QueryTaskAttemptMismatch => "query_task_attempt_mismatch",
             Reason::RunNotClosed => "run_not_closed",
             Reason::RunTimedOut => "run_timed_out",
+            Reason::UnknownSignal => "unknown_signal",
+            Reason::UpdateRejected => "update_rejected",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The state of one workflow run, and the bookkeeping every transition shares.
 
 use crate::command::{ActivityTimeouts, RetryPolicy, StepKind, StepTags, WorkflowFailure};
+use crate::contract::CommandContract;
 use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
 use crate::ids::*;
 use crate::limits::Limits;
@@ -163,6 +164,10 @@ pub struct UpdateRecord {
     pub status: UpdateStatus,
     pub result: Option<Payload>,
     pub failure: Option<WorkflowFailure>,
+    #[serde(default)]
+    pub accepted_at: Millis,
+    #[serde(default)]
+    pub closed_at: Option<Millis>,
 }
 
 /// What a closed task answered, kept so an identical retried report gets the same answer.
@@ -280,6 +285,9 @@ pub struct RunState {
     pub updates: BTreeMap<String, UpdateRecord>,
     /// Highest fence ever issued on this run's tasks (visible in describe output).
     pub fence_high_water: u64,
+    /// The command contract registered for this workflow type when the run started, if any.
+    #[serde(default)]
+    pub contract: Option<CommandContract>,
 }
 
 fn genesis() -> String {

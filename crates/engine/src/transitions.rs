@@ -4,6 +4,7 @@
 //! discard both, so a refused report leaves nothing behind.
 
 use crate::command::*;
+use crate::contract::CommandContract;
 use crate::history::EventType;
 use crate::ids::*;
 use crate::payload::Payload;
@@ -58,6 +59,8 @@ pub struct StartRun {
     pub memo: Map<String, Value>,
     pub search_attributes: Map<String, Value>,
     pub command_id: CommandId,
+    /// The command contract registered for the workflow type at start, recorded on the run.
+    pub contract: Option<CommandContract>,
 }
 
 /// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
@@ -122,6 +125,7 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         pending_updates: VecDeque::new(),
         updates: BTreeMap::new(),
         fence_high_water: 0,
+        contract: start.contract,
     }
 }
 
@@ -150,6 +154,9 @@ fn begin_run(mut run: RunState, cx: &mut Cx) -> RunState {
     started.insert("run_number".into(), json!(run.run_number));
     if let Some(previous) = &run.continued_from_run_id {
         started.insert("continued_from_run_id".into(), json!(previous));
+    }
+    if let Some(contract) = &run.contract {
+        started.extend(contract.declared_fields());
     }
     if let Some(parent) = &run.parent {
         started.insert("parent_workflow_instance_id".into(), json!(parent.workflow_id));
@@ -183,6 +190,13 @@ fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_
         memo: previous.memo.clone(),
         search_attributes: previous.search_attributes.clone(),
         command_id: cx.id(),
+        contract: None,
+    };
+    // The contract belongs to a workflow type on a queue; a run that moves to another has none.
+    let same_code = start.workflow_type == previous.workflow_type && start.task_queue == previous.task_queue;
+    let start = StartRun {
+        contract: previous.contract.clone().filter(|_| same_code),
+        ..start
     };
     let mut run = blank_run(cx, start, previous.run_number + 1, previous.execution_deadline_at);
     run.continued_from_run_id = Some(previous.run_id.clone());
@@ -784,6 +798,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                     memo: Map::new(),
                     search_attributes: Map::new(),
                     command_id: next.id(),
+                    contract: None,
                 };
                 let execution_deadline_at = start.execution_timeout_seconds.map(|s| next.now + s * 1000);
                 let mut child_run = blank_run(&next, start, 1, execution_deadline_at);
@@ -845,6 +860,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             run.append(cx, EventType::UpdateCompleted, completed, wt, Some(&record.command_id));
             let stored = run.updates.get_mut(&update_id).expect("checked");
             stored.status = UpdateStatus::Completed;
+            stored.closed_at = Some(cx.now);
             stored.result = Some(result);
             // A regular task follows, re-evaluating whatever the handler changed.
             run.pending_resumes.push_back(ResumeContext::AfterUpdate { update_id });
@@ -867,6 +883,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             run.append(cx, EventType::UpdateCompleted, payload, wt, Some(&record.command_id));
             let stored = run.updates.get_mut(&update_id).expect("checked");
             stored.status = UpdateStatus::Failed;
+            stored.closed_at = Some(cx.now);
             stored.failure = Some(failure);
         }
         WorkflowCommand::UpsertMemo { entries, tags } => {
@@ -1054,6 +1071,17 @@ fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedR
                 "request_cancel" | "request_cancellation" => CloseCommand::Cancel,
                 _ => continue,
             };
+            // The parent's side of the relationship, before its terminal event (the child's
+            // close commits in the same transaction). DW's field names: no `sequence` or
+            // `child_call_id`, which the SDKs' replayers would take for a step resolution.
+            let payload = obj!(
+                "child_instance_id" => child.workflow_id,
+                "child_run_id" => child.run_id,
+                "child_workflow_type" => child.workflow_type,
+                "policy" => child.parent_close_policy,
+                "reason" => format!("Parent workflow closed ({}); parent-close policy: {}.", reason.as_str(), child.parent_close_policy),
+            );
+            run.append(cx, EventType::ParentClosePolicyApplied, payload, None, None);
             cx.effects.close_children.push((child.workflow_id, command));
         }
     }
@@ -1070,6 +1098,7 @@ fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedR
     run.pending_updates.clear();
     for update in run.updates.values_mut().filter(|u| u.status == UpdateStatus::Accepted) {
         update.status = UpdateStatus::Failed;
+        update.closed_at = Some(cx.now);
         update.failure = Some(WorkflowFailure {
             message: "The workflow run closed before the update was applied.".into(),
             ..Default::default()
@@ -1846,6 +1875,49 @@ fn require_open(run: &RunState) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// The contract that admits signals and updates to a run: the one recorded when it started,
+/// else the one `registered` for its workflow type now (runs started before any worker
+/// registered, children, and runs continued as another type).
+pub fn admission_contract<'a>(run: &'a RunState, registered: Option<&'a CommandContract>) -> Option<&'a CommandContract> {
+    run.contract.as_ref().or(registered)
+}
+
+/// Refuses a signal the run's workflow type does not declare (404 `unknown_signal`).
+pub fn admit_signal(run: &RunState, signal_name: &str, registered: Option<&CommandContract>) -> Result<(), Refusal> {
+    require_open(run)?;
+    match admission_contract(run, registered) {
+        Some(contract) if !contract.admits_signal(signal_name) => Err(Refusal::new(
+            Reason::UnknownSignal,
+            format!(
+                "Workflow type {:?} does not declare a signal named {signal_name:?}.",
+                run.workflow_type
+            ),
+        )
+        .with("signal_name", signal_name)
+        .with("declared_signals", contract.signals.clone())),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses an update the run's workflow type does not declare (409 `update_rejected`), before
+/// anything is recorded.
+pub fn admit_update(run: &RunState, update_name: &str, registered: Option<&CommandContract>) -> Result<(), Refusal> {
+    require_open(run)?;
+    match admission_contract(run, registered) {
+        Some(contract) if !contract.admits_update(update_name) => Err(Refusal::new(
+            Reason::UpdateRejected,
+            format!(
+                "Workflow type {:?} does not declare an update named {update_name:?}.",
+                run.workflow_type
+            ),
+        )
+        .with("update_name", update_name)
+        .with("update_status", "rejected")
+        .with("declared_updates", contract.updates.clone())),
+        _ => Ok(()),
+    }
+}
+
 /// `SignalReceived`, and a workflow task that carries the signal as its resume context.
 pub fn signal(
     run: &mut RunState,
@@ -1918,6 +1990,8 @@ pub fn accept_update(
             status: UpdateStatus::Accepted,
             result: None,
             failure: None,
+            accepted_at: cx.now,
+            closed_at: None,
         },
     );
     let resume = ResumeContext::Update {

@@ -137,6 +137,7 @@ impl World {
                 memo: Map::new(),
                 search_attributes: Map::new(),
                 command_id: "start".into(),
+                contract: None,
             },
         );
         let history = cx.effects.events;

@@ -35,6 +35,7 @@ impl Sim {
                 memo: Map::new(),
                 search_attributes: Map::new(),
                 command_id: "cmd-start".into(),
+                contract: None,
             },
         );
         let history = cx.effects.events;
@@ -590,6 +591,11 @@ fn resent_parallel_group_members_are_replays_not_new_steps() {
 #[test]
 fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
     let mut sim = Sim::start();
+    let contract = CommandContract {
+        signals: vec!["go".into()],
+        ..Default::default()
+    };
+    sim.run.contract = Some(contract.clone());
     let (task, fence) = sim.lease_workflow("w");
     let next_input = Payload::avro("next-input");
     let command = WorkflowCommand::ContinueAsNew {
@@ -624,6 +630,8 @@ fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
     let types: Vec<_> = next_effects.events.iter().map(|e| e.event_type.as_str()).collect();
     assert_eq!(types, ["WorkflowStarted"], "a continued run has no StartAccepted");
     assert_eq!(next_effects.events[0].payload["continued_from_run_id"], json!(sim.run.run_id));
+    assert_eq!(next.contract, Some(contract), "same type and queue: the contract carries over");
+    assert_eq!(next_effects.events[0].payload["declared_signals"], json!(["go"]));
     assert_eq!(
         next.tasks.values().filter(|t| t.kind == TaskKind::Workflow && t.is_ready()).count(),
         1
@@ -936,6 +944,28 @@ fn a_closing_parent_ends_children_by_their_policy() {
             ("wf-1:run-1:3".to_string(), CloseCommand::Cancel)
         ]
     );
+    // The parent records each policy it applied, before its terminal event.
+    let kinds: Vec<_> = cx.effects.events.iter().map(|e| e.event_type).collect();
+    assert_eq!(
+        kinds,
+        [
+            EventType::CancelRequested,
+            EventType::ParentClosePolicyApplied,
+            EventType::ParentClosePolicyApplied,
+            EventType::WorkflowCancelled
+        ]
+    );
+    let applied: Vec<_> = cx.effects.events[1..3]
+        .iter()
+        .map(|e| (e.payload["child_instance_id"].clone(), e.payload["policy"].clone()))
+        .collect();
+    assert_eq!(
+        applied,
+        [
+            (json!("wf-1:run-1:1"), json!("terminate")),
+            (json!("wf-1:run-1:3"), json!("request_cancel"))
+        ]
+    );
 }
 
 /// A "slow" activity with a 3 s heartbeat timeout.
@@ -1112,4 +1142,87 @@ fn deferred_signals_are_recorded_when_the_lease_expires_or_the_run_closes() {
     let received = types.iter().rposition(|t| *t == "SignalReceived").expect("recorded");
     let closed = types.iter().position(|t| *t == "WorkflowTerminated").expect("closed");
     assert!(received < closed, "accepted before the close, recorded before it: {types:?}");
+}
+
+#[test]
+fn admission_uses_the_recorded_contract_then_the_registered_one() {
+    let mut sim = Sim::start();
+    let declared = CommandContract {
+        signals: vec!["approve".into()],
+        updates: vec!["add".into()],
+        ..Default::default()
+    };
+    let other = CommandContract {
+        signals: vec!["other".into()],
+        ..Default::default()
+    };
+    // Nothing recorded, nothing registered: everything is admitted.
+    assert!(admit_signal(&sim.run, "anything", None).is_ok());
+    assert!(admit_update(&sim.run, "anything", None).is_ok());
+    // Nothing recorded: the registered contract decides.
+    let refused = admit_signal(&sim.run, "anything", Some(&declared)).unwrap_err();
+    assert_eq!(refused.reason, Reason::UnknownSignal);
+    assert_eq!(refused.details["declared_signals"], json!(["approve"]));
+    assert_eq!(
+        admit_update(&sim.run, "nope", Some(&declared)).unwrap_err().reason,
+        Reason::UpdateRejected
+    );
+    assert!(admit_update(&sim.run, "add", Some(&declared)).is_ok());
+    // Recorded at start: it wins over whatever is registered now.
+    sim.run.contract = Some(declared.clone());
+    assert!(admit_signal(&sim.run, "approve", Some(&other)).is_ok());
+    assert_eq!(
+        admit_signal(&sim.run, "other", Some(&other)).unwrap_err().reason,
+        Reason::UnknownSignal
+    );
+    // A closed run refuses as closed, whatever the name.
+    close_by_command(
+        &mut sim.run,
+        &mut Cx::new(sim.now, &mut sim.ids, &sim.limits),
+        CloseCommand::Terminate,
+        None,
+        "t".into(),
+    )
+    .unwrap();
+    assert_eq!(admit_signal(&sim.run, "approve", None).unwrap_err().reason, Reason::RunNotActive);
+}
+
+#[test]
+fn the_contract_is_recorded_on_workflow_started_and_carried_by_continue_as_new() {
+    let limits = Limits::default();
+    let mut ids = SequentialIds::new("id");
+    let mut cx = Cx::new(1_000, &mut ids, &limits);
+    let contract = CommandContract {
+        queries: vec!["state".into()],
+        updates: vec!["add".into()],
+        ..Default::default()
+    };
+    let run = start_run(
+        &mut cx,
+        StartRun {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            run_id: "run".into(),
+            workflow_type: "t".into(),
+            task_queue: "q".into(),
+            input: Payload::avro("in"),
+            execution_timeout_seconds: None,
+            run_timeout_seconds: None,
+            business_key: None,
+            memo: Map::new(),
+            search_attributes: Map::new(),
+            command_id: "start".into(),
+            contract: Some(contract.clone()),
+        },
+    );
+    let started = cx
+        .effects
+        .events
+        .iter()
+        .find(|e| e.event_type == EventType::WorkflowStarted)
+        .unwrap();
+    assert_eq!(started.payload["declared_updates"], json!(["add"]));
+    assert_eq!(started.payload["declared_queries"], json!(["state"]));
+    assert_eq!(started.payload["declared_signals"], json!([]));
+    assert_eq!(run.contract, Some(contract));
 }

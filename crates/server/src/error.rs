@@ -57,7 +57,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::RunNotFound
         | Reason::NamespaceNotFound
         | Reason::HistoryNotAvailable
-        | Reason::QueryTaskNotFound => StatusCode::NOT_FOUND,
+        | Reason::QueryTaskNotFound
+        | Reason::UnknownSignal => StatusCode::NOT_FOUND,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,

@@ -10,6 +10,7 @@ mod avro;
 mod body;
 mod canonical;
 mod clock;
+mod contracts;
 pub mod error;
 mod hub;
 mod render;

@@ -89,7 +89,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
             })
         })
         .collect();
-    json!({
+    let mut body = json!({
         "workflow_id": run.workflow_id,
         "run_id": run.run_id,
         "namespace": run.namespace,
@@ -133,11 +133,15 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "open_tasks": open_tasks,
         "pending_activity_count": run.activities.len(),
         "pending_timer_count": run.timers.len(),
+        "updates": run.updates.iter().map(|(id, update)| update_summary(id, update)).collect::<Vec<_>>(),
         "actions": {
-            "can_signal": !closed, "can_query": true, "can_update": false,
+            "can_signal": !closed, "can_query": true, "can_update": !closed,
             "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": closed && !run.archived,
         },
-    })
+    });
+    let declared = run.contract.as_ref().map(CommandContract::declared_fields).unwrap_or_default();
+    body.as_object_mut().expect("an object").extend(declared);
+    body
 }
 
 pub fn summary(row: &RunSummary) -> Value {
@@ -301,4 +305,46 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
 
 pub fn receipt_created(receipt: &Receipt) -> Value {
     json!(receipt.created_task_ids)
+}
+
+fn update_outcome(status: UpdateStatus) -> &'static str {
+    match status {
+        UpdateStatus::Accepted => "update_accepted",
+        UpdateStatus::Completed => "update_completed",
+        UpdateStatus::Failed => "update_failed",
+    }
+}
+
+/// One update on a run's detail: where it stands, without its payloads.
+pub fn update_summary(update_id: &str, update: &UpdateRecord) -> Value {
+    json!({
+        "id": update_id,
+        "update_id": update_id,
+        "name": update.update_name,
+        "status": update.status.as_str(),
+        "outcome": update_outcome(update.status),
+        "command_id": update.command_id,
+        "accepted_at": time(update.accepted_at),
+        "closed_at": opt_time(update.closed_at),
+        "failure_message": update.failure.as_ref().map(|f| f.message.clone()),
+    })
+}
+
+/// One update in a history export (DW's shape; payloads as stored).
+pub fn update_export(update_id: &str, update: &UpdateRecord) -> Value {
+    json!({
+        "id": update_id,
+        "command_id": update.command_id,
+        "name": update.update_name,
+        "status": update.status.as_str(),
+        "outcome": update_outcome(update.status),
+        "rejection_reason": null,
+        "validation_errors": [],
+        "accepted_at": time(update.accepted_at),
+        "closed_at": opt_time(update.closed_at),
+        "payload_codec": update.arguments.codec,
+        "arguments": update.arguments.blob,
+        "result": update.result.as_ref().map(|r| r.blob.clone()),
+        "failure_message": update.failure.as_ref().map(|f| f.message.clone()),
+    })
 }

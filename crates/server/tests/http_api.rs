@@ -2572,3 +2572,135 @@ async fn concurrent_duplicates_of_one_poll_request_get_the_same_lease() {
     assert!(!other.is_null());
     assert_ne!(other["task_id"], first["task_id"]);
 }
+
+fn register_with_contracts(worker_id: &str, queue: &str, contracts: Value) -> Value {
+    json!({"worker_id": worker_id, "task_queue": queue, "runtime": "python", "sdk_version": "capstan-http-tests/1",
+           "supported_workflow_types": ["test.workflow"], "supported_activity_types": [],
+           "workflow_command_contracts": contracts})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_command_contracts_admit_signals_and_updates() {
+    let h = Harness::start().await;
+    let contract = json!({"test.workflow": {"queries": ["state"], "signals": ["approve"], "signal_contracts": [{"name": "approve"}],
+                                            "updates": ["add"], "update_contracts": [{"name": "add"}], "update_validators": []}});
+    h.wpost("/api/worker/register", register_with_contracts("w1", "q", contract))
+        .await
+        .ok(201);
+    let start = h.start_workflow("declared", "q").await;
+    let run_id = start["run_id"].as_str().unwrap().to_string();
+
+    // The contract registered at start is recorded on WorkflowStarted and shown by describe.
+    let history = h.history("declared", &run_id).await;
+    let started = history.iter().find(|e| e["event_type"] == "WorkflowStarted").unwrap();
+    assert_eq!(started["payload"]["declared_signals"], json!(["approve"]));
+    assert_eq!(started["payload"]["declared_updates"], json!(["add"]));
+    assert_eq!(started["payload"]["declared_queries"], json!(["state"]));
+    assert_eq!(started["payload"]["declared_update_contracts"], json!([{"name": "add"}]));
+    let described = h.describe("declared").await;
+    assert_eq!(described["declared_updates"], json!(["add"]));
+    assert_eq!(described["actions"]["can_update"], true);
+
+    // Undeclared names are refused before anything is recorded.
+    let before = h.history("declared", &run_id).await.len();
+    let refused = h
+        .cpost("/api/workflows/declared/signal/nope", json!({"input": env(EMPTY_ARGS)}))
+        .await
+        .err(404, "unknown_signal");
+    assert_eq!(refused["signal_name"], "nope");
+    assert_eq!(refused["control_plane"]["operation"], "signal");
+    let keyed = json!({"input": env(EMPTY_ARGS), "request_id": "k-1"});
+    h.cpost("/api/workflows/declared/signal/nope", keyed)
+        .await
+        .err(404, "unknown_signal");
+    let rejected = h
+        .cpost(
+            "/api/workflows/declared/update/nope",
+            json!({"input": env(EMPTY_ARGS), "wait_for": "accepted"}),
+        )
+        .await
+        .err(409, "update_rejected");
+    assert_eq!(rejected["update_name"], "nope");
+    assert_eq!(rejected["declared_updates"], json!(["add"]));
+    assert_eq!(rejected["control_plane"]["operation"], "update");
+    assert_eq!(h.history("declared", &run_id).await.len(), before);
+
+    // Declared names pass; an accepted update is on describe, run detail and the export.
+    h.cpost("/api/workflows/declared/signal/approve", json!({"input": env(EMPTY_ARGS)}))
+        .await
+        .ok(202);
+    let accepted = h
+        .cpost(
+            "/api/workflows/declared/update/add",
+            json!({"input": env(EMPTY_ARGS), "wait_for": "accepted"}),
+        )
+        .await
+        .ok(200);
+    let update_id = accepted["update_id"].as_str().unwrap();
+    let listed = h.describe("declared").await["updates"].clone();
+    assert_eq!(listed[0]["id"], update_id);
+    assert_eq!(listed[0]["name"], "add");
+    assert_eq!(listed[0]["status"], "accepted");
+    let detail = h.cget(&format!("/api/workflows/declared/runs/{run_id}")).await.ok(200);
+    assert_eq!(detail["updates"][0]["update_id"], update_id);
+    let export = h
+        .cget(&format!("/api/workflows/declared/runs/{run_id}/history/export"))
+        .await
+        .ok(200);
+    assert_eq!(export["updates"][0]["id"], update_id);
+    assert_eq!(export["updates"][0]["status"], "accepted");
+    assert_eq!(export["updates"][0]["arguments"], EMPTY_ARGS);
+
+    // A newer registration does not change what a started run recorded.
+    let newer = json!({"test.workflow": {"signals": ["other"], "updates": []}});
+    h.wpost("/api/worker/register", register_with_contracts("w2", "q", newer))
+        .await
+        .ok(201);
+    h.cpost("/api/workflows/declared/signal/approve", json!({})).await.ok(202);
+    // ... but a run started now records the newer one: no updates at all, signals only "other".
+    h.start_workflow("declared-2", "q").await;
+    h.cpost("/api/workflows/declared-2/update/add", json!({"wait_for": "accepted"}))
+        .await
+        .err(409, "update_rejected");
+    h.cpost("/api/workflows/declared-2/signal/approve", json!({}))
+        .await
+        .err(404, "unknown_signal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_started_before_registration_use_the_registered_contract() {
+    let h = Harness::start().await;
+    let start = h.start_workflow("early", "q").await;
+    let run_id = start["run_id"].as_str().unwrap().to_string();
+    let history = h.history("early", &run_id).await;
+    let started = history.iter().find(|e| e["event_type"] == "WorkflowStarted").unwrap();
+    assert!(started["payload"].get("declared_signals").is_none());
+    // Nothing registered: every name is admitted.
+    h.cpost("/api/workflows/early/signal/anything", json!({})).await.ok(202);
+
+    // An empty signal list declares nothing; updates are strict once a contract exists.
+    let open = json!({"test.workflow": {"signals": [], "updates": ["add"]}});
+    h.wpost("/api/worker/register", register_with_contracts("w1", "q", open))
+        .await
+        .ok(201);
+    h.cpost("/api/workflows/early/signal/still-anything", json!({})).await.ok(202);
+    h.cpost("/api/workflows/early/update/other", json!({"wait_for": "accepted"}))
+        .await
+        .err(409, "update_rejected");
+
+    let strict = json!({"test.workflow": {"signals": ["approve"], "updates": ["add"]}});
+    h.wpost("/api/worker/register", register_with_contracts("w2", "q", strict))
+        .await
+        .ok(201);
+    h.cpost("/api/workflows/early/signal/anything", json!({}))
+        .await
+        .err(404, "unknown_signal");
+    h.cpost("/api/workflows/early/signal/approve", json!({})).await.ok(202);
+    // A registration for another workflow type says nothing about this one.
+    let other = json!({"other.workflow": {"signals": ["x"], "updates": []}});
+    h.wpost("/api/worker/register", register_with_contracts("w3", "q2", other))
+        .await
+        .ok(201);
+    h.start_workflow("elsewhere", "q2").await;
+    h.cpost("/api/workflows/elsewhere/signal/anything", json!({})).await.ok(202);
+}

@@ -23,6 +23,7 @@ pub fn start_request(workflow_id: &str, queue: &str) -> StartRun {
         memo: Map::new(),
         search_attributes: Map::new(),
         command_id: CommandId(format!("cmd-{workflow_id}")),
+        contract: None,
     }
 }
 

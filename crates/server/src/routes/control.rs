@@ -166,7 +166,12 @@ pub async fn start<S: Store>(
         memo,
         search_attributes,
         command_id: CommandId(ulid::Ulid::new().to_string()),
+        contract: None,
     };
+    let contract = crate::contracts::registered(&state.store, &namespace, &start.task_queue, &start.workflow_type)
+        .await
+        .map_err(|e| in_operation(e.into(), "start", &workflow_id))?;
+    let start = StartRun { contract, ..start };
     let (outcome, run) = state
         .store
         .start_workflow(start, policy, now_ms())
@@ -404,8 +409,12 @@ async fn signal_impl<S: Store>(
     let command_id = CommandId(ulid::Ulid::new().to_string());
     let name = signal_name.clone();
     let args = arguments.clone();
+    let fallback = crate::contracts::fallback_for(&state.store, &namespace, &locator)
+        .await
+        .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
     let transition = move |run: &mut RunState, cx: &mut Cx| {
         check_target(run, &wanted)?;
+        admit_signal(run, &name, fallback.for_run(run))?;
         capstan_engine::signal(run, cx, &name, args, command_id)
     };
     let receipt_body = {
@@ -615,7 +624,9 @@ pub async fn export_history<S: Store>(
         },
         "payloads": {"codec": payload::AVRO_CODEC, "arguments": envelope(Some(&run.input)), "output": envelope(run.output.as_ref())},
         "history_events": history,
-        "commands": [], "signals": [], "updates": [], "tasks": [], "activities": [], "timers": [], "failures": [],
+        "commands": [], "signals": [],
+        "updates": run.updates.iter().map(|(id, update)| render::update_export(id, update)).collect::<Vec<_>>(),
+        "tasks": [], "activities": [], "timers": [], "failures": [],
         "links": {"continued_from_run_id": run.continued_from_run_id, "parent_workflow_id": run.parent.as_ref().map(|p| p.workflow_id.clone())},
         "redaction": {"applied": false, "paths": []},
         "codec_schemas": {},

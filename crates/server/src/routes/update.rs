@@ -99,12 +99,16 @@ async fn run_update<S: Store>(
     let name = update_name.clone();
     let args = arguments.clone();
     let command_id = CommandId(ulid::Ulid::new().to_string());
+    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
+    let fallback = crate::contracts::fallback_for(&state.store, &namespace, &locator)
+        .await
+        .map_err(|e| fail(e.into()))?;
     let transition = move |run: &mut RunState, cx: &mut Cx| {
         check_target(run, &wanted)?;
+        admit_update(run, &name, fallback.for_run(run))?;
         accept_update(run, cx, &name, args, command_id)
     };
     let receipt = |(update_id, receipt): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id, "command_id": receipt.command_id, "command_sequence": receipt.command_sequence});
-    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
     let key = request_id.clone().map(|request_id| CommandKey {
         command_type: "update".into(),
         intent_hash: intent_hash(&[&update_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
