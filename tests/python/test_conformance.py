@@ -36,6 +36,7 @@ import httpx
 import pytest
 from durable_workflow import (
     Client,
+    InvalidArgument,
     QueryFailed,
     ServerError,
     SignalFailed,
@@ -65,7 +66,6 @@ from capstan_harness import (  # noqa: E402
     CONTROL_HEADERS,
     NAMESPACE,
     BackgroundWorker,
-    WorkerStartupError,
     assert_history_invariants,
     assert_in_order,
     decode_envelope,
@@ -253,21 +253,37 @@ class CartWorkflow:
         return self.items
 
 
-@workflow.defn(name="conformance.validated")
+@workflow.defn(name="conformance.validated-cart")
 class ValidatedUpdateWorkflow:
-    """Declares an update validator, which needs pre-accept validation tasks."""
+    """An update with a validator: pre-accept validation tasks decide before UpdateAccepted."""
 
-    @workflow.update("set_limit")
-    def set_limit(self, limit: int) -> int:
-        return limit
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.checked_out = False
 
-    @set_limit.validator  # type: ignore[attr-defined]
-    def validate_set_limit(self, limit: int) -> None:
-        if limit < 0:
-            raise ValueError("limit must not be negative")
+    @workflow.update("add_item")
+    def add_item(self, item: str) -> int:
+        self.items.append(item)
+        return len(self.items)
+
+    @add_item.validator  # type: ignore[attr-defined]
+    def validate_add_item(self, item: str) -> None:
+        if item == "forbidden":
+            raise InvalidArgument("forbidden items are not sold", {"item": ["must not be forbidden"]})
+        if item in self.items:  # the validator sees the replayed durable state
+            raise ValueError(f"{item} already in cart")
+
+    @workflow.signal("checkout")
+    def checkout(self) -> None:
+        self.checked_out = True
+
+    @workflow.query("items")
+    def current_items(self) -> list[str]:
+        return list(self.items)
 
     def run(self, ctx):
-        yield ctx.wait_condition(lambda: False)
+        yield ctx.wait_condition(lambda: self.checked_out)
+        return self.items
 
 
 @workflow.defn(name="conformance.child")
@@ -1197,25 +1213,49 @@ def test_declared_update_contracts_are_visible(server_url, worker_url, run_worke
     run_async(main(), timeout=60)
 
 
-def test_python_update_surface_refuses_validators_it_cannot_enforce(server_url, worker_url):
-    """workflow-update: python_client_worker_update_surface (the unsupported cell). Capstan does
-    not advertise pre-accept update validation, and the published Python worker refuses to
-    register a workflow that declares an update validator, with its documented typed error."""
-    queue = unique("conf-upd-validator")
+def test_python_update_validators_run_before_acceptance(server_url, worker_url, run_worker):
+    """workflow-update: python_client_worker_update_surface (the validator cells). Capstan
+    advertises `update_validation_tasks`; the published Python worker registers a workflow with
+    an update validator and takes validation tasks from its workflow poll. A valid update is
+    accepted and applied; an invalid one is refused with 422 `update_validator_rejected`
+    (`UpdateRejected`, with the validator's `validation_errors`) and only `UpdateRejected` is
+    recorded; the same request id gets the same verdict without a second event; a rejection
+    that depends on state proves the validator saw the replayed history."""
+    queue, workflow_id = unique("conf-upd-validator"), unique("upd-validator")
 
     async def main():
         async with control_http(server_url) as http:
             info = (await http.get("/api/cluster/info")).json()
-        worker = BackgroundWorker(worker_url, queue, workflows=[ValidatedUpdateWorkflow])
-        with pytest.raises(WorkerStartupError) as refused:
-            await worker.start()
-        return info, refused.value
+        async with run_worker(worker_url, queue, workflows=[ValidatedUpdateWorkflow]) as worker, \
+                make_client(server_url) as client:
+            handle = await client.start_workflow(workflow_type="conformance.validated-cart", task_queue=queue, workflow_id=workflow_id, input=[])
+            await wait_for_open_waits(client, handle)
+            applied = await handle.update("add_item", ["apple"], wait_for="completed")
+            with pytest.raises(UpdateRejected) as invalid:
+                await handle.update("add_item", ["forbidden"], request_id="validator-rej-1")
+            with pytest.raises(UpdateRejected) as again:
+                await handle.update("add_item", ["forbidden"], request_id="validator-rej-1")
+            with pytest.raises(UpdateRejected) as duplicate:
+                await handle.update("add_item", ["apple"])
+            items = await sdk_query(handle, "items")
+            await handle.signal("checkout")
+            result = await wait_result(handle, timeout=30, workers=[worker])
+            events = await fetch_history(client, workflow_id, handle.run_id)
+        return info, applied, invalid.value, again.value, duplicate.value, items, result, events
 
-    info, refused = run_async(main(), timeout=30)
-    capabilities = info["worker_protocol"]["server_capabilities"]
-    assert not capabilities.get("update_validation_tasks"), capabilities
-    assert isinstance(refused.__cause__, RuntimeError), repr(refused.__cause__)
-    assert "declares update validators" in str(refused.__cause__), str(refused.__cause__)
+    info, applied, invalid, again, duplicate, items, result, events = run_async(main(), timeout=90)
+    assert info["worker_protocol"]["server_capabilities"]["update_validation_tasks"] is True
+    assert applied["update_status"] == "completed" and applied["result"] == 1, applied
+    assert invalid.validation_errors == {"item": ["must not be forbidden"]}, invalid.body
+    assert invalid.body["reason"] == "update_validator_rejected" and invalid.body["update_status"] == "rejected", invalid.body
+    assert again.body["update_id"] == invalid.body["update_id"] and again.body.get("retained") is True, again.body
+    assert duplicate.validation_errors is None and "apple already in cart" in str(duplicate), duplicate.body
+    assert items == ["apple"] and result == ["apple"]
+    assert len(events_of(events, "UpdateAccepted")) == 1, type_sequence(events)
+    assert len(events_of(events, "UpdateApplied")) == 1 and len(events_of(events, "UpdateCompleted")) == 1
+    rejected = events_of(events, "UpdateRejected")
+    assert [payload_of(e)["update_id"] for e in rejected] == [invalid.body["update_id"], duplicate.body["update_id"]], rejected
+    assert payload_of(rejected[0])["validation_errors"] == {"item": ["must not be forbidden"]}
 
 
 # ── child-workflow-runtime-scenarios ─────────────────────────────────────

@@ -23,6 +23,9 @@ pub struct CommandContract {
     pub updates: Vec<String>,
     #[serde(default)]
     pub update_contracts: Vec<Value>,
+    /// Updates with a validator the worker must approve before the update is accepted.
+    #[serde(default)]
+    pub update_validators: Vec<String>,
 }
 
 fn names(entry: &Map<String, Value>, key: &str) -> Vec<String> {
@@ -56,6 +59,7 @@ impl CommandContract {
             signal_contracts: objects(entry, "signal_contracts"),
             updates: names(entry, "updates"),
             update_contracts: objects(entry, "update_contracts"),
+            update_validators: names(entry, "update_validators"),
         })
     }
 
@@ -72,6 +76,11 @@ impl CommandContract {
         self.updates.iter().any(|u| u == name)
     }
 
+    /// Whether an update must pass its validator (a pre-accept validation task) first.
+    pub fn validates_update(&self, name: &str) -> bool {
+        self.admits_update(name) && self.update_validators.iter().any(|u| u == name)
+    }
+
     /// The `declared_*` fields of `WorkflowStarted` and of run descriptions.
     pub fn declared_fields(&self) -> Map<String, Value> {
         let mut fields = Map::new();
@@ -84,6 +93,7 @@ impl CommandContract {
         put("declared_signal_contracts", Value::from(self.signal_contracts.clone()));
         put("declared_updates", Value::from(self.updates.clone()));
         put("declared_update_contracts", Value::from(self.update_contracts.clone()));
+        put("declared_update_validators", Value::from(self.update_validators.clone()));
         fields
     }
 }
@@ -106,6 +116,10 @@ mod tests {
         assert!(contract.admits_signal("append") && !contract.admits_signal("other"));
         assert!(contract.admits_update("add_item") && !contract.admits_update("other"));
         assert_eq!(contract.declared_fields()["declared_updates"], json!(["add_item"]));
+        assert!(!contract.validates_update("add_item"));
+        let validated = CommandContract::from_registration(&json!({"updates": ["a", "b"], "update_validators": ["b", "c"]})).unwrap();
+        assert!(!validated.validates_update("a") && validated.validates_update("b"));
+        assert!(!validated.validates_update("c"), "a validator without an update admits nothing");
     }
 
     #[test]

@@ -65,6 +65,7 @@ event_types!(
     SearchAttributesUpserted,
     MemoUpserted,
     UpdateAccepted,
+    UpdateRejected,
     UpdateApplied,
     UpdateCompleted,
     ChildWorkflowScheduled,

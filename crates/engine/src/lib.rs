@@ -31,7 +31,7 @@ pub use ids::*;
 pub use limits::Limits;
 pub use memo::{MemoBase, MemoCodec, MergedMemo};
 pub use payload::Payload;
-pub use query::{QueryOutcome, QueryState, QueryTask};
+pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};
 pub use refusal::{Reason, Refusal};
 pub use run::*;
 pub use task::*;

@@ -14,9 +14,34 @@ pub enum QueryState {
     Answered(QueryOutcome),
 }
 
+/// What a worker is asked: a query, or whether an update passes its validator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueryKind {
+    #[default]
+    Query,
+    UpdateValidation,
+}
+
+impl QueryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueryKind::Query => "query",
+            QueryKind::UpdateValidation => "update_validation",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum QueryOutcome {
     Result(Payload),
+    /// The update's validator approved it.
+    Approved,
+    /// The update's validator refused it.
+    Rejected {
+        message: String,
+        failure_type: Option<String>,
+        validation_errors: Option<serde_json::Value>,
+    },
     /// The worker could not answer; `reason` is its DW reason (`rejected_unknown_query`, …).
     Failed {
         reason: Option<String>,
@@ -28,11 +53,14 @@ pub enum QueryOutcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueryTask {
     pub id: String,
+    #[serde(default)]
+    pub kind: QueryKind,
     pub namespace: String,
     pub task_queue: String,
     pub workflow_id: String,
     pub run_id: String,
     pub workflow_type: String,
+    /// The query's name, or the update's for a validation.
     pub query_name: String,
     pub arguments: Option<Payload>,
     pub state: QueryState,
@@ -70,13 +98,23 @@ impl QueryTask {
         Ok(())
     }
 
-    /// Records the worker's answer, if `(owner, attempt)` holds the live lease.
+    /// Records the worker's answer, if `(owner, attempt)` holds the live lease. A query takes a
+    /// result or a failure, a validation a verdict or a failure: an answer of the other kind is
+    /// addressed to a task that does not exist.
     pub fn answer(&mut self, owner: &str, attempt: u32, outcome: QueryOutcome, now: Millis) -> Result<(), Refusal> {
         let refusal = |reason, message: &str| {
             Refusal::new(reason, message)
                 .with("query_task_id", self.id.clone())
                 .with("query_task_attempt", attempt)
         };
+        let fits = match outcome {
+            QueryOutcome::Failed { .. } => true,
+            QueryOutcome::Result(_) => self.kind == QueryKind::Query,
+            QueryOutcome::Approved | QueryOutcome::Rejected { .. } => self.kind == QueryKind::UpdateValidation,
+        };
+        if !fits {
+            return Err(refusal(Reason::QueryTaskNotFound, "No task of this kind has that id."));
+        }
         match &self.state {
             QueryState::Leased { owner: holder, expires_at } => {
                 if holder != owner {
@@ -108,6 +146,7 @@ mod tests {
     fn task() -> QueryTask {
         QueryTask {
             id: "q1".into(),
+            kind: QueryKind::Query,
             namespace: "default".into(),
             task_queue: "q".into(),
             workflow_id: "wf".into(),
@@ -153,6 +192,23 @@ mod tests {
             Reason::QueryTaskNotLeased
         );
         assert!(!q.leasable(7_000));
+    }
+
+    #[test]
+    fn answers_must_fit_the_kind_of_task() {
+        let mut q = task();
+        q.lease("a", 5_000, 0).unwrap();
+        assert_eq!(
+            q.clone().answer("a", 1, QueryOutcome::Approved, 1).unwrap_err().reason,
+            Reason::QueryTaskNotFound
+        );
+        let mut v = QueryTask {
+            kind: QueryKind::UpdateValidation,
+            ..task()
+        };
+        v.lease("a", 5_000, 0).unwrap();
+        assert_eq!(v.clone().answer("a", 1, answer(), 1).unwrap_err().reason, Reason::QueryTaskNotFound);
+        v.answer("a", 1, QueryOutcome::Approved, 1).unwrap();
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub enum Reason {
     RunTimedOut,
     UnknownSignal,
     UpdateRejected,
+    StaleValidation,
 }
 
 impl Reason {
@@ -90,6 +91,7 @@ impl Reason {
             Reason::RunTimedOut => "run_timed_out",
             Reason::UnknownSignal => "unknown_signal",
             Reason::UpdateRejected => "update_rejected",
+            Reason::StaleValidation => "stale_update_validation_completion",
         }
     }
 }

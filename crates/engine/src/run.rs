@@ -144,6 +144,8 @@ pub enum UpdateStatus {
     Accepted,
     Completed,
     Failed,
+    /// Refused by its validator before acceptance: never applied.
+    Rejected,
 }
 
 impl UpdateStatus {
@@ -152,6 +154,7 @@ impl UpdateStatus {
             UpdateStatus::Accepted => "accepted",
             UpdateStatus::Completed => "completed",
             UpdateStatus::Failed => "failed",
+            UpdateStatus::Rejected => "rejected",
         }
     }
 }
@@ -168,6 +171,9 @@ pub struct UpdateRecord {
     pub accepted_at: Millis,
     #[serde(default)]
     pub closed_at: Option<Millis>,
+    /// A validator's field errors (`{field: [message]}`), for a rejected update.
+    #[serde(default)]
+    pub validation_errors: Option<Value>,
 }
 
 /// What a closed task answered, kept so an identical retried report gets the same answer.

@@ -1992,6 +1992,7 @@ pub fn accept_update(
             failure: None,
             accepted_at: cx.now,
             closed_at: None,
+            validation_errors: None,
         },
     );
     let resume = ResumeContext::Update {
@@ -2000,6 +2001,69 @@ pub fn accept_update(
         command_id: command_id.clone(),
     };
     run.want_update_task(cx, resume);
+    Ok((
+        update_id,
+        CommandReceipt {
+            command_id,
+            command_sequence: run.command_count,
+            signal_id: None,
+        },
+    ))
+}
+
+/// Why a validator refused an update.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpdateRejection {
+    pub message: String,
+    pub failure_type: Option<String>,
+    pub validation_errors: Option<Value>,
+}
+
+/// `UpdateRejected`: the update's validator refused it before acceptance. Nothing runs and no
+/// workflow task is made; the record keeps the verdict so a retried request gets it again.
+pub fn reject_update(
+    run: &mut RunState,
+    cx: &mut Cx,
+    update_name: &str,
+    arguments: Payload,
+    rejection: UpdateRejection,
+    command_id: CommandId,
+) -> Result<(String, CommandReceipt), Refusal> {
+    require_open(run)?;
+    let update_id: String = cx.ids.next_id();
+    run.command_count += 1;
+    let payload = obj!(
+        "workflow_command_id" => command_id,
+        "update_id" => update_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "update_name" => update_name,
+        "arguments" => payload_json(&arguments),
+        "payload_codec" => arguments.codec,
+        "rejection_reason" => "update_validator_rejected",
+        "message" => rejection.message,
+        "failure_type" => rejection.failure_type,
+        "validation_errors" => rejection.validation_errors,
+    );
+    run.append(cx, EventType::UpdateRejected, payload, None, Some(&command_id));
+    run.updates.insert(
+        update_id.clone(),
+        UpdateRecord {
+            update_name: update_name.to_string(),
+            arguments,
+            command_id: command_id.clone(),
+            status: UpdateStatus::Rejected,
+            result: None,
+            failure: Some(WorkflowFailure {
+                message: rejection.message,
+                exception_type: rejection.failure_type,
+                ..Default::default()
+            }),
+            accepted_at: cx.now,
+            closed_at: Some(cx.now),
+            validation_errors: rejection.validation_errors,
+        },
+    );
     Ok((
         update_id,
         CommandReceipt {

@@ -1226,3 +1226,33 @@ fn the_contract_is_recorded_on_workflow_started_and_carried_by_continue_as_new()
     assert_eq!(started.payload["declared_signals"], json!([]));
     assert_eq!(run.contract, Some(contract));
 }
+
+#[test]
+fn a_rejected_update_is_recorded_without_a_task() {
+    let mut sim = Sim::start();
+    let wait = WorkflowCommand::OpenConditionWait {
+        condition_key: Some("k".into()),
+        fingerprint: None,
+        timeout_seconds: None,
+        tags: Map::new(),
+    };
+    sim.complete_workflow("w", vec![wait]).unwrap();
+    let tasks_before = sim.run.tasks.len();
+    let rejection = UpdateRejection {
+        message: "forbidden".into(),
+        failure_type: Some("InvalidArgument".into()),
+        validation_errors: Some(json!({"item": ["must not be forbidden"]})),
+    };
+    let (update_id, _) = sim
+        .apply(|run, cx| reject_update(run, cx, "add", Payload::avro("a"), rejection, "c-rej".into()))
+        .unwrap();
+    let last = sim.history.last().unwrap();
+    assert_eq!(last.event_type, EventType::UpdateRejected);
+    assert_eq!(last.payload["update_id"], json!(update_id));
+    assert_eq!(last.payload["validation_errors"], json!({"item": ["must not be forbidden"]}));
+    assert_eq!(sim.run.tasks.len(), tasks_before, "nothing runs for a rejected update");
+    assert!(sim.run.pending_updates.is_empty());
+    let record = &sim.run.updates[&update_id];
+    assert_eq!(record.status, UpdateStatus::Rejected);
+    assert_eq!(record.failure.as_ref().unwrap().exception_type.as_deref(), Some("InvalidArgument"));
+}

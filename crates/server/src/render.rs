@@ -246,6 +246,7 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
     let lease = task.lease();
     let history: Vec<Value> = events.iter().map(|e| worker_event(&run.namespace, e)).collect();
     let mut body = json!({
+        "task_kind": "workflow",
         "task_id": task.id,
         "namespace": run.namespace,
         "workflow_id": run.workflow_id,
@@ -312,6 +313,7 @@ fn update_outcome(status: UpdateStatus) -> &'static str {
         UpdateStatus::Accepted => "update_accepted",
         UpdateStatus::Completed => "update_completed",
         UpdateStatus::Failed => "update_failed",
+        UpdateStatus::Rejected => "update_rejected",
     }
 }
 
@@ -338,8 +340,8 @@ pub fn update_export(update_id: &str, update: &UpdateRecord) -> Value {
         "name": update.update_name,
         "status": update.status.as_str(),
         "outcome": update_outcome(update.status),
-        "rejection_reason": null,
-        "validation_errors": [],
+        "rejection_reason": (update.status == UpdateStatus::Rejected).then_some("update_validator_rejected"),
+        "validation_errors": update.validation_errors,
         "accepted_at": time(update.accepted_at),
         "closed_at": opt_time(update.closed_at),
         "payload_codec": update.arguments.codec,

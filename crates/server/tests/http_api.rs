@@ -2704,3 +2704,214 @@ async fn runs_started_before_registration_use_the_registered_contract() {
     h.start_workflow("elsewhere", "q2").await;
     h.cpost("/api/workflows/elsewhere/signal/anything", json!({})).await.ok(202);
 }
+
+fn validating_worker(worker_id: &str, queue: &str, capable: bool) -> Value {
+    let contracts = json!({"test.workflow": {"signals": [], "updates": ["add", "plain"], "update_validators": ["add"]}});
+    let mut body = register_with_contracts(worker_id, queue, contracts);
+    body["capabilities"] = if capable {
+        json!(["query_tasks", "update_validation_tasks"])
+    } else {
+        json!(["query_tasks"])
+    };
+    body
+}
+
+/// Starts `workflow_id` and parks it on a condition wait, so the only work left is what the test sends.
+async fn parked_workflow(h: &Harness, worker_id: &str, queue: &str, workflow_id: &str) -> String {
+    let run_id = h.start_workflow(workflow_id, queue).await["run_id"].as_str().unwrap().to_string();
+    let task = h.next_workflow_task(worker_id, queue).await;
+    assert_eq!(task["task_kind"], "workflow");
+    h.complete_workflow_task(&task, json!([{"type": "open_condition_wait", "condition_key": "k"}]))
+        .await
+        .ok(200);
+    run_id
+}
+
+fn multiplexed_poll(worker_id: &str, queue: &str) -> Value {
+    json!({"worker_id": worker_id, "task_queue": queue, "poll_request_id": unique("mux"), "timeout_seconds": 5,
+           "task_kinds": ["workflow", "update_validation"]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_validation_tasks_ride_the_workflow_poll_and_are_fenced() {
+    let h = Harness::start().await;
+    let info = h.cget("/api/cluster/info").await.ok(200);
+    let advertised = &info["worker_protocol"]["server_capabilities"];
+    assert_eq!(advertised["update_validation_tasks"], true);
+    assert_eq!(advertised["synchronous_update_validation"]["task_poll"]["strategy"], "multiplexed");
+    h.wpost("/api/worker/register", validating_worker("v1", "q", true)).await.ok(201);
+    let run_id = parked_workflow(&h, "v1", "q", "validated").await;
+    let started = h.history("validated", &run_id).await;
+    assert_eq!(started[1]["payload"]["declared_update_validators"], json!(["add"]));
+
+    // An update with a validator waits for a worker's verdict before anything is recorded.
+    let pending = tokio::spawn(send(
+        h.client(Method::POST, "/api/workflows/validated/update/add")
+            .json(&json!({"input": env(EMPTY_ARGS), "wait_for": "accepted", "request_id": "u-1"})),
+    ));
+    // A poll for workflow tasks only never sees it.
+    assert!(h.poll_workflow("v1", "q", 1).await.is_null());
+    let task = h.poll_workflow_with(multiplexed_poll("v1", "q")).await.ok(200)["task"].clone();
+    assert_eq!(task["task_kind"], "update_validation");
+    assert_eq!(task["update_name"], "add");
+    assert_eq!(task["update_validation_attempt"], 1);
+    assert_eq!(task["update_arguments"], env(EMPTY_ARGS));
+    assert_eq!(task["run_id"], run_id.as_str());
+    assert_eq!(
+        event_types(task["history_events"].as_array().unwrap()),
+        ["StartAccepted", "WorkflowStarted", "ConditionWaitOpened"]
+    );
+    assert_eq!(count_events(&h.history("validated", &run_id).await, "UpdateAccepted"), 0);
+
+    let id = task["update_validation_task_id"].as_str().unwrap();
+    let approve = format!("/api/worker/update-validation-tasks/{id}/approve");
+    h.wpost(&approve, json!({"lease_owner": "someone-else", "update_validation_attempt": 1}))
+        .await
+        .err(409, "update_validation_lease_owner_mismatch");
+    h.wpost(&approve, json!({"lease_owner": "v1", "update_validation_attempt": 2}))
+        .await
+        .err(409, "stale_update_validation_completion");
+    h.wpost(
+        "/api/worker/update-validation-tasks/nope/approve",
+        json!({"lease_owner": "v1", "update_validation_attempt": 1}),
+    )
+    .await
+    .err(404, "update_validation_task_not_found");
+    // A query answer is not a verdict.
+    h.wpost(
+        &format!("/api/worker/query-tasks/{id}/complete"),
+        json!({"lease_owner": "v1", "query_task_attempt": 1, "result_envelope": env(AVRO_NULL)}),
+    )
+    .await
+    .err(404, "query_task_not_found");
+    let verdict = h
+        .wpost(&approve, json!({"lease_owner": "v1", "update_validation_attempt": 1}))
+        .await
+        .ok(200);
+    assert_eq!(verdict["outcome"], "approved");
+    let accepted = pending.await.unwrap().ok(200);
+    assert_eq!(accepted["update_status"], "accepted");
+    assert_eq!(count_events(&h.history("validated", &run_id).await, "UpdateAccepted"), 1);
+    // The same request again is answered from its receipt, without another validation.
+    let again = h
+        .cpost(
+            "/api/workflows/validated/update/add",
+            json!({"input": env(EMPTY_ARGS), "wait_for": "accepted", "request_id": "u-1"}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(
+        (again["update_id"].clone(), again["retained"].clone()),
+        (accepted["update_id"].clone(), json!(true))
+    );
+    // An update without a validator is accepted at once.
+    h.cpost("/api/workflows/validated/update/plain", json!({"wait_for": "accepted"}))
+        .await
+        .ok(200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_update_records_only_its_rejection() {
+    let h = Harness::start().await;
+    h.wpost("/api/worker/register", validating_worker("v1", "q", true)).await.ok(201);
+    let run_id = parked_workflow(&h, "v1", "q", "rejecting").await;
+    let pending = tokio::spawn(send(
+        h.client(Method::POST, "/api/workflows/rejecting/update/add")
+            .json(&json!({"input": env(EMPTY_ARGS), "request_id": "r-1"})),
+    ));
+    let task = h.poll_workflow_with(multiplexed_poll("v1", "q")).await.ok(200)["task"].clone();
+    let reject = format!(
+        "/api/worker/update-validation-tasks/{}/reject",
+        task["update_validation_task_id"].as_str().unwrap()
+    );
+    h.wpost(
+        &reject,
+        json!({"lease_owner": "v1", "update_validation_attempt": 1, "failure": {"message": "no", "validation_errors": {"item": "x"}}}),
+    )
+    .await
+    .err(422, "validation_failed");
+    h.wpost(&reject, json!({"lease_owner": "v1", "update_validation_attempt": 1}))
+        .await
+        .err(422, "validation_failed");
+    let errors = json!({"item": ["must not be forbidden"]});
+    let verdict = h
+        .wpost(&reject, json!({"lease_owner": "v1", "update_validation_attempt": 1,
+            "failure": {"message": "forbidden", "reason": "update_validator_rejected", "type": "InvalidArgument", "validation_errors": errors}}))
+        .await
+        .ok(200);
+    assert_eq!(verdict["outcome"], "rejected");
+    let refused = pending.await.unwrap().err(422, "update_validator_rejected");
+    // Once the request has its verdict the task is gone: a late verdict changes nothing.
+    h.wpost(
+        &reject,
+        json!({"lease_owner": "v1", "update_validation_attempt": 1, "failure": {"message": "again"}}),
+    )
+    .await
+    .err(404, "update_validation_task_not_found");
+    assert_eq!(refused["update_status"], "rejected");
+    assert_eq!(refused["validation_errors"], errors);
+    assert_eq!(refused["failure_type"], "InvalidArgument");
+    let history = h.history("rejecting", &run_id).await;
+    assert_eq!(count_events(&history, "UpdateRejected"), 1);
+    assert_eq!(count_events(&history, "UpdateAccepted"), 0);
+    let described = h.describe("rejecting").await;
+    assert_eq!(described["updates"][0]["status"], "rejected");
+    assert!(
+        described["open_tasks"].as_array().unwrap().iter().all(|t| t["kind"] != "workflow"),
+        "a rejected update makes no workflow task"
+    );
+    // The same request id gets the same verdict, recorded once.
+    let again = h
+        .cpost(
+            "/api/workflows/rejecting/update/add",
+            json!({"input": env(EMPTY_ARGS), "request_id": "r-1"}),
+        )
+        .await
+        .err(422, "update_validator_rejected");
+    assert_eq!(again["update_id"], refused["update_id"]);
+    assert_eq!(count_events(&h.history("rejecting", &run_id).await, "UpdateRejected"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_validation_needs_a_capable_live_worker() {
+    let h = Harness::start().await;
+    h.wpost("/api/worker/register", validating_worker("plain", "q", false))
+        .await
+        .ok(201);
+    parked_workflow(&h, "plain", "q", "unvalidated").await;
+    // Polls must ask for known kinds, and only a capable worker may ask for validations.
+    for kinds in [json!([]), json!(["workflow", "workflow"]), json!(["activity"]), json!("workflow")] {
+        let mut body = multiplexed_poll("plain", "q");
+        body["task_kinds"] = kinds;
+        h.poll_workflow_with(body).await.err(422, "validation_failed");
+    }
+    let refused = h
+        .poll_workflow_with(multiplexed_poll("plain", "q"))
+        .await
+        .err(409, "update_validation_capability_not_advertised");
+    assert_eq!(refused["poll_status"], "unsupported");
+    let body = h
+        .cpost("/api/workflows/unvalidated/update/add", json!({"request_id": "x"}))
+        .await
+        .err(409, "update_validation_capability_unsupported");
+    assert_eq!(body["retryable"], false);
+    // A capable worker that never polls: the request gives up after the validation wait.
+    h.wpost("/api/worker/register", validating_worker("idle", "q", true)).await.ok(201);
+    let started = Instant::now();
+    let body = send_allowing_gateway_timeout(
+        h.client(Method::POST, "/api/workflows/unvalidated/update/add")
+            .json(&json!({"request_id": "y"})),
+    )
+    .await
+    .err(504, "update_validation_task_not_claimed");
+    assert_eq!(body["retryable"], true);
+    assert!(started.elapsed() >= Duration::from_secs(9));
+    assert_eq!(
+        count_events(
+            &h.history("unvalidated", h.describe("unvalidated").await["run_id"].as_str().unwrap())
+                .await,
+            "UpdateAccepted"
+        ),
+        0
+    );
+}

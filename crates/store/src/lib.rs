@@ -230,6 +230,16 @@ pub trait Store: Send + Sync + 'static {
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
 
+    /// The receipt stored for a keyed command, if any: `(intent_hash, receipt)`. Lets a handler
+    /// skip work a retry must not repeat (an update's validation) before `mutate_run_keyed`.
+    fn retained_command(
+        &self,
+        namespace: &str,
+        workflow_id: &WorkflowId,
+        command_type: &str,
+        request_id: &str,
+    ) -> impl Future<Output = StoreResult<Option<(String, Value)>>> + Send;
+
     /// Like `mutate_run` for a control-plane command with a caller `request_id`: the first call
     /// applies and stores `render(result)`; a repeat with the same intent returns that stored
     /// receipt; a repeat with another intent is a `request_id_conflict`.
@@ -295,11 +305,13 @@ pub trait Store: Send + Sync + 'static {
     /// Stores a new query task, ready for a query poller of its queue.
     fn create_query_task(&self, task: QueryTask) -> impl Future<Output = StoreResult<()>> + Send;
 
-    /// Leases the oldest leasable query task of `queue` (ready, or its lease ran out unanswered).
+    /// Leases the oldest leasable query task of `kind` on `queue` (ready, or its lease ran out
+    /// unanswered).
     fn claim_query_task(
         &self,
         namespace: &str,
         queue: &str,
+        kind: QueryKind,
         owner: &str,
         lease_ms: i64,
         now: Millis,

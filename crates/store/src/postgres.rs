@@ -156,6 +156,14 @@ CREATE INDEX search_attribute_lookup ON search_attribute_index (key, value, run_
 CREATE INDEX search_attribute_by_run ON search_attribute_index (run_id);
 "#,
     ),
+    (
+        4,
+        r#"
+-- Query tasks also carry update validations; pollers ask for one kind.
+ALTER TABLE query_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'query';
+CREATE INDEX query_tasks_open_by_kind ON query_tasks (namespace, task_queue, kind, created_at) WHERE status <> 'answered';
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -596,10 +604,10 @@ async fn write_query_task<C: tokio_postgres::GenericClient>(client: &C, task: &Q
     let doc = serde_json::to_string(task).map_err(corrupt)?;
     client
         .execute(
-            "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc, kind)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (query_task_id) DO UPDATE SET status = excluded.status, lease_expires_at = excluded.lease_expires_at, doc = excluded.doc",
-            &[&task.id, &task.namespace, &task.task_queue, &status, &lease_expires_at, &task.created_at, &task.deadline_at, &doc],
+            &[&task.id, &task.namespace, &task.task_queue, &status, &lease_expires_at, &task.created_at, &task.deadline_at, &doc, &task.kind.as_str()],
         )
         .await?;
     Ok(())
@@ -945,6 +953,26 @@ impl Store for PostgresStore {
         Ok((KeyedReceipt::Fresh(value), Some(run)))
     }
 
+    async fn retained_command(
+        &self,
+        namespace: &str,
+        workflow_id: &WorkflowId,
+        command_type: &str,
+        request_id: &str,
+    ) -> StoreResult<Option<(String, Value)>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4",
+                &[&namespace, &workflow_id.as_str(), &command_type, &request_id],
+            )
+            .await?;
+        match row {
+            Some(row) => Ok(Some((row.get(0), serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?))),
+            None => Ok(None),
+        }
+    }
+
     async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
         let client = self.pool.get().await?;
         let sql = match &locator {
@@ -1167,6 +1195,7 @@ impl Store for PostgresStore {
         &self,
         namespace: &str,
         queue: &str,
+        kind: QueryKind,
         owner: &str,
         lease_ms: i64,
         now: Millis,
@@ -1175,10 +1204,10 @@ impl Store for PostgresStore {
         let tx = client.transaction().await?;
         let rows = tx
             .query(
-                "SELECT doc FROM query_tasks WHERE namespace = $1 AND task_queue = $2 AND deadline_at > $3
+                "SELECT doc FROM query_tasks WHERE namespace = $1 AND task_queue = $2 AND kind = $4 AND deadline_at > $3
                    AND (status = 'ready' OR (status = 'leased' AND lease_expires_at <= $3))
                  ORDER BY created_at LIMIT 8 FOR UPDATE SKIP LOCKED",
-                &[&namespace, &queue, &now],
+                &[&namespace, &queue, &now, &kind.as_str()],
             )
             .await?;
         for row in rows {

@@ -149,6 +149,14 @@ CREATE INDEX search_attribute_lookup ON search_attribute_index (key, value, run_
 CREATE INDEX search_attribute_by_run ON search_attribute_index (run_id);
 "#,
     ),
+    (
+        4,
+        r#"
+-- Query tasks also carry update validations; pollers ask for one kind.
+ALTER TABLE query_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'query';
+CREATE INDEX query_tasks_open_by_kind ON query_tasks (namespace, task_queue, kind, created_at) WHERE status <> 'answered';
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -614,6 +614,31 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn retained_command(
+        &self,
+        namespace: &str,
+        workflow_id: &WorkflowId,
+        command_type: &str,
+        request_id: &str,
+    ) -> StoreResult<Option<(String, Value)>> {
+        let key = (
+            namespace.to_string(),
+            workflow_id.as_str().to_string(),
+            command_type.to_string(),
+            request_id.to_string(),
+        );
+        self.read(move |conn| {
+            let stored: Option<(String, String)> = conn
+                .prepare_cached(
+                    "SELECT intent_hash, receipt FROM command_requests WHERE namespace = ?1 AND workflow_id = ?2 AND command_type = ?3 AND request_id = ?4",
+                )?
+                .query_row(params![key.0, key.1, key.2, key.3], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            stored.map(|(hash, receipt)| Ok((hash, serde_json::from_str(&receipt)?))).transpose()
+        })
+        .await
+    }
+
     async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
         let namespace = namespace.to_string();
         self.read(move |conn| match locate_run(conn, &namespace, &locator)? {
@@ -804,6 +829,7 @@ impl Store for SqliteStore {
         &self,
         namespace: &str,
         queue: &str,
+        kind: QueryKind,
         owner: &str,
         lease_ms: i64,
         now: Millis,
@@ -813,11 +839,11 @@ impl Store for SqliteStore {
             .write(move |conn| {
                 let docs: Vec<String> = conn
                     .prepare_cached(
-                        "SELECT doc FROM query_tasks WHERE namespace = ?1 AND task_queue = ?2 AND deadline_at > ?3
+                        "SELECT doc FROM query_tasks WHERE namespace = ?1 AND task_queue = ?2 AND kind = ?4 AND deadline_at > ?3
                            AND (status = 'ready' OR (status = 'leased' AND lease_expires_at <= ?3))
                          ORDER BY created_at LIMIT 8",
                     )?
-                    .query_map(params![namespace, queue, now], |r| r.get(0))?
+                    .query_map(params![namespace, queue, now, kind.as_str()], |r| r.get(0))?
                     .collect::<Result<_, _>>()?;
                 for doc in docs {
                     let mut task: QueryTask = serde_json::from_str(&doc)?;
@@ -896,11 +922,21 @@ fn read_query_task(conn: &Connection, namespace: &str, id: &str) -> StoreResult<
 fn write_query_task(conn: &Connection, task: &QueryTask) -> StoreResult<()> {
     let (status, lease_expires_at) = query_columns(task);
     conn.prepare_cached(
-        "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+        "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc, kind)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
          ON CONFLICT (query_task_id) DO UPDATE SET status = excluded.status, lease_expires_at = excluded.lease_expires_at, doc = excluded.doc",
     )?
-    .execute(params![task.id, task.namespace, task.task_queue, status, lease_expires_at, task.created_at, task.deadline_at, serde_json::to_string(task)?])?;
+    .execute(params![
+        task.id,
+        task.namespace,
+        task.task_queue,
+        status,
+        lease_expires_at,
+        task.created_at,
+        task.deadline_at,
+        serde_json::to_string(task)?,
+        task.kind.as_str()
+    ])?;
     Ok(())
 }
 

@@ -407,6 +407,7 @@ pub async fn poll_memos_round_trip<S: Store>(store: S) {
 fn query_task(id: &str) -> QueryTask {
     QueryTask {
         id: id.into(),
+        kind: QueryKind::Query,
         namespace: "default".into(),
         task_queue: "q".into(),
         workflow_id: "wf".into(),
@@ -421,20 +422,113 @@ fn query_task(id: &str) -> QueryTask {
     }
 }
 
+pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S) {
+    let validation = QueryTask {
+        kind: QueryKind::UpdateValidation,
+        query_name: "add".into(),
+        ..query_task("v1")
+    };
+    store.create_query_task(validation).await.unwrap();
+    store.create_query_task(query_task("q1")).await.unwrap();
+    let query = store
+        .claim_query_task("default", "q", QueryKind::Query, "a", 5_000, NOW)
+        .await
+        .unwrap()
+        .expect("the query");
+    assert_eq!(query.id, "q1");
+    assert!(
+        store
+            .claim_query_task("default", "q", QueryKind::Query, "a", 5_000, NOW)
+            .await
+            .unwrap()
+            .is_none(),
+        "a query poller never sees a validation"
+    );
+    let leased = store
+        .claim_query_task("default", "q", QueryKind::UpdateValidation, "b", 5_000, NOW)
+        .await
+        .unwrap()
+        .expect("the validation");
+    assert_eq!(
+        (leased.id.as_str(), leased.kind, leased.attempt),
+        ("v1", QueryKind::UpdateValidation, 1)
+    );
+    let verdict = QueryOutcome::Rejected {
+        message: "no".into(),
+        failure_type: Some("ValueError".into()),
+        validation_errors: Some(serde_json::json!({"item": ["bad"]})),
+    };
+    store
+        .answer_query_task("default", "v1", "b", 1, verdict.clone(), NOW)
+        .await
+        .unwrap();
+    let answered = store.get_query_task("default", "v1").await.unwrap().unwrap();
+    assert_eq!(answered.state, QueryState::Answered(verdict));
+}
+
+pub async fn keyed_receipts_can_be_read_back<S: Store>(store: S) {
+    store
+        .start_workflow(start_request("keyed-read", "q"), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let workflow = WorkflowId("keyed-read".into());
+    assert!(store
+        .retained_command("default", &workflow, "update", "r-1")
+        .await
+        .unwrap()
+        .is_none());
+    let key = CommandKey {
+        command_type: "update".into(),
+        request_id: "r-1".into(),
+        intent_hash: "h".into(),
+    };
+    store
+        .mutate_run_keyed(
+            "default",
+            RunLocator::Current(workflow.clone()),
+            key,
+            NOW,
+            |run, cx| signal(run, cx, "s", Payload::avro("x"), "c".into()),
+            |_, _| serde_json::json!({"receipt": 1}),
+        )
+        .await
+        .unwrap();
+    let (hash, receipt) = store
+        .retained_command("default", &workflow, "update", "r-1")
+        .await
+        .unwrap()
+        .expect("stored");
+    assert_eq!((hash.as_str(), receipt), ("h", serde_json::json!({"receipt": 1})));
+    assert!(store.retained_command("other", &workflow, "update", "r-1").await.unwrap().is_none());
+    assert!(store
+        .retained_command("default", &workflow, "signal", "r-1")
+        .await
+        .unwrap()
+        .is_none());
+}
+
 pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     store.create_query_task(query_task("q1")).await.unwrap();
     let leased = store
-        .claim_query_task("default", "q", "a", 5_000, NOW)
+        .claim_query_task("default", "q", QueryKind::Query, "a", 5_000, NOW)
         .await
         .unwrap()
         .expect("leased");
     assert_eq!((leased.id.as_str(), leased.attempt), ("q1", 1));
     assert!(
-        store.claim_query_task("default", "q", "b", 5_000, NOW).await.unwrap().is_none(),
+        store
+            .claim_query_task("default", "q", QueryKind::Query, "b", 5_000, NOW)
+            .await
+            .unwrap()
+            .is_none(),
         "a live lease is exclusive"
     );
     assert!(
-        store.claim_query_task("other", "q", "b", 5_000, NOW).await.unwrap().is_none(),
+        store
+            .claim_query_task("other", "q", QueryKind::Query, "b", 5_000, NOW)
+            .await
+            .unwrap()
+            .is_none(),
         "queries are namespaced"
     );
     let answer = || QueryOutcome::Result(Payload::avro("x"));
@@ -458,12 +552,12 @@ pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     // An expired lease passes to another worker with a higher attempt; the first answer is stale.
     store.create_query_task(query_task("q2")).await.unwrap();
     store
-        .claim_query_task("default", "q", "a", 1_000, NOW)
+        .claim_query_task("default", "q", QueryKind::Query, "a", 1_000, NOW)
         .await
         .unwrap()
         .expect("leased");
     let again = store
-        .claim_query_task("default", "q", "b", 1_000, NOW + 1_500)
+        .claim_query_task("default", "q", QueryKind::Query, "b", 1_000, NOW + 1_500)
         .await
         .unwrap()
         .expect("re-leased");
@@ -474,7 +568,7 @@ pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     );
     assert!(
         store
-            .claim_query_task("default", "q", "c", 1_000, NOW + 31_000)
+            .claim_query_task("default", "q", QueryKind::Query, "c", 1_000, NOW + 31_000)
             .await
             .unwrap()
             .is_none(),
@@ -664,6 +758,8 @@ macro_rules! store_suite {
             keyed_commands_are_idempotent,
             poll_memos_round_trip,
             query_tasks_are_leased_and_answered_once,
+            validation_tasks_are_claimed_only_by_their_kind,
+            keyed_receipts_can_be_read_back,
             worker_registrations,
             listing_filters_and_pages,
             concurrent_transitions_all_commit,

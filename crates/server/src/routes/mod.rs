@@ -4,6 +4,7 @@ mod control;
 mod query;
 mod system;
 mod update;
+mod validation;
 pub(crate) mod worker;
 pub(crate) use worker::after_change;
 
@@ -49,6 +50,9 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/worker/activity-tasks/:task_id/heartbeat",
             post(worker::heartbeat_activity_task::<S>),
         )
+        .route("/worker/update-validation-tasks/poll", post(validation::poll::<S>))
+        .route("/worker/update-validation-tasks/:task_id/approve", post(validation::approve::<S>))
+        .route("/worker/update-validation-tasks/:task_id/reject", post(validation::reject::<S>))
         .route("/worker/query-tasks/poll", post(query::poll_query_task::<S>))
         .route("/worker/query-tasks/:task_id/complete", post(query::complete_query_task::<S>))
         .route("/worker/query-tasks/:task_id/fail", post(query::fail_query_task::<S>))

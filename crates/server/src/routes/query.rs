@@ -101,6 +101,7 @@ async fn ask<S: Store>(
     }
     let task = QueryTask {
         id: ulid::Ulid::new().to_string(),
+        kind: QueryKind::Query,
         namespace: namespace.clone(),
         task_queue: run.task_queue.clone(),
         workflow_id: workflow_id.clone(),
@@ -162,6 +163,11 @@ async fn ask<S: Store>(
             "target_scope": if run_id.is_some() { "run" } else { "instance" },
             "control_plane": {"operation": "query", "workflow_id": workflow_id, "operation_name": query_name},
         }))),
+        QueryOutcome::Approved | QueryOutcome::Rejected { .. } => Err(fail(ApiError::new(
+            StatusCode::CONFLICT,
+            "query_rejected",
+            "The worker answered the query with an update verdict.",
+        ))),
         QueryOutcome::Failed {
             reason,
             message,
@@ -198,7 +204,10 @@ async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request
     let notify = state.hub.channel(namespace, TaskKind::Query, &request.queue);
     let owner = request.worker.worker_id.as_str();
     wait_for_work(&notify, request.wait_ms, || async move {
-        let claimed = state.store.claim_query_task(namespace, &request.queue, owner, QUERY_LEASE_MS, now_ms()).await?;
+        let claimed = state
+            .store
+            .claim_query_task(namespace, &request.queue, QueryKind::Query, owner, QUERY_LEASE_MS, now_ms())
+            .await?;
         if let Some(task) = &claimed {
             tracing::info!(namespace, workflow_id = %task.workflow_id, query_task_id = %task.id, attempt = task.attempt, "query task leased");
         }
@@ -207,7 +216,9 @@ async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request
     .await
 }
 
-async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<Value> {
+/// The run a query or validation task asks about and its committed history (everything up to
+/// the run's current last event), which the worker replays before answering.
+pub(crate) async fn replay_snapshot<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<(RunState, Vec<Value>)> {
     let run = state
         .store
         .load_run(
@@ -215,13 +226,17 @@ async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> A
             RunLocator::Run(WorkflowId(task.workflow_id.clone()), RunId(task.run_id.clone())),
         )
         .await?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "The queried run is gone."))?;
-    // Only committed history: everything up to the run's current last event.
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "The run is gone."))?;
     let events = state
         .store
         .history(&run.run_id, 0, run.last_sequence, state.config.limits.history_events_max as usize)
         .await?;
-    let history: Vec<Value> = events.iter().map(|e| render::worker_event(&task.namespace, e)).collect();
+    let history = events.iter().map(|e| render::worker_event(&task.namespace, e)).collect();
+    Ok((run, history))
+}
+
+async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<Value> {
+    let (run, history) = replay_snapshot(state, task).await?;
     let QueryState::Leased { owner, expires_at } = &task.state else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

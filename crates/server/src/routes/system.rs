@@ -54,6 +54,8 @@ pub fn server_capabilities() -> Value {
         "activity_timeouts": true,
         "non_retryable_failures": true,
         "workflow_memo_updates": {"supported": true},
+        "update_validation_tasks": true,
+        "synchronous_update_validation": super::validation::advertised(),
     })
 }
 

@@ -100,20 +100,55 @@ async fn run_update<S: Store>(
     let args = arguments.clone();
     let command_id = CommandId(ulid::Ulid::new().to_string());
     let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
-    let fallback = crate::contracts::fallback_for(&state.store, &namespace, &locator)
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let transition = move |run: &mut RunState, cx: &mut Cx| {
-        check_target(run, &wanted)?;
-        admit_update(run, &name, fallback.for_run(run))?;
-        accept_update(run, cx, &name, args, command_id)
-    };
-    let receipt = |(update_id, receipt): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id, "command_id": receipt.command_id, "command_sequence": receipt.command_sequence});
     let key = request_id.clone().map(|request_id| CommandKey {
         command_type: "update".into(),
         intent_hash: intent_hash(&[&update_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
         request_id,
     });
+    // A retry of a request already decided gets that decision from its receipt, unvalidated.
+    let decided = match &key {
+        Some(key) => state
+            .store
+            .retained_command(&namespace, &WorkflowId(workflow_id.clone()), &key.command_type, &key.request_id)
+            .await?
+            .is_some(),
+        None => false,
+    };
+    let current = state.store.load_run(&namespace, locator.clone()).await?;
+    let fallback = crate::contracts::fallback_for(&state.store, &namespace, &locator)
+        .await
+        .map_err(|e| fail(e.into()))?;
+    // An update with a declared validator is put to a worker first (see `validation`).
+    let verdict = match &current {
+        Some(run) if !decided && !run.is_closed() && check_target(run, &wanted).is_ok() => {
+            match admission_contract(run, fallback.for_run(run)) {
+                Some(contract) if contract.validates_update(&update_name) => Some((
+                    run.run_id.clone(),
+                    super::validation::validate(&state, run, &update_name, &arguments)
+                        .await
+                        .map_err(fail)?,
+                )),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let transition = move |run: &mut RunState, cx: &mut Cx| {
+        check_target(run, &wanted)?;
+        admit_update(run, &name, fallback.for_run(run))?;
+        match verdict {
+            None => accept_update(run, cx, &name, args, command_id),
+            Some((validated_run, _)) if validated_run != run.run_id => Err(Refusal::new(
+                Reason::StaleValidation,
+                "The run changed while the update was being validated; send it again.",
+            )
+            .with("validated_run_id", validated_run.as_str())
+            .with("retryable", true)),
+            Some((_, super::validation::Verdict::Approved)) => accept_update(run, cx, &name, args, command_id),
+            Some((_, super::validation::Verdict::Rejected(rejection))) => reject_update(run, cx, &name, args, rejection, command_id),
+        }
+    };
+    let receipt = |(update_id, receipt): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id, "command_id": receipt.command_id, "command_sequence": receipt.command_sequence});
     let (accepted, retained) = apply_command(&state, &namespace, locator, key, transition, receipt)
         .await
         .map_err(|e| fail(e.into()))?;
@@ -188,6 +223,26 @@ fn respond<S: Store>(
             body["outcome"] = json!("update_accepted");
             body["wait_timed_out"] = json!(wait_for == "completed");
             Ok(Json(body).into_response())
+        }
+        UpdateStatus::Rejected => {
+            let message = record
+                .failure
+                .as_ref()
+                .map(|f| f.message.clone())
+                .unwrap_or_else(|| "The update was rejected.".into());
+            body["outcome"] = json!("rejected_invalid_arguments");
+            body["reason"] = json!("update_validator_rejected");
+            body["rejection_reason"] = json!("update_validator_rejected");
+            body["message"] = json!(message);
+            body["error"] = json!(message);
+            body["accepted"] = json!(false);
+            body["command_status"] = json!("rejected");
+            body["retryable"] = json!(false);
+            body["failure_type"] = json!(record.failure.as_ref().and_then(|f| f.exception_type.clone()));
+            if let Some(errors) = &record.validation_errors {
+                body["validation_errors"] = errors.clone();
+            }
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response())
         }
         UpdateStatus::Failed => {
             let message = record.failure.map(|f| f.message).unwrap_or_else(|| "The update failed.".into());

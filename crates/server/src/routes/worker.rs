@@ -1,6 +1,6 @@
 //! The worker plane: registration, long polls, and fenced task reports.
 
-use super::Namespace;
+use super::{validation, Namespace};
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
 use crate::{now_ms, render, AppState, Shared};
@@ -224,6 +224,17 @@ async fn long_poll<S: Store>(
     request: &PollRequest,
     kind: TaskKind,
 ) -> ApiResult<Option<(Task, RunState)>> {
+    long_poll_with_wait(state, namespace, request, kind, request.wait_ms).await
+}
+
+/// [`long_poll`] waiting at most `wait_ms` (0: one look).
+async fn long_poll_with_wait<S: Store>(
+    state: &AppState<S>,
+    namespace: &str,
+    request: &PollRequest,
+    kind: TaskKind,
+    wait_ms: i64,
+) -> ApiResult<Option<(Task, RunState)>> {
     let owner = request.worker.worker_id.as_str();
     // A concurrent duplicate of this poll (a client retry) waits for the first to answer, then
     // gets the same lease from the memo.
@@ -266,7 +277,7 @@ async fn long_poll<S: Store>(
         _ => state.config.activity_task_lease_ms,
     };
     let notify = state.hub.channel(namespace, kind, &request.queue);
-    wait_for_work(&notify, request.wait_ms, || async move {
+    wait_for_work(&notify, wait_ms, || async move {
         let now = now_ms();
         if !state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
             return Ok(None);
@@ -281,6 +292,41 @@ async fn long_poll<S: Store>(
                 fence = task.fence, owner, "task leased");
         }
         Ok(claimed)
+    })
+    .await
+}
+
+enum Leased {
+    Workflow(Box<(Task, RunState)>),
+    Validation(Box<QueryTask>),
+}
+
+/// A workflow poll that also takes update validations: a waiting validation goes first (a client
+/// request is blocked on it), then workflow tasks. A retried `poll_request_id` gets its earlier
+/// workflow-task lease back; a validation lease lost with its response runs out and is re-offered.
+async fn multiplexed_poll<S: Store>(
+    state: &AppState<S>,
+    namespace: &str,
+    request: &PollRequest,
+    kinds: PollKinds,
+) -> ApiResult<Option<Leased>> {
+    if kinds.workflow {
+        if let Some(recalled) = long_poll_with_wait(state, namespace, request, TaskKind::Workflow, 0).await? {
+            return Ok(Some(Leased::Workflow(Box::new(recalled))));
+        }
+    }
+    let notify = state.hub.channel(namespace, TaskKind::Workflow, &request.queue);
+    let owner = request.worker.worker_id.as_str();
+    wait_for_work(&notify, request.wait_ms, || async move {
+        if let Some(task) = validation::claim(state, namespace, &request.queue, owner).await? {
+            return Ok(Some(Leased::Validation(Box::new(task))));
+        }
+        if kinds.workflow {
+            if let Some(leased) = long_poll_with_wait(state, namespace, request, TaskKind::Workflow, 0).await? {
+                return Ok(Some(Leased::Workflow(Box::new(leased))));
+            }
+        }
+        Ok(None)
     })
     .await
 }
@@ -317,14 +363,73 @@ fn empty_poll() -> Json<Value> {
     Json(json!({"task": null, "poll_status": "timeout"}))
 }
 
+/// Which kinds of work a workflow-task poll takes (`task_kinds`; default: workflow tasks only).
+#[derive(Clone, Copy)]
+struct PollKinds {
+    workflow: bool,
+    update_validation: bool,
+}
+
+fn poll_kinds(body: &Map<String, Value>) -> ApiResult<PollKinds> {
+    let Some(value) = body.get("task_kinds").filter(|v| !v.is_null()) else {
+        return Ok(PollKinds {
+            workflow: true,
+            update_validation: false,
+        });
+    };
+    let invalid = || {
+        ApiError::validation(
+            "task_kinds",
+            "task_kinds must list one or both of \"workflow\" and \"update_validation\", each once.",
+        )
+    };
+    let kinds = value.as_array().ok_or_else(invalid)?;
+    let mut chosen = PollKinds {
+        workflow: false,
+        update_validation: false,
+    };
+    for kind in kinds {
+        let slot = match kind.as_str() {
+            Some("workflow") => &mut chosen.workflow,
+            Some("update_validation") => &mut chosen.update_validation,
+            _ => return Err(invalid()),
+        };
+        if *slot {
+            return Err(invalid());
+        }
+        *slot = true;
+    }
+    if kinds.is_empty() {
+        return Err(invalid());
+    }
+    Ok(chosen)
+}
+
 pub async fn poll_workflow_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
+    let kinds = poll_kinds(&body)?;
     let request = poll_request(&state, &namespace, &body).await?;
-    let Some((task, run)) = long_poll(&state, &namespace, &request, TaskKind::Workflow).await? else {
-        return Ok(empty_poll());
+    if kinds.update_validation {
+        validation::require_capability(&request.worker)?;
+    }
+    let leased = if kinds.update_validation {
+        multiplexed_poll(&state, &namespace, &request, kinds).await?
+    } else {
+        long_poll(&state, &namespace, &request, TaskKind::Workflow)
+            .await?
+            .map(|leased| Leased::Workflow(Box::new(leased)))
+    };
+    let (task, run) = match leased {
+        None => return Ok(empty_poll()),
+        Some(Leased::Validation(task)) => {
+            return Ok(Json(
+                json!({"task": validation::render_task(&state, &task).await?, "poll_status": "leased"}),
+            ));
+        }
+        Some(Leased::Workflow(leased)) => *leased,
     };
     let snapshot = match &task.detail {
         TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,

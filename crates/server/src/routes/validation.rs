@@ -1,0 +1,374 @@
+//! Update validation: an update whose workflow type declares a validator is first put to a worker
+//! as a validation task. The worker replays the committed history and runs only the validator;
+//! its verdict decides whether the update is accepted (`UpdateAccepted`) or rejected
+//! (`UpdateRejected`, 422 `update_validator_rejected`). Python workers take these tasks from the
+//! workflow-task poll (`task_kinds: ["workflow", "update_validation"]`); the dedicated poll route
+//! serves clients that ask for validations alone.
+
+use super::query::replay_snapshot;
+use super::worker::{poll_request, wait_for_work};
+use super::Namespace;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ApiResult};
+use crate::wire::Fields;
+use crate::{now_ms, render, AppState, Shared};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use capstan_engine::*;
+use capstan_store::Store;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// The worker capability a validating worker registers.
+pub const CAPABILITY: &str = "update_validation_tasks";
+/// How long an update request waits for a verdict (DW's default).
+pub const VALIDATION_WAIT_MS: i64 = 10_000;
+/// Lease of one validation attempt.
+const VALIDATION_LEASE_MS: i64 = 10_000;
+/// A registration heard from within this window counts as a live validating worker.
+const WORKER_FRESH_MS: i64 = 180_000;
+/// Cross-node verdicts are noticed by re-reading the task this often.
+const VERDICT_RECHECK_MS: u64 = 50;
+
+/// The `synchronous_update_validation` capability document (what the Python worker checks).
+pub fn advertised() -> Value {
+    json!({
+        "supported": true,
+        "acceptance_boundary": "validator_approved",
+        "worker_capability": CAPABILITY,
+        "workflow_contract_field": "update_validators",
+        "timeout_seconds": VALIDATION_WAIT_MS / 1000,
+        "task_poll": {
+            "strategy": "multiplexed",
+            "endpoint": "/worker/workflow-tasks/poll",
+            "request_field": "task_kinds",
+            "response_discriminator": "task.task_kind",
+            "task_kinds": ["workflow", "update_validation"],
+            "default_task_kinds": ["workflow"],
+        },
+        "completion": {
+            "approve_endpoint": "/worker/update-validation-tasks/{id}/approve",
+            "reject_endpoint": "/worker/update-validation-tasks/{id}/reject",
+            "fence_fields": ["lease_owner", "update_validation_attempt"],
+        },
+    })
+}
+
+/// What a validator decided.
+pub enum Verdict {
+    Approved,
+    Rejected(UpdateRejection),
+}
+
+fn failure(status: StatusCode, reason: &str, message: impl Into<String>, retryable: bool) -> ApiError {
+    ApiError::new(status, reason, message)
+        .with("outcome", "update_validation_failed")
+        .with("rejection_reason", reason)
+        .with("retryable", retryable)
+}
+
+/// Puts `update_name(arguments)` on `run` to a validating worker of its queue and waits for the
+/// verdict. Nothing is recorded here; the caller records the outcome.
+pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name: &str, arguments: &Payload) -> ApiResult<Verdict> {
+    let namespace = run.namespace.as_str();
+    let now = now_ms();
+    let fresh: Vec<_> = state
+        .store
+        .queue_workers(namespace, &run.task_queue)
+        .await?
+        .into_iter()
+        .filter(|w| now - w.last_heartbeat_at <= WORKER_FRESH_MS)
+        .collect();
+    if fresh.is_empty() {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            "update_validator_worker_unavailable",
+            format!("No live worker on task queue {:?} can validate the update.", run.task_queue),
+            true,
+        ));
+    }
+    let capable = |w: &&capstan_store::WorkerRecord| {
+        w.document
+            .get("capabilities")
+            .and_then(Value::as_array)
+            .is_some_and(|c| c.iter().any(|c| c == CAPABILITY))
+    };
+    if !fresh.iter().any(|w| capable(&w)) {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            "update_validation_capability_unsupported",
+            format!("No worker on task queue {:?} runs update validators.", run.task_queue),
+            false,
+        ));
+    }
+    let task = QueryTask {
+        id: ulid::Ulid::new().to_string(),
+        kind: QueryKind::UpdateValidation,
+        namespace: namespace.to_string(),
+        task_queue: run.task_queue.clone(),
+        workflow_id: run.workflow_id.to_string(),
+        run_id: run.run_id.to_string(),
+        workflow_type: run.workflow_type.clone(),
+        query_name: update_name.to_string(),
+        arguments: Some(arguments.clone()),
+        state: QueryState::Ready,
+        attempt: 0,
+        created_at: now,
+        deadline_at: now + VALIDATION_WAIT_MS,
+    };
+    let id = task.id.clone();
+    let answered = state.query_answers.channel(&id);
+    state.store.create_query_task(task.clone()).await?;
+    // Validations ride the workflow-task poll: wake its pollers.
+    state.hub.wake(namespace, TaskKind::Workflow, &task.task_queue);
+    let outcome = loop {
+        let woken = answered.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let current = state.store.get_query_task(namespace, &id).await?;
+        match current.map(|t| t.state) {
+            Some(QueryState::Answered(outcome)) => break Ok(outcome),
+            other if now_ms() >= task.deadline_at => break Err(other),
+            _ => {}
+        }
+        tokio::select! {
+            _ = &mut woken => {}
+            _ = tokio::time::sleep(Duration::from_millis(VERDICT_RECHECK_MS)) => {}
+        }
+    };
+    state.query_answers.forget(&id);
+    state.store.delete_query_task(namespace, &id).await?;
+    match outcome {
+        Ok(QueryOutcome::Approved) => Ok(Verdict::Approved),
+        Ok(QueryOutcome::Rejected {
+            message,
+            failure_type,
+            validation_errors,
+        }) => Ok(Verdict::Rejected(UpdateRejection {
+            message,
+            failure_type,
+            validation_errors,
+        })),
+        Ok(QueryOutcome::Failed { message, .. }) => Err(failure(
+            StatusCode::CONFLICT,
+            "update_validation_worker_failed",
+            format!("The worker could not validate the update: {message}"),
+            false,
+        )),
+        Ok(QueryOutcome::Result(_)) => Err(failure(
+            StatusCode::CONFLICT,
+            "update_validation_worker_failed",
+            "The worker answered the validation with a query result.",
+            false,
+        )),
+        Err(Some(QueryState::Leased { .. })) => Err(failure(
+            StatusCode::GATEWAY_TIMEOUT,
+            "update_validation_execution_timeout",
+            "The worker did not finish validating the update in time.",
+            true,
+        )),
+        Err(_) => Err(failure(
+            StatusCode::GATEWAY_TIMEOUT,
+            "update_validation_task_not_claimed",
+            "No worker picked the update validation up in time.",
+            true,
+        )),
+    }
+}
+
+/// Leases the oldest validation task of `queue` to `owner`, if any.
+pub async fn claim<S: Store>(state: &AppState<S>, namespace: &str, queue: &str, owner: &str) -> ApiResult<Option<QueryTask>> {
+    let claimed = state
+        .store
+        .claim_query_task(namespace, queue, QueryKind::UpdateValidation, owner, VALIDATION_LEASE_MS, now_ms())
+        .await?;
+    if let Some(task) = &claimed {
+        tracing::info!(namespace, workflow_id = %task.workflow_id, update_validation_task_id = %task.id, attempt = task.attempt, "update validation leased");
+    }
+    Ok(claimed)
+}
+
+/// A leased validation task as the worker sees it: the replay snapshot plus the update.
+pub async fn render_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<Value> {
+    let (run, history) = replay_snapshot(state, task).await?;
+    let QueryState::Leased { owner, expires_at } = &task.state else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "update_validation_task_not_leased",
+            "The update validation task is not leased.",
+        ));
+    };
+    Ok(json!({
+        "task_kind": "update_validation",
+        "update_validation_task_id": task.id,
+        "update_id": task.id,
+        "update_validation_attempt": task.attempt,
+        "lease_owner": owner,
+        "lease_expires_at": render::time(*expires_at),
+        "namespace": task.namespace,
+        "task_queue": task.task_queue,
+        "workflow_id": task.workflow_id,
+        "run_id": task.run_id,
+        "workflow_type": task.workflow_type,
+        "update_name": task.query_name,
+        "payload_codec": payload::AVRO_CODEC,
+        "workflow_arguments": render::envelope(&run.input),
+        "update_arguments": task.arguments.as_ref().map(render::envelope),
+        "history_events": history,
+        "run_status": run.status.as_str(),
+        "last_history_sequence": run.last_sequence,
+        "total_history_events": run.last_sequence,
+    }))
+}
+
+// ------------------------------------------------------------------------------------------
+// Worker routes
+
+/// `POST /worker/update-validation-tasks/poll`: validations alone (the SDK client's call).
+pub async fn poll<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let request = poll_request(&state, &namespace, &body).await?;
+    require_capability(&request.worker)?;
+    let notify = state.hub.channel(&namespace, TaskKind::Workflow, &request.queue);
+    let owner = request.worker.worker_id.as_str();
+    let found = wait_for_work(&notify, request.wait_ms, || claim(&state, &namespace, &request.queue, owner)).await?;
+    match found {
+        Some(task) => Ok(Json(json!({"task": render_task(&state, &task).await?, "poll_status": "leased"}))),
+        None => Ok(Json(json!({"task": null, "poll_status": "empty"}))),
+    }
+}
+
+/// A poll asking for validations needs a registration that advertised running validators.
+pub fn require_capability(worker: &capstan_store::WorkerRecord) -> ApiResult<()> {
+    let capable = worker
+        .document
+        .get("capabilities")
+        .and_then(Value::as_array)
+        .is_some_and(|c| c.iter().any(|c| c == CAPABILITY));
+    if capable {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "update_validation_capability_not_advertised",
+        "This worker did not register the update_validation_tasks capability.",
+    )
+    .with("task", Value::Null)
+    .with("poll_status", "unsupported"))
+}
+
+fn fence(body: &Map<String, Value>) -> ApiResult<(String, u32)> {
+    let f = Fields::new(body);
+    Ok((
+        f.req_str("lease_owner", 255)?,
+        f.req_int("update_validation_attempt", 1, u32::MAX as i64)? as u32,
+    ))
+}
+
+/// The DW reasons of a refused verdict.
+fn refused(error: capstan_store::StoreError, id: &str, attempt: u32) -> ApiError {
+    let mut error = ApiError::from(error);
+    let reason = match error.reason.as_str() {
+        "query_task_not_found" => "update_validation_task_not_found",
+        "query_task_not_leased" => "update_validation_task_not_leased",
+        "lease_owner_mismatch" => "update_validation_lease_owner_mismatch",
+        "query_task_attempt_mismatch" => "stale_update_validation_completion",
+        "lease_expired" => "update_validation_lease_expired",
+        other => other,
+    };
+    error.reason = reason.to_string();
+    error.fields.remove("query_task_id");
+    error.fields.remove("query_task_attempt");
+    error.fields.insert("update_validation_task_id".into(), json!(id));
+    error.fields.insert("update_validation_attempt".into(), json!(attempt));
+    error.fields.insert("outcome".into(), json!("rejected"));
+    error
+}
+
+async fn record_verdict<S: Store>(
+    state: &AppState<S>,
+    namespace: &str,
+    id: &str,
+    body: &Map<String, Value>,
+    outcome: QueryOutcome,
+) -> ApiResult<Json<Value>> {
+    let (owner, attempt) = fence(body)?;
+    let (label, reason) = match &outcome {
+        QueryOutcome::Approved => ("approved", None),
+        QueryOutcome::Rejected { .. } => ("rejected", Some("update_validator_rejected")),
+        _ => ("failed", Some("update_validation_worker_failed")),
+    };
+    state
+        .store
+        .answer_query_task(namespace, id, &owner, attempt, outcome, now_ms())
+        .await
+        .map_err(|e| refused(e, id, attempt))?;
+    state.query_answers.wake(id);
+    Ok(Json(json!({
+        "update_validation_task_id": id,
+        "update_id": id,
+        "update_validation_attempt": attempt,
+        "outcome": label,
+        "reason": reason,
+        "status": "completed",
+    })))
+}
+
+pub async fn approve<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    record_verdict(&state, &namespace, &id, &body, QueryOutcome::Approved).await
+}
+
+/// The field errors of a rejection: `{field: [message, …]}` or nothing.
+fn validation_errors(value: Option<&Value>) -> ApiResult<Option<Value>> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let well_formed = value.as_object().is_some_and(|fields| {
+        fields
+            .values()
+            .all(|messages| messages.as_array().is_some_and(|m| m.iter().all(Value::is_string)))
+    });
+    if !well_formed {
+        return Err(ApiError::validation(
+            "failure.validation_errors",
+            "validation_errors must map field names to lists of messages.",
+        ));
+    }
+    Ok(Some(value.clone()).filter(|v| v.as_object().is_some_and(|m| !m.is_empty())))
+}
+
+pub async fn reject<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let failure = Fields::new(&body)
+        .opt_object("failure")?
+        .ok_or_else(|| ApiError::validation("failure", "A rejection needs a failure object."))?;
+    let f = Fields::nested(failure, "failure.".into());
+    let message = f.req_str("message", 1_000_000)?;
+    let failure_type = f.opt_str("type", 1000)?;
+    let outcome = match f.opt_str("reason", 255)?.as_deref() {
+        Some("update_validation_worker_failed") => QueryOutcome::Failed {
+            reason: Some("update_validation_worker_failed".into()),
+            message,
+            failure_type,
+        },
+        _ => QueryOutcome::Rejected {
+            message,
+            failure_type,
+            validation_errors: validation_errors(failure.get("validation_errors"))?,
+        },
+    };
+    record_verdict(&state, &namespace, &id, &body, outcome).await
+}
