@@ -246,6 +246,42 @@ async def _wait_until_waiting(client, handle) -> list[dict]:
     )
 
 
+@activity.defn(name="e2e.slow")
+def slow_activity(seconds: int) -> str:
+    time.sleep(seconds)
+    return "finished"
+
+
+@workflow.defn(name="e2e.cooperative-activity")
+class CooperativeActivityWorkflow:
+    """Runs a quick activity, then waits on a slow one that a cancellation interrupts."""
+
+    def run(self, ctx):
+        greeting = yield ctx.schedule_activity("e2e.greet", ["Ada"])
+        try:
+            yield ctx.schedule_activity("e2e.slow", [20])
+            return "not cancelled"
+        except WorkflowCancelled:
+            return {"greeting": greeting, "cleaned_up": True}
+
+
+@workflow.defn(name="e2e.cooperative-cleanup")
+class CooperativeCleanupWorkflow:
+    """Waits on a long timer; a delivered cancellation runs a shielded cleanup timer."""
+
+    def run(self, ctx, mode):
+        try:
+            yield ctx.start_timer(300)
+            return "not cancelled"
+        except WorkflowCancelled as cancelled:
+            assert ctx.is_cancellation_requested and cancelled.request_id
+            with ctx.cancellation_shield():
+                yield ctx.start_timer(1)
+            if mode == "reraise":
+                raise
+            return {"cleaned_up": cancelled.request_id}
+
+
 # ── tests ────────────────────────────────────────────────────────────────
 
 
@@ -704,6 +740,83 @@ def test_cancel_waiting_workflow(server_url, worker_url, run_worker):
         assert not events_of(events, "SignalReceived"), "the refused signal must not reach history"
 
     run_async(main(), timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["return", "reraise"])
+def test_cooperative_cancellation_runs_workflow_cleanup(server_url, worker_url, run_worker, mode):
+    """`request_cancellation` leaves the run open; a worker that registered
+    `cooperative_cancellation` delivers it at the pending timer, the workflow's shielded
+    cleanup runs (a second timer), and however the code ends, the run ends cancelled with one
+    request and one delivery in history. A second request returns the first."""
+    queue = unique("e2e-coop")
+    workflow_id = unique("coop")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CooperativeCleanupWorkflow],
+                              capabilities=["cooperative_cancellation"]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.cooperative-cleanup", task_queue=queue, workflow_id=workflow_id, input=[mode],
+                )
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: bool(events_of(evs, "TimerScheduled")), what="TimerScheduled")
+                first = await handle.request_cancellation(reason="stop", cleanup_timeout_seconds=60)
+                again = await handle.request_cancellation(reason="again", cleanup_timeout_seconds=120)
+                with pytest.raises(WorkflowCancelled) as cancelled:
+                    await handle.result(timeout=30, poll_interval=0.2)
+                described = await handle.describe()
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return first, again, cancelled.value, described, events
+
+    first, again, cancelled, described, events = run_async(main(), timeout=90)
+    assert first["accepted"] is True and first["duplicate"] is False and first["run_status"] != "cancelled", first
+    assert again["duplicate"] is True and again["cancellation_request"]["request_id"] == first["cancellation_request"]["request_id"]
+    assert described.status == "cancelled"
+    assert "Cooperative cancellation completed" in str(cancelled)
+    assert_history_invariants(events, terminal="WorkflowCancelled")
+    assert_in_order(events, ["TimerScheduled", "CooperativeCancellationRequested", "CooperativeCancellationDelivered",
+                             "TimerScheduled", "TimerFired", "WorkflowCancelled"])
+    request_id = first["cancellation_request"]["request_id"]
+    (requested,) = events_of(events, "CooperativeCancellationRequested")
+    (delivered,) = events_of(events, "CooperativeCancellationDelivered")
+    assert payload_of(requested)["workflow_command_id"] == request_id and payload_of(requested)["reason"] == "stop"
+    assert payload_of(delivered)["sequence"] == 1 and payload_of(delivered)["call_kind"] == "timer"
+    assert [payload_of(e)["sequence"] for e in events_of(events, "TimerCancelled")] == [1]
+    assert not events_of(events, "WorkflowCompleted", "WorkflowFailed")
+    assert payload_of(events[-1])["cancellation_cleanup"]["outcome"] == "completed"
+
+
+def test_cooperative_cancellation_interrupts_a_running_activity(server_url, worker_url, run_worker):
+    """A cooperative Python worker runs activities in their own processes and checks their
+    claim (`/activity-tasks/{id}/status`); a cancellation delivered at the running activity
+    records `ActivityCancelled` for it, and the run ends cancelled without waiting for it."""
+    queue = unique("e2e-coop-act")
+    workflow_id = unique("coop-act")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CooperativeActivityWorkflow],
+                              activities=[greet, slow_activity], capabilities=["cooperative_cancellation"]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.cooperative-activity", task_queue=queue, workflow_id=workflow_id, input=[],
+                )
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: len(events_of(evs, "ActivityStarted")) >= 2, what="slow activity started")
+                started = time.monotonic()
+                await handle.request_cancellation(reason="stop", cleanup_timeout_seconds=60)
+                with pytest.raises(WorkflowCancelled):
+                    await handle.result(timeout=15, poll_interval=0.2)
+                elapsed = time.monotonic() - started
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return elapsed, events
+
+    elapsed, events = run_async(main(), timeout=90)
+    assert elapsed < 15, "the run waited for the interrupted activity"
+    assert_history_invariants(events, terminal="WorkflowCancelled")
+    assert [payload_of(e)["sequence"] for e in events_of(events, "ActivityCompleted")] == [1]
+    assert [payload_of(e)["sequence"] for e in events_of(events, "ActivityCancelled")] == [2]
+    (delivered,) = events_of(events, "CooperativeCancellationDelivered")
+    assert (payload_of(delivered)["sequence"], payload_of(delivered)["call_kind"]) == (2, "activity")
 
 
 def test_terminate_waiting_workflow(server_url, worker_url, run_worker):

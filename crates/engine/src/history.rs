@@ -75,12 +75,34 @@ event_types!(
     ChildRunCancelled,
     ChildRunTerminated,
     ParentClosePolicyApplied,
+    CooperativeCancellationRequested,
+    CooperativeCancellationDelivered,
     RepairRequested,
     ArchiveRequested,
     WorkflowArchived,
 );
 
 impl EventType {
+    /// Events that settle an authored step (their payload's `sequence`).
+    pub fn resolves_step(self) -> bool {
+        matches!(
+            self,
+            EventType::ActivityCompleted
+                | EventType::ActivityFailed
+                | EventType::ActivityCancelled
+                | EventType::ActivityTimedOut
+                | EventType::TimerFired
+                | EventType::TimerCancelled
+                | EventType::ConditionWaitSatisfied
+                | EventType::ConditionWaitTimedOut
+                | EventType::SignalApplied
+                | EventType::ChildRunCompleted
+                | EventType::ChildRunFailed
+                | EventType::ChildRunCancelled
+                | EventType::ChildRunTerminated
+        )
+    }
+
     /// Events that close a run. Exactly one of them ends every closed run's history.
     pub fn is_run_terminal(self) -> bool {
         matches!(

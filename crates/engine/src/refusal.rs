@@ -48,6 +48,12 @@ pub enum Reason {
     UnknownSignal,
     UpdateRejected,
     StaleValidation,
+    CancellationRequestMismatch,
+    CancellationDeliveryMismatch,
+    CancellationDeliverySequenceMismatch,
+    CancellationDeliveryShapeMismatch,
+    CancellationDeliveryNotEligible,
+    InvalidCancellationDelivery,
 }
 
 impl Reason {
@@ -92,6 +98,12 @@ impl Reason {
             Reason::UnknownSignal => "unknown_signal",
             Reason::UpdateRejected => "update_rejected",
             Reason::StaleValidation => "stale_update_validation_completion",
+            Reason::CancellationRequestMismatch => "cancellation_request_mismatch",
+            Reason::CancellationDeliveryMismatch => "cancellation_delivery_mismatch",
+            Reason::CancellationDeliverySequenceMismatch => "cancellation_delivery_sequence_mismatch",
+            Reason::CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",
+            Reason::CancellationDeliveryNotEligible => "cancellation_delivery_not_eligible",
+            Reason::InvalidCancellationDelivery => "invalid_cancellation_delivery",
         }
     }
 }

@@ -294,6 +294,37 @@ pub struct RunState {
     /// The command contract registered for this workflow type when the run started, if any.
     #[serde(default)]
     pub contract: Option<CommandContract>,
+    /// A cooperative cancellation request: the run stays open for workflow-authored cleanup.
+    #[serde(default)]
+    pub cancellation: Option<CancellationRequest>,
+}
+
+/// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
+/// one authored call, after which the run's end is recorded as cancelled; closed as cancelled
+/// at `cleanup_deadline_at` if the workflow has not finished by then.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CancellationRequest {
+    pub request_id: CommandId,
+    pub reason: Option<String>,
+    pub requested_at: Millis,
+    pub cleanup_deadline_at: Millis,
+    /// Steps resolved after the request: the delivery may still interrupt them (the SDKs only
+    /// rule out steps resolved before it).
+    #[serde(default)]
+    pub resolved_after_request: BTreeSet<u32>,
+    pub delivery: Option<CancellationDelivery>,
+}
+
+/// Where the cancellation reached workflow code: the authored call it interrupts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancellationDelivery {
+    pub sequence: u32,
+    pub call_kind: String,
+    pub sequence_span: u32,
+    pub operation_sequence: Option<u32>,
+    pub operation_sequence_span: u32,
+    #[serde(default)]
+    pub delivered_at: Millis,
 }
 
 fn genesis() -> String {
@@ -435,6 +466,13 @@ impl RunState {
             hash: String::new(),
         };
         event.hash = chain_hash(&event.prev_hash, &event.canonical_json());
+        if let Some(request) = self.cancellation.as_mut().filter(|r| r.delivery.is_none()) {
+            if event.event_type.resolves_step() {
+                if let Some(step) = event.payload.get("sequence").and_then(Value::as_u64) {
+                    request.resolved_after_request.insert(step as u32);
+                }
+            }
+        }
         self.last_sequence = event.sequence;
         self.last_hash = event.hash.clone();
         self.last_progress_at = cx.now;

@@ -90,6 +90,8 @@ pub enum TaskDetail {
         timer_id: TimerId,
     },
     RunDeadline,
+    /// Closes a cooperatively cancelled run whose cleanup outlived its deadline.
+    CancellationDeadline,
 }
 
 /// An open task. Closed tasks leave the run state; the store keeps their rows for lookups.

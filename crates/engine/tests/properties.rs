@@ -48,6 +48,14 @@ enum Op {
         sweep: bool,
     },
     Cancel,
+    /// A cooperative cancellation request (the run stays open for cleanup).
+    RequestCancellation,
+    /// A worker delivers the request at some step, with whichever lease it holds.
+    DeliverCancellation {
+        pick: usize,
+        owner: usize,
+        step: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -63,6 +71,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Update),
         3 => (0..8_000i64, any::<bool>()).prop_map(|(ms, sweep)| Op::Advance { ms, sweep }),
         1 => Just(Op::Cancel),
+        1 => Just(Op::RequestCancellation),
+        2 => (0..8usize, 0..2usize, 1..4u32).prop_map(|(pick, owner, step)| Op::DeliverCancellation { pick, owner, step }),
     ]
 }
 
@@ -293,6 +303,28 @@ impl World {
             Op::Cancel => {
                 let _ = self.apply(|run, cx| close_by_command(run, cx, CloseCommand::Cancel, None, "cancel".into()));
             }
+            Op::RequestCancellation => {
+                let _ = self.apply(|run, cx| request_cancellation(run, cx, None, 30, "coop".into()));
+            }
+            Op::DeliverCancellation { pick, owner, step } => {
+                if let Some((id, _, fence)) = self.workflow_leases.get(pick % self.workflow_leases.len().max(1)).cloned() {
+                    let live = self.holds_live_lease(&id, OWNERS[owner], fence);
+                    let delivery = DeliveryRequest {
+                        request_id: "coop".into(),
+                        sequence: step,
+                        call_kind: "activity".into(),
+                        sequence_span: 1,
+                        operation_sequence: None,
+                        operation_sequence_span: 1,
+                    };
+                    if self
+                        .apply(|run, cx| deliver_cancellation(run, cx, &id, OWNERS[owner], fence, delivery))
+                        .is_ok()
+                    {
+                        assert!(live, "a cancellation delivery without the live lease was accepted");
+                    }
+                }
+            }
         }
     }
 
@@ -360,6 +392,19 @@ impl World {
             assert!(settled.insert(event.payload["update_id"].to_string()), "an update completed twice");
         }
         assert!(self.history.iter().filter(|e| e.event_type == EventType::UpdateAccepted).count() >= settled.len());
+
+        // Cooperative cancellation: one request, at most one delivery after it, and a run that
+        // ends after a delivery ends cancelled (or timed out, if its own deadline came first).
+        let count = |t: EventType| self.history.iter().filter(|e| e.event_type == t).count();
+        assert!(count(EventType::CooperativeCancellationRequested) <= 1);
+        assert!(count(EventType::CooperativeCancellationDelivered) <= count(EventType::CooperativeCancellationRequested));
+        if count(EventType::CooperativeCancellationDelivered) == 1 && self.run.is_closed() {
+            assert!(
+                matches!(self.run.closed_reason, Some(ClosedReason::Cancelled) | Some(ClosedReason::TimedOut)),
+                "a run ended {:?} after a delivered cancellation",
+                self.run.closed_reason
+            );
+        }
 
         // Each timer fires at most once.
         let mut fired = BTreeSet::new();

@@ -1256,3 +1256,94 @@ fn a_rejected_update_is_recorded_without_a_task() {
     assert_eq!(record.status, UpdateStatus::Rejected);
     assert_eq!(record.failure.as_ref().unwrap().exception_type.as_deref(), Some("InvalidArgument"));
 }
+
+/// Delivers the run's cancellation request at `sequence` on a fresh lease.
+fn deliver_at(sim: &mut Sim, sequence: u32, call_kind: &str) -> Result<CancellationDelivery, Refusal> {
+    let leased = sim.run.workflow_task.clone().and_then(|id| {
+        let task = &sim.run.tasks[&id];
+        task.lease().map(|lease| (id.clone(), lease.fence))
+    });
+    let (task, fence) = leased.unwrap_or_else(|| sim.lease_workflow("w"));
+    let request_id = sim.run.cancellation.as_ref().unwrap().request_id.to_string();
+    let delivery = DeliveryRequest {
+        request_id,
+        sequence,
+        call_kind: call_kind.into(),
+        sequence_span: 1,
+        operation_sequence: None,
+        operation_sequence_span: 1,
+    };
+    sim.apply(|run, cx| deliver_cancellation(run, cx, &task, "w", fence, delivery))
+}
+
+#[test]
+fn cancellation_reaches_only_calls_not_settled_before_the_request() {
+    // Two activities; the first completes before the request, the second after it.
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(None), activity(None)]).unwrap();
+    let (first, attempt) = sim.lease_activity("a");
+    sim.apply(|run, cx| complete_activity(run, cx, &first, &attempt, "a", Payload::avro("1")))
+        .unwrap();
+    let (second, second_attempt) = sim.lease_activity("a");
+    sim.apply(|run, cx| request_cancellation(run, cx, Some("stop".into()), 60, "req-1".into()))
+        .unwrap();
+    assert_eq!(sim.count(EventType::CooperativeCancellationRequested), 1);
+    sim.apply(|run, cx| complete_activity(run, cx, &second, &second_attempt, "a", Payload::avro("2")))
+        .unwrap();
+
+    assert_eq!(
+        deliver_at(&mut sim, 1, "activity").unwrap_err().reason,
+        Reason::CancellationDeliveryNotEligible
+    );
+    let done = deliver_at(&mut sim, 2, "activity").expect("a call settled after the request may be interrupted");
+    assert_eq!((done.sequence, done.call_kind.as_str()), (2, "activity"));
+    assert_eq!(sim.count(EventType::CooperativeCancellationDelivered), 1);
+    // A second request changes nothing.
+    let again = sim
+        .apply(|run, cx| request_cancellation(run, cx, None, 600, "req-2".into()))
+        .unwrap();
+    assert!(again.duplicate && again.request.request_id.as_str() == "req-1");
+}
+
+#[test]
+fn a_delivered_cancellation_turns_any_ending_into_cancelled() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(None)]).unwrap();
+    sim.apply(|run, cx| request_cancellation(run, cx, None, 60, "req".into())).unwrap();
+    // The pending activity is interrupted: its task goes, ActivityCancelled is recorded.
+    deliver_at(&mut sim, 1, "activity").unwrap();
+    assert!(sim.run.activities.is_empty());
+    assert!(!sim.run.tasks.values().any(|t| t.kind == TaskKind::Activity));
+    assert_eq!(sim.count(EventType::ActivityCancelled), 1);
+    let task = sim.run.workflow_task.clone().unwrap();
+    let fence = sim.run.tasks[&task].fence;
+    let failure = WorkflowFailure {
+        message: "workflow cancellation was requested".into(),
+        exception_type: Some("WorkflowCancelled".into()),
+        ..Default::default()
+    };
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![WorkflowCommand::FailWorkflow(failure)]))
+        .unwrap();
+    assert_eq!(
+        (sim.run.status, sim.run.closed_reason),
+        (RunStatus::Cancelled, Some(ClosedReason::Cancelled))
+    );
+    let last = sim.history.last().unwrap();
+    assert_eq!(last.event_type, EventType::WorkflowCancelled);
+    assert_eq!(last.workflow_command_id.as_ref().map(|c| c.as_str()), Some("req"));
+    assert_eq!(sim.count(EventType::WorkflowFailed), 0);
+    verify_chain(&sim.history).unwrap();
+}
+
+#[test]
+fn an_undelivered_cancellation_closes_the_run_at_its_deadline() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![]).ok();
+    sim.apply(|run, cx| request_cancellation(run, cx, None, 5, "req".into())).unwrap();
+    sim.advance(4_000);
+    assert!(!sim.run.is_closed());
+    sim.advance(1_500);
+    assert_eq!(sim.run.status, RunStatus::Cancelled);
+    assert_eq!(sim.history.last().unwrap().payload["outcome"], json!("deadline_expired"));
+    assert!(sim.run.tasks.is_empty(), "nothing is left open");
+}

@@ -301,7 +301,24 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
         body["workflow_command_id"] = json!(command_id);
         body["workflow_wait_kind"] = json!("signal");
     }
+    if let Some(request) = &run.cancellation {
+        body["cancellation_request"] = cancellation_request(request);
+    }
     body
+}
+
+/// A cooperative cancellation request as workers and clients observe it
+/// (`task.cancellation_request`, heartbeat replies, `request-cancellation` receipts).
+pub fn cancellation_request(request: &CancellationRequest) -> Value {
+    json!({
+        "request_id": request.request_id,
+        "requested_at": time(request.requested_at),
+        "cleanup_deadline_at": time(request.cleanup_deadline_at),
+        "delivery_sequence": request.delivery.as_ref().map(|d| d.sequence),
+        "delivered_at": request.delivery.as_ref().map(|d| time(d.delivered_at)),
+        // Cleanup replay reloads the whole history: from the first event.
+        "history_refresh_page_token": page_token(0),
+    })
 }
 
 pub fn receipt_created(receipt: &Receipt) -> Value {

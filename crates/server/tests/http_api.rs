@@ -2915,3 +2915,185 @@ async fn update_validation_needs_a_capable_live_worker() {
         0
     );
 }
+
+fn cooperative_worker(worker_id: &str, queue: &str, capable: bool) -> Value {
+    let capabilities = if capable { json!(["cooperative_cancellation"]) } else { json!([]) };
+    json!({"worker_id": worker_id, "task_queue": queue, "runtime": "python", "sdk_version": "capstan-http-tests/1",
+           "supported_workflow_types": ["test.workflow"], "supported_activity_types": [], "capabilities": capabilities})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_cancellation_is_delivered_on_the_lease_and_ends_the_run_cancelled() {
+    let h = Harness::start().await;
+    assert_eq!(
+        h.cget("/api/cluster/info").await.ok(200)["worker_protocol"]["server_capabilities"]["cooperative_cancellation"],
+        true
+    );
+    h.wpost("/api/worker/register", cooperative_worker("w1", "q", true)).await.ok(201);
+    let run_id = h.start_workflow("coop", "q").await["run_id"].as_str().unwrap().to_string();
+    let task = h.next_workflow_task("w1", "q").await;
+    h.complete_workflow_task(&task, json!([{"type": "start_timer", "delay_seconds": 3600}]))
+        .await
+        .ok(200);
+
+    let requested = h
+        .cpost(
+            "/api/workflows/coop/request-cancellation",
+            json!({"reason": "stop", "cleanup_timeout_seconds": 60}),
+        )
+        .await
+        .ok(202);
+    assert_eq!(
+        (requested["accepted"].clone(), requested["duplicate"].clone()),
+        (json!(true), json!(false))
+    );
+    let observation = requested["cancellation_request"].clone();
+    let request_id = observation["request_id"].as_str().unwrap().to_string();
+    assert_eq!(observation["history_refresh_page_token"], "MA==");
+    let again = h
+        .cpost(
+            &format!("/api/workflows/coop/runs/{run_id}/request-cancellation"),
+            json!({"reason": "other"}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(
+        (again["duplicate"].clone(), again["cancellation_request"].clone()),
+        (json!(true), observation.clone())
+    );
+    h.cpost("/api/workflows/coop/runs/01NOTCURRENT/request-cancellation", json!({}))
+        .await
+        .err(409, "run_not_current");
+    h.cpost("/api/workflows/coop/request-cancellation", json!({"cleanup_timeout_seconds": 0}))
+        .await
+        .err(422, "validation_failed");
+
+    // The run stays open and its next workflow task carries the request.
+    let task = h.next_workflow_task("w1", "q").await;
+    assert_eq!(task["cancellation_request"], observation);
+    let deliver = format!(
+        "/api/worker/workflow-tasks/{}/deliver-cancellation",
+        task["task_id"].as_str().unwrap()
+    );
+    let body = |request_id: &str, sequence: u32, kind: &str| {
+        json!({"lease_owner": "w1", "workflow_task_attempt": task["workflow_task_attempt"], "request_id": request_id,
+               "sequence": sequence, "call_kind": kind, "sequence_span": 1})
+    };
+    h.wpost(&deliver, body("other", 1, "timer"))
+        .await
+        .err(409, "cancellation_request_mismatch");
+    h.wpost(&deliver, body(&request_id, 1, "activity"))
+        .await
+        .err(409, "cancellation_delivery_shape_mismatch");
+    h.wpost(&deliver, body(&request_id, 3, "timer"))
+        .await
+        .err(409, "cancellation_delivery_sequence_mismatch");
+    h.wpost(&deliver, body(&request_id, 1, "nonsense"))
+        .await
+        .err(409, "invalid_cancellation_delivery");
+    let mut stale = body(&request_id, 1, "timer");
+    stale["workflow_task_attempt"] = json!(9);
+    h.wpost(&deliver, stale).await.err(409, "workflow_task_attempt_mismatch");
+    let delivered = h.wpost(&deliver, body(&request_id, 1, "timer")).await.ok(200);
+    assert_eq!(
+        (
+            delivered["delivered"].clone(),
+            delivered["sequence"].clone(),
+            delivered["call_kind"].clone()
+        ),
+        (json!(true), json!(1), json!("timer"))
+    );
+    assert_eq!(delivered["workflow_run_id"], run_id.as_str());
+    // The same delivery again is answered the same; another one is refused.
+    assert_eq!(h.wpost(&deliver, body(&request_id, 1, "timer")).await.ok(200)["sequence"], 1);
+    h.wpost(&deliver, body(&request_id, 2, "timer"))
+        .await
+        .err(409, "cancellation_delivery_mismatch");
+
+    // The lease's history now includes the request and the delivery.
+    let page = h
+        .wpost(
+            &format!("/api/worker/workflow-tasks/{}/history", task["task_id"].as_str().unwrap()),
+            json!({"lease_owner": "w1", "workflow_task_attempt": task["workflow_task_attempt"], "next_history_page_token": "MA=="}),
+        )
+        .await
+        .ok(200);
+    let types = event_types(page["history_events"].as_array().unwrap());
+    assert_eq!(
+        &types[types.len() - 3..],
+        [
+            "CooperativeCancellationRequested",
+            "TimerCancelled",
+            "CooperativeCancellationDelivered"
+        ]
+    );
+    assert!(page["next_history_page_token"].is_null());
+
+    // Completing the cleanup ends the run cancelled, whatever the terminal command.
+    h.complete_workflow_task(&task, json!([{"type": "complete_workflow", "result": env(AVRO_NULL)}]))
+        .await
+        .ok(200);
+    let described = h.describe("coop").await;
+    assert_eq!(
+        (described["status"].clone(), described["closed_reason"].clone()),
+        (json!("cancelled"), json!("cancelled"))
+    );
+    let history = h.history("coop", &run_id).await;
+    let last = history.last().unwrap();
+    assert_eq!(last["event_type"], "WorkflowCancelled");
+    assert_eq!(last["workflow_command_id"], request_id.as_str());
+    assert_eq!(last["payload"]["cancellation_cleanup"]["outcome"], "completed");
+    assert_eq!(count_events(&history, "WorkflowCompleted"), 0);
+    // A closed run still answers a repeated request with the original; a fresh one is refused.
+    assert_eq!(
+        h.cpost("/api/workflows/coop/request-cancellation", json!({})).await.ok(200)["duplicate"],
+        true
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_cancellation_deadline_and_incapable_claims() {
+    let h = Harness::start().await;
+    h.wpost("/api/worker/register", cooperative_worker("plain", "q", false))
+        .await
+        .ok(201);
+    h.start_workflow("held", "q").await;
+    let held = h.next_workflow_task("plain", "q").await;
+    let refused = h
+        .cpost("/api/workflows/held/request-cancellation", json!({}))
+        .await
+        .err(409, "active_claim_cancellation_not_supported");
+    assert_eq!(refused["task_id"], held["task_id"]);
+    assert_eq!(
+        count_events(
+            &h.history("held", h.describe("held").await["run_id"].as_str().unwrap()).await,
+            "CooperativeCancellationRequested"
+        ),
+        0
+    );
+    h.cpost("/api/workflows/nope/request-cancellation", json!({}))
+        .await
+        .err(404, "instance_not_found");
+
+    // A run whose cleanup outlives its deadline is closed cancelled by the clock.
+    h.start_workflow("slow-cleanup", "q2").await;
+    let run_id = h.describe("slow-cleanup").await["run_id"].as_str().unwrap().to_string();
+    h.cpost(
+        "/api/workflows/slow-cleanup/request-cancellation",
+        json!({"cleanup_timeout_seconds": 1}),
+    )
+    .await
+    .ok(202);
+    let described = wait_for("the cleanup deadline", Duration::from_secs(10), || async {
+        let described = h.describe("slow-cleanup").await;
+        (described["status"] == "cancelled").then_some(described)
+    })
+    .await;
+    assert_eq!(described["closed_reason"], "cancelled");
+    let history = h.history("slow-cleanup", &run_id).await;
+    assert_eq!(history.last().unwrap()["payload"]["outcome"], "deadline_expired");
+    h.cpost("/api/workflows/held/cancel", json!({})).await.ok(200);
+    h.cpost("/api/workflows/held/request-cancellation", json!({}))
+        .await
+        .err(409, "run_not_active");
+}

@@ -706,3 +706,63 @@ async fn parallel_groups_replay_and_number_steps_contiguously() {
     assert_eq!(events.iter().filter(|e| *e == "TimerScheduled").count(), 1);
     running.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// Cooperative cancellation: the request reaches workflow code at its pending
+// timer, the code's shielded cleanup runs, and the run ends cancelled.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cooperative_cancellation_runs_cleanup_and_ends_cancelled() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("coop-q");
+    let mut worker = new_worker(&client, &queue).cooperative_cancellation(true);
+    worker.register_workflow("e2e.coop", |ctx, _input| async move {
+        match ctx.sleep(Duration::from_secs(300)).await {
+            Ok(_) => Ok(json!({"cancelled": false})),
+            Err(Error::CooperativeCancellationRequested(requested)) => {
+                let _shield = ctx.cancellation_shield()?;
+                ctx.sleep(Duration::from_secs(1)).await?;
+                Ok(json!({"cleaned_up": requested.request.request_id}))
+            }
+            Err(other) => Err(other),
+        }
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("coop");
+    let handle = start(&client, "e2e.coop", &queue, &workflow_id, json!([])).await;
+    let run_id = run_id_of(&handle).await;
+    server
+        .wait_for_history_event(&workflow_id, &run_id, "TimerScheduled", Duration::from_secs(20))
+        .await;
+    let options = durable_workflow::CooperativeCancellationOptions {
+        reason: Some("stop".to_string()),
+        cleanup_timeout_seconds: Some(60),
+    };
+    let request = within(CALL_TIMEOUT, "request cancellation", handle.request_cancellation(options.clone()))
+        .await
+        .unwrap_or_else(|error| panic!("request_cancellation was refused: {error} ({error:?})"));
+    assert!(!request.duplicate);
+    assert_eq!(request.run_id, run_id);
+    let again = within(CALL_TIMEOUT, "request cancellation again", handle.request_cancellation(options))
+        .await
+        .expect("a repeated request is answered");
+    assert!(again.duplicate);
+    assert_eq!(again.cancellation_request, request.cancellation_request);
+
+    match running.result(&handle).await {
+        Err(Error::WorkflowCancelled(outcome)) => assert_eq!(outcome.kind, WorkflowTerminalKind::Cancelled),
+        other => panic!("expected Error::WorkflowCancelled, got {other:?}"),
+    }
+    let events = server.history_event_types(&workflow_id, &run_id).await;
+    let count = |kind: &str| events.iter().filter(|event| *event == kind).count();
+    assert_eq!(count("CooperativeCancellationRequested"), 1, "{events:?}");
+    assert_eq!(count("CooperativeCancellationDelivered"), 1, "{events:?}");
+    assert_eq!(count("TimerFired"), 1, "the cleanup timer ran: {events:?}");
+    assert_eq!(events.last().map(String::as_str), Some("WorkflowCancelled"), "{events:?}");
+    assert_eq!(count("WorkflowCompleted"), 0);
+
+    running.shutdown().await;
+}

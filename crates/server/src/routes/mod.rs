@@ -1,5 +1,6 @@
 //! The route table and the plane middleware (auth → role → version → namespace, in DW's order).
 
+mod cancellation;
 mod control;
 mod query;
 mod system;
@@ -50,6 +51,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/worker/activity-tasks/:task_id/heartbeat",
             post(worker::heartbeat_activity_task::<S>),
         )
+        .route(
+            "/worker/workflow-tasks/:task_id/deliver-cancellation",
+            post(cancellation::deliver::<S>),
+        )
+        .route("/worker/activity-tasks/:task_id/status", post(cancellation::activity_status::<S>))
         .route("/worker/update-validation-tasks/poll", post(validation::poll::<S>))
         .route("/worker/update-validation-tasks/:task_id/approve", post(validation::approve::<S>))
         .route("/worker/update-validation-tasks/:task_id/reject", post(validation::reject::<S>))
@@ -87,6 +93,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/archive", post(control::archive::<S>))
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))
+        .route("/workflows/:workflow_id/request-cancellation", post(cancellation::request::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/request-cancellation",
+            post(cancellation::request_run::<S>),
+        )
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));

@@ -55,6 +55,7 @@ pub fn server_capabilities() -> Value {
         "non_retryable_failures": true,
         "workflow_memo_updates": {"supported": true},
         "update_validation_tasks": true,
+        "cooperative_cancellation": true,
         "synchronous_update_validation": super::validation::advertised(),
     })
 }

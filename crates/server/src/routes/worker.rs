@@ -533,7 +533,7 @@ pub async fn heartbeat_workflow_task<S: Store>(
         })
         .await
         .map_err(|e| refused(e, &task_id))?;
-    Ok(Json(json!({
+    let mut reply = json!({
         "task_id": task_id,
         "workflow_task_attempt": claim.attempt,
         "lease_owner": lease.owner,
@@ -542,7 +542,11 @@ pub async fn heartbeat_workflow_task<S: Store>(
         "run_status": run.status.as_str(),
         "task_status": "leased",
         "reason": null,
-    })))
+    });
+    if let Some(request) = &run.cancellation {
+        reply["cancellation_request"] = render::cancellation_request(request);
+    }
+    Ok(Json(reply))
 }
 
 pub async fn complete_workflow_task<S: Store>(

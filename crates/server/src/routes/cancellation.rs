@@ -1,0 +1,222 @@
+//! Cooperative cancellation (worker protocol 1.20): `request-cancellation` asks a run to stop
+//! while leaving it open; a capable worker delivers the request to workflow code at one authored
+//! call (`deliver-cancellation`), the code cleans up, and the run ends cancelled. `/cancel` stays
+//! the immediate close it always was.
+
+use super::control::check_target;
+use super::worker::after_change;
+use super::Namespace;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ApiResult};
+use crate::wire::Fields;
+use crate::{now_ms, render, Shared};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use capstan_engine::*;
+use capstan_store::{RunLocator, Store};
+use serde_json::{json, Map, Value};
+
+/// The worker capability of runtimes that take cancellation requests.
+pub const CAPABILITY: &str = "cooperative_cancellation";
+const CLEANUP_TIMEOUT_DEFAULT_SECONDS: i64 = 600;
+const CLEANUP_TIMEOUT_MAX_SECONDS: i64 = 3600;
+
+fn in_request(mut error: ApiError, workflow_id: &str) -> ApiError {
+    error
+        .fields
+        .entry("control_plane")
+        .or_insert_with(|| json!({"operation": "request_cancellation", "workflow_id": workflow_id}));
+    error.fields.entry("workflow_id").or_insert_with(|| json!(workflow_id));
+    error
+}
+
+pub async fn request<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    request_impl(state, namespace, workflow_id, None, body).await
+}
+
+pub async fn request_run<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id)): Path<(String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    request_impl(state, namespace, workflow_id, Some(run_id), body).await
+}
+
+async fn request_impl<S: Store>(
+    state: Shared<S>,
+    namespace: String,
+    workflow_id: String,
+    run_id: Option<String>,
+    body: Map<String, Value>,
+) -> ApiResult<Response> {
+    let fail = |e: ApiError| in_request(e, &workflow_id);
+    let f = Fields::new(&body);
+    let reason = f.opt_str("reason", 1000).map_err(fail)?;
+    let timeout = f
+        .opt_int("cleanup_timeout_seconds", 1, CLEANUP_TIMEOUT_MAX_SECONDS)
+        .map_err(fail)?
+        .unwrap_or(CLEANUP_TIMEOUT_DEFAULT_SECONDS);
+    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
+    let wanted = run_id.map(RunId);
+    // A worker that cannot take the request must not be holding the run's workflow task: it
+    // would complete it without ever delivering the request.
+    if let Some(run) = state.store.load_run(&namespace, locator.clone()).await? {
+        let holder = run
+            .workflow_task
+            .as_ref()
+            .and_then(|id| run.tasks.get(id))
+            .and_then(|task| task.lease())
+            .map(|lease| lease.owner.clone());
+        if let (None, Some(owner)) = (&run.cancellation, holder) {
+            let capable = state
+                .store
+                .get_worker(&namespace, &owner)
+                .await?
+                .and_then(|w| w.document.get("capabilities").cloned())
+                .and_then(|c| c.as_array().map(|c| c.iter().any(|c| c == CAPABILITY)))
+                .unwrap_or(false);
+            if !capable {
+                return Err(fail(
+                    ApiError::new(
+                        StatusCode::CONFLICT,
+                        "active_claim_cancellation_not_supported",
+                        "The worker holding the run's workflow task does not support cooperative cancellation.",
+                    )
+                    .with("task_id", run.workflow_task.as_ref().map(|t| t.as_str().to_string())),
+                ));
+            }
+        }
+    }
+    let command_id = CommandId(ulid::Ulid::new().to_string());
+    let (outcome, run) = state
+        .store
+        .mutate_run(&namespace, locator, now_ms(), move |run, cx| {
+            check_target(run, &wanted)?;
+            request_cancellation(run, cx, reason, timeout, command_id)
+        })
+        .await
+        .map_err(|e| fail(e.into()))?;
+    let status = if outcome.duplicate {
+        StatusCode::OK
+    } else {
+        after_change(&state, &run);
+        tracing::info!(namespace, workflow_id, run_id = %run.run_id, request_id = %outcome.request.request_id, "cooperative cancellation requested");
+        StatusCode::ACCEPTED
+    };
+    let body = json!({
+        "workflow_id": workflow_id,
+        "run_id": run.run_id,
+        "accepted": true,
+        "duplicate": outcome.duplicate,
+        "run_status": run.status.as_str(),
+        "cancellation_request": render::cancellation_request(&outcome.request),
+        "reason": null,
+        "control_plane": {"operation": "request_cancellation", "workflow_id": workflow_id},
+    });
+    Ok((status, Json(body)).into_response())
+}
+
+/// `POST /worker/workflow-tasks/{task}/deliver-cancellation`: commit the delivery on the lease.
+pub async fn deliver<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let f = Fields::new(&body);
+    let owner = f.req_str("lease_owner", 255)?;
+    let attempt = f.req_int("workflow_task_attempt", 1, i64::MAX)? as u64;
+    let max = u32::MAX as i64;
+    let delivery = DeliveryRequest {
+        request_id: f.req_str("request_id", 255)?,
+        sequence: f.req_int("sequence", 1, max)? as u32,
+        call_kind: f.req_str("call_kind", 64)?,
+        sequence_span: f.opt_int("sequence_span", 1, 1000)?.unwrap_or(1) as u32,
+        operation_sequence: f.opt_int("operation_sequence", 1, max)?.map(|o| o as u32),
+        operation_sequence_span: f.opt_int("operation_sequence_span", 1, 1000)?.unwrap_or(1) as u32,
+    };
+    let id = TaskId(task_id.clone());
+    let (done, run) = state
+        .store
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            deliver_cancellation(run, cx, &id, &owner, attempt, delivery)
+        })
+        .await
+        .map_err(|e| {
+            let mut error = ApiError::from(e);
+            error.fields.insert("task_id".into(), json!(task_id));
+            error.fields.insert("workflow_task_attempt".into(), json!(attempt));
+            error.fields.entry("delivered").or_insert(json!(false));
+            error
+        })?;
+    after_change(&state, &run);
+    Ok(Json(json!({
+        "delivered": true,
+        "task_id": task_id,
+        "workflow_run_id": run.run_id,
+        "request_id": run.cancellation.as_ref().map(|r| r.request_id.clone()),
+        "sequence": done.sequence,
+        "call_kind": done.call_kind,
+        "sequence_span": done.sequence_span,
+        "operation_sequence": done.operation_sequence,
+        "operation_sequence_span": done.operation_sequence_span,
+        "reason": null,
+    })))
+}
+
+/// `POST /worker/activity-tasks/{task}/status`: whether an activity attempt still holds its
+/// claim, without recording a heartbeat (cooperative Python workers ask about once a second).
+pub async fn activity_status<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    let f = Fields::new(&body);
+    let attempt_id = f.req_str("activity_attempt_id", 255)?;
+    let owner = f.req_str("lease_owner", 255)?;
+    let id = TaskId(task_id.clone());
+    let run = state
+        .store
+        .load_run(&namespace, RunLocator::Task(id.clone()))
+        .await?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "task_not_found", "Task not found.").with("task_id", task_id.clone()))?;
+    let now = now_ms();
+    let live = run.tasks.get(&id).and_then(|task| match (&task.detail, task.lease()) {
+        (
+            TaskDetail::Activity {
+                attempt_id: Some(current), ..
+            },
+            Some(lease),
+        ) if current.as_str() == attempt_id && lease.owner == owner && lease.expires_at > now => Some(lease.expires_at),
+        _ => None,
+    });
+    let reason = match (live, run.is_closed()) {
+        (Some(_), _) => None,
+        (None, true) => Some(match run.closed_reason {
+            Some(ClosedReason::Cancelled) => "run_cancelled",
+            Some(ClosedReason::Terminated) => "run_terminated",
+            _ => "run_closed",
+        }),
+        (None, false) => Some("attempt_closed"),
+    };
+    Ok(Json(json!({
+        "task_id": task_id,
+        "activity_attempt_id": attempt_id,
+        "lease_owner": owner,
+        "can_continue": live.is_some(),
+        "cancel_requested": live.is_none() && run.is_closed(),
+        "heartbeat_recorded": false,
+        "reason": reason,
+        "lease_expires_at": live.map(render::time),
+        "run_status": run.status.as_str(),
+    })))
+}
