@@ -176,6 +176,39 @@ class ParentWorkflow:
         return results
 
 
+@workflow.defn(name="e2e.flaky-child")
+class FlakyChildWorkflow:
+    """Fails (without activity retries) until its flaky activity has failed enough times."""
+
+    def run(self, ctx, key, failures_before_success, error):
+        failed = None
+        try:
+            value = yield ctx.schedule_activity(
+                "e2e.flaky", [key, failures_before_success], retry_policy=ActivityRetryPolicy(max_attempts=1),
+            )
+        except Exception as failure:  # noqa: BLE001 - raised below as the requested error type
+            failed = str(failure)
+        if failed is not None:
+            # Outside the handler, so the SDK reports this type rather than the activity's.
+            raise {"ValueError": ValueError, "KeyError": KeyError}[error](failed)
+        return value
+
+
+@workflow.defn(name="e2e.retrying-parent")
+class RetryingParentWorkflow:
+    """Calls a flaky child under a child retry policy; reports the child's result or failure."""
+
+    def run(self, ctx, key, failures_before_success, error):
+        try:
+            value = yield ctx.start_child_workflow(
+                "e2e.flaky-child", [key, failures_before_success, error],
+                retry_policy={"max_attempts": 3, "backoff_seconds": [1, 1], "non_retryable_error_types": ["KeyError"]},
+            )
+            return {"child": value}
+        except Exception as failure:  # noqa: BLE001 - the exhausted or non-retryable child failure
+            return {"failed": type(failure).__name__, "message": str(failure)}
+
+
 @workflow.defn(name="e2e.parent-terminating")
 class TerminatingParentWorkflow:
     """Starts a child that waits forever, with parent-close policy terminate."""
@@ -562,6 +595,58 @@ def test_child_workflows_return_results_and_failures(server_url, worker_url, run
         assert_history_invariants(events, terminal="WorkflowCompleted")
 
     run_async(main(), timeout=90)
+
+
+@pytest.mark.parametrize(
+    ("failures", "error", "expected_runs"),
+    [(2, "ValueError", 3), (5, "ValueError", 3), (5, "KeyError", 1)],
+    ids=["succeeds-on-third-run", "attempts-exhausted", "non-retryable"],
+)
+def test_child_retry_policy_restarts_failed_child_runs(server_url, worker_url, run_worker, failures, error, expected_runs):
+    """A child call with a retry policy: each retryable failure starts the child instance's next
+    run (after the backoff) and the parent records another `ChildRunStarted` for the same call
+    without waking; the parent sees only the final outcome: the result, or one ChildRunFailed
+    when attempts run out or the error type is non-retryable."""
+    import httpx
+
+    queue = unique("e2e-child-retry")
+    workflow_id = unique("retrying-parent")
+    key = unique("child-retry-key")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[RetryingParentWorkflow, FlakyChildWorkflow], activities=[flaky]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.retrying-parent", task_queue=queue, workflow_id=workflow_id, input=[key, failures, error],
+                )
+                result = await wait_result(handle, timeout=60, workers=[worker])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+                child_id = payload_of(events_of(events, "ChildRunStarted")[0])["child_workflow_instance_id"]
+                async with httpx.AsyncClient(base_url=server_url, headers={"X-Durable-Workflow-Control-Plane-Version": "2"}) as http:
+                    runs = (await http.get(f"/api/workflows/{child_id}/runs")).json()
+                    last_run = (await http.get(f"/api/workflows/{child_id}")).json()["run_id"]
+                    last_events = await fetch_history(client, child_id, last_run)
+        return result, events, runs, last_events
+
+    result, events, runs, last_events = run_async(main(), timeout=90)
+    if failures < expected_runs:
+        assert result == {"child": f"{key} ok after {failures + 1} attempts"}, result
+    else:
+        assert result["failed"] == "ChildWorkflowFailed", result
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    started = events_of(events, "ChildRunStarted")
+    assert len(started) == expected_runs, type_sequence(events)
+    assert len({payload_of(e)["child_call_id"] for e in started}) == 1
+    assert [payload_of(e).get("retry_attempt") for e in started[1:]] == list(range(2, expected_runs + 1))
+    for earlier, later in zip(started, started[1:]):
+        assert payload_of(later)["retry_of_child_workflow_run_id"] == payload_of(earlier)["child_workflow_run_id"]
+    assert len(events_of(events, "ChildRunCompleted", "ChildRunFailed")) == 1
+    run_items = runs.get("runs", runs) if isinstance(runs, dict) else runs
+    assert len(run_items) == expected_runs, runs
+    if expected_runs > 1:
+        started_payload = payload_of(events_of(last_events, "WorkflowStarted")[0])
+        assert started_payload["retry_attempt"] == expected_runs
+        assert "continued_from_run_id" not in started_payload
 
 
 def test_parent_close_policy_terminates_the_child(server_url, worker_url, run_worker):

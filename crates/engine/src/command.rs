@@ -147,6 +147,8 @@ pub struct StartChild {
     pub cancellation_policy: String,
     pub execution_timeout_seconds: Option<i64>,
     pub run_timeout_seconds: Option<i64>,
+    /// Server-side retries of a failed child run (`max_attempts: None` means one attempt).
+    pub retry_policy: Option<RetryPolicy>,
     pub tags: StepTags,
 }
 

@@ -297,6 +297,9 @@ pub struct RunState {
     /// A cooperative cancellation request: the run stays open for workflow-authored cleanup.
     #[serde(default)]
     pub cancellation: Option<CancellationRequest>,
+    /// The failed run of this child instance that this run retries.
+    #[serde(default)]
+    pub retry_of_run_id: Option<RunId>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -336,6 +339,25 @@ pub struct ParentLink {
     pub workflow_id: WorkflowId,
     pub run_id: RunId,
     pub sequence: u32,
+    /// The parent's retry policy for this child call, if it gave one.
+    #[serde(default)]
+    pub retry_policy: Option<RetryPolicy>,
+    /// Which attempt of the child call this run is (1 for the first run).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// A failed child run that the parent's retry policy restarts as the instance's next run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildRetry {
+    pub run_id: RunId,
+    pub run_number: u32,
+    pub attempt: u32,
+    pub backoff_seconds: i64,
 }
 
 /// A `SignalReceived` waiting for the leased workflow task to end.
@@ -372,6 +394,8 @@ pub struct ChildOutcome {
     pub output: Option<Payload>,
     pub failure: Option<WorkflowFailure>,
     pub closed_at: Millis,
+    /// The child is retried instead of resolving the parent's call.
+    pub retry: Option<ChildRetry>,
 }
 
 /// What one transition produced, for the store to persist in one transaction.

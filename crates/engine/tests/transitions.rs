@@ -828,6 +828,7 @@ fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
         cancellation_policy: "abandon".into(),
         execution_timeout_seconds: None,
         run_timeout_seconds: None,
+        retry_policy: None,
         tags: json!({"parallel_group_id": "g1", "parallel_group_index": 0, "parallel_group_size": 1, "parallel_group_base_sequence": 1})
             .as_object()
             .unwrap()
@@ -919,6 +920,7 @@ fn a_closing_parent_ends_children_by_their_policy() {
             cancellation_policy: "abandon".into(),
             execution_timeout_seconds: None,
             run_timeout_seconds: None,
+            retry_policy: None,
             tags: Map::new(),
         })
     };
@@ -1346,4 +1348,139 @@ fn an_undelivered_cancellation_closes_the_run_at_its_deadline() {
     assert_eq!(sim.run.status, RunStatus::Cancelled);
     assert_eq!(sim.history.last().unwrap().payload["outcome"], json!("deadline_expired"));
     assert!(sim.run.tasks.is_empty(), "nothing is left open");
+}
+
+/// Starts a child under `policy` from a fresh parent; returns both sims.
+fn parent_with_child(policy: RetryPolicy) -> (Sim, Sim) {
+    let mut parent = Sim::start();
+    let child = StartChild {
+        workflow_type: "child".into(),
+        arguments: Payload::avro("child-args"),
+        queue: None,
+        workflow_id: None,
+        parent_close_policy: "abandon".into(),
+        cancellation_policy: "abandon".into(),
+        execution_timeout_seconds: None,
+        run_timeout_seconds: Some(60),
+        retry_policy: Some(policy),
+        tags: Map::new(),
+    };
+    let (task, fence) = parent.lease_workflow("w");
+    let limits = parent.limits.clone();
+    let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
+    complete_workflow_task(
+        &mut parent.run,
+        &mut cx,
+        &task,
+        "w",
+        fence,
+        vec![WorkflowCommand::StartChildWorkflow(child)],
+    )
+    .unwrap();
+    parent.history.extend(cx.effects.events.clone());
+    let (child_run, child_effects) = cx.effects.children_started[0].clone();
+    let child = Sim {
+        run: child_run,
+        ids: SequentialIds::new("c"),
+        limits: Limits::default(),
+        now: parent.now,
+        history: child_effects.events,
+    };
+    (parent, child)
+}
+
+/// The child's current run fails with `exception_type`; returns the parent's notice and the
+/// child's next run, if the policy retried it.
+fn fail_child(child: &mut Sim, exception_type: &str) -> (ChildOutcome, Option<(RunState, Effects)>) {
+    let (task, fence) = child.lease_workflow("w");
+    let failure = WorkflowFailure {
+        message: "boom".into(),
+        exception_type: Some(exception_type.into()),
+        ..Default::default()
+    };
+    let limits = child.limits.clone();
+    let mut cx = Cx::new(child.now, &mut child.ids, &limits);
+    complete_workflow_task(
+        &mut child.run,
+        &mut cx,
+        &task,
+        "w",
+        fence,
+        vec![WorkflowCommand::FailWorkflow(failure)],
+    )
+    .unwrap();
+    (cx.effects.parent_notice.clone().unwrap(), cx.effects.successor.map(|s| *s))
+}
+
+#[test]
+fn a_child_retry_policy_restarts_failed_runs_until_attempts_run_out() {
+    let policy = RetryPolicy {
+        max_attempts: Some(3),
+        backoff_seconds: vec![2, 5],
+        non_retryable_error_types: vec!["Fatal".into()],
+    };
+    let (mut parent, mut child) = parent_with_child(policy);
+    let first_run = child.run.run_id.clone();
+    for (attempt, backoff) in [(2u32, 2i64), (3, 5)] {
+        let (notice, next) = fail_child(&mut child, "Transient");
+        let retry = notice.retry.clone().expect("retried");
+        assert_eq!((retry.attempt, retry.backoff_seconds), (attempt, backoff));
+        let (next, next_effects) = next.expect("the instance's next run");
+        assert_eq!(next.run_number, attempt);
+        assert_eq!(next.retry_of_run_id.as_ref(), Some(&child.run.run_id));
+        let started = &next_effects.events[0];
+        assert_eq!(started.event_type, EventType::WorkflowStarted);
+        assert_eq!(started.payload["retry_attempt"], json!(attempt));
+        assert!(started.payload.get("continued_from_run_id").is_none());
+        let task = &next.tasks[next.workflow_task.as_ref().unwrap()];
+        assert_eq!(
+            task.available_at,
+            child.now + backoff * 1000,
+            "the first task waits out the backoff"
+        );
+        assert!(
+            verify_chain_from(&child.run.last_hash, &next_effects.events).is_ok(),
+            "one chain per instance"
+        );
+        // The parent records the retry on the open call and is not woken.
+        let tasks_before = parent.run.tasks.len();
+        assert!(parent.apply(|run, cx| resolve_child(run, cx, &notice)).unwrap());
+        let last = parent.history.last().unwrap();
+        assert_eq!(last.event_type, EventType::ChildRunStarted);
+        assert_eq!(last.payload["child_workflow_run_id"], json!(next.run_id));
+        assert_eq!(last.payload["retry_of_child_workflow_run_id"], json!(child.run.run_id));
+        assert_eq!(parent.run.tasks.len(), tasks_before);
+        assert_eq!(parent.run.children[&1].run_id, next.run_id);
+        child.run = next;
+        child.history = next_effects.events;
+        child.now += backoff * 1000;
+    }
+    // The third failure exhausts the policy: one ChildRunFailed for the last run.
+    let (notice, next) = fail_child(&mut child, "Transient");
+    assert!(notice.retry.is_none() && next.is_none());
+    assert!(parent.apply(|run, cx| resolve_child(run, cx, &notice)).unwrap());
+    let last = parent.history.last().unwrap();
+    assert_eq!(last.event_type, EventType::ChildRunFailed);
+    assert_eq!(last.payload["child_workflow_run_id"], json!(child.run.run_id));
+    assert_ne!(child.run.run_id, first_run);
+    assert_eq!(parent.count(EventType::ChildRunStarted), 3);
+}
+
+#[test]
+fn non_retryable_child_failures_resolve_the_call_at_once() {
+    let policy = RetryPolicy {
+        max_attempts: Some(5),
+        backoff_seconds: vec![],
+        non_retryable_error_types: vec!["Fatal".into()],
+    };
+    let (_, mut child) = parent_with_child(policy);
+    let (notice, next) = fail_child(&mut child, "Fatal");
+    assert!(notice.retry.is_none() && next.is_none());
+    // Without max_attempts a policy allows one attempt only.
+    let (_, mut child) = parent_with_child(RetryPolicy {
+        max_attempts: None,
+        backoff_seconds: vec![1],
+        non_retryable_error_types: vec![],
+    });
+    assert!(fail_child(&mut child, "Transient").0.retry.is_none());
 }

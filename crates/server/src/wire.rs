@@ -384,6 +384,11 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
                 cancellation_policy: policy("cancellation_policy", &["abandon", "try_cancel", "wait_cancellation_completed"])?,
                 execution_timeout_seconds,
                 run_timeout_seconds,
+                retry_policy: f
+                    .opt_object("retry_policy")?
+                    .map(|p| parse_retry_policy(p, index, max_delay))
+                    .transpose()?
+                    .filter(|p| p.max_attempts.is_some() || !p.backoff_seconds.is_empty() || !p.non_retryable_error_types.is_empty()),
                 tags,
             })
         }
