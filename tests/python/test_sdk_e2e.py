@@ -176,6 +176,30 @@ class ParentWorkflow:
         return results
 
 
+@activity.defn(name="e2e.local-greet")
+async def local_greet(name: str) -> str:
+    await activity.context().heartbeat({"phase": "greeting"})
+    if name == "nobody":
+        raise RuntimeError("no one to greet")
+    return f"hello, {name}"
+
+
+@workflow.defn(name="e2e.local-greeting")
+class LocalGreetingWorkflow:
+    """A local activity (run inside the workflow task) followed by a regular one."""
+
+    def run(self, ctx, name):
+        try:
+            local = yield ctx.local_activity(
+                "e2e.local-greet", [name], start_to_close_timeout=30,
+                retry_policy={"max_attempts": 2, "backoff_seconds": [0]},
+            )
+        except Exception as failure:  # noqa: BLE001 - reported as the workflow's result
+            local = f"failed: {failure}"
+        remote = yield ctx.schedule_activity("e2e.greet", [name])
+        return {"local": local, "remote": remote}
+
+
 @workflow.defn(name="e2e.flaky-child")
 class FlakyChildWorkflow:
     """Fails (without activity retries) until its flaky activity has failed enough times."""
@@ -647,6 +671,48 @@ def test_child_retry_policy_restarts_failed_child_runs(server_url, worker_url, r
         started_payload = payload_of(events_of(last_events, "WorkflowStarted")[0])
         assert started_payload["retry_attempt"] == expected_runs
         assert "continued_from_run_id" not in started_payload
+
+
+@pytest.mark.parametrize("name", ["Ada", "nobody"])
+def test_local_activities_are_recorded_once_and_replay(server_url, worker_url, run_worker, name):
+    """`ctx.local_activity` runs inside the workflow task; the completion carries
+    `record_local_activity` and Capstan records the step as activity events marked
+    `execution_mode: local` (attempts, heartbeats, retries, one terminal event) with no activity
+    task. Later tasks replay it (the regular activity after it completes the run), and the
+    published replayer accepts the history cold."""
+    queue = unique("e2e-local")
+    workflow_id = unique("local")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[LocalGreetingWorkflow], activities=[local_greet, greet]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.local-greeting", task_queue=queue, workflow_id=workflow_id, input=[name],
+                )
+                result = await wait_result(handle, timeout=30, workers=[worker])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, events, handle.run_id
+
+    result, events, run_id = run_async(main(), timeout=60)
+    if name == "nobody":
+        assert result == {"local": "failed: no one to greet", "remote": "Hello, nobody!"}, result
+    else:
+        assert result == {"local": "hello, Ada", "remote": "Hello, Ada!"}, result
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    local = [e for e in events if payload_of(e).get("sequence") == 1]
+    assert all(payload_of(e)["execution_mode"] == "local" and payload_of(e)["local_activity"] is True for e in local)
+    kinds = [event_type(e) for e in local]
+    attempts = 2 if name == "nobody" else 1
+    assert kinds.count("ActivityStarted") == attempts and kinds.count("ActivityHeartbeatRecorded") == attempts, kinds
+    assert kinds[-1] == ("ActivityFailed" if name == "nobody" else "ActivityCompleted"), kinds
+    assert kinds.count("ActivityRetryScheduled") == attempts - 1
+    # One execution for the local step, one for the regular one; only the regular one had a task.
+    assert len({payload_of(e)["activity_execution_id"] for e in events_of(events, "ActivityScheduled")}) == 2
+    assert "task_id" not in payload_of(local[0])
+    from durable_workflow.workflow import replay
+
+    outcome = replay(LocalGreetingWorkflow, events, [name], workflow_id=workflow_id, run_id=run_id)
+    assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands
 
 
 def test_parent_close_policy_terminates_the_child(server_url, worker_url, run_worker):

@@ -63,6 +63,8 @@ pub enum WorkflowCommand {
         entries: Payload,
         tags: StepTags,
     },
+    /// A local activity the worker already ran inside this workflow task, with its outcome.
+    RecordLocalActivity(LocalActivityRecord),
     /// Close this run and start the next run of the same instance with new input.
     ContinueAsNew {
         arguments: Payload,
@@ -84,6 +86,7 @@ impl WorkflowCommand {
     pub fn step_kind(&self) -> Option<StepKind> {
         Some(match self {
             WorkflowCommand::ScheduleActivity(a) => StepKind::Activity(a.activity_type.clone()),
+            WorkflowCommand::RecordLocalActivity(a) => StepKind::Activity(a.activity_type.clone()),
             WorkflowCommand::StartTimer { .. } => StepKind::Timer,
             WorkflowCommand::OpenConditionWait { .. } => StepKind::ConditionWait,
             WorkflowCommand::OpenSignalWait { signal_name, .. } => StepKind::SignalWait(signal_name.clone()),
@@ -103,6 +106,7 @@ impl WorkflowCommand {
     pub fn tags(&self) -> Option<&StepTags> {
         match self {
             WorkflowCommand::ScheduleActivity(a) => Some(&a.tags),
+            WorkflowCommand::RecordLocalActivity(a) => Some(&a.tags),
             WorkflowCommand::StartTimer { tags, .. }
             | WorkflowCommand::OpenConditionWait { tags, .. }
             | WorkflowCommand::OpenSignalWait { tags, .. }
@@ -117,6 +121,55 @@ impl WorkflowCommand {
             | WorkflowCommand::CompleteUpdate { .. }
             | WorkflowCommand::FailUpdate { .. } => None,
         }
+    }
+}
+
+/// A local activity's record: the worker ran every attempt itself before completing the task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalActivityRecord {
+    pub activity_type: String,
+    pub arguments: Payload,
+    /// The retry policy and timeouts the worker applied, echoed on `ActivityScheduled`.
+    pub echoed: Map<String, Value>,
+    pub outcome: LocalOutcome,
+    /// One per attempt, oldest first (at least one).
+    pub attempts: Vec<LocalAttempt>,
+    pub tags: StepTags,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LocalOutcome {
+    Completed(Payload),
+    Failed(LocalFailure),
+    TimedOut(LocalFailure),
+    Cancelled(LocalFailure),
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LocalFailure {
+    pub message: String,
+    pub exception_type: Option<String>,
+    pub non_retryable: bool,
+    pub timeout_kind: Option<String>,
+}
+
+/// One attempt of a local activity as the worker reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalAttempt {
+    pub attempt_number: u32,
+    /// The worker's own id for the attempt.
+    pub worker_attempt_id: Option<String>,
+    /// `{elapsed_ms, details}` per heartbeat.
+    pub heartbeats: Vec<Value>,
+    /// For an attempt that was retried: why, and its failure (`retry_reason`, `backoff_seconds`,
+    /// `message`, `exception_type`, `timeout_kind`).
+    pub retry: Map<String, Value>,
+}
+
+impl LocalActivityRecord {
+    /// History events this record appends.
+    pub fn event_count(&self) -> usize {
+        2 + self.attempts.iter().map(|a| 2 + a.heartbeats.len()).sum::<usize>()
     }
 }
 

@@ -416,7 +416,14 @@ fn validate_commands(run: &RunState, cx: &Cx, commands: &[WorkflowCommand]) -> R
     if terminal_count > 1 || (terminal_count == 1 && !commands.last().is_some_and(|c| c.is_terminal())) {
         return Err(invalid("At most one terminal command is allowed and it must be last."));
     }
-    let events_after = run.last_sequence + 3 * commands.len() as u64;
+    let local_events: usize = commands
+        .iter()
+        .map(|c| match c {
+            WorkflowCommand::RecordLocalActivity(local) => local.event_count(),
+            _ => 0,
+        })
+        .sum();
+    let events_after = run.last_sequence + 3 * commands.len() as u64 + local_events as u64;
     if events_after > cx.limits.history_events_max {
         return Err(Refusal::new(Reason::StructuralLimitExceeded, "The run's history is full.")
             .with("limit_kind", "history_events")
@@ -651,6 +658,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             run.activities.insert(execution.id.clone(), execution);
             run.append(cx, EventType::ActivityScheduled, payload, wt, None);
         }
+        WorkflowCommand::RecordLocalActivity(local) => record_local_activity(run, cx, step, wt, local),
         WorkflowCommand::StartTimer { delay_seconds, tags } => {
             let timer = schedule_timer(run, cx, step, delay_seconds, TimerPurpose::User, tags);
             let payload = timer_payload(run, &timer);
@@ -974,6 +982,111 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
         }
     }
     Ok(())
+}
+
+/// A local activity ran inside the workflow task: its whole story is recorded at once, as
+/// activity events marked `execution_mode: local` (both SDKs' replayers need the marker on every
+/// event of the step). No activity task exists and no new workflow task is needed: the same
+/// completion already used the result.
+fn record_local_activity(run: &mut RunState, cx: &mut Cx, step: u32, wt: Option<&TaskId>, local: LocalActivityRecord) {
+    let execution_id: ActivityExecutionId = cx.id();
+    let mut common = obj!(
+        "sequence" => step,
+        "activity_execution_id" => execution_id,
+        "activity_type" => local.activity_type,
+        "execution_mode" => "local",
+        "local_activity" => true,
+    );
+    extend(&mut common, &local.tags);
+    let with = |extra: Map<String, Value>| {
+        let mut payload = common.clone();
+        payload.extend(extra);
+        payload
+    };
+    let mut scheduled = with(obj!("arguments" => payload_json(&local.arguments)));
+    scheduled.extend(local.echoed);
+    run.append(cx, EventType::ActivityScheduled, scheduled, wt, None);
+    let last_index = local.attempts.len().saturating_sub(1);
+    let mut last = (1u32, None::<ActivityAttemptId>, None::<String>);
+    for (index, attempt) in local.attempts.into_iter().enumerate() {
+        let attempt_id: ActivityAttemptId = cx.id();
+        let identity = obj!(
+            "attempt_number" => attempt.attempt_number,
+            "activity_attempt_id" => attempt_id,
+        );
+        let mut started = with(identity.clone());
+        started.insert("worker_attempt_id".into(), json!(attempt.worker_attempt_id));
+        run.append(cx, EventType::ActivityStarted, started, wt, None);
+        for heartbeat in attempt.heartbeats {
+            let mut payload = with(identity.clone());
+            payload.insert("elapsed_ms".into(), heartbeat.get("elapsed_ms").cloned().unwrap_or(Value::Null));
+            payload.insert("details".into(), heartbeat.get("details").cloned().unwrap_or(Value::Null));
+            run.append(cx, EventType::ActivityHeartbeatRecorded, payload, wt, None);
+        }
+        if index < last_index {
+            let mut payload = with(identity.clone());
+            let retry = &attempt.retry;
+            for (from, to) in [
+                ("retry_reason", "retry_reason"),
+                ("backoff_seconds", "retry_backoff_seconds"),
+                ("message", "message"),
+                ("exception_type", "exception_type"),
+                ("timeout_kind", "timeout_kind"),
+            ] {
+                if let Some(value) = retry.get(from) {
+                    payload.insert(to.into(), value.clone());
+                }
+            }
+            run.append(cx, EventType::ActivityRetryScheduled, payload, wt, None);
+        }
+        last = (attempt.attempt_number, Some(attempt_id), attempt.worker_attempt_id);
+    }
+    let mut terminal = with(obj!(
+        "attempt_number" => last.0,
+        "activity_attempt_id" => last.1,
+        "worker_attempt_id" => last.2,
+    ));
+    let trimmed = |message: &str| message.trim_matches(|c: char| " \t\n\r\0\u{b}".contains(c)).to_string();
+    let event_type = match local.outcome {
+        LocalOutcome::Completed(result) => {
+            terminal.insert("result".into(), json!(result.blob));
+            terminal.insert("payload_codec".into(), json!(result.codec));
+            EventType::ActivityCompleted
+        }
+        LocalOutcome::Failed(failure) => {
+            let failure_id: String = cx.ids.next_id();
+            terminal.extend(obj!(
+                "failure_id" => failure_id,
+                "message" => trimmed(&failure.message),
+                "exception_type" => failure.exception_type,
+                "non_retryable" => failure.non_retryable,
+                "failure_category" => "application",
+            ));
+            EventType::ActivityFailed
+        }
+        LocalOutcome::TimedOut(failure) => {
+            let failure_id: String = cx.ids.next_id();
+            terminal.extend(obj!(
+                "failure_id" => failure_id,
+                "timeout_kind" => failure.timeout_kind,
+                "message" => trimmed(&failure.message),
+                "exception_class" => failure.exception_type,
+                "failure_category" => "timeout",
+            ));
+            EventType::ActivityTimedOut
+        }
+        LocalOutcome::Cancelled(failure) => {
+            let failure_id: String = cx.ids.next_id();
+            terminal.extend(obj!(
+                "failure_id" => failure_id,
+                "message" => trimmed(&failure.message),
+                "exception_type" => failure.exception_type,
+                "non_retryable" => true,
+            ));
+            EventType::ActivityCancelled
+        }
+    };
+    run.append(cx, event_type, terminal, wt, None);
 }
 
 /// Re-hashes a successor's events so its chain starts at `origin` (the predecessor's final hash,

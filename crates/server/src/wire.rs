@@ -204,6 +204,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "complete_update",
     "fail_update",
     "start_child_workflow",
+    "record_local_activity",
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
@@ -248,17 +249,16 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
         }
         Ok(())
     };
-    only_on(&["retry_policy"], &["schedule_activity", "start_child_workflow"])?;
     only_on(
-        &[
-            "start_to_close_timeout",
-            "schedule_to_start_timeout",
-            "schedule_to_close_timeout",
-            "heartbeat_timeout",
-        ],
-        &["schedule_activity"],
+        &["retry_policy"],
+        &["schedule_activity", "start_child_workflow", "record_local_activity"],
     )?;
-    only_on(&["non_retryable"], &["fail_workflow", "fail_update"])?;
+    only_on(&["schedule_to_start_timeout"], &["schedule_activity"])?;
+    only_on(
+        &["start_to_close_timeout", "schedule_to_close_timeout", "heartbeat_timeout"],
+        &["schedule_activity", "record_local_activity"],
+    )?;
+    only_on(&["non_retryable"], &["fail_workflow", "fail_update", "record_local_activity"])?;
     let max_delay = limits.delay_seconds_max;
     Ok(match kind.as_str() {
         "schedule_activity" => {
@@ -392,6 +392,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
                 tags,
             })
         }
+        "record_local_activity" => WorkflowCommand::RecordLocalActivity(parse_local_activity(map, index, limits, tags)?),
         "complete_update" => WorkflowCommand::CompleteUpdate {
             update_id: f.req_str("update_id", 255)?,
             result: f
@@ -430,6 +431,123 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
         }),
         other => return Err(invalid_commands(format!("Command type {other:?} is not supported by this server."))),
+    })
+}
+
+/// Attempts a local activity record may carry, and heartbeats across them (DW's bounds).
+const LOCAL_ATTEMPTS_MAX: usize = 100;
+const LOCAL_HEARTBEATS_MAX: usize = 1000;
+
+/// `record_local_activity`: the worker's account of a local activity it already ran.
+fn parse_local_activity(map: &Map<String, Value>, index: usize, limits: &Limits, tags: StepTags) -> ApiResult<LocalActivityRecord> {
+    let at = |key: &str| format!("commands.{index}.{key}");
+    let f = Fields::nested(map, at(""));
+    let activity_type = f.req_str("activity_type", 255)?.trim().to_string();
+    if activity_type.is_empty() {
+        return Err(ApiError::validation(&at("activity_type"), "activity_type must not be blank."));
+    }
+    let arguments = f
+        .opt_payload("arguments", limits)?
+        .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
+    let mut echoed = Map::new();
+    if let Some(policy) = f.opt_object("retry_policy")? {
+        parse_retry_policy(policy, index, limits.delay_seconds_max)?;
+        echoed.insert("retry_policy".into(), Value::Object(policy.clone()));
+    }
+    for key in ["start_to_close_timeout", "schedule_to_close_timeout", "heartbeat_timeout"] {
+        if let Some(seconds) = f.opt_int(key, 1, limits.delay_seconds_max)? {
+            echoed.insert(key.into(), Value::from(seconds));
+        }
+    }
+    let failure = || -> ApiResult<LocalFailure> {
+        let message = match map.get("message") {
+            Some(Value::String(message)) => message.clone(),
+            _ => {
+                return Err(ApiError::validation(
+                    &at("message"),
+                    "A local activity that did not complete needs a message.",
+                ))
+            }
+        };
+        Ok(LocalFailure {
+            message,
+            exception_type: f.opt_str("exception_type", 1000)?,
+            non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
+            timeout_kind: f.opt_str("timeout_kind", 64)?,
+        })
+    };
+    let outcome = match f.req_str("outcome", 32)?.as_str() {
+        "completed" => LocalOutcome::Completed(
+            f.opt_payload("result", limits)?
+                .ok_or_else(|| ApiError::validation(&at("result"), "A completed local activity needs its result."))?,
+        ),
+        "failed" => LocalOutcome::Failed(failure()?),
+        "timed_out" => LocalOutcome::TimedOut(failure()?),
+        "cancelled" => LocalOutcome::Cancelled(failure()?),
+        other => {
+            return Err(ApiError::validation(
+                &at("outcome"),
+                format!("outcome must be completed, failed, timed_out or cancelled, not {other:?}."),
+            ))
+        }
+    };
+    let Some(Value::Array(reported)) = map.get("attempts") else {
+        return Err(ApiError::validation(&at("attempts"), "attempts must list every attempt."));
+    };
+    if reported.is_empty() || reported.len() > LOCAL_ATTEMPTS_MAX {
+        return Err(ApiError::validation(
+            &at("attempts"),
+            format!("attempts must list 1 to {LOCAL_ATTEMPTS_MAX} attempts."),
+        ));
+    }
+    let mut attempts = Vec::with_capacity(reported.len());
+    let mut heartbeat_count = 0;
+    for (n, attempt) in reported.iter().enumerate() {
+        let Value::Object(attempt) = attempt else {
+            return Err(ApiError::validation(
+                &at(&format!("attempts.{n}")),
+                "Each attempt must be an object.",
+            ));
+        };
+        let a = Fields::nested(attempt, at(&format!("attempts.{n}.")));
+        let attempt_number = a.req_int("attempt_number", 1, LOCAL_ATTEMPTS_MAX as i64)? as u32;
+        a.req_str("outcome", 32)?;
+        a.opt_bool("non_retryable")?;
+        let heartbeats = match attempt.get("heartbeats") {
+            None | Some(Value::Null) => vec![],
+            Some(Value::Array(items)) if items.iter().all(Value::is_object) => items.clone(),
+            Some(_) => {
+                return Err(ApiError::validation(
+                    &at(&format!("attempts.{n}.heartbeats")),
+                    "heartbeats must be a list of objects.",
+                ))
+            }
+        };
+        heartbeat_count += heartbeats.len();
+        let retry = ["retry_reason", "backoff_seconds", "message", "exception_type", "timeout_kind"]
+            .into_iter()
+            .filter_map(|key| attempt.get(key).map(|v| (key.to_string(), v.clone())))
+            .collect();
+        attempts.push(LocalAttempt {
+            attempt_number,
+            worker_attempt_id: a.opt_str("attempt_id", 255)?,
+            heartbeats,
+            retry,
+        });
+    }
+    if heartbeat_count > LOCAL_HEARTBEATS_MAX {
+        return Err(ApiError::validation(
+            &at("attempts"),
+            format!("At most {LOCAL_HEARTBEATS_MAX} heartbeats per local activity."),
+        ));
+    }
+    Ok(LocalActivityRecord {
+        activity_type,
+        arguments,
+        echoed,
+        outcome,
+        attempts,
+        tags,
     })
 }
 

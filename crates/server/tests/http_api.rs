@@ -3097,3 +3097,65 @@ async fn cooperative_cancellation_deadline_and_incapable_claims() {
         .await
         .err(409, "run_not_active");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_activity_records_are_validated_and_recorded_without_a_task() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    let run_id = h.start_workflow("local", "q").await["run_id"].as_str().unwrap().to_string();
+    let task = h.next_workflow_task("w1", "q").await;
+    let record = json!({"type": "record_local_activity", "activity_type": "greet", "execution_mode": "local",
+        "arguments": env(EMPTY_ARGS), "outcome": "completed", "result": env(AVRO_NULL), "start_to_close_timeout": 30,
+        "retry_policy": {"max_attempts": 2, "backoff_seconds": [0], "non_retryable_error_types": []},
+        "attempts": [
+            {"attempt_number": 1, "attempt_id": "w-1", "outcome": "failed", "duration_ms": 3, "heartbeats": [],
+             "message": "boom", "exception_type": "RuntimeError", "retry_reason": "failure", "backoff_seconds": 0},
+            {"attempt_number": 2, "attempt_id": "w-2", "outcome": "completed", "duration_ms": 2,
+             "heartbeats": [{"elapsed_ms": 1, "details": {"phase": "x"}}]}]});
+    for (field, bad) in [
+        ("outcome", json!("maybe")),
+        ("attempts", json!([])),
+        ("attempts", json!("all of them")),
+        ("activity_type", json!("  ")),
+        ("result", Value::Null),
+    ] {
+        let mut command = record.clone();
+        command[field] = bad;
+        h.complete_workflow_task(&task, json!([command]))
+            .await
+            .err(422, "validation_failed");
+    }
+    let mut failed_without_message = record.clone();
+    failed_without_message["outcome"] = json!("failed");
+    h.complete_workflow_task(&task, json!([failed_without_message]))
+        .await
+        .err(422, "validation_failed");
+
+    h.complete_workflow_task(&task, json!([record, {"type": "complete_workflow", "result": env(AVRO_NULL)}]))
+        .await
+        .ok(200);
+    let history = h.history("local", &run_id).await;
+    let local: Vec<&Value> = history.iter().filter(|e| e["payload"]["sequence"] == 1).collect();
+    assert_eq!(
+        event_types(&local.iter().map(|e| (*e).clone()).collect::<Vec<_>>()),
+        [
+            "ActivityScheduled",
+            "ActivityStarted",
+            "ActivityRetryScheduled",
+            "ActivityStarted",
+            "ActivityHeartbeatRecorded",
+            "ActivityCompleted"
+        ]
+    );
+    for event in &local {
+        assert_eq!(event["payload"]["execution_mode"], "local");
+        assert_eq!(event["payload"]["local_activity"], true);
+        assert_eq!(event["payload"]["activity_type"], "greet");
+    }
+    assert_eq!(local[2]["payload"]["retry_reason"], "failure");
+    assert_eq!(local[5]["payload"]["worker_attempt_id"], "w-2");
+    assert_eq!(local[5]["payload"]["attempt_number"], 2);
+    assert_eq!(local[0]["payload"]["start_to_close_timeout"], 30);
+    let described = h.describe("local").await;
+    assert_eq!(described["status"], "completed");
+}

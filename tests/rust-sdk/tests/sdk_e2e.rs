@@ -766,3 +766,59 @@ async fn cooperative_cancellation_runs_cleanup_and_ends_cancelled() {
 
     running.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// Local activities: run inside the workflow task and recorded once.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_activities_are_recorded_with_their_attempts_and_replay() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("local-q");
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut worker = new_worker(&client, &queue).local_activities(true);
+    {
+        let calls = Arc::clone(&calls);
+        worker.register_activity("e2e.local-greet", move |ctx, args| {
+            let calls = Arc::clone(&calls);
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                ctx.heartbeat(json!({"phase": "greeting"})).await?;
+                Ok(json!(format!("hello, {}", args.get(0).and_then(Value::as_str).unwrap_or(""))))
+            }
+        });
+    }
+    worker.register_activity("e2e.double", |_ctx, args| async move {
+        let n = args.get(0).and_then(Value::as_i64).unwrap_or_default();
+        Ok(json!(n * 2))
+    });
+    worker.register_workflow("e2e.local", |ctx, _input| async move {
+        let greeting = ctx.local_activity("e2e.local-greet", json!(["Ada"])).await?;
+        // A regular activity after it: the next task replays the recorded local step.
+        let doubled = ctx.activity("e2e.double", json!([21])).await?;
+        Ok(json!({"greeting": greeting, "doubled": doubled}))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("local");
+    let handle = start(&client, "e2e.local", &queue, &workflow_id, json!([])).await;
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("local activity workflow failed: {error} ({error:?})"));
+    assert_eq!(result, json!({"greeting": "hello, Ada", "doubled": 42}));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the local callback ran once and was replayed after"
+    );
+
+    let run_id = run_id_of(&handle).await;
+    let events = server.history_event_types(&workflow_id, &run_id).await;
+    let count = |kind: &str| events.iter().filter(|event| *event == kind).count();
+    assert_eq!(count("ActivityScheduled"), 2, "{events:?}");
+    assert_eq!(count("ActivityCompleted"), 2, "{events:?}");
+    assert!(count("ActivityHeartbeatRecorded") >= 1, "{events:?}");
+    running.shutdown().await;
+}
