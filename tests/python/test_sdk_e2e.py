@@ -200,6 +200,22 @@ class LocalGreetingWorkflow:
         return {"local": local, "remote": remote}
 
 
+@workflow.defn(name="e2e.race")
+class RaceWorkflow:
+    """An activity races a timer; the loser is cancelled."""
+
+    def run(self, ctx, seconds, deadline):
+        selection = yield ctx.select({
+            "work": ctx.schedule_activity("e2e.slow", [seconds]),
+            "deadline": ctx.start_timer(deadline),
+        })
+        loser = "deadline" if selection.key == "work" else "work"
+        yield selection.handles[loser].cancel()
+        if selection.key == "work":
+            return {"winner": "work", "value": selection.result()}
+        return {"winner": "deadline"}
+
+
 @workflow.defn(name="e2e.flaky-child")
 class FlakyChildWorkflow:
     """Fails (without activity retries) until its flaky activity has failed enough times."""
@@ -712,6 +728,44 @@ def test_local_activities_are_recorded_once_and_replay(server_url, worker_url, r
     from durable_workflow.workflow import replay
 
     outcome = replay(LocalGreetingWorkflow, events, [name], workflow_id=workflow_id, run_id=run_id)
+    assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands
+
+
+@pytest.mark.parametrize(("seconds", "deadline", "winner"), [(0, 30, "work"), (4, 1, "deadline")])
+def test_select_records_one_winner_and_cancels_the_loser(server_url, worker_url, run_worker, seconds, deadline, winner):
+    """`ctx.select` races an activity and a timer: in the transaction of the first member's
+    terminal event Capstan records one `SelectionResolved` naming it; the workflow cancels the
+    loser (`cancel_selection_operation` → one `SelectionOperationCancelled`, its timer or
+    activity ends) and the published replayer accepts the history cold."""
+    queue = unique("e2e-race")
+    workflow_id = unique("race")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[RaceWorkflow], activities=[slow_activity]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.race", task_queue=queue, workflow_id=workflow_id, input=[seconds, deadline],
+                )
+                result = await wait_result(handle, timeout=30, workers=[worker])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, events, handle.run_id
+
+    result, events, run_id = run_async(main(), timeout=60)
+    assert result["winner"] == winner, result
+    if winner == "work":
+        assert result["value"] == "finished"
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    (resolved,) = events_of(events, "SelectionResolved")
+    resolved = payload_of(resolved)
+    assert resolved["member_key"] == winner and resolved["outcome"] == "completed", resolved
+    expected_type = "ActivityCompleted" if winner == "work" else "TimerFired"
+    index = next(i for i, e in enumerate(events) if event_type(e) == "SelectionResolved")
+    assert event_type(events[index - 1]) == expected_type and events[index - 1]["id"] == resolved["resolution_event_id"]
+    (cancelled,) = events_of(events, "SelectionOperationCancelled")
+    assert payload_of(cancelled)["member_key"] == ("deadline" if winner == "work" else "work")
+    from durable_workflow.workflow import replay
+
+    outcome = replay(RaceWorkflow, events, [seconds, deadline], workflow_id=workflow_id, run_id=run_id)
     assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands
 
 

@@ -65,6 +65,8 @@ pub enum WorkflowCommand {
     },
     /// A local activity the worker already ran inside this workflow task, with its outcome.
     RecordLocalActivity(LocalActivityRecord),
+    /// Cancel a member of a durable selection that has not settled (no step of its own).
+    CancelSelectionOperation(SelectionCancel),
     /// Close this run and start the next run of the same instance with new input.
     ContinueAsNew {
         arguments: Payload,
@@ -99,7 +101,8 @@ impl WorkflowCommand {
             WorkflowCommand::CompleteWorkflow { .. }
             | WorkflowCommand::FailWorkflow(_)
             | WorkflowCommand::CompleteUpdate { .. }
-            | WorkflowCommand::FailUpdate { .. } => return None,
+            | WorkflowCommand::FailUpdate { .. }
+            | WorkflowCommand::CancelSelectionOperation(_) => return None,
         })
     }
 
@@ -119,9 +122,22 @@ impl WorkflowCommand {
             WorkflowCommand::CompleteWorkflow { .. }
             | WorkflowCommand::FailWorkflow(_)
             | WorkflowCommand::CompleteUpdate { .. }
-            | WorkflowCommand::FailUpdate { .. } => None,
+            | WorkflowCommand::FailUpdate { .. }
+            | WorkflowCommand::CancelSelectionOperation(_) => None,
         }
     }
+}
+
+/// Which selection member to cancel, as the SDK's handle names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SelectionCancel {
+    pub selection_group_id: String,
+    pub member_key: Value,
+    pub member_index: u64,
+    pub member_base_sequence: u32,
+    pub member_size: u32,
+    pub operation_kind: String,
+    pub operation_identity: String,
 }
 
 /// A local activity's record: the worker ran every attempt itself before completing the task.

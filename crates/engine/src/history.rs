@@ -77,6 +77,8 @@ event_types!(
     ParentClosePolicyApplied,
     CooperativeCancellationRequested,
     CooperativeCancellationDelivered,
+    SelectionResolved,
+    SelectionOperationCancelled,
     RepairRequested,
     ArchiveRequested,
     WorkflowArchived,

@@ -20,6 +20,7 @@ pub mod payload;
 pub mod query;
 pub mod refusal;
 pub mod run;
+pub mod selection;
 pub mod task;
 pub mod timefmt;
 mod transitions;
@@ -34,6 +35,7 @@ pub use payload::Payload;
 pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};
 pub use refusal::{Reason, Refusal};
 pub use run::*;
+pub use selection::{SelectEntry, SelectionBook};
 pub use task::*;
 pub use transitions::*;
 

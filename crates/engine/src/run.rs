@@ -6,6 +6,7 @@ use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
 use crate::ids::*;
 use crate::limits::Limits;
 use crate::payload::Payload;
+use crate::selection::SelectionBook;
 use crate::task::*;
 use crate::Millis;
 use serde::{Deserialize, Serialize};
@@ -300,6 +301,9 @@ pub struct RunState {
     /// The failed run of this child instance that this run retries.
     #[serde(default)]
     pub retry_of_run_id: Option<RunId>,
+    /// Durable selections: leaf identities, recorded winners, cancelled members.
+    #[serde(default)]
+    pub selections: SelectionBook,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -500,7 +504,12 @@ impl RunState {
         self.last_sequence = event.sequence;
         self.last_hash = event.hash.clone();
         self.last_progress_at = cx.now;
+        let resolved = self.selections.observe(event.id.as_str(), event.event_type, &event.payload);
         cx.effects.events.push(event);
+        // The winner of a selection is named right after the event that settled it.
+        if let Some(resolved) = resolved {
+            self.append(cx, EventType::SelectionResolved, resolved, None, None);
+        }
     }
 
     pub(crate) fn put_task(&mut self, cx: &mut Cx, task: Task) {

@@ -181,6 +181,12 @@ fn step_tags(command: &Map<String, Value>) -> StepTags {
         "parallel_group_size",
         "parallel_group_index",
         "parallel_group_path",
+        "parallel_group_mode",
+        "selection_member_key",
+        "selection_member_index",
+        "selection_member_base_sequence",
+        "selection_member_size",
+        "selection_member_kind",
     ];
     COPIED
         .iter()
@@ -205,6 +211,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "fail_update",
     "start_child_workflow",
     "record_local_activity",
+    "cancel_selection_operation",
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
@@ -393,6 +400,33 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             })
         }
         "record_local_activity" => WorkflowCommand::RecordLocalActivity(parse_local_activity(map, index, limits, tags)?),
+        "cancel_selection_operation" => {
+            if !tags.is_empty() {
+                return Err(ApiError::validation(
+                    &format!("commands.{index}"),
+                    "cancel_selection_operation takes no parallel-group fields.",
+                ));
+            }
+            let member_key = match map.get("member_key") {
+                Some(Value::String(key)) if !key.is_empty() => Value::String(key.clone()),
+                Some(Value::Number(n)) if n.as_u64().is_some() => Value::Number(n.clone()),
+                _ => {
+                    return Err(ApiError::validation(
+                        &format!("commands.{index}.member_key"),
+                        "member_key must be a non-empty string or a non-negative integer.",
+                    ))
+                }
+            };
+            WorkflowCommand::CancelSelectionOperation(SelectionCancel {
+                selection_group_id: f.req_str("selection_group_id", 255)?,
+                member_key,
+                member_index: f.req_int("member_index", 0, 1000)? as u64,
+                member_base_sequence: f.req_int("member_base_sequence", 1, u32::MAX as i64)? as u32,
+                member_size: f.req_int("member_size", 1, 1000)? as u32,
+                operation_kind: f.req_str("operation_kind", 32)?,
+                operation_identity: f.req_str("operation_identity", 255)?.trim().to_string(),
+            })
+        }
         "complete_update" => WorkflowCommand::CompleteUpdate {
             update_id: f.req_str("update_id", 255)?,
             result: f

@@ -3159,3 +3159,72 @@ async fn local_activity_records_are_validated_and_recorded_without_a_task() {
     let described = h.describe("local").await;
     assert_eq!(described["status"], "completed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_winner_is_recorded_with_its_event_and_losers_are_cancelled_once() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    let run_id = h.start_workflow("race", "q").await["run_id"].as_str().unwrap().to_string();
+    let task = h.next_workflow_task("w1", "q").await;
+    let select = |index: u64, key: &str, kind: &str| {
+        let entry = json!({"parallel_group_id": "select-calls:1:2", "parallel_group_kind": "mixed", "parallel_group_mode": "select",
+            "parallel_group_base_sequence": 1, "parallel_group_size": 2, "parallel_group_index": index,
+            "selection_member_key": key, "selection_member_index": index, "selection_member_base_sequence": index + 1,
+            "selection_member_size": 1, "selection_member_kind": kind});
+        let mut fields = entry.as_object().unwrap().clone();
+        fields.insert("parallel_group_path".into(), json!([entry]));
+        fields
+    };
+    let mut activity = json!({"type": "schedule_activity", "activity_type": "work", "arguments": env(EMPTY_ARGS)});
+    activity.as_object_mut().unwrap().extend(select(0, "work", "activity"));
+    let mut timer = json!({"type": "start_timer", "delay_seconds": 3600});
+    timer.as_object_mut().unwrap().extend(select(1, "deadline", "timer"));
+    h.complete_workflow_task(&task, json!([activity, timer])).await.ok(200);
+
+    let attempt = h.next_activity_task("w1", "q").await;
+    h.complete_activity(&attempt, AVRO_NULL).await.ok(200);
+    let history = h.history("race", &run_id).await;
+    let at = history
+        .iter()
+        .position(|e| e["event_type"] == "SelectionResolved")
+        .expect("a winner");
+    let (completed, resolved) = (&history[at - 1], &history[at]["payload"]);
+    assert_eq!(completed["event_type"], "ActivityCompleted");
+    assert_eq!(resolved["resolution_event_id"], completed["id"]);
+    assert_eq!(
+        (resolved["member_key"].clone(), resolved["outcome"].clone()),
+        (json!("work"), json!("completed"))
+    );
+    let timer_id = history.iter().find(|e| e["event_type"] == "TimerScheduled").unwrap()["payload"]["timer_id"].clone();
+    assert_eq!(resolved["selection_group_id"], "select-calls:1:2");
+
+    let task = h.next_workflow_task("w1", "q").await;
+    let cancel = json!({"type": "cancel_selection_operation", "selection_group_id": "select-calls:1:2", "member_key": "deadline",
+        "member_index": 1, "member_base_sequence": 2, "member_size": 1, "operation_kind": "timer", "operation_identity": timer_id});
+    for (field, bad) in [
+        ("selection_group_id", json!("select-calls:x")),
+        ("member_base_sequence", json!(3)),
+        ("operation_identity", json!("other")),
+    ] {
+        let mut command = cancel.clone();
+        command[field] = bad;
+        h.complete_workflow_task(&task, json!([command])).await.err(409, "invalid_commands");
+    }
+    let mut tagged = cancel.clone();
+    tagged["parallel_group_id"] = json!("select-calls:1:2");
+    h.complete_workflow_task(&task, json!([tagged])).await.err(422, "validation_failed");
+    // The same cancel twice in one completion (as Python re-sends it) records one marker.
+    h.complete_workflow_task(
+        &task,
+        json!([cancel.clone(), cancel.clone(), {"type": "complete_workflow", "result": env(AVRO_NULL)}]),
+    )
+    .await
+    .ok(200);
+    let history = h.history("race", &run_id).await;
+    assert_eq!(count_events(&history, "SelectionOperationCancelled"), 1);
+    assert_eq!(count_events(&history, "SelectionResolved"), 1);
+    assert!(
+        h.describe("race").await["open_tasks"].as_array().unwrap().is_empty(),
+        "the timer task ended"
+    );
+}

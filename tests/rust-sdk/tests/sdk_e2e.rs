@@ -822,3 +822,63 @@ async fn local_activities_are_recorded_with_their_attempts_and_replay() {
     assert!(count("ActivityHeartbeatRecorded") >= 1, "{events:?}");
     running.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------
+// Durable selection: an activity races a timer; the loser is cancelled.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn select_names_one_winner_and_cancels_the_loser() {
+    use durable_workflow::{ParallelOperation, ParallelResult, SelectionKey};
+
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("select-q");
+    let mut worker = new_worker(&client, &queue);
+    worker.register_activity("e2e.double", |_ctx, args| async move {
+        let n = args.get(0).and_then(Value::as_i64).unwrap_or_default();
+        Ok(json!(n * 2))
+    });
+    worker.register_workflow("e2e.select", |ctx, _input| async move {
+        let selection = ctx
+            .select_keyed(vec![
+                ("work".to_string(), ParallelOperation::activity("e2e.double", json!([21]))),
+                ("deadline".to_string(), ParallelOperation::timer(Duration::from_secs(60))),
+            ])
+            .await?;
+        let winner = selection.key.clone();
+        let loser = if winner == SelectionKey::from("work".to_string()) {
+            "deadline"
+        } else {
+            "work"
+        };
+        selection
+            .handle(&SelectionKey::from(loser.to_string()))
+            .expect("the loser's handle")
+            .cancel()
+            .await?;
+        match selection.into_result()? {
+            ParallelResult::Activity(value) => Ok(json!({"winner": "work", "value": value})),
+            _ => Ok(json!({"winner": "deadline"})),
+        }
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("select");
+    let handle = start(&client, "e2e.select", &queue, &workflow_id, json!([])).await;
+    let result = running
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("select workflow failed: {error} ({error:?})"));
+    assert_eq!(result, json!({"winner": "work", "value": 42}));
+
+    let run_id = run_id_of(&handle).await;
+    let events = server.history_event_types(&workflow_id, &run_id).await;
+    let count = |kind: &str| events.iter().filter(|event| *event == kind).count();
+    assert_eq!(count("SelectionResolved"), 1, "{events:?}");
+    assert_eq!(count("SelectionOperationCancelled"), 1, "{events:?}");
+    assert_eq!(count("TimerFired"), 0, "the cancelled timer never fires: {events:?}");
+    let resolved_at = events.iter().position(|e| e == "SelectionResolved").unwrap();
+    assert_eq!(events[resolved_at - 1], "ActivityCompleted");
+    running.shutdown().await;
+}
