@@ -324,6 +324,13 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             timeout_seconds: f.opt_int("timeout_seconds", 0, max_delay)?,
             tags,
         },
+        // Workflow output streams ride on side effects; without stream storage the items would
+        // be dropped silently, so the command is refused instead.
+        "record_side_effect" if map.get("workflow_stream").is_some_and(|v| !v.is_null()) => {
+            return Err(invalid_commands(
+                "Workflow output streams (record_side_effect.workflow_stream) are not supported by this server.",
+            ))
+        }
         "record_side_effect" => WorkflowCommand::RecordSideEffect {
             result: f
                 .opt_payload("result", limits)?

@@ -3228,3 +3228,21 @@ async fn select_winner_is_recorded_with_its_event_and_losers_are_cancelled_once(
         "the timer task ended"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn features_without_server_support_are_refused_not_dropped() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    h.start_workflow("unsupported", "q").await;
+    let task = h.next_workflow_task("w1", "q").await;
+    let nexus = json!({"type": "start_service_operation", "endpoint_name": "e", "service_name": "s", "operation_name": "o"});
+    let body = h.complete_workflow_task(&task, json!([nexus])).await.err(409, "invalid_commands");
+    assert_eq!(body["recorded"], false);
+    let stream = json!({"type": "record_side_effect", "result": env(AVRO_NULL),
+        "workflow_stream": {"operation": "append", "stream_name": "out", "items": []}});
+    h.complete_workflow_task(&task, json!([stream])).await.err(409, "invalid_commands");
+    // The task is still leased and completes normally afterwards.
+    h.complete_workflow_task(&task, json!([{"type": "complete_workflow", "result": env(AVRO_NULL)}]))
+        .await
+        .ok(200);
+}
