@@ -54,6 +54,9 @@ pub enum Reason {
     CancellationDeliveryShapeMismatch,
     CancellationDeliveryNotEligible,
     InvalidCancellationDelivery,
+    OutcomeUnknownRequiresResolution,
+    LedgerEntryNotFound,
+    LedgerEntryNotUnknown,
 }
 
 impl Reason {
@@ -104,6 +107,9 @@ impl Reason {
             Reason::CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",
             Reason::CancellationDeliveryNotEligible => "cancellation_delivery_not_eligible",
             Reason::InvalidCancellationDelivery => "invalid_cancellation_delivery",
+            Reason::OutcomeUnknownRequiresResolution => "outcome_unknown_requires_resolution",
+            Reason::LedgerEntryNotFound => "ledger_entry_not_found",
+            Reason::LedgerEntryNotUnknown => "ledger_entry_not_unknown",
         }
     }
 }

@@ -4,6 +4,7 @@ use crate::command::{ActivityTimeouts, RetryPolicy, StepKind, StepTags, Workflow
 use crate::contract::CommandContract;
 use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
 use crate::ids::*;
+use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry};
 use crate::limits::Limits;
 use crate::payload::Payload;
 use crate::selection::SelectionBook;
@@ -101,6 +102,15 @@ pub struct ActivityExecution {
     #[serde(default)]
     pub last_heartbeat_details: Option<Value>,
     pub tags: StepTags,
+    /// The action definition pinned when it was scheduled (a declared consequential action).
+    #[serde(default)]
+    pub action: Option<ActionPin>,
+    /// The ledger entry of the current dispatch, while one is open.
+    #[serde(default)]
+    pub ledger_key: Option<String>,
+    /// Set while the last dispatch's outcome is unknown: no attempt runs until it is resolved.
+    #[serde(default)]
+    pub blocked_by: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -304,6 +314,12 @@ pub struct RunState {
     /// Durable selections: leaf identities, recorded winners, cancelled members.
     #[serde(default)]
     pub selections: SelectionBook,
+    /// Recovery-ledger entries of this run's declared actions, by ledger key.
+    #[serde(default)]
+    pub ledger: BTreeMap<String, LedgerEntry>,
+    /// Head of the instance's ledger checkpoint chain (carried to the next run).
+    #[serde(default = "genesis")]
+    pub ledger_head: String,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -417,6 +433,10 @@ pub struct Effects {
     pub children_started: Vec<(RunState, Effects)>,
     /// This run (a child) closed: its parent must hear of it in the same transaction.
     pub parent_notice: Option<ChildOutcome>,
+    /// Ledger entries created or changed (the store upserts them).
+    pub ledger: Vec<LedgerEntry>,
+    /// Ledger checkpoints appended to the instance chain, in order.
+    pub checkpoints: Vec<LedgerCheckpoint>,
     /// Children to close because this run closed (parent-close policy).
     pub close_children: Vec<(WorkflowId, crate::transitions::CloseCommand)>,
 }
@@ -429,6 +449,8 @@ pub struct Cx<'a> {
     pub limits: &'a Limits,
     /// The payload codec memo upserts merge with; without one `upsert_memo` is refused.
     pub memo: Option<&'a dyn crate::memo::MemoCodec>,
+    /// The namespace's action definitions, by activity type: scheduling pins them.
+    pub actions: Option<std::sync::Arc<BTreeMap<String, ActionDefinition>>>,
     pub effects: Effects,
 }
 
@@ -439,6 +461,7 @@ impl<'a> Cx<'a> {
             ids,
             limits,
             memo: None,
+            actions: None,
             effects: Effects::default(),
         }
     }

@@ -7,6 +7,7 @@ use crate::command::*;
 use crate::contract::CommandContract;
 use crate::history::EventType;
 use crate::ids::*;
+use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState};
 use crate::payload::Payload;
 use crate::refusal::{Reason, Refusal};
 use crate::run::*;
@@ -129,6 +130,8 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         cancellation: None,
         retry_of_run_id: None,
         selections: Default::default(),
+        ledger: BTreeMap::new(),
+        ledger_head: crate::history::GENESIS_HASH.to_string(),
     }
 }
 
@@ -211,6 +214,7 @@ fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_
     let mut run = blank_run(cx, start, previous.run_number + 1, previous.execution_deadline_at);
     run.continued_from_run_id = Some(previous.run_id.clone());
     run.chain_origin = previous.last_hash.clone();
+    run.ledger_head = previous.ledger_head.clone();
     run.memo_merged = previous.memo_merged.clone();
     run.parent = previous.parent.clone();
     begin_run(run, cx)
@@ -637,7 +641,16 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                 task_id: task.clone(),
                 last_heartbeat_details: None,
                 tags: schedule.tags,
+                action: None,
+                ledger_key: None,
+                blocked_by: None,
             };
+            let mut execution = execution;
+            execution.action = cx
+                .actions
+                .as_ref()
+                .and_then(|actions| actions.get(&execution.activity_type))
+                .map(ActionPin::from);
             set_ready_activity_deadline(run, cx, &task, &execution);
             let mut payload = activity_identity(&execution);
             payload.insert("queue".into(), json!(execution.queue));
@@ -1289,6 +1302,16 @@ fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedR
         }
     }
     let current = run.workflow_task.clone();
+    // A declared action in flight when the run closes may have acted: its outcome is unknown.
+    let dispatched: Vec<String> = run.activities.values().filter_map(|a| a.ledger_key.clone()).collect();
+    for key in dispatched {
+        if let Some(mut entry) = run.ledger.get(&key).filter(|e| e.state == LedgerState::Dispatched).cloned() {
+            let reason = json!({"kind": "run_closed", "closed_reason": reason.as_str()});
+            entry.state = LedgerState::OutcomeUnknown;
+            entry.unknown_reason = Some(reason.clone());
+            checkpoint(run, cx, entry, obj!("reason" => reason));
+        }
+    }
     let open: Vec<TaskId> = run.tasks.keys().filter(|id| Some(*id) != current.as_ref()).cloned().collect();
     for id in open {
         run.close_task(cx, &id, TaskClosure::Cancelled);
@@ -1474,6 +1497,162 @@ fn execution_of<'r>(run: &'r RunState, task: &Task) -> Option<&'r ActivityExecut
 
 /// Leases a ready activity task: a new attempt with a new `activity_attempt_id` and fence.
 pub fn lease_activity_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str, lease_ms: i64) -> Result<Task, Refusal> {
+    lease_activity_task_with(run, cx, task_id, owner, lease_ms, None)?
+        .ok_or_else(|| Refusal::new(Reason::TaskNotLeased, "The activity was not dispatched."))
+}
+
+/// Leases an activity task whose type may be a declared action: `current` is the definition
+/// the store read in this same transaction. A declared action is checked against what its
+/// scheduling pinned (a definition changed since is refused: the activity fails without
+/// dispatch, and `Ok(None)` says nothing was leased), and its dispatch gets a ledger entry
+/// committed with the lease, before any worker sees the task.
+pub fn lease_activity_task_with(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    owner: &str,
+    lease_ms: i64,
+    current: Option<&ActionDefinition>,
+) -> Result<Option<Task>, Refusal> {
+    if let Some(task) = run.tasks.get(task_id).filter(|t| t.kind == TaskKind::Activity && t.is_ready()) {
+        let execution = execution_of(run, task).expect("open activity task has an execution").clone();
+        // A definition declared after scheduling applies at the claim.
+        let pin = execution.action.clone().or_else(|| current.map(ActionPin::from));
+        if let Some(pin) = pin {
+            if current.map(|d| &d.definition_hash) != Some(&pin.definition_hash) {
+                let task = task.clone();
+                refuse_dispatch(
+                    run,
+                    cx,
+                    &task,
+                    &execution,
+                    "definition_changed",
+                    "The action definition changed (or was removed) after the activity was scheduled; it was not dispatched.",
+                );
+                return Ok(None);
+            }
+            run.activities.get_mut(&execution.id).expect("open").action = Some(pin);
+        }
+    }
+    let task = lease_activity_attempt(run, cx, task_id, owner, lease_ms)?;
+    let execution = execution_of(run, &task).expect("leased").clone();
+    if let Some(pin) = execution.action.clone().filter(|p| p.recovery_mode.is_ledgered()) {
+        open_ledger_entry(run, cx, &task, &execution, &pin, owner);
+    }
+    Ok(Some(task))
+}
+
+/// An activity refused before dispatch: a final, non-retryable failure; nothing was dispatched,
+/// so nothing is uncertain.
+fn refuse_dispatch(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, reason: &str, message: &str) {
+    run.close_task(cx, &task.id, TaskClosure::Failed);
+    run.activities.remove(&execution.id);
+    let failure_id: String = cx.ids.next_id();
+    let mut payload = activity_identity(execution);
+    payload.extend(obj!(
+        "attempt_number" => execution.attempt_count,
+        "failure_id" => failure_id,
+        "failure_category" => "activity",
+        "exception_type" => reason,
+        "exception_class" => reason,
+        "message" => message,
+        "non_retryable" => true,
+        "exception" => json!({"class": reason, "type": reason, "message": message}),
+    ));
+    run.append(cx, EventType::ActivityFailed, payload, None, None);
+    run.want_workflow_task(cx, None);
+}
+
+/// The ledger entry of a dispatch: hashes and ids only.
+fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, pin: &ActionPin, owner: &str) {
+    let TaskDetail::Activity {
+        attempt_id: Some(attempt_id),
+        attempt_number,
+        ..
+    } = &task.detail
+    else {
+        return;
+    };
+    let ledger_key: String = cx.ids.next_id();
+    let entry = LedgerEntry {
+        ledger_key: ledger_key.clone(),
+        namespace: run.namespace.clone(),
+        workflow_id: run.workflow_id.clone(),
+        run_id: run.run_id.clone(),
+        activity_type: execution.activity_type.clone(),
+        activity_execution_id: execution.id.clone(),
+        activity_attempt_id: attempt_id.clone(),
+        attempt_number: *attempt_number,
+        fence: task.fence,
+        state: LedgerState::Dispatched,
+        recovery_mode: pin.recovery_mode,
+        definition_hash: pin.definition_hash.clone(),
+        definition_version: pin.version,
+        input_hash: crate::ledger::digest(&execution.arguments.blob),
+        access_context_hash: crate::ledger::digest(&format!("{}\n{}\n{}", run.namespace, owner, execution.queue)),
+        // The provider's key: the activity execution id, stable across attempts.
+        idempotency_key_hash: crate::ledger::digest(execution.id.as_str()),
+        dispatched_at: cx.now,
+        updated_at: cx.now,
+        unknown_reason: None,
+        resolution: None,
+        checkpoint_hash: String::new(),
+    };
+    run.activities.get_mut(&execution.id).expect("open").ledger_key = Some(ledger_key);
+    let details = obj!(
+        "activity_execution_id" => entry.activity_execution_id,
+        "activity_attempt_id" => entry.activity_attempt_id,
+        "fence" => entry.fence,
+        "definition_hash" => entry.definition_hash,
+        "input_hash" => entry.input_hash,
+        "access_context_hash" => entry.access_context_hash,
+        "idempotency_key_hash" => entry.idempotency_key_hash,
+    );
+    checkpoint(run, cx, entry, details);
+}
+
+/// Records a ledger entry's new state as the next checkpoint of the instance chain.
+fn checkpoint(run: &mut RunState, cx: &mut Cx, mut entry: LedgerEntry, details: Map<String, Value>) {
+    let mut checkpoint = LedgerCheckpoint {
+        namespace: run.namespace.clone(),
+        workflow_id: run.workflow_id.clone(),
+        ledger_key: entry.ledger_key.clone(),
+        state: entry.state,
+        recorded_at: cx.now,
+        details,
+        prev_hash: run.ledger_head.clone(),
+        hash: String::new(),
+    };
+    checkpoint.hash = checkpoint.computed_hash();
+    run.ledger_head = checkpoint.hash.clone();
+    entry.checkpoint_hash = checkpoint.hash.clone();
+    entry.updated_at = cx.now;
+    cx.effects.checkpoints.push(checkpoint);
+    cx.effects.ledger.push(entry.clone());
+    run.ledger.insert(entry.ledger_key.clone(), entry);
+}
+
+/// The dispatch of a declared action ended without a conclusive result: its outcome is
+/// unknown. No retry, no history event: the execution waits, blocked, for an operator.
+fn ledger_outcome_unknown(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, reason: Value) -> Option<Receipt> {
+    let key = execution.ledger_key.clone()?;
+    let mut entry = run.ledger.get(&key).filter(|e| e.state == LedgerState::Dispatched)?.clone();
+    run.close_task(cx, &task.id, TaskClosure::Failed);
+    let stored = run.activities.get_mut(&execution.id).expect("open execution");
+    stored.ledger_key = None;
+    stored.blocked_by = Some(key.clone());
+    entry.state = LedgerState::OutcomeUnknown;
+    entry.unknown_reason = Some(reason.clone());
+    checkpoint(run, cx, entry, obj!("reason" => reason));
+    Some(Receipt {
+        run_status: run.status,
+        created_task_ids: vec![],
+        next_task_id: None,
+        retained: false,
+    })
+}
+
+fn lease_activity_attempt(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str, lease_ms: i64) -> Result<Task, Refusal> {
     if run.is_closed() {
         return Err(run_closed_refusal(run));
     }
@@ -1647,7 +1826,13 @@ pub fn complete_activity(
     payload.insert("attempt_number".into(), json!(execution.attempt_count));
     payload.insert("result".into(), json!(result.blob));
     payload.insert("payload_codec".into(), json!(result.codec));
+    let result_hash = crate::ledger::digest(&result.blob);
     run.append(cx, EventType::ActivityCompleted, payload, None, None);
+    // A declared action's conclusive result closes its ledger entry in the same transaction.
+    if let Some(mut entry) = execution.ledger_key.as_ref().and_then(|key| run.ledger.get(key)).cloned() {
+        entry.state = LedgerState::Verified;
+        checkpoint(run, cx, entry, obj!("result_hash" => result_hash));
+    }
     run.close_task(cx, task_id, TaskClosure::Completed);
     run.activities.remove(&execution.id);
     let next = run.want_workflow_task(cx, None);
@@ -1693,6 +1878,15 @@ enum AttemptEnd {
 
 /// Ends the current attempt of `execution` (failed or timed out): retry or final failure.
 fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, end: AttemptEnd) -> Receipt {
+    let reason = match &end {
+        AttemptEnd::Failed { failure, .. } => {
+            json!({"kind": "worker_failure", "message": failure.message, "exception_type": failure.failure_type})
+        }
+        AttemptEnd::TimedOut { timeout_kind } => json!({"kind": "timeout", "timeout_kind": timeout_kind}),
+    };
+    if let Some(receipt) = ledger_outcome_unknown(run, cx, task, execution, reason) {
+        return receipt;
+    }
     let now = cx.now;
     let attempt_number = execution.attempt_count;
     let backoff_ms = execution.retry_policy.backoff_after(attempt_number) * 1000;
@@ -2120,6 +2314,7 @@ fn retry_failed_child(run: &mut RunState, cx: &mut Cx) {
             ..parent.clone()
         });
         next.retry_of_run_id = Some(run.run_id.clone());
+        next.ledger_head = run.ledger_head.clone();
         next.memo_merged = run.memo_merged.clone();
         let mut next = begin_run(next, &mut next_cx);
         if let Some(task) = next.workflow_task.clone() {
@@ -2457,6 +2652,115 @@ pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) ->
     Ok(true)
 }
 
+/// An operator's decision on an entry whose outcome was unknown.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LedgerDecision {
+    /// The effect happened: the activity completes with `result` (an Avro null without one),
+    /// and the provider is not invoked again.
+    EffectConfirmed { result: Payload },
+    /// It did not: one deliberate new attempt, under a new ledger entry with the same
+    /// idempotency key (the worker sees the same `activity_execution_id`).
+    EffectAbsent,
+}
+
+/// Records the resolution of an `outcome_unknown` entry with its evidence and principal. On an
+/// open run the blocked step continues (completed, or retried once); on a closed run only the
+/// evidence is recorded.
+pub fn resolve_ledger_entry(
+    run: &mut RunState,
+    cx: &mut Cx,
+    ledger_key: &str,
+    decision: LedgerDecision,
+    evidence: Value,
+    principal: &str,
+) -> Result<LedgerEntry, Refusal> {
+    let Some(mut entry) = run.ledger.get(ledger_key).cloned() else {
+        return Err(Refusal::new(Reason::LedgerEntryNotFound, "No such ledger entry on this run.").with("ledger_key", ledger_key));
+    };
+    if entry.state != LedgerState::OutcomeUnknown {
+        return Err(Refusal::new(
+            Reason::LedgerEntryNotUnknown,
+            "Only an entry whose outcome is unknown can be resolved.",
+        )
+        .with("ledger_key", ledger_key)
+        .with("state", entry.state.as_str()));
+    }
+    let decision_name = match decision {
+        LedgerDecision::EffectConfirmed { .. } => "effect_confirmed",
+        LedgerDecision::EffectAbsent => "effect_absent",
+    };
+    let resolution = json!({"decision": decision_name, "evidence": evidence, "principal": principal, "resolved_at": iso8601(cx.now)});
+    entry.state = match decision {
+        LedgerDecision::EffectConfirmed { .. } => LedgerState::EffectConfirmed,
+        LedgerDecision::EffectAbsent => LedgerState::EffectAbsent,
+    };
+    entry.resolution = Some(resolution.clone());
+    let execution = run
+        .activities
+        .values()
+        .find(|a| a.blocked_by.as_deref() == Some(ledger_key))
+        .cloned()
+        .filter(|_| !run.is_closed());
+    let evidence_hash = crate::ledger::digest(&resolution["evidence"].to_string());
+    checkpoint(
+        run,
+        cx,
+        entry.clone(),
+        obj!("decision" => decision_name, "principal" => principal, "evidence_hash" => evidence_hash),
+    );
+    let Some(execution) = execution else {
+        return Ok(run.ledger[ledger_key].clone());
+    };
+    let mut payload = activity_identity(&execution);
+    payload.insert("activity_attempt_id".into(), json!(entry.activity_attempt_id));
+    payload.insert("attempt_number".into(), json!(execution.attempt_count));
+    payload.insert("ledger_key".into(), json!(ledger_key));
+    match decision {
+        LedgerDecision::EffectConfirmed { result } => {
+            payload.insert("result".into(), json!(result.blob));
+            payload.insert("payload_codec".into(), json!(result.codec));
+            payload.insert("resolved_by".into(), json!("operator"));
+            run.append(cx, EventType::ActivityCompleted, payload, None, None);
+            run.activities.remove(&execution.id);
+            run.want_workflow_task(cx, None);
+        }
+        LedgerDecision::EffectAbsent => {
+            let retry_task = run.new_task(
+                cx,
+                TaskKind::Activity,
+                &execution.queue,
+                TaskDetail::Activity {
+                    execution_id: execution.id.clone(),
+                    activity_type: execution.activity_type.clone(),
+                    attempt_number: execution.attempt_count + 1,
+                    attempt_id: None,
+                    last_heartbeat_at: None,
+                    started_at: None,
+                },
+            );
+            let stored = run.activities.get_mut(&execution.id).expect("open execution");
+            stored.task_id = retry_task.clone();
+            stored.blocked_by = None;
+            payload.extend(obj!(
+                "retry_task_id" => retry_task,
+                "retry_reason" => "ledger_effect_absent",
+                "retry_after_attempt_id" => entry.activity_attempt_id,
+                "retry_after_attempt" => execution.attempt_count,
+                "retry_available_at" => iso8601(cx.now),
+                "retry_backoff_seconds" => 0,
+                "message" => "An operator recorded that the effect did not happen; one deliberate retry.",
+            ));
+            run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
+        }
+    }
+    Ok(run.ledger[ledger_key].clone())
+}
+
+/// The entry blocking this run, if any: it refuses every operation that would re-run a step.
+pub fn unresolved_ledger_entry(run: &RunState) -> Option<&LedgerEntry> {
+    run.ledger.values().find(|e| e.state == LedgerState::OutcomeUnknown)
+}
+
 /// What a repair did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RepairOutcome {
@@ -2469,6 +2773,14 @@ pub struct RepairOutcome {
 /// offered now; a run with no workflow task and nothing in flight gets one. Never writes a
 /// second fact: an activity, timer or wait that will resolve the run is left alone.
 pub fn repair(run: &mut RunState, cx: &mut Cx, command_id: CommandId) -> Result<RepairOutcome, Refusal> {
+    if let Some(entry) = unresolved_ledger_entry(run) {
+        return Err(Refusal::new(
+            Reason::OutcomeUnknownRequiresResolution,
+            "A declared action's outcome is unknown: an operator must resolve it before the step can run again.",
+        )
+        .with("ledger_key", entry.ledger_key.clone())
+        .with("activity_type", entry.activity_type.clone()));
+    }
     require_open(run)?;
     let now = cx.now;
     let mut task_id = None;

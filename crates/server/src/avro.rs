@@ -26,6 +26,11 @@ fn wrap(branch: u32, inner: AvroValue) -> AvroValue {
 }
 
 /// The blob of an empty argument list: the stored input of a start that sent none.
+/// A JSON value as a DW Avro `Value` frame (an operator-supplied activity result).
+pub fn encode_json(value: &Json) -> String {
+    encode(from_json(value))
+}
+
 pub fn empty_arguments_blob() -> &'static str {
     static BLOB: OnceLock<String> = OnceLock::new();
     BLOB.get_or_init(|| encode(wrap(6, AvroValue::Record(vec![("items".to_string(), AvroValue::Array(vec![]))]))))

@@ -58,7 +58,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::NamespaceNotFound
         | Reason::HistoryNotAvailable
         | Reason::QueryTaskNotFound
-        | Reason::UnknownSignal => StatusCode::NOT_FOUND,
+        | Reason::UnknownSignal
+        | Reason::LedgerEntryNotFound => StatusCode::NOT_FOUND,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,

@@ -139,6 +139,8 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
             "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": closed && !run.archived,
         },
     });
+    body["blocked_by"] = blocked_by(run);
+    body["ledger"] = json!(run_entries(run));
     let declared = run.contract.as_ref().map(CommandContract::declared_fields).unwrap_or_default();
     body.as_object_mut().expect("an object").extend(declared);
     body
@@ -366,4 +368,33 @@ pub fn update_export(update_id: &str, update: &UpdateRecord) -> Value {
         "result": update.result.as_ref().map(|r| r.blob.clone()),
         "failure_message": update.failure.as_ref().map(|f| f.message.clone()),
     })
+}
+
+/// What blocks a run, for describe: its unresolved ledger entry, if any.
+pub fn blocked_by(run: &RunState) -> Value {
+    match unresolved_ledger_entry(run) {
+        Some(entry) => json!({
+            "reason": "outcome_unknown_requires_resolution",
+            "ledger_key": entry.ledger_key,
+            "activity_type": entry.activity_type,
+            "activity_execution_id": entry.activity_execution_id,
+            "unknown_reason": entry.unknown_reason,
+        }),
+        None => Value::Null,
+    }
+}
+
+/// Ledger entries of the run, for describe.
+pub fn run_entries(run: &RunState) -> Vec<Map<String, Value>> {
+    run.ledger
+        .values()
+        .map(|e| {
+            let mut m = Map::new();
+            m.insert("ledger_key".into(), json!(e.ledger_key));
+            m.insert("activity_type".into(), json!(e.activity_type));
+            m.insert("state".into(), json!(e.state.as_str()));
+            m.insert("attempt_number".into(), json!(e.attempt_number));
+            m
+        })
+        .collect()
 }

@@ -3246,3 +3246,146 @@ async fn features_without_server_support_are_refused_not_dropped() {
         .await
         .ok(200);
 }
+
+fn ledger_call(h: &Harness, method: Method, path: &str, token: &str) -> reqwest::RequestBuilder {
+    h.bare(method, path)
+        .header(CONTROL_HEADER, "2")
+        .header("X-Namespace", "default")
+        .bearer_auth(token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_definitions_and_ledger_api_validate_and_enforce_roles() {
+    let h = token_harness().await;
+    let definition = json!({"recovery_mode": "non_atomic", "verification": {"declared_effects": ["payment"]}});
+    // Defining needs admin; reading needs operator.
+    send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::OPERATOR).json(&definition))
+        .await
+        .err(403, "forbidden");
+    let first = send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&definition))
+        .await
+        .ok(200);
+    assert_eq!(first["version"], 1);
+    assert_eq!(first["recovery_mode"], "non_atomic");
+    let same = send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&definition))
+        .await
+        .ok(200);
+    assert_eq!(
+        (same["version"].clone(), same["definition_hash"].clone()),
+        (json!(1), first["definition_hash"].clone())
+    );
+    let changed =
+        send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&json!({"recovery_mode": "irreversible"})))
+            .await
+            .ok(200);
+    assert_eq!(changed["version"], 2);
+    assert_ne!(changed["definition_hash"], first["definition_hash"]);
+    for bad in [
+        json!({}),
+        json!({"recovery_mode": "sometimes"}),
+        json!({"recovery_mode": "atomic", "surprise": 1}),
+        json!({"recovery_mode": "atomic", "verification": {"declared_effects": "payment"}}),
+        json!({"recovery_mode": "atomic", "poll_interval_seconds": 0}),
+    ] {
+        send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&bad))
+            .await
+            .err(422, "validation_failed");
+    }
+    let shown = send(ledger_call(&h, Method::GET, "/api/action-definitions/pay", Tokens::OPERATOR))
+        .await
+        .ok(200);
+    assert_eq!(shown["version"], 2);
+    let listed = send(ledger_call(&h, Method::GET, "/api/action-definitions", Tokens::OPERATOR))
+        .await
+        .ok(200);
+    assert_eq!(listed["action_definitions"].as_array().unwrap().len(), 1);
+    send(ledger_call(&h, Method::GET, "/api/action-definitions/nope", Tokens::OPERATOR))
+        .await
+        .err(404, "action_definition_not_found");
+
+    // Listing and resolving.
+    let entries = send(ledger_call(&h, Method::GET, "/api/ledger?state=outcome_unknown", Tokens::OPERATOR))
+        .await
+        .ok(200);
+    assert_eq!(entries["entries"], json!([]));
+    send(ledger_call(&h, Method::GET, "/api/ledger?state=lost", Tokens::OPERATOR))
+        .await
+        .err(422, "validation_failed");
+    send(ledger_call(&h, Method::GET, "/api/ledger?limit=0", Tokens::OPERATOR))
+        .await
+        .err(422, "validation_failed");
+    send(ledger_call(&h, Method::GET, "/api/ledger/nope", Tokens::OPERATOR))
+        .await
+        .err(404, "ledger_entry_not_found");
+    let resolve = json!({"decision": "effect_absent", "evidence": {"note": "n"}});
+    send(ledger_call(&h, Method::POST, "/api/ledger/nope/resolve", Tokens::OPERATOR).json(&resolve))
+        .await
+        .err(403, "forbidden");
+    send(ledger_call(&h, Method::POST, "/api/ledger/nope/resolve", Tokens::ADMIN).json(&resolve))
+        .await
+        .err(404, "ledger_entry_not_found");
+    for bad in [
+        json!({"decision": "effect_absent"}),
+        json!({"decision": "effect_absent", "evidence": {}}),
+        json!({"decision": "maybe", "evidence": {"note": "n"}}),
+        json!({"decision": "effect_absent", "evidence": {"note": "n"}, "result": 5}),
+    ] {
+        send(ledger_call(&h, Method::POST, "/api/ledger/nope/resolve", Tokens::ADMIN).json(&bad))
+            .await
+            .err(422, "validation_failed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_action_is_ledgered_at_dispatch_and_blocks_until_resolved() {
+    let h = Harness::start().await;
+    h.cpost_method(
+        Method::PUT,
+        "/api/action-definitions/charge",
+        json!({"recovery_mode": "non_atomic"}),
+    )
+    .await
+    .ok(200);
+    h.register("w1", "q").await;
+    let run_id = h.start_workflow("charged", "q").await["run_id"].as_str().unwrap().to_string();
+    let task = h.next_workflow_task("w1", "q").await;
+    h.complete_workflow_task(
+        &task,
+        json!([{"type": "schedule_activity", "activity_type": "charge", "arguments": env(EMPTY_ARGS)}]),
+    )
+    .await
+    .ok(200);
+    let attempt = h.next_activity_task("w1", "q").await;
+    let entries = h.cget("/api/ledger?workflow_id=charged").await.ok(200)["entries"].clone();
+    assert_eq!(entries[0]["state"], "dispatched", "committed before the worker saw the task");
+    assert_eq!(entries[0]["activity_attempt_id"], attempt["activity_attempt_id"]);
+    h.fail_activity(&attempt, "lost the connection").await.ok(200);
+    let described = h.describe("charged").await;
+    let key = described["blocked_by"]["ledger_key"].as_str().unwrap().to_string();
+    assert_eq!(described["ledger"][0]["state"], "outcome_unknown");
+    h.cpost("/api/workflows/charged/repair", json!({}))
+        .await
+        .err(409, "outcome_unknown_requires_resolution");
+    assert!(h.poll_activity("w1", "q", 1).await.is_null(), "no automatic retry");
+    let resolved = h
+        .cpost(
+            &format!("/api/ledger/{key}/resolve"),
+            json!({"decision": "effect_confirmed", "evidence": {"ref": "tx-1"}, "result": {"ok": true}}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(resolved["state"], "effect_confirmed");
+    h.cpost(
+        &format!("/api/ledger/{key}/resolve"),
+        json!({"decision": "effect_absent", "evidence": {"ref": "tx-1"}}),
+    )
+    .await
+    .err(409, "ledger_entry_not_unknown");
+    let history = h.history("charged", &run_id).await;
+    let completed = history.iter().find(|e| e["event_type"] == "ActivityCompleted").unwrap();
+    assert_eq!(completed["payload"]["ledger_key"], key.as_str());
+    assert!(h.describe("charged").await["blocked_by"].is_null());
+    let shown = h.cget(&format!("/api/ledger/{key}")).await.ok(200);
+    assert_eq!(shown["chain_verified"], true);
+    assert_eq!(shown["checkpoints"].as_array().unwrap().len(), 3);
+}

@@ -96,6 +96,32 @@ pub struct WorkerRecord {
     pub last_heartbeat_at: Millis,
 }
 
+/// Puts checkpoints in chain order: from the one no other checkpoint precedes, following
+/// `prev_hash` links (writes of one transaction share a timestamp, so time cannot order them).
+/// Checkpoints off the chain (a fork) follow at the end in recorded order.
+pub fn chain_order(mut checkpoints: Vec<LedgerCheckpoint>) -> Vec<LedgerCheckpoint> {
+    checkpoints.sort_by_key(|c| c.recorded_at);
+    let hashes: std::collections::HashSet<String> = checkpoints.iter().map(|c| c.hash.clone()).collect();
+    let mut ordered = Vec::with_capacity(checkpoints.len());
+    let mut remaining = checkpoints;
+    let mut next = remaining.iter().position(|c| !hashes.contains(&c.prev_hash));
+    while let Some(index) = next {
+        let checkpoint = remaining.remove(index);
+        next = remaining.iter().position(|c| c.prev_hash == checkpoint.hash);
+        ordered.push(checkpoint);
+    }
+    ordered.extend(remaining);
+    ordered
+}
+
+/// Which ledger entries to list.
+#[derive(Clone, Debug, Default)]
+pub struct LedgerFilter {
+    pub state: Option<LedgerState>,
+    pub workflow_id: Option<String>,
+    pub activity_type: Option<String>,
+}
+
 /// One row of a workflow list.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSummary {
@@ -229,6 +255,37 @@ pub trait Store: Send + Sync + 'static {
     where
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
+
+    /// Declares an activity type a consequential action. The same content again changes
+    /// nothing; new content is the next version with a new hash.
+    fn put_action_definition(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        recovery_mode: RecoveryMode,
+        document: Map<String, Value>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<ActionDefinition>> + Send;
+
+    /// Every action definition of a namespace, by activity type.
+    fn action_definitions(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<ActionDefinition>>> + Send;
+
+    /// Ledger entries matching `filter`, oldest dispatch first.
+    fn ledger_entries(
+        &self,
+        namespace: &str,
+        filter: LedgerFilter,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<LedgerEntry>>> + Send;
+
+    fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> impl Future<Output = StoreResult<Option<LedgerEntry>>> + Send;
+
+    /// An instance's ledger checkpoints in the order they were written.
+    fn ledger_checkpoints(
+        &self,
+        namespace: &str,
+        workflow_id: &WorkflowId,
+    ) -> impl Future<Output = StoreResult<Vec<LedgerCheckpoint>>> + Send;
 
     /// The receipt stored for a keyed command, if any: `(intent_hash, receipt)`. Lets a handler
     /// skip work a retry must not repeat (an update's validation) before `mutate_run_keyed`.

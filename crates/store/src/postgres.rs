@@ -164,6 +164,44 @@ ALTER TABLE query_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'query';
 CREATE INDEX query_tasks_open_by_kind ON query_tasks (namespace, task_queue, kind, created_at) WHERE status <> 'answered';
 "#,
     ),
+    (
+        5,
+        r#"
+-- The recovery ledger: declared actions, one entry per dispatch, and the checkpoint chain.
+CREATE TABLE action_definitions (
+    namespace       TEXT NOT NULL,
+    activity_type   TEXT NOT NULL,
+    version         BIGINT NOT NULL,
+    definition_hash TEXT NOT NULL,
+    updated_at      BIGINT NOT NULL,
+    doc             TEXT NOT NULL,
+    PRIMARY KEY (namespace, activity_type)
+);
+CREATE TABLE ledger_entries (
+    ledger_key    TEXT PRIMARY KEY,
+    namespace     TEXT NOT NULL,
+    workflow_id   TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    activity_type TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    dispatched_at BIGINT NOT NULL,
+    updated_at    BIGINT NOT NULL,
+    doc           TEXT NOT NULL
+);
+CREATE INDEX ledger_by_state ON ledger_entries (namespace, state, dispatched_at);
+CREATE INDEX ledger_by_workflow ON ledger_entries (namespace, workflow_id, dispatched_at);
+CREATE TABLE ledger_checkpoints (
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    hash        TEXT NOT NULL,
+    prev_hash   TEXT NOT NULL,
+    ledger_key  TEXT NOT NULL,
+    recorded_at BIGINT NOT NULL,
+    doc         TEXT NOT NULL,
+    PRIMARY KEY (namespace, workflow_id, hash)
+);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -367,6 +405,40 @@ async fn persist(
                 &run.started_at,
                 &run.closed_at,
                 &state,
+            ],
+        )
+        .await?;
+    }
+    for entry in &effects.ledger {
+        tx.execute(
+            "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc",
+            &[
+                &entry.ledger_key,
+                &entry.namespace,
+                &entry.workflow_id.as_str(),
+                &entry.run_id.as_str(),
+                &entry.activity_type,
+                &entry.state.as_str(),
+                &entry.dispatched_at,
+                &entry.updated_at,
+                &serde_json::to_string(entry).map_err(corrupt)?,
+            ],
+        )
+        .await?;
+    }
+    for checkpoint in &effects.checkpoints {
+        tx.execute(
+            "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &checkpoint.namespace,
+                &checkpoint.workflow_id.as_str(),
+                &checkpoint.hash,
+                &checkpoint.prev_hash,
+                &checkpoint.ledger_key,
+                &checkpoint.recorded_at,
+                &serde_json::to_string(checkpoint).map_err(corrupt)?,
             ],
         )
         .await?;
@@ -652,6 +724,114 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl Store for PostgresStore {
+    async fn put_action_definition(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        recovery_mode: RecoveryMode,
+        document: Map<String, Value>,
+        now: Millis,
+    ) -> StoreResult<ActionDefinition> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let hash = ActionDefinition::hash_of(activity_type, &document);
+        let existing = tx
+            .query_opt(
+                "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2 FOR UPDATE",
+                &[&namespace, &activity_type],
+            )
+            .await?
+            .map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
+            .transpose()?;
+        if let Some(existing) = existing.as_ref().filter(|d| d.definition_hash == hash) {
+            return Ok(existing.clone());
+        }
+        let definition = ActionDefinition {
+            version: existing.map(|d| d.version + 1).unwrap_or(1),
+            namespace: namespace.to_string(),
+            activity_type: activity_type.to_string(),
+            recovery_mode,
+            document,
+            definition_hash: hash,
+            updated_at: now,
+        };
+        tx.execute(
+            "INSERT INTO action_definitions (namespace, activity_type, version, definition_hash, updated_at, doc) VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (namespace, activity_type) DO UPDATE SET version = excluded.version, definition_hash = excluded.definition_hash,
+                 updated_at = excluded.updated_at, doc = excluded.doc",
+            &[
+                &namespace,
+                &activity_type,
+                &(definition.version as i64),
+                &definition.definition_hash,
+                &now,
+                &serde_json::to_string(&definition).map_err(corrupt)?,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(definition)
+    }
+
+    async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT doc FROM action_definitions WHERE namespace = $1 ORDER BY activity_type",
+                &[&namespace],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect()
+    }
+
+    async fn ledger_entries(&self, namespace: &str, filter: LedgerFilter, limit: usize) -> StoreResult<Vec<LedgerEntry>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT doc FROM ledger_entries WHERE namespace = $1 AND ($2::text IS NULL OR state = $2)
+                   AND ($3::text IS NULL OR workflow_id = $3) AND ($4::text IS NULL OR activity_type = $4)
+                 ORDER BY dispatched_at, ledger_key LIMIT $5",
+                &[
+                    &namespace,
+                    &filter.state.map(|s| s.as_str()),
+                    &filter.workflow_id,
+                    &filter.activity_type,
+                    &(limit as i64),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect()
+    }
+
+    async fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> StoreResult<Option<LedgerEntry>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT doc FROM ledger_entries WHERE namespace = $1 AND ledger_key = $2",
+                &[&namespace, &ledger_key],
+            )
+            .await?;
+        row.map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).transpose()
+    }
+
+    async fn ledger_checkpoints(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
+                &[&namespace, &workflow_id.as_str()],
+            )
+            .await?;
+        let checkpoints = rows
+            .iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(crate::chain_order(checkpoints))
+    }
     async fn ping(&self) -> StoreResult<()> {
         let client = self.pool.get().await?;
         client.query_one("SELECT 1", &[]).await?;
@@ -843,12 +1023,38 @@ impl Store for PostgresStore {
             let mut cx = Cx::new(now, &mut ids, &self.limits);
             let task_id = TaskId(task_id);
             let leased = match kind {
-                TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms),
-                TaskKind::Activity => lease_activity_task(&mut run, &mut cx, &task_id, owner, lease_ms),
+                TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms).map(Some),
+                TaskKind::Activity => {
+                    // A declared action is checked against its definition as of now, in this
+                    // transaction, and ledgered before the worker sees it.
+                    let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
+                        TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
+                        _ => None,
+                    });
+                    let definition = match activity_type {
+                        Some(activity_type) => {
+                            let row = tx
+                                .query_opt(
+                                    "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2",
+                                    &[&run.namespace, &activity_type],
+                                )
+                                .await?;
+                            row.map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
+                                .transpose()?
+                        }
+                        None => None,
+                    };
+                    lease_activity_task_with(&mut run, &mut cx, &task_id, owner, lease_ms, definition.as_ref())
+                }
                 _ => return Ok(None),
             };
             match leased {
-                Ok(task) => {
+                Ok(None) => {
+                    // Refused before dispatch (its definition changed): record it, try again.
+                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+                    tx.commit().await?;
+                }
+                Ok(Some(task)) => {
                     persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
                     if let Some(key) = &poll {
                         tx.execute(

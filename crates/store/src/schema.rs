@@ -157,6 +157,44 @@ ALTER TABLE query_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'query';
 CREATE INDEX query_tasks_open_by_kind ON query_tasks (namespace, task_queue, kind, created_at) WHERE status <> 'answered';
 "#,
     ),
+    (
+        5,
+        r#"
+-- The recovery ledger: declared actions, one entry per dispatch, and the checkpoint chain.
+CREATE TABLE action_definitions (
+    namespace       TEXT NOT NULL,
+    activity_type   TEXT NOT NULL,
+    version         INTEGER NOT NULL,
+    definition_hash TEXT NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    doc             TEXT NOT NULL,
+    PRIMARY KEY (namespace, activity_type)
+);
+CREATE TABLE ledger_entries (
+    ledger_key    TEXT PRIMARY KEY,
+    namespace     TEXT NOT NULL,
+    workflow_id   TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    activity_type TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    dispatched_at INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    doc           TEXT NOT NULL
+);
+CREATE INDEX ledger_by_state ON ledger_entries (namespace, state, dispatched_at);
+CREATE INDEX ledger_by_workflow ON ledger_entries (namespace, workflow_id, dispatched_at);
+CREATE TABLE ledger_checkpoints (
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    hash        TEXT NOT NULL,
+    prev_hash   TEXT NOT NULL,
+    ledger_key  TEXT NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    doc         TEXT NOT NULL,
+    PRIMARY KEY (namespace, workflow_id, hash)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

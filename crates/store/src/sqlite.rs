@@ -169,6 +169,7 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
             event.hash,
         ])?;
     }
+    persist_ledger(conn, effects)?;
     let mut upsert_task = conn.prepare_cached(
         "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
@@ -222,6 +223,54 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
     }
     follow_on(conn, effects, limits)?;
     Ok(())
+}
+
+/// Ledger entries (current state) and their checkpoints (append-only), with the run.
+fn persist_ledger(conn: &Connection, effects: &Effects) -> StoreResult<()> {
+    if effects.ledger.is_empty() && effects.checkpoints.is_empty() {
+        return Ok(());
+    }
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+         ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc",
+    )?;
+    for entry in &effects.ledger {
+        upsert.execute(params![
+            entry.ledger_key,
+            entry.namespace,
+            entry.workflow_id.as_str(),
+            entry.run_id.as_str(),
+            entry.activity_type,
+            entry.state.as_str(),
+            entry.dispatched_at,
+            entry.updated_at,
+            serde_json::to_string(entry)?,
+        ])?;
+    }
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for checkpoint in &effects.checkpoints {
+        insert.execute(params![
+            checkpoint.namespace,
+            checkpoint.workflow_id.as_str(),
+            checkpoint.hash,
+            checkpoint.prev_hash,
+            checkpoint.ledger_key,
+            checkpoint.recorded_at,
+            serde_json::to_string(checkpoint)?,
+        ])?;
+    }
+    Ok(())
+}
+
+fn read_action_definition(conn: &Connection, namespace: &str, activity_type: &str) -> StoreResult<Option<ActionDefinition>> {
+    let doc: Option<String> = conn
+        .prepare_cached("SELECT doc FROM action_definitions WHERE namespace = ?1 AND activity_type = ?2")?
+        .query_row(params![namespace, activity_type], |r| r.get(0))
+        .optional()?;
+    Ok(doc.map(|d| serde_json::from_str(&d)).transpose()?)
 }
 
 /// The transitions one transition sets off in other runs, in the same transaction: children it
@@ -514,12 +563,30 @@ impl Store for SqliteStore {
                     let mut cx = Cx::new(now, &mut ids, &limits);
                     let task_id = TaskId(task_id);
                     let leased = match kind {
-                        TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, &owner, lease_ms),
-                        TaskKind::Activity => lease_activity_task(&mut run, &mut cx, &task_id, &owner, lease_ms),
+                        TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, &owner, lease_ms).map(Some),
+                        TaskKind::Activity => {
+                            // A declared action is checked against its definition as of now, in
+                            // this transaction, and ledgered before the worker sees it.
+                            let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
+                                TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
+                                _ => None,
+                            });
+                            let definition = match activity_type {
+                                Some(activity_type) => read_action_definition(conn, &run.namespace, &activity_type)?,
+                                None => None,
+                            };
+                            lease_activity_task_with(&mut run, &mut cx, &task_id, &owner, lease_ms, definition.as_ref())
+                        }
                         _ => continue,
                     };
                     match leased {
-                        Ok(task) => {
+                        Ok(None) => {
+                            // Refused before dispatch (its definition changed): the failure is
+                            // recorded and the next candidate is tried.
+                            persist(conn, &run, &cx.effects, false, &limits)?;
+                            continue;
+                        }
+                        Ok(Some(task)) => {
                             persist(conn, &run, &cx.effects, false, &limits)?;
                             if let Some(key) = &poll {
                                 remember_poll(conn, key, &task, now)?;
@@ -612,6 +679,110 @@ impl Store for SqliteStore {
                 Ok((KeyedReceipt::Fresh(value), Some(run)))
             })
             .await
+    }
+
+    async fn put_action_definition(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        recovery_mode: RecoveryMode,
+        document: Map<String, Value>,
+        now: Millis,
+    ) -> StoreResult<ActionDefinition> {
+        let (namespace, activity_type) = (namespace.to_string(), activity_type.to_string());
+        self.writer
+            .write(move |conn| {
+                let hash = ActionDefinition::hash_of(&activity_type, &document);
+                let existing = read_action_definition(conn, &namespace, &activity_type)?;
+                if let Some(existing) = existing.as_ref().filter(|d| d.definition_hash == hash) {
+                    return Ok(existing.clone());
+                }
+                let definition = ActionDefinition {
+                    version: existing.map(|d| d.version + 1).unwrap_or(1),
+                    namespace: namespace.clone(),
+                    activity_type: activity_type.clone(),
+                    recovery_mode,
+                    document,
+                    definition_hash: hash,
+                    updated_at: now,
+                };
+                conn.prepare_cached(
+                    "INSERT INTO action_definitions (namespace, activity_type, version, definition_hash, updated_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (namespace, activity_type) DO UPDATE SET version = excluded.version, definition_hash = excluded.definition_hash,
+                         updated_at = excluded.updated_at, doc = excluded.doc",
+                )?
+                .execute(params![
+                    namespace,
+                    activity_type,
+                    definition.version,
+                    definition.definition_hash,
+                    now,
+                    serde_json::to_string(&definition)?
+                ])?;
+                Ok(definition)
+            })
+            .await
+    }
+
+    async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let docs: Vec<String> = conn
+                .prepare_cached("SELECT doc FROM action_definitions WHERE namespace = ?1 ORDER BY activity_type")?
+                .query_map([&namespace], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
+        })
+        .await
+    }
+
+    async fn ledger_entries(&self, namespace: &str, filter: LedgerFilter, limit: usize) -> StoreResult<Vec<LedgerEntry>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let docs: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT doc FROM ledger_entries WHERE namespace = ?1 AND (?2 IS NULL OR state = ?2)
+                       AND (?3 IS NULL OR workflow_id = ?3) AND (?4 IS NULL OR activity_type = ?4)
+                     ORDER BY dispatched_at, ledger_key LIMIT ?5",
+                )?
+                .query_map(
+                    params![
+                        namespace,
+                        filter.state.map(|s| s.as_str()),
+                        filter.workflow_id,
+                        filter.activity_type,
+                        limit as i64
+                    ],
+                    |r| r.get(0),
+                )?
+                .collect::<Result<_, _>>()?;
+            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
+        })
+        .await
+    }
+
+    async fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> StoreResult<Option<LedgerEntry>> {
+        let (namespace, key) = (namespace.to_string(), ledger_key.to_string());
+        self.read(move |conn| {
+            let doc: Option<String> = conn
+                .prepare_cached("SELECT doc FROM ledger_entries WHERE namespace = ?1 AND ledger_key = ?2")?
+                .query_row(params![namespace, key], |r| r.get(0))
+                .optional()?;
+            Ok(doc.map(|d| serde_json::from_str(&d)).transpose()?)
+        })
+        .await
+    }
+
+    async fn ledger_checkpoints(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
+        let (namespace, workflow_id) = (namespace.to_string(), workflow_id.as_str().to_string());
+        self.read(move |conn| {
+            let docs: Vec<String> = conn
+                .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2 ORDER BY rowid")?
+                .query_map(params![namespace, workflow_id], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
+        })
+        .await
     }
 
     async fn retained_command(

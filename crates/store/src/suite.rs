@@ -422,6 +422,133 @@ fn query_task(id: &str) -> QueryTask {
     }
 }
 
+pub async fn declared_actions_are_ledgered_in_the_claim_transaction<S: Store>(store: S) {
+    let document = |marker: i64| {
+        json!({"recovery_mode": "non_atomic", "marker": marker})
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    let first = store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(1), NOW)
+        .await
+        .unwrap();
+    assert_eq!(first.version, 1);
+    let same = store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(1), NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (same.version, &same.definition_hash),
+        (1, &first.definition_hash),
+        "same content, same version"
+    );
+    assert!(
+        store.action_definitions("other").await.unwrap().is_empty(),
+        "definitions are namespaced"
+    );
+
+    started(&store, "ledgered", "q").await;
+    complete_next(&store, "q", vec![activity()]).await;
+    let (task, run) = store
+        .claim_task("default", TaskKind::Activity, "q", &[], "a", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("dispatched");
+    let entries = store.ledger_entries("default", LedgerFilter::default(), 10).await.unwrap();
+    assert_eq!(entries.len(), 1, "the entry committed with the claim");
+    assert_eq!(entries[0].state, LedgerState::Dispatched);
+    assert_eq!(entries[0].definition_hash, first.definition_hash);
+    assert_eq!(
+        store.ledger_entry("default", &entries[0].ledger_key).await.unwrap().as_ref(),
+        Some(&entries[0])
+    );
+    assert!(store.ledger_entry("other", &entries[0].ledger_key).await.unwrap().is_none());
+
+    // The worker's failure leaves the outcome unknown; filters find it.
+    let TaskDetail::Activity {
+        attempt_id: Some(attempt), ..
+    } = task.detail.clone()
+    else {
+        panic!("no attempt")
+    };
+    let id = task.id.clone();
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            fail_activity(
+                run,
+                cx,
+                &id,
+                &attempt,
+                "a",
+                ActivityFailure {
+                    message: "lost".into(),
+                    ..Default::default()
+                },
+            )
+        })
+        .await
+        .unwrap();
+    let unknown = LedgerFilter {
+        state: Some(LedgerState::OutcomeUnknown),
+        workflow_id: Some("ledgered".into()),
+        activity_type: Some("suite.activity".into()),
+    };
+    assert_eq!(store.ledger_entries("default", unknown, 10).await.unwrap().len(), 1);
+    let checkpoints = store.ledger_checkpoints("default", &run.workflow_id).await.unwrap();
+    assert_eq!(checkpoints.len(), 2);
+    assert_eq!(ledger::verify_checkpoints(&checkpoints), Ok(()));
+
+    // A definition changed before the next dispatch refuses it.
+    let second = store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(2), NOW)
+        .await
+        .unwrap();
+    assert_eq!(second.version, 2);
+    started(&store, "changed", "q2").await;
+    // Scheduling pins the definition in force (the server hands it to the transition).
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "q2", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a workflow task");
+    let catalog: std::collections::BTreeMap<String, ActionDefinition> = store
+        .action_definitions("default")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.activity_type.clone(), d))
+        .collect();
+    let (id, fence) = (task.id.clone(), task.fence);
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            cx.actions = Some(std::sync::Arc::new(catalog));
+            complete_workflow_task(run, cx, &id, "w", fence, vec![activity()])
+        })
+        .await
+        .unwrap();
+    store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(3), NOW)
+        .await
+        .unwrap();
+    assert!(store
+        .claim_task("default", TaskKind::Activity, "q2", &[], "a", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .is_none());
+    let changed = store
+        .load_run("default", RunLocator::Current(WorkflowId("changed".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let failed = all_history(&store, &changed)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityFailed)
+        .unwrap();
+    assert_eq!(failed.payload["exception_type"], json!("definition_changed"));
+}
+
 pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S) {
     let validation = QueryTask {
         kind: QueryKind::UpdateValidation,
@@ -759,6 +886,7 @@ macro_rules! store_suite {
             poll_memos_round_trip,
             query_tasks_are_leased_and_answered_once,
             validation_tasks_are_claimed_only_by_their_kind,
+            declared_actions_are_ledgered_in_the_claim_transaction,
             keyed_receipts_can_be_read_back,
             worker_registrations,
             listing_filters_and_pages,

@@ -2,6 +2,7 @@
 
 mod cancellation;
 mod control;
+mod ledger;
 mod query;
 mod system;
 mod update;
@@ -98,6 +99,14 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/workflows/:workflow_id/runs/:run_id/request-cancellation",
             post(cancellation::request_run::<S>),
         )
+        .route("/action-definitions", get(ledger::list_definitions::<S>))
+        .route(
+            "/action-definitions/:activity_type",
+            get(ledger::get_definition::<S>).put(ledger::put_definition::<S>),
+        )
+        .route("/ledger", get(ledger::list_entries::<S>))
+        .route("/ledger/:ledger_key", get(ledger::get_entry::<S>))
+        .route("/ledger/:ledger_key/resolve", post(ledger::resolve::<S>))
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));

@@ -563,10 +563,17 @@ pub async fn complete_workflow_task<S: Store>(
     })?;
     let id = TaskId(task_id.clone());
     let (owner, attempt) = (claim.owner.clone(), claim.attempt);
+    // Scheduling a declared action pins its definition: read them only when activities are scheduled.
+    let actions = if commands.iter().any(|c| matches!(c, WorkflowCommand::ScheduleActivity(_))) {
+        Some(super::ledger::catalog(&state, &namespace).await?).filter(|catalog| !catalog.is_empty())
+    } else {
+        None
+    };
     let (receipt, run) = state
         .store
         .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
             cx.memo = Some(&crate::avro::AVRO_MEMO);
+            cx.actions = actions;
             capstan_engine::complete_workflow_task(run, cx, &id, &owner, attempt, commands)
         })
         .await

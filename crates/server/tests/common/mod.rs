@@ -230,6 +230,10 @@ impl Harness {
         send(self.client(Method::POST, path).json(&body)).await
     }
 
+    pub async fn cpost_method(&self, method: Method, path: &str, body: Value) -> Resp {
+        send(self.client(method, path).json(&body)).await
+    }
+
     // --------------------------------------------------------------------------------------
     // Worker plane
 

@@ -1,0 +1,271 @@
+//! The recovery ledger: evidence about consequential actions, beside the history.
+//!
+//! An operator declares an activity type consequential with an [`ActionDefinition`]. Every
+//! dispatch of such an activity to a worker gets a [`LedgerEntry`] committed in the claim
+//! transaction, before the worker sees the task. The entry holds hashes and ids only, never the
+//! input, payloads or credentials. A verified result closes it; anything that leaves the
+//! provider's effect in doubt after dispatch (the worker's exception, a lost lease, a timeout)
+//! makes it `outcome_unknown`: the step is not retried and the workflow waits until an operator
+//! records evidence (`effect_confirmed` or `effect_absent`). Every state change is a checkpoint
+//! in a per-instance hash chain.
+
+use crate::history::GENESIS_HASH;
+use crate::ids::*;
+use crate::Millis;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+/// How a declared action can be recovered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryMode {
+    NonAtomic,
+    Atomic,
+    SnapshotRestore,
+    Irreversible,
+    LinkedRun,
+}
+
+impl RecoveryMode {
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "non_atomic" => Self::NonAtomic,
+            "atomic" => Self::Atomic,
+            "snapshot_restore" => Self::SnapshotRestore,
+            "irreversible" => Self::Irreversible,
+            "linked_run" => Self::LinkedRun,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NonAtomic => "non_atomic",
+            Self::Atomic => "atomic",
+            Self::SnapshotRestore => "snapshot_restore",
+            Self::Irreversible => "irreversible",
+            Self::LinkedRun => "linked_run",
+        }
+    }
+
+    /// Modes whose dispatch goes to an external worker and is ledgered. `atomic` runs inside
+    /// the transaction that records its result, so its outcome is never in doubt.
+    pub fn is_ledgered(self) -> bool {
+        self != Self::Atomic
+    }
+}
+
+/// A namespace's declaration that one activity type is a consequential action.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActionDefinition {
+    pub namespace: String,
+    pub activity_type: String,
+    pub version: u32,
+    pub recovery_mode: RecoveryMode,
+    /// The declared document (verification, pending, pins, preview, idempotency key), as given.
+    pub document: Map<String, Value>,
+    /// SHA-256 of the canonical JSON of `{activity_type, document}`.
+    pub definition_hash: String,
+    pub updated_at: Millis,
+}
+
+impl ActionDefinition {
+    /// The hash a definition with this content has (key order does not matter).
+    pub fn hash_of(activity_type: &str, document: &Map<String, Value>) -> String {
+        let canonical = json!({"activity_type": activity_type, "document": document}).to_string();
+        hex(Sha256::digest(canonical.as_bytes()).as_slice())
+    }
+}
+
+/// What scheduling pinned: the definition an activity execution must still match at dispatch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionPin {
+    pub definition_hash: String,
+    pub version: u32,
+    pub recovery_mode: RecoveryMode,
+}
+
+impl From<&ActionDefinition> for ActionPin {
+    fn from(definition: &ActionDefinition) -> Self {
+        Self {
+            definition_hash: definition.definition_hash.clone(),
+            version: definition.version,
+            recovery_mode: definition.recovery_mode,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerState {
+    /// Handed to a worker; the provider may be acting now.
+    Dispatched,
+    /// A conclusive result was recorded with the history event.
+    Verified,
+    /// The effect may or may not have happened: an operator must decide.
+    OutcomeUnknown,
+    /// An operator recorded that the effect happened.
+    EffectConfirmed,
+    /// An operator recorded that it did not; one deliberate retry follows.
+    EffectAbsent,
+}
+
+impl LedgerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dispatched => "dispatched",
+            Self::Verified => "verified",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::EffectConfirmed => "effect_confirmed",
+            Self::EffectAbsent => "effect_absent",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "dispatched" => Self::Dispatched,
+            "verified" => Self::Verified,
+            "outcome_unknown" => Self::OutcomeUnknown,
+            "effect_confirmed" => Self::EffectConfirmed,
+            "effect_absent" => Self::EffectAbsent,
+            _ => return None,
+        })
+    }
+}
+
+/// One provider invocation of a declared action. Hashes and ids only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub ledger_key: String,
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub activity_type: String,
+    pub activity_execution_id: ActivityExecutionId,
+    pub activity_attempt_id: ActivityAttemptId,
+    pub attempt_number: u32,
+    /// The attempt's fence when it was dispatched.
+    pub fence: u64,
+    pub state: LedgerState,
+    pub recovery_mode: RecoveryMode,
+    pub definition_hash: String,
+    pub definition_version: u32,
+    pub input_hash: String,
+    pub access_context_hash: String,
+    pub idempotency_key_hash: String,
+    pub dispatched_at: Millis,
+    pub updated_at: Millis,
+    /// Why the outcome is unknown (the worker's report, the lost lease…).
+    #[serde(default)]
+    pub unknown_reason: Option<Value>,
+    /// The operator's decision, evidence and principal.
+    #[serde(default)]
+    pub resolution: Option<Value>,
+    /// Hash of this entry's latest checkpoint in the instance chain.
+    pub checkpoint_hash: String,
+}
+
+/// One state change of a ledger entry, chained per workflow instance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LedgerCheckpoint {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub ledger_key: String,
+    pub state: LedgerState,
+    pub recorded_at: Millis,
+    /// What changed (ids, hashes, reasons; never payloads).
+    pub details: Map<String, Value>,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+impl LedgerCheckpoint {
+    /// The canonical form hashed into the chain.
+    pub fn canonical_json(&self) -> String {
+        json!({
+            "details": self.details,
+            "ledger_key": self.ledger_key,
+            "recorded_at": self.recorded_at,
+            "state": self.state.as_str(),
+            "workflow_id": self.workflow_id,
+        })
+        .to_string()
+    }
+
+    pub fn computed_hash(&self) -> String {
+        chain(&self.prev_hash, &self.canonical_json())
+    }
+}
+
+/// `hex(SHA-256(prev ‖ canonical))`, the same construction as the history chain.
+pub fn chain(prev: &str, canonical: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(prev.as_bytes());
+    hasher.update(canonical.as_bytes());
+    hex(hasher.finalize().as_slice())
+}
+
+/// SHA-256 of text, hex encoded: how inputs, keys and access contexts enter the ledger.
+pub fn digest(text: &str) -> String {
+    hex(Sha256::digest(text.as_bytes()).as_slice())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Verifies a chain of checkpoints from the genesis hash: each links to the previous and hashes
+/// to what it claims. Returns the index of the first broken checkpoint.
+pub fn verify_checkpoints(checkpoints: &[LedgerCheckpoint]) -> Result<(), usize> {
+    let mut prev = GENESIS_HASH.to_string();
+    for (index, checkpoint) in checkpoints.iter().enumerate() {
+        if checkpoint.prev_hash != prev || checkpoint.computed_hash() != checkpoint.hash {
+            return Err(index);
+        }
+        prev = checkpoint.hash.clone();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definition_hashes_ignore_key_order_and_see_content() {
+        let a: Map<String, Value> = serde_json::from_str(r#"{"recovery_mode":"non_atomic","verification":{"x":1}}"#).unwrap();
+        let b: Map<String, Value> = serde_json::from_str(r#"{"verification":{"x":1},"recovery_mode":"non_atomic"}"#).unwrap();
+        let c: Map<String, Value> = serde_json::from_str(r#"{"verification":{"x":2},"recovery_mode":"non_atomic"}"#).unwrap();
+        assert_eq!(ActionDefinition::hash_of("pay", &a), ActionDefinition::hash_of("pay", &b));
+        assert_ne!(ActionDefinition::hash_of("pay", &a), ActionDefinition::hash_of("pay", &c));
+        assert_ne!(ActionDefinition::hash_of("pay", &a), ActionDefinition::hash_of("refund", &a));
+    }
+
+    #[test]
+    fn a_tampered_checkpoint_breaks_the_chain() {
+        let mut prev = GENESIS_HASH.to_string();
+        let mut chain_of = Vec::new();
+        for (n, state) in [LedgerState::Dispatched, LedgerState::OutcomeUnknown, LedgerState::EffectConfirmed]
+            .into_iter()
+            .enumerate()
+        {
+            let mut checkpoint = LedgerCheckpoint {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                ledger_key: "k".into(),
+                state,
+                recorded_at: n as i64,
+                details: Map::new(),
+                prev_hash: prev.clone(),
+                hash: String::new(),
+            };
+            checkpoint.hash = checkpoint.computed_hash();
+            prev = checkpoint.hash.clone();
+            chain_of.push(checkpoint);
+        }
+        assert_eq!(verify_checkpoints(&chain_of), Ok(()));
+        chain_of[1].state = LedgerState::Verified;
+        assert_eq!(verify_checkpoints(&chain_of), Err(1));
+    }
+}

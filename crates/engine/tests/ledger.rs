@@ -1,0 +1,321 @@
+//! The recovery ledger in the engine: pinning, dispatch entries, unknown outcomes, resolution.
+
+use capstan_engine::*;
+use serde_json::{json, Map};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const LEASE_MS: i64 = 30_000;
+
+fn definition(mode: RecoveryMode, marker: i64) -> ActionDefinition {
+    let document: Map<String, serde_json::Value> = json!({"recovery_mode": mode.as_str(), "marker": marker})
+        .as_object()
+        .unwrap()
+        .clone();
+    ActionDefinition {
+        namespace: "default".into(),
+        activity_type: "pay".into(),
+        version: marker as u32,
+        recovery_mode: mode,
+        definition_hash: ActionDefinition::hash_of("pay", &document),
+        document,
+        updated_at: 0,
+    }
+}
+
+struct World {
+    run: RunState,
+    ids: SequentialIds,
+    limits: Limits,
+    now: Millis,
+    history: Vec<HistoryEvent>,
+    checkpoints: Vec<LedgerCheckpoint>,
+}
+
+impl World {
+    fn start() -> Self {
+        let limits = Limits::default();
+        let mut ids = SequentialIds::new("id");
+        let mut cx = Cx::new(1_000, &mut ids, &limits);
+        let run = start_run(
+            &mut cx,
+            StartRun {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                run_id: "run".into(),
+                workflow_type: "t".into(),
+                task_queue: "q".into(),
+                input: Payload::avro("in"),
+                execution_timeout_seconds: None,
+                run_timeout_seconds: None,
+                business_key: None,
+                memo: Map::new(),
+                search_attributes: Map::new(),
+                command_id: "start".into(),
+                contract: None,
+            },
+        );
+        let history = cx.effects.events;
+        Self {
+            run,
+            ids,
+            limits,
+            now: 1_000,
+            history,
+            checkpoints: vec![],
+        }
+    }
+
+    fn apply<T>(&mut self, f: impl FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal>) -> Result<T, Refusal> {
+        let before = self.run.clone();
+        let mut cx = Cx::new(self.now, &mut self.ids, &self.limits);
+        match f(&mut self.run, &mut cx) {
+            Ok(value) => {
+                self.history.extend(cx.effects.events);
+                self.checkpoints.extend(cx.effects.checkpoints);
+                Ok(value)
+            }
+            Err(refusal) => {
+                self.run = before;
+                Err(refusal)
+            }
+        }
+    }
+
+    fn ready(&self, kind: TaskKind) -> Option<TaskId> {
+        self.run
+            .tasks
+            .values()
+            .find(|t| t.kind == kind && t.is_ready() && t.available_at <= self.now)
+            .map(|t| t.id.clone())
+    }
+
+    /// The workflow's first task schedules one `pay` activity while `declared` is in force.
+    fn schedule_pay(&mut self, declared: Option<&ActionDefinition>) {
+        let task = self.ready(TaskKind::Workflow).unwrap();
+        let lease = self.apply(|run, cx| lease_workflow_task(run, cx, &task, "w", LEASE_MS)).unwrap();
+        let actions: BTreeMap<String, ActionDefinition> = declared.map(|d| (d.activity_type.clone(), d.clone())).into_iter().collect();
+        let command = WorkflowCommand::ScheduleActivity(ScheduleActivity {
+            activity_type: "pay".into(),
+            arguments: Payload::avro("amount-100"),
+            queue: None,
+            retry_policy: None,
+            timeouts: ActivityTimeouts::default(),
+            tags: Map::new(),
+        });
+        self.apply(|run, cx| {
+            cx.actions = Some(Arc::new(actions));
+            complete_workflow_task(run, cx, &task, "w", lease.fence, vec![command])
+        })
+        .unwrap();
+    }
+
+    fn dispatch(&mut self, current: Option<&ActionDefinition>) -> Option<(TaskId, ActivityAttemptId)> {
+        let id = self.ready(TaskKind::Activity)?;
+        let leased = self
+            .apply(|run, cx| lease_activity_task_with(run, cx, &id, "a", LEASE_MS, current))
+            .unwrap()?;
+        let TaskDetail::Activity {
+            attempt_id: Some(attempt), ..
+        } = leased.detail
+        else {
+            panic!("no attempt")
+        };
+        Some((id, attempt))
+    }
+
+    fn count(&self, event_type: EventType) -> usize {
+        self.history.iter().filter(|e| e.event_type == event_type).count()
+    }
+
+    fn entries(&self, state: LedgerState) -> Vec<&LedgerEntry> {
+        self.run.ledger.values().filter(|e| e.state == state).collect()
+    }
+}
+
+fn failure(message: &str) -> ActivityFailure {
+    ActivityFailure {
+        message: message.into(),
+        failure_type: Some("ProviderError".into()),
+        class: None,
+        code: None,
+        stack_trace: None,
+        non_retryable: false,
+        details: None,
+    }
+}
+
+#[test]
+fn a_failed_dispatch_is_unknown_until_an_operator_confirms_the_effect() {
+    let pay = definition(RecoveryMode::NonAtomic, 1);
+    let mut world = World::start();
+    world.schedule_pay(Some(&pay));
+    let execution = world.run.activities.values().next().unwrap().clone();
+    assert_eq!(
+        execution.action.as_ref().map(|p| p.definition_hash.clone()),
+        Some(pay.definition_hash.clone()),
+        "scheduling pins the definition"
+    );
+
+    let (task, attempt) = world.dispatch(Some(&pay)).unwrap();
+    let (entry,) = (world.entries(LedgerState::Dispatched)[0].clone(),);
+    assert_eq!(entry.activity_execution_id, execution.id);
+    assert_eq!(
+        entry.input_hash,
+        ledger::digest("amount-100"),
+        "hashes only: the input is never copied"
+    );
+    assert_eq!(entry.idempotency_key_hash, ledger::digest(execution.id.as_str()));
+
+    // The worker's exception after dispatch: no retry, nothing in history, the run is blocked.
+    world
+        .apply(|run, cx| fail_activity(run, cx, &task, &attempt, "a", failure("timeout talking to the bank")))
+        .unwrap();
+    assert_eq!(world.entries(LedgerState::OutcomeUnknown).len(), 1);
+    assert_eq!(
+        world.count(EventType::ActivityRetryScheduled) + world.count(EventType::ActivityFailed),
+        0
+    );
+    assert!(world.ready(TaskKind::Activity).is_none(), "no automatic retry");
+    let refused = world.apply(|run, cx| repair(run, cx, "r".into())).unwrap_err();
+    assert_eq!(refused.reason, Reason::OutcomeUnknownRequiresResolution);
+
+    // Resolution: the effect happened; the step completes with the operator's result.
+    let key = entry.ledger_key.clone();
+    let resolved = world
+        .apply(|run, cx| {
+            resolve_ledger_entry(
+                run,
+                cx,
+                &key,
+                LedgerDecision::EffectConfirmed {
+                    result: Payload::avro("receipt"),
+                },
+                json!({"provider_ref": "tx-9"}),
+                "admin",
+            )
+        })
+        .unwrap();
+    assert_eq!(resolved.state, LedgerState::EffectConfirmed);
+    let completed = world
+        .history
+        .iter()
+        .rev()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(completed.payload["result"], json!("receipt"));
+    assert!(world.run.activities.is_empty());
+    assert!(world.ready(TaskKind::Workflow).is_some(), "the workflow continues");
+    let again = world
+        .apply(|run, cx| resolve_ledger_entry(run, cx, &key, LedgerDecision::EffectAbsent, json!({}), "admin"))
+        .unwrap_err();
+    assert_eq!(again.reason, Reason::LedgerEntryNotUnknown);
+    // Dispatched, outcome unknown, confirmed: one chain.
+    assert_eq!(world.checkpoints.len(), 3);
+    assert_eq!(ledger::verify_checkpoints(&world.checkpoints), Ok(()));
+    verify_chain(&world.history).unwrap();
+}
+
+#[test]
+fn effect_absent_allows_exactly_one_new_dispatch_with_the_same_idempotency_key() {
+    let pay = definition(RecoveryMode::Irreversible, 1);
+    let mut world = World::start();
+    world.schedule_pay(Some(&pay));
+    let (task, _) = world.dispatch(Some(&pay)).unwrap();
+    // The lease runs out: the worker vanished after dispatch.
+    world.now += LEASE_MS + 1;
+    let due: Vec<TaskId> = world
+        .run
+        .tasks
+        .values()
+        .filter(|t| t.deadline_at.is_some_and(|d| d <= world.now))
+        .map(|t| t.id.clone())
+        .collect();
+    for id in due {
+        world.apply(|run, cx| Ok(on_deadline(run, cx, &id))).unwrap();
+    }
+    assert!(!world.run.tasks.contains_key(&task));
+    let first = world.entries(LedgerState::OutcomeUnknown)[0].clone();
+    assert_eq!(first.unknown_reason.as_ref().unwrap()["kind"], json!("timeout"));
+
+    world
+        .apply(|run, cx| {
+            resolve_ledger_entry(
+                run,
+                cx,
+                &first.ledger_key,
+                LedgerDecision::EffectAbsent,
+                json!({"note": "bank has no record"}),
+                "admin",
+            )
+        })
+        .unwrap();
+    assert_eq!(world.count(EventType::ActivityRetryScheduled), 1);
+    let (task, attempt) = world.dispatch(Some(&pay)).expect("one deliberate retry");
+    let second = world.entries(LedgerState::Dispatched)[0].clone();
+    assert_ne!(second.ledger_key, first.ledger_key, "a new ledger entry");
+    assert_eq!(second.idempotency_key_hash, first.idempotency_key_hash, "the same provider key");
+    assert_eq!(second.attempt_number, 2);
+    world
+        .apply(|run, cx| complete_activity(run, cx, &task, &attempt, "a", Payload::avro("ok")))
+        .unwrap();
+    assert_eq!(world.run.ledger[&second.ledger_key].state, LedgerState::Verified);
+    assert_eq!(ledger::verify_checkpoints(&world.checkpoints), Ok(()));
+}
+
+#[test]
+fn a_definition_changed_after_scheduling_is_refused_before_dispatch() {
+    let mut world = World::start();
+    world.schedule_pay(Some(&definition(RecoveryMode::NonAtomic, 1)));
+    assert!(world.dispatch(Some(&definition(RecoveryMode::NonAtomic, 2))).is_none());
+    let failed = world
+        .history
+        .iter()
+        .rev()
+        .find(|e| e.event_type == EventType::ActivityFailed)
+        .unwrap();
+    assert_eq!(failed.payload["exception_type"], json!("definition_changed"));
+    assert_eq!(failed.payload["non_retryable"], json!(true));
+    assert!(world.run.ledger.is_empty(), "nothing dispatched, nothing ledgered");
+    assert!(world.ready(TaskKind::Workflow).is_some());
+
+    // A definition declared between scheduling and dispatch applies at the claim.
+    let mut world = World::start();
+    world.schedule_pay(None);
+    world.dispatch(Some(&definition(RecoveryMode::NonAtomic, 1))).unwrap();
+    assert_eq!(world.entries(LedgerState::Dispatched).len(), 1);
+    // Undeclared activities are never ledgered.
+    let mut world = World::start();
+    world.schedule_pay(None);
+    world.dispatch(None).unwrap();
+    assert!(world.run.ledger.is_empty());
+}
+
+#[test]
+fn closing_the_run_during_a_dispatch_leaves_its_outcome_unknown() {
+    let pay = definition(RecoveryMode::NonAtomic, 1);
+    let mut world = World::start();
+    world.schedule_pay(Some(&pay));
+    world.dispatch(Some(&pay)).unwrap();
+    world
+        .apply(|run, cx| close_by_command(run, cx, CloseCommand::Cancel, None, "c".into()))
+        .unwrap();
+    let entry = world.entries(LedgerState::OutcomeUnknown)[0].clone();
+    assert_eq!(entry.unknown_reason.as_ref().unwrap()["kind"], json!("run_closed"));
+    // Resolving it on the closed run records the evidence and changes nothing else.
+    let events = world.history.len();
+    world
+        .apply(|run, cx| {
+            resolve_ledger_entry(
+                run,
+                cx,
+                &entry.ledger_key,
+                LedgerDecision::EffectAbsent,
+                json!({"note": "n"}),
+                "admin",
+            )
+        })
+        .unwrap();
+    assert_eq!(world.history.len(), events);
+    assert_eq!(world.run.ledger[&entry.ledger_key].state, LedgerState::EffectAbsent);
+}

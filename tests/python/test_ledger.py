@@ -1,0 +1,143 @@
+"""The recovery ledger through the published Python SDK (``durable-workflow==2.12.0``).
+
+An operator declares an activity type a consequential action. The SDK knows nothing of it: the
+worker just runs activities. When a dispatch of the action ends without a conclusive result
+(the worker's exception, or a timeout: the worker was lost), Capstan does not retry it. The
+workflow waits, repair is refused, and an operator records evidence: ``effect_confirmed`` (the
+workflow continues with the operator's result, and the provider is not called again) or
+``effect_absent`` (exactly one new attempt, with the same ``activity_execution_id``).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from durable_workflow import ActivityRetryPolicy, activity, workflow
+
+from capstan_harness import (
+    CONTROL_HEADERS,
+    assert_history_invariants,
+    events_of,
+    fetch_history,
+    make_client,
+    payload_of,
+    run_async,
+    unique,
+    wait_result,
+)
+
+# Calls of the provider, per test key (the activity runs in this process).
+CHARGES: dict[str, list[str]] = {}
+
+
+@activity.defn(name="ledger.charge")
+def charge(key: str, mode: str) -> dict:
+    calls = CHARGES.setdefault(key, [])
+    calls.append(mode)
+    if mode == "fail-first" and len(calls) == 1:
+        raise RuntimeError("connection reset while the bank was charging")
+    if mode == "hang-first" and len(calls) == 1:
+        time.sleep(4)  # the start-to-close timeout (2 s) ends the attempt first: the worker is "lost"
+    return {"charged": key, "calls": len(calls)}
+
+
+@workflow.defn(name="ledger.checkout")
+class CheckoutWorkflow:
+    def run(self, ctx, key, mode):
+        receipt = yield ctx.schedule_activity(
+            "ledger.charge", [key, mode], start_to_close_timeout=2,
+            retry_policy=ActivityRetryPolicy(max_attempts=5, backoff_seconds=[1]),
+        )
+        return {"receipt": receipt}
+
+
+async def define_charge(http: httpx.AsyncClient) -> dict:
+    response = await http.put("/api/action-definitions/ledger.charge", json={
+        "recovery_mode": "non_atomic",
+        "verification": {"declared_effects": ["payment"]},
+    })
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def wait_for_unknown(http: httpx.AsyncClient, workflow_id: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entries = (await http.get("/api/ledger", params={"state": "outcome_unknown", "workflow_id": workflow_id})).json()["entries"]
+        if entries:
+            return entries[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no outcome_unknown entry for {workflow_id}")
+
+
+def run_scenario(server_url, worker_url, run_worker, mode, decision, result=None):
+    queue = unique("ledger")
+    workflow_id = unique(f"checkout-{mode}")
+    key = unique("charge")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            definition = await define_charge(http)
+            async with run_worker(worker_url, queue, workflows=[CheckoutWorkflow], activities=[charge]) as worker, \
+                    make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="ledger.checkout", task_queue=queue, workflow_id=workflow_id, input=[key, mode])
+                unknown = await wait_for_unknown(http, workflow_id)
+                await asyncio.sleep(1.5)  # longer than the retry backoff: nothing retries by itself
+                described = (await http.get(f"/api/workflows/{workflow_id}")).json()
+                repair = await http.post(f"/api/workflows/{workflow_id}/repair", json={})
+                calls_while_blocked = len(CHARGES.get(key, []))
+                body = {"decision": decision, "evidence": {"provider_reference": "bank-tx-7", "note": "checked the bank's console"}}
+                if result is not None:
+                    body["result"] = result
+                resolved = await http.post(f"/api/ledger/{unknown['ledger_key']}/resolve", json=body)
+                outcome = await wait_result(handle, timeout=30, workers=[worker])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+                shown = (await http.get(f"/api/ledger/{unknown['ledger_key']}")).json()
+                entries = (await http.get("/api/ledger", params={"workflow_id": workflow_id})).json()["entries"]
+        return definition, unknown, described, repair, calls_while_blocked, resolved, outcome, events, shown, entries, CHARGES.get(key, [])
+
+    return run_async(main(), timeout=90)
+
+
+def test_effect_confirmed_advances_without_calling_the_provider_again(server_url, worker_url, run_worker):
+    definition, unknown, described, repair, calls_while_blocked, resolved, outcome, events, shown, entries, calls = run_scenario(
+        server_url, worker_url, run_worker, "fail-first", "effect_confirmed", result={"charged": "by-operator", "calls": 1},
+    )
+    assert definition["version"] >= 1 and len(definition["definition_hash"]) == 64
+    assert unknown["state"] == "outcome_unknown" and unknown["unknown_reason"]["kind"] == "worker_failure", unknown
+    assert unknown["definition_hash"] == definition["definition_hash"]
+    assert "bank" not in str(unknown["input_hash"]), "hashes only"
+    assert described["blocked_by"]["ledger_key"] == unknown["ledger_key"], described["blocked_by"]
+    assert repair.status_code == 409 and repair.json()["reason"] == "outcome_unknown_requires_resolution", repair.text
+    assert calls_while_blocked == 1, "no automatic retry while the outcome is unknown"
+    assert resolved.status_code == 200 and resolved.json()["state"] == "effect_confirmed", resolved.text
+    assert outcome == {"receipt": {"charged": "by-operator", "calls": 1}}, outcome
+    assert len(calls) == 1, "the provider ran exactly once in total"
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    assert not events_of(events, "ActivityRetryScheduled", "ActivityFailed")
+    assert [e["state"] for e in shown["checkpoints"]] == ["dispatched", "outcome_unknown", "effect_confirmed"]
+    assert shown["chain_verified"] is True
+    assert shown["resolution"]["evidence"]["provider_reference"] == "bank-tx-7"
+    assert len(entries) == 1
+
+
+def test_effect_absent_allows_one_new_attempt_with_the_same_execution_id(server_url, worker_url, run_worker):
+    _, unknown, _, repair, calls_while_blocked, resolved, outcome, events, _, entries, calls = run_scenario(
+        server_url, worker_url, run_worker, "hang-first", "effect_absent",
+    )
+    assert unknown["unknown_reason"]["kind"] == "timeout", unknown
+    assert repair.status_code == 409
+    assert calls_while_blocked == 1
+    assert resolved.json()["state"] == "effect_absent", resolved.text
+    assert outcome == {"receipt": {"charged": outcome["receipt"]["charged"], "calls": 2}}, outcome
+    assert len(calls) == 2
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    (retry,) = events_of(events, "ActivityRetryScheduled")
+    assert payload_of(retry)["retry_reason"] == "ledger_effect_absent"
+    started = events_of(events, "ActivityStarted")
+    assert len(started) == 2 and len({payload_of(e)["activity_execution_id"] for e in started}) == 1
+    states = sorted(e["state"] for e in entries)
+    assert states == ["effect_absent", "verified"], entries
+    assert len({e["idempotency_key_hash"] for e in entries}) == 1, "one provider idempotency key"
+    assert len({e["ledger_key"] for e in entries}) == 2
