@@ -141,3 +141,62 @@ def test_effect_absent_allows_one_new_attempt_with_the_same_execution_id(server_
     assert states == ["effect_absent", "verified"], entries
     assert len({e["idempotency_key_hash"] for e in entries}) == 1, "one provider idempotency key"
     assert len({e["ledger_key"] for e in entries}) == 2
+
+
+@activity.defn(name="ledger.wipe")
+def wipe(request: dict) -> dict:
+    CHARGES.setdefault(request["key"], []).append("wipe")
+    return {"status": "wiped", "effects": request.get("effects", ["deletion"])}
+
+
+@workflow.defn(name="ledger.maintenance")
+class MaintenanceWorkflow:
+    def run(self, ctx, request):
+        try:
+            result = yield ctx.schedule_activity("ledger.wipe", [request], start_to_close_timeout=5)
+        except Exception as failure:  # noqa: BLE001 - reported as the workflow's result
+            return {"refused": str(failure)}
+        return {"result": result}
+
+
+def test_irreversible_actions_need_an_approval_and_results_are_verified(server_url, worker_url, run_worker):
+    """An `irreversible` action without `approval_ref` in its arguments fails before dispatch
+    (`approval_required`, the activity never runs, nothing is ledgered); with one it runs and a
+    result that passes verification closes its entry; a result announcing an undeclared effect
+    leaves the outcome unknown."""
+    queue = unique("ledger-wipe")
+    keys = [unique("wipe") for _ in range(3)]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            defined = await http.put("/api/action-definitions/ledger.wipe", json={
+                "recovery_mode": "irreversible",
+                "verification": {"result_schema": {"type": "object", "required": ["status"]}, "declared_effects": ["deletion"]},
+            })
+            assert defined.status_code == 200, defined.text
+            async with run_worker(worker_url, queue, workflows=[MaintenanceWorkflow], activities=[wipe]) as worker, \
+                    make_client(server_url) as client:
+                requests = [
+                    {"key": keys[0]},
+                    {"key": keys[1], "approval_ref": "CAB-42"},
+                    {"key": keys[2], "approval_ref": "CAB-43", "effects": ["deletion", "email"]},
+                ]
+                handles = [
+                    await client.start_workflow(workflow_type="ledger.maintenance", task_queue=queue, workflow_id=unique("maint"), input=[r])
+                    for r in requests
+                ]
+                results = [await wait_result(h, timeout=30, workers=[worker]) for h in handles[:2]]
+                unknown = await wait_for_unknown(http, handles[2].workflow_id)
+                entries = [
+                    (await http.get("/api/ledger", params={"workflow_id": h.workflow_id})).json()["entries"] for h in handles
+                ]
+        return results, unknown, entries
+
+    results, unknown, entries = run_async(main(), timeout=60)
+    assert "approval_required" in results[0]["refused"], results[0]
+    assert keys[0] not in CHARGES, "never dispatched"
+    assert entries[0] == []
+    assert results[1] == {"result": {"status": "wiped", "effects": ["deletion"]}}, results[1]
+    assert [e["state"] for e in entries[1]] == ["verified"]
+    assert unknown["unknown_reason"]["kind"] == "invalid_result", unknown
+    assert "undeclared effect" in unknown["unknown_reason"]["problems"][0]

@@ -84,6 +84,16 @@ pub struct ActionPin {
     pub definition_hash: String,
     pub version: u32,
     pub recovery_mode: RecoveryMode,
+    /// The definition's `verification` block, which a result must pass.
+    #[serde(default)]
+    pub verification: Option<Value>,
+    /// Set when the arguments lack what the mode requires (`approval_required`,
+    /// `backup_required`): the activity fails at its claim without dispatch.
+    #[serde(default)]
+    pub refused: Option<String>,
+    /// Hash of the pinned approval or backup reference.
+    #[serde(default)]
+    pub reference_hash: Option<String>,
 }
 
 impl From<&ActionDefinition> for ActionPin {
@@ -92,6 +102,151 @@ impl From<&ActionDefinition> for ActionPin {
             definition_hash: definition.definition_hash.clone(),
             version: definition.version,
             recovery_mode: definition.recovery_mode,
+            verification: definition.document.get("verification").cloned(),
+            refused: None,
+            reference_hash: None,
+        }
+    }
+}
+
+impl ActionPin {
+    /// The pin of `definition` for an activity whose decoded argument list is `arguments`
+    /// (`None`: they could not be read). `irreversible` needs an approval reference and
+    /// `snapshot_restore` a backup reference in the arguments, where the definition's `pins`
+    /// say (a JSON pointer; by default the first argument's `approval_ref` / `backup_ref`).
+    pub fn for_arguments(definition: &ActionDefinition, arguments: Option<&Value>) -> Self {
+        let mut pin = Self::from(definition);
+        let (field, refusal) = match definition.recovery_mode {
+            RecoveryMode::Irreversible => ("approval_ref", "approval_required"),
+            RecoveryMode::SnapshotRestore => ("backup_ref", "backup_required"),
+            _ => return pin,
+        };
+        let pointer = definition
+            .document
+            .get("pins")
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("/0/{field}"));
+        let reference = arguments
+            .and_then(|args| args.pointer(&pointer))
+            .filter(|v| v.as_str().is_some_and(|s| !s.trim().is_empty()) || v.is_number());
+        match reference {
+            Some(reference) => pin.reference_hash = Some(digest(&reference.to_string())),
+            None => pin.refused = Some(refusal.to_string()),
+        }
+        pin
+    }
+
+    /// A pin made at the claim (the definition came after scheduling): arguments are not read
+    /// there, so a mode that needs a reference is refused.
+    pub fn at_claim(definition: &ActionDefinition) -> Self {
+        let mut pin = Self::from(definition);
+        pin.refused = match definition.recovery_mode {
+            RecoveryMode::Irreversible => Some("approval_required".into()),
+            RecoveryMode::SnapshotRestore => Some("backup_required".into()),
+            _ => None,
+        };
+        pin
+    }
+}
+
+/// Checks a result against a definition's `verification`: `result_schema` (a JSON-schema
+/// subset: `type`, `properties`, `required`, `enum`, `const`, `items`, `additionalProperties:
+/// false`) and `declared_effects` (a result object's `effects` list, of kinds or `{kind}`
+/// objects, may only announce those). Returns what failed.
+pub fn check_result(verification: &Value, result: &Value) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    if let Some(schema) = verification.get("result_schema") {
+        check_schema(schema, result, "$", &mut problems);
+    }
+    let announced: Vec<String> = result
+        .get("effects")
+        .and_then(Value::as_array)
+        .map(|effects| {
+            effects
+                .iter()
+                .filter_map(|e| e.as_str().or_else(|| e.get("kind").and_then(Value::as_str)))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let declared: Vec<&str> = verification
+        .get("declared_effects")
+        .and_then(Value::as_array)
+        .map(|d| d.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for effect in announced.iter().filter(|e| !declared.contains(&e.as_str())) {
+        problems.push(format!("the result announces an undeclared effect {effect:?}"));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+fn type_matches(expected: &str, value: &Value) -> bool {
+    match expected {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        "number" => value.is_number(),
+        "integer" => value.as_i64().is_some() || value.as_u64().is_some(),
+        _ => false,
+    }
+}
+
+fn check_schema(schema: &Value, value: &Value, at: &str, problems: &mut Vec<String>) {
+    if let Some(expected) = schema.get("type") {
+        let ok = match expected {
+            Value::String(t) => type_matches(t, value),
+            Value::Array(types) => types.iter().filter_map(Value::as_str).any(|t| type_matches(t, value)),
+            _ => true,
+        };
+        if !ok {
+            problems.push(format!("{at}: expected type {expected}"));
+            return;
+        }
+    }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
+        if !allowed.contains(value) {
+            problems.push(format!("{at}: not one of the allowed values"));
+        }
+    }
+    if let Some(constant) = schema.get("const") {
+        if constant != value {
+            problems.push(format!("{at}: must equal {constant}"));
+        }
+    }
+    if let Some(object) = value.as_object() {
+        for name in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            if !object.contains_key(name) {
+                problems.push(format!("{at}: missing required property {name:?}"));
+            }
+        }
+        let properties = schema.get("properties").and_then(Value::as_object);
+        for (name, item) in object {
+            match properties.and_then(|p| p.get(name)) {
+                Some(sub) => check_schema(sub, item, &format!("{at}.{name}"), problems),
+                None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                    problems.push(format!("{at}: unexpected property {name:?}"))
+                }
+                None => {}
+            }
+        }
+    }
+    if let (Some(items), Some(array)) = (schema.get("items"), value.as_array()) {
+        for (index, item) in array.iter().enumerate() {
+            check_schema(items, item, &format!("{at}[{index}]"), problems);
         }
     }
 }
@@ -231,6 +386,44 @@ pub fn verify_checkpoints(checkpoints: &[LedgerCheckpoint]) -> Result<(), usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn results_are_checked_against_the_schema_subset_and_declared_effects() {
+        let verification = json!({
+            "result_schema": {"type": "object", "required": ["status"], "additionalProperties": false,
+                "properties": {"status": {"enum": ["charged", "declined"]}, "amount": {"type": "integer"}, "effects": {"type": "array"}}},
+            "declared_effects": ["payment"],
+        });
+        assert!(check_result(&verification, &json!({"status": "charged", "amount": 5, "effects": ["payment"]})).is_ok());
+        let problems = check_result(&verification, &json!({"status": "maybe", "amount": 1.5, "extra": 1})).unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        let problems = check_result(&verification, &json!({"status": "charged", "effects": [{"kind": "refund"}]})).unwrap_err();
+        assert!(problems[0].contains("undeclared effect"), "{problems:?}");
+        assert!(check_result(&json!({}), &json!("anything")).is_ok());
+    }
+
+    #[test]
+    fn irreversible_actions_need_an_approval_reference_in_their_arguments() {
+        let document = json!({"recovery_mode": "irreversible"}).as_object().unwrap().clone();
+        let definition = ActionDefinition {
+            namespace: "default".into(),
+            activity_type: "wipe".into(),
+            version: 1,
+            recovery_mode: RecoveryMode::Irreversible,
+            definition_hash: ActionDefinition::hash_of("wipe", &document),
+            document,
+            updated_at: 0,
+        };
+        let approved = ActionPin::for_arguments(&definition, Some(&json!([{"approval_ref": "CAB-42"}])));
+        assert!(approved.refused.is_none() && approved.reference_hash.is_some());
+        let missing = ActionPin::for_arguments(&definition, Some(&json!([{"target": "db"}])));
+        assert_eq!(missing.refused.as_deref(), Some("approval_required"));
+        assert_eq!(
+            ActionPin::for_arguments(&definition, None).refused.as_deref(),
+            Some("approval_required")
+        );
+        assert_eq!(ActionPin::at_claim(&definition).refused.as_deref(), Some("approval_required"));
+    }
 
     #[test]
     fn definition_hashes_ignore_key_order_and_see_content() {

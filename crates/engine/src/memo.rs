@@ -24,4 +24,10 @@ pub trait MemoCodec: Sync {
     /// Merges `entries` (an encoded map; a null value deletes its key) into `base`. An `Err` is
     /// a human-readable reason the entries are not acceptable.
     fn merge(&self, base: MemoBase<'_>, entries: &Payload) -> Result<MergedMemo, String>;
+
+    /// A payload's value as JSON, for checks that read it (action pins and result
+    /// verification). The default knows no codec.
+    fn to_json(&self, payload: &Payload) -> Result<Value, String> {
+        Err(format!("cannot decode {} payloads", payload.codec))
+    }
 }

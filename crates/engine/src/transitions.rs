@@ -646,11 +646,10 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                 blocked_by: None,
             };
             let mut execution = execution;
-            execution.action = cx
-                .actions
-                .as_ref()
-                .and_then(|actions| actions.get(&execution.activity_type))
-                .map(ActionPin::from);
+            if let Some(definition) = cx.actions.as_ref().and_then(|actions| actions.get(&execution.activity_type)) {
+                let arguments = cx.memo.and_then(|codec| codec.to_json(&execution.arguments).ok());
+                execution.action = Some(ActionPin::for_arguments(definition, arguments.as_ref()));
+            }
             set_ready_activity_deadline(run, cx, &task, &execution);
             let mut payload = activity_identity(&execution);
             payload.insert("queue".into(), json!(execution.queue));
@@ -1517,7 +1516,7 @@ pub fn lease_activity_task_with(
     if let Some(task) = run.tasks.get(task_id).filter(|t| t.kind == TaskKind::Activity && t.is_ready()) {
         let execution = execution_of(run, task).expect("open activity task has an execution").clone();
         // A definition declared after scheduling applies at the claim.
-        let pin = execution.action.clone().or_else(|| current.map(ActionPin::from));
+        let pin = execution.action.clone().or_else(|| current.map(ActionPin::at_claim));
         if let Some(pin) = pin {
             if current.map(|d| &d.definition_hash) != Some(&pin.definition_hash) {
                 let task = task.clone();
@@ -1527,8 +1526,17 @@ pub fn lease_activity_task_with(
                     &task,
                     &execution,
                     "definition_changed",
-                    "The action definition changed (or was removed) after the activity was scheduled; it was not dispatched.",
+                    "definition_changed: the action definition changed (or was removed) after the activity was scheduled; it was not dispatched.",
                 );
+                return Ok(None);
+            }
+            if let Some(reason) = pin.refused.clone() {
+                let task = task.clone();
+                let message = match reason.as_str() {
+                    "approval_required" => "approval_required: an irreversible action needs an approval reference (approval_ref) in its arguments; it was not dispatched.",
+                    _ => "backup_required: a snapshot-restore action needs a backup reference (backup_ref) in its arguments; it was not dispatched.",
+                };
+                refuse_dispatch(run, cx, &task, &execution, &reason, message);
                 return Ok(None);
             }
             run.activities.get_mut(&execution.id).expect("open").action = Some(pin);
@@ -1821,6 +1829,15 @@ pub fn complete_activity(
     }
     let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();
     let execution = execution_of(run, &task).expect("leased activity has an execution").clone();
+    // A declared action's result must pass its verification; one that does not leaves the
+    // effect in doubt: the report is kept as evidence, and nothing is recorded in history.
+    if let Some(problems) = unverified_result(cx, &execution, &result) {
+        let reason = json!({"kind": "invalid_result", "problems": problems, "result_hash": crate::ledger::digest(&result.blob)});
+        if let Some(receipt) = ledger_outcome_unknown(run, cx, &task, &execution, reason) {
+            activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
+            return Ok(receipt);
+        }
+    }
     let mut payload = activity_identity(&execution);
     payload.insert("activity_attempt_id".into(), json!(attempt_id));
     payload.insert("attempt_number".into(), json!(execution.attempt_count));
@@ -1844,6 +1861,19 @@ pub fn complete_activity(
     };
     activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
     Ok(receipt)
+}
+
+/// What is wrong with a ledgered attempt's result, if its definition verifies results. A
+/// result that cannot be decoded fails verification too.
+fn unverified_result(cx: &Cx, execution: &ActivityExecution, result: &Payload) -> Option<Vec<String>> {
+    execution.ledger_key.as_ref()?;
+    let verification = execution.action.as_ref()?.verification.as_ref()?;
+    let decoded = match cx.memo.map(|codec| codec.to_json(result)) {
+        Some(Ok(decoded)) => decoded,
+        Some(Err(error)) => return Some(vec![format!("the result could not be decoded: {error}")]),
+        None => return Some(vec!["the result could not be decoded here".into()]),
+    };
+    crate::ledger::check_result(verification, &decoded).err()
 }
 
 /// Records an attempt's failure: a retry (`ActivityRetryScheduled` + a new task after the backoff)

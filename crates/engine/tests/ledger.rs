@@ -7,6 +7,19 @@ use std::sync::Arc;
 
 const LEASE_MS: i64 = 30_000;
 
+/// A stand-in codec: payload blobs are plain JSON text.
+struct JsonCodec;
+
+impl MemoCodec for JsonCodec {
+    fn merge(&self, _: MemoBase<'_>, _: &Payload) -> Result<MergedMemo, String> {
+        Err("not used here".into())
+    }
+
+    fn to_json(&self, payload: &Payload) -> Result<serde_json::Value, String> {
+        serde_json::from_str(&payload.blob).map_err(|e| e.to_string())
+    }
+}
+
 fn definition(mode: RecoveryMode, marker: i64) -> ActionDefinition {
     let document: Map<String, serde_json::Value> = json!({"recovery_mode": mode.as_str(), "marker": marker})
         .as_object()
@@ -92,12 +105,16 @@ impl World {
 
     /// The workflow's first task schedules one `pay` activity while `declared` is in force.
     fn schedule_pay(&mut self, declared: Option<&ActionDefinition>) {
+        self.schedule_pay_with(declared, "amount-100");
+    }
+
+    fn schedule_pay_with(&mut self, declared: Option<&ActionDefinition>, arguments: &str) {
         let task = self.ready(TaskKind::Workflow).unwrap();
         let lease = self.apply(|run, cx| lease_workflow_task(run, cx, &task, "w", LEASE_MS)).unwrap();
         let actions: BTreeMap<String, ActionDefinition> = declared.map(|d| (d.activity_type.clone(), d.clone())).into_iter().collect();
         let command = WorkflowCommand::ScheduleActivity(ScheduleActivity {
             activity_type: "pay".into(),
-            arguments: Payload::avro("amount-100"),
+            arguments: Payload::avro(arguments),
             queue: None,
             retry_policy: None,
             timeouts: ActivityTimeouts::default(),
@@ -105,6 +122,7 @@ impl World {
         });
         self.apply(|run, cx| {
             cx.actions = Some(Arc::new(actions));
+            cx.memo = Some(&JsonCodec);
             complete_workflow_task(run, cx, &task, "w", lease.fence, vec![command])
         })
         .unwrap();
@@ -218,7 +236,7 @@ fn a_failed_dispatch_is_unknown_until_an_operator_confirms_the_effect() {
 
 #[test]
 fn effect_absent_allows_exactly_one_new_dispatch_with_the_same_idempotency_key() {
-    let pay = definition(RecoveryMode::Irreversible, 1);
+    let pay = definition(RecoveryMode::NonAtomic, 1);
     let mut world = World::start();
     world.schedule_pay(Some(&pay));
     let (task, _) = world.dispatch(Some(&pay)).unwrap();
@@ -318,4 +336,77 @@ fn closing_the_run_during_a_dispatch_leaves_its_outcome_unknown() {
         .unwrap();
     assert_eq!(world.history.len(), events);
     assert_eq!(world.run.ledger[&entry.ledger_key].state, LedgerState::EffectAbsent);
+}
+
+#[test]
+fn irreversible_actions_without_an_approval_reference_are_never_dispatched() {
+    let wipe = definition(RecoveryMode::Irreversible, 1);
+    let mut world = World::start();
+    world.schedule_pay_with(Some(&wipe), r#"[{"target": "prod-db"}]"#);
+    assert!(world.dispatch(Some(&wipe)).is_none());
+    let failed = world
+        .history
+        .iter()
+        .rev()
+        .find(|e| e.event_type == EventType::ActivityFailed)
+        .unwrap();
+    assert_eq!(failed.payload["exception_type"], json!("approval_required"));
+    assert_eq!(failed.payload["non_retryable"], json!(true));
+    assert!(world.run.ledger.is_empty(), "no ledger dispatch entry");
+
+    let mut world = World::start();
+    world.schedule_pay_with(Some(&wipe), r#"[{"target": "prod-db", "approval_ref": "CAB-42"}]"#);
+    world.dispatch(Some(&wipe)).expect("approved: dispatched");
+    assert_eq!(world.entries(LedgerState::Dispatched).len(), 1);
+    let pin = world.run.activities.values().next().unwrap().action.clone().unwrap();
+    assert_eq!(
+        pin.reference_hash,
+        Some(ledger::digest("\"CAB-42\"")),
+        "the approval is pinned by hash"
+    );
+}
+
+#[test]
+fn a_result_that_fails_verification_leaves_the_outcome_unknown() {
+    let mut document: Map<String, serde_json::Value> = json!({"recovery_mode": "non_atomic",
+        "verification": {"result_schema": {"type": "object", "required": ["status"]}, "declared_effects": ["payment"]}})
+    .as_object()
+    .unwrap()
+    .clone();
+    let pay = ActionDefinition {
+        namespace: "default".into(),
+        activity_type: "pay".into(),
+        version: 1,
+        recovery_mode: RecoveryMode::NonAtomic,
+        definition_hash: ActionDefinition::hash_of("pay", &document),
+        document: std::mem::take(&mut document),
+        updated_at: 0,
+    };
+    for (result, conclusive) in [
+        (r#"{"status": "charged", "effects": ["payment"]}"#, true),
+        (r#"{"amount": 5}"#, false),
+        (r#"{"status": "charged", "effects": ["refund"]}"#, false),
+        ("not json at all", false),
+    ] {
+        let mut world = World::start();
+        world.schedule_pay(Some(&pay));
+        let (task, attempt) = world.dispatch(Some(&pay)).unwrap();
+        world
+            .apply(|run, cx| {
+                cx.memo = Some(&JsonCodec);
+                complete_activity(run, cx, &task, &attempt, "a", Payload::avro(result))
+            })
+            .unwrap();
+        assert_eq!(world.count(EventType::ActivityCompleted), usize::from(conclusive), "{result}");
+        let expected = if conclusive {
+            LedgerState::Verified
+        } else {
+            LedgerState::OutcomeUnknown
+        };
+        assert_eq!(world.run.ledger.values().next().unwrap().state, expected, "{result}");
+        if !conclusive {
+            let reason = world.run.ledger.values().next().unwrap().unknown_reason.clone().unwrap();
+            assert_eq!(reason["kind"], json!("invalid_result"));
+        }
+    }
 }

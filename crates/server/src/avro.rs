@@ -276,6 +276,13 @@ fn encode_sorted_map(entries: &BTreeMap<String, AvroValue>) -> Result<(Vec<u8>, 
 }
 
 impl MemoCodec for AvroMemo {
+    fn to_json(&self, payload: &Payload) -> Result<Json, String> {
+        if payload.codec != capstan_engine::payload::AVRO_CODEC {
+            return Err(format!("codec {:?} is not supported", payload.codec));
+        }
+        Ok(project(&decode(payload)?))
+    }
+
     fn merge(&self, base: MemoBase<'_>, entries: &Payload) -> Result<MergedMemo, String> {
         if entries.codec != capstan_engine::payload::AVRO_CODEC {
             return Err(format!("codec {:?} is not supported", entries.codec));

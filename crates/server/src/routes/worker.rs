@@ -672,6 +672,7 @@ pub async fn complete_activity_task<S: Store>(
     let (receipt, run) = state
         .store
         .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+            cx.memo = Some(&crate::avro::AVRO_MEMO);
             capstan_engine::complete_activity(run, cx, &id, &attempt, &owner, result)
         })
         .await
