@@ -200,3 +200,61 @@ def test_irreversible_actions_need_an_approval_and_results_are_verified(server_u
     assert [e["state"] for e in entries[1]] == ["verified"]
     assert unknown["unknown_reason"]["kind"] == "invalid_result", unknown
     assert "undeclared effect" in unknown["unknown_reason"]["problems"][0]
+
+
+def test_capstan_verify_finds_a_tampered_history_or_ledger_row(server_factory, run_worker):
+    """`capstan verify` recomputes every history chain and ledger chain from the stored rows:
+    exit 0 on an intact database; after one history payload or one ledger checkpoint is changed
+    in the database file, exit 1 naming the broken chain."""
+    import json
+    import sqlite3
+    import subprocess
+
+    from capstan_harness import capstan_binary
+
+    server = server_factory.create()
+    queue = unique("verify")
+    workflow_id = unique("verify-wf")
+    key = unique("verify-charge")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            await define_charge(http)
+            async with run_worker(server.url, queue, workflows=[CheckoutWorkflow], activities=[charge]) as worker, \
+                    make_client(server.url) as client:
+                handle = await client.start_workflow(workflow_type="ledger.checkout", task_queue=queue, workflow_id=workflow_id, input=[key, "ok"])
+                return await wait_result(handle, timeout=30, workers=[worker])
+
+    assert run_async(main(), timeout=60)["receipt"]["calls"] == 1
+    database = server.data_dir / "capstan.db"
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(capstan_binary()), "verify", "--data-dir", str(server.data_dir), "--json"],
+            capture_output=True, text=True, timeout=60,
+        )
+
+    intact = verify()
+    assert intact.returncode == 0, intact.stdout + intact.stderr
+    report = json.loads(intact.stdout)
+    assert report["runs_checked"] >= 1 and report["ledger_instances_checked"] == 1 and report["checkpoints_checked"] == 2
+
+    with sqlite3.connect(database) as db:
+        db.execute(
+            "UPDATE history_events SET payload = replace(payload, 'ledger.charge', 'ledger.refund') "
+            "WHERE event_type = 'ActivityScheduled'"
+        )
+    broken = verify()
+    assert broken.returncode == 1, broken.stdout
+    assert any("history chain broken" in p for p in json.loads(broken.stdout)["problems"]), broken.stdout
+
+    with sqlite3.connect(database) as db:
+        db.execute(
+            "UPDATE history_events SET payload = replace(payload, 'ledger.refund', 'ledger.charge') "
+            "WHERE event_type = 'ActivityScheduled'"
+        )
+        db.execute("UPDATE ledger_checkpoints SET doc = replace(doc, '\"verified\"', '\"effect_absent\"')")
+    assert verify().returncode == 1
+    missing = subprocess.run([str(capstan_binary()), "verify", "--data-dir", str(server.data_dir / "nope")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no database" in missing.stderr

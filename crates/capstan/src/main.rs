@@ -24,6 +24,22 @@ struct Cli {
 enum Command {
     /// Run the server (embedded SQLite in ./capstan-data by default).
     Serve(ServeArgs),
+    /// Check every history and ledger chain in the database, offline. Exit code 0: intact;
+    /// 1: something is broken (each problem is printed); 2: the database could not be read.
+    Verify(VerifyArgs),
+}
+
+#[derive(Parser)]
+struct VerifyArgs {
+    /// Directory of the embedded database.
+    #[arg(long, env = "CAPSTAN_DATA_DIR", default_value = "./capstan-data")]
+    data_dir: PathBuf,
+    /// Database URL (as for `serve`).
+    #[arg(long, env = "CAPSTAN_DATABASE")]
+    database: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -101,8 +117,12 @@ enum Database {
 }
 
 fn database(args: &ServeArgs) -> Database {
-    match &args.database {
-        None => Database::Sqlite(args.data_dir.join("capstan.db")),
+    database_at(&args.database, &args.data_dir)
+}
+
+fn database_at(database: &Option<String>, data_dir: &std::path::Path) -> Database {
+    match database {
+        None => Database::Sqlite(data_dir.join("capstan.db")),
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Database::Postgres(url.clone()),
         Some(url) => Database::Sqlite(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
     }
@@ -177,9 +197,65 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     }
 }
 
+async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::IntegrityReport, String> {
+    let limits = ServerConfig::default().limits;
+    let now = capstan_server::now_ms();
+    match database_at(&args.database, &args.data_dir) {
+        Database::Sqlite(path) => {
+            if !path.exists() {
+                return Err(format!("no database at {}", path.display()));
+            }
+            let store = SqliteStore::open(&path, limits, now).map_err(|e| format!("open {}: {e}", path.display()))?;
+            capstan_server::integrity::verify(&store).await.map_err(|e| e.to_string())
+        }
+        Database::Postgres(url) => {
+            let store = PostgresStore::connect(&url, limits, now)
+                .await
+                .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
+            capstan_server::integrity::verify(&store).await.map_err(|e| e.to_string())
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Verify(args) => {
+            let json = args.json;
+            let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
+            match runtime.block_on(verify(args)) {
+                Ok(report) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&report).expect("a report serializes"));
+                    } else {
+                        for problem in &report.problems {
+                            println!("BROKEN  {problem}");
+                        }
+                        println!(
+                            "{} runs ({} events) and {} ledger chains ({} checkpoints) checked: {}",
+                            report.runs_checked,
+                            report.events_checked,
+                            report.ledger_instances_checked,
+                            report.checkpoints_checked,
+                            if report.ok() {
+                                "intact".to_string()
+                            } else {
+                                format!("{} broken", report.problems.len())
+                            }
+                        );
+                    }
+                    if report.ok() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                }
+                Err(message) => {
+                    eprintln!("capstan verify: {message}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Serve(args) => {
             init_logging(args.log_format);
             let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");

@@ -13,6 +13,7 @@ mod clock;
 mod contracts;
 pub mod error;
 mod hub;
+pub mod integrity;
 mod render;
 mod routes;
 mod wire;

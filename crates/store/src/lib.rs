@@ -287,6 +287,13 @@ pub trait Store: Send + Sync + 'static {
         workflow_id: &WorkflowId,
     ) -> impl Future<Output = StoreResult<Vec<LedgerCheckpoint>>> + Send;
 
+    /// Every run, in run-id order, a page at a time (for offline verification):
+    /// `(namespace, workflow id, run id)` after `after`.
+    fn runs_page(&self, after: Option<RunId>, limit: usize) -> impl Future<Output = StoreResult<Vec<(String, WorkflowId, RunId)>>> + Send;
+
+    /// Every workflow instance that has ledger checkpoints: `(namespace, workflow id)`.
+    fn ledger_instances(&self) -> impl Future<Output = StoreResult<Vec<(String, WorkflowId)>>> + Send;
+
     /// The receipt stored for a keyed command, if any: `(intent_hash, receipt)`. Lets a handler
     /// skip work a retry must not repeat (an update's validation) before `mutate_run_keyed`.
     fn retained_command(

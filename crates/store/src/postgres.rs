@@ -724,6 +724,31 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl Store for PostgresStore {
+    async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
+        let client = self.pool.get().await?;
+        let after = after.map(|r| r.as_str().to_string()).unwrap_or_default();
+        let rows = client
+            .query(
+                "SELECT namespace, workflow_id, run_id FROM runs WHERE run_id > $1 ORDER BY run_id LIMIT $2",
+                &[&after, &(limit as i64)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), WorkflowId(r.get(1)), RunId(r.get(2))))
+            .collect())
+    }
+
+    async fn ledger_instances(&self) -> StoreResult<Vec<(String, WorkflowId)>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT DISTINCT namespace, workflow_id FROM ledger_checkpoints ORDER BY namespace, workflow_id",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get::<_, String>(0), WorkflowId(r.get(1)))).collect())
+    }
     async fn put_action_definition(
         &self,
         namespace: &str,

@@ -785,6 +785,31 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
+        let after = after.map(|r| r.as_str().to_string()).unwrap_or_default();
+        self.read(move |conn| {
+            let rows = conn
+                .prepare_cached("SELECT namespace, workflow_id, run_id FROM runs WHERE run_id > ?1 ORDER BY run_id LIMIT ?2")?
+                .query_map(params![after, limit as i64], |r| {
+                    Ok((r.get::<_, String>(0)?, WorkflowId(r.get(1)?), RunId(r.get(2)?)))
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn ledger_instances(&self) -> StoreResult<Vec<(String, WorkflowId)>> {
+        self.read(move |conn| {
+            let rows = conn
+                .prepare_cached("SELECT DISTINCT namespace, workflow_id FROM ledger_checkpoints ORDER BY namespace, workflow_id")?
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, WorkflowId(r.get(1)?))))?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
     async fn retained_command(
         &self,
         namespace: &str,
