@@ -258,3 +258,43 @@ def test_capstan_verify_finds_a_tampered_history_or_ledger_row(server_factory, r
     missing = subprocess.run([str(capstan_binary()), "verify", "--data-dir", str(server.data_dir / "nope")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no database" in missing.stderr
+
+
+@activity.defn(name="ledger.transfer")
+def transfer(key: str) -> dict:
+    calls = CHARGES.setdefault(key, [])
+    calls.append("transfer")
+    return {"status": "processing" if len(calls) == 1 else "settled", "polls": len(calls)}
+
+
+@workflow.defn(name="ledger.transfer-flow")
+class TransferWorkflow:
+    def run(self, ctx, key):
+        return (yield ctx.schedule_activity("ledger.transfer", [key], start_to_close_timeout=5))
+
+
+def test_a_pending_provider_result_is_polled_again_under_a_new_entry(server_url, worker_url, run_worker):
+    """A definition's `pending` rule marks "not yet" results: the entry becomes a visible
+    `pending` handoff, the next poll runs after `poll_interval_seconds` as a new dispatch with a
+    new ledger entry and the same idempotency key, and the workflow gets the settled result."""
+    queue = unique("ledger-transfer")
+    key = unique("transfer")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            defined = await http.put("/api/action-definitions/ledger.transfer", json={
+                "recovery_mode": "non_atomic", "poll_interval_seconds": 1,
+                "pending": {"pointer": "/status", "values": ["processing"]},
+            })
+            assert defined.status_code == 200, defined.text
+            async with run_worker(worker_url, queue, workflows=[TransferWorkflow], activities=[transfer]) as worker, \
+                    make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="ledger.transfer-flow", task_queue=queue, workflow_id=unique("transfer-wf"), input=[key])
+                result = await wait_result(handle, timeout=30, workers=[worker])
+                entries = (await http.get("/api/ledger", params={"workflow_id": handle.workflow_id})).json()["entries"]
+        return result, entries
+
+    result, entries = run_async(main(), timeout=60)
+    assert result == {"status": "settled", "polls": 2}, result
+    assert [e["state"] for e in entries] == ["pending", "verified"], entries
+    assert len({e["idempotency_key_hash"] for e in entries}) == 1

@@ -94,6 +94,12 @@ pub struct ActionPin {
     /// Hash of the pinned approval or backup reference.
     #[serde(default)]
     pub reference_hash: Option<String>,
+    /// How a pending or retryable provider result is recognised (`{pointer, values}`).
+    #[serde(default)]
+    pub pending: Option<Value>,
+    /// Seconds between polls of a pending result.
+    #[serde(default)]
+    pub poll_interval_seconds: Option<i64>,
 }
 
 impl From<&ActionDefinition> for ActionPin {
@@ -105,6 +111,8 @@ impl From<&ActionDefinition> for ActionPin {
             verification: definition.document.get("verification").cloned(),
             refused: None,
             reference_hash: None,
+            pending: definition.document.get("pending").cloned(),
+            poll_interval_seconds: definition.document.get("poll_interval_seconds").and_then(Value::as_i64),
         }
     }
 }
@@ -148,6 +156,56 @@ impl ActionPin {
             _ => None,
         };
         pin
+    }
+}
+
+/// Seconds between polls when a definition does not say.
+pub const POLL_INTERVAL_DEFAULT_SECONDS: i64 = 30;
+
+/// What a ledgered action's decoded result means.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResultClass {
+    /// Verified and final: record it.
+    Conclusive,
+    /// Not yet: poll again after `interval_seconds`.
+    Pending { interval_seconds: i64 },
+    /// A linked run that failed: a final, non-retryable failure of the step.
+    LinkedRunFailed,
+    /// The effect is in doubt (`invalid_result`, `unknown_publication`): an operator decides.
+    Unknown(Value),
+}
+
+/// Classifies a ledgered action's result. `linked_run` results are run descriptors (`status`:
+/// `running`, `succeeded`, `failed`, `unknown_publication`); for other modes the definition's
+/// `pending` (`{pointer, values}`) says which results mean "not yet", and `verification`
+/// decides whether the rest is conclusive.
+pub fn classify_result(pin: &ActionPin, result: &Value) -> ResultClass {
+    let interval_seconds = pin.poll_interval_seconds.unwrap_or(POLL_INTERVAL_DEFAULT_SECONDS).max(1);
+    if pin.recovery_mode == RecoveryMode::LinkedRun {
+        match result.get("status").and_then(Value::as_str) {
+            Some("running") => return ResultClass::Pending { interval_seconds },
+            Some("failed") => return ResultClass::LinkedRunFailed,
+            Some("unknown_publication") => {
+                return ResultClass::Unknown(json!({"kind": "unknown_publication", "descriptor_status": "unknown_publication"}))
+            }
+            Some("succeeded") => {}
+            _ => {
+                return ResultClass::Unknown(json!({"kind": "invalid_result",
+                    "problems": ["a linked run's result must be a descriptor with status running, succeeded, failed or unknown_publication"]}))
+            }
+        }
+    } else if let Some(pending) = &pin.pending {
+        let pointer = pending.get("pointer").and_then(Value::as_str).unwrap_or("/status");
+        let values = pending.get("values").and_then(Value::as_array);
+        if let (Some(found), Some(values)) = (result.pointer(pointer), values) {
+            if values.contains(found) {
+                return ResultClass::Pending { interval_seconds };
+            }
+        }
+    }
+    match pin.verification.as_ref().map(|v| check_result(v, result)) {
+        Some(Err(problems)) => ResultClass::Unknown(json!({"kind": "invalid_result", "problems": problems})),
+        _ => ResultClass::Conclusive,
     }
 }
 
@@ -264,6 +322,9 @@ pub enum LedgerState {
     EffectConfirmed,
     /// An operator recorded that it did not; one deliberate retry follows.
     EffectAbsent,
+    /// The provider answered "not yet" (a pending result, or a linked run still running): the
+    /// next poll is a new dispatch with a new entry and the same idempotency key.
+    Pending,
 }
 
 impl LedgerState {
@@ -274,6 +335,7 @@ impl LedgerState {
             Self::OutcomeUnknown => "outcome_unknown",
             Self::EffectConfirmed => "effect_confirmed",
             Self::EffectAbsent => "effect_absent",
+            Self::Pending => "pending",
         }
     }
 
@@ -284,6 +346,7 @@ impl LedgerState {
             "outcome_unknown" => Self::OutcomeUnknown,
             "effect_confirmed" => Self::EffectConfirmed,
             "effect_absent" => Self::EffectAbsent,
+            "pending" => Self::Pending,
             _ => return None,
         })
     }

@@ -7,7 +7,7 @@ use crate::command::*;
 use crate::contract::CommandContract;
 use crate::history::EventType;
 use crate::ids::*;
-use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState};
+use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode, ResultClass};
 use crate::payload::Payload;
 use crate::refusal::{Reason, Refusal};
 use crate::run::*;
@@ -1829,11 +1829,52 @@ pub fn complete_activity(
     }
     let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();
     let execution = execution_of(run, &task).expect("leased activity has an execution").clone();
-    // A declared action's result must pass its verification; one that does not leaves the
-    // effect in doubt: the report is kept as evidence, and nothing is recorded in history.
-    if let Some(problems) = unverified_result(cx, &execution, &result) {
-        let reason = json!({"kind": "invalid_result", "problems": problems, "result_hash": crate::ledger::digest(&result.blob)});
-        if let Some(receipt) = ledger_outcome_unknown(run, cx, &task, &execution, reason) {
+    // A declared action's result is classified first: pending (poll again), in doubt (an
+    // operator decides: the report is kept as evidence, nothing enters history), a failed
+    // linked run, or conclusive.
+    match classify_ledgered_result(cx, &execution, &result) {
+        None | Some(ResultClass::Conclusive) => {}
+        Some(ResultClass::Unknown(mut reason)) => {
+            reason["result_hash"] = json!(crate::ledger::digest(&result.blob));
+            if let Some(receipt) = ledger_outcome_unknown(run, cx, &task, &execution, reason) {
+                activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
+                return Ok(receipt);
+            }
+        }
+        Some(ResultClass::Pending { interval_seconds }) => {
+            let receipt = ledger_poll_again(run, cx, &task, &execution, interval_seconds, &result);
+            activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
+            return Ok(receipt);
+        }
+        Some(ResultClass::LinkedRunFailed) => {
+            if let Some(mut entry) = execution.ledger_key.as_ref().and_then(|key| run.ledger.get(key)).cloned() {
+                entry.state = LedgerState::Verified;
+                checkpoint(
+                    run,
+                    cx,
+                    entry,
+                    obj!("result_hash" => crate::ledger::digest(&result.blob), "descriptor_status" => "failed"),
+                );
+            }
+            let failure = ActivityFailure {
+                message: "linked_run_failed: the linked run reported failure.".into(),
+                failure_type: Some("linked_run_failed".into()),
+                non_retryable: true,
+                ..Default::default()
+            };
+            let mut stored = execution.clone();
+            stored.ledger_key = None;
+            run.activities.insert(stored.id.clone(), stored.clone());
+            let receipt = end_attempt(
+                run,
+                cx,
+                &task,
+                &stored,
+                AttemptEnd::Failed {
+                    failure,
+                    non_retryable: true,
+                },
+            );
             activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
             return Ok(receipt);
         }
@@ -1863,17 +1904,89 @@ pub fn complete_activity(
     Ok(receipt)
 }
 
-/// What is wrong with a ledgered attempt's result, if its definition verifies results. A
-/// result that cannot be decoded fails verification too.
-fn unverified_result(cx: &Cx, execution: &ActivityExecution, result: &Payload) -> Option<Vec<String>> {
+/// How a ledgered attempt's result is to be taken (`None`: not a ledgered dispatch, or
+/// nothing to check). A result that must be read but cannot be decoded is in doubt.
+fn classify_ledgered_result(cx: &Cx, execution: &ActivityExecution, result: &Payload) -> Option<ResultClass> {
     execution.ledger_key.as_ref()?;
-    let verification = execution.action.as_ref()?.verification.as_ref()?;
+    let pin = execution.action.as_ref()?;
+    if pin.verification.is_none() && pin.pending.is_none() && pin.recovery_mode != RecoveryMode::LinkedRun {
+        return None;
+    }
     let decoded = match cx.memo.map(|codec| codec.to_json(result)) {
         Some(Ok(decoded)) => decoded,
-        Some(Err(error)) => return Some(vec![format!("the result could not be decoded: {error}")]),
-        None => return Some(vec!["the result could not be decoded here".into()]),
+        Some(Err(error)) => {
+            return Some(ResultClass::Unknown(
+                json!({"kind": "invalid_result", "problems": [format!("the result could not be decoded: {error}")]}),
+            ))
+        }
+        None => {
+            return Some(ResultClass::Unknown(
+                json!({"kind": "invalid_result", "problems": ["the result could not be decoded here"]}),
+            ))
+        }
     };
-    crate::ledger::check_result(verification, &decoded).err()
+    Some(crate::ledger::classify_result(pin, &decoded))
+}
+
+/// A pending provider result: the entry becomes a visible `pending` handoff and the next poll
+/// is a new attempt after the interval (its dispatch opens a new entry, same idempotency key).
+fn ledger_poll_again(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task: &Task,
+    execution: &ActivityExecution,
+    interval_seconds: i64,
+    result: &Payload,
+) -> Receipt {
+    if let Some(mut entry) = execution.ledger_key.as_ref().and_then(|key| run.ledger.get(key)).cloned() {
+        entry.state = LedgerState::Pending;
+        checkpoint(
+            run,
+            cx,
+            entry,
+            obj!("result_hash" => crate::ledger::digest(&result.blob), "poll_after_seconds" => interval_seconds),
+        );
+    }
+    run.close_task(cx, &task.id, TaskClosure::Completed);
+    let poll_at = cx.now + interval_seconds * 1000;
+    let poll_task = run.new_task(
+        cx,
+        TaskKind::Activity,
+        &execution.queue,
+        TaskDetail::Activity {
+            execution_id: execution.id.clone(),
+            activity_type: execution.activity_type.clone(),
+            attempt_number: execution.attempt_count + 1,
+            attempt_id: None,
+            last_heartbeat_at: None,
+            started_at: None,
+        },
+    );
+    run.task_mut(cx, &poll_task).expect("just created").available_at = poll_at;
+    let stored = run.activities.get_mut(&execution.id).expect("open execution");
+    stored.task_id = poll_task.clone();
+    stored.ledger_key = None;
+    let attempt_id = match &task.detail {
+        TaskDetail::Activity { attempt_id, .. } => attempt_id.clone(),
+        _ => None,
+    };
+    let mut payload = activity_identity(execution);
+    payload.extend(obj!(
+        "activity_attempt_id" => attempt_id,
+        "attempt_number" => execution.attempt_count,
+        "retry_task_id" => poll_task,
+        "retry_reason" => "ledger_pending",
+        "retry_available_at" => iso8601(poll_at),
+        "retry_backoff_seconds" => interval_seconds,
+        "message" => "The provider reported a pending result; polling again.",
+    ));
+    run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
+    Receipt {
+        run_status: run.status,
+        created_task_ids: vec![poll_task],
+        next_task_id: None,
+        retained: false,
+    }
 }
 
 /// Records an attempt's failure: a retry (`ActivityRetryScheduled` + a new task after the backoff)

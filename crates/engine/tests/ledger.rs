@@ -410,3 +410,90 @@ fn a_result_that_fails_verification_leaves_the_outcome_unknown() {
         }
     }
 }
+
+fn defined(mode: RecoveryMode, extra: serde_json::Value) -> ActionDefinition {
+    let mut document: Map<String, serde_json::Value> = json!({"recovery_mode": mode.as_str()}).as_object().unwrap().clone();
+    document.extend(extra.as_object().unwrap().clone());
+    ActionDefinition {
+        namespace: "default".into(),
+        activity_type: "pay".into(),
+        version: 1,
+        recovery_mode: mode,
+        definition_hash: ActionDefinition::hash_of("pay", &document),
+        document,
+        updated_at: 0,
+    }
+}
+
+/// Dispatches the ready `pay` attempt and reports `result` (JSON text) for it.
+fn report(world: &mut World, definition: &ActionDefinition, result: &str) {
+    let (task, attempt) = world.dispatch(Some(definition)).expect("a dispatch");
+    world
+        .apply(|run, cx| {
+            cx.memo = Some(&JsonCodec);
+            complete_activity(run, cx, &task, &attempt, "a", Payload::avro(result))
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_pending_result_is_polled_again_under_a_new_entry_with_the_same_key() {
+    let pay = defined(
+        RecoveryMode::NonAtomic,
+        json!({"pending": {"pointer": "/status", "values": ["processing"]}, "poll_interval_seconds": 5}),
+    );
+    let mut world = World::start();
+    world.schedule_pay(Some(&pay));
+    report(&mut world, &pay, r#"{"status": "processing"}"#);
+    assert_eq!(world.count(EventType::ActivityCompleted), 0);
+    assert_eq!(world.entries(LedgerState::Pending).len(), 1, "a visible handoff");
+    assert!(world.ready(TaskKind::Activity).is_none(), "the next poll waits for the interval");
+    world.now += 5_000;
+    report(&mut world, &pay, r#"{"status": "done"}"#);
+    assert_eq!(world.count(EventType::ActivityCompleted), 1);
+    let entries: Vec<&LedgerEntry> = world.run.ledger.values().collect();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0].idempotency_key_hash, entries[1].idempotency_key_hash);
+    assert_eq!(world.entries(LedgerState::Verified).len(), 1);
+    assert_eq!(ledger::verify_checkpoints(&world.checkpoints), Ok(()));
+}
+
+#[test]
+fn linked_runs_advance_only_on_a_conclusive_descriptor() {
+    let pipeline = defined(RecoveryMode::LinkedRun, json!({"poll_interval_seconds": 1}));
+    // running → poll again; succeeded → the step completes.
+    let mut world = World::start();
+    world.schedule_pay(Some(&pipeline));
+    report(&mut world, &pipeline, r#"{"status": "running", "run": "etl-7"}"#);
+    assert_eq!(world.entries(LedgerState::Pending).len(), 1);
+    world.now += 1_000;
+    report(&mut world, &pipeline, r#"{"status": "succeeded", "run": "etl-7"}"#);
+    assert_eq!(world.count(EventType::ActivityCompleted), 1);
+    // failed → a final, non-retryable failure.
+    let mut world = World::start();
+    world.schedule_pay(Some(&pipeline));
+    report(&mut world, &pipeline, r#"{"status": "failed"}"#);
+    let failed = world
+        .history
+        .iter()
+        .rev()
+        .find(|e| e.event_type == EventType::ActivityFailed)
+        .unwrap();
+    assert_eq!(failed.payload["exception_type"], json!("linked_run_failed"));
+    assert_eq!(failed.payload["non_retryable"], json!(true));
+    assert!(world.run.activities.is_empty());
+    // unknown_publication → a recovery handoff: nothing but cancellation (or resolution) moves it.
+    let mut world = World::start();
+    world.schedule_pay(Some(&pipeline));
+    report(&mut world, &pipeline, r#"{"status": "unknown_publication"}"#);
+    let unknown = world.entries(LedgerState::OutcomeUnknown)[0].clone();
+    assert_eq!(unknown.unknown_reason.as_ref().unwrap()["kind"], json!("unknown_publication"));
+    assert_eq!(
+        world.apply(|run, cx| repair(run, cx, "r".into())).unwrap_err().reason,
+        Reason::OutcomeUnknownRequiresResolution
+    );
+    world
+        .apply(|run, cx| close_by_command(run, cx, CloseCommand::Cancel, None, "c".into()))
+        .unwrap();
+    assert_eq!(world.run.status, RunStatus::Cancelled);
+}

@@ -112,6 +112,17 @@ pub async fn put_definition<S: Store>(
     f.opt_int("poll_interval_seconds", 1, 86_400)?;
     f.opt_str("preview", 1024)?;
     f.opt_str("idempotency_key", 1024)?;
+    if let Some(pending) = body.get("pending") {
+        let pointer_ok = pending
+            .get("pointer")
+            .is_none_or(|p| p.as_str().is_some_and(|p| p.is_empty() || p.starts_with('/')));
+        if !pointer_ok || !pending.get("values").is_some_and(Value::is_array) {
+            return Err(ApiError::validation(
+                "pending",
+                "pending must be {\"pointer\": a JSON pointer into the result, \"values\": [the values that mean pending]}.",
+            ));
+        }
+    }
     if let Some(effects) = body.get("verification").and_then(|v| v.get("declared_effects")) {
         if !effects.as_array().is_some_and(|e| e.iter().all(Value::is_string)) {
             return Err(ApiError::validation(
