@@ -298,3 +298,51 @@ def test_a_pending_provider_result_is_polled_again_under_a_new_entry(server_url,
     assert result == {"status": "settled", "polls": 2}, result
     assert [e["state"] for e in entries] == ["pending", "verified"], entries
     assert len({e["idempotency_key_hash"] for e in entries}) == 1
+
+
+def test_a_broken_ledger_chain_blocks_the_run_until_an_incident_is_closed(server_factory, run_worker):
+    """A commit that extends a ledger chain first checks the checkpoint it links to. After a
+    checkpoint row is changed in the database file, resolving the entry is refused
+    (`integrity_incident_open`), an integrity incident opens and the run is blocked; the incident
+    cannot be closed while the chain is still broken; once the row is restored and the incident
+    closed, the resolution goes through and the workflow completes."""
+    import sqlite3
+
+    server = server_factory.create()
+    queue = unique("integrity")
+    workflow_id = unique("integrity-wf")
+    key = unique("integrity-charge")
+    database = server.data_dir / "capstan.db"
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            await define_charge(http)
+            async with run_worker(server.url, queue, workflows=[CheckoutWorkflow], activities=[charge]) as worker, \
+                    make_client(server.url) as client:
+                handle = await client.start_workflow(workflow_type="ledger.checkout", task_queue=queue, workflow_id=workflow_id, input=[key, "fail-first"])
+                unknown = await wait_for_unknown(http, workflow_id)
+                with sqlite3.connect(database) as db:
+                    original = db.execute("SELECT doc FROM ledger_checkpoints WHERE ledger_key = ? AND doc LIKE '%outcome_unknown%'",
+                                          (unknown["ledger_key"],)).fetchone()[0]
+                    db.execute("UPDATE ledger_checkpoints SET doc = ? WHERE doc = ?", (original.replace("worker_failure", "forged"), original))
+                body = {"decision": "effect_confirmed", "evidence": {"note": "seen at the bank"}, "result": {"charged": "ok", "calls": 1}}
+                refused = await http.post(f"/api/ledger/{unknown['ledger_key']}/resolve", json=body)
+                incidents = (await http.get("/api/integrity-incidents", params={"state": "open"})).json()["incidents"]
+                described = (await http.get(f"/api/workflows/{workflow_id}")).json()
+                still_broken = await http.post(f"/api/integrity-incidents/{incidents[0]['incident_id']}/close", json={"note": "looked"})
+                with sqlite3.connect(database) as db:
+                    db.execute("UPDATE ledger_checkpoints SET doc = ? WHERE ledger_key = ? AND doc LIKE '%forged%'", (original, unknown["ledger_key"]))
+                closed = await http.post(f"/api/integrity-incidents/{incidents[0]['incident_id']}/close",
+                                         json={"note": "restored the row from backup"})
+                resolved = await http.post(f"/api/ledger/{unknown['ledger_key']}/resolve", json=body)
+                result = await wait_result(handle, timeout=30, workers=[worker])
+        return refused, incidents, described, still_broken, closed, resolved, result
+
+    refused, incidents, described, still_broken, closed, resolved, result = run_async(main(), timeout=60)
+    assert refused.status_code == 409 and refused.json()["reason"] == "integrity_incident_open", refused.text
+    assert len(incidents) == 1 and incidents[0]["workflow_id"] == workflow_id, incidents
+    assert described["integrity_incident"] == incidents[0]["incident_id"], described
+    assert still_broken.status_code == 409 and still_broken.json()["reason"] == "integrity_chain_broken", still_broken.text
+    assert closed.status_code == 200 and closed.json()["state"] == "closed", closed.text
+    assert resolved.status_code == 200, resolved.text
+    assert result == {"receipt": {"charged": "ok", "calls": 1}}, result

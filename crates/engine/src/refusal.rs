@@ -57,6 +57,9 @@ pub enum Reason {
     OutcomeUnknownRequiresResolution,
     LedgerEntryNotFound,
     LedgerEntryNotUnknown,
+    IntegrityIncidentOpen,
+    IntegrityChainBroken,
+    IntegrityIncidentNotFound,
 }
 
 impl Reason {
@@ -110,6 +113,9 @@ impl Reason {
             Reason::OutcomeUnknownRequiresResolution => "outcome_unknown_requires_resolution",
             Reason::LedgerEntryNotFound => "ledger_entry_not_found",
             Reason::LedgerEntryNotUnknown => "ledger_entry_not_unknown",
+            Reason::IntegrityIncidentOpen => "integrity_incident_open",
+            Reason::IntegrityChainBroken => "integrity_chain_broken",
+            Reason::IntegrityIncidentNotFound => "integrity_incident_not_found",
         }
     }
 }

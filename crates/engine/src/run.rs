@@ -320,6 +320,10 @@ pub struct RunState {
     /// Head of the instance's ledger checkpoint chain (carried to the next run).
     #[serde(default = "genesis")]
     pub ledger_head: String,
+    /// An open integrity incident: the ledger chain this run extends failed verification, and
+    /// the run makes no progress until an operator closes the incident.
+    #[serde(default)]
+    pub integrity_incident: Option<String>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at

@@ -132,6 +132,7 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         selections: Default::default(),
         ledger: BTreeMap::new(),
         ledger_head: crate::history::GENESIS_HASH.to_string(),
+        integrity_incident: None,
     }
 }
 
@@ -226,6 +227,7 @@ fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_
 /// Leases a ready workflow task to `owner`. The returned task carries the new lease and the
 /// history snapshot (events up to `history_snapshot`) the worker must replay.
 pub fn lease_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str, lease_ms: i64) -> Result<Task, Refusal> {
+    integrity_refusal(run)?;
     if run.is_closed() {
         return Err(run_closed_refusal(run));
     }
@@ -1513,6 +1515,7 @@ pub fn lease_activity_task_with(
     lease_ms: i64,
     current: Option<&ActionDefinition>,
 ) -> Result<Option<Task>, Refusal> {
+    integrity_refusal(run)?;
     if let Some(task) = run.tasks.get(task_id).filter(|t| t.kind == TaskKind::Activity && t.is_ready()) {
         let execution = execution_of(run, task).expect("open activity task has an execution").clone();
         // A definition declared after scheduling applies at the claim.
@@ -2795,6 +2798,37 @@ pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) ->
     Ok(true)
 }
 
+fn integrity_refusal(run: &RunState) -> Result<(), Refusal> {
+    match &run.integrity_incident {
+        Some(incident) => Err(Refusal::new(
+            Reason::IntegrityIncidentOpen,
+            "The run's ledger chain failed verification: it is blocked until an operator closes the integrity incident.",
+        )
+        .with("incident_id", incident.clone())),
+        None => Ok(()),
+    }
+}
+
+/// The ledger chain the run extends failed verification: stop the run (its tasks are no longer
+/// offered) until an operator has investigated.
+pub fn block_for_integrity(run: &mut RunState, cx: &mut Cx, incident_id: &str) {
+    run.integrity_incident = Some(incident_id.to_string());
+    let ids: Vec<TaskId> = run.tasks.keys().cloned().collect();
+    for id in ids {
+        run.task_mut(cx, &id);
+    }
+}
+
+/// The operator closed the incident (after the chain verified again): the run's tasks are
+/// offered again.
+pub fn clear_integrity_block(run: &mut RunState, cx: &mut Cx) {
+    run.integrity_incident = None;
+    let ids: Vec<TaskId> = run.tasks.keys().cloned().collect();
+    for id in ids {
+        run.task_mut(cx, &id);
+    }
+}
+
 /// An operator's decision on an entry whose outcome was unknown.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LedgerDecision {
@@ -2817,6 +2851,7 @@ pub fn resolve_ledger_entry(
     evidence: Value,
     principal: &str,
 ) -> Result<LedgerEntry, Refusal> {
+    integrity_refusal(run)?;
     let Some(mut entry) = run.ledger.get(ledger_key).cloned() else {
         return Err(Refusal::new(Reason::LedgerEntryNotFound, "No such ledger entry on this run.").with("ledger_key", ledger_key));
     };

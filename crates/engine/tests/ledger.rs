@@ -497,3 +497,29 @@ fn linked_runs_advance_only_on_a_conclusive_descriptor() {
         .unwrap();
     assert_eq!(world.run.status, RunStatus::Cancelled);
 }
+
+#[test]
+fn a_run_blocked_by_an_integrity_incident_offers_nothing_until_cleared() {
+    let pay = definition(RecoveryMode::NonAtomic, 1);
+    let mut world = World::start();
+    world.schedule_pay(Some(&pay));
+    world
+        .apply(|run, cx| {
+            block_for_integrity(run, cx, "incident-1");
+            Ok(())
+        })
+        .unwrap();
+    let id = world.ready(TaskKind::Activity).unwrap();
+    let refused = world
+        .apply(|run, cx| lease_activity_task_with(run, cx, &id, "a", LEASE_MS, Some(&pay)))
+        .unwrap_err();
+    assert_eq!(refused.reason, Reason::IntegrityIncidentOpen);
+    assert_eq!(refused.details["incident_id"], json!("incident-1"));
+    world
+        .apply(|run, cx| {
+            clear_integrity_block(run, cx);
+            Ok(())
+        })
+        .unwrap();
+    assert!(world.dispatch(Some(&pay)).is_some());
+}

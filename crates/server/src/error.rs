@@ -59,7 +59,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::HistoryNotAvailable
         | Reason::QueryTaskNotFound
         | Reason::UnknownSignal
-        | Reason::LedgerEntryNotFound => StatusCode::NOT_FOUND,
+        | Reason::LedgerEntryNotFound
+        | Reason::IntegrityIncidentNotFound => StatusCode::NOT_FOUND,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
@@ -93,6 +94,14 @@ impl From<StoreError> for ApiError {
                 )
                 .with("retryable", true)
             }
+            // The stores turn a breach into an incident and a refusal; one that reaches here
+            // (a path without that guard) is still a refusal, never a 5xx.
+            StoreError::Integrity(breach) => ApiError::new(
+                StatusCode::CONFLICT,
+                "integrity_incident_open",
+                format!("A ledger chain failed verification: {}", breach.detail),
+            )
+            .with("workflow_id", breach.workflow_id.as_str()),
         }
     }
 }

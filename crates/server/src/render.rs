@@ -140,6 +140,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         },
     });
     body["blocked_by"] = blocked_by(run);
+    body["integrity_incident"] = json!(run.integrity_incident);
     body["ledger"] = json!(run_entries(run));
     let declared = run.contract.as_ref().map(CommandContract::declared_fields).unwrap_or_default();
     body.as_object_mut().expect("an object").extend(declared);

@@ -32,6 +32,71 @@ pub enum StoreError {
     /// The database failed. The change was not applied.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// A ledger chain the change extends failed verification; nothing was written (the store
+    /// then opens an integrity incident and blocks the run).
+    #[error("integrity breach: {0:?}")]
+    Integrity(IntegrityBreach),
+}
+
+/// Where a chain broke.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IntegrityBreach {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub detail: String,
+}
+
+/// An integrity incident: opened when a commit found a broken chain; closed by an operator
+/// once the chain verifies again.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct IntegrityIncident {
+    pub incident_id: String,
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub state: String,
+    pub detail: String,
+    pub opened_at: Millis,
+    pub closed_at: Option<Millis>,
+    pub note: Option<String>,
+}
+
+/// The checkpoints of `effects` must extend an intact chain: the stored checkpoint each
+/// instance's first new checkpoint links to must exist and still hash to its recorded hash.
+/// `stored(workflow_id, hash)` reads that row's document.
+pub(crate) fn check_chain_extension<F>(run: &RunState, effects: &Effects, mut stored: F) -> StoreResult<()>
+where
+    F: FnMut(&WorkflowId, &str) -> StoreResult<Option<LedgerCheckpoint>>,
+{
+    let mut seen = std::collections::HashSet::new();
+    for checkpoint in &effects.checkpoints {
+        if !seen.insert(checkpoint.workflow_id.clone()) || checkpoint.prev_hash == GENESIS_HASH {
+            continue;
+        }
+        if !extends_intact(checkpoint, stored(&checkpoint.workflow_id, &checkpoint.prev_hash)?) {
+            return Err(breach_at(run, checkpoint));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `previous` (the stored checkpoint `checkpoint` links to) exists and still hashes to
+/// what it recorded.
+pub(crate) fn extends_intact(checkpoint: &LedgerCheckpoint, previous: Option<LedgerCheckpoint>) -> bool {
+    previous.is_some_and(|previous| previous.hash == checkpoint.prev_hash && previous.computed_hash() == previous.hash)
+}
+
+pub(crate) fn breach_at(run: &RunState, checkpoint: &LedgerCheckpoint) -> StoreError {
+    StoreError::Integrity(IntegrityBreach {
+        namespace: run.namespace.clone(),
+        workflow_id: checkpoint.workflow_id.clone(),
+        run_id: run.run_id.clone(),
+        detail: format!(
+            "the ledger checkpoint {} that this change extends is missing or no longer matches its hash",
+            checkpoint.prev_hash
+        ),
+    })
 }
 
 impl From<Refusal> for StoreError {
@@ -286,6 +351,23 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         workflow_id: &WorkflowId,
     ) -> impl Future<Output = StoreResult<Vec<LedgerCheckpoint>>> + Send;
+
+    /// Integrity incidents of a namespace (`state`: `open` or `closed`; all without).
+    fn integrity_incidents(
+        &self,
+        namespace: &str,
+        state: Option<String>,
+    ) -> impl Future<Output = StoreResult<Vec<IntegrityIncident>>> + Send;
+
+    /// Closes an incident once its instance's ledger chain verifies again, and lets the run
+    /// continue; a chain that is still broken is refused (`integrity_chain_broken`).
+    fn close_integrity_incident(
+        &self,
+        namespace: &str,
+        incident_id: &str,
+        note: String,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<IntegrityIncident>> + Send;
 
     /// Every run, in run-id order, a page at a time (for offline verification):
     /// `(namespace, workflow id, run id)` after `after`.

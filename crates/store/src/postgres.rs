@@ -202,6 +202,22 @@ CREATE TABLE ledger_checkpoints (
 );
 "#,
     ),
+    (
+        6,
+        r#"
+-- Integrity incidents: a ledger chain that failed verification on a commit, and what was done.
+CREATE TABLE integrity_incidents (
+    incident_id TEXT PRIMARY KEY,
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    opened_at   BIGINT NOT NULL,
+    doc         TEXT NOT NULL
+);
+CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, state, opened_at);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -226,6 +242,274 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_task_checked(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+        poll: Option<PollKey>,
+    ) -> StoreResult<Option<(Task, RunState)>> {
+        let mut client = self.pool.get().await?;
+        // A few attempts: a candidate can turn out stale (leased a moment ago through another
+        // node) and then the next one is taken.
+        for _ in 0..4 {
+            let tx = client.transaction().await?;
+            // One round trip picks the oldest ready task whose run nobody else holds, and locks
+            // that run; runs another poller or node is working on are skipped, not waited for.
+            let row = tx
+                .query_opt(
+                    "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                     WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
+                       AND ($5::text[] IS NULL OR t.type_name = ANY($5))
+                     ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
+                    &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let task_id: String = row.get(0);
+            let mut run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
+            let mut ids = UlidIds;
+            let mut cx = Cx::new(now, &mut ids, &self.limits);
+            let task_id = TaskId(task_id);
+            let leased = match kind {
+                TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms).map(Some),
+                TaskKind::Activity => {
+                    // A declared action is checked against its definition as of now, in this
+                    // transaction, and ledgered before the worker sees it.
+                    let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
+                        TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
+                        _ => None,
+                    });
+                    let definition = match activity_type {
+                        Some(activity_type) => {
+                            let row = tx
+                                .query_opt(
+                                    "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2",
+                                    &[&run.namespace, &activity_type],
+                                )
+                                .await?;
+                            row.map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
+                                .transpose()?
+                        }
+                        None => None,
+                    };
+                    lease_activity_task_with(&mut run, &mut cx, &task_id, owner, lease_ms, definition.as_ref())
+                }
+                _ => return Ok(None),
+            };
+            match leased {
+                Ok(None) => {
+                    // Refused before dispatch (its definition changed): record it, try again.
+                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+                    tx.commit().await?;
+                }
+                Ok(Some(task)) => {
+                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+                    if let Some(key) = &poll {
+                        tx.execute(
+                            "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                             ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
+                             DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at",
+                            &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id, &task.id.as_str(), &(task.fence as i64), &now],
+                        )
+                        .await?;
+                    }
+                    tx.commit().await?;
+                    return Ok(Some((task, run)));
+                }
+                Err(_) => {
+                    // The row was read before another node leased the task; it is fine now.
+                    let status = run.tasks.get(&task_id).map(|t| task_row_status(&run, t)).unwrap_or("cancelled");
+                    tx.execute(
+                        "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'",
+                        &[&task_id.as_str(), &status],
+                    )
+                    .await?;
+                    tx.commit().await?;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn mutate_run_checked<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let mut run = locate_and_lock(&tx, namespace, &locator)
+            .await?
+            .ok_or_else(|| not_found(&locator))?;
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let value = transition(&mut run, &mut cx)?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        tx.commit().await?;
+        Ok((value, run))
+    }
+
+    async fn mutate_run_keyed_checked<T, F, R>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        key: CommandKey,
+        now: Millis,
+        transition: F,
+        render: R,
+    ) -> StoreResult<(KeyedReceipt<T>, Option<RunState>)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+        R: FnOnce(&T, &RunState) -> Value + Send + 'static,
+    {
+        let workflow_id = match &locator {
+            RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
+            RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
+        };
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // The run lock serialises concurrent uses of one request id.
+        let mut run = locate_and_lock(&tx, namespace, &locator)
+            .await?
+            .ok_or_else(|| not_found(&locator))?;
+        let stored = tx
+            .query_opt(
+                "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4",
+                &[&namespace, &workflow_id, &key.command_type, &key.request_id],
+            )
+            .await?;
+        if let Some(row) = stored {
+            let (intent_hash, receipt): (String, String) = (row.get(0), row.get(1));
+            if intent_hash != key.intent_hash {
+                return Err(Refusal::new(
+                    Reason::RequestIdConflict,
+                    "This request_id was already used for a different command.",
+                )
+                .with("retained_command_type", key.command_type.clone())
+                .with("request_id", key.request_id.clone())
+                .into());
+            }
+            return Ok((KeyedReceipt::Retained(serde_json::from_str(&receipt).map_err(corrupt)?), None));
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let value = transition(&mut run, &mut cx)?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        let receipt = render(&value, &run).to_string();
+        tx.execute(
+            "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&namespace, &workflow_id, &key.command_type, &key.request_id, &key.intent_hash, &receipt, &now],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((KeyedReceipt::Fresh(value), Some(run)))
+    }
+
+    async fn run_duty_checked<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let locator = RunLocator::Task(due.task_id.clone());
+        let run_id = locate_run(&tx, &due.namespace, &locator)
+            .await?
+            .ok_or_else(|| not_found(&locator))?;
+        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
+        // Lock the task row too, so no other node's claim can move the fence under us.
+        let fence: Option<i64> = tx
+            .query_opt(
+                "SELECT duty_fence FROM tasks WHERE task_id = $1 FOR UPDATE",
+                &[&due.task_id.as_str()],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if fence != Some(due.duty_fence as i64) {
+            return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
+                .with("task_id", due.task_id.as_str())
+                .with("duty_fence", due.duty_fence)
+                .with("current_duty_fence", fence)
+                .into());
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        let value = transition(&mut run, &mut cx)?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        tx.execute(
+            "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1",
+            &[&due.task_id.as_str()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((value, run))
+    }
+
+    async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
+        match result {
+            Err(StoreError::Integrity(breach)) => Err(self.record_breach(breach).await?.into()),
+            other => other,
+        }
+    }
+
+    /// A change that found a broken ledger chain was not written: open an incident and block
+    /// the run, in a transaction of its own.
+    async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let run = lock_run(&tx, breach.run_id.as_str(), false).await?;
+        if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
+            return Ok(
+                Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.").with("incident_id", open),
+            );
+        }
+        tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
+        let incident = IntegrityIncident {
+            incident_id: ulid::Ulid::new().to_string(),
+            namespace: breach.namespace.clone(),
+            workflow_id: breach.workflow_id.clone(),
+            run_id: breach.run_id.clone(),
+            state: "open".into(),
+            detail: breach.detail.clone(),
+            opened_at: crate::rows::now_ms(),
+            closed_at: None,
+            note: None,
+        };
+        tx.execute(
+            "INSERT INTO integrity_incidents (incident_id, namespace, workflow_id, run_id, state, opened_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &incident.incident_id,
+                &incident.namespace,
+                &incident.workflow_id.as_str(),
+                &incident.run_id.as_str(),
+                &incident.state,
+                &incident.opened_at,
+                &serde_json::to_string(&incident).map_err(corrupt)?,
+            ],
+        )
+        .await?;
+        if let Some(mut run) = run {
+            let mut ids = UlidIds;
+            let mut cx = Cx::new(incident.opened_at, &mut ids, &self.limits);
+            block_for_integrity(&mut run, &mut cx, &incident.incident_id);
+            persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        }
+        tx.commit().await?;
+        Ok(Refusal::new(
+            Reason::IntegrityIncidentOpen,
+            "A ledger chain this change extends failed verification; an integrity incident is open and the run is blocked.",
+        )
+        .with("incident_id", incident.incident_id)
+        .with("workflow_id", breach.workflow_id.as_str()))
+    }
     /// Connects, migrates (one node at a time, under an advisory lock) and bootstraps `default`.
     pub async fn connect(url: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Storage(format!("bad database URL: {e}")))?;
@@ -409,6 +693,22 @@ async fn persist(
         )
         .await?;
     }
+    let mut extended = std::collections::HashSet::new();
+    for checkpoint in &effects.checkpoints {
+        if !extended.insert(checkpoint.workflow_id.clone()) || checkpoint.prev_hash == GENESIS_HASH {
+            continue;
+        }
+        let previous = tx
+            .query_opt(
+                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 AND hash = $3",
+                &[&run.namespace, &checkpoint.workflow_id.as_str(), &checkpoint.prev_hash],
+            )
+            .await?
+            .and_then(|row| serde_json::from_str::<LedgerCheckpoint>(row.get::<_, &str>(0)).ok());
+        if !crate::extends_intact(checkpoint, previous) {
+            return Err(crate::breach_at(run, checkpoint));
+        }
+    }
     for entry in &effects.ledger {
         tx.execute(
             "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
@@ -517,7 +817,7 @@ async fn persist(
                 task_rows.push(TaskRow {
                     task,
                     kind: task.kind.as_str(),
-                    status: task_status(task),
+                    status: task_row_status(run, task),
                     type_name: task_type_name(run, task),
                     owner: lease.map(|l| l.owner.clone()),
                     expires_at: lease.map(|l| l.expires_at),
@@ -724,6 +1024,143 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl Store for PostgresStore {
+    async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT doc FROM integrity_incidents WHERE namespace = $1 AND ($2::text IS NULL OR state = $2) ORDER BY opened_at, incident_id",
+                &[&namespace, &state],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect()
+    }
+
+    async fn close_integrity_incident(
+        &self,
+        namespace: &str,
+        incident_id: &str,
+        note: String,
+        now: Millis,
+    ) -> StoreResult<IntegrityIncident> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT doc FROM integrity_incidents WHERE namespace = $1 AND incident_id = $2 FOR UPDATE",
+                &[&namespace, &incident_id],
+            )
+            .await?;
+        let mut incident: IntegrityIncident = match row {
+            Some(row) => serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?,
+            None => {
+                return Err(Refusal::new(Reason::IntegrityIncidentNotFound, "No such integrity incident.")
+                    .with("incident_id", incident_id)
+                    .into())
+            }
+        };
+        if incident.state != "open" {
+            return Ok(incident);
+        }
+        let rows = tx
+            .query(
+                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
+                &[&namespace, &incident.workflow_id.as_str()],
+            )
+            .await?;
+        let checkpoints = rows
+            .iter()
+            .map(|r| serde_json::from_str::<LedgerCheckpoint>(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect::<StoreResult<Vec<_>>>()?;
+        if let Err(index) = ledger::verify_checkpoints(&crate::chain_order(checkpoints)) {
+            return Err(Refusal::new(
+                Reason::IntegrityChainBroken,
+                "The instance's ledger chain still fails verification.",
+            )
+            .with("incident_id", incident_id)
+            .with("broken_at", index)
+            .into());
+        }
+        incident.state = "closed".into();
+        incident.closed_at = Some(now);
+        incident.note = Some(note);
+        tx.execute(
+            "UPDATE integrity_incidents SET state = 'closed', doc = $2 WHERE incident_id = $1",
+            &[&incident_id, &serde_json::to_string(&incident).map_err(corrupt)?],
+        )
+        .await?;
+        if let Some(mut run) = lock_run(&tx, incident.run_id.as_str(), false).await? {
+            if run.integrity_incident.as_deref() == Some(incident.incident_id.as_str()) {
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(now, &mut ids, &self.limits);
+                clear_integrity_block(&mut run, &mut cx);
+                persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(incident)
+    }
+    async fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+        poll: Option<PollKey>,
+    ) -> StoreResult<Option<(Task, RunState)>> {
+        match self
+            .claim_task_checked(namespace, kind, queue, types, owner, lease_ms, now, poll)
+            .await
+        {
+            Err(StoreError::Integrity(breach)) => {
+                self.record_breach(breach).await?;
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let result = self.mutate_run_checked(namespace, locator, now, transition).await;
+        self.guard(result).await
+    }
+
+    async fn mutate_run_keyed<T, F, R>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        key: CommandKey,
+        now: Millis,
+        transition: F,
+        render: R,
+    ) -> StoreResult<(KeyedReceipt<T>, Option<RunState>)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+        R: FnOnce(&T, &RunState) -> Value + Send + 'static,
+    {
+        let result = self
+            .mutate_run_keyed_checked(namespace, locator, key, now, transition, render)
+            .await;
+        self.guard(result).await
+    }
+
+    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let result = self.run_duty_checked(due, now, transition).await;
+        self.guard(result).await
+    }
     async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
         let client = self.pool.get().await?;
         let after = after.map(|r| r.as_str().to_string()).unwrap_or_default();
@@ -1014,176 +1451,6 @@ impl Store for PostgresStore {
         Ok(row.is_some())
     }
 
-    async fn claim_task(
-        &self,
-        namespace: &str,
-        kind: TaskKind,
-        queue: &str,
-        types: &[String],
-        owner: &str,
-        lease_ms: i64,
-        now: Millis,
-        poll: Option<PollKey>,
-    ) -> StoreResult<Option<(Task, RunState)>> {
-        let mut client = self.pool.get().await?;
-        // A few attempts: a candidate can turn out stale (leased a moment ago through another
-        // node) and then the next one is taken.
-        for _ in 0..4 {
-            let tx = client.transaction().await?;
-            // One round trip picks the oldest ready task whose run nobody else holds, and locks
-            // that run; runs another poller or node is working on are skipped, not waited for.
-            let row = tx
-                .query_opt(
-                    "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
-                     WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
-                       AND ($5::text[] IS NULL OR t.type_name = ANY($5))
-                     ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
-                    &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
-                )
-                .await?;
-            let Some(row) = row else { return Ok(None) };
-            let task_id: String = row.get(0);
-            let mut run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(now, &mut ids, &self.limits);
-            let task_id = TaskId(task_id);
-            let leased = match kind {
-                TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms).map(Some),
-                TaskKind::Activity => {
-                    // A declared action is checked against its definition as of now, in this
-                    // transaction, and ledgered before the worker sees it.
-                    let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
-                        TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
-                        _ => None,
-                    });
-                    let definition = match activity_type {
-                        Some(activity_type) => {
-                            let row = tx
-                                .query_opt(
-                                    "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2",
-                                    &[&run.namespace, &activity_type],
-                                )
-                                .await?;
-                            row.map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
-                                .transpose()?
-                        }
-                        None => None,
-                    };
-                    lease_activity_task_with(&mut run, &mut cx, &task_id, owner, lease_ms, definition.as_ref())
-                }
-                _ => return Ok(None),
-            };
-            match leased {
-                Ok(None) => {
-                    // Refused before dispatch (its definition changed): record it, try again.
-                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-                    tx.commit().await?;
-                }
-                Ok(Some(task)) => {
-                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-                    if let Some(key) = &poll {
-                        tx.execute(
-                            "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                             ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
-                             DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at",
-                            &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id, &task.id.as_str(), &(task.fence as i64), &now],
-                        )
-                        .await?;
-                    }
-                    tx.commit().await?;
-                    return Ok(Some((task, run)));
-                }
-                Err(_) => {
-                    // The row was read before another node leased the task; it is fine now.
-                    let status = run.tasks.get(&task_id).map(task_status).unwrap_or("cancelled");
-                    tx.execute(
-                        "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'",
-                        &[&task_id.as_str(), &status],
-                    )
-                    .await?;
-                    tx.commit().await?;
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let mut run = locate_and_lock(&tx, namespace, &locator)
-            .await?
-            .ok_or_else(|| not_found(&locator))?;
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-        tx.commit().await?;
-        Ok((value, run))
-    }
-
-    async fn mutate_run_keyed<T, F, R>(
-        &self,
-        namespace: &str,
-        locator: RunLocator,
-        key: CommandKey,
-        now: Millis,
-        transition: F,
-        render: R,
-    ) -> StoreResult<(KeyedReceipt<T>, Option<RunState>)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-        R: FnOnce(&T, &RunState) -> Value + Send + 'static,
-    {
-        let workflow_id = match &locator {
-            RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
-            RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
-        };
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        // The run lock serialises concurrent uses of one request id.
-        let mut run = locate_and_lock(&tx, namespace, &locator)
-            .await?
-            .ok_or_else(|| not_found(&locator))?;
-        let stored = tx
-            .query_opt(
-                "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4",
-                &[&namespace, &workflow_id, &key.command_type, &key.request_id],
-            )
-            .await?;
-        if let Some(row) = stored {
-            let (intent_hash, receipt): (String, String) = (row.get(0), row.get(1));
-            if intent_hash != key.intent_hash {
-                return Err(Refusal::new(
-                    Reason::RequestIdConflict,
-                    "This request_id was already used for a different command.",
-                )
-                .with("retained_command_type", key.command_type.clone())
-                .with("request_id", key.request_id.clone())
-                .into());
-            }
-            return Ok((KeyedReceipt::Retained(serde_json::from_str(&receipt).map_err(corrupt)?), None));
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-        let receipt = render(&value, &run).to_string();
-        tx.execute(
-            "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[&namespace, &workflow_id, &key.command_type, &key.request_id, &key.intent_hash, &receipt, &now],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok((KeyedReceipt::Fresh(value), Some(run)))
-    }
-
     async fn retained_command(
         &self,
         namespace: &str,
@@ -1338,46 +1605,6 @@ impl Store for PostgresStore {
                 duty_fence: r.get::<_, i64>(2) as u64,
             })
             .collect())
-    }
-
-    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let locator = RunLocator::Task(due.task_id.clone());
-        let run_id = locate_run(&tx, &due.namespace, &locator)
-            .await?
-            .ok_or_else(|| not_found(&locator))?;
-        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
-        // Lock the task row too, so no other node's claim can move the fence under us.
-        let fence: Option<i64> = tx
-            .query_opt(
-                "SELECT duty_fence FROM tasks WHERE task_id = $1 FOR UPDATE",
-                &[&due.task_id.as_str()],
-            )
-            .await?
-            .map(|r| r.get(0));
-        if fence != Some(due.duty_fence as i64) {
-            return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
-                .with("task_id", due.task_id.as_str())
-                .with("duty_fence", due.duty_fence)
-                .with("current_duty_fence", fence)
-                .into());
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-        tx.execute(
-            "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1",
-            &[&due.task_id.as_str()],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok((value, run))
     }
 
     async fn next_deadline(&self) -> StoreResult<Option<Millis>> {

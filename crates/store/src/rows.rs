@@ -24,6 +24,14 @@ pub(crate) fn task_status(task: &Task) -> &'static str {
     }
 }
 
+/// The row status of an open task: a run blocked by an integrity incident offers nothing.
+pub(crate) fn task_row_status(run: &RunState, task: &Task) -> &'static str {
+    match (&run.integrity_incident, &task.state) {
+        (Some(_), TaskState::Ready) => "blocked",
+        _ => task_status(task),
+    }
+}
+
 /// `tasks.type_name`: what a poller's supported-types filter matches against.
 pub(crate) fn task_type_name(run: &RunState, task: &Task) -> String {
     match &task.detail {
@@ -146,4 +154,12 @@ pub(crate) fn search_attribute_rows(attributes: &Map<String, Value>) -> Vec<(Str
 /// Whether a transition may have changed the run's search attributes (so its index is rewritten).
 pub(crate) fn touches_search_attributes(effects: &Effects, insert_run: bool) -> bool {
     insert_run || effects.events.iter().any(|e| e.event_type == EventType::SearchAttributesUpserted)
+}
+
+/// Wall-clock milliseconds, for the few records the store stamps itself (integrity incidents).
+pub(crate) fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
 }

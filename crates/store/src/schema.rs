@@ -195,6 +195,22 @@ CREATE TABLE ledger_checkpoints (
 );
 "#,
     ),
+    (
+        6,
+        r#"
+-- Integrity incidents: a ledger chain that failed verification on a commit, and what was done.
+CREATE TABLE integrity_incidents (
+    incident_id TEXT PRIMARY KEY,
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    opened_at   INTEGER NOT NULL,
+    doc         TEXT NOT NULL
+);
+CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, state, opened_at);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -38,6 +38,72 @@ fn open_connection(path: &Path) -> StoreResult<Connection> {
 }
 
 impl SqliteStore {
+    /// A change that found a broken ledger chain was not written: open an incident, block the
+    /// run, and answer as refused.
+    async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
+        match result {
+            Err(StoreError::Integrity(breach)) => Err(self.record_breach(breach).await?.into()),
+            other => other,
+        }
+    }
+
+    /// Like [`guard`](Self::guard) for a claim: the poller just gets nothing.
+    async fn guard_claim(&self, result: StoreResult<Option<(Task, RunState)>>) -> StoreResult<Option<(Task, RunState)>> {
+        match result {
+            Err(StoreError::Integrity(breach)) => {
+                self.record_breach(breach).await?;
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let run = load_state(conn, breach.run_id.as_str())?;
+                if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
+                    return Ok(Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.")
+                        .with("incident_id", open));
+                }
+                tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
+                let incident = IntegrityIncident {
+                    incident_id: ulid::Ulid::new().to_string(),
+                    namespace: breach.namespace.clone(),
+                    workflow_id: breach.workflow_id.clone(),
+                    run_id: breach.run_id.clone(),
+                    state: "open".into(),
+                    detail: breach.detail.clone(),
+                    opened_at: crate::rows::now_ms(),
+                    closed_at: None,
+                    note: None,
+                };
+                conn.execute(
+                    "INSERT INTO integrity_incidents (incident_id, namespace, workflow_id, run_id, state, opened_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        incident.incident_id,
+                        incident.namespace,
+                        incident.workflow_id.as_str(),
+                        incident.run_id.as_str(),
+                        incident.state,
+                        incident.opened_at,
+                        serde_json::to_string(&incident)?
+                    ],
+                )?;
+                if let Some(mut run) = run {
+                    let mut ids = UlidIds;
+                    let mut cx = Cx::new(incident.opened_at, &mut ids, &limits);
+                    block_for_integrity(&mut run, &mut cx, &incident.incident_id);
+                    persist(conn, &run, &cx.effects, false, &limits)?;
+                }
+                Ok(Refusal::new(Reason::IntegrityIncidentOpen, "A ledger chain this change extends failed verification; an integrity incident is open and the run is blocked.")
+                    .with("incident_id", incident.incident_id)
+                    .with("workflow_id", breach.workflow_id.as_str()))
+            })
+            .await
+    }
+
     /// Opens (creating if needed) the database file, migrates it and bootstraps `default`.
     pub fn open(path: &Path, limits: Limits, now: Millis) -> StoreResult<Self> {
         if let Some(dir) = path.parent() {
@@ -169,7 +235,7 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
             event.hash,
         ])?;
     }
-    persist_ledger(conn, effects)?;
+    persist_ledger(conn, run, effects)?;
     let mut upsert_task = conn.prepare_cached(
         "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
@@ -192,7 +258,7 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
             task.kind.as_str(),
             task.queue,
             task_type_name(run, task),
-            task_status(task),
+            task_row_status(run, task),
             task.available_at,
             task.deadline_at,
             lease.map(|l| l.owner.clone()),
@@ -226,10 +292,17 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
 }
 
 /// Ledger entries (current state) and their checkpoints (append-only), with the run.
-fn persist_ledger(conn: &Connection, effects: &Effects) -> StoreResult<()> {
+fn persist_ledger(conn: &Connection, run: &RunState, effects: &Effects) -> StoreResult<()> {
     if effects.ledger.is_empty() && effects.checkpoints.is_empty() {
         return Ok(());
     }
+    check_chain_extension(run, effects, |workflow_id, hash| {
+        let doc: Option<String> = conn
+            .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2 AND hash = ?3")?
+            .query_row(params![run.namespace, workflow_id.as_str(), hash], |r| r.get(0))
+            .optional()?;
+        Ok(doc.and_then(|d| serde_json::from_str(&d).ok()))
+    })?;
     let mut upsert = conn.prepare_cached(
         "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
@@ -544,7 +617,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Option<(Task, RunState)>> {
         let (namespace, queue, types, owner) = (namespace.to_string(), queue.to_string(), types.to_vec(), owner.to_string());
         let limits = self.limits.clone();
-        self.writer
+        let result = self.writer
             .write(move |conn| {
                 let sql = format!(
                     "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
@@ -597,14 +670,15 @@ impl Store for SqliteStore {
                             // The row was out of step with the run document: a bug, but not one
                             // to wedge the queue on. Repair the row from the engine's view.
                             tracing::warn!(task_id = %task_id, run_id = %run_id, %refusal, "ready task row could not be leased");
-                            let status = run.tasks.get(&task_id).map(task_status).unwrap_or("cancelled");
+                            let status = run.tasks.get(&task_id).map(|t| task_row_status(&run, t)).unwrap_or("cancelled");
                             conn.execute("UPDATE tasks SET status = ?2 WHERE task_id = ?1", params![task_id.as_str(), status])?;
                         }
                     }
                 }
                 Ok(None)
             })
-            .await
+            .await;
+        self.guard_claim(result).await
     }
 
     async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
@@ -614,7 +688,8 @@ impl Store for SqliteStore {
     {
         let namespace = namespace.to_string();
         let limits = self.limits.clone();
-        self.writer
+        let result = self
+            .writer
             .write(move |conn| {
                 let run_id = locate_run(conn, &namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
                 let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
@@ -624,7 +699,8 @@ impl Store for SqliteStore {
                 persist(conn, &run, &cx.effects, false, &limits)?;
                 Ok((value, run))
             })
-            .await
+            .await;
+        self.guard(result).await
     }
 
     async fn mutate_run_keyed<T, F, R>(
@@ -643,7 +719,7 @@ impl Store for SqliteStore {
     {
         let namespace = namespace.to_string();
         let limits = self.limits.clone();
-        self.writer
+        let result = self.writer
             .write(move |conn| {
                 let workflow_id = match &locator {
                     RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
@@ -678,7 +754,8 @@ impl Store for SqliteStore {
                 )?;
                 Ok((KeyedReceipt::Fresh(value), Some(run)))
             })
-            .await
+            .await;
+        self.guard(result).await
     }
 
     async fn put_action_definition(
@@ -783,6 +860,83 @@ impl Store for SqliteStore {
             docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
         })
         .await
+    }
+
+    async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let docs: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT doc FROM integrity_incidents WHERE namespace = ?1 AND (?2 IS NULL OR state = ?2) ORDER BY opened_at, incident_id",
+                )?
+                .query_map(params![namespace, state], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
+        })
+        .await
+    }
+
+    async fn close_integrity_incident(
+        &self,
+        namespace: &str,
+        incident_id: &str,
+        note: String,
+        now: Millis,
+    ) -> StoreResult<IntegrityIncident> {
+        let (namespace, incident_id) = (namespace.to_string(), incident_id.to_string());
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let doc: Option<String> = conn
+                    .prepare_cached("SELECT doc FROM integrity_incidents WHERE namespace = ?1 AND incident_id = ?2")?
+                    .query_row(params![namespace, incident_id], |r| r.get(0))
+                    .optional()?;
+                let mut incident: IntegrityIncident = match doc {
+                    Some(doc) => serde_json::from_str(&doc)?,
+                    None => {
+                        return Err(Refusal::new(Reason::IntegrityIncidentNotFound, "No such integrity incident.")
+                            .with("incident_id", incident_id.clone())
+                            .into())
+                    }
+                };
+                if incident.state != "open" {
+                    return Ok(incident);
+                }
+                let docs: Vec<String> = conn
+                    .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2")?
+                    .query_map(params![namespace, incident.workflow_id.as_str()], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                let checkpoints = docs
+                    .iter()
+                    .map(|d| serde_json::from_str::<LedgerCheckpoint>(d))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Err(index) = ledger::verify_checkpoints(&chain_order(checkpoints)) {
+                    return Err(Refusal::new(
+                        Reason::IntegrityChainBroken,
+                        "The instance's ledger chain still fails verification.",
+                    )
+                    .with("incident_id", incident_id.clone())
+                    .with("broken_at", index)
+                    .into());
+                }
+                incident.state = "closed".into();
+                incident.closed_at = Some(now);
+                incident.note = Some(note);
+                conn.execute(
+                    "UPDATE integrity_incidents SET state = 'closed', doc = ?2 WHERE incident_id = ?1",
+                    params![incident_id, serde_json::to_string(&incident)?],
+                )?;
+                if let Some(mut run) = load_state(conn, incident.run_id.as_str())? {
+                    if run.integrity_incident.as_deref() == Some(incident.incident_id.as_str()) {
+                        let mut ids = UlidIds;
+                        let mut cx = Cx::new(now, &mut ids, &limits);
+                        clear_integrity_block(&mut run, &mut cx);
+                        persist(conn, &run, &cx.effects, false, &limits)?;
+                    }
+                }
+                Ok(incident)
+            })
+            .await
     }
 
     async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
@@ -946,7 +1100,8 @@ impl Store for SqliteStore {
     {
         let due = due.clone();
         let limits = self.limits.clone();
-        self.writer
+        let result = self
+            .writer
             .write(move |conn| {
                 let fence: Option<i64> = conn
                     .query_row("SELECT duty_fence FROM tasks WHERE task_id = ?1", [due.task_id.as_str()], |r| {
@@ -973,7 +1128,8 @@ impl Store for SqliteStore {
                 )?;
                 Ok((value, run))
             })
-            .await
+            .await;
+        self.guard(result).await
     }
 
     async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {

@@ -295,3 +295,51 @@ pub async fn resolve<S: Store>(
     tracing::info!(namespace, ledger_key, state = resolved.state.as_str(), workflow_id = %run.workflow_id, "ledger entry resolved");
     Ok(Json(entry_json(&resolved)))
 }
+
+fn incident_json(incident: &capstan_store::IntegrityIncident) -> Value {
+    json!({
+        "incident_id": incident.incident_id,
+        "namespace": incident.namespace,
+        "workflow_id": incident.workflow_id,
+        "run_id": incident.run_id,
+        "state": incident.state,
+        "detail": incident.detail,
+        "opened_at": render::time(incident.opened_at),
+        "closed_at": incident.closed_at.map(render::time),
+        "note": incident.note,
+    })
+}
+
+/// `GET /integrity-incidents[?state=open|closed]`.
+pub async fn list_incidents<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let wanted = match query.get("state").map(String::as_str) {
+        None | Some("") => None,
+        Some(s @ ("open" | "closed")) => Some(s.to_string()),
+        Some(_) => return Err(ApiError::validation("state", "state must be open or closed.")),
+    };
+    let incidents = state.store.integrity_incidents(&namespace, wanted).await?;
+    Ok(Json(json!({"incidents": incidents.iter().map(incident_json).collect::<Vec<_>>()})))
+}
+
+/// `POST /integrity-incidents/{id}/close`: after investigating, an operator closes an incident;
+/// the chain must verify again, and the run continues.
+pub async fn close_incident<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+    Path(incident_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    state.config.auth.require(&headers, &[Role::Admin])?;
+    let note = Fields::new(&body).req_str("note", 10_000)?;
+    let incident = state
+        .store
+        .close_integrity_incident(&namespace, &incident_id, note, now_ms())
+        .await?;
+    tracing::info!(namespace, incident_id, workflow_id = %incident.workflow_id, "integrity incident closed");
+    Ok(Json(incident_json(&incident)))
+}

@@ -107,6 +107,8 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/ledger", get(ledger::list_entries::<S>))
         .route("/ledger/:ledger_key", get(ledger::get_entry::<S>))
         .route("/ledger/:ledger_key/resolve", post(ledger::resolve::<S>))
+        .route("/integrity-incidents", get(ledger::list_incidents::<S>))
+        .route("/integrity-incidents/:incident_id/close", post(ledger::close_incident::<S>))
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
