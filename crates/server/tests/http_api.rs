@@ -3262,6 +3262,17 @@ async fn action_definitions_and_ledger_api_validate_and_enforce_roles() {
     send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::OPERATOR).json(&definition))
         .await
         .err(403, "forbidden");
+    send(h.bare(Method::GET, "/metrics")).await.err(401, "unauthorized");
+    send(h.bare(Method::GET, "/metrics").bearer_auth(Tokens::WORKER))
+        .await
+        .err(403, "forbidden");
+    assert_eq!(
+        send(h.bare(Method::GET, "/metrics").bearer_auth(Tokens::OPERATOR))
+            .await
+            .status
+            .as_u16(),
+        200
+    );
     let first = send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&definition))
         .await
         .ok(200);
@@ -3366,6 +3377,20 @@ async fn a_declared_action_is_ledgered_at_dispatch_and_blocks_until_resolved() {
     h.cpost("/api/workflows/charged/repair", json!({}))
         .await
         .err(409, "outcome_unknown_requires_resolution");
+    let metrics = scrape(&h).await;
+    assert!(
+        metric_line(&metrics, "capstan_ledger_entries", &["state=\"outcome_unknown\""], "1"),
+        "{metrics}"
+    );
+    assert!(
+        metric_line(
+            &metrics,
+            "capstan_ledger_outcome_unknown_oldest_age_seconds",
+            &["namespace=\"default\""],
+            "0"
+        ),
+        "{metrics}"
+    );
     assert!(h.poll_activity("w1", "q", 1).await.is_null(), "no automatic retry");
     let resolved = h
         .cpost(
@@ -3385,7 +3410,38 @@ async fn a_declared_action_is_ledgered_at_dispatch_and_blocks_until_resolved() {
     let completed = history.iter().find(|e| e["event_type"] == "ActivityCompleted").unwrap();
     assert_eq!(completed["payload"]["ledger_key"], key.as_str());
     assert!(h.describe("charged").await["blocked_by"].is_null());
+    let metrics = scrape(&h).await;
+    assert!(
+        metric_line(
+            &metrics,
+            "capstan_ledger_resolutions_total",
+            &["decision=\"effect_confirmed\""],
+            "1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metric_line(&metrics, "capstan_ledger_entries", &["state=\"effect_confirmed\""], "1"),
+        "{metrics}"
+    );
     let shown = h.cget(&format!("/api/ledger/{key}")).await.ok(200);
     assert_eq!(shown["chain_verified"], true);
     assert_eq!(shown["checkpoints"].as_array().unwrap().len(), 3);
+}
+
+async fn scrape(h: &Harness) -> String {
+    let response = h.http.get(h.url("/metrics")).send().await.expect("scrape");
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(response
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.to_str().unwrap().starts_with("text/plain")));
+    response.text().await.expect("metrics text")
+}
+
+/// Whether the exposition has a sample of `name` carrying every label in `labels` with `value`.
+fn metric_line(text: &str, name: &str, labels: &[&str], value: &str) -> bool {
+    text.lines().any(|line| {
+        line.starts_with(&format!("{name}{{")) && labels.iter().all(|l| line.contains(l)) && line.ends_with(&format!(" {value}"))
+    })
 }

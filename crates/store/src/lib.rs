@@ -179,6 +179,15 @@ pub fn chain_order(mut checkpoints: Vec<LedgerCheckpoint>) -> Vec<LedgerCheckpoi
     ordered
 }
 
+/// Ledger figures for metrics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LedgerStats {
+    /// `(namespace, state, entries, oldest dispatched_at)`.
+    pub entries: Vec<(String, String, i64, Millis)>,
+    /// `(namespace, open incidents)`.
+    pub open_incidents: Vec<(String, i64)>,
+}
+
 /// Which ledger entries to list.
 #[derive(Clone, Debug, Default)]
 pub struct LedgerFilter {
@@ -351,6 +360,10 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         workflow_id: &WorkflowId,
     ) -> impl Future<Output = StoreResult<Vec<LedgerCheckpoint>>> + Send;
+
+    /// Ledger figures for metrics, per namespace: entries by state (with the oldest dispatch
+    /// time in each state) and open integrity incidents.
+    fn ledger_stats(&self) -> impl Future<Output = StoreResult<LedgerStats>> + Send;
 
     /// Integrity incidents of a namespace (`state`: `open` or `closed`; all without).
     fn integrity_incidents(

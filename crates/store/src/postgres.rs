@@ -1024,6 +1024,29 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl Store for PostgresStore {
+    async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
+        let client = self.pool.get().await?;
+        let entries = client
+            .query(
+                "SELECT namespace, state, COUNT(*), MIN(dispatched_at) FROM ledger_entries GROUP BY namespace, state",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, i64>(2), r.get::<_, i64>(3)))
+            .collect();
+        let open_incidents = client
+            .query(
+                "SELECT namespace, COUNT(*) FROM integrity_incidents WHERE state = 'open' GROUP BY namespace",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .collect();
+        Ok(LedgerStats { entries, open_incidents })
+    }
+
     async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
         let client = self.pool.get().await?;
         let rows = client

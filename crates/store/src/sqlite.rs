@@ -862,6 +862,21 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
+        self.read(move |conn| {
+            let entries = conn
+                .prepare_cached("SELECT namespace, state, COUNT(*), MIN(dispatched_at) FROM ledger_entries GROUP BY namespace, state")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<_, _>>()?;
+            let open_incidents = conn
+                .prepare_cached("SELECT namespace, COUNT(*) FROM integrity_incidents WHERE state = 'open' GROUP BY namespace")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(LedgerStats { entries, open_incidents })
+        })
+        .await
+    }
+
     async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
         let namespace = namespace.to_string();
         self.read(move |conn| {

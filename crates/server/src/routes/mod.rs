@@ -122,6 +122,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
 
     Router::new()
         .nest("/api", api)
+        .route("/metrics", get(system::metrics::<S>))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))

@@ -1,7 +1,7 @@
 //! Health, readiness and the cluster-info document the SDKs validate.
 
 use crate::auth::Role;
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::wire::SUPPORTED_COMMANDS;
 use crate::{now_ms, render, Shared, CONTROL_PLANE_VERSION, WORKER_PROTOCOL_VERSION};
 use axum::extract::State;
@@ -130,4 +130,72 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
             "redaction": {"never_echo": ["bearer_tokens", "private_keys", "raw_authorization_headers"]},
         },
     })))
+}
+
+/// `GET /metrics`: Prometheus text. Ledger figures are read from the database at each scrape, so
+/// every node of a cluster reports the same totals.
+pub async fn metrics<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Response> {
+    use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+    let stats = state.store.ledger_stats().await?;
+    let registry = Registry::new();
+    let metric_error =
+        |e: prometheus::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "metrics_unavailable", format!("metrics: {e}"));
+    let entries = IntGaugeVec::new(
+        Opts::new("capstan_ledger_entries", "Recovery-ledger entries by state."),
+        &["namespace", "state"],
+    )
+    .map_err(metric_error)?;
+    let unknown_age = IntGaugeVec::new(
+        Opts::new(
+            "capstan_ledger_outcome_unknown_oldest_age_seconds",
+            "Age of the oldest dispatch whose outcome is unknown (0 when none).",
+        ),
+        &["namespace"],
+    )
+    .map_err(metric_error)?;
+    let resolutions = IntCounterVec::new(
+        Opts::new(
+            "capstan_ledger_resolutions_total",
+            "Operator resolutions of unknown outcomes, by decision.",
+        ),
+        &["namespace", "decision"],
+    )
+    .map_err(metric_error)?;
+    let incidents = IntGaugeVec::new(
+        Opts::new(
+            "capstan_integrity_incidents_open",
+            "Open integrity incidents (runs blocked on a broken chain).",
+        ),
+        &["namespace"],
+    )
+    .map_err(metric_error)?;
+    let now = now_ms();
+    for (namespace, ledger_state, count, oldest) in &stats.entries {
+        entries.with_label_values(&[namespace, ledger_state]).set(*count);
+        match ledger_state.as_str() {
+            "outcome_unknown" => unknown_age.with_label_values(&[namespace]).set(((now - oldest) / 1000).max(0)),
+            "effect_confirmed" | "effect_absent" => resolutions.with_label_values(&[namespace, ledger_state]).inc_by(*count as u64),
+            _ => {}
+        }
+    }
+    for (namespace, count) in &stats.open_incidents {
+        incidents.with_label_values(&[namespace]).set(*count);
+    }
+    for collector in [
+        Box::new(entries) as Box<dyn prometheus::core::Collector>,
+        Box::new(unknown_age),
+        Box::new(resolutions),
+        Box::new(incidents),
+    ] {
+        registry.register(collector).map_err(metric_error)?;
+    }
+    let mut text = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut text).map_err(metric_error)?;
+    Ok((
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response())
 }
