@@ -346,3 +346,56 @@ def test_a_broken_ledger_chain_blocks_the_run_until_an_incident_is_closed(server
     assert closed.status_code == 200 and closed.json()["state"] == "closed", closed.text
     assert resolved.status_code == 200, resolved.text
     assert result == {"receipt": {"charged": "ok", "calls": 1}}, result
+
+
+def test_capstan_ledger_and_actions_cli(server_url, worker_url, run_worker):
+    """The operator CLI against a running server: define and show an action, list the
+    `outcome_unknown` queue as JSON, resolve an entry (the workflow then completes), and a
+    refused call exits 1 with the server's reason."""
+    import json
+    import subprocess
+
+    from capstan_harness import capstan_binary
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(capstan_binary()), *args, "--server", server_url], capture_output=True, text=True, timeout=60,
+        )
+
+    defined = cli("actions", "define", "ledger.charge", "--mode", "non_atomic",
+                  "--verification", '{"declared_effects": ["payment"]}', "--output", "json")
+    assert defined.returncode == 0, defined.stderr
+    assert json.loads(defined.stdout)["recovery_mode"] == "non_atomic"
+    shown = cli("actions", "show", "ledger.charge")
+    assert shown.returncode == 0 and "ledger.charge" in shown.stdout and "RECOVERY_MODE" in shown.stdout, shown.stdout
+    assert "ledger.charge" in cli("actions", "list").stdout
+
+    queue = unique("ledger-cli")
+    workflow_id = unique("cli-checkout")
+    key = unique("cli-charge")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            async with run_worker(worker_url, queue, workflows=[CheckoutWorkflow], activities=[charge]) as worker, \
+                    make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="ledger.checkout", task_queue=queue, workflow_id=workflow_id, input=[key, "fail-first"])
+                unknown = await wait_for_unknown(http, workflow_id)
+                listed = await asyncio.to_thread(cli, "ledger", "list", "--state", "outcome_unknown", "--workflow-id", workflow_id, "--output", "json")
+                table = await asyncio.to_thread(cli, "ledger", "show", unknown["ledger_key"])
+                resolved = await asyncio.to_thread(
+                    cli, "ledger", "resolve", unknown["ledger_key"], "--decision", "effect_absent",
+                    "--evidence", '{"note": "no charge at the bank"}', "--principal", "ops-alice",
+                )
+                again = await asyncio.to_thread(
+                    cli, "ledger", "resolve", unknown["ledger_key"], "--decision", "effect_absent", "--evidence", '{"note": "x"}',
+                )
+                result = await wait_result(handle, timeout=30, workers=[worker])
+        return unknown, listed, table, resolved, again, result
+
+    unknown, listed, table, resolved, again, result = run_async(main(), timeout=90)
+    assert listed.returncode == 0, listed.stderr
+    assert [e["ledger_key"] for e in json.loads(listed.stdout)["entries"]] == [unknown["ledger_key"]]
+    assert "outcome_unknown" in table.stdout and "chain verified: true" in table.stdout, table.stdout
+    assert resolved.returncode == 0 and "effect_absent" in resolved.stdout, resolved.stderr
+    assert again.returncode == 1 and "ledger_entry_not_unknown" in again.stderr, again.stderr
+    assert result == {"receipt": {"charged": key, "calls": 2}}, result

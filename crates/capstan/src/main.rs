@@ -3,6 +3,8 @@
 //! This binary is glue: it parses flags, sets up logging, opens the store and runs the server
 //! library until SIGINT or SIGTERM.
 
+mod cli;
+
 use capstan_server::{AuthConfig, ServerConfig};
 use capstan_store::{PostgresStore, SqliteStore};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -27,6 +29,20 @@ enum Command {
     /// Check every history and ledger chain in the database, offline. Exit code 0: intact;
     /// 1: something is broken (each problem is printed); 2: the database could not be read.
     Verify(VerifyArgs),
+    /// Declare and inspect consequential actions (the recovery ledger's definitions).
+    Actions {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: cli::ActionsCommand,
+    },
+    /// Inspect recovery-ledger entries and resolve unknown outcomes.
+    Ledger {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: cli::LedgerCommand,
+    },
 }
 
 #[derive(Parser)]
@@ -220,6 +236,8 @@ async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::Integrity
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Actions { connection, command } => cli::actions(connection, command),
+        Command::Ledger { connection, command } => cli::ledger(connection, command),
         Command::Verify(args) => {
             let json = args.json;
             let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
