@@ -382,6 +382,10 @@ pub struct LedgerEntry {
     pub resolution: Option<Value>,
     /// Hash of this entry's latest checkpoint in the instance chain.
     pub checkpoint_hash: String,
+    /// Reports that arrived after the attempt had lost its lease: refused for the workflow,
+    /// kept here as evidence for the operator (hashes and messages, never payloads).
+    #[serde(default)]
+    pub late_reports: Vec<Value>,
 }
 
 /// One state change of a ledger entry, chained per workflow instance.

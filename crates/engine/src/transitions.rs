@@ -1608,6 +1608,7 @@ fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &A
         unknown_reason: None,
         resolution: None,
         checkpoint_hash: String::new(),
+        late_reports: Vec::new(),
     };
     run.activities.get_mut(&execution.id).expect("open").ledger_key = Some(ledger_key);
     let details = obj!(
@@ -2932,6 +2933,25 @@ pub fn resolve_ledger_entry(
         }
     }
     Ok(run.ledger[ledger_key].clone())
+}
+
+/// A report from an attempt whose dispatch is already `outcome_unknown` (it lost its lease,
+/// timed out…): the workflow refused it, but it is what an operator needs to decide, so it is
+/// attached to the entry. Returns whether such an entry exists.
+pub fn attach_late_report(run: &mut RunState, cx: &mut Cx, attempt_id: &ActivityAttemptId, report: Value) -> Result<bool, Refusal> {
+    let Some(mut entry) = run
+        .ledger
+        .values()
+        .find(|e| &e.activity_attempt_id == attempt_id && e.state == LedgerState::OutcomeUnknown)
+        .cloned()
+    else {
+        return Ok(false);
+    };
+    let mut report = report;
+    report["received_at"] = json!(iso8601(cx.now));
+    entry.late_reports.push(report.clone());
+    checkpoint(run, cx, entry, obj!("late_report" => report));
+    Ok(true)
 }
 
 /// The entry blocking this run, if any: it refuses every operation that would re-run a step.

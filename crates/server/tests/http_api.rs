@@ -3445,3 +3445,42 @@ fn metric_line(text: &str, name: &str, labels: &[&str], value: &str) -> bool {
         line.starts_with(&format!("{name}{{")) && labels.iter().all(|l| line.contains(l)) && line.ends_with(&format!(" {value}"))
     })
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_report_after_an_unknown_outcome_is_refused_but_kept_as_evidence() {
+    let h = Harness::start().await;
+    h.cpost_method(
+        Method::PUT,
+        "/api/action-definitions/charge",
+        json!({"recovery_mode": "non_atomic"}),
+    )
+    .await
+    .ok(200);
+    h.register("w1", "q").await;
+    h.start_workflow("late", "q").await;
+    let task = h.next_workflow_task("w1", "q").await;
+    h.complete_workflow_task(
+        &task,
+        json!([{"type": "schedule_activity", "activity_type": "charge", "arguments": env(EMPTY_ARGS), "start_to_close_timeout": 1}]),
+    )
+    .await
+    .ok(200);
+    let attempt = h.next_activity_task("w1", "q").await;
+    // The attempt times out: its outcome is unknown.
+    let key = wait_for("the unknown outcome", Duration::from_secs(10), || async {
+        let described = h.describe("late").await;
+        described["blocked_by"]["ledger_key"].as_str().map(str::to_string)
+    })
+    .await;
+    // The worker was slow, not dead: its result arrives after the lease is gone.
+    h.complete_activity(&attempt, AVRO_NULL)
+        .await
+        .err_one_of(409, &["attempt_closed", "lease_expired", "task_not_leased"]);
+    let entry = h.cget(&format!("/api/ledger/{key}")).await.ok(200);
+    assert_eq!(entry["state"], "outcome_unknown", "the refusal stands");
+    assert_eq!(entry["late_reports"][0]["report"], "completed");
+    assert!(entry["late_reports"][0]["result_hash"].is_string());
+    assert_eq!(entry["chain_verified"], true);
+    let history = h.history("late", h.describe("late").await["run_id"].as_str().unwrap()).await;
+    assert_eq!(count_events(&history, "ActivityCompleted"), 0);
+}

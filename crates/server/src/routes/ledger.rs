@@ -66,6 +66,7 @@ pub fn entry_json(entry: &LedgerEntry) -> Value {
         "updated_at": render::time(entry.updated_at),
         "unknown_reason": entry.unknown_reason,
         "resolution": entry.resolution,
+        "late_reports": entry.late_reports,
         "checkpoint_hash": entry.checkpoint_hash,
     })
 }

@@ -657,6 +657,35 @@ fn activity_refused(error: StoreError, task_id: &str, attempt_id: &ActivityAttem
     error
 }
 
+/// A refused activity report. If it came from an attempt whose declared action is already
+/// `outcome_unknown`, it is attached to that ledger entry as evidence (the refusal stands).
+async fn late_report<S: Store>(
+    state: &AppState<S>,
+    namespace: &str,
+    task_id: &str,
+    attempt_id: &ActivityAttemptId,
+    evidence: Value,
+    error: StoreError,
+) -> ApiError {
+    if matches!(&error, StoreError::Refused(_)) {
+        let attempt = attempt_id.clone();
+        let attached = state
+            .store
+            .mutate_run(
+                namespace,
+                RunLocator::Task(TaskId(task_id.to_string())),
+                now_ms(),
+                move |run, cx| capstan_engine::attach_late_report(run, cx, &attempt, evidence),
+            )
+            .await;
+        if let Ok((true, run)) = attached {
+            tracing::warn!(namespace, workflow_id = %run.workflow_id, task_id, activity_attempt_id = %attempt_id,
+                "late activity report attached to its ledger entry as evidence");
+        }
+    }
+    activity_refused(error, task_id, attempt_id)
+}
+
 pub async fn complete_activity_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
@@ -669,14 +698,18 @@ pub async fn complete_activity_task<S: Store>(
         .unwrap_or_else(|| Payload::avro(crate::avro::null_blob()));
     let id = TaskId(task_id.clone());
     let attempt = attempt_id.clone();
-    let (receipt, run) = state
+    let evidence = json!({"report": "completed", "result_hash": capstan_engine::ledger::digest(&result.blob), "lease_owner": owner});
+    let (receipt, run) = match state
         .store
         .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
             cx.memo = Some(&crate::avro::AVRO_MEMO);
             capstan_engine::complete_activity(run, cx, &id, &attempt, &owner, result)
         })
         .await
-        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
+    {
+        Ok(done) => done,
+        Err(error) => return Err(late_report(&state, &namespace, &task_id, &attempt_id, evidence, error).await),
+    };
     after_change(&state, &run);
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id, retained = receipt.retained, "activity completed");
     Ok(Json(json!({
@@ -701,13 +734,17 @@ pub async fn fail_activity_task<S: Store>(
     let failure = wire::parse_activity_failure(&failure_map, &state.config.limits)?;
     let id = TaskId(task_id.clone());
     let attempt = attempt_id.clone();
-    let (receipt, run) = state
+    let evidence = json!({"report": "failed", "message": failure.message, "exception_type": failure.failure_type, "lease_owner": owner});
+    let (receipt, run) = match state
         .store
         .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
             capstan_engine::fail_activity(run, cx, &id, &attempt, &owner, failure)
         })
         .await
-        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
+    {
+        Ok(done) => done,
+        Err(error) => return Err(late_report(&state, &namespace, &task_id, &attempt_id, evidence, error).await),
+    };
     after_change(&state, &run);
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id,
         retry_task = ?receipt.created_task_ids.first(), "activity attempt failed");
