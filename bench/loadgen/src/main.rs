@@ -71,6 +71,10 @@ struct Args {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Declare the workloads' activity type (`echo`) a consequential action with this recovery
+    /// mode first (e.g. `non_atomic`), so every dispatch is ledgered: the ledger's cost.
+    #[arg(long)]
+    declare_action: Option<String>,
 }
 
 const WORKER_HEADERS: [(&str, &str); 2] = [("X-Durable-Workflow-Protocol-Version", "1.20"), ("X-Namespace", "default")];
@@ -360,6 +364,21 @@ async fn main() {
         .expect("http client");
     let api = Arc::new(Api { http, base: base.clone() });
     let queue = format!("bench-{}", std::process::id());
+    if let Some(mode) = &args.declare_action {
+        let mut request = api
+            .http
+            .put(format!("{base}/api/action-definitions/echo"))
+            .json(&json!({"recovery_mode": mode}));
+        for (name, value) in CONTROL_HEADERS {
+            request = request.header(name, value);
+        }
+        let response = request.send().await.expect("declare the action");
+        assert!(
+            response.status().is_success(),
+            "declaring the action failed: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
     let cpu_before = spawned.as_ref().map(|s| s.cpu_seconds()).unwrap_or(0.0);
 
     if args.workload == Workload::IdlePolls {

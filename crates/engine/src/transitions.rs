@@ -1623,8 +1623,10 @@ fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &A
     checkpoint(run, cx, entry, details);
 }
 
-/// Records a ledger entry's new state as the next checkpoint of the instance chain.
-fn checkpoint(run: &mut RunState, cx: &mut Cx, mut entry: LedgerEntry, details: Map<String, Value>) {
+/// Records a ledger entry's new state as the next checkpoint of the instance chain. The run
+/// keeps only entries still open (dispatched, outcome unknown); settled ones live in the store,
+/// so a run with many declared actions does not carry them all in its document.
+fn checkpoint(run: &mut RunState, cx: &mut Cx, mut entry: LedgerEntry, details: Map<String, Value>) -> LedgerEntry {
     let mut checkpoint = LedgerCheckpoint {
         namespace: run.namespace.clone(),
         workflow_id: run.workflow_id.clone(),
@@ -1641,7 +1643,12 @@ fn checkpoint(run: &mut RunState, cx: &mut Cx, mut entry: LedgerEntry, details: 
     entry.updated_at = cx.now;
     cx.effects.checkpoints.push(checkpoint);
     cx.effects.ledger.push(entry.clone());
-    run.ledger.insert(entry.ledger_key.clone(), entry);
+    if matches!(entry.state, LedgerState::Dispatched | LedgerState::OutcomeUnknown) {
+        run.ledger.insert(entry.ledger_key.clone(), entry.clone());
+    } else {
+        run.ledger.remove(&entry.ledger_key);
+    }
+    entry
 }
 
 /// The dispatch of a declared action ended without a conclusive result: its outcome is
@@ -2881,14 +2888,14 @@ pub fn resolve_ledger_entry(
         .cloned()
         .filter(|_| !run.is_closed());
     let evidence_hash = crate::ledger::digest(&resolution["evidence"].to_string());
-    checkpoint(
+    let resolved = checkpoint(
         run,
         cx,
         entry.clone(),
         obj!("decision" => decision_name, "principal" => principal, "evidence_hash" => evidence_hash),
     );
     let Some(execution) = execution else {
-        return Ok(run.ledger[ledger_key].clone());
+        return Ok(resolved);
     };
     let mut payload = activity_identity(&execution);
     payload.insert("activity_attempt_id".into(), json!(entry.activity_attempt_id));
@@ -2932,7 +2939,7 @@ pub fn resolve_ledger_entry(
             run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
         }
     }
-    Ok(run.ledger[ledger_key].clone())
+    Ok(resolved)
 }
 
 /// A report from an attempt whose dispatch is already `outcome_unknown` (it lost its lease,

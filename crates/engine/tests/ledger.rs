@@ -43,6 +43,8 @@ struct World {
     now: Millis,
     history: Vec<HistoryEvent>,
     checkpoints: Vec<LedgerCheckpoint>,
+    /// Every entry as last written (the store's view; the run keeps only open ones).
+    ledger: BTreeMap<String, LedgerEntry>,
 }
 
 impl World {
@@ -76,6 +78,7 @@ impl World {
             now: 1_000,
             history,
             checkpoints: vec![],
+            ledger: BTreeMap::new(),
         }
     }
 
@@ -86,6 +89,9 @@ impl World {
             Ok(value) => {
                 self.history.extend(cx.effects.events);
                 self.checkpoints.extend(cx.effects.checkpoints);
+                for entry in cx.effects.ledger {
+                    self.ledger.insert(entry.ledger_key.clone(), entry);
+                }
                 Ok(value)
             }
             Err(refusal) => {
@@ -147,7 +153,7 @@ impl World {
     }
 
     fn entries(&self, state: LedgerState) -> Vec<&LedgerEntry> {
-        self.run.ledger.values().filter(|e| e.state == state).collect()
+        self.ledger.values().filter(|e| e.state == state).collect()
     }
 }
 
@@ -227,7 +233,11 @@ fn a_failed_dispatch_is_unknown_until_an_operator_confirms_the_effect() {
     let again = world
         .apply(|run, cx| resolve_ledger_entry(run, cx, &key, LedgerDecision::EffectAbsent, json!({}), "admin"))
         .unwrap_err();
-    assert_eq!(again.reason, Reason::LedgerEntryNotUnknown);
+    assert_eq!(
+        again.reason,
+        Reason::LedgerEntryNotFound,
+        "a settled entry is no longer the run's to resolve"
+    );
     // Dispatched, outcome unknown, confirmed: one chain.
     assert_eq!(world.checkpoints.len(), 3);
     assert_eq!(ledger::verify_checkpoints(&world.checkpoints), Ok(()));
@@ -277,7 +287,7 @@ fn effect_absent_allows_exactly_one_new_dispatch_with_the_same_idempotency_key()
     world
         .apply(|run, cx| complete_activity(run, cx, &task, &attempt, "a", Payload::avro("ok")))
         .unwrap();
-    assert_eq!(world.run.ledger[&second.ledger_key].state, LedgerState::Verified);
+    assert_eq!(world.ledger[&second.ledger_key].state, LedgerState::Verified);
     assert_eq!(ledger::verify_checkpoints(&world.checkpoints), Ok(()));
 }
 
@@ -294,7 +304,7 @@ fn a_definition_changed_after_scheduling_is_refused_before_dispatch() {
         .unwrap();
     assert_eq!(failed.payload["exception_type"], json!("definition_changed"));
     assert_eq!(failed.payload["non_retryable"], json!(true));
-    assert!(world.run.ledger.is_empty(), "nothing dispatched, nothing ledgered");
+    assert!(world.ledger.is_empty(), "nothing dispatched, nothing ledgered");
     assert!(world.ready(TaskKind::Workflow).is_some());
 
     // A definition declared between scheduling and dispatch applies at the claim.
@@ -306,7 +316,7 @@ fn a_definition_changed_after_scheduling_is_refused_before_dispatch() {
     let mut world = World::start();
     world.schedule_pay(None);
     world.dispatch(None).unwrap();
-    assert!(world.run.ledger.is_empty());
+    assert!(world.ledger.is_empty());
 }
 
 #[test]
@@ -335,7 +345,7 @@ fn closing_the_run_during_a_dispatch_leaves_its_outcome_unknown() {
         })
         .unwrap();
     assert_eq!(world.history.len(), events);
-    assert_eq!(world.run.ledger[&entry.ledger_key].state, LedgerState::EffectAbsent);
+    assert_eq!(world.ledger[&entry.ledger_key].state, LedgerState::EffectAbsent);
 }
 
 #[test]
@@ -352,7 +362,7 @@ fn irreversible_actions_without_an_approval_reference_are_never_dispatched() {
         .unwrap();
     assert_eq!(failed.payload["exception_type"], json!("approval_required"));
     assert_eq!(failed.payload["non_retryable"], json!(true));
-    assert!(world.run.ledger.is_empty(), "no ledger dispatch entry");
+    assert!(world.ledger.is_empty(), "no ledger dispatch entry");
 
     let mut world = World::start();
     world.schedule_pay_with(Some(&wipe), r#"[{"target": "prod-db", "approval_ref": "CAB-42"}]"#);
@@ -403,9 +413,9 @@ fn a_result_that_fails_verification_leaves_the_outcome_unknown() {
         } else {
             LedgerState::OutcomeUnknown
         };
-        assert_eq!(world.run.ledger.values().next().unwrap().state, expected, "{result}");
+        assert_eq!(world.ledger.values().next().unwrap().state, expected, "{result}");
         if !conclusive {
-            let reason = world.run.ledger.values().next().unwrap().unknown_reason.clone().unwrap();
+            let reason = world.ledger.values().next().unwrap().unknown_reason.clone().unwrap();
             assert_eq!(reason["kind"], json!("invalid_result"));
         }
     }
@@ -451,7 +461,7 @@ fn a_pending_result_is_polled_again_under_a_new_entry_with_the_same_key() {
     world.now += 5_000;
     report(&mut world, &pay, r#"{"status": "done"}"#);
     assert_eq!(world.count(EventType::ActivityCompleted), 1);
-    let entries: Vec<&LedgerEntry> = world.run.ledger.values().collect();
+    let entries: Vec<&LedgerEntry> = world.ledger.values().collect();
     assert_eq!(entries.len(), 2);
     assert_eq!(entries[0].idempotency_key_hash, entries[1].idempotency_key_hash);
     assert_eq!(world.entries(LedgerState::Verified).len(), 1);

@@ -282,6 +282,15 @@ pub async fn resolve<S: Store>(
         .ledger_entry(&namespace, &ledger_key)
         .await?
         .ok_or_else(|| entry_not_found(&ledger_key))?;
+    if entry.state != LedgerState::OutcomeUnknown {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "ledger_entry_not_unknown",
+            "Only an entry whose outcome is unknown can be resolved.",
+        )
+        .with("ledger_key", ledger_key.clone())
+        .with("state", entry.state.as_str()));
+    }
     let key = ledger_key.clone();
     let (resolved, run) = state
         .store
