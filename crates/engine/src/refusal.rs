@@ -60,6 +60,8 @@ pub enum Reason {
     IntegrityIncidentOpen,
     IntegrityChainBroken,
     IntegrityIncidentNotFound,
+    NamespaceAlreadyExists,
+    NamespaceNotEmpty,
 }
 
 impl Reason {
@@ -116,6 +118,8 @@ impl Reason {
             Reason::IntegrityIncidentOpen => "integrity_incident_open",
             Reason::IntegrityChainBroken => "integrity_chain_broken",
             Reason::IntegrityIncidentNotFound => "integrity_incident_not_found",
+            Reason::NamespaceAlreadyExists => "namespace_already_exists",
+            Reason::NamespaceNotEmpty => "namespace_not_empty",
         }
     }
 }

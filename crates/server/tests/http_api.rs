@@ -3484,3 +3484,58 @@ async fn a_late_report_after_an_unknown_outcome_is_refused_but_kept_as_evidence(
     let history = h.history("late", h.describe("late").await["run_id"].as_str().unwrap()).await;
     assert_eq!(count_events(&history, "ActivityCompleted"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_routes_validate_and_enforce_roles() {
+    let h = token_harness().await;
+    let listed = send(ledger_call(&h, Method::GET, "/api/namespaces", Tokens::OPERATOR))
+        .await
+        .ok(200);
+    assert_eq!(listed["namespaces"][0]["name"], "default");
+    send(ledger_call(&h, Method::POST, "/api/namespaces", Tokens::OPERATOR).json(&json!({"name": "team"})))
+        .await
+        .err(403, "forbidden");
+    send(h.bare(Method::GET, "/api/namespaces").bearer_auth(Tokens::OPERATOR))
+        .await
+        .err(400, "missing_control_plane_version");
+    for bad in [
+        json!({}),
+        json!({"name": "has space"}),
+        json!({"name": "t", "retention_days": 0}),
+        json!({"name": "t", "retention_days": 366}),
+    ] {
+        send(ledger_call(&h, Method::POST, "/api/namespaces", Tokens::ADMIN).json(&bad))
+            .await
+            .err(422, "validation_failed");
+    }
+    // The namespace in the path need not be the X-Namespace, which need not exist here.
+    let created = send(
+        h.bare(Method::POST, "/api/namespaces")
+            .header(CONTROL_HEADER, "2")
+            .header("X-Namespace", "not-yet")
+            .bearer_auth(Tokens::ADMIN)
+            .json(&json!({"name": "Team-A", "retention_days": 30})),
+    )
+    .await
+    .ok(201);
+    assert_eq!(
+        (created["name"].clone(), created["retention_days"].clone()),
+        (json!("team-a"), json!(30))
+    );
+    send(ledger_call(&h, Method::POST, "/api/namespaces", Tokens::ADMIN).json(&json!({"name": "team-a"})))
+        .await
+        .err(409, "namespace_already_exists");
+    send(ledger_call(&h, Method::GET, "/api/namespaces/nope", Tokens::OPERATOR))
+        .await
+        .err(404, "namespace_not_found");
+    send(ledger_call(&h, Method::PUT, "/api/namespaces/nope", Tokens::ADMIN).json(&json!({"retention_days": 3})))
+        .await
+        .err(404, "namespace_not_found");
+    send(ledger_call(&h, Method::DELETE, "/api/namespaces/default", Tokens::ADMIN))
+        .await
+        .err(409, "namespace_not_empty");
+    let deleted = send(ledger_call(&h, Method::DELETE, "/api/namespaces/team-a", Tokens::ADMIN))
+        .await
+        .ok(200);
+    assert_eq!(deleted["deleted"]["namespaces"], 1);
+}

@@ -179,6 +179,18 @@ pub fn chain_order(mut checkpoints: Vec<LedgerCheckpoint>) -> Vec<LedgerCheckpoi
     ordered
 }
 
+/// A namespace: the unit of isolation of workflows, queues and the ledger.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NamespaceRecord {
+    pub name: String,
+    pub description: Option<String>,
+    /// Closed runs older than this many days may be removed (none: kept).
+    pub retention_days: Option<i64>,
+    pub status: String,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
 /// Ledger figures for metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LedgerStats {
@@ -186,6 +198,25 @@ pub struct LedgerStats {
     pub entries: Vec<(String, String, i64, Millis)>,
     /// `(namespace, open incidents)`.
     pub open_incidents: Vec<(String, i64)>,
+}
+
+/// A namespace row as stored: `name`, `description`, `created_at`, and the document (absent on
+/// rows written before it existed).
+pub(crate) fn namespace_from_row(name: String, description: Option<String>, created_at: Millis, doc: Option<String>) -> NamespaceRecord {
+    doc.and_then(|d| serde_json::from_str(&d).ok()).unwrap_or(NamespaceRecord {
+        name,
+        description,
+        retention_days: None,
+        status: "active".into(),
+        created_at,
+        updated_at: created_at,
+    })
+}
+
+pub(crate) fn namespace_missing(name: &str) -> StoreError {
+    Refusal::new(Reason::NamespaceNotFound, format!("Namespace {name:?} does not exist."))
+        .with("namespace", name)
+        .into()
 }
 
 /// Which ledger entries to list.
@@ -360,6 +391,25 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         workflow_id: &WorkflowId,
     ) -> impl Future<Output = StoreResult<Vec<LedgerCheckpoint>>> + Send;
+
+    /// Every namespace, by name.
+    fn namespaces(&self) -> impl Future<Output = StoreResult<Vec<NamespaceRecord>>> + Send;
+
+    /// Creates a namespace; an existing name is `namespace_already_exists`.
+    fn create_namespace(&self, record: NamespaceRecord) -> impl Future<Output = StoreResult<NamespaceRecord>> + Send;
+
+    /// Replaces a namespace's description and retention (`None` leaves a field as it is).
+    fn update_namespace(
+        &self,
+        name: &str,
+        description: Option<String>,
+        retention_days: Option<i64>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<NamespaceRecord>> + Send;
+
+    /// Deletes an empty namespace (`default` never): one that still holds workflows is
+    /// `namespace_not_empty`.
+    fn delete_namespace(&self, name: &str) -> impl Future<Output = StoreResult<NamespaceRecord>> + Send;
 
     /// Ledger figures for metrics, per namespace: entries by state (with the oldest dispatch
     /// time in each state) and open integrity incidents.

@@ -218,6 +218,13 @@ CREATE TABLE integrity_incidents (
 CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, state, opened_at);
 "#,
     ),
+    (
+        7,
+        r#"
+-- Namespaces carry a document (retention, status, timestamps) beside their name.
+ALTER TABLE namespaces ADD COLUMN doc TEXT;
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -1024,6 +1031,111 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl Store for PostgresStore {
+    async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query("SELECT name, description, created_at, doc FROM namespaces ORDER BY name", &[])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| namespace_from_row(r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect())
+    }
+
+    async fn create_namespace(&self, record: NamespaceRecord) -> StoreResult<NamespaceRecord> {
+        let client = self.pool.get().await?;
+        let inserted = client
+            .execute(
+                "INSERT INTO namespaces (name, description, created_at, doc) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[
+                    &record.name,
+                    &record.description,
+                    &record.created_at,
+                    &serde_json::to_string(&record).map_err(corrupt)?,
+                ],
+            )
+            .await?;
+        if inserted == 0 {
+            return Err(Refusal::new(
+                Reason::NamespaceAlreadyExists,
+                format!("Namespace {:?} already exists.", record.name),
+            )
+            .with("namespace", record.name.clone())
+            .into());
+        }
+        Ok(record)
+    }
+
+    async fn update_namespace(
+        &self,
+        name: &str,
+        description: Option<String>,
+        retention_days: Option<i64>,
+        now: Millis,
+    ) -> StoreResult<NamespaceRecord> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT name, description, created_at, doc FROM namespaces WHERE name = $1 FOR UPDATE",
+                &[&name],
+            )
+            .await?;
+        let mut record = row
+            .map(|r| namespace_from_row(r.get(0), r.get(1), r.get(2), r.get(3)))
+            .ok_or_else(|| namespace_missing(name))?;
+        if description.is_some() {
+            record.description = description;
+        }
+        if retention_days.is_some() {
+            record.retention_days = retention_days;
+        }
+        record.updated_at = now;
+        tx.execute(
+            "UPDATE namespaces SET description = $2, doc = $3 WHERE name = $1",
+            &[&name, &record.description, &serde_json::to_string(&record).map_err(corrupt)?],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT name, description, created_at, doc FROM namespaces WHERE name = $1 FOR UPDATE",
+                &[&name],
+            )
+            .await?;
+        let record = row
+            .map(|r| namespace_from_row(r.get(0), r.get(1), r.get(2), r.get(3)))
+            .ok_or_else(|| namespace_missing(name))?;
+        let workflows: i64 = tx
+            .query_one("SELECT COUNT(*) FROM workflow_instances WHERE namespace = $1", &[&name])
+            .await?
+            .get(0);
+        if name == "default" || workflows > 0 {
+            return Err(Refusal::new(
+                Reason::NamespaceNotEmpty,
+                "Only an empty namespace other than default can be deleted.",
+            )
+            .with("namespace", name)
+            .with("workflows", workflows)
+            .into());
+        }
+        for sql in [
+            "DELETE FROM namespaces WHERE name = $1",
+            "DELETE FROM workers WHERE namespace = $1",
+            "DELETE FROM action_definitions WHERE namespace = $1",
+        ] {
+            tx.execute(sql, &[&name]).await?;
+        }
+        tx.commit().await?;
+        Ok(record)
+    }
+
     async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
         let client = self.pool.get().await?;
         let entries = client

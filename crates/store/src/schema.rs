@@ -211,6 +211,13 @@ CREATE TABLE integrity_incidents (
 CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, state, opened_at);
 "#,
     ),
+    (
+        7,
+        r#"
+-- Namespaces carry a document (retention, status, timestamps) beside their name.
+ALTER TABLE namespaces ADD COLUMN doc TEXT;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

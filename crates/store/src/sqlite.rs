@@ -862,6 +862,99 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
+        self.read(move |conn| {
+            let rows = conn
+                .prepare_cached("SELECT name, description, created_at, doc FROM namespaces ORDER BY name")?
+                .query_map([], |r| Ok(namespace_from_row(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn create_namespace(&self, record: NamespaceRecord) -> StoreResult<NamespaceRecord> {
+        self.writer
+            .write(move |conn| {
+                let inserted = conn
+                    .prepare_cached("INSERT OR IGNORE INTO namespaces (name, description, created_at, doc) VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![
+                        record.name,
+                        record.description,
+                        record.created_at,
+                        serde_json::to_string(&record)?
+                    ])?;
+                if inserted == 0 {
+                    return Err(Refusal::new(
+                        Reason::NamespaceAlreadyExists,
+                        format!("Namespace {:?} already exists.", record.name),
+                    )
+                    .with("namespace", record.name.clone())
+                    .into());
+                }
+                Ok(record)
+            })
+            .await
+    }
+
+    async fn update_namespace(
+        &self,
+        name: &str,
+        description: Option<String>,
+        retention_days: Option<i64>,
+        now: Millis,
+    ) -> StoreResult<NamespaceRecord> {
+        let name = name.to_string();
+        self.writer
+            .write(move |conn| {
+                let row: Option<NamespaceRecord> = conn
+                    .prepare_cached("SELECT name, description, created_at, doc FROM namespaces WHERE name = ?1")?
+                    .query_row([&name], |r| Ok(namespace_from_row(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .optional()?;
+                let mut record = row.ok_or_else(|| namespace_missing(&name))?;
+                if description.is_some() {
+                    record.description = description;
+                }
+                if retention_days.is_some() {
+                    record.retention_days = retention_days;
+                }
+                record.updated_at = now;
+                conn.prepare_cached("UPDATE namespaces SET description = ?2, doc = ?3 WHERE name = ?1")?
+                    .execute(params![name, record.description, serde_json::to_string(&record)?])?;
+                Ok(record)
+            })
+            .await
+    }
+
+    async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
+        let name = name.to_string();
+        self.writer
+            .write(move |conn| {
+                let row: Option<NamespaceRecord> = conn
+                    .prepare_cached("SELECT name, description, created_at, doc FROM namespaces WHERE name = ?1")?
+                    .query_row([&name], |r| Ok(namespace_from_row(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .optional()?;
+                let record = row.ok_or_else(|| namespace_missing(&name))?;
+                let workflows: i64 = conn.query_row("SELECT COUNT(*) FROM workflow_instances WHERE namespace = ?1", [&name], |r| {
+                    r.get(0)
+                })?;
+                if name == "default" || workflows > 0 {
+                    return Err(Refusal::new(
+                        Reason::NamespaceNotEmpty,
+                        "Only an empty namespace other than default can be deleted.",
+                    )
+                    .with("namespace", name.clone())
+                    .with("workflows", workflows)
+                    .into());
+                }
+                conn.execute("DELETE FROM namespaces WHERE name = ?1", [&name])?;
+                conn.execute("DELETE FROM workers WHERE namespace = ?1", [&name])?;
+                conn.execute("DELETE FROM action_definitions WHERE namespace = ?1", [&name])?;
+                Ok(record)
+            })
+            .await
+    }
+
     async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
         self.read(move |conn| {
             let entries = conn

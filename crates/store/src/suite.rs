@@ -549,6 +549,43 @@ pub async fn declared_actions_are_ledgered_in_the_claim_transaction<S: Store>(st
     assert_eq!(failed.payload["exception_type"], json!("definition_changed"));
 }
 
+pub async fn namespaces_are_created_updated_and_deleted_when_empty<S: Store>(store: S) {
+    let record = |name: &str| NamespaceRecord {
+        name: name.into(),
+        description: Some("team a".into()),
+        retention_days: Some(30),
+        status: "active".into(),
+        created_at: NOW,
+        updated_at: NOW,
+    };
+    let names = |list: Vec<NamespaceRecord>| list.into_iter().map(|n| n.name).collect::<Vec<_>>();
+    assert_eq!(names(store.namespaces().await.unwrap()), ["default"]);
+    store.create_namespace(record("team-a")).await.unwrap();
+    assert_eq!(
+        reason(store.create_namespace(record("team-a")).await),
+        Reason::NamespaceAlreadyExists
+    );
+    assert!(store.namespace_exists("team-a").await.unwrap());
+    let updated = store.update_namespace("team-a", None, Some(7), NOW + 1).await.unwrap();
+    assert_eq!(
+        (updated.description.as_deref(), updated.retention_days, updated.updated_at),
+        (Some("team a"), Some(7), NOW + 1)
+    );
+    assert_eq!(
+        reason(store.update_namespace("nope", None, None, NOW).await),
+        Reason::NamespaceNotFound
+    );
+    assert_eq!(reason(store.delete_namespace("default").await), Reason::NamespaceNotEmpty);
+    let mut start = start_request("in-team-a", "q");
+    start.namespace = "team-a".into();
+    store.start_workflow(start, DuplicatePolicy::Fail, NOW).await.unwrap();
+    assert_eq!(reason(store.delete_namespace("team-a").await), Reason::NamespaceNotEmpty);
+    store.create_namespace(record("team-b")).await.unwrap();
+    assert_eq!(store.delete_namespace("team-b").await.unwrap().name, "team-b");
+    assert!(!store.namespace_exists("team-b").await.unwrap());
+    assert_eq!(names(store.namespaces().await.unwrap()), ["default", "team-a"]);
+}
+
 pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S) {
     let validation = QueryTask {
         kind: QueryKind::UpdateValidation,
@@ -886,6 +923,7 @@ macro_rules! store_suite {
             poll_memos_round_trip,
             query_tasks_are_leased_and_answered_once,
             validation_tasks_are_claimed_only_by_their_kind,
+            namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,
             keyed_receipts_can_be_read_back,
             worker_registrations,

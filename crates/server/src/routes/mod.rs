@@ -3,6 +3,7 @@
 mod cancellation;
 mod control;
 mod ledger;
+mod namespaces;
 mod query;
 mod system;
 mod update;
@@ -113,12 +114,23 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
 
+    let namespace_plane = Router::new()
+        .route("/namespaces", get(namespaces::list::<S>).post(namespaces::create::<S>))
+        .route(
+            "/namespaces/:name",
+            get(namespaces::describe::<S>)
+                .put(namespaces::update::<S>)
+                .delete(namespaces::delete::<S>),
+        )
+        .route_layer(middleware::from_fn_with_state(state.clone(), namespace_plane::<S>));
+
     let api = Router::new()
         .route("/health", get(system::health::<S>))
         .route("/ready", get(system::ready::<S>))
         .route("/cluster/info", get(system::cluster_info::<S>))
         .merge(worker_plane)
-        .merge(control_plane);
+        .merge(control_plane)
+        .merge(namespace_plane);
 
     Router::new()
         .nest("/api", api)
@@ -282,6 +294,26 @@ async fn decorate_worker_response(response: Response) -> Response {
     };
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     Response::from_parts(parts, body)
+}
+
+/// The namespace routes: the control plane's auth and version checks, without requiring the
+/// `X-Namespace` to exist (the namespace is the path).
+async fn namespace_plane<S: Store>(State(state): State<Shared<S>>, request: Request, next: Next) -> Response {
+    let headers = request.headers().clone();
+    let checked = state
+        .config
+        .auth
+        .require(&headers, &[Role::Operator, Role::Admin])
+        .and_then(|()| check_control_version(&headers));
+    let mut response = match checked {
+        Ok(()) => next.run(request).await,
+        Err(error) => error.into_response(),
+    };
+    response.headers_mut().insert(
+        "x-durable-workflow-control-plane-version",
+        HeaderValue::from_static(CONTROL_PLANE_VERSION),
+    );
+    response
 }
 
 async fn control_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
