@@ -30,4 +30,10 @@ pub trait MemoCodec: Sync {
     fn to_json(&self, payload: &Payload) -> Result<Value, String> {
         Err(format!("cannot decode {} payloads", payload.codec))
     }
+
+    /// A JSON value as a payload of this codec (an atomic action's result).
+    fn json_to_payload(&self, value: &Value) -> Result<Payload, String> {
+        let _ = value;
+        Err("this codec cannot encode values".into())
+    }
 }

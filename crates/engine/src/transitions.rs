@@ -651,6 +651,13 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
             if let Some(definition) = cx.actions.as_ref().and_then(|actions| actions.get(&execution.activity_type)) {
                 let arguments = cx.memo.and_then(|codec| codec.to_json(&execution.arguments).ok());
                 execution.action = Some(ActionPin::for_arguments(definition, arguments.as_ref()));
+                // An atomic action runs in the server, never on a worker: its task goes to the
+                // internal queue the server's atomic executor polls.
+                if definition.recovery_mode == RecoveryMode::Atomic {
+                    execution.queue = ATOMIC_QUEUE.to_string();
+                    let task_id = execution.task_id.clone();
+                    run.task_mut(cx, &task_id).expect("just created").queue = ATOMIC_QUEUE.to_string();
+                }
             }
             set_ready_activity_deadline(run, cx, &task, &execution);
             let mut payload = activity_identity(&execution);
@@ -2643,6 +2650,9 @@ pub fn accept_update(
         },
     ))
 }
+
+/// The internal task queue of atomic actions: only the server's atomic executor claims it.
+pub const ATOMIC_QUEUE: &str = "__capstan_atomic";
 
 /// Why a validator refused an update.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -276,6 +276,10 @@ fn encode_sorted_map(entries: &BTreeMap<String, AvroValue>) -> Result<(Vec<u8>, 
 }
 
 impl MemoCodec for AvroMemo {
+    fn json_to_payload(&self, value: &Json) -> Result<Payload, String> {
+        Ok(Payload::avro(encode_json(value)))
+    }
+
     fn to_json(&self, payload: &Payload) -> Result<Json, String> {
         if payload.codec != capstan_engine::payload::AVRO_CODEC {
             return Err(format!("codec {:?} is not supported", payload.codec));

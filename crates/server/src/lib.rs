@@ -5,6 +5,7 @@
 //! server also owns the long-poll wake-up hub and the background clock that fires timers and
 //! expires leases. It is a library: `capstan serve` is a thin shell around [`serve`].
 
+mod atomic;
 pub mod auth;
 mod avro;
 mod body;
@@ -27,6 +28,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use auth::{AuthConfig, Role};
 pub use avro::{empty_arguments_blob, null_blob};
+pub use capstan_store::{AtomicAction, AtomicActions, AtomicTransaction};
 
 /// Worker protocol version advertised; requests may use `1.0` … this.
 pub const WORKER_PROTOCOL_VERSION: &str = "1.20";
@@ -51,6 +53,9 @@ pub struct ServerConfig {
     /// This node's id: shown as `server_id` in cluster info, and the owner of the background
     /// duties it claims. Unique per process.
     pub server_id: String,
+    /// Handlers of `atomic` actions, by activity type, registered by an embedding application
+    /// (empty for `capstan serve`).
+    pub atomic_actions: AtomicActions,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +69,7 @@ impl Default for ServerConfig {
             poll_wait_max_ms: 60_000,
             limits: Limits::default(),
             server_id: format!("capstan-{}", ulid::Ulid::new()),
+            atomic_actions: AtomicActions::default(),
         }
     }
 }
@@ -110,6 +116,7 @@ pub async fn serve<S: Store>(
 ) -> std::io::Result<()> {
     let (router, state) = app(store, config);
     let clock = tokio::spawn(clock::run(state.clone()));
+    let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
     // Other nodes sharing the database announce ready tasks; feed them to local pollers.
     if let Some(mut wakeups) = state.store.wakeups().await.map_err(|e| std::io::Error::other(e.to_string()))? {
         let hub = state.hub.clone();
@@ -123,5 +130,8 @@ pub async fn serve<S: Store>(
         .with_graceful_shutdown(shutdown)
         .await;
     clock.abort();
+    if let Some(executor) = executor {
+        executor.abort();
+    }
     result
 }

@@ -3302,6 +3302,10 @@ async fn action_definitions_and_ledger_api_validate_and_enforce_roles() {
             .await
             .err(422, "validation_failed");
     }
+    // No atomic handler is registered in this server: its tasks could never run.
+    send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&json!({"recovery_mode": "atomic"})))
+        .await
+        .err(422, "atomic_handler_missing");
     let shown = send(ledger_call(&h, Method::GET, "/api/action-definitions/pay", Tokens::OPERATOR))
         .await
         .ok(200);
@@ -3538,4 +3542,72 @@ async fn namespace_routes_validate_and_enforce_roles() {
         .await
         .ok(200);
     assert_eq!(deleted["deleted"]["namespaces"], 1);
+}
+
+/// Counts its calls and always refuses: an atomic attempt that fails is an ordinary failed
+/// attempt, retried under the activity's policy by the server's own executor.
+struct AlwaysRefuses(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl capstan_server::AtomicAction for AlwaysRefuses {
+    fn run(&self, tx: &mut dyn capstan_server::AtomicTransaction, _: &Value) -> Result<Value, String> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tx.execute("CREATE TABLE IF NOT EXISTS refused_writes (n INTEGER)", &[])?;
+        tx.execute("INSERT INTO refused_writes (n) VALUES (1)", &[])?;
+        Err("the books do not balance".into())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_actions_run_in_the_server_and_fail_like_ordinary_attempts() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let config = ServerConfig {
+        atomic_actions: capstan_server::AtomicActions::new([(
+            "books.close".to_string(),
+            std::sync::Arc::new(AlwaysRefuses(calls.clone())) as std::sync::Arc<dyn capstan_server::AtomicAction>,
+        )]),
+        ..ServerConfig::default()
+    };
+    let h = Harness::with_config(config, None).await;
+    // A type with a handler may be declared atomic; one without may not.
+    h.cpost_method(
+        Method::PUT,
+        "/api/action-definitions/books.close",
+        json!({"recovery_mode": "atomic"}),
+    )
+    .await
+    .ok(200);
+    h.cpost_method(
+        Method::PUT,
+        "/api/action-definitions/books.open",
+        json!({"recovery_mode": "atomic"}),
+    )
+    .await
+    .err(422, "atomic_handler_missing");
+    let queue = unique("atomic-q");
+    h.register("w", &queue).await;
+    h.start_workflow("closing", &queue).await;
+    let task = h.next_workflow_task("w", &queue).await;
+    let mut command = schedule_activity("books.close", &queue);
+    command["retry_policy"] = json!({"max_attempts": 3, "backoff_seconds": [0], "non_retryable_error_types": []});
+    h.complete_workflow_task(&task, json!([command])).await.ok(200);
+    // The server runs it; the workflow worker is woken by the final failure.
+    let resumed = h.next_workflow_task("w", &queue).await;
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "one call per attempt, none after the last"
+    );
+    let run_id = resumed["run_id"].as_str().unwrap().to_string();
+    let events = h.history("closing", &run_id).await;
+    assert_eq!(count_events(&events, "ActivityRetryScheduled"), 2);
+    assert_eq!(count_events(&events, "ActivityFailed"), 1);
+    assert!(events.iter().any(|e| e.to_string().contains("the books do not balance")));
+    // No worker ever sees it.
+    assert!(h.poll_activity("w", &queue, 1).await["task"].is_null());
+    let ledger = h.cget("/api/ledger?workflow_id=closing").await.ok(200);
+    assert_eq!(
+        ledger["entries"],
+        json!([]),
+        "atomic steps are not ledgered: they cannot be unknown"
+    );
 }

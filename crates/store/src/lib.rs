@@ -179,6 +179,56 @@ pub fn chain_order(mut checkpoints: Vec<LedgerCheckpoint>) -> Vec<LedgerCheckpoi
     ordered
 }
 
+/// A consequential action Capstan runs itself (recovery mode `atomic`), registered by an
+/// application that embeds Capstan: `run` executes inside the database transaction that records
+/// the activity's completion, so the application's own writes and Capstan's record commit or
+/// roll back together. An `Err` rolls the handler's writes back and the attempt fails (retried
+/// under the activity's policy); no outcome can be unknown.
+pub trait AtomicAction: Send + Sync + 'static {
+    fn run(&self, tx: &mut dyn AtomicTransaction, arguments: &Value) -> Result<Value, String>;
+}
+
+/// The recording transaction, as an atomic action sees it. Parameters and columns are JSON
+/// scalars; placeholders follow the database (`?1` on SQLite, `$1` on PostgreSQL).
+pub trait AtomicTransaction {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, String>;
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String>;
+}
+
+/// Registered atomic actions by activity type.
+#[derive(Clone, Default)]
+pub struct AtomicActions(pub std::sync::Arc<std::collections::HashMap<String, std::sync::Arc<dyn AtomicAction>>>);
+
+impl std::fmt::Debug for AtomicActions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+impl AtomicActions {
+    pub fn new(actions: impl IntoIterator<Item = (String, std::sync::Arc<dyn AtomicAction>)>) -> Self {
+        Self(std::sync::Arc::new(actions.into_iter().collect()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What running one atomic task did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AtomicOutcome {
+    /// The handler succeeded: its writes and `ActivityCompleted` committed together.
+    Completed { workflow_id: WorkflowId },
+    /// The handler failed: its writes were rolled back and the attempt failed.
+    Failed { workflow_id: WorkflowId, message: String },
+    /// Refused before running (definition changed, no handler registered).
+    Refused { workflow_id: WorkflowId },
+}
+
+/// The owner recorded on atomic attempts.
+pub const ATOMIC_OWNER: &str = "capstan:atomic";
+
 /// A namespace: the unit of isolation of workflows, queues and the ledger.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NamespaceRecord {
@@ -217,6 +267,43 @@ pub(crate) fn namespace_missing(name: &str) -> StoreError {
     Refusal::new(Reason::NamespaceNotFound, format!("Namespace {name:?} does not exist."))
         .with("namespace", name)
         .into()
+}
+
+/// What an atomic action's attempt amounts to after its handler ran: the engine transition
+/// that records it.
+pub(crate) fn finish_atomic(run: &mut RunState, cx: &mut Cx, task: &Task, handled: Result<Payload, String>) -> StoreResult<AtomicOutcome> {
+    let TaskDetail::Activity {
+        attempt_id: Some(attempt_id),
+        ..
+    } = &task.detail
+    else {
+        return Err(StoreError::Storage("an atomic task leased without an attempt".into()));
+    };
+    let workflow_id = run.workflow_id.clone();
+    match handled {
+        Ok(result) => {
+            complete_activity(run, cx, &task.id, attempt_id, ATOMIC_OWNER, result)?;
+            Ok(AtomicOutcome::Completed { workflow_id })
+        }
+        Err(message) => {
+            let failure = ActivityFailure {
+                message: message.clone(),
+                failure_type: Some("AtomicActionFailed".into()),
+                ..Default::default()
+            };
+            fail_activity(run, cx, &task.id, attempt_id, ATOMIC_OWNER, failure)?;
+            Ok(AtomicOutcome::Failed { workflow_id, message })
+        }
+    }
+}
+
+/// A JSON scalar as text for a database parameter or column that is not a number or boolean.
+pub(crate) fn json_text(value: &Value) -> Option<String> {
+    match value {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
 }
 
 /// Which ledger entries to list.
@@ -391,6 +478,16 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         workflow_id: &WorkflowId,
     ) -> impl Future<Output = StoreResult<Vec<LedgerCheckpoint>>> + Send;
+
+    /// Runs the oldest ready atomic-action task of `namespace` (if any) in one transaction:
+    /// lease, handler, and its completion or failure.
+    fn run_atomic_task(
+        &self,
+        namespace: &str,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<AtomicOutcome>>> + Send;
 
     /// Every namespace, by name.
     fn namespaces(&self) -> impl Future<Output = StoreResult<Vec<NamespaceRecord>>> + Send;

@@ -249,6 +249,81 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    async fn run_atomic_task_checked(
+        &self,
+        namespace: &str,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> StoreResult<Option<AtomicOutcome>> {
+        // Only types this process has a handler for: another node may hold the others.
+        let types: Vec<String> = actions.0.keys().cloned().collect();
+        let mut client = self.pool.get().await?;
+        let mut tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                 WHERE t.namespace = $1 AND t.kind = 'activity' AND t.queue = $2 AND t.status = 'ready' AND t.available_at <= $3
+                   AND t.type_name = ANY($4)
+                 ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
+                &[&namespace, &ATOMIC_QUEUE, &now, &types],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let task_id = TaskId(row.get(0));
+        let mut run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, &self.limits);
+        cx.memo = Some(codec);
+        let activity_type = match run.tasks.get(&task_id).map(|t| &t.detail) {
+            Some(TaskDetail::Activity { activity_type, .. }) => activity_type.clone(),
+            _ => return Ok(None),
+        };
+        let definition = tx
+            .query_opt(
+                "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2",
+                &[&run.namespace, &activity_type],
+            )
+            .await?
+            .map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
+            .transpose()?;
+        let Some(task) = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())? else {
+            persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+            tx.commit().await?;
+            return Ok(Some(AtomicOutcome::Refused {
+                workflow_id: run.workflow_id.clone(),
+            }));
+        };
+        let arguments = run
+            .activities
+            .values()
+            .find(|a| a.task_id == task_id)
+            .map(|a| codec.to_json(&a.arguments))
+            .unwrap_or_else(|| Err("no activity execution".into()));
+        let handled = match (actions.0.get(&activity_type), arguments) {
+            (None, _) => Err(format!("no atomic action is registered for {activity_type:?}")),
+            (Some(_), Err(error)) => Err(format!("the arguments could not be decoded: {error}")),
+            (Some(action), Ok(arguments)) => {
+                let savepoint = tx.savepoint("capstan_atomic").await?;
+                let handle = tokio::runtime::Handle::current();
+                let ran = tokio::task::block_in_place(|| action.run(&mut PgAtomic { tx: &savepoint, handle }, &arguments));
+                match ran {
+                    Ok(value) => {
+                        savepoint.commit().await?;
+                        codec.json_to_payload(&value)
+                    }
+                    Err(message) => {
+                        savepoint.rollback().await?;
+                        Err(message)
+                    }
+                }
+            }
+        };
+        let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
+        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        tx.commit().await?;
+        Ok(Some(outcome))
+    }
     #[allow(clippy::too_many_arguments)]
     async fn claim_task_checked(
         &self,
@@ -1031,6 +1106,17 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl Store for PostgresStore {
+    async fn run_atomic_task(
+        &self,
+        namespace: &str,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> StoreResult<Option<AtomicOutcome>> {
+        let result = self.run_atomic_task_checked(namespace, actions, codec, now).await;
+        self.guard(result).await
+    }
+
     async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
         let client = self.pool.get().await?;
         let rows = client
@@ -1944,5 +2030,64 @@ mod erased {
         fn to_json(&self) -> String {
             serde_json::to_string(self).unwrap_or_else(|_| "null".into())
         }
+    }
+}
+
+/// An atomic action's view of the PostgreSQL transaction (inside its savepoint). The action is
+/// synchronous: each statement blocks this worker thread (`block_in_place`) until it returns.
+struct PgAtomic<'t> {
+    tx: &'t Transaction<'t>,
+    handle: tokio::runtime::Handle,
+}
+
+fn pg_params(params: &[Value]) -> Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> {
+    params
+        .iter()
+        .map(|value| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
+            match value {
+                Value::Bool(b) => Box::new(*b),
+                Value::Number(n) if n.is_i64() => Box::new(n.as_i64().unwrap_or_default()),
+                Value::Number(n) => Box::new(n.as_f64().unwrap_or_default()),
+                other => Box::new(json_text(other)),
+            }
+        })
+        .collect()
+}
+
+impl AtomicTransaction for PgAtomic<'_> {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, String> {
+        let owned = pg_params(params);
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
+        self.handle.block_on(self.tx.execute(sql, &refs)).map_err(|e| e.to_string())
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
+        let owned = pg_params(params);
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
+        let rows = self.handle.block_on(self.tx.query(sql, &refs)).map_err(|e| e.to_string())?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|i| {
+                        if let Ok(v) = row.try_get::<_, Option<i64>>(i) {
+                            v.map(Value::from).unwrap_or(Value::Null)
+                        } else if let Ok(v) = row.try_get::<_, Option<i32>>(i) {
+                            v.map(Value::from).unwrap_or(Value::Null)
+                        } else if let Ok(v) = row.try_get::<_, Option<f64>>(i) {
+                            v.map(Value::from).unwrap_or(Value::Null)
+                        } else if let Ok(v) = row.try_get::<_, Option<bool>>(i) {
+                            v.map(Value::from).unwrap_or(Value::Null)
+                        } else {
+                            row.try_get::<_, Option<String>>(i)
+                                .ok()
+                                .flatten()
+                                .map(Value::from)
+                                .unwrap_or(Value::Null)
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
     }
 }

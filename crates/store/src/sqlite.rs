@@ -862,6 +862,76 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn run_atomic_task(
+        &self,
+        namespace: &str,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> StoreResult<Option<AtomicOutcome>> {
+        let namespace = namespace.to_string();
+        let limits = self.limits.clone();
+        // Only types this process has a handler for: another node may hold the others.
+        let types = serde_json::to_string(&actions.0.keys().collect::<Vec<_>>()).map_err(|e| StoreError::Storage(e.to_string()))?;
+        let result = self
+            .writer
+            .write(move |conn| {
+                let candidate: Option<(String, String)> = conn
+                    .prepare_cached(
+                        "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = 'activity' AND queue = ?2
+                           AND status = 'ready' AND available_at <= ?3 AND type_name IN (SELECT value FROM json_each(?4))
+                         ORDER BY available_at, task_id LIMIT 1",
+                    )?
+                    .query_row(params![namespace, ATOMIC_QUEUE, now, types], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                let Some((task_id, run_id)) = candidate else { return Ok(None) };
+                let mut run = load_state(conn, &run_id)?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
+                let task_id = TaskId(task_id);
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(now, &mut ids, &limits);
+                cx.memo = Some(codec);
+                let activity_type = match run.tasks.get(&task_id).map(|t| &t.detail) {
+                    Some(TaskDetail::Activity { activity_type, .. }) => activity_type.clone(),
+                    _ => return Ok(None),
+                };
+                let definition = read_action_definition(conn, &run.namespace, &activity_type)?;
+                let Some(task) = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())? else {
+                    persist(conn, &run, &cx.effects, false, &limits)?;
+                    return Ok(Some(AtomicOutcome::Refused {
+                        workflow_id: run.workflow_id.clone(),
+                    }));
+                };
+                let arguments = run
+                    .activities
+                    .values()
+                    .find(|a| a.task_id == task_id)
+                    .map(|a| codec.to_json(&a.arguments))
+                    .unwrap_or_else(|| Err("no activity execution".into()));
+                let handled = match (actions.0.get(&activity_type), arguments) {
+                    (None, _) => Err(format!("no atomic action is registered for {activity_type:?}")),
+                    (Some(_), Err(error)) => Err(format!("the arguments could not be decoded: {error}")),
+                    (Some(action), Ok(arguments)) => {
+                        conn.execute_batch("SAVEPOINT capstan_atomic")?;
+                        match action.run(&mut SqliteAtomic(conn), &arguments) {
+                            Ok(value) => {
+                                conn.execute_batch("RELEASE capstan_atomic")?;
+                                codec.json_to_payload(&value)
+                            }
+                            Err(message) => {
+                                conn.execute_batch("ROLLBACK TO capstan_atomic; RELEASE capstan_atomic")?;
+                                Err(message)
+                            }
+                        }
+                    }
+                };
+                let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
+                persist(conn, &run, &cx.effects, false, &limits)?;
+                Ok(Some(outcome))
+            })
+            .await;
+        self.guard(result).await
+    }
+
     async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
         self.read(move |conn| {
             let rows = conn
@@ -1421,4 +1491,48 @@ fn remember_poll(conn: &Connection, key: &PollKey, task: &Task, now: Millis) -> 
 /// Hash of a command's intent, for `request_id` idempotency.
 pub fn intent_hash(parts: &[&str]) -> String {
     hash_text(&parts.join("\u{1f}"))
+}
+
+/// An atomic action's view of the SQLite transaction (inside its savepoint).
+struct SqliteAtomic<'c>(&'c Connection);
+
+fn sqlite_param(value: &Value) -> rusqlite::types::Value {
+    match value {
+        Value::Bool(b) => rusqlite::types::Value::Integer(*b as i64),
+        Value::Number(n) if n.is_i64() => rusqlite::types::Value::Integer(n.as_i64().unwrap_or_default()),
+        Value::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap_or_default()),
+        other => json_text(other)
+            .map(rusqlite::types::Value::Text)
+            .unwrap_or(rusqlite::types::Value::Null),
+    }
+}
+
+impl AtomicTransaction for SqliteAtomic<'_> {
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, String> {
+        self.0
+            .execute(sql, rusqlite::params_from_iter(params.iter().map(sqlite_param)))
+            .map(|n| n as u64)
+            .map_err(|e| e.to_string())
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
+        let mut statement = self.0.prepare(sql).map_err(|e| e.to_string())?;
+        let columns = statement.column_count();
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(params.iter().map(sqlite_param)), |row| {
+                (0..columns)
+                    .map(|i| {
+                        Ok(match row.get_ref(i)? {
+                            rusqlite::types::ValueRef::Null => Value::Null,
+                            rusqlite::types::ValueRef::Integer(n) => Value::from(n),
+                            rusqlite::types::ValueRef::Real(x) => Value::from(x),
+                            rusqlite::types::ValueRef::Text(t) => Value::from(String::from_utf8_lossy(t).into_owned()),
+                            rusqlite::types::ValueRef::Blob(b) => Value::from(String::from_utf8_lossy(b).into_owned()),
+                        })
+                    })
+                    .collect::<rusqlite::Result<Vec<Value>>>()
+            })
+            .map_err(|e| e.to_string())?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(|e| e.to_string())
+    }
 }

@@ -586,6 +586,184 @@ pub async fn namespaces_are_created_updated_and_deleted_when_empty<S: Store>(sto
     assert_eq!(names(store.namespaces().await.unwrap()), ["default", "team-a"]);
 }
 
+/// Payload blobs as JSON text: the suite's stand-in for the Avro codec.
+struct JsonCodec;
+
+impl MemoCodec for JsonCodec {
+    fn merge(&self, _: MemoBase<'_>, _: &Payload) -> Result<MergedMemo, String> {
+        Err("not used".into())
+    }
+
+    fn to_json(&self, payload: &Payload) -> Result<Value, String> {
+        serde_json::from_str(&payload.blob).map_err(|e| e.to_string())
+    }
+
+    fn json_to_payload(&self, value: &Value) -> Result<Payload, String> {
+        Ok(Payload::avro(value.to_string()))
+    }
+}
+
+static JSON_CODEC: JsonCodec = JsonCodec;
+
+/// Credits an account in the application's own table, in Capstan's transaction; fails after
+/// writing when asked to, so the rollback can be seen.
+struct Credit;
+
+impl AtomicAction for Credit {
+    fn run(&self, tx: &mut dyn AtomicTransaction, arguments: &Value) -> Result<Value, String> {
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS suite_balances (account TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
+            &[],
+        )?;
+        let account = arguments[0]["account"].clone();
+        tx.execute(
+            "INSERT INTO suite_balances (account, amount) VALUES ($1, $2)",
+            &[account.clone(), arguments[0]["amount"].clone()],
+        )?;
+        if arguments[0]["fail"] == json!(true) {
+            return Err("the ledger of the bank said no".into());
+        }
+        let rows = tx.query("SELECT amount FROM suite_balances WHERE account = $1", &[account])?;
+        Ok(json!({"credited": rows[0][0]}))
+    }
+}
+
+pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(store: S) {
+    store
+        .put_action_definition(
+            "default",
+            "suite.credit",
+            RecoveryMode::Atomic,
+            json!({"recovery_mode": "atomic"}).as_object().unwrap().clone(),
+            NOW,
+        )
+        .await
+        .unwrap();
+    let catalog: std::collections::BTreeMap<String, ActionDefinition> = store
+        .action_definitions("default")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.activity_type.clone(), d))
+        .collect();
+    let catalog = std::sync::Arc::new(catalog);
+    let actions = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Credit) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    let schedule = |workflow: &str, fail: bool| {
+        let arguments = json!([{"account": workflow, "amount": 5, "fail": fail}]).to_string();
+        vec![WorkflowCommand::ScheduleActivity(ScheduleActivity {
+            activity_type: "suite.credit".into(),
+            arguments: Payload::avro(arguments),
+            queue: None,
+            retry_policy: Some(RetryPolicy {
+                max_attempts: Some(2),
+                backoff_seconds: vec![0],
+                non_retryable_error_types: vec![],
+            }),
+            timeouts: ActivityTimeouts::default(),
+            tags: Map::new(),
+        })]
+    };
+    for (workflow, fail) in [("atomic-ok", false), ("atomic-fails", true)] {
+        started(&store, workflow, workflow).await;
+        let (task, _) = store
+            .claim_task("default", TaskKind::Workflow, workflow, &[], "w", 60_000, NOW, None)
+            .await
+            .unwrap()
+            .expect("a workflow task");
+        let (id, fence, catalog, commands) = (task.id.clone(), task.fence, catalog.clone(), schedule(workflow, fail));
+        store
+            .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+                cx.actions = Some(catalog);
+                complete_workflow_task(run, cx, &id, "w", fence, commands)
+            })
+            .await
+            .unwrap();
+        assert!(
+            store
+                .claim_task("default", TaskKind::Activity, workflow, &[], "a", 60_000, NOW, None)
+                .await
+                .unwrap()
+                .is_none(),
+            "no worker ever sees an atomic task"
+        );
+    }
+    let mut outcomes = Vec::new();
+    while let Some(outcome) = store.run_atomic_task("default", actions.clone(), &JSON_CODEC, NOW).await.unwrap() {
+        outcomes.push(outcome);
+    }
+    // One success; the failing one fails twice (its policy allows two attempts), then stops.
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert!(matches!(&outcomes[0], AtomicOutcome::Completed { workflow_id } if workflow_id.as_str() == "atomic-ok"));
+    assert!(outcomes[1..].iter().all(|o| matches!(o, AtomicOutcome::Failed { .. })));
+    let ok = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-ok".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let completed = all_history(&store, &ok)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(
+        completed.payload["result"],
+        json!(json!({"credited": 5}).to_string()),
+        "the handler read its own write"
+    );
+    let failed = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-fails".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let history = all_history(&store, &failed).await;
+    assert_eq!(
+        history.iter().filter(|e| e.event_type == EventType::ActivityRetryScheduled).count(),
+        1
+    );
+    assert_eq!(history.iter().filter(|e| e.event_type == EventType::ActivityFailed).count(), 1);
+    // The failed attempts' inserts were rolled back: a probe sees only the successful account.
+    struct Probe;
+    impl AtomicAction for Probe {
+        fn run(&self, tx: &mut dyn AtomicTransaction, _: &Value) -> Result<Value, String> {
+            let rows = tx.query("SELECT account FROM suite_balances ORDER BY account", &[])?;
+            Ok(json!(rows))
+        }
+    }
+    started(&store, "atomic-probe", "probe").await;
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "probe", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let (id, fence, catalog2, commands) = (task.id.clone(), task.fence, catalog.clone(), schedule("probe", false));
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            cx.actions = Some(catalog2);
+            complete_workflow_task(run, cx, &id, "w", fence, commands)
+        })
+        .await
+        .unwrap();
+    let probe = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Probe) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    store.run_atomic_task("default", probe, &JSON_CODEC, NOW).await.unwrap().unwrap();
+    let run = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-probe".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = all_history(&store, &run)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(seen.payload["result"], json!(json!([["atomic-ok"]]).to_string()));
+}
+
 pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S) {
     let validation = QueryTask {
         kind: QueryKind::UpdateValidation,
@@ -923,6 +1101,7 @@ macro_rules! store_suite {
             poll_memos_round_trip,
             query_tasks_are_leased_and_answered_once,
             validation_tasks_are_claimed_only_by_their_kind,
+            atomic_actions_commit_or_roll_back_with_their_completion,
             namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,
             keyed_receipts_can_be_read_back,

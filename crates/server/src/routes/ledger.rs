@@ -132,6 +132,20 @@ pub async fn put_definition<S: Store>(
             ));
         }
     }
+    // An atomic action runs in this server: without a registered handler its tasks would wait
+    // forever, so the definition is refused where it cannot run.
+    if recovery_mode == RecoveryMode::Atomic && !state.config.atomic_actions.0.contains_key(&activity_type) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "atomic_handler_missing",
+            format!(
+                "This server has no atomic handler registered for {activity_type:?}: atomic actions are Rust handlers \
+                 registered by an application that embeds Capstan (see docs/recovery-ledger.md). Define it through a node \
+                 that registers one."
+            ),
+        )
+        .with("field", "recovery_mode"));
+    }
     let definition = state
         .store
         .put_action_definition(&namespace, &activity_type, recovery_mode, body, now_ms())
