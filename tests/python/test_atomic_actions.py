@@ -1,6 +1,6 @@
 """Atomic actions through the published Python SDK (``durable-workflow==2.12.0``).
 
-An application embeds Capstan (``crates/capstan/examples/atomic_bank.rs``) and registers handlers
+An application embeds Capstan (``examples/atomic_bank.rs``) and registers handlers
 for ``bank.debit`` and ``bank.balance``; an operator declares them ``recovery_mode: atomic``. A
 workflow schedules them like any activity, but no worker ever receives them: Capstan runs each
 handler inside the transaction that records the activity's completion, so the bank's rows and
