@@ -63,7 +63,10 @@ impl AtomicAction for Debit {
             "INSERT INTO bank_transfers (transfer_id, account, amount) VALUES ($1, $2, $3)",
             &[transfer_id.clone(), account.clone(), json!(amount)],
         )?;
-        let rows = tx.query("SELECT balance FROM bank_accounts WHERE account = $1", std::slice::from_ref(account))?;
+        let rows = tx.query(
+            "SELECT balance FROM bank_accounts WHERE account = $1",
+            std::slice::from_ref(account),
+        )?;
         let balance = rows.first().and_then(|r| r[0].as_i64()).ok_or("the account has no balance row")?;
         if balance < amount {
             return Err(format!("insufficient funds: balance {balance}, debit {amount}"));
@@ -82,8 +85,14 @@ impl AtomicAction for Balance {
     fn run(&self, tx: &mut dyn AtomicTransaction, arguments: &Value) -> Result<Value, String> {
         let account = argument(arguments, 0, "account")?;
         open_books(tx, account)?;
-        let balance = tx.query("SELECT balance FROM bank_accounts WHERE account = $1", std::slice::from_ref(account))?;
-        let transfers = tx.query("SELECT COUNT(*) FROM bank_transfers WHERE account = $1", std::slice::from_ref(account))?;
+        let balance = tx.query(
+            "SELECT balance FROM bank_accounts WHERE account = $1",
+            std::slice::from_ref(account),
+        )?;
+        let transfers = tx.query(
+            "SELECT COUNT(*) FROM bank_transfers WHERE account = $1",
+            std::slice::from_ref(account),
+        )?;
         Ok(json!({"balance": balance[0][0], "transfers": transfers[0][0]}))
     }
 }

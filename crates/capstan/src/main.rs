@@ -113,6 +113,10 @@ struct ServeArgs {
     /// take it over, if the first died.
     #[arg(long, env = "CAPSTAN_DUTY_LEASE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(i64).range(1..=3600))]
     duty_lease_seconds: i64,
+    /// Schedule occurrences missed while no node was running still fire, one by one, when they
+    /// are at most this old; older ones are skipped (and counted in the schedule's history).
+    #[arg(long, env = "CAPSTAN_SCHEDULE_CATCHUP_WINDOW_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(i64).range(0..=86400))]
+    schedule_catchup_window_seconds: i64,
     /// Log format.
     #[arg(long, env = "CAPSTAN_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -184,6 +188,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         workflow_task_lease_ms: args.workflow_task_lease_seconds * 1000,
         activity_task_lease_ms: args.activity_task_lease_seconds * 1000,
         duty_lease_ms: args.duty_lease_seconds * 1000,
+        schedule_catchup_window_ms: args.schedule_catchup_window_seconds * 1000,
         ..ServerConfig::default()
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;

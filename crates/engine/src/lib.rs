@@ -21,6 +21,7 @@ pub mod payload;
 pub mod query;
 pub mod refusal;
 pub mod run;
+pub mod schedule;
 pub mod selection;
 pub mod task;
 pub mod timefmt;

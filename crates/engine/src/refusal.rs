@@ -62,6 +62,8 @@ pub enum Reason {
     IntegrityIncidentNotFound,
     NamespaceAlreadyExists,
     NamespaceNotEmpty,
+    ScheduleNotFound,
+    ScheduleAlreadyExists,
 }
 
 impl Reason {
@@ -119,6 +121,8 @@ impl Reason {
             Reason::IntegrityChainBroken => "integrity_chain_broken",
             Reason::IntegrityIncidentNotFound => "integrity_incident_not_found",
             Reason::NamespaceAlreadyExists => "namespace_already_exists",
+            Reason::ScheduleNotFound => "schedule_not_found",
+            Reason::ScheduleAlreadyExists => "schedule_already_exists",
             Reason::NamespaceNotEmpty => "namespace_not_empty",
         }
     }

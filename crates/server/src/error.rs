@@ -60,7 +60,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::QueryTaskNotFound
         | Reason::UnknownSignal
         | Reason::LedgerEntryNotFound
-        | Reason::IntegrityIncidentNotFound => StatusCode::NOT_FOUND,
+        | Reason::IntegrityIncidentNotFound
+        | Reason::ScheduleNotFound => StatusCode::NOT_FOUND,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,

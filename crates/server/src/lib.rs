@@ -17,6 +17,7 @@ mod hub;
 pub mod integrity;
 mod render;
 mod routes;
+mod scheduler;
 mod wire;
 
 use axum::Router;
@@ -56,6 +57,9 @@ pub struct ServerConfig {
     /// Handlers of `atomic` actions, by activity type, registered by an embedding application
     /// (empty for `capstan serve`).
     pub atomic_actions: AtomicActions,
+    /// Schedule occurrences missed (server down) within this window still fire, one by one;
+    /// older ones are skipped and counted.
+    pub schedule_catchup_window_ms: i64,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +74,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             server_id: format!("capstan-{}", ulid::Ulid::new()),
             atomic_actions: AtomicActions::default(),
+            schedule_catchup_window_ms: 60_000,
         }
     }
 }
@@ -82,6 +87,7 @@ pub struct AppState<S: Store> {
     query_answers: hub::KeyedWakeups,
     poll_requests: hub::KeyedLocks,
     clock_kick: tokio::sync::Notify,
+    scheduler_kick: tokio::sync::Notify,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -103,6 +109,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         query_answers: hub::KeyedWakeups::default(),
         poll_requests: hub::KeyedLocks::default(),
         clock_kick: tokio::sync::Notify::new(),
+        scheduler_kick: tokio::sync::Notify::new(),
     });
     (routes::router(state.clone()), state)
 }
@@ -116,6 +123,7 @@ pub async fn serve<S: Store>(
 ) -> std::io::Result<()> {
     let (router, state) = app(store, config);
     let clock = tokio::spawn(clock::run(state.clone()));
+    let scheduler = tokio::spawn(scheduler::run(state.clone()));
     let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
     // Other nodes sharing the database announce ready tasks; feed them to local pollers.
     if let Some(mut wakeups) = state.store.wakeups().await.map_err(|e| std::io::Error::other(e.to_string()))? {
@@ -130,6 +138,7 @@ pub async fn serve<S: Store>(
         .with_graceful_shutdown(shutdown)
         .await;
     clock.abort();
+    scheduler.abort();
     if let Some(executor) = executor {
         executor.abort();
     }

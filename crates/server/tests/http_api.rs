@@ -1517,7 +1517,7 @@ async fn unknown_routes_are_404_and_wrong_methods_405() {
     send(h.worker(Method::POST, "/api/worker/nope").json(&json!({})))
         .await
         .err(404, "not_found");
-    send(h.client(Method::GET, "/api/schedules")).await.err(404, "not_found");
+    send(h.client(Method::GET, "/api/task-queues/nope/builds")).await.err(404, "not_found");
 
     send(h.worker(Method::GET, "/api/worker/register"))
         .await
@@ -3610,4 +3610,157 @@ async fn atomic_actions_run_in_the_server_and_fail_like_ordinary_attempts() {
         json!([]),
         "atomic steps are not ledgered: they cannot be unknown"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_routes_validate_and_answer_in_dw_shapes() {
+    let h = Harness::start().await;
+    let action = json!({"workflow_type": "nightly", "task_queue": "q"});
+    for (body, reason, field) in [
+        (json!({"action": action}), "validation_failed", "spec"),
+        (json!({"spec": {"intervals": [{"every": "PT1H"}]}}), "validation_failed", "action"),
+        (json!({"spec": {}, "action": action}), "validation_failed", "spec"),
+        (
+            json!({"spec": {"cron_expressions": ["61 * * * *"]}, "action": action}),
+            "invalid_cron_expression",
+            "spec.cron_expressions",
+        ),
+        (
+            json!({"spec": {"intervals": [{"every": "often"}]}, "action": action}),
+            "invalid_schedule_spec",
+            "spec.intervals.0.every",
+        ),
+        (
+            json!({"spec": {"cron_expressions": ["@daily"], "timezone": "Nowhere/Land"}, "action": action}),
+            "invalid_schedule_spec",
+            "spec.timezone",
+        ),
+        (
+            json!({"spec": {"cron_expressions": ["@daily"]}, "action": {"task_queue": "q"}}),
+            "validation_failed",
+            "action.workflow_type",
+        ),
+        (
+            json!({"spec": {"cron_expressions": ["@daily"]}, "action": action, "overlap_policy": "sometimes"}),
+            "validation_failed",
+            "overlap_policy",
+        ),
+        (
+            json!({"spec": {"cron_expressions": ["@daily"]}, "action": action, "jitter_seconds": 3601}),
+            "validation_failed",
+            "jitter_seconds",
+        ),
+        (
+            json!({"spec": {"cron_expressions": ["@daily"]}, "action": action, "max_runs": 0}),
+            "validation_failed",
+            "max_runs",
+        ),
+    ] {
+        let refused = h.cpost("/api/schedules", body.clone()).await.err(422, reason);
+        assert!(refused["errors"].get(field).is_some(), "{body}: {refused}");
+    }
+    let created = h
+        .cpost(
+            "/api/schedules",
+            json!({"schedule_id": "nightly", "spec": {"cron_expressions": ["0 3 * * *"], "timezone": "Europe/Paris"},
+                   "action": action, "paused": true, "note": "starts paused", "max_runs": 5}),
+        )
+        .await
+        .ok(201);
+    assert_eq!(created, json!({"schedule_id": "nightly", "outcome": "created"}));
+    h.cpost(
+        "/api/schedules",
+        json!({"schedule_id": "nightly", "spec": {"cron_expressions": ["@daily"]}, "action": action}),
+    )
+    .await
+    .err(409, "schedule_already_exists");
+    let described = h.cget("/api/schedules/nightly").await.ok(200);
+    assert_eq!(
+        (described["status"].as_str(), described["paused"].as_bool()),
+        (Some("paused"), Some(true))
+    );
+    assert_eq!(described["remaining_actions"], 5);
+    assert_eq!(described["state"]["note"], "starts paused");
+    assert!(
+        described["next_fire_at"].as_str().unwrap().contains("T01:00:00")
+            || described["next_fire_at"].as_str().unwrap().contains("T02:00:00"),
+        "03:00 in Paris is 01:00 or 02:00 UTC: {}",
+        described["next_fire_at"]
+    );
+    h.cget("/api/schedules/nope").await.err(404, "schedule_not_found");
+    h.cpost("/api/schedules/nope/pause", json!({})).await.err(404, "schedule_not_found");
+    h.cpost_method(
+        Method::PUT,
+        "/api/schedules/nightly",
+        json!({"spec": {"cron_expressions": ["nope"]}}),
+    )
+    .await
+    .err(422, "invalid_cron_expression");
+    h.cget("/api/schedules?query=Status%3D%22active%22")
+        .await
+        .err(422, "unsupported_schedule_list_filter");
+    h.cget("/api/schedules?page_size=0").await.err(422, "validation_failed");
+    h.cget("/api/schedules?next_page_token=%25%25")
+        .await
+        .err(400, "malformed_schedule_page_token");
+    h.cget("/api/schedules/nightly/history?after_sequence=-1")
+        .await
+        .err(422, "invalid_after_sequence");
+    h.cpost(
+        "/api/schedules/nightly/backfill",
+        json!({"start_time": "2026-01-02T00:00:00Z", "end_time": "2026-01-01T00:00:00Z"}),
+    )
+    .await
+    .err(422, "invalid_time_range");
+    h.cpost_method(
+        Method::PUT,
+        "/api/schedules/nightly",
+        json!({"spec": {"intervals": [{"every": "PT1S"}]}}),
+    )
+    .await
+    .ok(200);
+    h.cpost(
+        "/api/schedules/nightly/backfill",
+        json!({"start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-02T00:00:00Z"}),
+    )
+    .await
+    .err(422, "backfill_too_large");
+    // Paging: three schedules, pages of two.
+    for id in ["page-a", "page-b"] {
+        h.cpost(
+            "/api/schedules",
+            json!({"schedule_id": id, "spec": {"cron_expressions": ["@daily"]}, "action": action}),
+        )
+        .await
+        .ok(201);
+    }
+    let first = h.cget("/api/schedules?page_size=2").await.ok(200);
+    assert_eq!(first["schedules"].as_array().unwrap().len(), 2);
+    let token = first["next_page_token"].as_str().unwrap().to_string();
+    let second = h.cget(&format!("/api/schedules?page_size=2&next_page_token={token}")).await.ok(200);
+    assert_eq!(second["schedules"].as_array().unwrap().len(), 1);
+    assert!(second["next_page_token"].is_null());
+    h.cget(&format!("/api/schedules?page_size=2&status=paused&next_page_token={token}"))
+        .await
+        .err(409, "schedule_page_token_filter_mismatch");
+    let paused_only = h.cget("/api/schedules?status=paused").await.ok(200);
+    assert_eq!(paused_only["schedules"].as_array().unwrap().len(), 1);
+    // Delete: gone from every route but history.
+    h.cpost_method(Method::DELETE, "/api/schedules/nightly", json!({})).await.ok(200);
+    h.cget("/api/schedules/nightly").await.err(404, "schedule_not_found");
+    let history = h.cget("/api/schedules/nightly/history?limit=2").await.ok(200);
+    assert_eq!(history["events"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        (history["has_more"].as_bool(), history["next_cursor"].as_i64()),
+        (Some(true), Some(2))
+    );
+    let rest = h.cget("/api/schedules/nightly/history?after_sequence=2").await.ok(200);
+    let types: Vec<&str> = rest["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["ScheduleUpdated", "ScheduleDeleted"]);
+    h.cget("/api/schedules/never/history").await.err(404, "schedule_not_found");
 }

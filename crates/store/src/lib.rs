@@ -13,6 +13,7 @@
 
 mod postgres;
 mod rows;
+mod schedules;
 mod schema;
 mod sqlite;
 mod writer;
@@ -22,6 +23,7 @@ use serde_json::{Map, Value};
 use std::future::Future;
 
 pub use postgres::PostgresStore;
+pub use schedules::{BACKFILL_MAX, FIRE_BATCH};
 pub use sqlite::{intent_hash, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +230,67 @@ pub enum AtomicOutcome {
 
 /// The owner recorded on atomic attempts.
 pub const ATOMIC_OWNER: &str = "capstan:atomic";
+
+/// What a schedule firing is asked to do.
+#[derive(Clone, Debug)]
+pub enum ScheduleFire {
+    /// The scheduler's evaluation: buffered occurrences whose previous run closed, then every
+    /// due occurrence (those older than the catch-up window are skipped and counted).
+    Due { catchup_window_ms: i64 },
+    /// An operator's trigger-now, with an optional one-off overlap policy.
+    Manual {
+        policy: Option<capstan_engine::schedule::OverlapPolicy>,
+    },
+    /// Every occurrence in `[start, end)`.
+    Backfill {
+        start: Millis,
+        end: Millis,
+        policy: Option<capstan_engine::schedule::OverlapPolicy>,
+    },
+}
+
+/// What a firing did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FireReport {
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub workflow_id: Option<String>,
+    pub run_id: Option<String>,
+    pub buffer_depth: Option<usize>,
+    /// Per occurrence, for a backfill.
+    pub results: Vec<Value>,
+    pub started: usize,
+}
+
+/// One stored schedule audit event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleEventRecord {
+    pub sequence: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub recorded_at: Millis,
+    pub workflow_id: Option<String>,
+    pub run_id: Option<String>,
+    pub payload: Map<String, Value>,
+}
+
+/// Which schedules to list: newest first, after a `(created_at, schedule_id)` cursor.
+#[derive(Clone, Debug, Default)]
+pub struct ScheduleFilter {
+    pub status: Option<String>,
+    pub workflow_type: Option<String>,
+    pub after: Option<(Millis, String)>,
+    pub limit: usize,
+}
+
+pub(crate) fn schedule_missing(schedule_id: &str, namespace: &str) -> StoreError {
+    Refusal::new(
+        Reason::ScheduleNotFound,
+        format!("Schedule [{schedule_id}] not found in namespace [{namespace}]."),
+    )
+    .with("schedule_id", schedule_id)
+    .into()
+}
 
 /// A namespace: the unit of isolation of workflows, queues and the ledger.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -488,6 +551,60 @@ pub trait Store: Send + Sync + 'static {
         codec: &'static dyn MemoCodec,
         now: Millis,
     ) -> impl Future<Output = StoreResult<Option<AtomicOutcome>>> + Send;
+
+    /// Stores a new schedule and its first events. A live schedule with the id is refused
+    /// (`schedule_already_exists`); a deleted one is replaced and its history continues.
+    fn create_schedule(&self, schedule: capstan_engine::schedule::Schedule) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// A live (not deleted) schedule.
+    fn schedule(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+    ) -> impl Future<Output = StoreResult<Option<capstan_engine::schedule::Schedule>>> + Send;
+
+    /// Live schedules of a namespace, newest first.
+    fn list_schedules(
+        &self,
+        namespace: &str,
+        filter: ScheduleFilter,
+    ) -> impl Future<Output = StoreResult<Vec<capstan_engine::schedule::Schedule>>> + Send;
+
+    /// Applies an engine change to a live schedule (update, pause, resume, delete) and appends
+    /// the events it recorded, in one transaction. Missing → `schedule_not_found`.
+    fn change_schedule<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        change: impl FnOnce(&mut capstan_engine::schedule::Schedule) -> Result<T, Refusal> + Send + 'static,
+    ) -> impl Future<Output = StoreResult<T>> + Send;
+
+    /// Fires a schedule in one transaction with the workflows it starts (see `ScheduleFire`).
+    /// `empty_input` is the payload of a start without input.
+    fn fire_schedule(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        fire: ScheduleFire,
+        empty_input: Payload,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<FireReport>> + Send;
+
+    /// Schedules with something to do at `now` (a due occurrence or a waiting buffer).
+    fn due_schedules(&self, now: Millis, limit: usize) -> impl Future<Output = StoreResult<Vec<(String, String)>>> + Send;
+
+    /// The earliest future fire time over all schedules.
+    fn next_schedule_wake(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
+
+    /// A schedule's audit events after `after_sequence`, oldest first (at most `limit`); None if
+    /// the id never existed in the namespace. Deleted schedules keep their history.
+    fn schedule_history(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        after_sequence: i64,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Option<Vec<ScheduleEventRecord>>>> + Send;
 
     /// Every namespace, by name.
     fn namespaces(&self) -> impl Future<Output = StoreResult<Vec<NamespaceRecord>>> + Send;

@@ -12,7 +12,9 @@
 //! other in a cycle.
 
 use crate::rows::*;
+use crate::schedules;
 use crate::*;
+use capstan_engine::schedule::Schedule;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Transaction};
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -223,6 +225,39 @@ CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, sta
         r#"
 -- Namespaces carry a document (retention, status, timestamps) beside their name.
 ALTER TABLE namespaces ADD COLUMN doc TEXT;
+"#,
+    ),
+    (
+        8,
+        r#"
+-- Schedules: the engine's Schedule document plus copies for the scheduler and listing. A
+-- deleted schedule keeps its row (status 'deleted') so its history stays readable.
+CREATE TABLE schedules (
+    namespace     TEXT NOT NULL,
+    schedule_id   TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    workflow_type TEXT NOT NULL,
+    wake_at       BIGINT,
+    has_buffer    BIGINT NOT NULL DEFAULT 0,
+    created_at    BIGINT NOT NULL,
+    doc           TEXT NOT NULL,
+    PRIMARY KEY (namespace, schedule_id)
+);
+CREATE INDEX schedules_due ON schedules (wake_at) WHERE wake_at IS NOT NULL;
+CREATE INDEX schedules_buffered ON schedules (has_buffer) WHERE has_buffer = 1;
+-- Append-only audit history per schedule id (it outlives the schedule).
+CREATE TABLE schedule_events (
+    namespace    TEXT NOT NULL,
+    schedule_id  TEXT NOT NULL,
+    sequence     BIGINT NOT NULL,
+    event_id     TEXT NOT NULL,
+    event_type   TEXT NOT NULL,
+    recorded_at  BIGINT NOT NULL,
+    workflow_id  TEXT,
+    run_id       TEXT,
+    payload      TEXT NOT NULL,
+    PRIMARY KEY (namespace, schedule_id, sequence)
+);
 "#,
     ),
 ];
@@ -1115,6 +1150,188 @@ impl Store for PostgresStore {
     ) -> StoreResult<Option<AtomicOutcome>> {
         let result = self.run_atomic_task_checked(namespace, actions, codec, now).await;
         self.guard(result).await
+    }
+
+    async fn create_schedule(&self, mut schedule: Schedule) -> StoreResult<()> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // The row lock (or, for a new id, the primary key) serialises concurrent creates.
+        let existing = tx
+            .query_opt(
+                "SELECT status FROM schedules WHERE namespace = $1 AND schedule_id = $2 FOR UPDATE",
+                &[&schedule.namespace, &schedule.schedule_id],
+            )
+            .await?;
+        if existing.is_some_and(|row| row.get::<_, &str>(0) != "deleted") {
+            return Err(Refusal::new(
+                Reason::ScheduleAlreadyExists,
+                format!(
+                    "Schedule [{}] already exists in namespace [{}].",
+                    schedule.schedule_id, schedule.namespace
+                ),
+            )
+            .with("schedule_id", schedule.schedule_id.clone())
+            .into());
+        }
+        match pg_write_schedule(&tx, &mut schedule).await {
+            Err(StoreError::Storage(message)) if message.contains("schedules_pkey") => {
+                return Err(Refusal::new(
+                    Reason::ScheduleAlreadyExists,
+                    format!("Schedule [{}] already exists.", schedule.schedule_id),
+                )
+                .with("schedule_id", schedule.schedule_id.clone())
+                .into())
+            }
+            other => other?,
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn schedule(&self, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT doc FROM schedules WHERE namespace = $1 AND schedule_id = $2 AND status != 'deleted'",
+                &[&namespace, &schedule_id],
+            )
+            .await?;
+        row.map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).transpose()
+    }
+
+    async fn list_schedules(&self, namespace: &str, filter: ScheduleFilter) -> StoreResult<Vec<Schedule>> {
+        let client = self.pool.get().await?;
+        let (after_at, after_id) = filter.after.clone().unzip();
+        let rows = client
+            .query(
+                "SELECT doc FROM schedules WHERE namespace = $1 AND status != 'deleted'
+                   AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR workflow_type = $3)
+                   AND ($4::bigint IS NULL OR created_at < $4 OR (created_at = $4 AND schedule_id > $5))
+                 ORDER BY created_at DESC, schedule_id ASC LIMIT $6",
+                &[
+                    &namespace,
+                    &filter.status,
+                    &filter.workflow_type,
+                    &after_at,
+                    &after_id,
+                    &(filter.limit as i64),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect()
+    }
+
+    async fn change_schedule<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        change: impl FnOnce(&mut Schedule) -> Result<T, Refusal> + Send + 'static,
+    ) -> StoreResult<T> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let mut schedule = pg_lock_schedule(&tx, namespace, schedule_id, false)
+            .await?
+            .ok_or_else(|| schedule_missing(schedule_id, namespace))?;
+        let value = change(&mut schedule)?;
+        pg_write_schedule(&tx, &mut schedule).await?;
+        tx.commit().await?;
+        Ok(value)
+    }
+
+    async fn fire_schedule(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        fire: ScheduleFire,
+        empty_input: Payload,
+        now: Millis,
+    ) -> StoreResult<FireReport> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // The scheduler skips a schedule another node is firing; operators wait for it.
+        let evaluation = matches!(fire, ScheduleFire::Due { .. });
+        let Some(mut schedule) = pg_lock_schedule(&tx, namespace, schedule_id, evaluation).await? else {
+            if evaluation {
+                return Ok(FireReport::default());
+            }
+            return Err(schedule_missing(schedule_id, namespace));
+        };
+        let before = serde_json::to_string(&schedule).map_err(corrupt)?;
+        let handle = tokio::runtime::Handle::current();
+        let report = tokio::task::block_in_place(|| {
+            let mut ops = PgScheduleTx {
+                tx: &tx,
+                handle: handle.clone(),
+                wake_channel: &self.wake_channel,
+                limits: &self.limits,
+            };
+            schedules::fire(&mut ops, &mut schedule, &fire, &empty_input, now)
+        })?;
+        if serde_json::to_string(&schedule).map_err(corrupt)? != before || !schedule.pending_events.is_empty() {
+            pg_write_schedule(&tx, &mut schedule).await?;
+        }
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    async fn due_schedules(&self, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT namespace, schedule_id FROM schedules WHERE (wake_at IS NOT NULL AND wake_at <= $1) OR has_buffer = 1
+                 ORDER BY wake_at LIMIT $2",
+                &[&now, &(limit as i64)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn next_schedule_wake(&self) -> StoreResult<Option<Millis>> {
+        let client = self.pool.get().await?;
+        Ok(client.query_one("SELECT MIN(wake_at) FROM schedules", &[]).await?.get(0))
+    }
+
+    async fn schedule_history(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        after_sequence: i64,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
+        let client = self.pool.get().await?;
+        if client
+            .query_opt(
+                "SELECT 1 FROM schedules WHERE namespace = $1 AND schedule_id = $2",
+                &[&namespace, &schedule_id],
+            )
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let rows = client
+            .query(
+                "SELECT sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload FROM schedule_events
+                 WHERE namespace = $1 AND schedule_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4",
+                &[&namespace, &schedule_id, &after_sequence, &(limit as i64)],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ScheduleEventRecord {
+                    sequence: r.get(0),
+                    event_id: r.get(1),
+                    event_type: r.get(2),
+                    recorded_at: r.get(3),
+                    workflow_id: r.get(4),
+                    run_id: r.get(5),
+                    payload: serde_json::from_str(r.get::<_, &str>(6)).map_err(corrupt)?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()
+            .map(Some)
     }
 
     async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
@@ -2089,5 +2306,116 @@ impl AtomicTransaction for PgAtomic<'_> {
                     .collect()
             })
             .collect())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Schedules
+
+async fn pg_lock_schedule(tx: &Transaction<'_>, namespace: &str, schedule_id: &str, skip_locked: bool) -> StoreResult<Option<Schedule>> {
+    let sql = if skip_locked {
+        "SELECT doc FROM schedules WHERE namespace = $1 AND schedule_id = $2 AND status != 'deleted' FOR UPDATE SKIP LOCKED"
+    } else {
+        "SELECT doc FROM schedules WHERE namespace = $1 AND schedule_id = $2 AND status != 'deleted' FOR UPDATE"
+    };
+    let row = tx.query_opt(sql, &[&namespace, &schedule_id]).await?;
+    row.map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).transpose()
+}
+
+/// Upserts the schedule row and appends the events the change recorded (the row lock makes the
+/// sequence read safe).
+async fn pg_write_schedule(tx: &Transaction<'_>, schedule: &mut Schedule) -> StoreResult<()> {
+    let doc = serde_json::to_string(schedule).map_err(corrupt)?;
+    tx.execute(
+        "INSERT INTO schedules (namespace, schedule_id, status, workflow_type, wake_at, has_buffer, created_at, doc)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (namespace, schedule_id) DO UPDATE SET status = excluded.status, workflow_type = excluded.workflow_type,
+           wake_at = excluded.wake_at, has_buffer = excluded.has_buffer, created_at = excluded.created_at, doc = excluded.doc",
+        &[
+            &schedule.namespace,
+            &schedule.schedule_id,
+            &schedule.status.as_str(),
+            &schedule.action.workflow_type,
+            &schedule.wake_at(),
+            &(schedule.has_buffer() as i64),
+            &schedule.created_at,
+            &doc,
+        ],
+    )
+    .await
+    .map_err(|e| StoreError::Storage(format!("{e} {}", e.as_db_error().and_then(|d| d.constraint()).unwrap_or(""))))?;
+    let mut sequence: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(sequence), 0)::bigint FROM schedule_events WHERE namespace = $1 AND schedule_id = $2",
+            &[&schedule.namespace, &schedule.schedule_id],
+        )
+        .await?
+        .get(0);
+    for event in std::mem::take(&mut schedule.pending_events) {
+        sequence += 1;
+        let payload = serde_json::to_string(&event.payload).map_err(corrupt)?;
+        tx.execute(
+            "INSERT INTO schedule_events (namespace, schedule_id, sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &schedule.namespace,
+                &schedule.schedule_id,
+                &sequence,
+                &ulid::Ulid::new().to_string().to_lowercase(),
+                &event.event_type,
+                &event.recorded_at,
+                &event.workflow_id,
+                &event.run_id,
+                &payload,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A firing's view of the open transaction (called from a blocking section of the firing).
+struct PgScheduleTx<'t> {
+    tx: &'t Transaction<'t>,
+    handle: tokio::runtime::Handle,
+    wake_channel: &'t str,
+    limits: &'t Limits,
+}
+
+impl schedules::ScheduleTx for PgScheduleTx<'_> {
+    fn run_open(&mut self, namespace: &str, workflow_id: &str) -> StoreResult<bool> {
+        let locator = RunLocator::Current(WorkflowId(workflow_id.to_string()));
+        let run = self.handle.block_on(locate_and_lock(self.tx, namespace, &locator))?;
+        Ok(run.is_some_and(|run| !run.is_closed()))
+    }
+
+    fn start(&mut self, start: StartRun, now: Millis) -> StoreResult<()> {
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, self.limits);
+        let run = start_run(&mut cx, start);
+        self.handle.block_on(async {
+            self.tx
+                .execute(
+                    "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)",
+                    &[&run.workflow_id.as_str(), &run.namespace, &run.run_id.as_str(), &now],
+                )
+                .await?;
+            persist(self.tx, &run, &cx.effects, true, self.wake_channel, self.limits).await
+        })
+    }
+
+    fn close(&mut self, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis) -> StoreResult<()> {
+        let locator = RunLocator::Current(WorkflowId(workflow_id.to_string()));
+        let Some(mut run) = self.handle.block_on(locate_and_lock(self.tx, namespace, &locator))? else {
+            return Ok(());
+        };
+        if run.is_closed() {
+            return Ok(());
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, self.limits);
+        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(ulid::Ulid::new().to_string()))?;
+        self.handle
+            .block_on(persist(self.tx, &run, &cx.effects, false, self.wake_channel, self.limits))
     }
 }

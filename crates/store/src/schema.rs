@@ -218,6 +218,39 @@ CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, sta
 ALTER TABLE namespaces ADD COLUMN doc TEXT;
 "#,
     ),
+    (
+        8,
+        r#"
+-- Schedules: the engine's Schedule document plus copies for the scheduler and listing. A
+-- deleted schedule keeps its row (status 'deleted') so its history stays readable.
+CREATE TABLE schedules (
+    namespace     TEXT NOT NULL,
+    schedule_id   TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    workflow_type TEXT NOT NULL,
+    wake_at       INTEGER,
+    has_buffer    INTEGER NOT NULL DEFAULT 0,
+    created_at    INTEGER NOT NULL,
+    doc           TEXT NOT NULL,
+    PRIMARY KEY (namespace, schedule_id)
+);
+CREATE INDEX schedules_due ON schedules (wake_at) WHERE wake_at IS NOT NULL;
+CREATE INDEX schedules_buffered ON schedules (has_buffer) WHERE has_buffer = 1;
+-- Append-only audit history per schedule id (it outlives the schedule).
+CREATE TABLE schedule_events (
+    namespace    TEXT NOT NULL,
+    schedule_id  TEXT NOT NULL,
+    sequence     INTEGER NOT NULL,
+    event_id     TEXT NOT NULL,
+    event_type   TEXT NOT NULL,
+    recorded_at  INTEGER NOT NULL,
+    workflow_id  TEXT,
+    run_id       TEXT,
+    payload      TEXT NOT NULL,
+    PRIMARY KEY (namespace, schedule_id, sequence)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

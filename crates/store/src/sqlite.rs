@@ -2,9 +2,11 @@
 //! group commit (see `writer.rs`) and a small pool of reader connections.
 
 use crate::rows::*;
+use crate::schedules;
 use crate::schema;
 use crate::writer::Writer;
 use crate::*;
+use capstan_engine::schedule::Schedule;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -932,6 +934,172 @@ impl Store for SqliteStore {
         self.guard(result).await
     }
 
+    async fn create_schedule(&self, mut schedule: Schedule) -> StoreResult<()> {
+        self.writer
+            .write(move |conn| {
+                if load_schedule(conn, &schedule.namespace, &schedule.schedule_id)?.is_some() {
+                    return Err(Refusal::new(
+                        Reason::ScheduleAlreadyExists,
+                        format!(
+                            "Schedule [{}] already exists in namespace [{}].",
+                            schedule.schedule_id, schedule.namespace
+                        ),
+                    )
+                    .with("schedule_id", schedule.schedule_id.clone())
+                    .into());
+                }
+                write_schedule(conn, &mut schedule)
+            })
+            .await
+    }
+
+    async fn schedule(&self, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        self.read(move |conn| load_schedule(conn, &namespace, &schedule_id)).await
+    }
+
+    async fn list_schedules(&self, namespace: &str, filter: ScheduleFilter) -> StoreResult<Vec<Schedule>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let (after_at, after_id) = filter.after.clone().unzip();
+            let docs: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT doc FROM schedules WHERE namespace = ?1 AND status != 'deleted'
+                       AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR workflow_type = ?3)
+                       AND (?4 IS NULL OR created_at < ?4 OR (created_at = ?4 AND schedule_id > ?5))
+                     ORDER BY created_at DESC, schedule_id ASC LIMIT ?6",
+                )?
+                .query_map(
+                    params![
+                        namespace,
+                        filter.status,
+                        filter.workflow_type,
+                        after_at,
+                        after_id,
+                        filter.limit as i64
+                    ],
+                    |r| r.get(0),
+                )?
+                .collect::<Result<_, _>>()?;
+            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
+        })
+        .await
+    }
+
+    async fn change_schedule<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        change: impl FnOnce(&mut Schedule) -> Result<T, Refusal> + Send + 'static,
+    ) -> StoreResult<T> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        self.writer
+            .write(move |conn| {
+                let mut schedule =
+                    load_schedule(conn, &namespace, &schedule_id)?.ok_or_else(|| schedule_missing(&schedule_id, &namespace))?;
+                let value = change(&mut schedule)?;
+                write_schedule(conn, &mut schedule)?;
+                Ok(value)
+            })
+            .await
+    }
+
+    async fn fire_schedule(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        fire: ScheduleFire,
+        empty_input: Payload,
+        now: Millis,
+    ) -> StoreResult<FireReport> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        let limits = self.limits.clone();
+        self.writer
+            .write(move |conn| {
+                let mut schedule =
+                    load_schedule(conn, &namespace, &schedule_id)?.ok_or_else(|| schedule_missing(&schedule_id, &namespace))?;
+                let before = serde_json::to_string(&schedule)?;
+                let report = schedules::fire(
+                    &mut SqliteScheduleTx { conn, limits: &limits },
+                    &mut schedule,
+                    &fire,
+                    &empty_input,
+                    now,
+                )?;
+                if serde_json::to_string(&schedule)? != before || !schedule.pending_events.is_empty() {
+                    write_schedule(conn, &mut schedule)?;
+                }
+                Ok(report)
+            })
+            .await
+    }
+
+    async fn due_schedules(&self, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
+        self.read(move |conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT namespace, schedule_id FROM schedules WHERE (wake_at IS NOT NULL AND wake_at <= ?1) OR has_buffer = 1
+                     ORDER BY wake_at LIMIT ?2",
+                )?
+                .query_map(params![now, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn next_schedule_wake(&self) -> StoreResult<Option<Millis>> {
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached("SELECT MIN(wake_at) FROM schedules")?
+                .query_row([], |r| r.get(0))?)
+        })
+        .await
+    }
+
+    async fn schedule_history(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        after_sequence: i64,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        self.read(move |conn| {
+            let known: Option<i64> = conn
+                .prepare_cached("SELECT 1 FROM schedules WHERE namespace = ?1 AND schedule_id = ?2")?
+                .query_row(params![namespace, schedule_id], |r| r.get(0))
+                .optional()?;
+            if known.is_none() {
+                return Ok(None);
+            }
+            let rows: Vec<EventRow> = conn
+                .prepare_cached(
+                    "SELECT sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload FROM schedule_events
+                     WHERE namespace = ?1 AND schedule_id = ?2 AND sequence > ?3 ORDER BY sequence LIMIT ?4",
+                )?
+                .query_map(params![namespace, schedule_id, after_sequence, limit as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+                })?
+                .collect::<Result<_, _>>()?;
+            rows.into_iter()
+                .map(|(sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload)| {
+                    Ok(ScheduleEventRecord {
+                        sequence,
+                        event_id,
+                        event_type,
+                        recorded_at,
+                        workflow_id,
+                        run_id,
+                        payload: serde_json::from_str(&payload)?,
+                    })
+                })
+                .collect::<StoreResult<Vec<_>>>()
+                .map(Some)
+        })
+        .await
+    }
+
     async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
         self.read(move |conn| {
             let rows = conn
@@ -1534,5 +1702,108 @@ impl AtomicTransaction for SqliteAtomic<'_> {
             })
             .map_err(|e| e.to_string())?;
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(|e| e.to_string())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Schedules
+
+/// sequence, event id, type, recorded at, workflow id, run id, payload.
+type EventRow = (i64, String, String, i64, Option<String>, Option<String>, String);
+
+fn load_schedule(conn: &Connection, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
+    let doc: Option<String> = conn
+        .prepare_cached("SELECT doc FROM schedules WHERE namespace = ?1 AND schedule_id = ?2 AND status != 'deleted'")?
+        .query_row(params![namespace, schedule_id], |r| r.get(0))
+        .optional()?;
+    Ok(doc.map(|d| serde_json::from_str(&d)).transpose()?)
+}
+
+/// Upserts the schedule row and appends the events the change recorded.
+fn write_schedule(conn: &Connection, schedule: &mut Schedule) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO schedules (namespace, schedule_id, status, workflow_type, wake_at, has_buffer, created_at, doc)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (namespace, schedule_id) DO UPDATE SET status = excluded.status, workflow_type = excluded.workflow_type,
+           wake_at = excluded.wake_at, has_buffer = excluded.has_buffer, created_at = excluded.created_at, doc = excluded.doc",
+    )?
+    .execute(params![
+        schedule.namespace,
+        schedule.schedule_id,
+        schedule.status.as_str(),
+        schedule.action.workflow_type,
+        schedule.wake_at(),
+        schedule.has_buffer() as i64,
+        schedule.created_at,
+        serde_json::to_string(schedule)?
+    ])?;
+    let mut sequence: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(sequence), 0) FROM schedule_events WHERE namespace = ?1 AND schedule_id = ?2")?
+        .query_row(params![schedule.namespace, schedule.schedule_id], |r| r.get(0))?;
+    for event in std::mem::take(&mut schedule.pending_events) {
+        sequence += 1;
+        conn.prepare_cached(
+            "INSERT INTO schedule_events (namespace, schedule_id, sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?
+        .execute(params![
+            schedule.namespace,
+            schedule.schedule_id,
+            sequence,
+            ulid::Ulid::new().to_string().to_lowercase(),
+            event.event_type,
+            event.recorded_at,
+            event.workflow_id,
+            event.run_id,
+            serde_json::to_string(&event.payload)?
+        ])?;
+    }
+    Ok(())
+}
+
+/// A firing's view of the writer's transaction.
+struct SqliteScheduleTx<'c> {
+    conn: &'c Connection,
+    limits: &'c Limits,
+}
+
+impl SqliteScheduleTx<'_> {
+    fn current_run(&self, namespace: &str, workflow_id: &str) -> StoreResult<Option<RunState>> {
+        let run_id: Option<String> = self
+            .conn
+            .prepare_cached("SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1 AND namespace = ?2")?
+            .query_row(params![workflow_id, namespace], |r| r.get(0))
+            .optional()?;
+        Ok(run_id.map(|id| load_state(self.conn, &id)).transpose()?.flatten())
+    }
+}
+
+impl schedules::ScheduleTx for SqliteScheduleTx<'_> {
+    fn run_open(&mut self, namespace: &str, workflow_id: &str) -> StoreResult<bool> {
+        Ok(self.current_run(namespace, workflow_id)?.is_some_and(|run| !run.is_closed()))
+    }
+
+    fn start(&mut self, start: StartRun, now: Millis) -> StoreResult<()> {
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, self.limits);
+        let run = capstan_engine::start_run(&mut cx, start);
+        self.conn.execute(
+            "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![run.workflow_id.as_str(), run.namespace, run.run_id.as_str(), now],
+        )?;
+        persist(self.conn, &run, &cx.effects, true, self.limits)
+    }
+
+    fn close(&mut self, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis) -> StoreResult<()> {
+        let Some(mut run) = self.current_run(namespace, workflow_id)? else {
+            return Ok(());
+        };
+        if run.is_closed() {
+            return Ok(());
+        }
+        let mut ids = UlidIds;
+        let mut cx = Cx::new(now, &mut ids, self.limits);
+        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(ulid::Ulid::new().to_string()))?;
+        persist(self.conn, &run, &cx.effects, false, self.limits)
     }
 }

@@ -5,6 +5,7 @@ mod control;
 mod ledger;
 mod namespaces;
 mod query;
+mod schedules;
 mod system;
 mod update;
 mod validation;
@@ -110,6 +111,18 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/ledger/:ledger_key/resolve", post(ledger::resolve::<S>))
         .route("/integrity-incidents", get(ledger::list_incidents::<S>))
         .route("/integrity-incidents/:incident_id/close", post(ledger::close_incident::<S>))
+        .route("/schedules", get(schedules::list::<S>).post(schedules::create::<S>))
+        .route(
+            "/schedules/:schedule_id",
+            get(schedules::describe::<S>)
+                .put(schedules::update::<S>)
+                .delete(schedules::delete::<S>),
+        )
+        .route("/schedules/:schedule_id/pause", post(schedules::pause::<S>))
+        .route("/schedules/:schedule_id/resume", post(schedules::resume::<S>))
+        .route("/schedules/:schedule_id/trigger", post(schedules::trigger::<S>))
+        .route("/schedules/:schedule_id/backfill", post(schedules::backfill::<S>))
+        .route("/schedules/:schedule_id/history", get(schedules::history::<S>))
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
