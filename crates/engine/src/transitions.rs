@@ -2870,40 +2870,17 @@ pub fn resolve_ledger_entry(
     principal: &str,
 ) -> Result<LedgerEntry, Refusal> {
     integrity_refusal(run)?;
-    let Some(mut entry) = run.ledger.get(ledger_key).cloned() else {
+    let Some(entry) = run.ledger.get(ledger_key).cloned() else {
         return Err(Refusal::new(Reason::LedgerEntryNotFound, "No such ledger entry on this run.").with("ledger_key", ledger_key));
     };
-    if entry.state != LedgerState::OutcomeUnknown {
-        return Err(Refusal::new(
-            Reason::LedgerEntryNotUnknown,
-            "Only an entry whose outcome is unknown can be resolved.",
-        )
-        .with("ledger_key", ledger_key)
-        .with("state", entry.state.as_str()));
-    }
-    let decision_name = match decision {
-        LedgerDecision::EffectConfirmed { .. } => "effect_confirmed",
-        LedgerDecision::EffectAbsent => "effect_absent",
-    };
-    let resolution = json!({"decision": decision_name, "evidence": evidence, "principal": principal, "resolved_at": iso8601(cx.now)});
-    entry.state = match decision {
-        LedgerDecision::EffectConfirmed { .. } => LedgerState::EffectConfirmed,
-        LedgerDecision::EffectAbsent => LedgerState::EffectAbsent,
-    };
-    entry.resolution = Some(resolution.clone());
+    let (entry, decision_name) = settle(entry, &decision, evidence, principal, cx.now)?;
     let execution = run
         .activities
         .values()
         .find(|a| a.blocked_by.as_deref() == Some(ledger_key))
         .cloned()
         .filter(|_| !run.is_closed());
-    let evidence_hash = crate::ledger::digest(&resolution["evidence"].to_string());
-    let resolved = checkpoint(
-        run,
-        cx,
-        entry.clone(),
-        obj!("decision" => decision_name, "principal" => principal, "evidence_hash" => evidence_hash),
-    );
+    let resolved = checkpoint_resolution(run, cx, entry.clone(), decision_name, principal);
     let Some(execution) = execution else {
         return Ok(resolved);
     };
@@ -2952,10 +2929,78 @@ pub fn resolve_ledger_entry(
     Ok(resolved)
 }
 
+/// The entry with the operator's decision recorded; refused unless its outcome is unknown.
+fn settle(
+    mut entry: LedgerEntry,
+    decision: &LedgerDecision,
+    evidence: Value,
+    principal: &str,
+    now: Millis,
+) -> Result<(LedgerEntry, &'static str), Refusal> {
+    if entry.state != LedgerState::OutcomeUnknown {
+        return Err(Refusal::new(
+            Reason::LedgerEntryNotUnknown,
+            "Only an entry whose outcome is unknown can be resolved.",
+        )
+        .with("ledger_key", entry.ledger_key.as_str())
+        .with("state", entry.state.as_str()));
+    }
+    let decision_name = match decision {
+        LedgerDecision::EffectConfirmed { .. } => "effect_confirmed",
+        LedgerDecision::EffectAbsent => "effect_absent",
+    };
+    entry.state = match decision {
+        LedgerDecision::EffectConfirmed { .. } => LedgerState::EffectConfirmed,
+        LedgerDecision::EffectAbsent => LedgerState::EffectAbsent,
+    };
+    entry.resolution = Some(json!({"decision": decision_name, "evidence": evidence, "principal": principal, "resolved_at": iso8601(now)}));
+    Ok((entry, decision_name))
+}
+
+fn checkpoint_resolution(run: &mut RunState, cx: &mut Cx, entry: LedgerEntry, decision_name: &str, principal: &str) -> LedgerEntry {
+    let evidence = entry.resolution.as_ref().map(|r| r["evidence"].to_string()).unwrap_or_default();
+    let evidence_hash = crate::ledger::digest(&evidence);
+    checkpoint(
+        run,
+        cx,
+        entry,
+        obj!("decision" => decision_name, "principal" => principal, "evidence_hash" => evidence_hash),
+    )
+}
+
+/// Resolves an entry left `outcome_unknown` by an earlier, closed run of this instance (`run`
+/// is the instance's current run). The instance's checkpoint chain is only ever extended through
+/// its current run, so it stays one line; the earlier run cannot continue, so the decision is
+/// recorded and nothing runs. `stored` is the entry as the store holds it.
+pub fn resolve_earlier_run_entry(
+    run: &mut RunState,
+    cx: &mut Cx,
+    stored: LedgerEntry,
+    decision: LedgerDecision,
+    evidence: Value,
+    principal: &str,
+) -> Result<LedgerEntry, Refusal> {
+    integrity_refusal(run)?;
+    if stored.workflow_id != run.workflow_id || stored.run_id == run.run_id {
+        return Err(Refusal::new(
+            Reason::LedgerEntryNotFound,
+            "The entry does not belong to an earlier run of this instance.",
+        )
+        .with("ledger_key", stored.ledger_key.as_str()));
+    }
+    let (entry, decision_name) = settle(stored, &decision, evidence, principal, cx.now)?;
+    Ok(checkpoint_resolution(run, cx, entry, decision_name, principal))
+}
+
 /// A report from an attempt whose dispatch is already `outcome_unknown` (it lost its lease,
 /// timed out…): the workflow refused it, but it is what an operator needs to decide, so it is
 /// attached to the entry. Returns whether such an entry exists.
 pub fn attach_late_report(run: &mut RunState, cx: &mut Cx, attempt_id: &ActivityAttemptId, report: Value) -> Result<bool, Refusal> {
+    // A closed run may have a successor that extends the instance's chain; appending here
+    // would fork it. (The report is still refused and logged.)
+    if run.is_closed() {
+        return Ok(false);
+    }
     let Some(mut entry) = run
         .ledger
         .values()

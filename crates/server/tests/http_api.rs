@@ -1517,7 +1517,9 @@ async fn unknown_routes_are_404_and_wrong_methods_405() {
     send(h.worker(Method::POST, "/api/worker/nope").json(&json!({})))
         .await
         .err(404, "not_found");
-    send(h.client(Method::GET, "/api/task-queues/nope/builds")).await.err(404, "not_found");
+    send(h.client(Method::GET, "/api/task-queues/nope/builds"))
+        .await
+        .err(404, "not_found");
 
     send(h.worker(Method::GET, "/api/worker/register"))
         .await
@@ -3763,4 +3765,53 @@ async fn schedule_routes_validate_and_answer_in_dw_shapes() {
         .collect();
     assert_eq!(types, ["ScheduleUpdated", "ScheduleDeleted"]);
     h.cget("/api/schedules/never/history").await.err(404, "schedule_not_found");
+}
+
+/// An entry left unknown by a run that continued as new is resolved after the new run has
+/// extended the instance's checkpoint chain: the resolution must extend the chain's tip, not fork
+/// it from the closed run's stale head, and a second resolution is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_an_earlier_runs_entry_extends_the_one_instance_chain() {
+    let h = Harness::start().await;
+    h.cpost_method(
+        Method::PUT,
+        "/api/action-definitions/charge",
+        json!({"recovery_mode": "non_atomic"}),
+    )
+    .await
+    .ok(200);
+    let queue = unique("ledger-can");
+    h.register("w", &queue).await;
+    h.start_workflow("checkout", &queue).await;
+    // Run 1 dispatches the declared action, then continues as new while it is in flight.
+    let task = h.next_workflow_task("w", &queue).await;
+    h.complete_workflow_task(&task, json!([schedule_activity("charge", &queue)]))
+        .await
+        .ok(200);
+    let dispatched = h.next_activity_task("w", &queue).await;
+    h.cpost("/api/workflows/checkout/signal/go", json!({})).await.ok(202);
+    let task = h.next_workflow_task("w", &queue).await;
+    h.complete_workflow_task(&task, json!([{"type": "continue_as_new"}])).await.ok(200);
+    let unknown = h.cget("/api/ledger?state=outcome_unknown&workflow_id=checkout").await.ok(200);
+    let earlier = unknown["entries"][0].clone();
+    assert_eq!(earlier["run_id"], dispatched["run_id"], "{unknown}");
+    // Run 2 dispatches the action again: its checkpoint extends the chain.
+    let task = h.next_workflow_task("w", &queue).await;
+    assert_ne!(task["run_id"], dispatched["run_id"]);
+    h.complete_workflow_task(&task, json!([schedule_activity("charge", &queue)]))
+        .await
+        .ok(200);
+    h.next_activity_task("w", &queue).await;
+    let key = earlier["ledger_key"].as_str().unwrap().to_string();
+    let resolve = json!({"decision": "effect_absent", "evidence": {"note": "the provider has no record"}});
+    let resolved = h.cpost(&format!("/api/ledger/{key}/resolve"), resolve.clone()).await.ok(200);
+    assert_eq!(resolved["state"], "effect_absent");
+    h.cpost(&format!("/api/ledger/{key}/resolve"), resolve)
+        .await
+        .err(409, "ledger_entry_not_unknown");
+    // One line, no fork: the offline verifier walks it from genesis.
+    let store = capstan_store::SqliteStore::open(&h.database_path(), Default::default(), capstan_server::now_ms()).unwrap();
+    let report = capstan_server::integrity::verify(&store).await.unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.checkpoints_checked, 4, "dispatch, unknown, second dispatch, resolution");
 }

@@ -360,6 +360,16 @@ pub(crate) fn finish_atomic(run: &mut RunState, cx: &mut Cx, task: &Task, handle
     }
 }
 
+/// A resolution written over an entry that is no longer `outcome_unknown` (settled meanwhile).
+pub(crate) fn already_settled(entry: &LedgerEntry) -> StoreError {
+    Refusal::new(
+        Reason::LedgerEntryNotUnknown,
+        "Only an entry whose outcome is unknown can be resolved.",
+    )
+    .with("ledger_key", entry.ledger_key.as_str())
+    .into()
+}
+
 /// A JSON scalar as text for a database parameter or column that is not a number or boolean.
 pub(crate) fn json_text(value: &Value) -> Option<String> {
     match value {

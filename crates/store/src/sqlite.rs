@@ -308,10 +308,12 @@ fn persist_ledger(conn: &Connection, run: &RunState, effects: &Effects) -> Store
     let mut upsert = conn.prepare_cached(
         "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-         ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc",
+         ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
+               WHERE excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown'",
     )?;
     for entry in &effects.ledger {
-        upsert.execute(params![
+        // A resolution applies only over an unknown outcome (see the WHERE above).
+        let written = upsert.execute(params![
             entry.ledger_key,
             entry.namespace,
             entry.workflow_id.as_str(),
@@ -322,6 +324,9 @@ fn persist_ledger(conn: &Connection, run: &RunState, effects: &Effects) -> Store
             entry.updated_at,
             serde_json::to_string(entry)?,
         ])?;
+        if written == 0 {
+            return Err(crate::already_settled(entry));
+        }
     }
     let mut insert = conn.prepare_cached(
         "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",

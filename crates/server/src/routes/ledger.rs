@@ -305,14 +305,22 @@ pub async fn resolve<S: Store>(
         .with("ledger_key", ledger_key.clone())
         .with("state", entry.state.as_str()));
     }
+    // Through the instance's current run: only it extends the instance's checkpoint chain, so
+    // an entry of an earlier (continued or retried) run is settled there, not on its own run.
     let key = ledger_key.clone();
     let (resolved, run) = state
         .store
         .mutate_run(
             &namespace,
-            RunLocator::Run(entry.workflow_id.clone(), entry.run_id.clone()),
+            RunLocator::Current(entry.workflow_id.clone()),
             now_ms(),
-            move |run, cx| resolve_ledger_entry(run, cx, &key, decision, evidence, &principal),
+            move |run, cx| {
+                if run.run_id == entry.run_id {
+                    resolve_ledger_entry(run, cx, &key, decision, evidence, &principal)
+                } else {
+                    capstan_engine::resolve_earlier_run_entry(run, cx, entry, decision, evidence, &principal)
+                }
+            },
         )
         .await?;
     super::after_change(&state, &run);

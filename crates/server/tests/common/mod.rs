@@ -187,6 +187,11 @@ impl Harness {
         }
     }
 
+    /// The server's SQLite file (open a second store on it to inspect what was committed).
+    pub fn database_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("capstan.db")
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
