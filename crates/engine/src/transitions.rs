@@ -2996,11 +2996,6 @@ pub fn resolve_earlier_run_entry(
 /// timed out…): the workflow refused it, but it is what an operator needs to decide, so it is
 /// attached to the entry. Returns whether such an entry exists.
 pub fn attach_late_report(run: &mut RunState, cx: &mut Cx, attempt_id: &ActivityAttemptId, report: Value) -> Result<bool, Refusal> {
-    // A closed run may have a successor that extends the instance's chain; appending here
-    // would fork it. (The report is still refused and logged.)
-    if run.is_closed() {
-        return Ok(false);
-    }
     let Some(mut entry) = run
         .ledger
         .values()
@@ -3009,6 +3004,20 @@ pub fn attach_late_report(run: &mut RunState, cx: &mut Cx, attempt_id: &Activity
     else {
         return Ok(false);
     };
+    let mut report = report;
+    report["received_at"] = json!(iso8601(cx.now));
+    entry.late_reports.push(report.clone());
+    checkpoint(run, cx, entry, obj!("late_report" => report));
+    Ok(true)
+}
+
+/// A late report for an entry of an earlier, closed run of this instance (`run` is the current
+/// run, the only one that extends the instance's chain). `stored` is the entry as last known.
+pub fn attach_earlier_late_report(run: &mut RunState, cx: &mut Cx, stored: LedgerEntry, report: Value) -> Result<bool, Refusal> {
+    if stored.workflow_id != run.workflow_id || stored.run_id == run.run_id || stored.state != LedgerState::OutcomeUnknown {
+        return Ok(false);
+    }
+    let mut entry = stored;
     let mut report = report;
     report["received_at"] = json!(iso8601(cx.now));
     entry.late_reports.push(report.clone());

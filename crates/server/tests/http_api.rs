@@ -3803,6 +3803,11 @@ async fn resolving_an_earlier_runs_entry_extends_the_one_instance_chain() {
         .ok(200);
     h.next_activity_task("w", &queue).await;
     let key = earlier["ledger_key"].as_str().unwrap().to_string();
+    // The lost worker reports late: refused, but attached to run 1's entry as evidence.
+    let late = h.complete_activity(&dispatched, EMPTY_ARGS).await;
+    assert!(late.status.is_client_error(), "{:?}", late.status);
+    let shown = h.cget(&format!("/api/ledger/{key}")).await.ok(200);
+    assert_eq!(shown["late_reports"].as_array().map(Vec::len), Some(1), "{shown}");
     let resolve = json!({"decision": "effect_absent", "evidence": {"note": "the provider has no record"}});
     let resolved = h.cpost(&format!("/api/ledger/{key}/resolve"), resolve.clone()).await.ok(200);
     assert_eq!(resolved["state"], "effect_absent");
@@ -3813,5 +3818,8 @@ async fn resolving_an_earlier_runs_entry_extends_the_one_instance_chain() {
     let store = capstan_store::SqliteStore::open(&h.database_path(), Default::default(), capstan_server::now_ms()).unwrap();
     let report = capstan_server::integrity::verify(&store).await.unwrap();
     assert!(report.ok(), "{:?}", report.problems);
-    assert_eq!(report.checkpoints_checked, 4, "dispatch, unknown, second dispatch, resolution");
+    assert_eq!(
+        report.checkpoints_checked, 5,
+        "dispatch, unknown, second dispatch, late report, resolution"
+    );
 }

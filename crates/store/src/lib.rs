@@ -360,7 +360,7 @@ pub(crate) fn finish_atomic(run: &mut RunState, cx: &mut Cx, task: &Task, handle
     }
 }
 
-/// A resolution written over an entry that is no longer `outcome_unknown` (settled meanwhile).
+/// A write over a settled entry, or a resolution over one no longer `outcome_unknown`.
 pub(crate) fn already_settled(entry: &LedgerEntry) -> StoreError {
     Refusal::new(
         Reason::LedgerEntryNotUnknown,

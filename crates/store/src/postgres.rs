@@ -827,13 +827,14 @@ async fn persist(
         }
     }
     for entry in &effects.ledger {
-        // A resolution applies only over an unknown outcome: two operators (or nodes) resolving
-        // the same entry at once cannot both succeed.
+        // Settled entries are final, and a resolution applies only over an unknown outcome: two
+        // operators (or nodes) resolving the same entry at once cannot both succeed.
         let written = tx.execute(
             "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
-               WHERE excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown'",
+               WHERE ledger_entries.state NOT IN ('verified', 'effect_confirmed', 'effect_absent')
+                 AND (excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown')",
             &[
                 &entry.ledger_key,
                 &entry.namespace,

@@ -668,19 +668,35 @@ async fn late_report<S: Store>(
     error: StoreError,
 ) -> ApiError {
     if matches!(&error, StoreError::Refused(_)) {
-        let attempt = attempt_id.clone();
-        let attached = state
-            .store
-            .mutate_run(
-                namespace,
-                RunLocator::Task(TaskId(task_id.to_string())),
-                now_ms(),
-                move |run, cx| capstan_engine::attach_late_report(run, cx, &attempt, evidence),
-            )
-            .await;
-        if let Ok((true, run)) = attached {
-            tracing::warn!(namespace, workflow_id = %run.workflow_id, task_id, activity_attempt_id = %attempt_id,
-                "late activity report attached to its ledger entry as evidence");
+        // Attached through the instance's current run: only it extends the instance's chain.
+        let holder = state.store.load_run(namespace, RunLocator::Task(TaskId(task_id.to_string()))).await;
+        let entry = holder.ok().flatten().and_then(|run| {
+            run.ledger
+                .values()
+                .find(|e| &e.activity_attempt_id == attempt_id && e.state == capstan_engine::LedgerState::OutcomeUnknown)
+                .cloned()
+        });
+        if let Some(entry) = entry {
+            let attempt = attempt_id.clone();
+            let attached = state
+                .store
+                .mutate_run(
+                    namespace,
+                    RunLocator::Current(entry.workflow_id.clone()),
+                    now_ms(),
+                    move |run, cx| {
+                        if run.run_id == entry.run_id {
+                            capstan_engine::attach_late_report(run, cx, &attempt, evidence)
+                        } else {
+                            capstan_engine::attach_earlier_late_report(run, cx, entry, evidence)
+                        }
+                    },
+                )
+                .await;
+            if let Ok((true, run)) = attached {
+                tracing::warn!(namespace, workflow_id = %run.workflow_id, task_id, activity_attempt_id = %attempt_id,
+                    "late activity report attached to its ledger entry as evidence");
+            }
         }
     }
     activity_refused(error, task_id, attempt_id)
