@@ -231,6 +231,26 @@ pub enum AtomicOutcome {
 /// The owner recorded on atomic attempts.
 pub const ATOMIC_OWNER: &str = "capstan:atomic";
 
+/// Open tasks of one queue, for task-queue describe.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueueSnapshot {
+    /// (kind, status, count, oldest available_at) for ready and leased tasks.
+    pub counts: Vec<(String, String, i64, Option<Millis>)>,
+    pub leases: Vec<QueueLease>,
+}
+
+/// One leased task of a queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueLease {
+    pub task_id: String,
+    pub kind: String,
+    pub type_name: String,
+    pub workflow_id: String,
+    pub run_id: String,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<Millis>,
+}
+
 /// What a schedule firing is asked to do.
 #[derive(Clone, Debug)]
 pub enum ScheduleFire {
@@ -731,6 +751,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// The earliest pending deadline, so the clock can sleep until then.
     fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
+
+    /// Every registration of a namespace, by worker id.
+    fn workers(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;
+
+    /// Task queues a namespace has used: with open tasks, or with registered workers.
+    fn task_queue_names(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
+
+    /// Open tasks of one queue: counts by kind and status, and the current leases (at most
+    /// `lease_limit`).
+    fn task_queue_snapshot(
+        &self,
+        namespace: &str,
+        queue: &str,
+        lease_limit: usize,
+    ) -> impl Future<Output = StoreResult<QueueSnapshot>> + Send;
 
     /// Registrations on one task queue (for query routing: who can answer).
     fn queue_workers(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;

@@ -2074,6 +2074,63 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                &format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 ORDER BY worker_id"),
+                &[&namespace],
+            )
+            .await?;
+        Ok(rows.iter().map(worker_from_row).collect())
+    }
+
+    async fn task_queue_names(&self, namespace: &str) -> StoreResult<Vec<String>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT queue FROM tasks WHERE namespace = $1 AND status IN ('ready', 'leased') AND queue <> $2
+                 UNION SELECT task_queue FROM workers WHERE namespace = $1 ORDER BY 1",
+                &[&namespace, &ATOMIC_QUEUE],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn task_queue_snapshot(&self, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
+        let client = self.pool.get().await?;
+        let counts = client
+            .query(
+                "SELECT kind, status, COUNT(*)::bigint, MIN(available_at) FROM tasks
+                 WHERE namespace = $1 AND queue = $2 AND status IN ('ready', 'leased') GROUP BY kind, status",
+                &[&namespace, &queue],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        let leases = client
+            .query(
+                "SELECT t.task_id, t.kind, t.type_name, r.workflow_id, t.run_id, t.lease_owner, t.lease_expires_at
+                 FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                 WHERE t.namespace = $1 AND t.queue = $2 AND t.status = 'leased' ORDER BY t.lease_expires_at LIMIT $3",
+                &[&namespace, &queue, &(lease_limit as i64)],
+            )
+            .await?
+            .iter()
+            .map(|r| QueueLease {
+                task_id: r.get(0),
+                kind: r.get(1),
+                type_name: r.get(2),
+                workflow_id: r.get(3),
+                run_id: r.get(4),
+                lease_owner: r.get(5),
+                lease_expires_at: r.get(6),
+            })
+            .collect();
+        Ok(QueueSnapshot { counts, leases })
+    }
+
     async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
         let client = self.pool.get().await?;
         let rows = client

@@ -1512,6 +1512,66 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = ?1 ORDER BY worker_id"
+                ))?
+                .query_map(params![namespace], worker_from_row)?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn task_queue_names(&self, namespace: &str) -> StoreResult<Vec<String>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT queue FROM tasks WHERE namespace = ?1 AND status IN ('ready', 'leased') AND queue <> ?2
+                     UNION SELECT task_queue FROM workers WHERE namespace = ?1 ORDER BY 1",
+                )?
+                .query_map(params![namespace, ATOMIC_QUEUE], |r| r.get(0))?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn task_queue_snapshot(&self, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |conn| {
+            let counts = conn
+                .prepare_cached(
+                    "SELECT kind, status, COUNT(*), MIN(available_at) FROM tasks
+                     WHERE namespace = ?1 AND queue = ?2 AND status IN ('ready', 'leased') GROUP BY kind, status",
+                )?
+                .query_map(params![namespace, queue], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<_, _>>()?;
+            let leases = conn
+                .prepare_cached(
+                    "SELECT t.task_id, t.kind, t.type_name, r.workflow_id, t.run_id, t.lease_owner, t.lease_expires_at
+                     FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                     WHERE t.namespace = ?1 AND t.queue = ?2 AND t.status = 'leased' ORDER BY t.lease_expires_at LIMIT ?3",
+                )?
+                .query_map(params![namespace, queue, lease_limit as i64], |r| {
+                    Ok(QueueLease {
+                        task_id: r.get(0)?,
+                        kind: r.get(1)?,
+                        type_name: r.get(2)?,
+                        workflow_id: r.get(3)?,
+                        run_id: r.get(4)?,
+                        lease_owner: r.get(5)?,
+                        lease_expires_at: r.get(6)?,
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(QueueSnapshot { counts, leases })
+        })
+        .await
+    }
+
     async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
         let (namespace, queue) = (namespace.to_string(), queue.to_string());
         self.read(move |conn| {

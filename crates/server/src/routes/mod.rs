@@ -2,6 +2,7 @@
 
 mod cancellation;
 mod control;
+mod fleet;
 mod ledger;
 mod namespaces;
 mod query;
@@ -111,6 +112,13 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/ledger/:ledger_key/resolve", post(ledger::resolve::<S>))
         .route("/integrity-incidents", get(ledger::list_incidents::<S>))
         .route("/integrity-incidents/:incident_id/close", post(ledger::close_incident::<S>))
+        .route("/workers", get(fleet::list_workers::<S>))
+        .route(
+            "/workers/:worker_id",
+            get(fleet::describe_worker::<S>).delete(fleet::delete_worker::<S>),
+        )
+        .route("/task-queues", get(fleet::list_task_queues::<S>))
+        .route("/task-queues/:task_queue", get(fleet::describe_task_queue::<S>))
         .route("/schedules", get(schedules::list::<S>).post(schedules::create::<S>))
         .route(
             "/schedules/:schedule_id",

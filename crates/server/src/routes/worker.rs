@@ -87,7 +87,7 @@ pub async fn register<S: Store>(
         "registered": true,
         "namespace": namespace,
         "task_queue": record.task_queue,
-        "heartbeat_interval_seconds": 60,
+        "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS,
         "capabilities": body.get("capabilities").cloned().unwrap_or(json!([])),
         "capability_manifest": body.get("capability_manifest").cloned().unwrap_or(json!({})),
     });
@@ -102,7 +102,7 @@ pub async fn heartbeat<S: Store>(
     let worker_id = Fields::new(&body).req_str("worker_id", 255)?;
     match state.store.heartbeat_worker(&namespace, &worker_id, now_ms()).await? {
         Some(_) => Ok(Json(
-            json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": 60, "stale_after_seconds": 120}),
+            json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS, "stale_after_seconds": super::fleet::STALE_AFTER_SECONDS}),
         )),
         None => Err(not_registered(&worker_id)),
     }

@@ -1,0 +1,96 @@
+"""Workers and task queues as an operator sees them, through the published Python SDK
+(``durable-workflow==2.12.0``): the roster with stale detection, task-queue describe with
+pollers, backlog and current leases, the "no live worker" diagnostic, and operator removal of a
+worker (its leased workflow tasks are handed back at once).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+from durable_workflow import activity, workflow
+
+from capstan_harness import CONTROL_HEADERS, make_client, run_async, unique, wait_result
+
+RELEASE = threading.Event()
+
+
+@activity.defn(name="fleet.slow")
+def slow(label: str) -> str:
+    RELEASE.wait(30)
+    return label
+
+
+@workflow.defn(name="fleet.job")
+class JobWorkflow:
+    def run(self, ctx, label):
+        result = yield ctx.schedule_activity("fleet.slow", [label], start_to_close_timeout=60)
+        return result
+
+
+def test_workers_and_task_queues_are_visible_and_removable(server_url, worker_url, run_worker):
+    queue = unique("fleet")
+    idle_queue = unique("fleet-idle")
+    RELEASE.clear()
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[JobWorkflow], activities=[slow]) as worker, \
+                make_client(server_url) as client, \
+                httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            handle = await client.start_workflow(workflow_type="fleet.job", task_queue=queue, workflow_id=unique("job"), input=["x"])
+            roster = await client.list_workers(task_queue=queue)
+            described_queue = None
+            for _ in range(100):
+                described_queue = await client.describe_task_queue(queue)
+                if any(l["task_kind"] == "activity" for l in described_queue.current_leases or []):
+                    break
+                await asyncio.sleep(0.1)
+            worker_view = await client.describe_worker(worker.name)
+            listed_queues = await client.list_task_queues()
+            # A queue with work and nobody polling it says so.
+            await client.start_workflow(workflow_type="fleet.job", task_queue=idle_queue, workflow_id=unique("orphan"), input=["y"])
+            idle = (await http.get(f"/api/task-queues/{idle_queue}")).json()
+            missing = await http.get("/api/workers/no-such-worker")
+            RELEASE.set()
+            result = await wait_result(handle, timeout=30, workers=[worker])
+        return roster, described_queue, worker_view, listed_queues, idle, missing, result
+
+    roster, described_queue, worker_view, listed_queues, idle, missing, result = run_async(main(), timeout=90)
+    assert result == "x"
+    assert roster.stale_after_seconds == 120
+    (listed,) = [w for w in roster.workers if w.task_queue == queue]
+    assert listed.status == "active" and listed.runtime == "python" and "fleet.job" in listed.supported_workflow_types
+    assert worker_view.worker_id == listed.worker_id and worker_view.heartbeat_interval_seconds == 60
+    assert [p["worker_id"] for p in described_queue.pollers] == [listed.worker_id]
+    (lease,) = described_queue.current_leases
+    assert lease["task_kind"] == "activity" and lease["lease_owner"] == listed.worker_id and lease["type"] == "fleet.slow"
+    assert described_queue.stats["activity_tasks"]["leased_count"] == 1
+    assert queue in [q.name for q in listed_queues.task_queues]
+    assert idle["stats"]["backlog"] == 1 and idle["pollers"] == []
+    assert idle["diagnostics"][0]["reason"] == "no_live_worker", idle
+    assert missing.status_code == 404 and missing.json()["reason"] == "worker_not_found"
+
+
+def test_an_operator_removes_a_worker_and_its_workflow_lease_is_handed_back(server_url, worker_url):
+    """A raw worker leases a workflow task and goes silent; DELETE /api/workers/{id} frees the
+    task for another worker without waiting out the lease."""
+    from capstan_harness import RawWorker
+
+    queue = unique("fleet-remove")
+
+    async def main():
+        async with make_client(server_url) as client, RawWorker(queue) as stuck, RawWorker(queue) as other:
+            await stuck.register(worker_url)
+            await client.start_workflow(workflow_type="fleet.job", task_queue=queue, workflow_id=unique("held"), input=["z"])
+            await stuck.next_workflow_task(worker_url, within=10)
+            removed = await client.deregister_worker(stuck.worker_id)
+            gone = await client.list_workers(task_queue=queue)
+            await other.register(worker_url)
+            task = await other.next_workflow_task(worker_url, within=5)
+        return removed, gone, task
+
+    removed, gone, task = run_async(main(), timeout=60)
+    assert removed["deleted"] is True and removed["recovered_workflow_task_count"] == 1, removed
+    assert gone.workers == []
+    assert task["workflow_type"] == "fleet.job"
