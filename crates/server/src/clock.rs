@@ -12,12 +12,17 @@ use std::time::Duration;
 const BATCH: usize = 256;
 const IDLE_RECHECK_MS: i64 = 1_000;
 
+/// The retention duty runs this often, removing at most this many instances per namespace a pass.
+const RETENTION_EVERY_MS: i64 = 60_000;
+const RETENTION_BATCH: usize = 500;
+
 /// Poll memos only need to outlive a lease; older ones are pruned this often.
 const PRUNE_EVERY_MS: i64 = 60_000;
 const POLL_MEMO_TTL_MS: i64 = 3_600_000;
 
 pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     let mut pruned_at = 0;
+    let mut retained_at = 0;
     loop {
         let now = now_ms();
         if now - pruned_at >= PRUNE_EVERY_MS {
@@ -26,11 +31,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                 tracing::warn!(%error, "clock: could not prune poll memos");
             }
         }
-        let due = match state
-            .store
-            .claim_due_tasks(&state.config.server_id, now, BATCH, state.config.duty_lease_ms)
-            .await
-        {
+        let due = match apply_due(&state, now).await {
             Ok(due) => due,
             Err(error) => {
                 tracing::error!(%error, "clock: could not read due tasks");
@@ -38,34 +39,15 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                 continue;
             }
         };
-        for task in &due {
-            let id = task.task_id.clone();
-            let result = state
-                .store
-                .run_duty(task, now, move |run, cx| {
-                    let changed = on_deadline(run, cx, &id);
-                    if !changed {
-                        // The row disagrees with the run (deadline moved or task closed):
-                        // rewrite it from the run so it is not picked up again.
-                        cx.effects.touched_tasks.insert(id);
-                    }
-                    Ok(changed)
-                })
-                .await;
-            match result {
-                Ok((true, run)) => {
-                    tracing::info!(namespace = %run.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id,
-                        task_id = %task.task_id, run_status = run.status.as_str(), "deadline reached");
-                    after_change(&state, &run);
+        if now - retained_at >= RETENTION_EVERY_MS {
+            retained_at = now;
+            for namespace in state.store.namespaces().await.unwrap_or_default() {
+                if let Err(error) = retention_pass(&state, &namespace.name, namespace.retention_days, RETENTION_BATCH, now).await {
+                    tracing::warn!(namespace = %namespace.name, %error, "clock: retention pass failed");
                 }
-                Ok((false, _)) => {}
-                Err(capstan_store::StoreError::Refused(refusal)) => {
-                    tracing::debug!(task_id = %task.task_id, %refusal, "clock: duty taken over by another node");
-                }
-                Err(error) => tracing::warn!(task_id = %task.task_id, %error, "clock: deadline transition failed"),
             }
         }
-        if due.len() == BATCH {
+        if due == BATCH {
             continue;
         }
         let now = now_ms();
@@ -82,4 +64,64 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
             _ = state.clock_kick.notified() => {}
         }
     }
+}
+
+/// Claims the tasks whose deadline has come (timers, run timeouts, expired leases, activity
+/// timeouts) and applies each; returns how many were due. The clock calls it continuously; the
+/// activity-timeout pass endpoint calls it on demand.
+pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> capstan_store::StoreResult<usize> {
+    let due = state
+        .store
+        .claim_due_tasks(&state.config.server_id, now, BATCH, state.config.duty_lease_ms)
+        .await?;
+    for task in &due {
+        let id = task.task_id.clone();
+        let result = state
+            .store
+            .run_duty(task, now, move |run, cx| {
+                let changed = on_deadline(run, cx, &id);
+                if !changed {
+                    // The row disagrees with the run (deadline moved or task closed):
+                    // rewrite it from the run so it is not picked up again.
+                    cx.effects.touched_tasks.insert(id);
+                }
+                Ok(changed)
+            })
+            .await;
+        match result {
+            Ok((true, run)) => {
+                tracing::info!(namespace = %run.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id,
+                    task_id = %task.task_id, run_status = run.status.as_str(), "deadline reached");
+                after_change(state, &run);
+            }
+            Ok((false, _)) => {}
+            Err(capstan_store::StoreError::Refused(refusal)) => {
+                tracing::debug!(task_id = %task.task_id, %refusal, "clock: duty taken over by another node");
+            }
+            Err(error) => tracing::warn!(task_id = %task.task_id, %error, "clock: deadline transition failed"),
+        }
+    }
+    Ok(due.len())
+}
+
+/// Removes instances whose current run closed more than `retention_days` ago (nothing without
+/// a retention). Safe on every node at once: each removal re-checks its instance in its own
+/// transaction. Returns the workflow ids removed.
+pub(crate) async fn retention_pass<S: Store>(
+    state: &Arc<AppState<S>>,
+    namespace: &str,
+    retention_days: Option<i64>,
+    limit: usize,
+    now: i64,
+) -> capstan_store::StoreResult<Vec<String>> {
+    let Some(days) = retention_days else { return Ok(Vec::new()) };
+    let cutoff = now - days * 86_400_000;
+    let expired = state.store.expired_instances(namespace, cutoff, limit).await?;
+    if expired.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = expired.into_iter().map(|(workflow_id, _, _)| workflow_id).collect();
+    let pruned = state.store.prune_instances(namespace, ids.clone(), cutoff).await?;
+    tracing::info!(namespace, pruned, retention_days = days, "retention: closed workflows removed");
+    Ok(ids)
 }

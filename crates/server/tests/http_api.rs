@@ -3823,3 +3823,106 @@ async fn resolving_an_earlier_runs_entry_extends_the_one_instance_chain() {
         "dispatch, unknown, second dispatch, late report, resolution"
     );
 }
+
+/// Every route family × every role, as DW maps them: the worker plane is for workers only;
+/// cluster info for anyone authenticated; the control plane for operators and admins; defining,
+/// deleting and the system duties for admins. No token or a wrong one is 401 everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_family_checks_its_roles() {
+    let h = token_harness().await;
+    const W: u8 = 1;
+    const O: u8 = 2;
+    const A: u8 = 4;
+    let families: &[(Method, &str, Value, u8)] = &[
+        (
+            Method::POST,
+            "/api/worker/register",
+            json!({"task_queue": "q", "runtime": "python"}),
+            W,
+        ),
+        (Method::POST, "/api/worker/heartbeat", json!({"worker_id": "nobody"}), W),
+        (Method::GET, "/api/cluster/info", json!(null), W | O | A),
+        (Method::GET, "/api/workflows", json!(null), O | A),
+        (
+            Method::POST,
+            "/api/workflows",
+            json!({"workflow_type": "t", "task_queue": "q"}),
+            O | A,
+        ),
+        (Method::GET, "/api/schedules", json!(null), O | A),
+        (Method::GET, "/api/task-queues", json!(null), O | A),
+        (Method::GET, "/api/workers", json!(null), O | A),
+        (Method::DELETE, "/api/workers/nobody", json!(null), A),
+        (Method::GET, "/api/namespaces", json!(null), O | A),
+        (Method::POST, "/api/namespaces", json!({"name": "roles-ns"}), A),
+        (Method::GET, "/api/action-definitions", json!(null), O | A),
+        (Method::PUT, "/api/action-definitions/x", json!({"recovery_mode": "non_atomic"}), A),
+        (Method::GET, "/api/ledger", json!(null), O | A),
+        (Method::GET, "/api/integrity-incidents", json!(null), O | A),
+        (Method::GET, "/api/system/metrics", json!(null), A),
+        (Method::GET, "/api/system/retention", json!(null), A),
+        (Method::POST, "/api/system/repair/pass", json!({}), A),
+        (Method::GET, "/metrics", json!(null), O | A),
+    ];
+    let worker_plane = |path: &str| path.starts_with("/api/worker/");
+    for (method, path, body, allowed) in families {
+        for (token, role) in [
+            (None, 0),
+            (Some("wrong-token"), 0),
+            (Some(Tokens::WORKER), W),
+            (Some(Tokens::OPERATOR), O),
+            (Some(Tokens::ADMIN), A),
+        ] {
+            let mut request = h.bare(method.clone(), path);
+            request = if worker_plane(path) {
+                request.header("X-Durable-Workflow-Protocol-Version", "1.20")
+            } else {
+                request.header(CONTROL_HEADER, "2")
+            };
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            if !body.is_null() {
+                request = request.json(body);
+            }
+            let answer = send(request).await;
+            let status = answer.status.as_u16();
+            let expected = if role == 0 {
+                "401"
+            } else if allowed & role != 0 {
+                "allowed"
+            } else {
+                "403"
+            };
+            match expected {
+                "401" => assert_eq!(
+                    (status, answer.body["reason"].as_str()),
+                    (401, Some("unauthorized")),
+                    "{method} {path} token {token:?}"
+                ),
+                "403" => assert_eq!(
+                    (status, answer.body["reason"].as_str()),
+                    (403, Some("forbidden")),
+                    "{method} {path} token {token:?}"
+                ),
+                _ => assert!(
+                    status != 401 && status != 403 && status < 500,
+                    "{method} {path} token {token:?}: {status} {}",
+                    answer.body
+                ),
+            }
+        }
+        // The shared token acts as every role.
+        let mut request = h.bare(method.clone(), path).bearer_auth(Tokens::SHARED);
+        request = if worker_plane(path) {
+            request.header("X-Durable-Workflow-Protocol-Version", "1.20")
+        } else {
+            request.header(CONTROL_HEADER, "2")
+        };
+        if !body.is_null() {
+            request = request.json(body);
+        }
+        let status = send(request).await.status.as_u16();
+        assert!(status != 401 && status != 403, "{method} {path} with the shared token: {status}");
+    }
+}

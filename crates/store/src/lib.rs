@@ -231,6 +231,16 @@ pub enum AtomicOutcome {
 /// The owner recorded on atomic attempts.
 pub const ATOMIC_OWNER: &str = "capstan:atomic";
 
+/// Counts for the system metrics endpoints.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SystemCounts {
+    pub runs_by_status: Vec<(String, i64)>,
+    pub tasks: Vec<(String, String, i64)>,
+    pub expired_leases: i64,
+    /// Runs whose leased workflow task expired: what a repair pass would re-dispatch.
+    pub expired_lease_runs: Vec<(String, String)>,
+}
+
 /// Open tasks of one queue, for task-queue describe.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct QueueSnapshot {
@@ -751,6 +761,30 @@ pub trait Store: Send + Sync + 'static {
 
     /// The earliest pending deadline, so the clock can sleep until then.
     fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
+
+    /// Instances whose current run closed before `cutoff` (retention), oldest first:
+    /// `(workflow_id, current run id, closed_at)`.
+    fn expired_instances(
+        &self,
+        namespace: &str,
+        cutoff: Millis,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<(String, String, Millis)>>> + Send;
+
+    /// Deletes expired instances with every run, history event, task and index row, and frees
+    /// their workflow ids. Each is checked again in the transaction (still closed before
+    /// `cutoff`); returns how many were deleted. Ledger entries and checkpoints are kept: they
+    /// are evidence and outlive history.
+    fn prune_instances(
+        &self,
+        namespace: &str,
+        workflow_ids: Vec<String>,
+        cutoff: Millis,
+    ) -> impl Future<Output = StoreResult<usize>> + Send;
+
+    /// Runs per status and open tasks per (kind, status) of a namespace, and how many leases
+    /// have expired at `now` without being reclaimed yet.
+    fn system_counts(&self, namespace: &str, now: Millis) -> impl Future<Output = StoreResult<SystemCounts>> + Send;
 
     /// Every registration of a namespace, by worker id.
     fn workers(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;

@@ -260,6 +260,13 @@ CREATE TABLE schedule_events (
 );
 "#,
     ),
+    (
+        9,
+        r#"
+-- The retention duty finds closed runs by age.
+CREATE INDEX runs_closed ON runs (namespace, closed_at) WHERE closed_at IS NOT NULL;
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -2072,6 +2079,96 @@ impl Store for PostgresStore {
             .execute("DELETE FROM query_tasks WHERE created_at < $1", &[&older_than])
             .await?;
         Ok(())
+    }
+
+    async fn expired_instances(&self, namespace: &str, cutoff: Millis, limit: usize) -> StoreResult<Vec<(String, String, Millis)>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT i.workflow_id, r.run_id, r.closed_at FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
+                 WHERE r.namespace = $1 AND r.closed_at IS NOT NULL AND r.closed_at < $2 ORDER BY r.closed_at LIMIT $3",
+                &[&namespace, &cutoff, &(limit as i64)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    }
+
+    async fn prune_instances(&self, namespace: &str, workflow_ids: Vec<String>, cutoff: Millis) -> StoreResult<usize> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let mut pruned = 0;
+        for workflow_id in workflow_ids {
+            // The instance row lock keeps a concurrent start of this id out while it is removed.
+            let expired = tx
+                .query_opt(
+                    "SELECT 1 FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
+                     WHERE i.workflow_id = $1 AND i.namespace = $2 AND r.closed_at IS NOT NULL AND r.closed_at < $3 FOR UPDATE OF i",
+                    &[&workflow_id, &namespace, &cutoff],
+                )
+                .await?;
+            if expired.is_none() {
+                continue;
+            }
+            for sql in [
+                "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
+                "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
+                "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
+                "DELETE FROM runs WHERE workflow_id = $1 AND namespace = $2",
+                "DELETE FROM command_requests WHERE workflow_id = $1 AND namespace = $2",
+                "DELETE FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2",
+            ] {
+                tx.execute(sql, &[&workflow_id, &namespace]).await?;
+            }
+            pruned += 1;
+        }
+        tx.commit().await?;
+        Ok(pruned)
+    }
+
+    async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
+        let client = self.pool.get().await?;
+        let runs_by_status = client
+            .query(
+                "SELECT status, COUNT(*)::bigint FROM runs WHERE namespace = $1 GROUP BY status ORDER BY status",
+                &[&namespace],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let tasks = client
+            .query(
+                "SELECT kind, status, COUNT(*)::bigint FROM tasks WHERE namespace = $1 AND status IN ('ready', 'leased')
+                 GROUP BY kind, status ORDER BY kind, status",
+                &[&namespace],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let expired_lease_runs = client
+            .query(
+                "SELECT r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                 WHERE t.namespace = $1 AND t.status = 'leased' AND t.kind = 'workflow' AND t.lease_expires_at < $2 LIMIT 100",
+                &[&namespace, &now],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let expired_leases = client
+            .query_one(
+                "SELECT COUNT(*)::bigint FROM tasks WHERE namespace = $1 AND status = 'leased' AND lease_expires_at < $2",
+                &[&namespace, &now],
+            )
+            .await?
+            .get(0);
+        Ok(SystemCounts {
+            runs_by_status,
+            tasks,
+            expired_leases,
+            expired_lease_runs,
+        })
     }
 
     async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {

@@ -251,6 +251,13 @@ CREATE TABLE schedule_events (
 );
 "#,
     ),
+    (
+        9,
+        r#"
+-- The retention duty finds closed runs by age.
+CREATE INDEX runs_closed ON runs (namespace, closed_at) WHERE closed_at IS NOT NULL;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

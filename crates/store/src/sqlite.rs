@@ -1512,6 +1512,87 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn expired_instances(&self, namespace: &str, cutoff: Millis, limit: usize) -> StoreResult<Vec<(String, String, Millis)>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT i.workflow_id, r.run_id, r.closed_at FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
+                     WHERE r.namespace = ?1 AND r.closed_at IS NOT NULL AND r.closed_at < ?2 ORDER BY r.closed_at LIMIT ?3",
+                )?
+                .query_map(params![namespace, cutoff, limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn prune_instances(&self, namespace: &str, workflow_ids: Vec<String>, cutoff: Millis) -> StoreResult<usize> {
+        let namespace = namespace.to_string();
+        self.writer
+            .write(move |conn| {
+                let mut pruned = 0;
+                for workflow_id in workflow_ids {
+                    let expired: Option<i64> = conn
+                        .prepare_cached(
+                            "SELECT 1 FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
+                             WHERE i.workflow_id = ?1 AND i.namespace = ?2 AND r.closed_at IS NOT NULL AND r.closed_at < ?3",
+                        )?
+                        .query_row(params![workflow_id, namespace, cutoff], |r| r.get(0))
+                        .optional()?;
+                    if expired.is_none() {
+                        continue;
+                    }
+                    for sql in [
+                        "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = ?1 AND namespace = ?2)",
+                        "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = ?1 AND namespace = ?2)",
+                        "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = ?1 AND namespace = ?2)",
+                        "DELETE FROM runs WHERE workflow_id = ?1 AND namespace = ?2",
+                        "DELETE FROM command_requests WHERE workflow_id = ?1 AND namespace = ?2",
+                        "DELETE FROM workflow_instances WHERE workflow_id = ?1 AND namespace = ?2",
+                    ] {
+                        conn.prepare_cached(sql)?.execute(params![workflow_id, namespace])?;
+                    }
+                    pruned += 1;
+                }
+                Ok(pruned)
+            })
+            .await
+    }
+
+    async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let runs_by_status = conn
+                .prepare_cached("SELECT status, COUNT(*) FROM runs WHERE namespace = ?1 GROUP BY status ORDER BY status")?
+                .query_map(params![namespace], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            let tasks = conn
+                .prepare_cached(
+                    "SELECT kind, status, COUNT(*) FROM tasks WHERE namespace = ?1 AND status IN ('ready', 'leased')
+                     GROUP BY kind, status ORDER BY kind, status",
+                )?
+                .query_map(params![namespace], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<Result<_, _>>()?;
+            let expired_lease_runs: Vec<(String, String)> = conn
+                .prepare_cached(
+                    "SELECT r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                     WHERE t.namespace = ?1 AND t.status = 'leased' AND t.kind = 'workflow' AND t.lease_expires_at < ?2 LIMIT 100",
+                )?
+                .query_map(params![namespace, now], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            let expired_leases = conn
+                .prepare_cached("SELECT COUNT(*) FROM tasks WHERE namespace = ?1 AND status = 'leased' AND lease_expires_at < ?2")?
+                .query_row(params![namespace, now], |r| r.get(0))?;
+            Ok(SystemCounts {
+                runs_by_status,
+                tasks,
+                expired_leases,
+                expired_lease_runs,
+            })
+        })
+        .await
+    }
+
     async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
         let namespace = namespace.to_string();
         self.read(move |conn| {

@@ -974,6 +974,59 @@ pub async fn schedules_fire_each_occurrence_once_with_their_workflows<S: Store +
     );
 }
 
+pub async fn retention_removes_closed_instances_and_frees_their_ids<S: Store>(store: S) {
+    const DAY: Millis = 86_400_000;
+    for id in ["old-closed", "old-open", "recent-closed"] {
+        started(&store, id, "q").await;
+    }
+    for (id, closed_at) in [("old-closed", NOW), ("recent-closed", NOW + 5 * DAY)] {
+        store
+            .mutate_run("default", RunLocator::Current(WorkflowId(id.into())), closed_at, |run, cx| {
+                close_by_command(run, cx, CloseCommand::Terminate, None, "c".into())
+            })
+            .await
+            .unwrap();
+    }
+    let cutoff = NOW + 2 * DAY;
+    let expired = store.expired_instances("default", cutoff, 10).await.unwrap();
+    assert_eq!(
+        expired.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+        ["old-closed"],
+        "open and recent runs stay"
+    );
+    assert!(
+        store.expired_instances("other", cutoff, 10).await.unwrap().is_empty(),
+        "per namespace"
+    );
+    // An id that is not expired (any more) is skipped even when asked for.
+    let pruned = store
+        .prune_instances("default", vec!["old-closed".into(), "old-open".into()], cutoff)
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    assert!(store
+        .load_run("default", RunLocator::Current(WorkflowId("old-closed".into())))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .load_run("default", RunLocator::Current(WorkflowId("old-open".into())))
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store
+        .history(&RunId("run-old-closed".into()), 0, 100, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // The id is free again.
+    started(&store, "old-closed", "q").await;
+    assert_eq!(
+        store.prune_instances("default", vec!["old-closed".into()], cutoff).await.unwrap(),
+        0
+    );
+}
+
 pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S) {
     let validation = QueryTask {
         kind: QueryKind::UpdateValidation,
@@ -1313,6 +1366,7 @@ macro_rules! store_suite {
             validation_tasks_are_claimed_only_by_their_kind,
             atomic_actions_commit_or_roll_back_with_their_completion,
             schedules_fire_each_occurrence_once_with_their_workflows,
+            retention_removes_closed_instances_and_frees_their_ids,
             namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,
             keyed_receipts_can_be_read_back,

@@ -2,6 +2,7 @@
 
 mod cancellation;
 mod control;
+mod duties;
 mod fleet;
 mod ledger;
 mod namespaces;
@@ -112,6 +113,14 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/ledger/:ledger_key/resolve", post(ledger::resolve::<S>))
         .route("/integrity-incidents", get(ledger::list_incidents::<S>))
         .route("/integrity-incidents/:incident_id/close", post(ledger::close_incident::<S>))
+        .route("/system/metrics", get(duties::metrics::<S>))
+        .route("/system/operator-metrics", get(duties::operator_metrics::<S>))
+        .route("/system/repair", get(duties::repair_status::<S>))
+        .route("/system/repair/pass", post(duties::repair_pass::<S>))
+        .route("/system/activity-timeouts", get(duties::activity_timeouts::<S>))
+        .route("/system/activity-timeouts/pass", post(duties::activity_timeouts_pass::<S>))
+        .route("/system/retention", get(duties::retention_status::<S>))
+        .route("/system/retention/pass", post(duties::retention_pass::<S>))
         .route("/workers", get(fleet::list_workers::<S>))
         .route(
             "/workers/:worker_id",

@@ -1,0 +1,74 @@
+"""The system duties through the published Python SDK (``durable-workflow==2.12.0``): retention
+enforced for a namespace (a run closed longer ago than its retention is removed and its id is
+free again), and the repair / activity-timeout / retention status and pass calls.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import httpx
+from durable_workflow import Client, workflow
+
+from capstan_harness import CONTROL_HEADERS, run_async, unique, wait_result
+
+
+@workflow.defn(name="duties.quick")
+class QuickWorkflow:
+    def run(self, ctx, label):
+        return label
+
+
+def test_retention_removes_expired_workflows_and_the_status_calls_answer(server_factory, run_worker):
+    server = server_factory.create()
+    namespace = unique("keep1day")
+    queue = unique("duties")
+    old_id, fresh_id = unique("old"), unique("fresh")
+
+    async def setup():
+        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            created = await http.post("/api/namespaces", json={"name": namespace, "retention_days": 1})
+            assert created.status_code == 201, created.text
+        client = Client(server.url, namespace=namespace)
+        async with run_worker(server.url, queue, workflows=[QuickWorkflow], namespace=namespace) as worker:
+            for workflow_id in (old_id, fresh_id):
+                handle = await client.start_workflow(workflow_type="duties.quick", task_queue=queue, workflow_id=workflow_id, input=[workflow_id])
+                assert await wait_result(handle, timeout=30, workers=[worker]) == workflow_id
+        await client.aclose()
+
+    run_async(setup(), timeout=60)
+    # Age one run past the retention (two days ago), as if time had passed.
+    two_days_ago = int(time.time() * 1000) - 2 * 86_400_000
+    with sqlite3.connect(server.data_dir / "capstan.db") as db:
+        db.execute("UPDATE runs SET closed_at = ? WHERE workflow_id = ?", (two_days_ago, old_id))
+
+    async def duties():
+        client = Client(server.url, namespace=namespace)
+        try:
+            status = await client.retention_status()
+            passed = await client.retention_pass()
+            after = await client.retention_status()
+            gone = await client.list_workflows()
+            repair = await client.repair_status()
+            repaired = await client.repair_pass()
+            timeouts = await client.activity_timeout_status()
+            timeouts_pass = await client.activity_timeout_pass()
+            # The removed id is free again.
+            async with run_worker(server.url, queue, workflows=[QuickWorkflow], namespace=namespace) as worker:
+                again = await client.start_workflow(workflow_type="duties.quick", task_queue=queue, workflow_id=old_id, input=["again"])
+                assert await wait_result(again, timeout=30, workers=[worker]) == "again"
+        finally:
+            await client.aclose()
+        async with httpx.AsyncClient(base_url=server.url, headers={**CONTROL_HEADERS, "X-Namespace": namespace}, timeout=30.0) as http:
+            metrics = (await http.get("/api/system/metrics")).json()
+        return status, passed, after, gone, repair, repaired, timeouts, timeouts_pass, metrics
+
+    status, passed, after, gone, repair, repaired, timeouts, timeouts_pass, metrics = run_async(duties(), timeout=60)
+    assert status["retention_days"] == 1 and status["expired_workflow_ids"] == [old_id], status
+    assert passed["pruned"] == 1 and passed["workflow_ids"] == [old_id], passed
+    assert after["expired_workflow_ids"] == []
+    assert [w.workflow_id for w in gone.executions] == [fresh_id]
+    assert repair["expired_leases"] == 0 and repair["candidates"] == []
+    assert repaired == {"namespace": namespace, "repaired": 0, "not_needed": 0, "refused": []}
+    assert timeouts["overdue_count"] == 0 and "processed" in timeouts_pass
+    assert metrics["runs"] == {"completed": 2}, metrics
