@@ -26,6 +26,7 @@ pub mod selection;
 pub mod task;
 pub mod timefmt;
 mod transitions;
+pub mod visibility;
 
 pub use command::*;
 pub use contract::CommandContract;

@@ -64,6 +64,7 @@ pub enum Reason {
     NamespaceNotEmpty,
     ScheduleNotFound,
     ScheduleAlreadyExists,
+    SearchAttributeAlreadyExists,
 }
 
 impl Reason {
@@ -123,6 +124,7 @@ impl Reason {
             Reason::NamespaceAlreadyExists => "namespace_already_exists",
             Reason::ScheduleNotFound => "schedule_not_found",
             Reason::ScheduleAlreadyExists => "schedule_already_exists",
+            Reason::SearchAttributeAlreadyExists => "search_attribute_already_exists",
             Reason::NamespaceNotEmpty => "namespace_not_empty",
         }
     }

@@ -640,57 +640,6 @@ pub fn parse_activity_failure(map: &Map<String, Value>, limits: &Limits) -> ApiR
     })
 }
 
-/// The list filter grammar: `Key = "value"` clauses joined by `AND` (case-insensitive). Keys are
-/// `WorkflowId`, `WorkflowType`, `BusinessKey` or a search attribute; values are quoted (`"…"` or
-/// `'…'`, backslash escapes) or bare numbers and booleans. `None` when the text is not in that
-/// form: then it is a plain substring match, as in DW.
-pub fn parse_visibility_query(text: &str) -> Option<Vec<(String, String)>> {
-    let mut clauses = Vec::new();
-    let mut rest = text.trim();
-    loop {
-        let (key, after_key) = rest.split_once('=')?;
-        let key = key.trim();
-        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')) {
-            return None;
-        }
-        let after_key = after_key.trim_start();
-        let first = after_key.chars().next()?;
-        let (value, remainder) = if first == '"' || first == '\'' {
-            let mut value = String::new();
-            let mut chars = after_key[1..].char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                if c == '\\' {
-                    value.push(chars.next()?.1);
-                } else if c == first {
-                    end = Some(i + 2);
-                    break;
-                } else {
-                    value.push(c);
-                }
-            }
-            (value, &after_key[end?..])
-        } else {
-            let end = after_key.find(char::is_whitespace).unwrap_or(after_key.len());
-            let token = &after_key[..end];
-            if !(token == "true" || token == "false" || token.parse::<f64>().is_ok()) {
-                return None;
-            }
-            (token.to_string(), &after_key[end..])
-        };
-        clauses.push((key.to_string(), value));
-        let remainder = remainder.trim_start();
-        if remainder.is_empty() {
-            return Some(clauses);
-        }
-        let (word, next) = remainder.split_at(remainder.find(char::is_whitespace)?);
-        if !word.eq_ignore_ascii_case("and") {
-            return None;
-        }
-        rest = next.trim_start();
-    }
-}
-
 /// Workflow ids: `^[a-zA-Z0-9._:-]+$`, at most 128 characters.
 pub fn valid_workflow_id(id: &str) -> bool {
     !id.is_empty()
@@ -759,26 +708,6 @@ mod tests {
                 error.fields
             );
         }
-    }
-
-    #[test]
-    fn visibility_queries() {
-        assert_eq!(
-            parse_visibility_query(r#"CustomerId = "c-1" AND Tier='gold' and Count = 3"#),
-            Some(vec![
-                ("CustomerId".into(), "c-1".into()),
-                ("Tier".into(), "gold".into()),
-                ("Count".into(), "3".into())
-            ])
-        );
-        assert_eq!(
-            parse_visibility_query(r#"Note = "say \"hi\"""#),
-            Some(vec![("Note".into(), "say \"hi\"".into())])
-        );
-        assert_eq!(parse_visibility_query("order-42"), None, "a plain substring");
-        assert_eq!(parse_visibility_query("Tier = gold"), None, "bare words are not values");
-        assert_eq!(parse_visibility_query(r#"A = "1" OR B = "2""#), None);
-        assert_eq!(parse_visibility_query(r#"A = "unterminated"#), None);
     }
 
     #[test]

@@ -2440,6 +2440,9 @@ async fn repair_offers_a_backed_off_workflow_task_now_and_writes_one_fact() {
 async fn list_filters_by_search_attributes_with_the_query_grammar() {
     let h = Harness::start().await;
     let queue = unique("sa-q");
+    for (name, kind) in [("Tier", "keyword"), ("Region", "keyword")] {
+        h.cpost("/api/search-attributes", json!({"name": name, "type": kind})).await.ok(201);
+    }
     for (id, tier) in [("sa-gold", "gold"), ("sa-silver", "silver")] {
         h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": id, "task_queue": queue,
             "search_attributes": {"Tier": tier, "Region": "eu"}}))
@@ -2472,10 +2475,10 @@ async fn list_filters_by_search_attributes_with_the_query_grammar() {
     );
     // Search attributes are bounded at start.
     let too_long = "x".repeat(2049);
-    h.start_workflow_with(json!({"workflow_type": "t", "task_queue": queue, "search_attributes": {"Big": too_long}}))
+    h.start_workflow_with(json!({"workflow_type": "t", "task_queue": queue, "search_attributes": {"Tier": too_long}}))
         .await
         .err(422, "validation_failed");
-    h.start_workflow_with(json!({"workflow_type": "t", "task_queue": queue, "search_attributes": {"Nested": {"a": 1}}}))
+    h.start_workflow_with(json!({"workflow_type": "t", "task_queue": queue, "search_attributes": {"Tier": {"a": 1}}}))
         .await
         .err(422, "validation_failed");
 }
@@ -3925,4 +3928,123 @@ async fn every_route_family_checks_its_roles() {
         let status = send(request).await.status.as_u16();
         assert!(status != 401 && status != 403, "{method} {path} with the shared token: {status}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_search_attributes_are_defined_validated_and_queried() {
+    let h = Harness::start().await;
+    for (name, kind) in [
+        ("Tier", "keyword"),
+        ("Amount", "int"),
+        ("Score", "double"),
+        ("Vip", "bool"),
+        ("DueAt", "datetime"),
+        ("Tags", "keyword_list"),
+    ] {
+        let created = h.cpost("/api/search-attributes", json!({"name": name, "type": kind})).await.ok(201);
+        assert_eq!((created["name"].as_str(), created["type"].as_str()), (Some(name), Some(kind)));
+    }
+    h.cpost("/api/search-attributes", json!({"name": "Tier", "type": "text"}))
+        .await
+        .err(409, "search_attribute_already_exists");
+    h.cpost("/api/search-attributes", json!({"name": "WorkflowId", "type": "keyword"}))
+        .await
+        .err(409, "search_attribute_reserved");
+    for bad in [
+        json!({"name": "wf_id", "type": "keyword"}),
+        json!({"name": "__internal", "type": "keyword"}),
+        json!({"name": "Ok", "type": "blob"}),
+    ] {
+        h.cpost("/api/search-attributes", bad).await.err(422, "validation_failed");
+    }
+    let schema = h.cget("/api/search-attributes").await.ok(200);
+    assert_eq!(schema["custom_attributes"]["Tags"], "keyword_list");
+    assert_eq!(schema["system_attributes"]["WorkflowType"], "keyword");
+    // Undefined keys and wrong-typed values are refused at start; nothing is recorded.
+    let queue = unique("typed-sa");
+    let start = |id: &str, attributes: Value| json!({"workflow_type": "t", "workflow_id": id, "task_queue": queue, "search_attributes": attributes});
+    h.start_workflow_with(start("sa-undefined", json!({"Nope": "x"})))
+        .await
+        .err(422, "unknown_search_attribute");
+    h.start_workflow_with(start("sa-wrong", json!({"Amount": "ten"})))
+        .await
+        .err(422, "invalid_search_attribute_value");
+    h.cget("/api/workflows/sa-undefined").await.err(404, "instance_not_found");
+    let runs = [
+        (
+            "sa-1",
+            json!({"Tier": "gold", "Amount": 5, "Score": 1.5, "Vip": true, "DueAt": "2026-01-01T00:00:00Z", "Tags": ["red", "blue"]}),
+        ),
+        (
+            "sa-2",
+            json!({"Tier": "silver", "Amount": 50, "Score": 9.0, "Vip": false, "DueAt": "2026-06-01T00:00:00Z", "Tags": ["blue", "red"]}),
+        ),
+        ("sa-3", json!({"Tier": "bronze", "Amount": 500, "Vip": false, "Tags": ["green"]})),
+    ];
+    for (id, attributes) in &runs {
+        h.start_workflow_with(start(id, attributes.clone())).await.ok(201);
+    }
+    let query = |q: &str| {
+        let path = format!("/api/workflows?query={}", urlencode(q));
+        let h = &h;
+        async move { h.cget(&path).await }
+    };
+    let ids = |body: Value| -> Vec<String> {
+        let mut ids: Vec<String> = body["workflows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["workflow_id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    for (q, expected) in [
+        ("Amount > 10", vec!["sa-2", "sa-3"]),
+        ("Amount >= 5 AND Amount < 500", vec!["sa-1", "sa-2"]),
+        ("Score <= 1.5", vec!["sa-1"]),
+        ("Vip = true", vec!["sa-1"]),
+        ("NOT Vip = true", vec!["sa-2", "sa-3"]),
+        (r#"Tier = "gold" OR Tier = 'bronze'"#, vec!["sa-1", "sa-3"]),
+        (r#"Tier IN ("silver", "bronze") AND NOT Amount = 500"#, vec!["sa-2"]),
+        (r#"Tags = "red""#, vec!["sa-1", "sa-2"]),
+        (r#"Tags != "red""#, vec!["sa-3"]),
+        (r#"DueAt > "2026-03-01T00:00:00Z""#, vec!["sa-2"]),
+        (r#"(Tier = "gold" OR Tier = "silver") AND Vip = false"#, vec!["sa-2"]),
+        (
+            r#"WorkflowType = "t" AND StartTime > "2020-01-01T00:00:00Z" AND Amount = 5"#,
+            vec!["sa-1"],
+        ),
+    ] {
+        assert_eq!(ids(query(q).await.ok(200)), expected, "{q}");
+    }
+    for (q, reason) in [
+        (r#"Amount = "ten""#, "invalid_visibility_query"),
+        ("Vip = 1", "invalid_visibility_query"),
+        ("Vip > false", "invalid_visibility_query"),
+        (r#"Nope = "x""#, "unknown_search_attribute"),
+        (r#"Tier = "gold" OR 1=1"#, "invalid_visibility_query"),
+        (r#"Tier = "gold"; DROP TABLE runs"#, "invalid_visibility_query"),
+        (r#"Tier = "gold" -- x"#, "invalid_visibility_query"),
+    ] {
+        query(q).await.err(422, reason);
+    }
+    // An upsert from workflow code with an undefined key is refused before anything is recorded.
+    h.register("w", &queue).await;
+    let task = h.next_workflow_task("w", &queue).await;
+    let upsert = json!([{"type": "upsert_search_attributes", "attributes": {"Undefined": 1}}]);
+    h.complete_workflow_task(&task, upsert).await.err(422, "unknown_search_attribute");
+    let upsert = json!([{"type": "upsert_search_attributes", "attributes": {"Amount": 7}}]);
+    h.complete_workflow_task(&task, upsert).await.ok(200);
+    assert_eq!(ids(query("Amount = 7").await.ok(200)).len(), 1);
+    // Definitions can be removed; system ones cannot.
+    h.cpost_method(Method::DELETE, "/api/search-attributes/Score", json!({}))
+        .await
+        .ok(200);
+    h.cpost_method(Method::DELETE, "/api/search-attributes/Score", json!({}))
+        .await
+        .err(404, "search_attribute_not_found");
+    h.cpost_method(Method::DELETE, "/api/search-attributes/RunId", json!({}))
+        .await
+        .err(409, "search_attribute_reserved");
 }

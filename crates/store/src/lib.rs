@@ -16,6 +16,7 @@ mod rows;
 mod schedules;
 mod schema;
 mod sqlite;
+mod visibility_sql;
 mod writer;
 
 use capstan_engine::*;
@@ -313,6 +314,15 @@ pub struct ScheduleFilter {
     pub limit: usize,
 }
 
+pub(crate) fn search_attribute_exists(name: &str) -> StoreError {
+    Refusal::new(
+        Reason::SearchAttributeAlreadyExists,
+        format!("The search attribute {name:?} is already defined."),
+    )
+    .with("name", name)
+    .into()
+}
+
 pub(crate) fn schedule_missing(schedule_id: &str, namespace: &str) -> StoreError {
     Refusal::new(
         Reason::ScheduleNotFound,
@@ -446,6 +456,8 @@ pub struct ListFilter {
     pub attributes: Vec<(String, String)>,
     pub workflow_id: Option<String>,
     pub business_key: Option<String>,
+    /// A parsed, type-checked visibility filter (`capstan_engine::visibility`).
+    pub filter: Option<capstan_engine::visibility::Filter>,
 }
 
 /// A task whose deadline has passed, claimed by one node's background clock under a duty fence.
@@ -785,6 +797,25 @@ pub trait Store: Send + Sync + 'static {
     /// Runs per status and open tasks per (kind, status) of a namespace, and how many leases
     /// have expired at `now` without being reclaimed yet.
     fn system_counts(&self, namespace: &str, now: Millis) -> impl Future<Output = StoreResult<SystemCounts>> + Send;
+
+    /// The custom search attributes defined in a namespace, by name.
+    fn search_attribute_definitions(
+        &self,
+        namespace: &str,
+    ) -> impl Future<Output = StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>>> + Send;
+
+    /// Defines a custom search attribute; an existing name is refused
+    /// (`search_attribute_already_exists`).
+    fn define_search_attribute(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: capstan_engine::visibility::AttributeType,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Removes a definition (values already stored stay on their runs); `false` if none.
+    fn delete_search_attribute(&self, namespace: &str, name: &str) -> impl Future<Output = StoreResult<bool>> + Send;
 
     /// Every registration of a namespace, by worker id.
     fn workers(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;

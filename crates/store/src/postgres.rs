@@ -267,6 +267,22 @@ CREATE TABLE schedule_events (
 CREATE INDEX runs_closed ON runs (namespace, closed_at) WHERE closed_at IS NOT NULL;
 "#,
     ),
+    (
+        10,
+        r#"
+-- Typed custom search attributes per namespace, and the numeric form of each indexed value
+-- (ints, doubles, datetimes as epoch ms, bools as 0/1) for range filters.
+CREATE TABLE search_attribute_definitions (
+    namespace  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+ALTER TABLE search_attribute_index ADD COLUMN num DOUBLE PRECISION;
+CREATE INDEX search_attribute_numeric ON search_attribute_index (key, num, run_id);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -877,10 +893,10 @@ async fn persist(
     if touches_search_attributes(effects, insert_run) {
         tx.execute("DELETE FROM search_attribute_index WHERE run_id = $1", &[&run.run_id.as_str()])
             .await?;
-        for (key, value) in search_attribute_rows(&run.search_attributes) {
+        for (key, value, num) in search_attribute_rows(&run.search_attributes) {
             tx.execute(
-                "INSERT INTO search_attribute_index (run_id, key, value) VALUES ($1, $2, $3)",
-                &[&run.run_id.as_str(), &key, &value],
+                "INSERT INTO search_attribute_index (run_id, key, value, num) VALUES ($1, $2, $3, $4)",
+                &[&run.run_id.as_str(), &key, &value, &num],
             )
             .await?;
         }
@@ -2013,6 +2029,22 @@ impl Store for PostgresStore {
                 n - 1
             ));
         }
+        let mut bound = Vec::new();
+        if let Some(parsed) = &filter.filter {
+            let base = params.len();
+            let condition = crate::visibility_sql::compile(parsed, "r.", &mut bound, &|i| format!("${}", base + i + 1));
+            sql.push_str(&format!(" AND {condition}"));
+        }
+        let owned: Vec<Box<dyn ToSql + Sync + Send>> = bound
+            .into_iter()
+            .map(|p| -> Box<dyn ToSql + Sync + Send> {
+                match p {
+                    crate::visibility_sql::SqlParam::Text(t) => Box::new(t),
+                    crate::visibility_sql::SqlParam::Number(x) => Box::new(x),
+                }
+            })
+            .collect();
+        params.extend(owned.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)));
         sql.push_str(" ORDER BY r.started_at DESC, r.run_id DESC LIMIT $7 OFFSET $8");
         let rows = client.query(&sql, &params).await?;
         let mut summaries = rows
@@ -2169,6 +2201,55 @@ impl Store for PostgresStore {
             expired_leases,
             expired_lease_runs,
         })
+    }
+
+    async fn search_attribute_definitions(
+        &self,
+        namespace: &str,
+    ) -> StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT name, kind FROM search_attribute_definitions WHERE namespace = $1",
+                &[&namespace],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| capstan_engine::visibility::AttributeType::parse(r.get(1)).map(|k| (r.get::<_, String>(0), k)))
+            .collect())
+    }
+
+    async fn define_search_attribute(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: capstan_engine::visibility::AttributeType,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        let inserted = client
+            .execute(
+                "INSERT INTO search_attribute_definitions (namespace, name, kind, created_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT DO NOTHING",
+                &[&namespace, &name, &kind.as_str(), &now],
+            )
+            .await?;
+        if inserted == 0 {
+            return Err(search_attribute_exists(name));
+        }
+        Ok(())
+    }
+
+    async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .execute(
+                "DELETE FROM search_attribute_definitions WHERE namespace = $1 AND name = $2",
+                &[&namespace, &name],
+            )
+            .await?
+            > 0)
     }
 
     async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {

@@ -135,17 +135,20 @@ pub(crate) fn existing_instance(
 }
 
 /// The index rows of a run's search attributes: `(key, value as text)`; a list indexes each item.
-pub(crate) fn search_attribute_rows(attributes: &Map<String, Value>) -> Vec<(String, String)> {
-    let text = |value: &Value| match value {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+pub(crate) fn search_attribute_rows(attributes: &Map<String, Value>) -> Vec<(String, String, Option<f64>)> {
+    let row = |key: &String, value: &Value| {
+        let text = match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        (key.clone(), text, capstan_engine::visibility::numeric_value(value))
     };
     let mut rows = Vec::new();
     for (key, value) in attributes {
         match value {
             Value::Null => {}
-            Value::Array(items) => rows.extend(items.iter().map(|item| (key.clone(), text(item)))),
-            other => rows.push((key.clone(), text(other))),
+            Value::Array(items) => rows.extend(items.iter().map(|item| row(key, item))),
+            other => rows.push(row(key, other)),
         }
     }
     rows

@@ -258,6 +258,22 @@ CREATE TABLE schedule_events (
 CREATE INDEX runs_closed ON runs (namespace, closed_at) WHERE closed_at IS NOT NULL;
 "#,
     ),
+    (
+        10,
+        r#"
+-- Typed custom search attributes per namespace, and the numeric form of each indexed value
+-- (ints, doubles, datetimes as epoch ms, bools as 0/1) for range filters.
+CREATE TABLE search_attribute_definitions (
+    namespace  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+ALTER TABLE search_attribute_index ADD COLUMN num REAL;
+CREATE INDEX search_attribute_numeric ON search_attribute_index (key, num, run_id);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -212,9 +212,9 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
     if touches_search_attributes(effects, insert_run) {
         conn.prepare_cached("DELETE FROM search_attribute_index WHERE run_id = ?1")?
             .execute([run.run_id.as_str()])?;
-        let mut insert = conn.prepare_cached("INSERT INTO search_attribute_index (run_id, key, value) VALUES (?1, ?2, ?3)")?;
-        for (key, value) in search_attribute_rows(&run.search_attributes) {
-            insert.execute(params![run.run_id.as_str(), key, value])?;
+        let mut insert = conn.prepare_cached("INSERT INTO search_attribute_index (run_id, key, value, num) VALUES (?1, ?2, ?3, ?4)")?;
+        for (key, value, num) in search_attribute_rows(&run.search_attributes) {
+            insert.execute(params![run.run_id.as_str(), key, value, num])?;
         }
     }
     let mut insert_event = conn.prepare_cached(
@@ -1395,6 +1395,16 @@ impl Store for SqliteStore {
                 let n = values.len();
                 sql.push_str(&format!(" AND run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ?{} AND value = ?{n})", n - 1));
             }
+            if let Some(parsed) = &filter.filter {
+                let base = values.len();
+                let mut bound = Vec::new();
+                let condition = crate::visibility_sql::compile(parsed, "r.", &mut bound, &|i| format!("?{}", base + i + 1));
+                sql.push_str(&format!(" AND {condition}"));
+                values.extend(bound.into_iter().map(|p| match p {
+                    crate::visibility_sql::SqlParam::Text(t) => rusqlite::types::Value::Text(t),
+                    crate::visibility_sql::SqlParam::Number(x) => rusqlite::types::Value::Real(x),
+                }));
+            }
             sql.push_str(&format!(" ORDER BY started_at DESC, run_id DESC LIMIT {} OFFSET {}", limit + 1, offset));
             let mut rows: Vec<RunSummary> =
                 conn.prepare(&sql)?.query_map(rusqlite::params_from_iter(values), summary_from_row)?.collect::<Result<_, _>>()?;
@@ -1591,6 +1601,59 @@ impl Store for SqliteStore {
             })
         })
         .await
+    }
+
+    async fn search_attribute_definitions(
+        &self,
+        namespace: &str,
+    ) -> StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let rows: Vec<(String, String)> = conn
+                .prepare_cached("SELECT name, kind FROM search_attribute_definitions WHERE namespace = ?1")?
+                .query_map(params![namespace], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(name, kind)| capstan_engine::visibility::AttributeType::parse(&kind).map(|k| (name, k)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn define_search_attribute(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: capstan_engine::visibility::AttributeType,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.writer
+            .write(move |conn| {
+                let inserted = conn
+                    .prepare_cached(
+                        "INSERT OR IGNORE INTO search_attribute_definitions (namespace, name, kind, created_at) VALUES (?1, ?2, ?3, ?4)",
+                    )?
+                    .execute(params![namespace, name, kind.as_str(), now])?;
+                if inserted == 0 {
+                    return Err(search_attribute_exists(&name));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.writer
+            .write(move |conn| {
+                Ok(conn
+                    .prepare_cached("DELETE FROM search_attribute_definitions WHERE namespace = ?1 AND name = ?2")?
+                    .execute(params![namespace, name])?
+                    > 0)
+            })
+            .await
     }
 
     async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {

@@ -1027,6 +1027,60 @@ pub async fn retention_removes_closed_instances_and_frees_their_ids<S: Store>(st
     );
 }
 
+pub async fn typed_visibility_filters_select_exactly_the_matching_runs<S: Store>(store: S) {
+    use capstan_engine::visibility::{parse_filter, AttributeType};
+    let schema: std::collections::BTreeMap<String, AttributeType> = [
+        ("Tier", AttributeType::Keyword),
+        ("Amount", AttributeType::Int),
+        ("Vip", AttributeType::Bool),
+        ("DueAt", AttributeType::Datetime),
+        ("Tags", AttributeType::KeywordList),
+    ]
+    .into_iter()
+    .map(|(n, t)| (n.to_string(), t))
+    .collect();
+    for (id, attributes) in [
+        (
+            "tv-1",
+            json!({"Tier": "gold", "Amount": 5, "Vip": true, "DueAt": "2026-01-01T00:00:00Z", "Tags": ["a", "b"]}),
+        ),
+        (
+            "tv-2",
+            json!({"Tier": "silver", "Amount": 50, "Vip": false, "DueAt": "2026-06-01T00:00:00Z", "Tags": ["b"]}),
+        ),
+        ("tv-3", json!({"Tier": "bronze", "Amount": 500, "Tags": ["c"]})),
+    ] {
+        let mut start = start_request(id, "q");
+        start.search_attributes = attributes.as_object().unwrap().clone();
+        store.start_workflow(start, DuplicatePolicy::Fail, NOW).await.unwrap();
+    }
+    for (query, expected) in [
+        ("Amount > 10", vec!["tv-2", "tv-3"]),
+        ("Amount >= 5 AND Amount < 500", vec!["tv-1", "tv-2"]),
+        ("NOT Vip = true", vec!["tv-2", "tv-3"]),
+        (r#"Tier = "gold" OR Tags = "c""#, vec!["tv-1", "tv-3"]),
+        (r#"Tags = "b" AND NOT Tier IN ("gold")"#, vec!["tv-2"]),
+        (r#"DueAt < "2026-03-01T00:00:00Z""#, vec!["tv-1"]),
+        (r#"WorkflowId = "tv-3" OR BusinessKey = "bk-tv-1""#, vec!["tv-1", "tv-3"]),
+        (r#"StartTime >= "2020-01-01T00:00:00Z" AND Tier != "gold""#, vec!["tv-2", "tv-3"]),
+    ] {
+        let filter = ListFilter {
+            filter: Some(parse_filter(query, &schema).unwrap()),
+            ..Default::default()
+        };
+        let (rows, _) = store.list_runs("default", filter, 0, 50).await.unwrap();
+        let mut ids: Vec<String> = rows.iter().map(|r| r.workflow_id.as_str().to_string()).collect();
+        ids.sort();
+        assert_eq!(ids, expected, "{query}");
+    }
+    // Another namespace sees none of them.
+    let filter = ListFilter {
+        filter: Some(parse_filter("Amount > 0", &schema).unwrap()),
+        ..Default::default()
+    };
+    assert!(store.list_runs("other", filter, 0, 50).await.unwrap().0.is_empty());
+}
+
 pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S) {
     let validation = QueryTask {
         kind: QueryKind::UpdateValidation,
@@ -1367,6 +1421,7 @@ macro_rules! store_suite {
             atomic_actions_commit_or_roll_back_with_their_completion,
             schedules_fire_each_occurrence_once_with_their_workflows,
             retention_removes_closed_instances_and_frees_their_ids,
+            typed_visibility_filters_select_exactly_the_matching_runs,
             namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,
             keyed_receipts_can_be_read_back,

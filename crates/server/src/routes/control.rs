@@ -153,6 +153,7 @@ pub async fn start<S: Store>(
             ));
         }
     }
+    super::search_attributes::check(&state, &namespace, "search_attributes", &search_attributes).await?;
     let start = StartRun {
         namespace: namespace.clone(),
         workflow_id: WorkflowId(workflow_id.clone()),
@@ -292,18 +293,14 @@ pub async fn list<S: Store>(
         ..ListFilter::default()
     };
     if let Some(text) = query.get("query").filter(|s| !s.trim().is_empty()) {
-        match wire::parse_visibility_query(text) {
-            Some(clauses) => {
-                for (key, value) in clauses {
-                    match key.as_str() {
-                        "WorkflowId" => filter.workflow_id = Some(value),
-                        "WorkflowType" => filter.workflow_type = Some(value),
-                        "BusinessKey" => filter.business_key = Some(value),
-                        _ => filter.attributes.push((key, value)),
-                    }
-                }
-            }
-            None => filter.query = Some(text.clone()),
+        if capstan_engine::visibility::looks_like_filter(text) {
+            let schema = state.store.search_attribute_definitions(&namespace).await?;
+            let parsed = capstan_engine::visibility::parse_filter(text, &schema)
+                .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.reason, e.message).with("field", "query"))?;
+            filter.filter = Some(parsed);
+        } else {
+            // Free text (no operator): a substring of the workflow id or business key, as in DW.
+            filter.query = Some(text.clone());
         }
     }
     let (rows, more) = state.store.list_runs(&namespace, filter, offset, page_size).await?;

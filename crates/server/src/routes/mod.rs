@@ -8,6 +8,7 @@ mod ledger;
 mod namespaces;
 mod query;
 mod schedules;
+pub(crate) mod search_attributes;
 mod system;
 mod update;
 mod validation;
@@ -121,6 +122,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/system/activity-timeouts/pass", post(duties::activity_timeouts_pass::<S>))
         .route("/system/retention", get(duties::retention_status::<S>))
         .route("/system/retention/pass", post(duties::retention_pass::<S>))
+        .route(
+            "/search-attributes",
+            get(search_attributes::list::<S>).post(search_attributes::create::<S>),
+        )
+        .route("/search-attributes/:name", delete(search_attributes::delete::<S>))
         .route("/workers", get(fleet::list_workers::<S>))
         .route(
             "/workers/:worker_id",

@@ -142,6 +142,9 @@ pub async fn create<S: Store>(
         return Err(ApiError::validation("action", "The action field is required."));
     }
     let mut fields = fields_of(&body, &state.config.limits)?;
+    if let Some(Some(attributes)) = &fields.search_attributes {
+        super::search_attributes::check(&state, &namespace, "search_attributes", attributes).await?;
+    }
     let spec = fields
         .spec
         .take()
@@ -302,6 +305,9 @@ pub async fn update<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let fields = fields_of(&body, &state.config.limits)?;
+    if let Some(Some(attributes)) = &fields.search_attributes {
+        super::search_attributes::check(&state, &namespace, "search_attributes", attributes).await?;
+    }
     // Validate the spec before touching the row, so a bad one is a 422 with its field.
     if let Some(spec) = &fields.spec {
         capstan_engine::schedule::ParsedSpec::parse(spec).map_err(|e| spec_error(e, &schedule_id))?;

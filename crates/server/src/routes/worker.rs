@@ -561,6 +561,17 @@ pub async fn complete_workflow_task<S: Store>(
         e.fields.insert("workflow_task_attempt".into(), json!(claim.attempt));
         e
     })?;
+    for command in &commands {
+        if let WorkflowCommand::UpsertSearchAttributes { attributes, .. } = command {
+            super::search_attributes::check(&state, &namespace, "commands.upsert_search_attributes", attributes)
+                .await
+                .map_err(|mut e| {
+                    e.fields.insert("task_id".into(), json!(task_id));
+                    e.fields.insert("recorded".into(), json!(false));
+                    e
+                })?;
+        }
+    }
     let id = TaskId(task_id.clone());
     let (owner, attempt) = (claim.owner.clone(), claim.attempt);
     // Scheduling a declared action pins its definition: read them only when activities are scheduled.

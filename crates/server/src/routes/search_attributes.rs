@@ -1,0 +1,121 @@
+//! Search-attribute definitions (`/api/search-attributes`): the typed custom attributes of a
+//! namespace. Starts, upserts and schedules may only set defined attributes, with values of
+//! their type; list filters are type-checked against them (`capstan_engine::visibility`).
+
+use super::Namespace;
+use crate::auth::Role;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ApiResult};
+use crate::wire::Fields;
+use crate::{now_ms, Shared};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use capstan_engine::visibility::{invalid_attribute_name, system_attribute, AttributeType, SYSTEM_ATTRIBUTES};
+use capstan_store::Store;
+use serde_json::{json, Map, Value};
+
+pub async fn list<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+) -> ApiResult<Json<Value>> {
+    let custom = state.store.search_attribute_definitions(&namespace).await?;
+    Ok(Json(json!({
+        "namespace": namespace,
+        "system_attributes": SYSTEM_ATTRIBUTES.iter().map(|(n, t)| (n.to_string(), json!(t.as_str()))).collect::<Map<_, _>>(),
+        "custom_attributes": custom.iter().map(|(n, t)| (n.clone(), json!(t.as_str()))).collect::<Map<_, _>>(),
+    })))
+}
+
+pub async fn create<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+    let f = Fields::new(&body);
+    let name = f.req_str("name", 128)?;
+    let kind_text = f.req_str("type", 32)?;
+    let kind = AttributeType::parse(&kind_text)
+        .ok_or_else(|| ApiError::validation("type", "type must be keyword, text, int, double, bool, datetime or keyword_list."))?;
+    if system_attribute(&name).is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "search_attribute_reserved",
+            format!("{name} is a system search attribute."),
+        )
+        .with("name", name));
+    }
+    if let Some(problem) = invalid_attribute_name(&name) {
+        return Err(ApiError::validation("name", problem));
+    }
+    state.store.define_search_attribute(&namespace, &name, kind, now_ms()).await?;
+    tracing::info!(namespace, name, kind = kind.as_str(), "search attribute defined");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"namespace": namespace, "name": name, "type": kind.as_str(), "outcome": "created"})),
+    )
+        .into_response())
+}
+
+pub async fn delete<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    if system_attribute(&name).is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "search_attribute_reserved",
+            format!("{name} is a system search attribute and cannot be deleted."),
+        )
+        .with("name", name));
+    }
+    if !state.store.delete_search_attribute(&namespace, &name).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "search_attribute_not_found",
+            format!("{name} is not a search attribute of this namespace."),
+        )
+        .with("name", name));
+    }
+    Ok(Json(json!({"namespace": namespace, "name": name, "outcome": "deleted"})))
+}
+
+/// Every key must be a defined custom attribute and every value of its type: nothing with an
+/// undefined key or a wrong-typed value is recorded.
+pub(crate) async fn check<S: Store>(state: &Shared<S>, namespace: &str, field: &str, attributes: &Map<String, Value>) -> ApiResult<()> {
+    if attributes.is_empty() {
+        return Ok(());
+    }
+    let defined = state.store.search_attribute_definitions(namespace).await?;
+    for (key, value) in attributes {
+        if system_attribute(key).is_some() {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "search_attribute_reserved",
+                format!("{key} is a system search attribute; it cannot be set."),
+            )
+            .with("field", format!("{field}.{key}")));
+        }
+        let Some(kind) = defined.get(key) else {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_search_attribute",
+                format!("{key} is not a search attribute of this namespace; define it first (POST /api/search-attributes)."),
+            )
+            .with("field", format!("{field}.{key}")));
+        };
+        if !kind.accepts(value) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_search_attribute_value",
+                format!("{key} is a {} attribute; {value} is not a value of that type.", kind.as_str()),
+            )
+            .with("field", format!("{field}.{key}")));
+        }
+    }
+    Ok(())
+}
