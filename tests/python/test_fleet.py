@@ -94,3 +94,32 @@ def test_an_operator_removes_a_worker_and_its_workflow_lease_is_handed_back(serv
     assert removed["deleted"] is True and removed["recovered_workflow_task_count"] == 1, removed
     assert gone.workers == []
     assert task["workflow_type"] == "fleet.job"
+
+
+def test_build_id_rollouts_through_the_sdk(server_url, worker_url, run_worker):
+    queue = unique("fleet-rollout")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[JobWorkflow], activities=[slow], build_id="v1") as worker, \
+                make_client(server_url) as client:
+            drained = await client.drain_task_queue_build_id(queue, "v1")
+            again = await client.drain_task_queue_build_id(queue, "v1")
+            rollout = await client.list_task_queue_build_ids(queue)
+            draining = await client.list_workers(task_queue=queue, status="draining")
+            resumed = await client.resume_task_queue_build_id(queue, "v1")
+            unversioned = await client.drain_task_queue_build_id(queue, None)
+            after = await client.list_task_queue_build_ids(queue)
+            RELEASE.set()
+            handle = await client.start_workflow(workflow_type="fleet.job", task_queue=queue, workflow_id=unique("after"), input=["v1 works"])
+            result = await wait_result(handle, timeout=30, workers=[worker])
+        return drained, again, rollout, draining, resumed, unversioned, after, result
+
+    drained, again, rollout, draining, resumed, unversioned, after, result = run_async(main(), timeout=60)
+    assert drained.drain_intent == "draining" and drained.drained_at and again.drained_at == drained.drained_at
+    (cohort,) = [c for c in rollout.build_ids if c.build_id == "v1"]
+    assert cohort.drain_intent == "draining" and cohort.draining_worker_count == 1 and cohort.total_worker_count == 1
+    assert [w.build_id for w in draining.workers] == ["v1"]
+    assert resumed.drain_intent == "active" and resumed.drained_at is None
+    assert unversioned.build_id is None and unversioned.drain_intent == "draining"
+    assert {c.build_id: c.drain_intent for c in after.build_ids} == {"v1": "active", None: "draining"}
+    assert result == "v1 works", "a resumed cohort takes work; draining the unversioned one does not touch v1"

@@ -88,6 +88,8 @@ pub struct AppState<S: Store> {
     poll_requests: hub::KeyedLocks,
     clock_kick: tokio::sync::Notify,
     scheduler_kick: tokio::sync::Notify,
+    /// Build-id drain intents per (namespace, queue), read at most once a second per queue.
+    rollouts: std::sync::Mutex<std::collections::HashMap<(String, String), (i64, Vec<capstan_store::BuildIdRollout>)>>,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -110,6 +112,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         poll_requests: hub::KeyedLocks::default(),
         clock_kick: tokio::sync::Notify::new(),
         scheduler_kick: tokio::sync::Notify::new(),
+        rollouts: Default::default(),
     });
     (routes::router(state.clone()), state)
 }

@@ -4048,3 +4048,82 @@ async fn typed_search_attributes_are_defined_validated_and_queried() {
         .await
         .err(409, "search_attribute_reserved");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_build_id_gets_no_new_work_until_resumed() {
+    let h = Harness::start().await;
+    let queue = unique("rollout");
+    for (worker, build) in [("old", "v1"), ("new", "v2")] {
+        h.wpost(
+            "/api/worker/register",
+            json!({"worker_id": worker, "task_queue": queue, "runtime": "rust", "build_id": build}),
+        )
+        .await
+        .ok(201);
+    }
+    let drained = h
+        .cpost(&format!("/api/task-queues/{queue}/build-ids/drain"), json!({"build_id": "v1"}))
+        .await
+        .ok(200);
+    assert_eq!(
+        (drained["build_id"].as_str(), drained["drain_intent"].as_str()),
+        (Some("v1"), Some("draining"))
+    );
+    let again = h
+        .cpost(&format!("/api/task-queues/{queue}/build-ids/drain"), json!({"build_id": "v1"}))
+        .await
+        .ok(200);
+    assert_eq!(
+        again["drained_at"], drained["drained_at"],
+        "a repeated drain keeps the first drained_at"
+    );
+    h.start_workflow("rollout-wf", &queue).await;
+    // The draining cohort's poll is held and answered empty, though a task is ready…
+    let held = h
+        .poll_workflow_with(json!({"worker_id": "old", "task_queue": queue, "timeout_seconds": 1}))
+        .await
+        .ok(200);
+    assert_eq!(
+        (held["task"].clone(), held["poll_status"].as_str()),
+        (Value::Null, Some("draining"))
+    );
+    // …which the other cohort gets, and describe says why nothing else would.
+    let cohorts = h.cget(&format!("/api/task-queues/{queue}/build-ids")).await.ok(200);
+    let v1 = cohorts["build_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["build_id"] == "v1")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (v1["drain_intent"].as_str(), v1["draining_worker_count"].as_i64()),
+        (Some("draining"), Some(1))
+    );
+    let roster = h.cget(&format!("/api/workers?task_queue={queue}&status=draining")).await.ok(200);
+    assert_eq!(roster["workers"].as_array().unwrap().len(), 1);
+    let task = h.next_workflow_task("new", &queue).await;
+    assert_eq!(task["workflow_id"], "rollout-wf");
+    h.complete_workflow_task(&task, json!([complete_workflow(AVRO_NULL)])).await.ok(200);
+    // With every live worker draining, the queue's backlog is diagnosed.
+    h.cpost(&format!("/api/task-queues/{queue}/build-ids/drain"), json!({"build_id": "v2"}))
+        .await
+        .ok(200);
+    h.start_workflow("rollout-wf-2", &queue).await;
+    let described = h.cget(&format!("/api/task-queues/{queue}")).await.ok(200);
+    assert_eq!(described["diagnostics"][0]["reason"], "no_compatible_worker", "{described}");
+    // Resumed, the old cohort takes work again.
+    let resumed = h
+        .cpost(&format!("/api/task-queues/{queue}/build-ids/resume"), json!({"build_id": "v1"}))
+        .await
+        .ok(200);
+    assert_eq!(
+        (resumed["drain_intent"].as_str(), resumed["drained_at"].clone()),
+        (Some("active"), Value::Null)
+    );
+    let task = h.next_workflow_task("old", &queue).await;
+    assert_eq!(task["workflow_id"], "rollout-wf-2");
+    h.cpost(&format!("/api/task-queues/{queue}/build-ids/drain"), json!({"build_id": 7}))
+        .await
+        .err(422, "validation_failed");
+}

@@ -232,6 +232,17 @@ pub enum AtomicOutcome {
 /// The owner recorded on atomic attempts.
 pub const ATOMIC_OWNER: &str = "capstan:atomic";
 
+/// The rollout intent of one build-id cohort on a task queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildIdRollout {
+    /// None: the unversioned cohort.
+    pub build_id: Option<String>,
+    /// `active` or `draining`.
+    pub drain_intent: String,
+    pub drained_at: Option<Millis>,
+    pub updated_at: Millis,
+}
+
 /// Counts for the system metrics endpoints.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SystemCounts {
@@ -797,6 +808,20 @@ pub trait Store: Send + Sync + 'static {
     /// Runs per status and open tasks per (kind, status) of a namespace, and how many leases
     /// have expired at `now` without being reclaimed yet.
     fn system_counts(&self, namespace: &str, now: Millis) -> impl Future<Output = StoreResult<SystemCounts>> + Send;
+
+    /// The rollout intents recorded for a task queue's build-id cohorts.
+    fn build_id_rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send;
+
+    /// Drains (`draining: true`) or resumes a cohort. Draining again keeps the first
+    /// `drained_at`; resuming clears it.
+    fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
 
     /// The custom search attributes defined in a namespace, by name.
     fn search_attribute_definitions(

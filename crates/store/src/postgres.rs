@@ -283,6 +283,21 @@ ALTER TABLE search_attribute_index ADD COLUMN num DOUBLE PRECISION;
 CREATE INDEX search_attribute_numeric ON search_attribute_index (key, num, run_id);
 "#,
     ),
+    (
+        11,
+        r#"
+-- Build-id rollout intents per task queue ('' is the unversioned cohort).
+CREATE TABLE build_id_rollouts (
+    namespace    TEXT NOT NULL,
+    task_queue   TEXT NOT NULL,
+    build_id     TEXT NOT NULL,
+    drain_intent TEXT NOT NULL,
+    drained_at   BIGINT,
+    updated_at   BIGINT NOT NULL,
+    PRIMARY KEY (namespace, task_queue, build_id)
+);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -2200,6 +2215,60 @@ impl Store for PostgresStore {
             tasks,
             expired_leases,
             expired_lease_runs,
+        })
+    }
+
+    async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT build_id, drain_intent, drained_at, updated_at FROM build_id_rollouts
+                 WHERE namespace = $1 AND task_queue = $2 ORDER BY build_id",
+                &[&namespace, &queue],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let build_id: String = r.get(0);
+                BuildIdRollout {
+                    build_id: (!build_id.is_empty()).then_some(build_id),
+                    drain_intent: r.get(1),
+                    drained_at: r.get(2),
+                    updated_at: r.get(3),
+                }
+            })
+            .collect())
+    }
+
+    async fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> StoreResult<BuildIdRollout> {
+        let client = self.pool.get().await?;
+        let key = build_id.clone().unwrap_or_default();
+        let intent = if draining { "draining" } else { "active" };
+        let row = client
+            .query_one(
+                "INSERT INTO build_id_rollouts (namespace, task_queue, build_id, drain_intent, drained_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (namespace, task_queue, build_id) DO UPDATE SET
+                   drain_intent = excluded.drain_intent, updated_at = excluded.updated_at,
+                   drained_at = CASE WHEN excluded.drain_intent = 'draining'
+                                     THEN COALESCE(build_id_rollouts.drained_at, excluded.drained_at) ELSE NULL END
+                 RETURNING drained_at",
+                &[&namespace, &queue, &key, &intent, &draining.then_some(now), &now],
+            )
+            .await?;
+        Ok(BuildIdRollout {
+            build_id,
+            drain_intent: intent.into(),
+            drained_at: row.get(0),
+            updated_at: now,
         })
     }
 

@@ -274,6 +274,21 @@ ALTER TABLE search_attribute_index ADD COLUMN num REAL;
 CREATE INDEX search_attribute_numeric ON search_attribute_index (key, num, run_id);
 "#,
     ),
+    (
+        11,
+        r#"
+-- Build-id rollout intents per task queue ('' is the unversioned cohort).
+CREATE TABLE build_id_rollouts (
+    namespace    TEXT NOT NULL,
+    task_queue   TEXT NOT NULL,
+    build_id     TEXT NOT NULL,
+    drain_intent TEXT NOT NULL,
+    drained_at   INTEGER,
+    updated_at   INTEGER NOT NULL,
+    PRIMARY KEY (namespace, task_queue, build_id)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -1603,6 +1603,63 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT build_id, drain_intent, drained_at, updated_at FROM build_id_rollouts
+                     WHERE namespace = ?1 AND task_queue = ?2 ORDER BY build_id",
+                )?
+                .query_map(params![namespace, queue], |r| {
+                    let build_id: String = r.get(0)?;
+                    Ok(BuildIdRollout {
+                        build_id: (!build_id.is_empty()).then_some(build_id),
+                        drain_intent: r.get(1)?,
+                        drained_at: r.get(2)?,
+                        updated_at: r.get(3)?,
+                    })
+                })?
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> StoreResult<BuildIdRollout> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.writer
+            .write(move |conn| {
+                let key = build_id.clone().unwrap_or_default();
+                let intent = if draining { "draining" } else { "active" };
+                conn.prepare_cached(
+                    "INSERT INTO build_id_rollouts (namespace, task_queue, build_id, drain_intent, drained_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (namespace, task_queue, build_id) DO UPDATE SET
+                       drain_intent = excluded.drain_intent, updated_at = excluded.updated_at,
+                       drained_at = CASE WHEN excluded.drain_intent = 'draining'
+                                         THEN COALESCE(build_id_rollouts.drained_at, excluded.drained_at) ELSE NULL END",
+                )?
+                .execute(params![namespace, queue, key, intent, draining.then_some(now), now])?;
+                let drained_at: Option<i64> = conn
+                    .prepare_cached("SELECT drained_at FROM build_id_rollouts WHERE namespace = ?1 AND task_queue = ?2 AND build_id = ?3")?
+                    .query_row(params![namespace, queue, key], |r| r.get(0))?;
+                Ok(BuildIdRollout {
+                    build_id,
+                    drain_intent: intent.into(),
+                    drained_at,
+                    updated_at: now,
+                })
+            })
+            .await
+    }
+
     async fn search_attribute_definitions(
         &self,
         namespace: &str,

@@ -4,13 +4,14 @@
 
 use super::Namespace;
 use crate::auth::Role;
+use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::{now_ms, render, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 use capstan_engine::Millis;
-use capstan_store::{Store, WorkerRecord};
+use capstan_store::{BuildIdRollout, Store, WorkerRecord};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -26,6 +27,47 @@ fn status_of(worker: &WorkerRecord, now: Millis) -> &str {
         "stale"
     } else {
         &worker.status
+    }
+}
+
+/// How long a node trusts its copy of a queue's drain intents: a drain or resume takes effect on
+/// every node within this.
+const ROLLOUT_CACHE_MS: i64 = 1_000;
+
+/// The drain intents of a queue's cohorts (cached briefly).
+pub(crate) async fn rollouts<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) -> ApiResult<Vec<BuildIdRollout>> {
+    let key = (namespace.to_string(), queue.to_string());
+    let now = now_ms();
+    if let Some((at, cached)) = state.rollouts.lock().expect("rollouts").get(&key) {
+        if now - at < ROLLOUT_CACHE_MS {
+            return Ok(cached.clone());
+        }
+    }
+    let fresh = state.store.build_id_rollouts(namespace, queue).await?;
+    state.rollouts.lock().expect("rollouts").insert(key, (now, fresh.clone()));
+    Ok(fresh)
+}
+
+fn draining_in(rollouts: &[BuildIdRollout], build_id: Option<&str>) -> bool {
+    rollouts
+        .iter()
+        .any(|r| r.build_id.as_deref() == build_id && r.drain_intent == "draining")
+}
+
+/// Whether the worker's build-id cohort on its queue is draining (it gets no new work).
+pub(crate) async fn is_draining<S: Store>(state: &Shared<S>, worker: &WorkerRecord) -> ApiResult<bool> {
+    Ok(draining_in(
+        &rollouts(state, &worker.namespace, &worker.task_queue).await?,
+        worker.build_id.as_deref(),
+    ))
+}
+
+/// A worker's status with its cohort's drain intent applied.
+fn effective_status<'a>(worker: &'a WorkerRecord, rollouts: &[BuildIdRollout], now: Millis) -> &'a str {
+    match status_of(worker, now) {
+        "stale" => "stale",
+        _ if draining_in(rollouts, worker.build_id.as_deref()) => "draining",
+        status => status,
     }
 }
 
@@ -73,15 +115,20 @@ pub async fn list_workers<S: Store>(
         return Err(ApiError::validation("status", "status must be active, stale or draining."));
     }
     let now = now_ms();
-    let workers: Vec<Value> = state
-        .store
-        .workers(&namespace)
-        .await?
-        .iter()
-        .filter(|w| params.get("task_queue").is_none_or(|q| &w.task_queue == q))
-        .filter(|w| status.is_none_or(|s| status_of(w, now) == s))
-        .map(|w| worker_json(w, now))
-        .collect();
+    let mut workers = Vec::new();
+    for worker in state.store.workers(&namespace).await? {
+        if params.get("task_queue").is_some_and(|q| &worker.task_queue != q) {
+            continue;
+        }
+        let rollouts = rollouts(&state, &namespace, &worker.task_queue).await?;
+        let effective = effective_status(&worker, &rollouts, now).to_string();
+        if status.is_some_and(|s| s != effective) {
+            continue;
+        }
+        let mut body = worker_json(&worker, now);
+        body["status"] = json!(effective);
+        workers.push(body);
+    }
     Ok(Json(
         json!({"namespace": namespace, "stale_after_seconds": STALE_AFTER_SECONDS, "workers": workers}),
     ))
@@ -190,7 +237,13 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
         json!({"status": "open", "budget_source": "worker_slots", "active_worker_count": live.len(),
                "ready_count": ready, "leased_count": leased})
     };
+    let rollouts = rollouts(state, namespace, queue).await?;
+    let undrained = live.iter().filter(|w| !draining_in(&rollouts, w.build_id.as_deref())).count();
     let mut diagnostics = Vec::new();
+    if backlog > 0 && !live.is_empty() && undrained == 0 {
+        diagnostics.push(json!({"reason": "no_compatible_worker",
+            "message": format!("{backlog} task(s) wait on this queue and every live worker's build id is draining.")}));
+    }
     if backlog > 0 && live.is_empty() {
         diagnostics.push(json!({"reason": "no_live_worker",
             "message": format!("{backlog} task(s) wait on this queue and no worker has heartbeated within {STALE_AFTER_SECONDS} s.")}));
@@ -216,4 +269,116 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
         body.as_object_mut().expect("object").remove("current_leases");
     }
     Ok(body)
+}
+
+/// `GET /task-queues/{q}/build-ids`: the queue's cohorts (registered build ids, and any with a
+/// recorded intent), with worker counts and the drain intent.
+pub async fn build_ids<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(queue): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let now = now_ms();
+    let workers = state.store.queue_workers(&namespace, &queue).await?;
+    let rollouts = state.store.build_id_rollouts(&namespace, &queue).await?;
+    let mut cohorts: std::collections::BTreeMap<Option<String>, Vec<&WorkerRecord>> = Default::default();
+    for worker in &workers {
+        cohorts.entry(worker.build_id.clone()).or_default().push(worker);
+    }
+    for rollout in &rollouts {
+        cohorts.entry(rollout.build_id.clone()).or_default();
+    }
+    let body: Vec<Value> = cohorts
+        .iter()
+        .map(|(build_id, members)| {
+            let rollout = rollouts.iter().find(|r| &r.build_id == build_id);
+            let intent = rollout.map(|r| r.drain_intent.as_str()).unwrap_or("active");
+            let count = |status: &str| members.iter().filter(|w| effective_status(w, &rollouts, now) == status).count();
+            let mut runtimes: Vec<&str> = members.iter().map(|w| w.runtime.as_str()).collect();
+            runtimes.sort();
+            runtimes.dedup();
+            let mut sdk_versions: Vec<&str> = members.iter().filter_map(|w| w.sdk_version.as_deref()).collect();
+            sdk_versions.sort();
+            sdk_versions.dedup();
+            let fingerprints: std::collections::BTreeSet<String> = members
+                .iter()
+                .flat_map(|w| w.workflow_definition_fingerprints.values().map(|v| v.to_string()))
+                .collect();
+            json!({
+                "build_id": build_id,
+                "rollout_status": intent,
+                "drain_intent": intent,
+                "drained_at": render::opt_time(rollout.and_then(|r| r.drained_at)),
+                "active_worker_count": count("active"),
+                "draining_worker_count": count("draining"),
+                "stale_worker_count": count("stale"),
+                "total_worker_count": members.len(),
+                "runtimes": runtimes,
+                "sdk_versions": sdk_versions,
+                "first_seen_at": render::opt_time(members.iter().map(|w| w.registered_at).min()),
+                "last_heartbeat_at": render::opt_time(members.iter().map(|w| w.last_heartbeat_at).max()),
+                "new_start_selected": false,
+                "workflow_definition_fingerprint_count": fingerprints.len(),
+            })
+        })
+        .collect();
+    Ok(Json(
+        json!({"namespace": namespace, "task_queue": queue, "stale_after_seconds": STALE_AFTER_SECONDS, "build_ids": body}),
+    ))
+}
+
+async fn set_drain<S: Store>(
+    state: Shared<S>,
+    namespace: String,
+    headers: HeaderMap,
+    queue: String,
+    body: Map<String, Value>,
+    draining: bool,
+) -> ApiResult<Json<Value>> {
+    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+    let build_id = match body.get("build_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 255 => Some(id.clone()),
+        Some(_) => {
+            return Err(ApiError::validation(
+                "build_id",
+                "build_id must be a string of 1 to 255 characters, or null.",
+            ))
+        }
+    };
+    let rollout = state
+        .store
+        .set_build_id_drain(&namespace, &queue, build_id, draining, now_ms())
+        .await?;
+    state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
+    tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, intent = rollout.drain_intent, "build-id rollout changed");
+    Ok(Json(json!({
+        "namespace": namespace,
+        "task_queue": queue,
+        "build_id": rollout.build_id,
+        "drain_intent": rollout.drain_intent,
+        "drained_at": render::opt_time(rollout.drained_at),
+        "new_start_selected": false,
+    })))
+}
+
+/// Marks a cohort draining: its workers finish what they hold and get no new tasks.
+pub async fn drain_build_id<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    set_drain(state, namespace, headers, queue, body, true).await
+}
+
+pub async fn resume_build_id<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    set_drain(state, namespace, headers, queue, body, false).await
 }

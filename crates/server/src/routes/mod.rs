@@ -134,6 +134,9 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         )
         .route("/task-queues", get(fleet::list_task_queues::<S>))
         .route("/task-queues/:task_queue", get(fleet::describe_task_queue::<S>))
+        .route("/task-queues/:task_queue/build-ids", get(fleet::build_ids::<S>))
+        .route("/task-queues/:task_queue/build-ids/drain", post(fleet::drain_build_id::<S>))
+        .route("/task-queues/:task_queue/build-ids/resume", post(fleet::resume_build_id::<S>))
         .route("/schedules", get(schedules::list::<S>).post(schedules::create::<S>))
         .route(
             "/schedules/:schedule_id",

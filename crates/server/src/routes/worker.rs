@@ -359,6 +359,25 @@ where
     }
 }
 
+/// A worker whose build-id cohort is draining gets no new work: its poll is held (so it does
+/// not spin) and answered empty with `poll_status: draining`. If the cohort is resumed while the
+/// poll waits, the poll goes on normally.
+async fn hold_if_draining<S: Store>(state: &Shared<S>, request: &mut PollRequest) -> ApiResult<Option<Json<Value>>> {
+    let deadline = now_ms() + request.wait_ms;
+    let mut draining = super::fleet::is_draining(state, &request.worker).await?;
+    while draining {
+        let left = deadline - now_ms();
+        if left <= 0 {
+            return Ok(Some(Json(json!({"task": null, "poll_status": "draining"}))));
+        }
+        tokio::time::sleep(Duration::from_millis(left.min(500) as u64)).await;
+        draining = super::fleet::is_draining(state, &request.worker).await?;
+    }
+    // Whatever was spent held counts against the poll's wait.
+    request.wait_ms = (deadline - now_ms()).max(0).min(request.wait_ms);
+    Ok(None)
+}
+
 fn empty_poll() -> Json<Value> {
     Json(json!({"task": null, "poll_status": "timeout"}))
 }
@@ -411,7 +430,10 @@ pub async fn poll_workflow_task<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let kinds = poll_kinds(&body)?;
-    let request = poll_request(&state, &namespace, &body).await?;
+    let mut request = poll_request(&state, &namespace, &body).await?;
+    if let Some(drained) = hold_if_draining(&state, &mut request).await? {
+        return Ok(drained);
+    }
     if kinds.update_validation {
         validation::require_capability(&request.worker)?;
     }
@@ -446,7 +468,10 @@ pub async fn poll_activity_task<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let request = poll_request(&state, &namespace, &body).await?;
+    let mut request = poll_request(&state, &namespace, &body).await?;
+    if let Some(drained) = hold_if_draining(&state, &mut request).await? {
+        return Ok(drained);
+    }
     match long_poll(&state, &namespace, &request, TaskKind::Activity).await? {
         Some((task, run)) => Ok(Json(json!({"task": render::activity_task(&run, &task)}))),
         None => Ok(empty_poll()),
