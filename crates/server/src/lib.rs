@@ -79,6 +79,9 @@ impl Default for ServerConfig {
     }
 }
 
+/// Drain intents per (namespace, queue), with when they were read.
+type RolloutCache = std::collections::HashMap<(String, String), (i64, Vec<capstan_store::BuildIdRollout>)>;
+
 /// What every handler shares.
 pub struct AppState<S: Store> {
     pub store: S,
@@ -89,7 +92,7 @@ pub struct AppState<S: Store> {
     clock_kick: tokio::sync::Notify,
     scheduler_kick: tokio::sync::Notify,
     /// Build-id drain intents per (namespace, queue), read at most once a second per queue.
-    rollouts: std::sync::Mutex<std::collections::HashMap<(String, String), (i64, Vec<capstan_store::BuildIdRollout>)>>,
+    rollouts: std::sync::Mutex<RolloutCache>,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;

@@ -809,6 +809,20 @@ pub trait Store: Send + Sync + 'static {
     /// have expired at `now` without being reclaimed yet.
     fn system_counts(&self, namespace: &str, now: Millis) -> impl Future<Output = StoreResult<SystemCounts>> + Send;
 
+    /// The outcome recorded for a bridge delivery, if it was accepted before.
+    fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> impl Future<Output = StoreResult<Option<Value>>> + Send;
+
+    /// Records an accepted delivery; when one was recorded first (a concurrent repeat), returns
+    /// that one instead and records nothing.
+    fn record_bridge_delivery(
+        &self,
+        namespace: &str,
+        adapter: &str,
+        key: &str,
+        outcome: Value,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<Value>>> + Send;
+
     /// The rollout intents recorded for a task queue's build-id cohorts.
     fn build_id_rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send;
 

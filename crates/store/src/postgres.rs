@@ -298,6 +298,21 @@ CREATE TABLE build_id_rollouts (
 );
 "#,
     ),
+    (
+        12,
+        r#"
+-- Accepted bridge-adapter deliveries by (adapter, idempotency key): a repeat is answered from
+-- here and has no second effect.
+CREATE TABLE bridge_deliveries (
+    namespace       TEXT NOT NULL,
+    adapter         TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    created_at      BIGINT NOT NULL,
+    PRIMARY KEY (namespace, adapter, idempotency_key)
+);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -2216,6 +2231,39 @@ impl Store for PostgresStore {
             expired_leases,
             expired_lease_runs,
         })
+    }
+
+    async fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> StoreResult<Option<Value>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT outcome FROM bridge_deliveries WHERE namespace = $1 AND adapter = $2 AND idempotency_key = $3",
+                &[&namespace, &adapter, &key],
+            )
+            .await?;
+        row.map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt)).transpose()
+    }
+
+    async fn record_bridge_delivery(
+        &self,
+        namespace: &str,
+        adapter: &str,
+        key: &str,
+        outcome: Value,
+        now: Millis,
+    ) -> StoreResult<Option<Value>> {
+        let client = self.pool.get().await?;
+        let inserted = client
+            .execute(
+                "INSERT INTO bridge_deliveries (namespace, adapter, idempotency_key, outcome, created_at) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT DO NOTHING",
+                &[&namespace, &adapter, &key, &outcome.to_string(), &now],
+            )
+            .await?;
+        if inserted == 1 {
+            return Ok(None);
+        }
+        self.bridge_delivery(namespace, adapter, key).await
     }
 
     async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {

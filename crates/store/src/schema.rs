@@ -289,6 +289,21 @@ CREATE TABLE build_id_rollouts (
 );
 "#,
     ),
+    (
+        12,
+        r#"
+-- Accepted bridge-adapter deliveries by (adapter, idempotency key): a repeat is answered from
+-- here and has no second effect.
+CREATE TABLE bridge_deliveries (
+    namespace       TEXT NOT NULL,
+    adapter         TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    created_at      INTEGER NOT NULL,
+    PRIMARY KEY (namespace, adapter, idempotency_key)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

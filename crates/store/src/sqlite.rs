@@ -1603,6 +1603,45 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> StoreResult<Option<Value>> {
+        let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());
+        self.read(move |conn| {
+            let doc: Option<String> = conn
+                .prepare_cached("SELECT outcome FROM bridge_deliveries WHERE namespace = ?1 AND adapter = ?2 AND idempotency_key = ?3")?
+                .query_row(params![namespace, adapter, key], |r| r.get(0))
+                .optional()?;
+            Ok(doc.map(|d| serde_json::from_str(&d)).transpose()?)
+        })
+        .await
+    }
+
+    async fn record_bridge_delivery(
+        &self,
+        namespace: &str,
+        adapter: &str,
+        key: &str,
+        outcome: Value,
+        now: Millis,
+    ) -> StoreResult<Option<Value>> {
+        let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());
+        self.writer
+            .write(move |conn| {
+                let inserted = conn
+                    .prepare_cached(
+                        "INSERT OR IGNORE INTO bridge_deliveries (namespace, adapter, idempotency_key, outcome, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![namespace, adapter, key, outcome.to_string(), now])?;
+                if inserted == 1 {
+                    return Ok(None);
+                }
+                let doc: String = conn
+                    .prepare_cached("SELECT outcome FROM bridge_deliveries WHERE namespace = ?1 AND adapter = ?2 AND idempotency_key = ?3")?
+                    .query_row(params![namespace, adapter, key], |r| r.get(0))?;
+                Ok(Some(serde_json::from_str(&doc)?))
+            })
+            .await
+    }
+
     async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
         let (namespace, queue) = (namespace.to_string(), queue.to_string());
         self.read(move |conn| {

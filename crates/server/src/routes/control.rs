@@ -378,7 +378,7 @@ pub(crate) fn check_target(run: &RunState, wanted: &Option<RunId>) -> Result<(),
     }
 }
 
-async fn signal_impl<S: Store>(
+pub(crate) async fn signal_impl<S: Store>(
     state: Shared<S>,
     namespace: String,
     workflow_id: String,

@@ -1,5 +1,6 @@
 //! The route table and the plane middleware (auth → role → version → namespace, in DW's order).
 
+mod bridge;
 mod cancellation;
 mod control;
 mod duties;
@@ -114,6 +115,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/ledger/:ledger_key/resolve", post(ledger::resolve::<S>))
         .route("/integrity-incidents", get(ledger::list_incidents::<S>))
         .route("/integrity-incidents/:incident_id/close", post(ledger::close_incident::<S>))
+        .route("/bridge-adapters/webhook/:adapter", post(bridge::webhook::<S>))
         .route("/system/metrics", get(duties::metrics::<S>))
         .route("/system/operator-metrics", get(duties::operator_metrics::<S>))
         .route("/system/repair", get(duties::repair_status::<S>))
