@@ -123,3 +123,37 @@ def test_build_id_rollouts_through_the_sdk(server_url, worker_url, run_worker):
     assert unversioned.build_id is None and unversioned.drain_intent == "draining"
     assert {c.build_id: c.drain_intent for c in after.build_ids} == {"v1": "active", None: "draining"}
     assert result == "v1 works", "a resumed cohort takes work; draining the unversioned one does not touch v1"
+
+
+@workflow.defn(name="fleet.versioned")
+class VersionedV1:
+    def run(self, ctx):
+        return "ran on v1"
+
+
+@workflow.defn(name="fleet.versioned")
+class VersionedV2:
+    def run(self, ctx):
+        return "ran on v2"
+
+
+def test_a_run_started_on_a_build_replays_only_on_that_build(server_url, worker_url, run_worker):
+    """Two builds of one workflow type share a queue; a run started with build_id="v1" is
+    delivered only to the v1 worker, while both poll."""
+    queue = unique("fleet-pin")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[VersionedV1], build_id="v1") as v1, \
+                run_worker(worker_url, queue, workflows=[VersionedV2], build_id="v2") as v2, \
+                make_client(server_url) as client:
+            results = []
+            for build in ["v1", "v2", "v1", "v2"]:
+                handle = await client.start_workflow(
+                    workflow_type="fleet.versioned", task_queue=queue, workflow_id=unique(f"pin-{build}"), build_id=build,
+                )
+                results.append((build, await wait_result(handle, timeout=30, workers=[v1, v2])))
+                described = await client.describe_workflow(handle.workflow_id)
+        return results, described
+
+    results, described = run_async(main(), timeout=90)
+    assert all(result == f"ran on {build}" for build, result in results), results

@@ -305,6 +305,9 @@ pub struct RunState {
     /// The command contract registered for this workflow type when the run started, if any.
     #[serde(default)]
     pub contract: Option<CommandContract>,
+    /// The worker build this run is pinned to (its workflow tasks go only to that build).
+    #[serde(default)]
+    pub compatibility: Option<String>,
     /// A cooperative cancellation request: the run stays open for workflow-authored cleanup.
     #[serde(default)]
     pub cancellation: Option<CancellationRequest>,

@@ -62,6 +62,9 @@ pub struct StartRun {
     pub command_id: CommandId,
     /// The command contract registered for the workflow type at start, recorded on the run.
     pub contract: Option<CommandContract>,
+    /// The worker build the run is pinned to: only workers of this build id get its workflow
+    /// tasks (None: any worker of the queue).
+    pub compatibility: Option<String>,
 }
 
 /// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
@@ -127,6 +130,7 @@ fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: O
         updates: BTreeMap::new(),
         fence_high_water: 0,
         contract: start.contract,
+        compatibility: start.compatibility,
         cancellation: None,
         retry_of_run_id: None,
         selections: Default::default(),
@@ -205,11 +209,14 @@ fn continued_run(cx: &mut Cx, previous: &RunState, arguments: Payload, workflow_
         search_attributes: previous.search_attributes.clone(),
         command_id: cx.id(),
         contract: None,
+        compatibility: None,
     };
     // The contract belongs to a workflow type on a queue; a run that moves to another has none.
+    // So does the build pin: the same code keeps its build.
     let same_code = start.workflow_type == previous.workflow_type && start.task_queue == previous.task_queue;
     let start = StartRun {
         contract: previous.contract.clone().filter(|_| same_code),
+        compatibility: previous.compatibility.clone().filter(|_| same_code),
         ..start
     };
     let mut run = blank_run(cx, start, previous.run_number + 1, previous.execution_deadline_at);
@@ -846,6 +853,7 @@ fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, command: Wor
                     search_attributes: Map::new(),
                     command_id: next.id(),
                     contract: None,
+                    compatibility: None,
                 };
                 let execution_deadline_at = start.execution_timeout_seconds.map(|s| next.now + s * 1000);
                 let mut child_run = blank_run(&next, start, 1, execution_deadline_at);
@@ -2468,6 +2476,7 @@ fn retry_failed_child(run: &mut RunState, cx: &mut Cx) {
             search_attributes: run.search_attributes.clone(),
             command_id: next_cx.id(),
             contract: run.contract.clone(),
+            compatibility: run.compatibility.clone(),
         };
         let mut next = blank_run(&next_cx, start, run.run_number + 1, run.execution_deadline_at);
         next.parent = Some(ParentLink {

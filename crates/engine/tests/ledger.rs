@@ -68,6 +68,7 @@ impl World {
                 search_attributes: Map::new(),
                 command_id: "start".into(),
                 contract: None,
+                compatibility: None,
             },
         );
         let history = cx.effects.events;

@@ -36,6 +36,7 @@ impl Sim {
                 search_attributes: Map::new(),
                 command_id: "cmd-start".into(),
                 contract: None,
+                compatibility: None,
             },
         );
         let history = cx.effects.events;
@@ -1215,6 +1216,7 @@ fn the_contract_is_recorded_on_workflow_started_and_carried_by_continue_as_new()
             search_attributes: Map::new(),
             command_id: "start".into(),
             contract: Some(contract.clone()),
+            compatibility: None,
         },
     );
     let started = cx

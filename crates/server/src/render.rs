@@ -130,6 +130,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "history_chain_origin": run.chain_origin,
         "history_head_hash": run.last_hash,
         "fence_high_water": run.fence_high_water,
+        "compatibility": run.compatibility,
         "open_tasks": open_tasks,
         "pending_activity_count": run.activities.len(),
         "pending_timer_count": run.timers.len(),

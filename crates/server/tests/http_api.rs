@@ -4135,3 +4135,115 @@ async fn a_draining_build_id_gets_no_new_work_until_resumed() {
         .await
         .err(422, "validation_failed");
 }
+
+/// A second namespace sees nothing of the first and cannot change it: workflows (describe,
+/// list, signal, cancel, terminate), schedules, search-attribute definitions, workers and task
+/// queues. Every answer is the same not-found a truly absent id gets, so nothing leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_resource_is_isolated_by_namespace() {
+    let h = Harness::start().await;
+    h.cpost("/api/namespaces", json!({"name": "tenant-b"})).await.ok(201);
+    let queue = unique("iso-q");
+    h.register("iso-worker", &queue).await;
+    h.start_workflow("iso-wf", &queue).await;
+    h.cpost("/api/search-attributes", json!({"name": "Tenant", "type": "keyword"}))
+        .await
+        .ok(201);
+    h.cpost(
+        "/api/schedules",
+        json!({"schedule_id": "iso-sched", "spec": {"cron_expressions": ["@daily"]}, "action": {"workflow_type": "t"}}),
+    )
+    .await
+    .ok(201);
+    let b = |method: Method, path: &str| h.bare(method, path).header(CONTROL_HEADER, "2").header("X-Namespace", "tenant-b");
+    // The same not-found as an id that exists nowhere.
+    let absent = send(b(Method::GET, "/api/workflows/never-existed"))
+        .await
+        .err(404, "instance_not_found");
+    let hidden = send(b(Method::GET, "/api/workflows/iso-wf")).await.err(404, "instance_not_found");
+    assert_eq!(absent["message"], hidden["message"]);
+    for (method, path) in [
+        (Method::POST, "/api/workflows/iso-wf/signal/go"),
+        (Method::POST, "/api/workflows/iso-wf/cancel"),
+        (Method::POST, "/api/workflows/iso-wf/terminate"),
+    ] {
+        send(b(method, path).json(&json!({}))).await.err(404, "instance_not_found");
+    }
+    assert_eq!(send(b(Method::GET, "/api/workflows")).await.ok(200)["workflows"], json!([]));
+    send(b(Method::GET, "/api/schedules/iso-sched"))
+        .await
+        .err(404, "schedule_not_found");
+    assert_eq!(send(b(Method::GET, "/api/schedules")).await.ok(200)["schedules"], json!([]));
+    assert_eq!(
+        send(b(Method::GET, "/api/search-attributes")).await.ok(200)["custom_attributes"],
+        json!({})
+    );
+    send(b(Method::GET, "/api/workflows?query=Tenant%20%3D%20%22a%22"))
+        .await
+        .err(422, "unknown_search_attribute");
+    assert_eq!(send(b(Method::GET, "/api/workers")).await.ok(200)["workers"], json!([]));
+    send(b(Method::GET, "/api/workers/iso-worker")).await.err(404, "worker_not_found");
+    assert_eq!(send(b(Method::GET, "/api/task-queues")).await.ok(200)["task_queues"], json!([]));
+    // The first namespace is untouched.
+    let status = h.describe("iso-wf").await["status"].as_str().unwrap().to_string();
+    assert!(matches!(status.as_str(), "pending" | "running" | "waiting"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_pinned_to_a_build_goes_only_to_workers_of_that_build() {
+    let h = Harness::start().await;
+    let queue = unique("pinned");
+    for (worker, build) in [("w-v1", "v1"), ("w-v2", "v2")] {
+        h.wpost(
+            "/api/worker/register",
+            json!({"worker_id": worker, "task_queue": queue, "runtime": "rust", "build_id": build}),
+        )
+        .await
+        .ok(201);
+    }
+    h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": "pinned-v1", "task_queue": queue, "build_id": "v1"}))
+        .await
+        .ok(201);
+    assert_eq!(h.describe("pinned-v1").await["compatibility"], "v1");
+    // The v2 worker never gets it, though it is ready…
+    let v2 = h
+        .poll_workflow_with(json!({"worker_id": "w-v2", "task_queue": queue, "timeout_seconds": 1}))
+        .await
+        .ok(200);
+    assert!(v2["task"].is_null(), "{v2}");
+    // …the v1 worker does, and so do the run's later tasks.
+    let task = h.next_workflow_task("w-v1", &queue).await;
+    assert_eq!(task["workflow_id"], "pinned-v1");
+    h.complete_workflow_task(&task, json!([{"type": "continue_as_new"}])).await.ok(200);
+    assert_eq!(
+        h.describe("pinned-v1").await["compatibility"],
+        "v1",
+        "continue-as-new keeps the pin"
+    );
+    let v2 = h
+        .poll_workflow_with(json!({"worker_id": "w-v2", "task_queue": queue, "timeout_seconds": 1}))
+        .await
+        .ok(200);
+    assert!(v2["task"].is_null());
+    assert_eq!(h.next_workflow_task("w-v1", &queue).await["workflow_id"], "pinned-v1");
+    // An unpinned run goes to anyone; the alias `compatibility` pins too.
+    h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": "free", "task_queue": queue}))
+        .await
+        .ok(201);
+    assert_eq!(h.next_workflow_task("w-v2", &queue).await["workflow_id"], "free");
+    h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": "pinned-v3", "task_queue": queue, "compatibility": "v3"}))
+        .await
+        .ok(201);
+    let described = h.cget(&format!("/api/task-queues/{queue}")).await.ok(200);
+    let diagnostic = described["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["build_id"] == "v3")
+        .cloned();
+    assert_eq!(
+        diagnostic.map(|d| d["reason"].clone()),
+        Some(json!("no_compatible_worker")),
+        "{described}"
+    );
+}

@@ -259,6 +259,8 @@ pub struct QueueSnapshot {
     /// (kind, status, count, oldest available_at) for ready and leased tasks.
     pub counts: Vec<(String, String, i64, Option<Millis>)>,
     pub leases: Vec<QueueLease>,
+    /// Ready workflow tasks of runs pinned to a build: `(build id, count)`.
+    pub pinned: Vec<(String, i64)>,
 }
 
 /// One leased task of a queue.

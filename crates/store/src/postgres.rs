@@ -313,6 +313,13 @@ CREATE TABLE bridge_deliveries (
 );
 "#,
     ),
+    (
+        13,
+        r#"
+-- The worker build a pinned run's workflow tasks are reserved for (NULL: any worker).
+ALTER TABLE tasks ADD COLUMN compatibility TEXT;
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -436,8 +443,10 @@ impl PostgresStore {
                     "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
                      WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
                        AND ($5::text[] IS NULL OR t.type_name = ANY($5))
+                       AND (t.compatibility IS NULL
+                            OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $6))
                      ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
-                    &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
+                    &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types), &owner],
                 )
                 .await?;
             let Some(row) = row else { return Ok(None) };
@@ -942,8 +951,8 @@ async fn persist(
         .await?;
     let upsert_task = tx
         .prepare_cached(
-            "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+            "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
              ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
                  deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
                  lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
@@ -983,6 +992,7 @@ async fn persist(
         owner: Option<String>,
         expires_at: Option<i64>,
         fence: i64,
+        compatibility: Option<String>,
     }
     let mut task_rows = Vec::new();
     let mut vanished = Vec::new();
@@ -999,6 +1009,7 @@ async fn persist(
                     owner: lease.map(|l| l.owner.clone()),
                     expires_at: lease.map(|l| l.expires_at),
                     fence: task.fence as i64,
+                    compatibility: task_compatibility(run, task),
                 });
                 if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
                     let key = format!("{}\u{1f}{}\u{1f}{}", run.namespace, task.kind.as_str(), task.queue);
@@ -1052,6 +1063,7 @@ async fn persist(
                 &row.expires_at,
                 &row.fence,
                 &row.task.created_at,
+                &row.compatibility,
             ],
         ));
     }
@@ -2423,7 +2435,17 @@ impl Store for PostgresStore {
                 lease_expires_at: r.get(6),
             })
             .collect();
-        Ok(QueueSnapshot { counts, leases })
+        let pinned = client
+            .query(
+                "SELECT compatibility, COUNT(*)::bigint FROM tasks WHERE namespace = $1 AND queue = $2 AND status = 'ready'
+                   AND kind = 'workflow' AND compatibility IS NOT NULL GROUP BY compatibility",
+                &[&namespace, &queue],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        Ok(QueueSnapshot { counts, leases, pinned })
     }
 
     async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {

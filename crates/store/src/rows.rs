@@ -166,3 +166,8 @@ pub(crate) fn now_ms() -> Millis {
         .map(|d| d.as_millis() as Millis)
         .unwrap_or(0)
 }
+
+/// The build a task is pinned to: a pinned run's workflow tasks (other tasks go to any worker).
+pub(crate) fn task_compatibility(run: &RunState, task: &Task) -> Option<String> {
+    (task.kind == TaskKind::Workflow).then(|| run.compatibility.clone()).flatten()
+}

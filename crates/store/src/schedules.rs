@@ -75,6 +75,7 @@ fn start_one(
         search_attributes: schedule.search_attributes.clone().unwrap_or_default(),
         command_id: CommandId(ulid::Ulid::new().to_string()),
         contract: None,
+        compatibility: None,
     };
     match tx.start(start, now) {
         Ok(()) => {

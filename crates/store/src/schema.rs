@@ -304,6 +304,13 @@ CREATE TABLE bridge_deliveries (
 );
 "#,
     ),
+    (
+        13,
+        r#"
+-- The worker build a pinned run's workflow tasks are reserved for (NULL: any worker).
+ALTER TABLE tasks ADD COLUMN compatibility TEXT;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

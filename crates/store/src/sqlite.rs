@@ -239,8 +239,8 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
     }
     persist_ledger(conn, run, effects)?;
     let mut upsert_task = conn.prepare_cached(
-        "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+        "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
          ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
              deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
              lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
@@ -267,6 +267,7 @@ fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: boo
             lease.map(|l| l.expires_at),
             task.fence as i64,
             task.created_at,
+            task_compatibility(run, task),
         ])?;
         if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
             crate::writer::announce((run.namespace.clone(), task.kind, task.queue.clone()));
@@ -627,13 +628,17 @@ impl Store for SqliteStore {
         let limits = self.limits.clone();
         let result = self.writer
             .write(move |conn| {
+                // A pinned run's workflow tasks go only to workers of its build.
+                let owner_param = 5 + types.len();
                 let sql = format!(
                     "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
+                       AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
                      ORDER BY available_at, task_id LIMIT 8",
                     type_filter(&types, 5)
                 );
                 let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
                 values.extend(types.into_iter().map(rusqlite::types::Value::from));
+                values.push(owner.clone().into());
                 let candidates: Vec<(String, String)> = conn
                     .prepare_cached(&sql)?
                     .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -1807,7 +1812,14 @@ impl Store for SqliteStore {
                     })
                 })?
                 .collect::<Result<_, _>>()?;
-            Ok(QueueSnapshot { counts, leases })
+            let pinned = conn
+                .prepare_cached(
+                    "SELECT compatibility, COUNT(*) FROM tasks WHERE namespace = ?1 AND queue = ?2 AND status = 'ready'
+                       AND kind = 'workflow' AND compatibility IS NOT NULL GROUP BY compatibility",
+                )?
+                .query_map(params![namespace, queue], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(QueueSnapshot { counts, leases, pinned })
         })
         .await
     }

@@ -24,6 +24,7 @@ pub fn start_request(workflow_id: &str, queue: &str) -> StartRun {
         search_attributes: Map::new(),
         command_id: CommandId(format!("cmd-{workflow_id}")),
         contract: None,
+        compatibility: None,
     }
 }
 

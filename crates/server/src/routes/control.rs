@@ -168,6 +168,12 @@ pub async fn start<S: Store>(
         search_attributes,
         command_id: CommandId(ulid::Ulid::new().to_string()),
         contract: None,
+        // `build_id` wins over its SDK-neutral alias `compatibility`.
+        compatibility: match f.opt_str("build_id", 255)? {
+            Some(build) => Some(build),
+            None => f.opt_str("compatibility", 255)?,
+        }
+        .filter(|b| !b.is_empty()),
     };
     let contract = crate::contracts::registered(&state.store, &namespace, &start.task_queue, &start.workflow_type)
         .await

@@ -244,6 +244,15 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
         diagnostics.push(json!({"reason": "no_compatible_worker",
             "message": format!("{backlog} task(s) wait on this queue and every live worker's build id is draining.")}));
     }
+    for (build, count) in &snapshot.pinned {
+        let serving = live
+            .iter()
+            .any(|w| w.build_id.as_deref() == Some(build.as_str()) && !draining_in(&rollouts, Some(build)));
+        if !serving {
+            diagnostics.push(json!({"reason": "no_compatible_worker", "build_id": build,
+                "message": format!("{count} workflow task(s) of runs pinned to build {build} wait and no live, undrained worker has that build.")}));
+        }
+    }
     if backlog > 0 && live.is_empty() {
         diagnostics.push(json!({"reason": "no_live_worker",
             "message": format!("{backlog} task(s) wait on this queue and no worker has heartbeated within {STALE_AFTER_SECONDS} s.")}));
