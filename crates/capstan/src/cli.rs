@@ -18,7 +18,7 @@ pub struct Connection {
     token: Option<String>,
     /// Output format: a table for people, JSON (stable) for scripts.
     #[arg(long, global = true, value_enum, default_value = "table")]
-    output: Output,
+    pub(crate) output: Output,
 }
 
 #[derive(Clone, Copy, PartialEq, ValueEnum)]
@@ -88,24 +88,24 @@ pub enum LedgerCommand {
     },
 }
 
-fn parse_json(flag: &str, text: &str) -> Result<Value, String> {
+pub(crate) fn parse_json(flag: &str, text: &str) -> Result<Value, String> {
     serde_json::from_str(text).map_err(|e| format!("--{flag} is not valid JSON: {e}"))
 }
 
-struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     connection: Connection,
 }
 
 impl Client {
-    fn new(connection: Connection) -> Self {
+    pub(crate) fn new(connection: Connection) -> Self {
         Self {
             http: reqwest::Client::new(),
             connection,
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, String> {
+    pub(crate) async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, String> {
         let url = format!("{}/api{path}", self.connection.server.trim_end_matches('/'));
         let mut request = self
             .http
@@ -175,7 +175,7 @@ fn print_rows(columns: &[&str], rows: &[Value]) {
     }
 }
 
-fn print(output: Output, value: &Value, columns: &[&str], list_key: Option<&str>) {
+pub(crate) fn print(output: Output, value: &Value, columns: &[&str], list_key: Option<&str>) {
     match (output, list_key) {
         (Output::Json, _) => println!("{}", serde_json::to_string_pretty(value).expect("JSON prints")),
         (Output::Table, Some(key)) => print_rows(columns, value[key].as_array().map(Vec::as_slice).unwrap_or(&[])),
@@ -183,7 +183,7 @@ fn print(output: Output, value: &Value, columns: &[&str], list_key: Option<&str>
     }
 }
 
-fn finish(result: Result<(), String>) -> ExitCode {
+pub(crate) fn finish(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -4,6 +4,7 @@
 //! library until SIGINT or SIGTERM.
 
 mod cli;
+mod ops;
 
 use capstan_server::{AuthConfig, ServerConfig};
 use capstan_store::{PostgresStore, SqliteStore};
@@ -43,6 +44,43 @@ enum Command {
         #[command(subcommand)]
         command: cli::LedgerCommand,
     },
+    /// Start, list, inspect, signal, query, update, cancel and terminate workflows.
+    Workflow {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: ops::WorkflowCommand,
+    },
+    /// Registered workers.
+    Worker {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: ops::WorkerCommand,
+    },
+    /// Task queues: backlog, pollers, leases, diagnostics.
+    TaskQueue {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: ops::TaskQueueCommand,
+    },
+    /// Cron and interval schedules.
+    Schedule {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: ops::ScheduleCommand,
+    },
+    /// The server's health and cluster info.
+    Server {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: ops::ServerCommand,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion { shell: clap_complete::Shell },
 }
 
 #[derive(Parser)]
@@ -243,6 +281,16 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Actions { connection, command } => cli::actions(connection, command),
         Command::Ledger { connection, command } => cli::ledger(connection, command),
+        Command::Workflow { connection, command } => ops::workflow(connection, command),
+        Command::Worker { connection, command } => ops::worker(connection, command),
+        Command::TaskQueue { connection, command } => ops::task_queue(connection, command),
+        Command::Schedule { connection, command } => ops::schedule(connection, command),
+        Command::Server { connection, command } => ops::server(connection, command),
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "capstan", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         Command::Verify(args) => {
             let json = args.json;
             let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");

@@ -29,6 +29,28 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use auth::{AuthConfig, Role};
 pub use avro::{empty_arguments_blob, null_blob};
+
+/// The Avro envelope of a JSON value list as workflow or signal arguments (for clients such as
+/// the CLI that take JSON from people).
+pub fn arguments_envelope(arguments: &[serde_json::Value]) -> serde_json::Value {
+    serde_json::json!({"codec": "avro", "blob": avro::encode_json(&serde_json::Value::Array(arguments.to_vec()))})
+}
+
+/// An Avro payload envelope (`{"codec", "blob"}`) decoded to JSON, if it is one Capstan reads.
+pub fn decode_envelope(envelope: &serde_json::Value) -> Option<serde_json::Value> {
+    use capstan_engine::MemoCodec;
+    let blob = envelope.get("blob")?.as_str()?;
+    let codec = envelope
+        .get("codec")
+        .and_then(|c| c.as_str())
+        .unwrap_or(capstan_engine::payload::AVRO_CODEC);
+    avro::AVRO_MEMO
+        .to_json(&capstan_engine::Payload {
+            codec: codec.to_string(),
+            blob: blob.to_string(),
+        })
+        .ok()
+}
 pub use capstan_store::{AtomicAction, AtomicActions, AtomicTransaction};
 
 /// Worker protocol version advertised; requests may use `1.0` … this.

@@ -4247,3 +4247,46 @@ async fn a_run_pinned_to_a_build_goes_only_to_workers_of_that_build() {
         "{described}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_starts_follow_the_promoted_build() {
+    let h = Harness::start().await;
+    let queue = unique("promote");
+    for (worker, build) in [("p-v1", "v1"), ("p-v2", "v2")] {
+        h.wpost(
+            "/api/worker/register",
+            json!({"worker_id": worker, "task_queue": queue, "runtime": "rust", "build_id": build}),
+        )
+        .await
+        .ok(201);
+    }
+    h.start_workflow("before-promotion", &queue).await;
+    assert!(h.describe("before-promotion").await["compatibility"].is_null());
+    let promoted = h
+        .cpost(&format!("/api/task-queues/{queue}/build-ids/promote"), json!({"build_id": "v2"}))
+        .await
+        .ok(200);
+    assert_eq!(
+        (promoted["build_id"].as_str(), promoted["new_start_selected"].as_bool()),
+        (Some("v2"), Some(true))
+    );
+    h.start_workflow("after-promotion", &queue).await;
+    assert_eq!(h.describe("after-promotion").await["compatibility"], "v2");
+    // An explicit build still wins; promoting another build moves the selection.
+    h.start_workflow_with(json!({"workflow_type": "t", "workflow_id": "explicit-v1", "task_queue": queue, "build_id": "v1"}))
+        .await
+        .ok(201);
+    assert_eq!(h.describe("explicit-v1").await["compatibility"], "v1");
+    h.cpost(&format!("/api/task-queues/{queue}/build-ids/promote"), json!({"build_id": "v1"}))
+        .await
+        .ok(200);
+    let cohorts = h.cget(&format!("/api/task-queues/{queue}/build-ids")).await.ok(200);
+    let selected: Vec<&str> = cohorts["build_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["new_start_selected"] == json!(true))
+        .map(|c| c["build_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(selected, ["v1"]);
+}

@@ -241,6 +241,9 @@ pub struct BuildIdRollout {
     pub drain_intent: String,
     pub drained_at: Option<Millis>,
     pub updated_at: Millis,
+    /// When this cohort was promoted: new starts on the queue that name no build are pinned
+    /// to it.
+    pub promoted_at: Option<Millis>,
 }
 
 /// Counts for the system metrics endpoints.
@@ -836,6 +839,15 @@ pub trait Store: Send + Sync + 'static {
         queue: &str,
         build_id: Option<String>,
         draining: bool,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
+
+    /// Promotes a cohort for new starts on a queue (un-promoting any other).
+    fn promote_build_id(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
         now: Millis,
     ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
 

@@ -320,6 +320,13 @@ CREATE TABLE bridge_deliveries (
 ALTER TABLE tasks ADD COLUMN compatibility TEXT;
 "#,
     ),
+    (
+        14,
+        r#"
+-- The cohort promoted for new starts on a queue (at most one row has it).
+ALTER TABLE build_id_rollouts ADD COLUMN promoted_at BIGINT;
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -2282,7 +2289,7 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         let rows = client
             .query(
-                "SELECT build_id, drain_intent, drained_at, updated_at FROM build_id_rollouts
+                "SELECT build_id, drain_intent, drained_at, updated_at, promoted_at FROM build_id_rollouts
                  WHERE namespace = $1 AND task_queue = $2 ORDER BY build_id",
                 &[&namespace, &queue],
             )
@@ -2296,6 +2303,7 @@ impl Store for PostgresStore {
                     drain_intent: r.get(1),
                     drained_at: r.get(2),
                     updated_at: r.get(3),
+                    promoted_at: r.get(4),
                 }
             })
             .collect())
@@ -2320,7 +2328,7 @@ impl Store for PostgresStore {
                    drain_intent = excluded.drain_intent, updated_at = excluded.updated_at,
                    drained_at = CASE WHEN excluded.drain_intent = 'draining'
                                      THEN COALESCE(build_id_rollouts.drained_at, excluded.drained_at) ELSE NULL END
-                 RETURNING drained_at",
+                 RETURNING drained_at, promoted_at",
                 &[&namespace, &queue, &key, &intent, &draining.then_some(now), &now],
             )
             .await?;
@@ -2329,6 +2337,36 @@ impl Store for PostgresStore {
             drain_intent: intent.into(),
             drained_at: row.get(0),
             updated_at: now,
+            promoted_at: row.get(1),
+        })
+    }
+
+    async fn promote_build_id(&self, namespace: &str, queue: &str, build_id: Option<String>, now: Millis) -> StoreResult<BuildIdRollout> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let key = build_id.clone().unwrap_or_default();
+        tx.execute(
+            "UPDATE build_id_rollouts SET promoted_at = NULL WHERE namespace = $1 AND task_queue = $2 AND build_id <> $3",
+            &[&namespace, &queue, &key],
+        )
+        .await?;
+        let row = tx
+            .query_one(
+                "INSERT INTO build_id_rollouts (namespace, task_queue, build_id, drain_intent, drained_at, updated_at, promoted_at)
+                 VALUES ($1, $2, $3, 'active', NULL, $4, $4)
+                 ON CONFLICT (namespace, task_queue, build_id) DO UPDATE SET updated_at = excluded.updated_at,
+                   promoted_at = COALESCE(build_id_rollouts.promoted_at, excluded.promoted_at)
+                 RETURNING drain_intent, drained_at, promoted_at",
+                &[&namespace, &queue, &key, &now],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(BuildIdRollout {
+            build_id,
+            drain_intent: row.get(0),
+            drained_at: row.get(1),
+            updated_at: now,
+            promoted_at: row.get(2),
         })
     }
 

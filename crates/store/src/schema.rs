@@ -311,6 +311,13 @@ CREATE TABLE bridge_deliveries (
 ALTER TABLE tasks ADD COLUMN compatibility TEXT;
 "#,
     ),
+    (
+        14,
+        r#"
+-- The cohort promoted for new starts on a queue (at most one row has it).
+ALTER TABLE build_id_rollouts ADD COLUMN promoted_at INTEGER;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

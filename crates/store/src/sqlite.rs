@@ -1652,7 +1652,7 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT build_id, drain_intent, drained_at, updated_at FROM build_id_rollouts
+                    "SELECT build_id, drain_intent, drained_at, updated_at, promoted_at FROM build_id_rollouts
                      WHERE namespace = ?1 AND task_queue = ?2 ORDER BY build_id",
                 )?
                 .query_map(params![namespace, queue], |r| {
@@ -1662,6 +1662,7 @@ impl Store for SqliteStore {
                         drain_intent: r.get(1)?,
                         drained_at: r.get(2)?,
                         updated_at: r.get(3)?,
+                        promoted_at: r.get(4)?,
                     })
                 })?
                 .collect::<Result<_, _>>()?)
@@ -1691,15 +1692,42 @@ impl Store for SqliteStore {
                                          THEN COALESCE(build_id_rollouts.drained_at, excluded.drained_at) ELSE NULL END",
                 )?
                 .execute(params![namespace, queue, key, intent, draining.then_some(now), now])?;
-                let drained_at: Option<i64> = conn
-                    .prepare_cached("SELECT drained_at FROM build_id_rollouts WHERE namespace = ?1 AND task_queue = ?2 AND build_id = ?3")?
-                    .query_row(params![namespace, queue, key], |r| r.get(0))?;
+                let (drained_at, promoted_at): (Option<i64>, Option<i64>) = conn
+                    .prepare_cached(
+                        "SELECT drained_at, promoted_at FROM build_id_rollouts WHERE namespace = ?1 AND task_queue = ?2 AND build_id = ?3",
+                    )?
+                    .query_row(params![namespace, queue, key], |r| Ok((r.get(0)?, r.get(1)?)))?;
                 Ok(BuildIdRollout {
                     build_id,
                     drain_intent: intent.into(),
                     drained_at,
                     updated_at: now,
+                    promoted_at,
                 })
+            })
+            .await
+    }
+
+    async fn promote_build_id(&self, namespace: &str, queue: &str, build_id: Option<String>, now: Millis) -> StoreResult<BuildIdRollout> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.writer
+            .write(move |conn| {
+                let key = build_id.clone().unwrap_or_default();
+                conn.prepare_cached("UPDATE build_id_rollouts SET promoted_at = NULL WHERE namespace = ?1 AND task_queue = ?2 AND build_id <> ?3")?
+                    .execute(params![namespace, queue, key])?;
+                conn.prepare_cached(
+                    "INSERT INTO build_id_rollouts (namespace, task_queue, build_id, drain_intent, drained_at, updated_at, promoted_at)
+                     VALUES (?1, ?2, ?3, 'active', NULL, ?4, ?4)
+                     ON CONFLICT (namespace, task_queue, build_id) DO UPDATE SET updated_at = excluded.updated_at,
+                       promoted_at = COALESCE(build_id_rollouts.promoted_at, excluded.promoted_at)",
+                )?
+                .execute(params![namespace, queue, key, now])?;
+                let (intent, drained_at, promoted_at): (String, Option<i64>, Option<i64>) = conn
+                    .prepare_cached(
+                        "SELECT drain_intent, drained_at, promoted_at FROM build_id_rollouts WHERE namespace = ?1 AND task_queue = ?2 AND build_id = ?3",
+                    )?
+                    .query_row(params![namespace, queue, key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                Ok(BuildIdRollout { build_id, drain_intent: intent, drained_at, updated_at: now, promoted_at })
             })
             .await
     }

@@ -178,7 +178,16 @@ pub async fn start<S: Store>(
     let contract = crate::contracts::registered(&state.store, &namespace, &start.task_queue, &start.workflow_type)
         .await
         .map_err(|e| in_operation(e.into(), "start", &workflow_id))?;
-    let start = StartRun { contract, ..start };
+    // A start that names no build runs on the queue's promoted build, if one was promoted.
+    let compatibility = match start.compatibility.clone() {
+        Some(build) => Some(build),
+        None => super::fleet::promoted_build(&state, &namespace, &start.task_queue).await?,
+    };
+    let start = StartRun {
+        contract,
+        compatibility,
+        ..start
+    };
     let (outcome, run) = state
         .store
         .start_workflow(start, policy, now_ms())

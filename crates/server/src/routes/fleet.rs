@@ -326,7 +326,8 @@ pub async fn build_ids<S: Store>(
                 "sdk_versions": sdk_versions,
                 "first_seen_at": render::opt_time(members.iter().map(|w| w.registered_at).min()),
                 "last_heartbeat_at": render::opt_time(members.iter().map(|w| w.last_heartbeat_at).max()),
-                "new_start_selected": false,
+                "new_start_selected": rollout.is_some_and(|r| r.promoted_at.is_some()),
+                "promoted_at": render::opt_time(rollout.and_then(|r| r.promoted_at)),
                 "workflow_definition_fingerprint_count": fingerprints.len(),
             })
         })
@@ -345,30 +346,14 @@ async fn set_drain<S: Store>(
     draining: bool,
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
-    let build_id = match body.get("build_id") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(id)) if !id.is_empty() && id.len() <= 255 => Some(id.clone()),
-        Some(_) => {
-            return Err(ApiError::validation(
-                "build_id",
-                "build_id must be a string of 1 to 255 characters, or null.",
-            ))
-        }
-    };
+    let build_id = build_id_of(&body)?;
     let rollout = state
         .store
         .set_build_id_drain(&namespace, &queue, build_id, draining, now_ms())
         .await?;
     state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
     tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, intent = rollout.drain_intent, "build-id rollout changed");
-    Ok(Json(json!({
-        "namespace": namespace,
-        "task_queue": queue,
-        "build_id": rollout.build_id,
-        "drain_intent": rollout.drain_intent,
-        "drained_at": render::opt_time(rollout.drained_at),
-        "new_start_selected": false,
-    })))
+    Ok(Json(rollout_state(&namespace, &queue, &rollout)))
 }
 
 /// Marks a cohort draining: its workers finish what they hold and get no new tasks.
@@ -390,4 +375,53 @@ pub async fn resume_build_id<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     set_drain(state, namespace, headers, queue, body, false).await
+}
+
+/// Promotes a cohort: new starts on the queue that name no build are pinned to it.
+pub async fn promote_build_id<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+    let build_id = build_id_of(&body)?;
+    let rollout = state.store.promote_build_id(&namespace, &queue, build_id, now_ms()).await?;
+    state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
+    tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, "build id promoted for new starts");
+    Ok(Json(rollout_state(&namespace, &queue, &rollout)))
+}
+
+fn build_id_of(body: &Map<String, Value>) -> ApiResult<Option<String>> {
+    match body.get("build_id") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 255 => Ok(Some(id.clone())),
+        Some(_) => Err(ApiError::validation(
+            "build_id",
+            "build_id must be a string of 1 to 255 characters, or null.",
+        )),
+    }
+}
+
+fn rollout_state(namespace: &str, queue: &str, rollout: &BuildIdRollout) -> Value {
+    json!({
+        "namespace": namespace,
+        "task_queue": queue,
+        "build_id": rollout.build_id,
+        "drain_intent": rollout.drain_intent,
+        "drained_at": render::opt_time(rollout.drained_at),
+        "promoted_at": render::opt_time(rollout.promoted_at),
+        "new_start_selected": rollout.promoted_at.is_some(),
+    })
+}
+
+/// The build new starts on `queue` are pinned to when they name none (the promoted cohort).
+pub(crate) async fn promoted_build<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) -> ApiResult<Option<String>> {
+    Ok(rollouts(state, namespace, queue)
+        .await?
+        .into_iter()
+        .filter(|r| r.promoted_at.is_some())
+        .max_by_key(|r| r.promoted_at)
+        .and_then(|r| r.build_id))
 }

@@ -139,6 +139,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/task-queues/:task_queue/build-ids", get(fleet::build_ids::<S>))
         .route("/task-queues/:task_queue/build-ids/drain", post(fleet::drain_build_id::<S>))
         .route("/task-queues/:task_queue/build-ids/resume", post(fleet::resume_build_id::<S>))
+        .route("/task-queues/:task_queue/build-ids/promote", post(fleet::promote_build_id::<S>))
         .route("/schedules", get(schedules::list::<S>).post(schedules::create::<S>))
         .route(
             "/schedules/:schedule_id",

@@ -1,0 +1,623 @@
+//! Everyday operator commands over HTTP, mirroring `dw`: workflows, workers, task queues,
+//! schedules and the server itself. Arguments and results are JSON for people; the CLI turns
+//! them into (and out of) the Avro envelopes the wire carries.
+
+use crate::cli::{finish, parse_json, print, Client, Connection, Output};
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum WorkflowCommand {
+    /// Start a workflow.
+    Start {
+        workflow_type: String,
+        #[arg(long)]
+        task_queue: String,
+        #[arg(long)]
+        workflow_id: Option<String>,
+        /// Arguments as a JSON list (or one JSON value: the single argument).
+        #[arg(long)]
+        input: Option<String>,
+        #[arg(long)]
+        business_key: Option<String>,
+        /// Pin the run to a worker build.
+        #[arg(long)]
+        build_id: Option<String>,
+        #[arg(long)]
+        execution_timeout_seconds: Option<i64>,
+    },
+    /// List workflows (newest first).
+    List {
+        /// running, completed or failed.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long = "type")]
+        workflow_type: Option<String>,
+        /// A visibility query (`Amount > 10 AND Tier = "gold"`) or free text.
+        #[arg(long)]
+        query: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        page_size: usize,
+    },
+    /// Describe a workflow's current run.
+    Describe { workflow_id: String },
+    /// Print a run's history; `--follow` waits for new events until the run closes.
+    History {
+        workflow_id: String,
+        #[arg(long)]
+        run_id: Option<String>,
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Send a signal.
+    Signal {
+        workflow_id: String,
+        name: String,
+        #[arg(long)]
+        input: Option<String>,
+    },
+    /// Ask a query (a worker answers).
+    Query {
+        workflow_id: String,
+        name: String,
+        #[arg(long)]
+        input: Option<String>,
+    },
+    /// Send an update and wait for its result.
+    Update {
+        workflow_id: String,
+        name: String,
+        #[arg(long)]
+        input: Option<String>,
+        /// accepted or completed.
+        #[arg(long, default_value = "completed")]
+        wait_for: String,
+    },
+    Cancel {
+        workflow_id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    Terminate {
+        workflow_id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum WorkerCommand {
+    /// Registered workers (with stale and draining status).
+    List {
+        #[arg(long)]
+        task_queue: Option<String>,
+    },
+    Describe {
+        worker_id: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TaskQueueCommand {
+    /// Task queues with backlog and pollers.
+    List,
+    /// One queue: counts, pollers, current leases, diagnostics.
+    Describe { task_queue: String },
+}
+
+#[derive(Subcommand)]
+pub enum ScheduleCommand {
+    /// Create a schedule (give --cron and/or --every).
+    Create {
+        schedule_id: String,
+        #[arg(long = "type")]
+        workflow_type: String,
+        #[arg(long)]
+        task_queue: String,
+        /// Cron expression (repeatable), e.g. "0 3 * * *" or "@hourly".
+        #[arg(long)]
+        cron: Vec<String>,
+        /// Interval (repeatable), e.g. PT30S, PT1H, 1d.
+        #[arg(long)]
+        every: Vec<String>,
+        #[arg(long)]
+        timezone: Option<String>,
+        #[arg(long)]
+        input: Option<String>,
+        /// skip, buffer_one, buffer_all, cancel_other, terminate_other or allow_all.
+        #[arg(long)]
+        overlap_policy: Option<String>,
+        #[arg(long)]
+        paused: bool,
+    },
+    List,
+    Describe {
+        schedule_id: String,
+    },
+    Pause {
+        schedule_id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    Resume {
+        schedule_id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Fire now.
+    Trigger {
+        schedule_id: String,
+    },
+    Delete {
+        schedule_id: String,
+    },
+    /// The schedule's audit history.
+    History {
+        schedule_id: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ServerCommand {
+    /// Liveness and the database check.
+    Health,
+    /// The cluster-info document (versions, capabilities, limits).
+    Info,
+}
+
+/// JSON from the command line as the arguments envelope: a list is the argument list, anything
+/// else the single argument.
+fn arguments(input: Option<&str>) -> Result<Value, String> {
+    let list = match input {
+        None => Vec::new(),
+        Some(text) => match parse_json("input", text)? {
+            Value::Array(items) => items,
+            other => vec![other],
+        },
+    };
+    Ok(capstan_server::arguments_envelope(&list))
+}
+
+/// Replaces every `{"codec", "blob"}` envelope in `value` with its decoded JSON, for people. The
+/// server leaves wire fields such as `input` or `result` null and carries the payload beside them
+/// as `input_envelope`; the decoded value is copied under the plain name.
+fn decoded(mut value: Value) -> Value {
+    fn walk(value: &mut Value) {
+        match value {
+            Value::Object(map) if map.contains_key("blob") && map.contains_key("codec") => {
+                if let Some(json) = capstan_server::decode_envelope(value) {
+                    *value = json;
+                }
+            }
+            Value::Object(map) => {
+                map.values_mut().for_each(walk);
+                let pairs: Vec<(String, Value)> = map
+                    .iter()
+                    .filter_map(|(key, decoded)| Some((key.strip_suffix("_envelope")?.to_string(), decoded.clone())))
+                    .collect();
+                for (plain, decoded) in pairs {
+                    if map.get(&plain).is_none_or(Value::is_null) {
+                        map.insert(plain, decoded);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut value);
+    value
+}
+
+fn encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+fn run(body: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
+    finish(runtime.block_on(body))
+}
+
+pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
+    let output = connection.output;
+    let client = Client::new(connection);
+    let columns = ["workflow_id", "run_id", "workflow_type", "status", "task_queue", "started_at"];
+    run(async move {
+        match command {
+            WorkflowCommand::Start {
+                workflow_type,
+                task_queue,
+                workflow_id,
+                input,
+                business_key,
+                build_id,
+                execution_timeout_seconds,
+            } => {
+                let mut body = json!({"workflow_type": workflow_type, "task_queue": task_queue, "input": arguments(input.as_deref())?});
+                for (key, value) in [("workflow_id", workflow_id), ("business_key", business_key), ("build_id", build_id)] {
+                    if let Some(value) = value {
+                        body[key] = json!(value);
+                    }
+                }
+                if let Some(seconds) = execution_timeout_seconds {
+                    body["execution_timeout_seconds"] = json!(seconds);
+                }
+                let started = client.call(Method::POST, "/workflows", Some(body)).await?;
+                print(output, &started, &["workflow_id", "run_id", "workflow_type", "outcome"], None);
+            }
+            WorkflowCommand::List {
+                status,
+                workflow_type,
+                query,
+                page_size,
+            } => {
+                let mut params = vec![format!("page_size={page_size}")];
+                for (key, value) in [("status", status), ("workflow_type", workflow_type), ("query", query)] {
+                    if let Some(value) = value {
+                        params.push(format!("{key}={}", encode(&value)));
+                    }
+                }
+                let listed = client.call(Method::GET, &format!("/workflows?{}", params.join("&")), None).await?;
+                print(output, &listed, &columns, Some("workflows"));
+            }
+            WorkflowCommand::Describe { workflow_id } => {
+                let described = decoded(
+                    client
+                        .call(Method::GET, &format!("/workflows/{}", encode(&workflow_id)), None)
+                        .await?,
+                );
+                match output {
+                    Output::Json => print(output, &described, &columns, None),
+                    Output::Table => {
+                        print(output, &described, &columns, None);
+                        for key in ["input", "output", "closed_reason", "compatibility", "blocked_by"] {
+                            if !described[key].is_null() {
+                                println!("{key}: {}", described[key]);
+                            }
+                        }
+                    }
+                }
+            }
+            WorkflowCommand::History {
+                workflow_id,
+                run_id,
+                follow,
+            } => {
+                let run_id = match run_id {
+                    Some(run_id) => run_id,
+                    None => client
+                        .call(Method::GET, &format!("/workflows/{}", encode(&workflow_id)), None)
+                        .await?["run_id"]
+                        .as_str()
+                        .ok_or("the workflow has no run")?
+                        .to_string(),
+                };
+                let mut token: Option<String> = None;
+                loop {
+                    let mut path = format!(
+                        "/workflows/{}/runs/{}/history?page_size=1000",
+                        encode(&workflow_id),
+                        encode(&run_id)
+                    );
+                    if let Some(token) = &token {
+                        path.push_str(&format!("&next_page_token={}", encode(token)));
+                    }
+                    if follow {
+                        path.push_str("&wait_new_event=true");
+                    }
+                    let page = client.call(Method::GET, &path, None).await?;
+                    for event in page["events"].as_array().into_iter().flatten() {
+                        match output {
+                            Output::Json => println!("{}", decoded(event.clone())),
+                            Output::Table => println!(
+                                "{:>5}  {}  {}",
+                                event["sequence"],
+                                event["timestamp"].as_str().or(event["recorded_at"].as_str()).unwrap_or("-"),
+                                event["event_type"].as_str().unwrap_or("?")
+                            ),
+                        }
+                    }
+                    let closed = page["events"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|e| matches!(e["event_type"].as_str(), Some(t) if t.starts_with("Workflow") && t != "WorkflowStarted"));
+                    match page["next_page_token"].as_str() {
+                        Some(next) => token = Some(next.to_string()),
+                        None if follow && !closed => {}
+                        None => break,
+                    }
+                }
+            }
+            WorkflowCommand::Signal { workflow_id, name, input } => {
+                let body = json!({"input": arguments(input.as_deref())?});
+                let sent = client
+                    .call(
+                        Method::POST,
+                        &format!("/workflows/{}/signal/{}", encode(&workflow_id), encode(&name)),
+                        Some(body),
+                    )
+                    .await?;
+                print(output, &sent, &["workflow_id", "outcome", "command_id"], None);
+            }
+            WorkflowCommand::Query { workflow_id, name, input } => {
+                let body = json!({"input": arguments(input.as_deref())?});
+                let answer = decoded(
+                    client
+                        .call(
+                            Method::POST,
+                            &format!("/workflows/{}/query/{}", encode(&workflow_id), encode(&name)),
+                            Some(body),
+                        )
+                        .await?,
+                );
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&answer).expect("JSON prints")),
+                    Output::Table => println!("{}", answer["result"]),
+                }
+            }
+            WorkflowCommand::Update {
+                workflow_id,
+                name,
+                input,
+                wait_for,
+            } => {
+                let body = json!({"input": arguments(input.as_deref())?, "wait_for": wait_for});
+                let answer = decoded(
+                    client
+                        .call(
+                            Method::POST,
+                            &format!("/workflows/{}/update/{}", encode(&workflow_id), encode(&name)),
+                            Some(body),
+                        )
+                        .await?,
+                );
+                print(output, &answer, &["update_id", "update_status", "outcome", "result"], None);
+            }
+            WorkflowCommand::Cancel { workflow_id, reason } => {
+                let closed = client
+                    .call(
+                        Method::POST,
+                        &format!("/workflows/{}/cancel", encode(&workflow_id)),
+                        Some(json!({"reason": reason})),
+                    )
+                    .await?;
+                print(output, &closed, &["workflow_id", "run_id", "outcome"], None);
+            }
+            WorkflowCommand::Terminate { workflow_id, reason } => {
+                let closed = client
+                    .call(
+                        Method::POST,
+                        &format!("/workflows/{}/terminate", encode(&workflow_id)),
+                        Some(json!({"reason": reason})),
+                    )
+                    .await?;
+                print(output, &closed, &["workflow_id", "run_id", "outcome"], None);
+            }
+        }
+        Ok(())
+    })
+}
+
+pub fn worker(connection: Connection, command: WorkerCommand) -> ExitCode {
+    let output = connection.output;
+    let client = Client::new(connection);
+    let columns = ["worker_id", "task_queue", "build_id", "runtime", "status", "last_heartbeat_at"];
+    run(async move {
+        match command {
+            WorkerCommand::List { task_queue } => {
+                let path = match task_queue {
+                    Some(queue) => format!("/workers?task_queue={}", encode(&queue)),
+                    None => "/workers".into(),
+                };
+                print(output, &client.call(Method::GET, &path, None).await?, &columns, Some("workers"));
+            }
+            WorkerCommand::Describe { worker_id } => {
+                print(
+                    output,
+                    &client.call(Method::GET, &format!("/workers/{}", encode(&worker_id)), None).await?,
+                    &columns,
+                    None,
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+pub fn task_queue(connection: Connection, command: TaskQueueCommand) -> ExitCode {
+    let output = connection.output;
+    let client = Client::new(connection);
+    run(async move {
+        let flatten = |queue: &Value| {
+            json!({
+                "name": queue["name"],
+                "backlog": queue["stats"]["backlog"],
+                "pollers": queue["stats"]["poller_count"],
+                "workflow_ready": queue["stats"]["workflow_tasks"]["ready_count"],
+                "activity_ready": queue["stats"]["activity_tasks"]["ready_count"],
+                "diagnostics": queue["diagnostics"].as_array().map(|d| d.iter().filter_map(|x| x["reason"].as_str()).collect::<Vec<_>>().join(",")),
+            })
+        };
+        let columns = ["name", "backlog", "pollers", "workflow_ready", "activity_ready", "diagnostics"];
+        match command {
+            TaskQueueCommand::List => {
+                let listed = client.call(Method::GET, "/task-queues", None).await?;
+                match output {
+                    Output::Json => print(output, &listed, &columns, None),
+                    Output::Table => {
+                        let rows: Vec<Value> = listed["task_queues"].as_array().into_iter().flatten().map(flatten).collect();
+                        print(output, &json!({"rows": rows}), &columns, Some("rows"));
+                    }
+                }
+            }
+            TaskQueueCommand::Describe { task_queue } => {
+                let described = client
+                    .call(Method::GET, &format!("/task-queues/{}", encode(&task_queue)), None)
+                    .await?;
+                match output {
+                    Output::Json => print(output, &described, &columns, None),
+                    Output::Table => {
+                        print(output, &flatten(&described), &columns, None);
+                        for diagnostic in described["diagnostics"].as_array().into_iter().flatten() {
+                            println!("! {}", diagnostic["message"].as_str().unwrap_or(""));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+pub fn schedule(connection: Connection, command: ScheduleCommand) -> ExitCode {
+    let output = connection.output;
+    let client = Client::new(connection);
+    let columns = [
+        "schedule_id",
+        "status",
+        "workflow_type",
+        "overlap_policy",
+        "next_fire_at",
+        "fires_count",
+    ];
+    run(async move {
+        match command {
+            ScheduleCommand::Create {
+                schedule_id,
+                workflow_type,
+                task_queue,
+                cron,
+                every,
+                timezone,
+                input,
+                overlap_policy,
+                paused,
+            } => {
+                let mut spec = json!({});
+                if !cron.is_empty() {
+                    spec["cron_expressions"] = json!(cron);
+                }
+                if !every.is_empty() {
+                    spec["intervals"] = json!(every.iter().map(|e| json!({"every": e})).collect::<Vec<_>>());
+                }
+                if let Some(zone) = timezone {
+                    spec["timezone"] = json!(zone);
+                }
+                let mut body = json!({
+                    "schedule_id": schedule_id, "spec": spec, "paused": paused,
+                    "action": {"workflow_type": workflow_type, "task_queue": task_queue, "input": arguments(input.as_deref())?},
+                });
+                if let Some(policy) = overlap_policy {
+                    body["overlap_policy"] = json!(policy);
+                }
+                print(
+                    output,
+                    &client.call(Method::POST, "/schedules", Some(body)).await?,
+                    &["schedule_id", "outcome"],
+                    None,
+                );
+            }
+            ScheduleCommand::List => print(
+                output,
+                &client.call(Method::GET, "/schedules", None).await?,
+                &columns,
+                Some("schedules"),
+            ),
+            ScheduleCommand::Describe { schedule_id } => print(
+                output,
+                &client
+                    .call(Method::GET, &format!("/schedules/{}", encode(&schedule_id)), None)
+                    .await?,
+                &columns,
+                None,
+            ),
+            ScheduleCommand::Pause { schedule_id, note } => {
+                let path = format!("/schedules/{}/pause", encode(&schedule_id));
+                print(
+                    output,
+                    &client.call(Method::POST, &path, Some(json!({"note": note}))).await?,
+                    &["schedule_id", "outcome"],
+                    None,
+                );
+            }
+            ScheduleCommand::Resume { schedule_id, note } => {
+                let path = format!("/schedules/{}/resume", encode(&schedule_id));
+                print(
+                    output,
+                    &client.call(Method::POST, &path, Some(json!({"note": note}))).await?,
+                    &["schedule_id", "outcome"],
+                    None,
+                );
+            }
+            ScheduleCommand::Trigger { schedule_id } => {
+                let path = format!("/schedules/{}/trigger", encode(&schedule_id));
+                print(
+                    output,
+                    &client.call(Method::POST, &path, Some(json!({}))).await?,
+                    &["schedule_id", "outcome", "workflow_id", "reason"],
+                    None,
+                );
+            }
+            ScheduleCommand::Delete { schedule_id } => {
+                let path = format!("/schedules/{}", encode(&schedule_id));
+                print(
+                    output,
+                    &client.call(Method::DELETE, &path, None).await?,
+                    &["schedule_id", "outcome"],
+                    None,
+                );
+            }
+            ScheduleCommand::History { schedule_id } => {
+                let path = format!("/schedules/{}/history?limit=500", encode(&schedule_id));
+                print(
+                    output,
+                    &client.call(Method::GET, &path, None).await?,
+                    &["sequence", "event_type", "recorded_at", "workflow_instance_id"],
+                    Some("events"),
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+pub fn server(connection: Connection, command: ServerCommand) -> ExitCode {
+    let output = connection.output;
+    let client = Client::new(connection);
+    run(async move {
+        match command {
+            ServerCommand::Health => {
+                let health = client.call(Method::GET, "/health", None).await?;
+                print(
+                    output,
+                    &json!({"status": health["status"], "database": health["checks"]["database"], "timestamp": health["timestamp"]}),
+                    &["status", "database", "timestamp"],
+                    None,
+                );
+            }
+            ServerCommand::Info => {
+                let info = client.call(Method::GET, "/cluster/info", None).await?;
+                match output {
+                    Output::Json => print(output, &info, &[], None),
+                    Output::Table => print(
+                        output,
+                        &json!({"server_id": info["server_id"], "version": info["version"],
+                                "worker_protocol": info["worker_protocol"]["version"], "control_plane": info["control_plane"]["version"]}),
+                        &["server_id", "version", "worker_protocol", "control_plane"],
+                        None,
+                    ),
+                }
+            }
+        }
+        Ok(())
+    })
+}
