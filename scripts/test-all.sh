@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every Capstan test: engine unit/property tests, the store suite on SQLite and PostgreSQL,
 # HTTP API tests, the Rust SDK interop tests, the Python SDK suite (including the kill -9 crash
-# test) and the multi-node PostgreSQL cluster tests.
+# test, the CLI and the web UI in headless Chromium) and the multi-node PostgreSQL cluster tests.
 # Installs what the tests need first: a Python venv in .venv with the published DW SDK, and a
-# private PostgreSQL (Debian's packages) started by scripts/postgres.sh.
+# private PostgreSQL (Debian's packages) started by scripts/postgres.sh, and Debian's Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+
+# The web UI tests drive Debian's Chromium headless.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing Chromium from Debian's packages…" >&2
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+fi
 
 CAPSTAN_TEST_POSTGRES_URL=$(./scripts/postgres.sh)
 export CAPSTAN_TEST_POSTGRES_URL

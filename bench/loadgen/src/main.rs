@@ -412,23 +412,47 @@ async fn main() {
             start.await.expect("start");
         }
         let elapsed = begin.elapsed().as_secs_f64();
-        // Listing at this size: the first page, a status filter, and a search-attribute filter.
+        // Listing at this size: the first page, a status filter, a search-attribute filter, the
+        // bucket counts, and a page halfway down, reached by an offset token (what paging cost
+        // before keyset tokens; the server still accepts them) and by the keyset token the
+        // server hands out there.
+        use base64::Engine;
+        let halfway = base64::engine::general_purpose::STANDARD.encode((args.workflows / 2).to_string());
+        let (status, body) = api
+            .control(
+                reqwest::Method::GET,
+                &format!("/workflows?page_size=50&next_page_token={halfway}"),
+                None,
+            )
+            .await
+            .expect("list");
+        assert_eq!(status, 200, "list failed: {body}");
+        let keyset = body["next_page_token"].as_str().unwrap_or_default().to_string();
         let mut listing = serde_json::Map::new();
-        for (name, query) in [
-            ("first_page", ""),
-            ("status_running", "&status=running"),
-            ("attribute_filter", "&query=Bucket%20%3D%20%2242%22"),
+        for (name, path) in [
+            ("first_page", "/workflows?page_size=50".to_string()),
+            ("status_running", "/workflows?page_size=50&status=running".to_string()),
+            (
+                "attribute_filter",
+                "/workflows?page_size=50&query=Bucket%20%3D%20%2242%22".to_string(),
+            ),
+            ("counts", "/workflow-counts".to_string()),
+            (
+                "halfway_offset_token",
+                format!("/workflows?page_size=50&next_page_token={}", urlencode(&halfway)),
+            ),
+            (
+                "halfway_keyset_token",
+                format!("/workflows?page_size=50&next_page_token={}", urlencode(&keyset)),
+            ),
         ] {
             let mut times = Vec::new();
             for _ in 0..20 {
                 let start = Instant::now();
-                let (status, body) = api
-                    .control(reqwest::Method::GET, &format!("/workflows?page_size=50{query}"), None)
-                    .await
-                    .expect("list");
+                let (status, body) = api.control(reqwest::Method::GET, &path, None).await.expect("list");
                 assert_eq!(status, 200, "list failed: {body}");
                 assert!(
-                    !body["workflows"].as_array().map(Vec::is_empty).unwrap_or(true),
+                    name == "counts" || !body["workflows"].as_array().map(Vec::is_empty).unwrap_or(true),
                     "{name} listed nothing"
                 );
                 times.push(start.elapsed().as_micros() as u64);
@@ -561,4 +585,15 @@ async fn main() {
     if problems > 0 || completed as usize != args.workflows {
         std::process::exit(1);
     }
+}
+
+/// Percent-encodes a query value (page tokens are base64: `+`, `/` and `=` need it).
+fn urlencode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }

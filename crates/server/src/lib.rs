@@ -18,6 +18,7 @@ pub mod integrity;
 mod render;
 mod routes;
 mod scheduler;
+mod ui;
 mod wire;
 
 use axum::Router;

@@ -140,12 +140,83 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
             "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": closed && !run.archived,
         },
     });
+    body["pending_activities"] = json!(pending_activities(run));
+    body["pending_timers"] = json!(run
+        .timers
+        .values()
+        .map(|timer| json!({
+            "timer_id": timer.id,
+            "sequence": timer.step,
+            "delay_seconds": timer.delay_seconds,
+            "fire_at": time(timer.fire_at),
+            "purpose": match timer.purpose {
+                TimerPurpose::User => "timer",
+                TimerPurpose::ConditionTimeout(_) => "condition_timeout",
+                TimerPurpose::SignalTimeout(_) => "signal_timeout",
+            },
+        }))
+        .collect::<Vec<_>>());
+    body["open_children"] = json!(run
+        .children
+        .iter()
+        .map(|(step, child)| json!({
+            "sequence": step,
+            "workflow_id": child.workflow_id,
+            "run_id": child.run_id,
+            "workflow_type": child.workflow_type,
+            "parent_close_policy": child.parent_close_policy,
+        }))
+        .collect::<Vec<_>>());
     body["blocked_by"] = blocked_by(run);
     body["integrity_incident"] = json!(run.integrity_incident);
     body["ledger"] = json!(run_entries(run));
     let declared = run.contract.as_ref().map(CommandContract::declared_fields).unwrap_or_default();
     body.as_object_mut().expect("an object").extend(declared);
     body
+}
+
+/// Open activity executions with their current attempt's task: what an operator looks at when a
+/// run seems stuck (who holds the lease, when it last heartbeated, what blocks it).
+fn pending_activities(run: &RunState) -> Vec<Value> {
+    run.activities
+        .values()
+        .map(|execution| {
+            let task = run.tasks.get(&execution.task_id);
+            let (started_at, last_heartbeat_at) = match task.map(|t| &t.detail) {
+                Some(TaskDetail::Activity {
+                    started_at,
+                    last_heartbeat_at,
+                    ..
+                }) => (*started_at, *last_heartbeat_at),
+                _ => (None, None),
+            };
+            let status = match (task, &execution.blocked_by) {
+                (_, Some(_)) => "blocked",
+                (Some(t), None) if t.lease().is_some() => "leased",
+                _ => "ready",
+            };
+            json!({
+                "activity_execution_id": execution.id,
+                "activity_type": execution.activity_type,
+                "sequence": execution.step,
+                "task_queue": execution.queue,
+                "status": status,
+                "attempt_count": execution.attempt_count,
+                "current_attempt_id": execution.attempt_ids.last(),
+                "max_attempts": execution.retry_policy.max_attempts,
+                "scheduled_at": time(execution.scheduled_at),
+                "started_at": opt_time(started_at),
+                "last_heartbeat_at": opt_time(last_heartbeat_at),
+                "last_heartbeat_details": execution.last_heartbeat_details,
+                "lease_owner": task.and_then(|t| t.lease()).map(|l| l.owner.clone()),
+                "lease_expires_at": opt_time(task.and_then(|t| t.lease()).map(|l| l.expires_at)),
+                "next_attempt_at": task.filter(|t| t.lease().is_none()).map(|t| time(t.available_at)),
+                "fence": task.map(|t| t.fence),
+                "ledger_key": execution.ledger_key,
+                "blocked_by": execution.blocked_by,
+            })
+        })
+        .collect()
 }
 
 pub fn summary(row: &RunSummary) -> Value {

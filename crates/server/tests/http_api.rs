@@ -1512,7 +1512,7 @@ async fn unknown_routes_are_404_and_wrong_methods_405() {
     let h = Harness::start().await;
     send(h.bare(Method::GET, "/api/nope")).await.err(404, "not_found");
     send(h.bare(Method::GET, "/nope")).await.err(404, "not_found");
-    send(h.bare(Method::GET, "/")).await.err(404, "not_found");
+    send(h.bare(Method::POST, "/")).await.err(405, "method_not_allowed"); // `/` is the web UI's page
     send(h.client(Method::GET, "/api/workflows/a/b/c/d/e")).await.err(404, "not_found");
     send(h.worker(Method::POST, "/api/worker/nope").json(&json!({})))
         .await
@@ -1693,6 +1693,64 @@ async fn list_filters_and_pages() {
     assert_eq!(runs["runs"][0]["run_number"], 1);
     assert_eq!(runs["runs"][0]["run_id"], row["run_id"]);
     assert_eq!(runs["runs"][0]["workflow_type"], "test.workflow");
+
+    // Bucket counts under the same filters (the bucket filter itself is ignored).
+    let counts = h.cget("/api/workflow-counts").await.ok(200);
+    assert_eq!(
+        (&counts["running"], &counts["completed"], &counts["failed"], &counts["total"]),
+        (&json!(3), &json!(0), &json!(1), &json!(4))
+    );
+    let counts = h.cget("/api/workflow-counts?query=list-&status=completed").await.ok(200);
+    assert_eq!((&counts["running"], &counts["failed"]), (&json!(2), &json!(1)));
+    h.cget("/api/workflow-counts?query=Nope%20%3D%201")
+        .await
+        .err(422, "unknown_search_attribute");
+    assert_eq!(ids(&h.cget("/api/workflows?task_queue=q&query=list-b").await.ok(200)), ["list-b"]);
+    assert_eq!(ids(&h.cget("/api/workflows?task_queue=nope").await.ok(200)), Vec::<String>::new());
+    // Old offset tokens still page; garbage is a 400.
+    let offset_token = urlencode("Mw==");
+    assert_eq!(
+        ids(&h.cget(&format!("/api/workflows?next_page_token={offset_token}")).await.ok(200)).len(),
+        1
+    );
+    h.cget("/api/workflows?next_page_token=bm9wZTo=")
+        .await
+        .err(400, "invalid_page_token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_reports_the_verified_chain_of_a_run() {
+    let h = Harness::start().await;
+    let started = h.start_workflow("chain-1", "q").await;
+    let run_id = started["run_id"].as_str().unwrap();
+    let report = h.cget(&format!("/api/workflows/chain-1/runs/{run_id}/integrity")).await.ok(200);
+    assert_eq!(report["chain_verified"], true, "{report}");
+    let described = h.cget("/api/workflows/chain-1").await.ok(200);
+    assert_eq!(report["event_count"], described["history_event_count"]);
+    assert_eq!(report["head_hash"], described["history_head_hash"]);
+    assert!(report["broken_at_sequence"].is_null());
+    assert_eq!(report["head_hash"].as_str().unwrap().len(), 64);
+    h.cget("/api/workflows/chain-1/runs/nope/integrity").await.err(404, "run_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_ui_is_served_at_the_root_with_a_strict_policy() {
+    let h = Harness::start().await;
+    for (path, kind, marker) in [
+        ("/", "text/html", "<main"),
+        ("/ui/app.js", "text/javascript", "decodeAvroValue"),
+        ("/ui/app.css", "text/css", "--accent"),
+    ] {
+        let resp = h.http.get(format!("{}{path}", h.base)).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        assert!(header("content-type").starts_with(kind), "{path}");
+        assert!(header("content-security-policy").contains("script-src 'self'"), "{path}");
+        assert_eq!(header("x-content-type-options"), "nosniff");
+        assert!(resp.text().await.unwrap().contains(marker), "{path}");
+    }
+    // The API keeps its JSON 404 beside the page.
+    send(h.bare(Method::GET, "/ui/nope.js")).await.err(404, "not_found");
 }
 
 // ============================================================================================

@@ -463,6 +463,10 @@ pub struct RunSummary {
 #[derive(Clone, Debug, Default)]
 pub struct ListFilter {
     pub workflow_type: Option<String>,
+    pub task_queue: Option<String>,
+    /// Keyset paging: only rows after this one in the listing order (newest first), so a deep
+    /// page costs what the first one does.
+    pub after: Option<ListCursor>,
     /// A status bucket: `running`, `completed` or `failed`.
     pub status_bucket: Option<String>,
     /// Substring of the workflow id or business key.
@@ -474,6 +478,22 @@ pub struct ListFilter {
     pub business_key: Option<String>,
     /// A parsed, type-checked visibility filter (`capstan_engine::visibility`).
     pub filter: Option<capstan_engine::visibility::Filter>,
+}
+
+/// The last row of a listing page: the next page starts after `(started_at, run_id)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListCursor {
+    pub started_at: Millis,
+    pub run_id: String,
+}
+
+/// Current runs matching a filter, per status bucket (the filter's own bucket and cursor are
+/// ignored).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunCounts {
+    pub running: u64,
+    pub completed: u64,
+    pub failed: u64,
 }
 
 /// A task whose deadline has passed, claimed by one node's background clock under a duty fence.
@@ -761,6 +781,9 @@ pub trait Store: Send + Sync + 'static {
         offset: usize,
         limit: usize,
     ) -> impl Future<Output = StoreResult<(Vec<RunSummary>, bool)>> + Send;
+
+    /// How many current runs match `filter`, per status bucket.
+    fn count_runs(&self, namespace: &str, filter: ListFilter) -> impl Future<Output = StoreResult<RunCounts>> + Send;
 
     /// All runs of an instance, oldest first.
     fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> impl Future<Output = StoreResult<Vec<RunSummary>>> + Send;

@@ -1210,6 +1210,54 @@ fn worker_from_row(row: &tokio_postgres::Row) -> WorkerRecord {
     }
 }
 
+/// The WHERE conditions of a listing over `runs r` joined to the current run of each instance
+/// (namespace bound as `$1`, already in `params`). The status bucket is left out for counts.
+fn list_conditions(filter: &ListFilter, with_status: bool, params: &mut Vec<Box<dyn ToSql + Sync + Send>>) -> String {
+    let mut sql = String::from("r.namespace = $1");
+    for (column, value) in [
+        ("workflow_type", &filter.workflow_type),
+        ("task_queue", &filter.task_queue),
+        ("workflow_id", &filter.workflow_id),
+        ("business_key", &filter.business_key),
+    ] {
+        if let Some(value) = value {
+            params.push(Box::new(value.clone()));
+            sql.push_str(&format!(" AND r.{column} = ${}", params.len()));
+        }
+    }
+    if let Some(bucket) = filter.status_bucket.as_deref().filter(|_| with_status) {
+        params.push(Box::new(bucket_statuses(bucket).iter().map(|s| s.to_string()).collect::<Vec<_>>()));
+        sql.push_str(&format!(" AND r.status = ANY(${})", params.len()));
+    }
+    if let Some(query) = &filter.query {
+        params.push(Box::new(like_pattern(query)));
+        let n = params.len();
+        sql.push_str(&format!(" AND (r.workflow_id LIKE ${n} OR r.business_key LIKE ${n})"));
+    }
+    for (key, value) in &filter.attributes {
+        params.push(Box::new(key.clone()));
+        params.push(Box::new(value.clone()));
+        let n = params.len();
+        sql.push_str(&format!(
+            " AND r.run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ${} AND value = ${n})",
+            n - 1
+        ));
+    }
+    if let Some(parsed) = &filter.filter {
+        let base = params.len();
+        let mut bound = Vec::new();
+        let condition = crate::visibility_sql::compile(parsed, "r.", &mut bound, &|i| format!("${}", base + i + 1));
+        sql.push_str(&format!(" AND {condition}"));
+        params.extend(bound.into_iter().map(|p| -> Box<dyn ToSql + Sync + Send> {
+            match p {
+                crate::visibility_sql::SqlParam::Text(t) => Box::new(t),
+                crate::visibility_sql::SqlParam::Number(x) => Box::new(x),
+            }
+        }));
+    }
+    sql
+}
+
 fn summary_from_state(state: &str) -> StoreResult<RunSummary> {
     let run: RunState = serde_json::from_str(state).map_err(corrupt)?;
     Ok(summary_of(&run))
@@ -2045,57 +2093,24 @@ impl Store for PostgresStore {
 
     async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
         let client = self.pool.get().await?;
-        let statuses: Option<Vec<String>> = filter
-            .status_bucket
-            .as_deref()
-            .map(|bucket| bucket_statuses(bucket).iter().map(|s| s.to_string()).collect());
-        let pattern = filter.query.as_deref().map(like_pattern);
-        let (limit_plus_one, offset_param) = ((limit + 1) as i64, offset as i64);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
-            &namespace,
-            &filter.workflow_type,
-            &statuses,
-            &pattern,
-            &filter.workflow_id,
-            &filter.business_key,
-            &limit_plus_one,
-            &offset_param,
-        ];
-        let mut sql = String::from(
-            "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
-             WHERE r.namespace = $1 AND ($2::text IS NULL OR r.workflow_type = $2)
-               AND ($3::text[] IS NULL OR r.status = ANY($3))
-               AND ($4::text IS NULL OR r.workflow_id LIKE $4 OR r.business_key LIKE $4)
-               AND ($5::text IS NULL OR r.workflow_id = $5)
-               AND ($6::text IS NULL OR r.business_key = $6)",
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![Box::new(namespace.to_string())];
+        let mut sql = format!(
+            "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id WHERE {}",
+            list_conditions(&filter, true, &mut params)
         );
-        for (key, value) in &filter.attributes {
-            params.push(key);
-            params.push(value);
+        if let Some(after) = &filter.after {
+            params.push(Box::new(after.started_at));
+            params.push(Box::new(after.run_id.clone()));
             let n = params.len();
-            sql.push_str(&format!(
-                " AND r.run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ${} AND value = ${n})",
-                n - 1
-            ));
+            sql.push_str(&format!(" AND (r.started_at, r.run_id) < (${}, ${n})", n - 1));
         }
-        let mut bound = Vec::new();
-        if let Some(parsed) = &filter.filter {
-            let base = params.len();
-            let condition = crate::visibility_sql::compile(parsed, "r.", &mut bound, &|i| format!("${}", base + i + 1));
-            sql.push_str(&format!(" AND {condition}"));
-        }
-        let owned: Vec<Box<dyn ToSql + Sync + Send>> = bound
-            .into_iter()
-            .map(|p| -> Box<dyn ToSql + Sync + Send> {
-                match p {
-                    crate::visibility_sql::SqlParam::Text(t) => Box::new(t),
-                    crate::visibility_sql::SqlParam::Number(x) => Box::new(x),
-                }
-            })
-            .collect();
-        params.extend(owned.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)));
-        sql.push_str(" ORDER BY r.started_at DESC, r.run_id DESC LIMIT $7 OFFSET $8");
-        let rows = client.query(&sql, &params).await?;
+        sql.push_str(&format!(
+            " ORDER BY r.started_at DESC, r.run_id DESC LIMIT {} OFFSET {}",
+            limit + 1,
+            offset
+        ));
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+        let rows = client.query(&sql, &refs).await?;
         let mut summaries = rows
             .iter()
             .map(|row| summary_from_state(row.get(0)))
@@ -2103,6 +2118,22 @@ impl Store for PostgresStore {
         let more = summaries.len() > limit;
         summaries.truncate(limit);
         Ok((summaries, more))
+    }
+
+    async fn count_runs(&self, namespace: &str, filter: ListFilter) -> StoreResult<RunCounts> {
+        let client = self.pool.get().await?;
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![Box::new(namespace.to_string())];
+        let sql = format!(
+            "SELECT r.status, COUNT(*) FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id WHERE {} GROUP BY r.status",
+            list_conditions(&filter, false, &mut params)
+        );
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+        let mut counts = RunCounts::default();
+        for row in client.query(&sql, &refs).await? {
+            let (status, count): (String, i64) = (row.get(0), row.get(1));
+            count_into(&mut counts, &status, count as u64);
+        }
+        Ok(counts)
     }
 
     async fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<RunSummary>> {

@@ -91,6 +91,15 @@ pub(crate) fn bucket_statuses(bucket: &str) -> &'static [&'static str] {
     }
 }
 
+/// Adds `count` runs of `status` to its bucket.
+pub(crate) fn count_into(counts: &mut RunCounts, status: &str, count: u64) {
+    match status {
+        "pending" | "running" | "waiting" => counts.running += count,
+        "completed" => counts.completed += count,
+        _ => counts.failed += count,
+    }
+}
+
 /// `%query%` with LIKE's wildcards escaped (escape character `\`).
 pub(crate) fn like_pattern(query: &str) -> String {
     format!("%{}%", query.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"))

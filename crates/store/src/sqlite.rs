@@ -438,6 +438,55 @@ fn get_worker(conn: &Connection, namespace: &str, worker_id: &str) -> StoreResul
         .optional()?)
 }
 
+/// The WHERE conditions of a listing (namespace bound as `?1`, already in `values`): current
+/// runs only, then each filter. The status bucket is left out for counts.
+fn list_conditions(filter: &ListFilter, with_status: bool, values: &mut Vec<rusqlite::types::Value>) -> String {
+    let mut sql =
+        String::from("namespace = ?1 AND run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)");
+    for (column, value) in [
+        ("workflow_type", &filter.workflow_type),
+        ("task_queue", &filter.task_queue),
+        ("workflow_id", &filter.workflow_id),
+        ("business_key", &filter.business_key),
+    ] {
+        if let Some(value) = value {
+            values.push(value.clone().into());
+            sql.push_str(&format!(" AND {column} = ?{}", values.len()));
+        }
+    }
+    if let Some(bucket) = filter.status_bucket.as_deref().filter(|_| with_status) {
+        let statuses: Vec<String> = bucket_statuses(bucket).iter().map(|s| format!("'{s}'")).collect();
+        sql.push_str(&format!(" AND status IN ({})", statuses.join(", ")));
+    }
+    if let Some(query) = &filter.query {
+        values.push(like_pattern(query).into());
+        let n = values.len();
+        sql.push_str(&format!(
+            " AND (workflow_id LIKE ?{n} ESCAPE '\\' OR business_key LIKE ?{n} ESCAPE '\\')"
+        ));
+    }
+    for (key, value) in &filter.attributes {
+        values.push(key.clone().into());
+        values.push(value.clone().into());
+        let n = values.len();
+        sql.push_str(&format!(
+            " AND run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ?{} AND value = ?{n})",
+            n - 1
+        ));
+    }
+    if let Some(parsed) = &filter.filter {
+        let base = values.len();
+        let mut bound = Vec::new();
+        let condition = crate::visibility_sql::compile(parsed, "r.", &mut bound, &|i| format!("?{}", base + i + 1));
+        sql.push_str(&format!(" AND {condition}"));
+        values.extend(bound.into_iter().map(|p| match p {
+            crate::visibility_sql::SqlParam::Text(t) => rusqlite::types::Value::Text(t),
+            crate::visibility_sql::SqlParam::Number(x) => rusqlite::types::Value::Real(x),
+        }));
+    }
+    sql
+}
+
 fn summary_from_row(row: &rusqlite::Row) -> rusqlite::Result<RunSummary> {
     let state: String = row.get(0)?;
     let run: RunState =
@@ -1371,51 +1420,46 @@ impl Store for SqliteStore {
     async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
         let namespace = namespace.to_string();
         self.read(move |conn| {
-            let mut sql = String::from("SELECT state FROM runs r WHERE namespace = ?1 AND run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)");
             let mut values: Vec<rusqlite::types::Value> = vec![namespace.into()];
-            if let Some(workflow_type) = filter.workflow_type {
-                values.push(workflow_type.into());
-                sql.push_str(&format!(" AND workflow_type = ?{}", values.len()));
-            }
-            if let Some(bucket) = filter.status_bucket {
-                let statuses: Vec<String> = bucket_statuses(&bucket).iter().map(|s| format!("'{s}'")).collect();
-                sql.push_str(&format!(" AND status IN ({})", statuses.join(", ")));
-            }
-            if let Some(query) = filter.query {
-                values.push(like_pattern(&query).into());
+            let mut sql = format!("SELECT state FROM runs r WHERE {}", list_conditions(&filter, true, &mut values));
+            if let Some(after) = filter.after {
+                values.push(after.started_at.into());
+                values.push(after.run_id.into());
                 let n = values.len();
-                sql.push_str(&format!(" AND (workflow_id LIKE ?{n} ESCAPE '\\' OR business_key LIKE ?{n} ESCAPE '\\')"));
+                sql.push_str(&format!(" AND (started_at, run_id) < (?{}, ?{n})", n - 1));
             }
-            if let Some(workflow_id) = filter.workflow_id {
-                values.push(workflow_id.into());
-                sql.push_str(&format!(" AND workflow_id = ?{}", values.len()));
-            }
-            if let Some(business_key) = filter.business_key {
-                values.push(business_key.into());
-                sql.push_str(&format!(" AND business_key = ?{}", values.len()));
-            }
-            for (key, value) in filter.attributes {
-                values.push(key.into());
-                values.push(value.into());
-                let n = values.len();
-                sql.push_str(&format!(" AND run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ?{} AND value = ?{n})", n - 1));
-            }
-            if let Some(parsed) = &filter.filter {
-                let base = values.len();
-                let mut bound = Vec::new();
-                let condition = crate::visibility_sql::compile(parsed, "r.", &mut bound, &|i| format!("?{}", base + i + 1));
-                sql.push_str(&format!(" AND {condition}"));
-                values.extend(bound.into_iter().map(|p| match p {
-                    crate::visibility_sql::SqlParam::Text(t) => rusqlite::types::Value::Text(t),
-                    crate::visibility_sql::SqlParam::Number(x) => rusqlite::types::Value::Real(x),
-                }));
-            }
-            sql.push_str(&format!(" ORDER BY started_at DESC, run_id DESC LIMIT {} OFFSET {}", limit + 1, offset));
-            let mut rows: Vec<RunSummary> =
-                conn.prepare(&sql)?.query_map(rusqlite::params_from_iter(values), summary_from_row)?.collect::<Result<_, _>>()?;
+            sql.push_str(&format!(
+                " ORDER BY started_at DESC, run_id DESC LIMIT {} OFFSET {}",
+                limit + 1,
+                offset
+            ));
+            let mut rows: Vec<RunSummary> = conn
+                .prepare(&sql)?
+                .query_map(rusqlite::params_from_iter(values), summary_from_row)?
+                .collect::<Result<_, _>>()?;
             let more = rows.len() > limit;
             rows.truncate(limit);
             Ok((rows, more))
+        })
+        .await
+    }
+
+    async fn count_runs(&self, namespace: &str, filter: ListFilter) -> StoreResult<RunCounts> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
+            let mut values: Vec<rusqlite::types::Value> = vec![namespace.into()];
+            let sql = format!(
+                "SELECT status, COUNT(*) FROM runs r WHERE {} GROUP BY status",
+                list_conditions(&filter, false, &mut values)
+            );
+            let mut counts = RunCounts::default();
+            let mut statement = conn.prepare(&sql)?;
+            let mut rows = statement.query(rusqlite::params_from_iter(values))?;
+            while let Some(row) = rows.next()? {
+                let (status, count): (String, i64) = (row.get(0)?, row.get(1)?);
+                count_into(&mut counts, &status, count as u64);
+            }
+            Ok(counts)
         })
         .await
     }

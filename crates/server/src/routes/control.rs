@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_engine::*;
-use capstan_store::{intent_hash, CommandKey, DuplicatePolicy, KeyedReceipt, ListFilter, RunLocator, StartOutcome, Store, StoreError};
+use capstan_store::{
+    intent_hash, CommandKey, DuplicatePolicy, KeyedReceipt, ListCursor, ListFilter, RunLocator, RunSummary, StartOutcome, Store, StoreError,
+};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -296,20 +298,58 @@ pub async fn list<S: Store>(
         Some(s @ ("running" | "completed" | "failed")) => Some(s.to_string()),
         Some(_) => return Err(ApiError::validation("status", "status must be running, completed or failed.")),
     };
-    let offset = match query.get("next_page_token").filter(|t| !t.is_empty()) {
-        None => 0,
-        Some(token) => render::parse_page_token(token)
-            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?
-            as usize,
+    // Page tokens name the last row returned (keyset paging, so a deep page costs what the
+    // first one does); a bare number is an offset, as older tokens were.
+    let (offset, after) = match query.get("next_page_token").filter(|t| !t.is_empty()) {
+        None => (0, None),
+        Some(token) => parse_list_token(token)
+            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?,
     };
+    let mut filter = list_filter(&state, &namespace, &query).await?;
+    filter.status_bucket = status_bucket;
+    filter.after = after;
+    let (rows, more) = state.store.list_runs(&namespace, filter, offset, page_size).await?;
+    let workflows: Vec<Value> = rows.iter().map(render::summary).collect();
+    let next_page_token = match rows.last() {
+        Some(last) if more => Some(list_token(last)),
+        _ => None,
+    };
+    Ok(Json(json!({
+        "workflows": workflows,
+        "workflow_count": workflows.len(),
+        "next_page_token": next_page_token,
+    })))
+}
+
+/// `GET /api/workflow-counts`: current runs per status bucket under the list filters (without
+/// `status`), for the bucket tabs of a listing.
+pub async fn counts<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let filter = list_filter(&state, &namespace, &query).await?;
+    let counts = state.store.count_runs(&namespace, filter).await?;
+    Ok(Json(json!({
+        "namespace": namespace,
+        "running": counts.running,
+        "completed": counts.completed,
+        "failed": counts.failed,
+        "total": counts.running + counts.completed + counts.failed,
+    })))
+}
+
+/// The filters a listing and its counts share: `workflow_type`, `task_queue` and `query` (a
+/// visibility filter, or free text matched against workflow ids and business keys).
+async fn list_filter<S: Store>(state: &Shared<S>, namespace: &str, query: &HashMap<String, String>) -> ApiResult<ListFilter> {
     let mut filter = ListFilter {
         workflow_type: query.get("workflow_type").filter(|s| !s.is_empty()).cloned(),
-        status_bucket,
+        task_queue: query.get("task_queue").filter(|s| !s.is_empty()).cloned(),
         ..ListFilter::default()
     };
     if let Some(text) = query.get("query").filter(|s| !s.trim().is_empty()) {
         if capstan_engine::visibility::looks_like_filter(text) {
-            let schema = state.store.search_attribute_definitions(&namespace).await?;
+            let schema = state.store.search_attribute_definitions(namespace).await?;
             let parsed = capstan_engine::visibility::parse_filter(text, &schema)
                 .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.reason, e.message).with("field", "query"))?;
             filter.filter = Some(parsed);
@@ -318,16 +358,62 @@ pub async fn list<S: Store>(
             filter.query = Some(text.clone());
         }
     }
-    let (rows, more) = state.store.list_runs(&namespace, filter, offset, page_size).await?;
-    let workflows: Vec<Value> = rows.iter().map(render::summary).collect();
-    Ok(Json(json!({
-        "workflows": workflows,
-        "workflow_count": workflows.len(),
-        "next_page_token": more.then(|| render::page_token((offset + page_size) as u64)),
-    })))
+    Ok(filter)
+}
+
+fn list_token(last: &RunSummary) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", last.started_at, last.run_id.as_str()))
+}
+
+fn parse_list_token(token: &str) -> Option<(usize, Option<ListCursor>)> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(token.trim()).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    match text.split_once(':') {
+        Some((started_at, run_id)) if !run_id.is_empty() => Some((
+            0,
+            Some(ListCursor {
+                started_at: started_at.parse().ok()?,
+                run_id: run_id.to_string(),
+            }),
+        )),
+        Some(_) => None,
+        None => Some((text.parse().ok()?, None)),
+    }
 }
 
 const HISTORY_PAGE_MAX: usize = 1000;
+
+/// `GET /api/workflows/{id}/runs/{run}/integrity`: re-walks the run's history hash chain from its
+/// origin and says where it breaks, if it does.
+pub async fn integrity<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((workflow_id, run_id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
+    let run = state.store.load_run(&namespace, locator).await?.ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+            .with("workflow_id", workflow_id.clone())
+            .with("run_id", run_id.clone())
+    })?;
+    let events = state
+        .store
+        .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize)
+        .await?;
+    let broken_at = capstan_engine::history::verify_chain_from(&run.chain_origin, &events).err();
+    Ok(Json(json!({
+        "workflow_id": workflow_id,
+        "run_id": run_id,
+        "event_count": events.len(),
+        "chain_origin": run.chain_origin,
+        "head_hash": run.last_hash,
+        "chain_verified": broken_at.is_none() && events.len() as u64 == run.last_sequence,
+        "broken_at_sequence": broken_at,
+        "integrity_incident": run.integrity_incident,
+    })))
+}
 
 pub async fn history<S: Store>(
     State(state): State<Shared<S>>,

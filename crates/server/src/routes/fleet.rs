@@ -167,7 +167,14 @@ pub async fn list_task_queues<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
 ) -> ApiResult<Json<Value>> {
     let mut queues = Vec::new();
-    for name in state.store.task_queue_names(&namespace).await? {
+    // Server-internal tasks (timers, run deadlines) have no queue: no worker polls them.
+    for name in state
+        .store
+        .task_queue_names(&namespace)
+        .await?
+        .into_iter()
+        .filter(|name| !name.is_empty())
+    {
         queues.push(queue_json(&state, &namespace, &name, false).await?);
     }
     Ok(Json(json!({"namespace": namespace, "task_queues": queues})))

@@ -76,7 +76,9 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id", get(control::describe::<S>))
         .route("/workflows/:workflow_id/runs", get(control::runs::<S>))
         .route("/workflows/:workflow_id/runs/:run_id", get(control::describe_run::<S>))
+        .route("/workflow-counts", get(control::counts::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/history", get(control::history::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/integrity", get(control::integrity::<S>))
         .route(
             "/workflows/:workflow_id/runs/:run_id/history/export",
             get(control::export_history::<S>),
@@ -177,6 +179,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
     Router::new()
         .nest("/api", api)
         .route("/metrics", get(system::metrics::<S>))
+        .merge(crate::ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))

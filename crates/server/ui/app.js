@@ -1,0 +1,759 @@
+// Capstan's operator UI: a dependency-free single page over the same /api the CLI and SDKs use.
+// Every value from the server is put into the page as text (never as HTML).
+
+const CONTROL_PLANE_VERSION = "2";
+const PAGE_SIZE = 50;
+
+const session = {
+  get token() { return sessionStorage.getItem("capstan.token") || ""; },
+  set token(value) { value ? sessionStorage.setItem("capstan.token", value) : sessionStorage.removeItem("capstan.token"); },
+  get namespace() { return localStorage.getItem("capstan.namespace") || "default"; },
+  set namespace(value) { localStorage.setItem("capstan.namespace", value); },
+};
+
+// ---------------------------------------------------------------------------------------------
+// The API
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(body && body.message ? body.message : `The server answered ${status}.`);
+    this.status = status;
+    this.reason = (body && body.reason) || "http_" + status;
+    this.body = body || {};
+  }
+}
+
+async function api(method, path, body) {
+  const headers = {
+    "Accept": "application/json",
+    "X-Durable-Workflow-Control-Plane-Version": CONTROL_PLANE_VERSION,
+    "X-Namespace": session.namespace,
+  };
+  if (session.token) headers["Authorization"] = "Bearer " + session.token;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let response;
+  try {
+    response = await fetch("/api" + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (error) {
+    throw new ApiError(0, { reason: "unreachable", message: "The server cannot be reached." });
+  }
+  const text = await response.text();
+  let parsed = null;
+  try { parsed = text ? JSON.parse(text) : null; } catch (_) { parsed = null; }
+  if (!response.ok) throw new ApiError(response.status, parsed);
+  return parsed;
+}
+
+function query(params) {
+  const pairs = Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== "");
+  return pairs.length ? "?" + pairs.map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("&") : "";
+}
+
+const enc = encodeURIComponent;
+
+// ---------------------------------------------------------------------------------------------
+// DW payloads: base64 of an Avro single-object frame (marker c3 01, 8-byte schema fingerprint)
+// written with the recursive `durable_workflow.protocol.Value` union schema.
+
+function decodeAvroValue(base64) {
+  let bytes;
+  try {
+    bytes = Uint8Array.from(atob(base64.replace(/\s/g, "")), (c) => c.charCodeAt(0));
+  } catch (_) { return undefined; }
+  if (bytes.length < 11 || bytes[0] !== 0xc3 || bytes[1] !== 0x01) return undefined;
+  let at = 10;
+  const view = new DataView(bytes.buffer);
+  const long = () => {
+    let shift = 0n, result = 0n, byte;
+    do {
+      if (at >= bytes.length) throw new Error("truncated");
+      byte = bytes[at++];
+      result |= BigInt(byte & 0x7f) << shift;
+      shift += 7n;
+    } while (byte & 0x80);
+    const value = (result >> 1n) ^ -(result & 1n);
+    return Number.isSafeInteger(Number(value)) ? Number(value) : value.toString();
+  };
+  const take = (n) => {
+    if (n < 0 || at + n > bytes.length) throw new Error("truncated");
+    const slice = bytes.subarray(at, at + n);
+    at += n;
+    return slice;
+  };
+  const string = () => new TextDecoder("utf-8", { fatal: true }).decode(take(long()));
+  const blocks = (item) => {
+    for (;;) {
+      let count = long();
+      if (count === 0) return;
+      if (count < 0) { count = -count; long(); }
+      for (let i = 0; i < count; i++) item();
+    }
+  };
+  const value = () => {
+    switch (long()) {
+      case 0: return null;
+      case 1: return take(1)[0] !== 0;
+      case 2: return long();
+      case 3: { const d = view.getFloat64(bytes.byteOffset + at, true); take(8); return d; }
+      case 4: { const raw = take(long()); return { $type: "bytes", base64: btoa(String.fromCharCode(...raw)) }; }
+      case 5: return string();
+      case 6: { const items = []; blocks(() => items.push(value())); return items; }
+      case 7: {
+        const entries = {};
+        blocks(() => { const key = string(); entries[key] = value(); });
+        return entries;
+      }
+      default: throw new Error("unknown branch");
+    }
+  };
+  try {
+    const decoded = value();
+    return at === bytes.length ? decoded : undefined;
+  } catch (_) {
+    return undefined;
+  }
+}
+
+// The frame header of every payload: the single-object marker and the Value schema's
+// CRC-64-AVRO fingerprint (the same eight bytes the SDKs write).
+const AVRO_HEADER = [0xc3, 0x01, 0xe2, 0xa3, 0x3d, 0xff, 0x55, 0x80, 0x22, 0x37];
+
+/// JSON as a DW payload blob: integers as longs, other numbers as doubles, objects as maps.
+function encodeAvroValue(json) {
+  const out = [...AVRO_HEADER];
+  const long = (n) => {
+    let v = BigInt(n);
+    v = v >= 0n ? v << 1n : (-v << 1n) - 1n;
+    do {
+      let byte = Number(v & 0x7fn);
+      v >>= 7n;
+      if (v > 0n) byte |= 0x80;
+      out.push(byte);
+    } while (v > 0n);
+  };
+  const string = (text) => {
+    const bytes = new TextEncoder().encode(text);
+    long(bytes.length);
+    out.push(...bytes);
+  };
+  const value = (v) => {
+    if (v === null || v === undefined) { long(0); return; }
+    if (typeof v === "boolean") { long(1); out.push(v ? 1 : 0); return; }
+    if (typeof v === "number" && Number.isSafeInteger(v)) { long(2); long(v); return; }
+    if (typeof v === "number") {
+      long(3);
+      const buffer = new DataView(new ArrayBuffer(8));
+      buffer.setFloat64(0, v, true);
+      for (let i = 0; i < 8; i++) out.push(buffer.getUint8(i));
+      return;
+    }
+    if (typeof v === "string") { long(5); string(v); return; }
+    if (Array.isArray(v)) {
+      long(6);
+      if (v.length) { long(v.length); v.forEach(value); }
+      long(0);
+      return;
+    }
+    const entries = Object.entries(v);
+    long(7);
+    if (entries.length) { long(entries.length); for (const [k, inner] of entries) { string(k); value(inner); } }
+    long(0);
+  };
+  value(json);
+  let binary = "";
+  for (const byte of out) binary += String.fromCharCode(byte);
+  return btoa(binary);
+}
+
+/// An argument list as the payload envelope the API takes.
+function argumentsEnvelope(args) {
+  return { codec: "avro", blob: encodeAvroValue(args) };
+}
+
+const AVRO_PREFIX = "ww"; // base64 of the c3 marker byte (the decoder checks the whole frame)
+
+/// A copy of `value` with every DW payload decoded: `{codec, blob}` envelopes and blob strings.
+function decodePayloads(value) {
+  if (Array.isArray(value)) return value.map(decodePayloads);
+  if (value && typeof value === "object") {
+    if (typeof value.blob === "string" && (value.codec === "avro" || value.codec === undefined)) {
+      const decoded = decodeAvroValue(value.blob);
+      if (decoded !== undefined) return decoded;
+    }
+    const out = {};
+    for (const [key, inner] of Object.entries(value)) out[key] = decodePayloads(inner);
+    return out;
+  }
+  if (typeof value === "string" && value.startsWith(AVRO_PREFIX) && value.length >= 16) {
+    const decoded = decodeAvroValue(value);
+    if (decoded !== undefined) return decoded;
+  }
+  return value;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DOM helpers
+
+function h(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "value") node.value = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+const main = () => document.getElementById("main");
+
+function show(...children) {
+  const target = main();
+  target.replaceChildren();
+  append(target, children);
+}
+
+function toast(message, kind) {
+  const box = document.getElementById("toast");
+  const item = h("div", { class: kind === "error" ? "error" : "" }, message);
+  box.append(item);
+  setTimeout(() => item.remove(), 6000);
+}
+
+function badge(text) {
+  return text ? h("span", { class: "badge " + String(text).replace(/[^a-z_]/gi, "") }, text) : "—";
+}
+
+function when(value) {
+  if (!value) return "—";
+  const date = new Date(value);
+  if (Number.isNaN(date.getTime())) return String(value);
+  return h("time", { datetime: value, title: value }, date.toLocaleString());
+}
+
+/// A ledger `unknown_reason` (`{kind, message, …}`) in words.
+function reasonText(reason) {
+  if (!reason) return "—";
+  if (typeof reason !== "object") return String(reason);
+  const kind = String(reason.kind || "unknown").replace(/_/g, " ");
+  return reason.message ? `${kind}: ${reason.message}` : kind;
+}
+
+function json(value) {
+  return h("pre", { class: "json" }, JSON.stringify(value, null, 2));
+}
+
+function facts(pairs) {
+  return h("dl", { class: "facts" }, pairs.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "—")]));
+}
+
+function table(caption, columns, rows, emptyText) {
+  if (!rows.length) return h("div", { class: "empty" }, emptyText || "Nothing here.");
+  return h("div", { class: "table-card" },
+    h("table", {},
+      h("caption", { class: "caption" }, caption),
+      h("thead", {}, h("tr", {}, columns.map((c) => h("th", { scope: "col" }, c[0])))),
+      h("tbody", {}, rows.map((row) => h("tr", {}, columns.map((c) => h("td", { class: c[2] || "" }, c[1](row))))))));
+}
+
+function errorBox(error) {
+  if (error.status === 401) return tokenForm("This server needs an operator token.");
+  if (error.status === 403) return tokenForm("This token may not do that (" + error.reason + ").");
+  return h("div", { class: "error-box", role: "alert" },
+    h("strong", {}, error.reason || "error"), ": ", error.message);
+}
+
+function tokenForm(message) {
+  const input = h("input", { id: "token-input", type: "password", autocomplete: "off", value: session.token });
+  return h("div", { class: "card" },
+    h("h1", {}, "Sign in"),
+    h("p", {}, message),
+    h("form", { class: "stack", onsubmit: (event) => { event.preventDefault(); session.token = input.value.trim(); route(); } },
+      h("label", { for: "token-input" }, "Operator token", input),
+      h("div", {}, h("button", { class: "primary", type: "submit" }, "Use token"))));
+}
+
+async function guarded(work) {
+  try {
+    await work();
+  } catch (error) {
+    if (error instanceof ApiError) show(errorBox(error));
+    else show(h("div", { class: "error-box", role: "alert" }, "The page failed: " + error.message));
+  }
+}
+
+async function act(label, work) {
+  try {
+    const result = await work();
+    toast(label);
+    return result;
+  } catch (error) {
+    toast(`Refused (${error.reason || "error"}): ${error.message}`, "error");
+    return undefined;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chrome: namespace picker, token button, integrity banner
+
+async function loadNamespaces() {
+  const select = document.getElementById("namespace");
+  try {
+    const listed = await api("GET", "/namespaces");
+    const names = (listed.namespaces || []).map((n) => n.name);
+    if (!names.includes(session.namespace)) names.unshift(session.namespace);
+    select.replaceChildren(...names.map((name) => h("option", { value: name }, name)));
+  } catch (_) {
+    select.replaceChildren(h("option", { value: session.namespace }, session.namespace));
+  }
+  select.value = session.namespace;
+}
+
+async function refreshBanner() {
+  const banner = document.getElementById("banner");
+  try {
+    const open = (await api("GET", "/integrity-incidents?state=open")).incidents || [];
+    banner.replaceChildren(...open.map((incident) =>
+      h("div", { class: "incident" },
+        "Integrity incident: the history of ",
+        h("a", { href: `#/workflows/${enc(incident.workflow_id)}/runs/${enc(incident.run_id)}` }, incident.workflow_id),
+        " failed verification and the run is blocked. ", incident.detail || "")));
+  } catch (_) {
+    banner.replaceChildren();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workflows list
+
+async function workflowsPage(params) {
+  const filters = {
+    status: params.get("status") || "",
+    workflow_type: params.get("workflow_type") || "",
+    task_queue: params.get("task_queue") || "",
+    query: params.get("query") || "",
+  };
+  const token = params.get("page") || "";
+  const [listed, counts] = await Promise.all([
+    api("GET", "/workflows" + query({ ...filters, page_size: PAGE_SIZE, next_page_token: token })),
+    api("GET", "/workflow-counts" + query({ workflow_type: filters.workflow_type, task_queue: filters.task_queue, query: filters.query })),
+  ]);
+  const link = (changes) => "#/workflows" + query({ ...filters, ...changes });
+  const input = (name, label, placeholder) =>
+    h("label", { for: "filter-" + name }, label, h("input", { id: "filter-" + name, name, value: filters[name], placeholder }));
+  const form = h("form", { class: "filters", role: "search", onsubmit: (event) => {
+    event.preventDefault();
+    const data = new FormData(event.target);
+    location.hash = link(Object.fromEntries([...data.entries()].map(([k, v]) => [k, String(v).trim()])));
+  } },
+    h("label", { for: "filter-status" }, "Status",
+      h("select", { id: "filter-status", name: "status" },
+        ["", "running", "completed", "failed"].map((s) => h("option", { value: s, selected: s === filters.status }, s || "any")))),
+    input("workflow_type", "Type", "e.g. orders.checkout"),
+    input("task_queue", "Task queue", "e.g. default"),
+    input("query", "Search (id, business key or filter)", "Tier = \"gold\" AND Count > 2"),
+    h("button", { class: "primary", type: "submit" }, "Filter"),
+    h("a", { href: "#/workflows" }, "Clear"));
+  const tabs = h("div", { class: "tabs", role: "navigation", "aria-label": "Status buckets" },
+    [["", "All", counts.total], ["running", "Running", counts.running], ["completed", "Completed", counts.completed], ["failed", "Failed", counts.failed]]
+      .map(([status, label, count]) => h("a", { href: link({ status }), "aria-current": String(status === filters.status) }, `${label} (${count})`)));
+  const rows = listed.workflows || [];
+  const pager = h("div", { class: "pager" },
+    token ? h("a", { href: link({}) }, "First page") : null,
+    listed.next_page_token ? h("a", { href: link({ page: listed.next_page_token }), id: "next-page" }, "Next page") : null,
+    h("span", { class: "muted" }, `${rows.length} shown`));
+  show(
+    h("h1", {}, "Workflows"),
+    form, tabs,
+    table("Current runs, newest first", [
+      ["Workflow ID", (w) => h("a", { href: `#/workflows/${enc(w.workflow_id)}` }, w.workflow_id), "wrap"],
+      ["Type", (w) => w.workflow_type],
+      ["Status", (w) => badge(w.status)],
+      ["Task queue", (w) => h("a", { href: `#/task-queues/${enc(w.task_queue)}` }, w.task_queue)],
+      ["Run", (w) => "#" + w.run_number],
+      ["Started", (w) => when(w.started_at)],
+      ["Closed", (w) => when(w.closed_at)],
+    ], rows, filters.status || filters.workflow_type || filters.task_queue || filters.query
+      ? "No workflow matches these filters."
+      : "No workflows yet. Start one with `capstan workflow start` or an SDK client."),
+    pager);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Run detail
+
+const CLOSING = /^Workflow(Completed|Failed|Cancelled|Terminated|TimedOut|ContinuedAsNew)$/;
+
+async function runPage(workflowId, runId) {
+  const path = `/workflows/${enc(workflowId)}` + (runId ? `/runs/${enc(runId)}` : "");
+  const run = await api("GET", path);
+  const [runs, integrity, history, ledger] = await Promise.all([
+    api("GET", `/workflows/${enc(workflowId)}/runs`),
+    api("GET", `/workflows/${enc(workflowId)}/runs/${enc(run.run_id)}/integrity`).catch((e) => ({ error: e })),
+    loadHistory(workflowId, run.run_id),
+    api("GET", "/ledger" + query({ workflow_id: workflowId })).catch(() => ({ entries: [] })),
+  ]);
+  const can = run.actions || {};
+  const refresh = () => route();
+  const post = (label, suffix, body) => act(label, () => api("POST", `/workflows/${enc(workflowId)}/runs/${enc(run.run_id)}/${suffix}`, body)).then(refresh);
+  const buttons = h("div", { class: "actions" },
+    h("button", { type: "button", id: "action-cancel", disabled: !can.can_cancel,
+      onclick: () => confirm(`Cancel ${workflowId}?`) && post("Cancel requested", "cancel", { reason: "cancelled from the Capstan UI" }) }, "Cancel"),
+    h("button", { type: "button", id: "action-terminate", class: "danger", disabled: !can.can_terminate,
+      onclick: () => confirm(`Terminate ${workflowId}? Workflow code gets no chance to clean up.`) && post("Terminated", "terminate", { reason: "terminated from the Capstan UI" }) }, "Terminate"),
+    h("button", { type: "button", id: "action-repair", disabled: !can.can_repair,
+      onclick: () => act("Repair requested", () => api("POST", `/workflows/${enc(workflowId)}/repair`, {})).then(refresh) }, "Repair"));
+
+  const signalName = h("input", { id: "signal-name", required: true, placeholder: "signal name" });
+  const signalInput = h("textarea", { id: "signal-input", placeholder: "[\"argument\"] (JSON list of arguments)" });
+  const signalForm = h("form", { class: "stack", onsubmit: async (event) => {
+    event.preventDefault();
+    let args = [];
+    try {
+      const text = signalInput.value.trim();
+      args = text ? JSON.parse(text) : [];
+      if (!Array.isArray(args)) args = [args];
+    } catch (_) { toast("The signal input is not JSON.", "error"); return; }
+    await act(`Signal ${signalName.value} sent`, () => api("POST", `/workflows/${enc(workflowId)}/runs/${enc(run.run_id)}/signal/${enc(signalName.value)}`, { input: argumentsEnvelope(args) }));
+    refresh();
+  } },
+    h("label", { for: "signal-name" }, "Signal", signalName),
+    h("label", { for: "signal-input" }, "Arguments (JSON)", signalInput),
+    h("div", {}, h("button", { type: "submit", disabled: !can.can_signal }, "Send signal")));
+
+  const input = decodePayloads(run.input_envelope);
+  const output = run.output_envelope ? decodePayloads(run.output_envelope) : undefined;
+  const chain = integrity.error
+    ? h("span", { class: "muted" }, integrity.error.message)
+    : integrity.chain_verified
+      ? [badge("ok"), ` ${integrity.event_count} events chain to ${String(integrity.head_hash || "").slice(0, 16)}…`]
+      : [badge("bad"), ` broken at event ${integrity.broken_at_sequence ?? "?"}`];
+  const leases = (run.open_tasks || []).filter((t) => t.lease_owner);
+
+  show(
+    h("p", {}, h("a", { href: "#/workflows" }, "← Workflows")),
+    h("div", { class: "title-row" }, h("h1", {}, h("span", { id: "run-title" }, workflowId), badge(run.status)), buttons),
+    run.integrity_incident ? h("div", { class: "error-box", role: "alert" }, "This run is blocked by an integrity incident: its stored history does not verify.") : null,
+    run.blocked_by ? h("div", { class: "diagnostic" }, "Blocked: ", run.blocked_by.reason || "", " ", run.blocked_by.ledger_key ? h("a", { href: `#/ledger/${enc(run.blocked_by.ledger_key)}` }, run.blocked_by.ledger_key) : "") : null,
+    h("div", { class: "grid" },
+      h("section", { class: "card", "aria-labelledby": "summary-h" },
+        h("h2", { id: "summary-h" }, "Summary"),
+        facts([
+          ["Run ID", h("span", { class: "mono" }, run.run_id)],
+          ["Run", `#${run.run_number} of ${run.run_count}${run.is_current_run ? " (current)" : ""}`],
+          ["Type", run.workflow_type],
+          ["Task queue", h("a", { href: `#/task-queues/${enc(run.task_queue)}` }, run.task_queue)],
+          run.business_key ? ["Business key", run.business_key] : null,
+          ["Started", when(run.started_at)],
+          ["Closed", run.closed_at ? [when(run.closed_at), " (", run.closed_reason || "", ")"] : "—"],
+          ["Waiting on", run.wait_kind || "—"],
+          ["Fence high water", String(run.fence_high_water ?? "—")],
+          ["Lease", leases.length ? leases.map((t) => `${t.kind} task held by ${t.lease_owner} until ${t.lease_expires_at} (fence ${t.fence})`).join("; ") : "none held"],
+          run.compatibility ? ["Build", run.compatibility] : null,
+          run.parent_workflow_id ? ["Parent", h("a", { href: `#/workflows/${enc(run.parent_workflow_id)}/runs/${enc(run.parent_run_id)}` }, run.parent_workflow_id)] : null,
+          ["History chain", h("span", { id: "chain-status" }, chain)],
+        ])),
+      h("section", { class: "card", "aria-labelledby": "io-h" },
+        h("h2", { id: "io-h" }, "Input and result"),
+        h("h3", { class: "muted" }, "Input"), h("div", { id: "run-input" }, json(input)),
+        h("h3", { class: "muted" }, run.failure ? "Failure" : "Result"),
+        h("div", { id: "run-output" }, run.failure ? json(run.failure) : output === undefined ? h("p", { class: "muted" }, "No result yet.") : json(output)),
+        Object.keys(run.memo || {}).length ? [h("h3", { class: "muted" }, "Memo"), json(run.memo)] : null,
+        Object.keys(run.search_attributes || {}).length ? [h("h3", { class: "muted" }, "Search attributes"), json(run.search_attributes)] : null)),
+
+    h("h2", {}, "Pending activities"),
+    table("Open activity executions", [
+      ["Activity", (a) => [a.activity_type, h("div", { class: "muted mono" }, a.activity_execution_id)], "wrap"],
+      ["Status", (a) => badge(a.status)],
+      ["Attempts", (a) => `${a.attempt_count}${a.max_attempts ? " / " + a.max_attempts : ""}`],
+      ["Lease", (a) => a.lease_owner ? [a.lease_owner, h("div", { class: "muted" }, "until ", when(a.lease_expires_at))] : a.next_attempt_at ? ["next attempt ", when(a.next_attempt_at)] : "—"],
+      ["Last heartbeat", (a) => a.last_heartbeat_at ? [when(a.last_heartbeat_at), a.last_heartbeat_details == null ? null : json(a.last_heartbeat_details)] : "—"],
+      ["Ledger", (a) => a.blocked_by
+        ? h("a", { href: `#/ledger/${enc(a.blocked_by)}` }, "outcome unknown: resolve")
+        : a.ledger_key ? h("a", { href: `#/ledger/${enc(a.ledger_key)}` }, "dispatch entry") : "—"],
+    ], run.pending_activities || [], "No activity is pending."),
+
+    h("div", { class: "grid" },
+      h("section", {},
+        h("h2", {}, "Timers"),
+        table("Pending timers", [
+          ["Timer", (t) => h("span", { class: "mono" }, t.timer_id), "wrap"],
+          ["Purpose", (t) => t.purpose],
+          ["Fires", (t) => when(t.fire_at)],
+        ], run.pending_timers || [], "No timer is pending.")),
+      h("section", {},
+        h("h2", {}, "Updates"),
+        table("Updates of this run", [
+          ["Update", (u) => [u.name, h("div", { class: "muted mono" }, u.update_id)], "wrap"],
+          ["Status", (u) => badge(u.status)],
+          ["Outcome", (u) => u.failure_message || u.outcome || "—"],
+        ], run.updates || [], "No updates."))),
+
+    h("div", { class: "grid" },
+      h("section", {},
+        h("h2", {}, "Children"),
+        table("Open child workflows", [
+          ["Child", (c) => h("a", { href: `#/workflows/${enc(c.workflow_id)}/runs/${enc(c.run_id)}` }, c.workflow_id), "wrap"],
+          ["Type", (c) => c.workflow_type],
+          ["Parent close", (c) => c.parent_close_policy],
+        ], run.open_children || [], "No open children.")),
+      h("section", {},
+        h("h2", {}, "Runs (continue-as-new chain)"),
+        table("Runs of this workflow", [
+          ["Run", (r) => r.run_id === run.run_id ? h("strong", {}, "#" + r.run_number) : h("a", { href: `#/workflows/${enc(workflowId)}/runs/${enc(r.run_id)}` }, "#" + r.run_number)],
+          ["Status", (r) => badge(r.status)],
+          ["Started", (r) => when(r.started_at)],
+        ], runs.runs || []))),
+
+    (ledger.entries || []).length ? [h("h2", {}, "Recovery ledger"), ledgerTable(ledger.entries)] : null,
+
+    can.can_signal ? h("section", { class: "card" }, h("h2", {}, "Send a signal"), signalForm) : null,
+
+    h("h2", {}, `History (${history.length} events)`),
+    h("ol", { class: "timeline", id: "history" }, history.map((event) => {
+      const type = event.event_type || "";
+      const cls = CLOSING.test(type) ? "closing" : /Failed|TimedOut/.test(type) ? "failure" : "";
+      return h("li", { class: cls },
+        h("details", {},
+          h("summary", {}, h("span", { class: "seq" }, event.sequence), h("strong", {}, type), h("span", { class: "muted" }, when(event.timestamp))),
+          json(decodePayloads(event.payload)),
+          h("div", { class: "muted mono" }, "hash ", event.hash, " ← ", event.prev_hash)));
+    })));
+}
+
+async function loadHistory(workflowId, runId) {
+  const events = [];
+  let token = "";
+  for (let pages = 0; pages < 50; pages++) {
+    const page = await api("GET", `/workflows/${enc(workflowId)}/runs/${enc(runId)}/history` + query({ page_size: 1000, next_page_token: token }));
+    events.push(...(page.events || []));
+    if (!page.next_page_token) break;
+    token = page.next_page_token;
+  }
+  return events;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recovery ledger
+
+function ledgerTable(entries) {
+  return table("Ledger entries", [
+    ["Entry", (e) => h("a", { href: `#/ledger/${enc(e.ledger_key)}` }, e.ledger_key), "wrap"],
+    ["Action", (e) => e.activity_type],
+    ["State", (e) => badge(e.state)],
+    ["Workflow", (e) => h("a", { href: `#/workflows/${enc(e.workflow_id)}` }, e.workflow_id), "wrap"],
+    ["Dispatched", (e) => when(e.dispatched_at)],
+    ["Why unknown", (e) => reasonText(e.unknown_reason)],
+  ], entries, "No entries.");
+}
+
+async function ledgerPage(params) {
+  const state = params.get("state") || "outcome_unknown";
+  const listed = await api("GET", "/ledger" + query({ state }));
+  const entries = listed.entries || [];
+  show(
+    h("h1", {}, "Recovery ledger"),
+    h("p", { class: "muted" }, "Consequential actions whose dispatch left their effect uncertain wait here for an operator: confirm the effect (with its result) or say it is absent (the action is retried)."),
+    h("div", { class: "tabs", role: "navigation", "aria-label": "Ledger states" },
+      ["outcome_unknown", "dispatched", "pending", "verified", "effect_confirmed", "effect_absent"].map((s) =>
+        h("a", { href: "#/ledger" + query({ state: s }), "aria-current": String(s === state) }, s.replace("_", " ")))),
+    state === "outcome_unknown" && !entries.length
+      ? h("div", { class: "empty" }, "No action has an unknown outcome. Nothing needs resolving.")
+      : ledgerTable(entries));
+}
+
+async function ledgerEntryPage(key) {
+  const entry = await api("GET", `/ledger/${enc(key)}`);
+  const decision = h("select", { id: "resolve-decision", name: "decision", required: true },
+    h("option", { value: "" }, "choose…"),
+    h("option", { value: "effect_confirmed" }, "effect confirmed: the action happened"),
+    h("option", { value: "effect_absent" }, "effect absent: the action did not happen (retry it)"));
+  const evidence = h("textarea", { id: "resolve-evidence", name: "evidence", required: true, placeholder: "{\"provider_reference\": \"ch_123\", \"note\": \"checked the provider dashboard\"}" });
+  const result = h("textarea", { id: "resolve-result", name: "result", placeholder: "the action's result as JSON (only with effect confirmed)" });
+  const form = h("form", { class: "stack", id: "resolve-form", onsubmit: async (event) => {
+    event.preventDefault();
+    let body;
+    try {
+      body = { decision: decision.value, evidence: JSON.parse(evidence.value || "null") };
+      if (result.value.trim()) body.result = JSON.parse(result.value);
+    } catch (_) { toast("Evidence and result must be JSON.", "error"); return; }
+    if (!body.evidence || typeof body.evidence !== "object" || Array.isArray(body.evidence)) { toast("Evidence must be a JSON object.", "error"); return; }
+    const done = await act("Entry resolved", () => api("POST", `/ledger/${enc(key)}/resolve`, body));
+    if (done) route();
+  } },
+    h("label", { for: "resolve-decision" }, "Decision", decision),
+    h("label", { for: "resolve-evidence" }, "Evidence (JSON object: what you checked)", evidence),
+    h("label", { for: "resolve-result" }, "Result (JSON, optional)", result),
+    h("div", {}, h("button", { class: "primary", type: "submit" }, "Resolve")));
+  show(
+    h("p", {}, h("a", { href: "#/ledger" }, "← Recovery ledger")),
+    h("h1", {}, h("span", { class: "mono" }, entry.ledger_key), badge(entry.state)),
+    h("div", { class: "grid" },
+      h("section", { class: "card" }, h("h2", {}, "Dispatch"), facts([
+        ["Action", entry.activity_type],
+        ["Workflow", h("a", { href: `#/workflows/${enc(entry.workflow_id)}` }, entry.workflow_id)],
+        ["Run", h("span", { class: "mono" }, entry.run_id)],
+        ["Attempt", `${entry.attempt_number} (${entry.activity_attempt_id})`],
+        ["Fence", String(entry.fence)],
+        ["Mode", entry.recovery_mode],
+        ["Dispatched", when(entry.dispatched_at)],
+        ["Why unknown", reasonText(entry.unknown_reason)],
+        ["Input hash", h("span", { class: "mono" }, entry.input_hash)],
+        ["Idempotency key hash", h("span", { class: "mono" }, entry.idempotency_key_hash || "—")],
+        ["Checkpoint", h("span", { class: "mono" }, entry.checkpoint_hash || "—")],
+        ["Chain", entry.chain_verified === undefined ? "—" : entry.chain_verified ? badge("ok") : badge("bad")],
+      ])),
+      entry.state === "outcome_unknown"
+        ? h("section", { class: "card" }, h("h2", {}, "Resolve"), form)
+        : h("section", { class: "card" }, h("h2", {}, "Resolution"), entry.resolution ? json(decodePayloads(entry.resolution)) : h("p", { class: "muted" }, "Not resolved by an operator."))),
+    (entry.late_reports || []).length ? [h("h2", {}, "Late reports"), json(entry.late_reports)] : null);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers and task queues
+
+async function workersPage() {
+  const [workers, queues] = await Promise.all([api("GET", "/workers"), api("GET", "/task-queues")]);
+  show(
+    h("h1", {}, "Workers and task queues"),
+    h("h2", {}, "Task queues"),
+    table("Task queues", [
+      ["Queue", (q) => h("a", { href: `#/task-queues/${enc(q.name)}` }, q.name), "wrap"],
+      ["Backlog", (q) => String(q.stats?.backlog ?? 0)],
+      ["Live pollers", (q) => String(q.stats?.poller_count ?? 0)],
+      ["Oldest ready", (q) => { const age = q.stats?.workflow_tasks?.oldest_ready_age_seconds ?? q.stats?.activity_tasks?.oldest_ready_age_seconds; return age == null ? "—" : age + " s"; }],
+      ["Diagnostics", (q) => (q.diagnostics || []).length ? (q.diagnostics || []).map((d) => h("div", { class: "diagnostic" }, h("strong", {}, d.reason), ": ", d.message)) : "—"],
+    ], queues.task_queues || [], "No task queue has been polled yet."),
+    h("h2", {}, "Workers"),
+    table("Registered workers", [
+      ["Worker", (w) => w.worker_id, "wrap"],
+      ["Status", (w) => badge(w.status)],
+      ["Queue", (w) => h("a", { href: `#/task-queues/${enc(w.task_queue)}` }, w.task_queue)],
+      ["Build", (w) => w.build_id || "unversioned"],
+      ["Runtime", (w) => `${w.runtime || "?"} ${w.sdk_version || ""}`],
+      ["Last seen", (w) => when(w.last_heartbeat_at)],
+      ["Types", (w) => [...(w.supported_workflow_types || []), ...(w.supported_activity_types || [])].join(", ") || "—", "wrap"],
+    ], workers.workers || [], "No worker is registered in this namespace."));
+}
+
+async function taskQueuePage(name) {
+  const [queue, builds] = await Promise.all([
+    api("GET", `/task-queues/${enc(name)}`),
+    api("GET", `/task-queues/${enc(name)}/build-ids`).catch(() => ({ build_ids: [] })),
+  ]);
+  const stats = queue.stats || {};
+  show(
+    h("p", {}, h("a", { href: "#/workers" }, "← Workers and task queues")),
+    h("h1", {}, "Task queue ", h("span", { class: "mono" }, queue.name)),
+    (queue.diagnostics || []).map((d) => h("div", { class: "diagnostic", role: "note" }, h("strong", {}, d.reason), ": ", d.message)),
+    h("div", { class: "grid" },
+      h("section", { class: "card" }, h("h2", {}, "Backlog"), facts([
+        ["Backlog", String(stats.backlog ?? 0)],
+        ["Workflow tasks", `${stats.workflow_tasks?.ready_count ?? 0} ready, ${stats.workflow_tasks?.leased_count ?? 0} leased`],
+        ["Activity tasks", `${stats.activity_tasks?.ready_count ?? 0} ready, ${stats.activity_tasks?.leased_count ?? 0} leased`],
+        ["Live pollers", String(stats.poller_count ?? 0)],
+      ])),
+      h("section", { class: "card" }, h("h2", {}, "Build ids"),
+        table("Build-id cohorts", [
+          ["Build", (b) => b.build_id || "unversioned"],
+          ["Status", (b) => badge(b.rollout_status || b.status)],
+          ["Workers", (b) => String(b.active_worker_count ?? b.total_worker_count ?? 0)],
+        ], builds.build_ids || [], "No build ids."))),
+    h("h2", {}, "Pollers"),
+    table("Workers polling this queue", [
+      ["Worker", (p) => p.worker_id, "wrap"],
+      ["Status", (p) => badge(p.status)],
+      ["Build", (p) => p.build_id || "unversioned"],
+      ["Runtime", (p) => `${p.runtime || "?"} ${p.sdk_version || ""}`],
+      ["Last seen", (p) => when(p.last_heartbeat_at)],
+    ], queue.pollers || [], "No worker polls this queue."),
+    h("h2", {}, "Current leases"),
+    table("Leased tasks", [
+      ["Task", (l) => [l.task_kind, " ", h("span", { class: "mono" }, l.task_id)], "wrap"],
+      ["Workflow", (l) => h("a", { href: `#/workflows/${enc(l.workflow_id)}/runs/${enc(l.run_id)}` }, l.workflow_id), "wrap"],
+      ["Owner", (l) => l.lease_owner],
+      ["Expires", (l) => when(l.lease_expires_at)],
+    ], queue.current_leases || [], "No task is leased."));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules
+
+async function schedulesPage() {
+  const listed = await api("GET", "/schedules");
+  show(
+    h("h1", {}, "Schedules"),
+    table("Schedules", [
+      ["Schedule", (s) => s.schedule_id, "wrap"],
+      ["Status", (s) => badge(s.status)],
+      ["Spec", (s) => (s.spec?.cron_expressions || []).join(", ") || (s.spec?.intervals || []).map((i) => i.every).join(", ") || "—"],
+      ["Workflow", (s) => s.action?.workflow_type || "—"],
+      ["Next run", (s) => when(s.next_run_at || s.next_fire_at)],
+      ["Fired", (s) => String(s.fires_count ?? s.info?.fires_count ?? "—")],
+    ], listed.schedules || [], "No schedules. Create one with `capstan schedule create`."));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+
+function markSection(section) {
+  for (const link of document.querySelectorAll("nav a[data-section]")) {
+    if (link.dataset.section === section) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+}
+
+async function route() {
+  const hash = location.hash.replace(/^#/, "") || "/workflows";
+  const [path, search] = hash.split("?");
+  const params = new URLSearchParams(search || "");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  refreshBanner();
+  await guarded(async () => {
+    switch (parts[0]) {
+      case "workflows":
+        markSection("workflows");
+        document.title = parts[1] ? `${parts[1]} · Capstan` : "Workflows · Capstan";
+        if (!parts[1]) return workflowsPage(params);
+        return runPage(parts[1], parts[2] === "runs" ? parts[3] : undefined);
+      case "ledger":
+        markSection("ledger");
+        document.title = "Recovery ledger · Capstan";
+        return parts[1] ? ledgerEntryPage(parts[1]) : ledgerPage(params);
+      case "workers":
+        markSection("workers");
+        document.title = "Workers · Capstan";
+        return workersPage();
+      case "task-queues":
+        markSection("workers");
+        document.title = `${parts[1]} · Capstan`;
+        return taskQueuePage(parts[1]);
+      case "schedules":
+        markSection("schedules");
+        document.title = "Schedules · Capstan";
+        return schedulesPage();
+      default:
+        show(h("div", { class: "empty" }, "No such page. ", h("a", { href: "#/workflows" }, "Go to workflows")));
+    }
+  });
+  document.body.dataset.ready = "true";
+}
+
+document.getElementById("namespace").addEventListener("change", (event) => {
+  session.namespace = event.target.value;
+  route();
+});
+document.getElementById("token-button").addEventListener("click", () => show(tokenForm("Paste an operator (or admin) token. It is kept for this browser tab only.")));
+window.addEventListener("hashchange", () => { document.body.dataset.ready = "false"; route(); });
+loadNamespaces();
+route();

@@ -1,0 +1,238 @@
+"""The operator web UI in a real headless Chromium (Debian's ``chromium``, driven by Playwright),
+against a real server with the published Python SDK as the worker.
+
+An operator lists and filters workflows, reads a run (decoded input and result, the history
+timeline, the verified hash chain), signals and cancels runs by clicking, watches workers and
+task queues, and resolves an ``outcome_unknown`` ledger entry through the form; with auth on,
+the page asks for a token. Screenshots of every page are kept in ``target/ui-screenshots``.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+from durable_workflow import ActivityRetryPolicy, activity, workflow
+from playwright.async_api import Page, async_playwright, expect
+
+from capstan_harness import CONTROL_HEADERS, decode_envelope, make_client, run_async, unique, wait_result
+
+ARTIFACTS = Path(os.environ.get("CAPSTAN_UI_ARTIFACTS", Path(__file__).resolve().parents[2] / "target" / "ui-screenshots"))
+
+
+def chromium_path() -> str:
+    path = os.environ.get("CAPSTAN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "Debian's chromium is needed for the UI tests (apt-get install chromium; scripts/test-all.sh installs it)"
+    return path
+
+
+async def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.evaluate("document.getElementById('toast').replaceChildren()")  # checked already
+    await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+async def open_page(page: Page, url: str) -> None:
+    await page.goto(url)
+    await page.wait_for_selector("body[data-ready='true']")
+
+
+CHARGES: dict[str, int] = {}
+
+
+@activity.defn(name="ui.charge")
+def charge(key: str) -> dict:
+    CHARGES[key] = CHARGES.get(key, 0) + 1
+    if CHARGES[key] == 1:
+        raise RuntimeError("connection reset while the provider was charging")
+    return {"charged": key, "calls": CHARGES[key]}
+
+
+@workflow.defn(name="ui.greeter")
+class Greeter:
+    def __init__(self) -> None:
+        self.greeting = None
+
+    @workflow.signal("finish")
+    def finish(self, greeting: str) -> None:
+        self.greeting = greeting
+
+    def run(self, ctx, name, wait):
+        if wait:
+            yield ctx.wait_condition(lambda: self.greeting is not None)
+        return f"{self.greeting or 'hello'}, {name}"
+
+
+@workflow.defn(name="ui.checkout")
+class Checkout:
+    def run(self, ctx, key):
+        receipt = yield ctx.schedule_activity(
+            "ui.charge", [key], start_to_close_timeout=5,
+            retry_policy=ActivityRetryPolicy(max_attempts=3, backoff_seconds=[1]),
+        )
+        return receipt
+
+
+async def wait_status(http: httpx.AsyncClient, workflow_id: str, statuses: tuple[str, ...], timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        described = (await http.get(f"/api/workflows/{workflow_id}")).json()
+        if described.get("status") in statuses or time.monotonic() > deadline:
+            return described
+        await asyncio.sleep(0.1)
+
+
+async def wait_unknown(http: httpx.AsyncClient, workflow_id: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entries = (await http.get("/api/ledger", params={"state": "outcome_unknown", "workflow_id": workflow_id})).json()["entries"]
+        if entries:
+            return entries[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no outcome_unknown entry for {workflow_id}")
+
+
+def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url, run_worker):
+    queue = unique("ui")
+    done_id, signal_id, cancel_id, checkout_id = unique("ui-done"), unique("ui-signal"), unique("ui-cancel"), unique("ui-checkout")
+    key = unique("charge")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http, \
+                run_worker(worker_url, queue, workflows=[Greeter, Checkout], activities=[charge]) as worker, \
+                make_client(server_url) as client, async_playwright() as playwright:
+            defined = await http.put("/api/action-definitions/ui.charge", json={"recovery_mode": "non_atomic"})
+            assert defined.status_code == 200, defined.text
+            done = await client.start_workflow(workflow_type="ui.greeter", task_queue=queue, workflow_id=done_id, input=["Ada", False])
+            await wait_result(done, timeout=30, workers=[worker])
+            for workflow_id in (signal_id, cancel_id):
+                await client.start_workflow(workflow_type="ui.greeter", task_queue=queue, workflow_id=workflow_id, input=["Grace", True])
+            checkout = await client.start_workflow(workflow_type="ui.checkout", task_queue=queue, workflow_id=checkout_id, input=[key])
+            await wait_status(http, signal_id, ("waiting",))
+            await wait_status(http, cancel_id, ("waiting",))
+            unknown = await wait_unknown(http, checkout_id)
+
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 900})
+            problems: list[str] = []
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+
+            # The list: every run, counts per bucket, filters that narrow it.
+            await open_page(page, server_url + "/")
+            await expect(page.get_by_role("heading", name="Workflows")).to_be_visible()
+            for workflow_id in (done_id, signal_id, cancel_id, checkout_id):
+                await expect(page.get_by_role("link", name=workflow_id)).to_be_visible()
+            await expect(page.get_by_role("link", name="Completed (1)")).to_be_visible()
+            await screenshot(page, "workflows")
+            await page.get_by_label("Type").fill("ui.checkout")
+            await page.get_by_role("button", name="Filter").click()
+            await page.wait_for_selector("body[data-ready='true']")
+            await expect(page.get_by_role("link", name=checkout_id)).to_be_visible()
+            await expect(page.get_by_role("link", name=done_id)).to_have_count(0)
+            await page.get_by_role("link", name="Completed (0)").click()
+            await expect(page.get_by_text("No workflow matches these filters.")).to_be_visible()
+
+            # A completed run: decoded input and result, the timeline, the verified chain.
+            await open_page(page, f"{server_url}/#/workflows/{done_id}")
+            await expect(page.locator("#run-title")).to_have_text(done_id)
+            await expect(page.locator("#run-input")).to_contain_text('"Ada"')
+            await expect(page.locator("#run-output")).to_contain_text('"hello, Ada"')
+            await expect(page.locator("#chain-status")).to_contain_text("ok")
+            await expect(page.locator("#history")).to_contain_text("WorkflowStarted")
+            await expect(page.locator("#history")).to_contain_text("WorkflowCompleted")
+            completed_event = page.locator("#history li").filter(has_text="WorkflowCompleted")
+            await completed_event.locator("summary").click()
+            await expect(completed_event.locator("pre")).to_contain_text('"hello, Ada"')  # the decoded Avro result
+            await expect(page.locator("#action-cancel")).to_be_disabled()
+            await screenshot(page, "run")
+
+            # Signal one waiting run by form, cancel the other by clicking.
+            await open_page(page, f"{server_url}/#/workflows/{signal_id}")
+            await page.get_by_label("Signal", exact=True).fill("finish")
+            await page.get_by_label("Arguments (JSON)").fill('["bonjour"]')
+            await page.get_by_role("button", name="Send signal").click()
+            await expect(page.locator("#toast")).to_contain_text("Signal finish sent")
+            # The page encoded the arguments as an Avro payload the SDK decodes.
+            signalled = await wait_status(http, signal_id, ("completed",))
+            signalled["result"] = decode_envelope(signalled["output_envelope"])
+            await open_page(page, f"{server_url}/#/workflows/{cancel_id}")
+            await page.locator("#action-cancel").click()
+            await expect(page.locator("#toast")).to_contain_text("Cancel requested")
+            cancelled = await wait_status(http, cancel_id, ("cancelled",))
+            await open_page(page, f"{server_url}/#/workflows/{cancel_id}")
+            await expect(page.locator("h1 .badge")).to_have_text("cancelled")
+            await screenshot(page, "run-cancelled")
+
+            # The blocked checkout shows its pending activity and ledger entry.
+            await open_page(page, f"{server_url}/#/workflows/{checkout_id}")
+            await expect(page.get_by_role("link", name="outcome unknown: resolve")).to_be_visible()
+            await expect(page.locator("table").filter(has_text="Open activity executions")).to_contain_text("blocked")
+
+            # Workers and queues.
+            await open_page(page, f"{server_url}/#/workers")
+            await expect(page.get_by_role("link", name=queue).first).to_be_visible()
+            await screenshot(page, "workers")
+            listed_queues = (await http.get("/api/task-queues")).json()["task_queues"]
+            assert queue in [q["name"] for q in listed_queues] and all(q["name"] for q in listed_queues), listed_queues
+            await open_page(page, f"{server_url}/#/task-queues/{queue}")
+            await expect(page.get_by_text("Workers polling this queue")).to_be_visible()
+            await expect(page.locator("table").filter(has_text="Workers polling this queue")).to_contain_text("active")
+
+            # The ledger: the unknown entry waits; resolve it by form (the effect was absent).
+            await open_page(page, f"{server_url}/#/ledger")
+            await page.get_by_role("link", name=unknown["ledger_key"]).click()
+            await page.wait_for_selector("#resolve-form")
+            await screenshot(page, "ledger-entry")
+            await page.get_by_label("Decision").select_option("effect_absent")
+            await page.get_by_label("Evidence (JSON object: what you checked)").fill('{"provider_reference": "none", "note": "no charge in the provider console"}')
+            await page.get_by_role("button", name="Resolve").click()
+            await expect(page.locator("#toast")).to_contain_text("Entry resolved")
+            result = await wait_result(checkout, timeout=30, workers=[worker])
+            entry = (await http.get(f"/api/ledger/{unknown['ledger_key']}")).json()
+            await open_page(page, f"{server_url}/#/workflows/{checkout_id}")
+            await expect(page.locator("#run-output")).to_contain_text('"calls": 2')
+            await expect(page.get_by_role("heading", name="Recovery ledger")).to_be_visible()
+            await screenshot(page, "run-checkout")
+            await open_page(page, f"{server_url}/#/ledger")
+            await expect(page.get_by_text("No action has an unknown outcome.")).to_be_visible()
+
+            # A missing run is a clear error, not a blank page.
+            await open_page(page, f"{server_url}/#/workflows/{unique('missing')}")
+            await expect(page.get_by_role("alert").filter(has_text="instance_not_found")).to_be_visible()
+            toasts = await page.locator("#toast").inner_text()
+            await browser.close()
+            return signalled, cancelled, result, entry, problems, toasts
+
+    signalled, cancelled, result, entry, problems, toasts = run_async(main(), timeout=180)
+    assert "Refused" not in toasts, toasts
+    assert signalled["status"] == "completed" and signalled["result"] == "bonjour, Grace", signalled
+    assert cancelled["status"] == "cancelled", cancelled
+    assert result == {"charged": key, "calls": 2}, result
+    assert entry["state"] != "outcome_unknown" and entry["resolution"]["decision"] == "effect_absent", entry
+    assert problems == [], problems
+
+
+def test_the_page_asks_for_an_operator_token_when_auth_is_on(server_factory):
+    server = server_factory.create("--auth", "token", "--operator-token", "op-secret", "--worker-token", "worker-secret")
+
+    async def main():
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page()
+            await open_page(page, server.url + "/")
+            await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+            await page.get_by_label("Operator token").fill("worker-secret")
+            await page.get_by_role("button", name="Use token").click()
+            await expect(page.get_by_text("This token may not do that")).to_be_visible()
+            await page.get_by_label("Operator token").fill("op-secret")
+            await page.get_by_role("button", name="Use token").click()
+            await expect(page.get_by_role("heading", name="Workflows")).to_be_visible()
+            await expect(page.get_by_text("No workflows yet.")).to_be_visible()
+            await screenshot(page, "empty-with-token")
+            await browser.close()
+
+    run_async(main(), timeout=60)
