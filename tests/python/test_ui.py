@@ -236,3 +236,49 @@ def test_the_page_asks_for_an_operator_token_when_auth_is_on(server_factory):
             await browser.close()
 
     run_async(main(), timeout=60)
+
+
+def test_broken_chains_show_as_a_banner_and_on_the_run_page(server_factory, run_worker):
+    """A forged ledger checkpoint opens an integrity incident: every page shows the banner and
+    links to the run, whose page says it is blocked. A forged history event shows on the run
+    page as the sequence where the chain breaks."""
+    import sqlite3
+
+    server = server_factory.create()
+    queue = unique("ui-integrity")
+    workflow_id = unique("ui-integrity-wf")
+    key = unique("charge")
+    database = server.data_dir / "capstan.db"
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http, \
+                run_worker(server.url, queue, workflows=[Checkout], activities=[charge]), \
+                make_client(server.url) as client, async_playwright() as playwright:
+            assert (await http.put("/api/action-definitions/ui.charge", json={"recovery_mode": "non_atomic"})).status_code == 200
+            handle = await client.start_workflow(workflow_type="ui.checkout", task_queue=queue, workflow_id=workflow_id, input=[key])
+            unknown = await wait_unknown(http, workflow_id)
+            with sqlite3.connect(database) as db:
+                db.execute("UPDATE ledger_checkpoints SET doc = replace(doc, 'worker_failure', 'forged') WHERE ledger_key = ?",
+                           (unknown["ledger_key"],))
+                db.execute("UPDATE history_events SET payload = replace(payload, 'ui.charge', 'ui.forged') "
+                           "WHERE run_id = ? AND event_type = 'ActivityScheduled'", (handle.run_id,))
+                forged_sequence = db.execute("SELECT sequence FROM history_events WHERE run_id = ? AND event_type = 'ActivityScheduled'",
+                                             (handle.run_id,)).fetchone()[0]
+            refused = await http.post(f"/api/ledger/{unknown['ledger_key']}/resolve",
+                                      json={"decision": "effect_absent", "evidence": {"note": "x"}})
+            assert refused.status_code == 409 and refused.json()["reason"] == "integrity_incident_open", refused.text
+
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 900})
+            await open_page(page, server.url + "/#/workers")
+            banner = page.locator("#banner")
+            await expect(banner).to_contain_text("Integrity incident")
+            await banner.get_by_role("link", name=workflow_id).click()
+            await page.wait_for_selector("#run-title")
+            await expect(page.locator("#run-title")).to_have_text(workflow_id)
+            await expect(page.get_by_text("This run is blocked by an integrity incident")).to_be_visible()
+            await expect(page.locator("#chain-status")).to_contain_text(f"broken at event {forged_sequence}")
+            await screenshot(page, "integrity-incident")
+            await browser.close()
+
+    run_async(main(), timeout=90)

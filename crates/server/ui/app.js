@@ -325,9 +325,10 @@ async function refreshBanner() {
     const open = (await api("GET", "/integrity-incidents?state=open")).incidents || [];
     banner.replaceChildren(...open.map((incident) =>
       h("div", { class: "incident" },
-        "Integrity incident: the history of ",
+        h("strong", {}, "Integrity incident"), " on ",
         h("a", { href: `#/workflows/${enc(incident.workflow_id)}/runs/${enc(incident.run_id)}` }, incident.workflow_id),
-        " failed verification and the run is blocked. ", incident.detail || "")));
+        ": the run is blocked until an operator closes the incident. ",
+        h("span", { class: "detail" }, incident.detail || ""))));
   } catch (_) {
     banner.replaceChildren();
   }

@@ -957,13 +957,36 @@ pub struct PollKey {
     pub poll_request_id: String,
 }
 
-/// ULID ids for engine transitions.
+/// ULID ids for engine transitions and store rows.
 pub struct UlidIds;
 
 impl IdSource for UlidIds {
     fn next_id(&mut self) -> String {
-        ulid::Ulid::new().to_string()
+        new_ulid().to_string()
     }
+}
+
+/// Non-zero while a deterministic simulation owns the process: ids are then a counter mixed
+/// with the seed, so the same seed gives the same ids (and the same claim order) every time.
+static SIMULATED_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SIMULATION_SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes every id the store mints deterministic for `seed` (for the simulator only; a server
+/// never calls this). Ids still sort in creation order, as ULIDs do.
+pub fn use_deterministic_ids(seed: u64) {
+    SIMULATION_SEED.store(seed, std::sync::atomic::Ordering::SeqCst);
+    SIMULATED_IDS.store(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A fresh ULID: random, or the next deterministic one under a simulation.
+pub fn new_ulid() -> ulid::Ulid {
+    use std::sync::atomic::Ordering;
+    if SIMULATED_IDS.load(Ordering::SeqCst) == 0 {
+        return ulid::Ulid::new();
+    }
+    let counter = SIMULATED_IDS.fetch_add(1, Ordering::SeqCst);
+    let seed = SIMULATION_SEED.load(Ordering::SeqCst);
+    ulid::Ulid::from_parts(counter, (u128::from(seed) << 64) | u128::from(counter))
 }
 
 pub mod suite;

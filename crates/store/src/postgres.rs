@@ -659,7 +659,7 @@ impl PostgresStore {
         }
         tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
         let incident = IntegrityIncident {
-            incident_id: ulid::Ulid::new().to_string(),
+            incident_id: crate::new_ulid().to_string(),
             namespace: breach.namespace.clone(),
             workflow_id: breach.workflow_id.clone(),
             run_id: breach.run_id.clone(),
@@ -1153,7 +1153,7 @@ async fn follow_on(tx: &Transaction<'_>, effects: &Effects, wake_channel: &str, 
         let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, limits);
-        let command_id = CommandId(ulid::Ulid::new().to_string());
+        let command_id = CommandId(crate::new_ulid().to_string());
         close_by_command(
             &mut child,
             &mut cx,
@@ -2811,7 +2811,7 @@ async fn pg_write_schedule(tx: &Transaction<'_>, schedule: &mut Schedule) -> Sto
                 &schedule.namespace,
                 &schedule.schedule_id,
                 &sequence,
-                &ulid::Ulid::new().to_string().to_lowercase(),
+                &crate::new_ulid().to_string().to_lowercase(),
                 &event.event_type,
                 &event.recorded_at,
                 &event.workflow_id,
@@ -2864,7 +2864,7 @@ impl schedules::ScheduleTx for PgScheduleTx<'_> {
         }
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, self.limits);
-        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(ulid::Ulid::new().to_string()))?;
+        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(crate::new_ulid().to_string()))?;
         self.handle
             .block_on(persist(self.tx, &run, &cx.effects, false, self.wake_channel, self.limits))
     }

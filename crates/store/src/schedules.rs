@@ -58,8 +58,8 @@ fn start_one(
         let reason = format!("Schedule overlap: {} policy applied.", policy.as_str());
         tx.close(&schedule.namespace, &previous, command, reason, now)?;
     }
-    let workflow_id = ulid::Ulid::new().to_string().to_lowercase();
-    let run_id = ulid::Ulid::new().to_string();
+    let workflow_id = crate::new_ulid().to_string().to_lowercase();
+    let run_id = crate::new_ulid().to_string();
     let action = &schedule.action;
     let start = StartRun {
         namespace: schedule.namespace.clone(),
@@ -73,7 +73,7 @@ fn start_one(
         business_key: None,
         memo: schedule.memo.clone().unwrap_or_default(),
         search_attributes: schedule.search_attributes.clone().unwrap_or_default(),
-        command_id: CommandId(ulid::Ulid::new().to_string()),
+        command_id: CommandId(crate::new_ulid().to_string()),
         contract: None,
         compatibility: None,
     };

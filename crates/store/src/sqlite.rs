@@ -71,7 +71,7 @@ impl SqliteStore {
                 }
                 tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
                 let incident = IntegrityIncident {
-                    incident_id: ulid::Ulid::new().to_string(),
+                    incident_id: crate::new_ulid().to_string(),
                     namespace: breach.namespace.clone(),
                     workflow_id: breach.workflow_id.clone(),
                     run_id: breach.run_id.clone(),
@@ -387,7 +387,7 @@ fn follow_on(conn: &Connection, effects: &Effects, limits: &Limits) -> StoreResu
             let mut ids = UlidIds;
             let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
             let mut cx = Cx::new(now, &mut ids, limits);
-            let command_id = CommandId(ulid::Ulid::new().to_string());
+            let command_id = CommandId(crate::new_ulid().to_string());
             close_by_command(
                 &mut child,
                 &mut cx,
@@ -2140,7 +2140,7 @@ fn write_schedule(conn: &Connection, schedule: &mut Schedule) -> StoreResult<()>
             schedule.namespace,
             schedule.schedule_id,
             sequence,
-            ulid::Ulid::new().to_string().to_lowercase(),
+            crate::new_ulid().to_string().to_lowercase(),
             event.event_type,
             event.recorded_at,
             event.workflow_id,
@@ -2193,7 +2193,7 @@ impl schedules::ScheduleTx for SqliteScheduleTx<'_> {
         }
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, self.limits);
-        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(ulid::Ulid::new().to_string()))?;
+        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(crate::new_ulid().to_string()))?;
         persist(self.conn, &run, &cx.effects, false, self.limits)
     }
 }

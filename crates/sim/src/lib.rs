@@ -1,0 +1,1024 @@
+//! Deterministic simulation of Capstan: the real engine and the real SQLite store, driven by
+//! one seed through a simulated clock, simulated workers and clients, and injected faults.
+//!
+//! A seed picks a workload (workflows made of activities, declared consequential actions,
+//! timers and signal waits) and, step by step, what happens next: a worker polls and completes
+//! at once, late, twice or never (it crashed); an activity succeeds, fails, hangs past its
+//! timeout or reports after its lease expired; reports are reordered and duplicated; the clock
+//! jumps; the server restarts from its database file; an operator resolves an `outcome_unknown`
+//! entry. After every step the touched run is checked against the guarantees (see
+//! [`Failure`]), and after the faults stop every workflow must finish (liveness).
+//!
+//! Everything that varies comes from the seed: the workload, the fault choices, and the ids
+//! the store mints ([`capstan_store::use_deterministic_ids`]). A failing seed replays exactly
+//! with `capstan-sim --seed N`.
+
+use capstan_engine::*;
+use capstan_store::{DuplicatePolicy, LedgerFilter, RunLocator, SqliteStore, Store, StoreError};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+/// An Avro single-object frame of the DW `Value` schema (an empty string): payloads are opaque
+/// to the engine, but they are kept well-formed.
+const PAYLOAD: &str = "wwHioz3/VYAiNwoA";
+const NAMESPACE: &str = "default";
+const QUEUE: &str = "sim";
+const START: Millis = 1_800_000_000_000;
+const WORKFLOW_LEASE_MS: i64 = 5_000;
+const ACTIVITY_LEASE_MS: i64 = 8_000;
+/// The declared consequential action (non_atomic): a failed or lost dispatch of it is
+/// `outcome_unknown` and waits for an operator.
+const DECLARED: &str = "sim.charge";
+const PLAIN: &str = "sim.work";
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub seed: u64,
+    /// Steps with faults; then a calm phase in which every workflow must finish.
+    pub steps: usize,
+    pub workflows: usize,
+    /// Print each step (for replaying a failure).
+    pub trace: bool,
+}
+
+impl Config {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            steps: 300,
+            workflows: 8,
+            trace: false,
+        }
+    }
+}
+
+/// What one seed did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub steps: usize,
+    pub workflows: usize,
+    pub completed: usize,
+    pub restarts: usize,
+    pub duplicates_delivered: usize,
+    pub refusals: BTreeMap<String, usize>,
+    pub outcome_unknown_resolved: usize,
+    pub lost_tasks: usize,
+    pub calm_rounds: usize,
+}
+
+/// A broken guarantee: the seed, the step and what was seen.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub step: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {} failed at step {}: {}\n  replay: cargo run -p capstan-sim -- --seed {} --trace",
+            self.seed, self.step, self.message, self.seed
+        )
+    }
+}
+
+/// One step of a simulated workflow's program.
+#[derive(Clone, Debug, PartialEq)]
+enum Step {
+    Activity(&'static str),
+    Timer(i64),
+    /// Waits for the signal `go-N`.
+    Signal(usize),
+}
+
+/// A report a worker holds and delivers later (or twice, or never).
+#[derive(Clone, Debug)]
+enum Delivery {
+    CompleteWorkflowTask {
+        task_id: TaskId,
+        owner: String,
+        fence: u64,
+        commands: Vec<WorkflowCommand>,
+    },
+    CompleteActivity {
+        task_id: TaskId,
+        attempt_id: ActivityAttemptId,
+        owner: String,
+    },
+    FailActivity {
+        task_id: TaskId,
+        attempt_id: ActivityAttemptId,
+        owner: String,
+    },
+    HeartbeatActivity {
+        task_id: TaskId,
+        attempt_id: ActivityAttemptId,
+        owner: String,
+    },
+}
+
+struct Sim {
+    config: Config,
+    rng: StdRng,
+    dir: tempfile::TempDir,
+    store: Option<SqliteStore>,
+    now: Millis,
+    step: usize,
+    programs: BTreeMap<String, Vec<Step>>,
+    inflight: Vec<Delivery>,
+    /// The highest fence each task was leased with: a new lease must be higher.
+    fences: BTreeMap<String, u64>,
+    /// Per run, the last acknowledged history head `(sequence, hash)`: it must survive restarts.
+    acked: BTreeMap<String, (u64, String)>,
+    /// Runs to check after this step.
+    touched: BTreeSet<String>,
+    /// Activity executions blocked on an unknown outcome, with their `ActivityStarted` count
+    /// when first seen blocked: it may not grow until an operator resolves the entry.
+    blocked: BTreeMap<String, usize>,
+    report: Report,
+}
+
+pub async fn run(config: Config) -> Result<Report, Failure> {
+    capstan_store::use_deterministic_ids(config.seed);
+    // tmpfs when there is one: the simulation is about logic, not fsync latency.
+    let base = ["/dev/shm"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = tempfile::Builder::new()
+        .prefix("capstan-sim-")
+        .tempdir_in(base)
+        .map_err(|e| Failure {
+            seed: config.seed,
+            step: 0,
+            message: format!("temp dir: {e}"),
+        })?;
+    let mut sim = Sim {
+        rng: StdRng::seed_from_u64(config.seed),
+        report: Report {
+            seed: config.seed,
+            ..Report::default()
+        },
+        config,
+        dir,
+        store: None,
+        now: START,
+        step: 0,
+        programs: BTreeMap::new(),
+        inflight: Vec::new(),
+        fences: BTreeMap::new(),
+        acked: BTreeMap::new(),
+        touched: BTreeSet::new(),
+        blocked: BTreeMap::new(),
+    };
+    sim.open()?;
+    sim.store()
+        .put_action_definition(NAMESPACE, DECLARED, RecoveryMode::NonAtomic, Map::new(), sim.now)
+        .await
+        .map_err(|e| sim.fail(format!("defining the action: {e}")))?;
+    sim.faulty_phase().await?;
+    sim.calm_phase().await?;
+    sim.check_all().await?;
+    sim.report.steps = sim.step;
+    Ok(sim.report)
+}
+
+impl Sim {
+    fn fail(&self, message: impl Into<String>) -> Failure {
+        Failure {
+            seed: self.config.seed,
+            step: self.step,
+            message: message.into(),
+        }
+    }
+
+    fn store(&self) -> &SqliteStore {
+        self.store.as_ref().expect("the store is open")
+    }
+
+    fn open(&mut self) -> Result<(), Failure> {
+        let path = self.dir.path().join("capstan.db");
+        let store = SqliteStore::open(&path, Limits::default(), self.now).map_err(|e| self.fail(format!("open: {e}")))?;
+        self.store = Some(store);
+        Ok(())
+    }
+
+    fn trace(&self, what: impl FnOnce() -> String) {
+        if self.config.trace {
+            eprintln!("[{:>4}] t+{:>7} ms  {}", self.step, self.now - START, what());
+        }
+    }
+
+    /// A refusal is the server saying no, which the guarantees allow; anything else fails.
+    fn refused<T>(&mut self, result: Result<T, StoreError>) -> Result<Option<T>, Failure> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(StoreError::Refused(refusal)) => {
+                self.trace(|| format!("    refused: {}", refusal.reason.as_str()));
+                *self.report.refusals.entry(refusal.reason.as_str().to_string()).or_default() += 1;
+                Ok(None)
+            }
+            Err(other) => Err(self.fail(format!("store error: {other}"))),
+        }
+    }
+
+    fn acknowledge(&mut self, run: &RunState) {
+        self.acked
+            .insert(run.run_id.as_str().to_string(), (run.last_sequence, run.last_hash.clone()));
+        self.touched.insert(run.run_id.as_str().to_string());
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Phases
+
+    async fn faulty_phase(&mut self) -> Result<(), Failure> {
+        for _ in 0..self.config.steps {
+            self.step += 1;
+            let roll = self.rng.random_range(0..100);
+            match roll {
+                0..=9 => self.start_workflow().await?,
+                10..=29 => {
+                    self.poll_workflow_task(true).await?;
+                }
+                30..=49 => {
+                    self.poll_activity_task(true).await?;
+                }
+                50..=64 => self.deliver_inflight().await?,
+                65..=79 => self.advance_clock().await?,
+                80..=87 => self.send_signal().await?,
+                88..=94 => self.resolve_unknown().await?,
+                _ => self.restart().await?,
+            }
+            self.check_touched().await?;
+        }
+        Ok(())
+    }
+
+    /// No more faults: reports arrive, workers succeed, operators resolve, signals come. Every
+    /// workflow must reach a terminal state.
+    async fn calm_phase(&mut self) -> Result<(), Failure> {
+        // Whatever workers still hold arrives now (late ones are refused).
+        while !self.inflight.is_empty() {
+            self.step += 1;
+            let delivery = self.inflight.remove(0);
+            self.deliver(delivery).await?;
+            self.check_touched().await?;
+        }
+        for round in 0..400 {
+            self.report.calm_rounds = round + 1;
+            if self.open_workflows().await?.is_empty() {
+                self.report.completed = self.programs.len();
+                return Ok(());
+            }
+            self.step += 1;
+            while self.poll_workflow_task(false).await? {}
+            while self.poll_activity_task(false).await? {}
+            while !self.inflight.is_empty() {
+                let delivery = self.inflight.remove(0);
+                self.deliver(delivery).await?;
+            }
+            for workflow_id in self.open_workflows().await? {
+                self.signal_waiting(&workflow_id).await?;
+            }
+            while self.resolve_one_unknown().await? {}
+            self.now += 1_000;
+            self.run_due().await?;
+            self.check_touched().await?;
+        }
+        let open = self.open_workflows().await?;
+        Err(self.fail(format!(
+            "liveness: {} workflow(s) still open after the faults stopped: {open:?}",
+            open.len()
+        )))
+    }
+
+    async fn open_workflows(&mut self) -> Result<Vec<String>, Failure> {
+        let mut open = Vec::new();
+        for workflow_id in self.programs.keys().cloned().collect::<Vec<_>>() {
+            let run = self
+                .store()
+                .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
+                .await
+                .map_err(|e| self.fail(format!("load: {e}")))?;
+            if run.is_some_and(|r| !r.is_closed()) {
+                open.push(workflow_id);
+            }
+        }
+        Ok(open)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Actions
+
+    async fn start_workflow(&mut self) -> Result<(), Failure> {
+        if self.programs.len() >= self.config.workflows {
+            return self.advance_clock().await;
+        }
+        let index = self.programs.len();
+        let workflow_id = format!("sim-{}-{index}", self.config.seed);
+        let length = self.rng.random_range(1..=4);
+        let mut signals = 0;
+        let program: Vec<Step> = (0..length)
+            .map(|_| match self.rng.random_range(0..10) {
+                0..=3 => Step::Activity(PLAIN),
+                4..=5 => Step::Activity(DECLARED),
+                6..=7 => Step::Timer(self.rng.random_range(1..=5)),
+                _ => {
+                    signals += 1;
+                    Step::Signal(signals)
+                }
+            })
+            .collect();
+        self.trace(|| format!("start {workflow_id} {program:?}"));
+        let start = StartRun {
+            namespace: NAMESPACE.into(),
+            workflow_id: WorkflowId(workflow_id.clone()),
+            run_id: RunId(format!("run-{workflow_id}")),
+            workflow_type: "sim.workflow".into(),
+            task_queue: QUEUE.into(),
+            input: Payload::avro(PAYLOAD),
+            execution_timeout_seconds: None,
+            run_timeout_seconds: None,
+            business_key: None,
+            memo: Map::new(),
+            search_attributes: Map::new(),
+            command_id: CommandId(format!("start-{workflow_id}")),
+            contract: None,
+            compatibility: None,
+        };
+        self.programs.insert(workflow_id.clone(), program);
+        let result = self.store().start_workflow(start.clone(), DuplicatePolicy::Fail, self.now).await;
+        if let Some((_, run)) = self.refused(result)? {
+            self.acknowledge(&run);
+        }
+        // A client retry of the same start (its response was lost) starts nothing new.
+        if self.rng.random_bool(0.3) {
+            let again = self.store().start_workflow(start, DuplicatePolicy::UseExisting, self.now).await;
+            if let Some((_, run)) = self.refused(again)? {
+                if run.run_id.as_str() != format!("run-{workflow_id}") {
+                    return Err(self.fail(format!("a repeated start of {workflow_id} opened another run")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn worker(&mut self) -> String {
+        format!("worker-{}", self.rng.random_range(0..3))
+    }
+
+    /// What a delivery's fate is: 0 at once, 1 later, 2 never (the worker crashed).
+    fn fate(&mut self, faulty: bool) -> u8 {
+        if !faulty {
+            return 0;
+        }
+        match self.rng.random_range(0..100) {
+            0..=64 => 0,
+            65..=89 => 1,
+            _ => 2,
+        }
+    }
+
+    fn note_fence(&mut self, task: &Task) -> Result<(), Failure> {
+        let previous = self.fences.insert(task.id.as_str().to_string(), task.fence);
+        if let Some(previous) = previous.filter(|p| *p >= task.fence) {
+            return Err(self.fail(format!(
+                "task {} leased again with fence {} after fence {previous}",
+                task.id, task.fence
+            )));
+        }
+        Ok(())
+    }
+
+    /// Polls one workflow task; returns whether one was leased.
+    async fn poll_workflow_task(&mut self, faulty: bool) -> Result<bool, Failure> {
+        let owner = self.worker();
+        let claimed = self
+            .store()
+            .claim_task(NAMESPACE, TaskKind::Workflow, QUEUE, &[], &owner, WORKFLOW_LEASE_MS, self.now, None)
+            .await;
+        let Some(Some((task, run))) = self.refused(claimed)? else {
+            return Ok(false);
+        };
+        self.note_fence(&task)?;
+        self.acknowledge(&run);
+        let history = self
+            .store()
+            .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
+            .await
+            .map_err(|e| self.fail(format!("history: {e}")))?;
+        let program = self.programs.get(run.workflow_id.as_str()).cloned().unwrap_or_default();
+        let commands = decide(&program, &history);
+        self.trace(|| {
+            format!(
+                "{owner} leased workflow task {} of {} (fence {}): {} command(s)",
+                task.id,
+                run.workflow_id,
+                task.fence,
+                commands.len()
+            )
+        });
+        let delivery = Delivery::CompleteWorkflowTask {
+            task_id: task.id.clone(),
+            owner,
+            fence: task.fence,
+            commands,
+        };
+        match self.fate(faulty) {
+            0 => self.deliver(delivery).await?,
+            1 => self.inflight.push(delivery),
+            _ => self.report.lost_tasks += 1,
+        }
+        Ok(true)
+    }
+
+    async fn poll_activity_task(&mut self, faulty: bool) -> Result<bool, Failure> {
+        let owner = self.worker();
+        let types = [PLAIN.to_string(), DECLARED.to_string()];
+        let claimed = self
+            .store()
+            .claim_task(
+                NAMESPACE,
+                TaskKind::Activity,
+                QUEUE,
+                &types,
+                &owner,
+                ACTIVITY_LEASE_MS,
+                self.now,
+                None,
+            )
+            .await;
+        let Some(Some((task, run))) = self.refused(claimed)? else {
+            return Ok(false);
+        };
+        self.note_fence(&task)?;
+        self.acknowledge(&run);
+        let TaskDetail::Activity {
+            attempt_id: Some(attempt_id),
+            ..
+        } = task.detail.clone()
+        else {
+            return Err(self.fail(format!("activity task {} leased without an attempt id", task.id)));
+        };
+        let succeeds = !faulty || self.rng.random_bool(0.6);
+        self.trace(|| {
+            format!(
+                "{owner} leased activity task {} of {} (attempt {attempt_id}), succeeds: {succeeds}",
+                task.id, run.workflow_id
+            )
+        });
+        let report = if succeeds {
+            Delivery::CompleteActivity {
+                task_id: task.id.clone(),
+                attempt_id: attempt_id.clone(),
+                owner: owner.clone(),
+            }
+        } else {
+            Delivery::FailActivity {
+                task_id: task.id.clone(),
+                attempt_id: attempt_id.clone(),
+                owner: owner.clone(),
+            }
+        };
+        if faulty && self.rng.random_bool(0.2) {
+            self.inflight.push(Delivery::HeartbeatActivity {
+                task_id: task.id.clone(),
+                attempt_id,
+                owner,
+            });
+        }
+        match self.fate(faulty) {
+            0 => self.deliver(report).await?,
+            1 => self.inflight.push(report),
+            _ => self.report.lost_tasks += 1,
+        }
+        Ok(true)
+    }
+
+    /// Delivers a held report, chosen at random (reordering); sometimes keeps a copy to deliver
+    /// again (duplication).
+    async fn deliver_inflight(&mut self) -> Result<(), Failure> {
+        if self.inflight.is_empty() {
+            return self.advance_clock().await;
+        }
+        let index = self.rng.random_range(0..self.inflight.len());
+        let delivery = if self.rng.random_bool(0.25) {
+            self.report.duplicates_delivered += 1;
+            self.inflight[index].clone()
+        } else {
+            self.inflight.remove(index)
+        };
+        self.deliver(delivery).await
+    }
+
+    async fn deliver(&mut self, delivery: Delivery) -> Result<(), Failure> {
+        let now = self.now;
+        match delivery {
+            Delivery::CompleteWorkflowTask {
+                task_id,
+                owner,
+                fence,
+                commands,
+            } => {
+                self.trace(|| format!("{owner} completes workflow task {task_id} (fence {fence})"));
+                let id = task_id.clone();
+                // Like the SDKs: a replay that yields nothing new fails the task as "waiting
+                // for history", which closes it without history.
+                let result = self
+                    .store()
+                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
+                        if commands.is_empty() {
+                            let waiting = WorkflowTaskFailure {
+                                message: "Workflow task waiting for scheduled history.".into(),
+                                failure_type: Some(WAITING_FOR_HISTORY_FAILURE.into()),
+                            };
+                            fail_workflow_task(run, cx, &id, &owner, fence, waiting)
+                        } else {
+                            complete_workflow_task(run, cx, &id, &owner, fence, commands)
+                        }
+                    })
+                    .await;
+                if let Some((_, run)) = self.refused(result)? {
+                    self.acknowledge(&run);
+                }
+            }
+            Delivery::CompleteActivity {
+                task_id,
+                attempt_id,
+                owner,
+            } => {
+                self.trace(|| format!("{owner} completes activity task {task_id}"));
+                let id = task_id.clone();
+                let result = self
+                    .store()
+                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
+                        complete_activity(run, cx, &id, &attempt_id, &owner, Payload::avro(PAYLOAD))
+                    })
+                    .await;
+                if let Some((_, run)) = self.refused(result)? {
+                    self.acknowledge(&run);
+                }
+            }
+            Delivery::FailActivity {
+                task_id,
+                attempt_id,
+                owner,
+            } => {
+                self.trace(|| format!("{owner} fails activity task {task_id}"));
+                let id = task_id.clone();
+                let failure = ActivityFailure {
+                    message: "simulated failure".into(),
+                    failure_type: Some("SimulatedError".into()),
+                    class: None,
+                    code: None,
+                    stack_trace: None,
+                    non_retryable: false,
+                    details: None,
+                };
+                let result = self
+                    .store()
+                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
+                        fail_activity(run, cx, &id, &attempt_id, &owner, failure)
+                    })
+                    .await;
+                if let Some((_, run)) = self.refused(result)? {
+                    self.acknowledge(&run);
+                }
+            }
+            Delivery::HeartbeatActivity {
+                task_id,
+                attempt_id,
+                owner,
+            } => {
+                self.trace(|| format!("{owner} heartbeats activity task {task_id}"));
+                let id = task_id.clone();
+                let details = json!({"progress": now - START});
+                let result = self
+                    .store()
+                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
+                        heartbeat_activity(run, cx, &id, &attempt_id, &owner, ACTIVITY_LEASE_MS, Some(details))
+                    })
+                    .await;
+                if let Some((_, run)) = self.refused(result)? {
+                    self.acknowledge(&run);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn advance_clock(&mut self) -> Result<(), Failure> {
+        let jump = self.rng.random_range(0..6_000);
+        self.now += jump;
+        self.trace(|| format!("clock +{jump} ms"));
+        self.run_due().await
+    }
+
+    /// The background clock's pass: every due deadline (timers, expired leases, activity
+    /// timeouts) under a duty fence, as `capstan serve` runs it.
+    async fn run_due(&mut self) -> Result<(), Failure> {
+        let now = self.now;
+        let due = self
+            .store()
+            .claim_due_tasks("sim-node", now, 1_000, 30_000)
+            .await
+            .map_err(|e| self.fail(format!("claim_due_tasks: {e}")))?;
+        for task in due {
+            let id = task.task_id.clone();
+            let result = self
+                .store()
+                .run_duty(&task, now, move |run, cx| {
+                    let changed = on_deadline(run, cx, &id);
+                    if !changed {
+                        cx.effects.touched_tasks.insert(id);
+                    }
+                    Ok(changed)
+                })
+                .await;
+            if let Some((_, run)) = self.refused(result)? {
+                self.acknowledge(&run);
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_signal(&mut self) -> Result<(), Failure> {
+        if self.programs.is_empty() {
+            return self.advance_clock().await;
+        }
+        let index = self.rng.random_range(0..self.programs.len());
+        let workflow_id = self.programs.keys().nth(index).cloned().expect("in range");
+        self.signal_waiting(&workflow_id).await
+    }
+
+    /// Sends the signal the workflow's program waits for next (any of them, at random, in the
+    /// faulty phase: signals may come before their wait opens).
+    async fn signal_waiting(&mut self, workflow_id: &str) -> Result<(), Failure> {
+        let signals: Vec<usize> = self.programs[workflow_id]
+            .iter()
+            .filter_map(|s| match s {
+                Step::Signal(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        if signals.is_empty() {
+            return Ok(());
+        }
+        let n = signals[self.rng.random_range(0..signals.len())];
+        let name = format!("go-{n}");
+        let command_id = CommandId(format!("signal-{workflow_id}-{}", self.step));
+        self.trace(|| format!("signal {name} to {workflow_id}"));
+        let result = self
+            .store()
+            .mutate_run(
+                NAMESPACE,
+                RunLocator::Current(WorkflowId(workflow_id.to_string())),
+                self.now,
+                move |run, cx| signal(run, cx, &name, Payload::avro(PAYLOAD), command_id),
+            )
+            .await;
+        if let Some((_, run)) = self.refused(result)? {
+            self.acknowledge(&run);
+        }
+        Ok(())
+    }
+
+    async fn resolve_unknown(&mut self) -> Result<(), Failure> {
+        if !self.resolve_one_unknown().await? {
+            self.advance_clock().await?;
+        }
+        Ok(())
+    }
+
+    /// An operator settles one `outcome_unknown` entry (either way); returns whether one was
+    /// settled.
+    async fn resolve_one_unknown(&mut self) -> Result<bool, Failure> {
+        let filter = LedgerFilter {
+            state: Some(LedgerState::OutcomeUnknown),
+            ..LedgerFilter::default()
+        };
+        let entries = self
+            .store()
+            .ledger_entries(NAMESPACE, filter, 100)
+            .await
+            .map_err(|e| self.fail(format!("ledger: {e}")))?;
+        let Some(entry) = entries.into_iter().next() else {
+            return Ok(false);
+        };
+        let decision = if self.rng.random_bool(0.5) {
+            LedgerDecision::EffectAbsent
+        } else {
+            LedgerDecision::EffectConfirmed {
+                result: Payload::avro(PAYLOAD),
+            }
+        };
+        self.trace(|| format!("operator resolves {} ({:?})", entry.ledger_key, decision));
+        let key = entry.ledger_key.clone();
+        let execution = entry.activity_execution_id.as_str().to_string();
+        let result = self
+            .store()
+            .mutate_run(
+                NAMESPACE,
+                RunLocator::Current(entry.workflow_id.clone()),
+                self.now,
+                move |run, cx| {
+                    if run.run_id == entry.run_id {
+                        resolve_ledger_entry(run, cx, &key, decision, json!({"note": "simulated operator"}), "sim")
+                    } else {
+                        resolve_earlier_run_entry(run, cx, entry, decision, json!({"note": "simulated operator"}), "sim")
+                    }
+                },
+            )
+            .await;
+        let Some((_, run)) = self.refused(result)? else {
+            return Ok(false);
+        };
+        self.report.outcome_unknown_resolved += 1;
+        self.acknowledge(&run);
+        // The entry is settled: the next attempt (effect absent) is deliberate.
+        self.blocked.remove(&execution);
+        Ok(true)
+    }
+
+    /// The server process goes away and comes back on the same database file. Workers keep
+    /// what they hold; their leases are still valid or expire as usual.
+    async fn restart(&mut self) -> Result<(), Failure> {
+        self.trace(|| "server restart".to_string());
+        self.report.restarts += 1;
+        self.store = None;
+        self.open()?;
+        self.check_all().await
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Invariants
+
+    async fn check_touched(&mut self) -> Result<(), Failure> {
+        for run_id in std::mem::take(&mut self.touched) {
+            self.check_run(&run_id).await?;
+        }
+        Ok(())
+    }
+
+    async fn check_all(&mut self) -> Result<(), Failure> {
+        self.touched.clear();
+        for run_id in self.acked.keys().cloned().collect::<Vec<_>>() {
+            self.check_run(&run_id).await?;
+        }
+        Ok(())
+    }
+
+    async fn check_run(&mut self, run_id: &str) -> Result<(), Failure> {
+        let workflow_id = run_id.strip_prefix("run-").unwrap_or(run_id).to_string();
+        let run = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Run(WorkflowId(workflow_id), RunId(run_id.to_string())))
+            .await
+            .map_err(|e| self.fail(format!("load: {e}")))?
+            .ok_or_else(|| self.fail(format!("run {run_id} is gone")))?;
+        let events = self
+            .store()
+            .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
+            .await
+            .map_err(|e| self.fail(format!("history: {e}")))?;
+        if events.len() as u64 != run.last_sequence {
+            return Err(self.fail(format!(
+                "{run_id}: {} events stored, the run says {}",
+                events.len(),
+                run.last_sequence
+            )));
+        }
+        if let Err(sequence) = verify_chain_from(&run.chain_origin, &events) {
+            return Err(self.fail(format!("{run_id}: the history chain breaks at event {sequence}")));
+        }
+        // No acknowledged write lost (across restarts too).
+        if let Some((sequence, hash)) = self.acked.get(run_id) {
+            match events.get((*sequence as usize).wrapping_sub(1)) {
+                Some(event) if &event.hash == hash => {}
+                _ if *sequence == 0 => {}
+                other => {
+                    return Err(self.fail(format!(
+                        "{run_id}: acknowledged event {sequence} ({hash}) is not in history (found {:?})",
+                        other.map(|e| &e.hash)
+                    )))
+                }
+            }
+        }
+        // At most one committed terminal fact per durable id.
+        let mut terminal: BTreeMap<String, usize> = BTreeMap::new();
+        let mut workflow_terminal = 0;
+        for (index, event) in events.iter().enumerate() {
+            let id = |key: &str| event.payload.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+            let key = match event.event_type {
+                EventType::ActivityCompleted | EventType::ActivityFailed | EventType::ActivityTimedOut => {
+                    Some(format!("activity {}", id("activity_execution_id")))
+                }
+                EventType::TimerFired => Some(format!("timer {}", id("timer_id"))),
+                EventType::SignalReceived => Some(format!(
+                    "signal {}",
+                    event.workflow_command_id.as_ref().map(|c| c.as_str()).unwrap_or("")
+                )),
+                EventType::WorkflowCompleted
+                | EventType::WorkflowFailed
+                | EventType::WorkflowCancelled
+                | EventType::WorkflowTerminated
+                | EventType::WorkflowTimedOut
+                | EventType::WorkflowContinuedAsNew => {
+                    workflow_terminal += 1;
+                    if index + 1 != events.len() && workflow_terminal == 1 {
+                        // Nothing follows a run's close but archive bookkeeping.
+                        let after: Vec<&str> = events[index + 1..].iter().map(|e| e.event_type.as_str()).collect();
+                        if after
+                            .iter()
+                            .any(|t| !matches!(*t, "ArchiveRequested" | "WorkflowArchived" | "ParentClosePolicyApplied"))
+                        {
+                            return Err(self.fail(format!("{run_id}: events after the run closed: {after:?}")));
+                        }
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let Some(key) = key {
+                *terminal.entry(key).or_default() += 1;
+            }
+        }
+        if workflow_terminal > 1 {
+            return Err(self.fail(format!("{run_id}: {workflow_terminal} terminal workflow events")));
+        }
+        if let Some((key, count)) = terminal.iter().find(|(_, count)| **count > 1) {
+            return Err(self.fail(format!("{run_id}: {count} terminal facts for {key}")));
+        }
+        // No automatic retry of a step whose outcome is unknown.
+        for execution in run.activities.values() {
+            let started = events
+                .iter()
+                .filter(|e| {
+                    e.event_type == EventType::ActivityStarted
+                        && e.payload.get("activity_execution_id").and_then(Value::as_str) == Some(execution.id.as_str())
+                })
+                .count();
+            let key = execution.id.as_str().to_string();
+            if execution.blocked_by.is_some() {
+                match self.blocked.get(&key) {
+                    Some(before) if started > *before => {
+                        return Err(self.fail(format!(
+                            "{run_id}: activity {key} was retried ({before} → {started} starts) while its outcome was unknown"
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.blocked.insert(key, started);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The simulated SDK: replays a program against the history and answers the next commands.
+/// Steps run one at a time, so the k-th opening event of a kind belongs to the k-th step of
+/// that kind.
+fn decide(program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
+    let count = |types: &[EventType]| history.iter().filter(|e| types.contains(&e.event_type)).count();
+    let activities_scheduled = count(&[EventType::ActivityScheduled]);
+    let activities_resolved = count(&[EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut]);
+    let timers_scheduled = count(&[EventType::TimerScheduled]);
+    let timers_fired = count(&[EventType::TimerFired]);
+    let has = |event_type: EventType, name: &str| {
+        history
+            .iter()
+            .any(|e| e.event_type == event_type && e.payload.get("signal_name").and_then(Value::as_str) == Some(name))
+    };
+    if history
+        .iter()
+        .any(|e| e.event_type.as_str().starts_with("Workflow") && e.event_type != EventType::WorkflowStarted)
+    {
+        return Vec::new();
+    }
+    let (mut activity, mut timer) = (0, 0);
+    for step in program {
+        match step {
+            Step::Activity(activity_type) => {
+                activity += 1;
+                if activity <= activities_resolved {
+                    continue;
+                }
+                if activity <= activities_scheduled {
+                    return Vec::new();
+                }
+                return vec![WorkflowCommand::ScheduleActivity(ScheduleActivity {
+                    activity_type: activity_type.to_string(),
+                    arguments: Payload::avro(PAYLOAD),
+                    queue: None,
+                    retry_policy: Some(RetryPolicy {
+                        max_attempts: Some(3),
+                        backoff_seconds: vec![1],
+                        non_retryable_error_types: vec![],
+                    }),
+                    timeouts: ActivityTimeouts {
+                        start_to_close_seconds: Some(10),
+                        schedule_to_start_seconds: None,
+                        schedule_to_close_seconds: None,
+                        heartbeat_seconds: None,
+                    },
+                    tags: Map::new(),
+                })];
+            }
+            Step::Timer(seconds) => {
+                timer += 1;
+                if timer <= timers_fired {
+                    continue;
+                }
+                if timer <= timers_scheduled {
+                    return Vec::new();
+                }
+                return vec![WorkflowCommand::StartTimer {
+                    delay_seconds: *seconds,
+                    tags: Map::new(),
+                }];
+            }
+            Step::Signal(n) => {
+                let name = format!("go-{n}");
+                if has(EventType::SignalReceived, &name) {
+                    continue;
+                }
+                if has(EventType::SignalWaitOpened, &name) {
+                    return Vec::new();
+                }
+                return vec![WorkflowCommand::OpenSignalWait {
+                    signal_name: name,
+                    timeout_seconds: None,
+                    tags: Map::new(),
+                }];
+            }
+        }
+    }
+    vec![WorkflowCommand::CompleteWorkflow {
+        result: Payload::avro(PAYLOAD),
+    }]
+}
+
+/// Runs one seed; a panic anywhere in the engine or store is a failure of that seed too.
+pub async fn run_caught(config: Config) -> Result<Report, Failure> {
+    let seed = config.seed;
+    match tokio::task::spawn(run(config)).await {
+        Ok(result) => result,
+        Err(error) => Err(Failure {
+            seed,
+            step: 0,
+            message: format!("panicked: {error}"),
+        }),
+    }
+}
+
+/// Sums of many seeds' reports.
+#[derive(Clone, Debug, Default)]
+pub struct Totals {
+    pub seeds: usize,
+    pub steps: usize,
+    pub workflows: usize,
+    pub restarts: usize,
+    pub duplicates: usize,
+    pub lost_tasks: usize,
+    pub unknown_resolved: usize,
+    pub refusals: BTreeMap<String, usize>,
+}
+
+impl Totals {
+    pub fn add(&mut self, report: &Report) {
+        self.seeds += 1;
+        self.steps += report.steps;
+        self.workflows += report.completed;
+        self.restarts += report.restarts;
+        self.duplicates += report.duplicates_delivered;
+        self.lost_tasks += report.lost_tasks;
+        self.unknown_resolved += report.outcome_unknown_resolved;
+        for (reason, count) in &report.refusals {
+            *self.refusals.entry(reason.clone()).or_default() += count;
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        format!(
+            "{} seeds, {} steps, {} workflows finished, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved; refusals: {}",
+            self.seeds,
+            self.steps,
+            self.workflows,
+            self.restarts,
+            self.duplicates,
+            self.lost_tasks,
+            self.unknown_resolved,
+            if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
+        )
+    }
+}
