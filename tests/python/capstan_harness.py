@@ -348,13 +348,15 @@ def _json_or_text(resp: httpx.Response) -> Any:
 # ── SDK clients and workers ──────────────────────────────────────────────
 
 
-def make_client(base_url: str, *, patient: bool = False, timeout: float = 30.0, namespace: str = NAMESPACE) -> Client:
+def make_client(
+    base_url: str, *, patient: bool = False, timeout: float = 30.0, namespace: str = NAMESPACE, token: str | None = None,
+) -> Client:
     """A control-plane Client. ``patient`` rides out a server restart."""
     retry = (
         TransportRetryPolicy(max_attempts=40, initial_backoff_seconds=0.1, max_backoff_seconds=1.0)
         if patient else None
     )
-    return Client(base_url, namespace=namespace, timeout=timeout, retry_policy=retry)
+    return Client(base_url, namespace=namespace, timeout=timeout, retry_policy=retry, token=token)
 
 
 class WorkerStartupError(RuntimeError):
@@ -379,10 +381,12 @@ class BackgroundWorker:
         activities: Iterable[Callable[..., Any]] = (),
         name: str | None = None,
         namespace: str = NAMESPACE,
+        token: str | None = None,
         **worker_options: Any,
     ) -> None:
         self.base_url = base_url
         self.namespace = namespace
+        self.token = token
         self.task_queue = task_queue
         self.workflows = list(workflows)
         self.activities = list(activities)
@@ -396,7 +400,7 @@ class BackgroundWorker:
         self.stop_error: BaseException | None = None
 
     async def start(self, ready_timeout: float = 20.0) -> BackgroundWorker:
-        self.client = make_client(self.base_url, namespace=self.namespace)
+        self.client = make_client(self.base_url, namespace=self.namespace, token=self.token)
         self.worker = Worker(
             self.client,
             task_queue=self.task_queue,

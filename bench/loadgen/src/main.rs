@@ -394,6 +394,17 @@ async fn main() {
     if args.workload == Workload::Open {
         let input = avro::argument_list_of_string(&"x".repeat(args.payload_bytes));
         let rss_idle = spawned.as_ref().map(|s| s.current_rss_mib());
+        // The listing filter below uses a keyword attribute; attributes are typed and defined
+        // per namespace (an existing definition is fine).
+        let (status, body) = api
+            .control(
+                reqwest::Method::POST,
+                "/search-attributes",
+                Some(json!({"name": "Bucket", "type": "keyword"})),
+            )
+            .await
+            .expect("define Bucket");
+        assert!(status == 201 || status == 200 || status == 409, "defining Bucket failed: {body}");
         let begin = Instant::now();
         let gate = Arc::new(Semaphore::new(args.concurrency));
         let mut starts = Vec::new();

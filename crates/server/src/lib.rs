@@ -13,6 +13,7 @@ mod canonical;
 mod clock;
 mod contracts;
 pub mod error;
+pub mod fuzzing;
 mod hub;
 pub mod integrity;
 mod render;

@@ -4348,3 +4348,70 @@ async fn new_starts_follow_the_promoted_build() {
         .collect();
     assert_eq!(selected, ["v1"]);
 }
+
+// ============================================================================================
+// Storage faults
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_until_writes_work() {
+    let h = Harness::start().await;
+    h.register("w1", "q").await;
+    send(h.bare(Method::GET, "/api/ready")).await.ok(200);
+
+    // A start whose commit fails (a failed fsync): 503 in the DW error shape, nothing committed.
+    h.store.inject_commit_failures(1);
+    let start = |id: &str| {
+        h.client(Method::POST, "/api/workflows")
+            .json(&json!({"workflow_id": id, "workflow_type": "t", "task_queue": "q", "input": env(EMPTY_ARGS)}))
+    };
+    let refused = send_allowing_server_errors(start("fault-1")).await.err(503, "storage_unavailable");
+    assert_eq!(refused["retryable"], true);
+    h.cget("/api/workflows/fault-1").await.err(404, "instance_not_found");
+    // The next write (the readiness probe's) works again: ready clears.
+    send(h.bare(Method::GET, "/api/ready")).await.ok(200);
+
+    // Failing commits keep the server not ready; the probe's own write fails too.
+    h.store.inject_commit_failures(2);
+    send_allowing_server_errors(start("fault-2")).await.err(503, "storage_unavailable");
+    let not_ready = send_allowing_server_errors(h.bare(Method::GET, "/api/ready")).await;
+    assert_eq!(not_ready.status.as_u16(), 503);
+    assert_eq!(not_ready.body["status"], "not_ready");
+    send(h.bare(Method::GET, "/api/ready")).await.ok(200);
+
+    // A worker's completion whose commit fails is refused and changes nothing; the retry of the
+    // same report (same task, same attempt) is then applied exactly once.
+    h.start_workflow("fault-3", "q").await;
+    let task = h.next_workflow_task("w1", "q").await;
+    h.store.inject_commit_failures(1);
+    let complete = || {
+        h.worker(
+            Method::POST,
+            &format!("/api/worker/workflow-tasks/{}/complete", task["task_id"].as_str().unwrap()),
+        )
+        .json(
+            &json!({"lease_owner": task["lease_owner"], "workflow_task_attempt": task["workflow_task_attempt"],
+                          "commands": [{"type": "complete_workflow", "result": env(EMPTY_ARGS)}]}),
+        )
+    };
+    send_allowing_server_errors(complete()).await.err(503, "storage_unavailable");
+    assert_eq!(h.describe("fault-3").await["status"], "running");
+    let done = h
+        .complete_workflow_task(&task, json!([{"type": "complete_workflow", "result": env(EMPTY_ARGS)}]))
+        .await
+        .ok(200);
+    assert_eq!(done["recorded"], true);
+    let described = h.describe("fault-3").await;
+    assert_eq!(described["status"], "completed");
+    let run_id = described["run_id"].as_str().unwrap();
+    let history = h
+        .cget(&format!("/api/workflows/fault-3/runs/{run_id}/history?page_size=100"))
+        .await
+        .ok(200);
+    let completed = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event_type"] == "WorkflowCompleted")
+        .count();
+    assert_eq!(completed, 1);
+}

@@ -110,6 +110,13 @@ impl From<Refusal> for StoreError {
 
 impl From<rusqlite::Error> for StoreError {
     fn from(error: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode::*;
+        if matches!(
+            error.sqlite_error_code(),
+            Some(DiskFull | SystemIoFailure | CannotOpen | ReadOnly | DatabaseCorrupt | NotADatabase)
+        ) {
+            writer::note_io_failure();
+        }
         StoreError::Storage(error.to_string())
     }
 }

@@ -327,6 +327,14 @@ ALTER TABLE tasks ADD COLUMN compatibility TEXT;
 ALTER TABLE build_id_rollouts ADD COLUMN promoted_at BIGINT;
 "#,
     ),
+    (
+        15,
+        r#"
+-- Kept in step with SQLite's migration 15 (its readiness probe row); PostgreSQL reports write
+-- failures per request and its readiness is the connection check.
+CREATE TABLE health_probe (id INTEGER PRIMARY KEY, probed_at BIGINT NOT NULL);
+"#,
+    ),
 ];
 
 impl From<tokio_postgres::Error> for StoreError {

@@ -318,6 +318,14 @@ ALTER TABLE tasks ADD COLUMN compatibility TEXT;
 ALTER TABLE build_id_rollouts ADD COLUMN promoted_at INTEGER;
 "#,
     ),
+    (
+        15,
+        r#"
+-- The readiness probe's one row: after a failed commit, /api/ready writes it to learn whether
+-- the database takes writes again.
+CREATE TABLE health_probe (id INTEGER PRIMARY KEY, probed_at INTEGER NOT NULL);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

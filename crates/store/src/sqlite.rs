@@ -130,6 +130,11 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Fault injection for tests: the next `count` group commits fail like a failed fsync.
+    pub fn inject_commit_failures(&self, count: u32) {
+        self.writer.inject_commit_failures(count);
+    }
+
     /// Runs a read on a pooled reader connection, inline: SQLite point reads take microseconds,
     /// far less than a hand-off to a blocking thread would.
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
@@ -438,11 +443,13 @@ fn get_worker(conn: &Connection, namespace: &str, worker_id: &str) -> StoreResul
         .optional()?)
 }
 
+/// Keeps a listing to the current run of each instance.
+const CURRENT_RUN: &str = "r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)";
+
 /// The WHERE conditions of a listing (namespace bound as `?1`, already in `values`): current
 /// runs only, then each filter. The status bucket is left out for counts.
 fn list_conditions(filter: &ListFilter, with_status: bool, values: &mut Vec<rusqlite::types::Value>) -> String {
-    let mut sql =
-        String::from("namespace = ?1 AND run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)");
+    let mut sql = format!("r.namespace = ?1 AND {CURRENT_RUN}");
     for (column, value) in [
         ("workflow_type", &filter.workflow_type),
         ("task_queue", &filter.task_queue),
@@ -451,18 +458,18 @@ fn list_conditions(filter: &ListFilter, with_status: bool, values: &mut Vec<rusq
     ] {
         if let Some(value) = value {
             values.push(value.clone().into());
-            sql.push_str(&format!(" AND {column} = ?{}", values.len()));
+            sql.push_str(&format!(" AND r.{column} = ?{}", values.len()));
         }
     }
     if let Some(bucket) = filter.status_bucket.as_deref().filter(|_| with_status) {
         let statuses: Vec<String> = bucket_statuses(bucket).iter().map(|s| format!("'{s}'")).collect();
-        sql.push_str(&format!(" AND status IN ({})", statuses.join(", ")));
+        sql.push_str(&format!(" AND r.status IN ({})", statuses.join(", ")));
     }
     if let Some(query) = &filter.query {
         values.push(like_pattern(query).into());
         let n = values.len();
         sql.push_str(&format!(
-            " AND (workflow_id LIKE ?{n} ESCAPE '\\' OR business_key LIKE ?{n} ESCAPE '\\')"
+            " AND (r.workflow_id LIKE ?{n} ESCAPE '\\' OR r.business_key LIKE ?{n} ESCAPE '\\')"
         ));
     }
     for (key, value) in &filter.attributes {
@@ -470,7 +477,7 @@ fn list_conditions(filter: &ListFilter, with_status: bool, values: &mut Vec<rusq
         values.push(value.clone().into());
         let n = values.len();
         sql.push_str(&format!(
-            " AND run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ?{} AND value = ?{n})",
+            " AND r.run_id IN (SELECT run_id FROM search_attribute_index WHERE key = ?{} AND value = ?{n})",
             n - 1
         ));
     }
@@ -528,7 +535,21 @@ fn hash_text(text: &str) -> String {
 impl Store for SqliteStore {
     async fn ping(&self) -> StoreResult<()> {
         self.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?))
-            .await
+            .await?;
+        // After a failed commit, only a write that commits proves the database writable again
+        // (space freed, the device back): until then the server is not ready.
+        if self.writer.is_failing() {
+            self.writer
+                .write(|conn| {
+                    conn.execute(
+                        "INSERT INTO health_probe (id, probed_at) VALUES (1, strftime('%s','now')) ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+                        [],
+                    )?;
+                    Ok(())
+                })
+                .await?;
+        }
+        Ok(())
     }
 
     async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
@@ -1448,9 +1469,11 @@ impl Store for SqliteStore {
         let namespace = namespace.to_string();
         self.read(move |conn| {
             let mut values: Vec<rusqlite::types::Value> = vec![namespace.into()];
+            // From the instances to their current runs (a primary-key lookup each) rather than
+            // from every run through the correlated "is it current" check.
+            let conditions = list_conditions(&filter, false, &mut values).replacen(CURRENT_RUN, "1 = 1", 1);
             let sql = format!(
-                "SELECT status, COUNT(*) FROM runs r WHERE {} GROUP BY status",
-                list_conditions(&filter, false, &mut values)
+                "SELECT r.status, COUNT(*) FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE {conditions} GROUP BY r.status"
             );
             let mut counts = RunCounts::default();
             let mut statement = conn.prepare(&sql)?;

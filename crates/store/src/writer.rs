@@ -11,7 +11,8 @@ use crate::{StoreError, StoreResult};
 use capstan_engine::TaskKind;
 use rusqlite::Connection;
 use std::cell::RefCell;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
 use tokio::sync::oneshot;
 
 /// `(namespace, kind, queue)` of a task made ready.
@@ -20,6 +21,17 @@ pub type WakeKey = (String, TaskKind, String);
 thread_local! {
     /// Ready-task announcements of the jobs in the current batch; sent only after COMMIT.
     static ANNOUNCED: RefCell<Vec<WakeKey>> = const { RefCell::new(Vec::new()) };
+}
+
+thread_local! {
+    /// Set when a statement of the current batch failed for a reason of the device (full, IO
+    /// error, read-only): the batch may commit what else it did, but the store is failing.
+    static IO_FAILED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Notes a device-level SQLite error (on whichever thread saw it; only the writer's counts).
+pub fn note_io_failure() {
+    IO_FAILED.with(|f| f.set(true));
 }
 
 /// Called by jobs (on the writer thread) for each task they make ready.
@@ -35,17 +47,39 @@ type Job = Box<dyn FnOnce(&Connection) -> (bool, Box<dyn FnOnce(StoreResult<()>)
 #[derive(Clone)]
 pub struct Writer {
     jobs: mpsc::Sender<Job>,
+    health: Arc<Health>,
+}
+
+/// Whether the last group commit failed, and commit failures a fault test asked for.
+#[derive(Default)]
+struct Health {
+    failing: AtomicBool,
+    injected_failures: AtomicU32,
 }
 
 impl Writer {
     /// Starts the writer thread; committed ready-task announcements go to `wake`.
     pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>) -> Self {
         let (jobs, inbox) = mpsc::channel::<Job>();
+        let health = Arc::new(Health::default());
+        let thread_health = health.clone();
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
-            .spawn(move || run(conn, inbox, wake))
+            .spawn(move || run(conn, inbox, wake, &thread_health))
             .expect("spawn the SQLite writer thread");
-        Self { jobs }
+        Self { jobs, health }
+    }
+
+    /// Whether the last transaction failed to begin or commit (a full disk, an IO error, a
+    /// failed fsync): the server reports itself not ready until a commit succeeds again.
+    pub fn is_failing(&self) -> bool {
+        self.health.failing.load(Ordering::SeqCst)
+    }
+
+    /// Makes the next `count` group commits fail as a failed fsync would (rolled back, every
+    /// job in them answered with a storage error). For fault-injection tests.
+    pub fn inject_commit_failures(&self, count: u32) {
+        self.health.injected_failures.store(count, Ordering::SeqCst);
     }
 
     /// Runs `job` in the next group commit and resolves once that commit is durable.
@@ -72,7 +106,7 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>) {
+fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, health: &Health) {
     while let Ok(first) = inbox.recv() {
         let mut batch = vec![first];
         while batch.len() < BATCH_MAX {
@@ -82,11 +116,13 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::Un
             }
         }
         let mut finishers = Vec::with_capacity(batch.len());
+        IO_FAILED.with(|f| f.set(false));
         let begin = conn.execute_batch("BEGIN IMMEDIATE");
         if let Err(error) = begin {
             // Never run a job outside a transaction: dropping the batch answers each caller
             // with a storage error.
             tracing::error!(%error, "could not begin a write transaction");
+            health.failing.store(true, Ordering::SeqCst);
             drop(batch);
             continue;
         }
@@ -119,10 +155,21 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::Un
             }
             finishers.push(finish);
         }
-        let commit = conn.execute_batch("COMMIT").map_err(StoreError::from);
-        if commit.is_err() {
+        let injected = health
+            .injected_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let commit = if injected {
+            Err(StoreError::Storage("disk I/O error (injected: the commit's fsync failed)".into()))
+        } else {
+            conn.execute_batch("COMMIT").map_err(StoreError::from)
+        };
+        if let Err(error) = &commit {
+            tracing::error!(%error, "a group commit failed; its changes were rolled back and no job in it was acknowledged");
             let _ = conn.execute_batch("ROLLBACK");
         }
+        let io_failed = IO_FAILED.with(|f| f.replace(false));
+        health.failing.store(commit.is_err() || io_failed, Ordering::SeqCst);
         let announced = ANNOUNCED.with(|a| std::mem::take(&mut *a.borrow_mut()));
         if commit.is_ok() {
             for key in announced {

@@ -118,6 +118,18 @@ pub async fn send(request: RequestBuilder) -> Resp {
 
 /// Like [`send`], for the documented 504s: a worker did not answer a query or validation in time.
 pub async fn send_allowing_gateway_timeout(request: RequestBuilder) -> Resp {
+    let response = send_allowing_server_errors(request).await;
+    assert!(
+        !response.status.is_server_error() || response.status == StatusCode::GATEWAY_TIMEOUT,
+        "server error {}: {}",
+        response.status,
+        response.body
+    );
+    response
+}
+
+/// Sends and reads the response, 5xx included: only the storage-fault tests expect one (503).
+pub async fn send_allowing_server_errors(request: RequestBuilder) -> Resp {
     let response = request.send().await.expect("request sent");
     let status = response.status();
     let headers = response.headers().clone();
@@ -127,10 +139,6 @@ pub async fn send_allowing_gateway_timeout(request: RequestBuilder) -> Resp {
     } else {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("non-JSON body (status {status}): {e}: {text}"))
     };
-    assert!(
-        !status.is_server_error() || status == StatusCode::GATEWAY_TIMEOUT,
-        "server error {status}: {body}"
-    );
     Resp { status, headers, body }
 }
 
@@ -155,6 +163,8 @@ pub struct Harness {
     pub http: reqwest::Client,
     /// Bearer token sent by `worker()` / `client()`, if any.
     pub token: Option<String>,
+    /// The server's store (shared): for fault injection and inspecting what was committed.
+    pub store: capstan_store::SqliteStore,
     _shutdown: tokio::sync::oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
@@ -171,6 +181,7 @@ impl Harness {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("local addr");
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        let shared = store.clone();
         tokio::spawn(async move {
             capstan_server::serve(listener, store, config, async move {
                 let _ = stop.await;
@@ -182,6 +193,7 @@ impl Harness {
             base: format!("http://{address}"),
             http: reqwest::Client::new(),
             token: token.map(str::to_string),
+            store: shared,
             _shutdown: shutdown,
             _dir: dir,
         }
