@@ -600,11 +600,5 @@ async fn main() {
 
 /// Percent-encodes a query value (page tokens are base64: `+`, `/` and `=` need it).
 fn urlencode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string()
 }

@@ -211,14 +211,9 @@ fn decoded(mut value: Value) -> Value {
     value
 }
 
+/// A path segment or query value, percent-encoded (ids and tokens may hold `/`, `+`, `=`).
 fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 fn run(body: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {

@@ -56,7 +56,7 @@ impl Config {
 }
 
 /// What one seed did.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub seed: u64,
     pub steps: usize,
@@ -68,6 +68,8 @@ pub struct Report {
     pub outcome_unknown_resolved: usize,
     pub lost_tasks: usize,
     pub calm_rounds: usize,
+    /// A hash of every step taken, ids included: equal digests mean the same run.
+    pub digest: u64,
 }
 
 /// A broken guarantee: the seed, the step and what was seen.
@@ -142,6 +144,7 @@ struct Sim {
     /// when first seen blocked: it may not grow until an operator resolves the entry.
     blocked: BTreeMap<String, usize>,
     report: Report,
+    digest: std::cell::Cell<u64>,
 }
 
 pub async fn run(config: Config) -> Result<Report, Failure> {
@@ -177,6 +180,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         acked: BTreeMap::new(),
         touched: BTreeSet::new(),
         blocked: BTreeMap::new(),
+        digest: std::cell::Cell::new(0),
     };
     sim.open()?;
     sim.store()
@@ -187,6 +191,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
     sim.calm_phase().await?;
     sim.check_all().await?;
     sim.report.steps = sim.step;
+    sim.report.digest = sim.digest.get();
     Ok(sim.report)
 }
 
@@ -210,9 +215,16 @@ impl Sim {
         Ok(())
     }
 
+    /// Every step's line (with the ids it touched) goes into the run's digest; `--trace` prints
+    /// it too. Two runs of a seed must end with the same digest.
     fn trace(&self, what: impl FnOnce() -> String) {
+        use std::hash::{Hash, Hasher};
+        let line = format!("[{:>4}] t+{:>7} ms  {}", self.step, self.now - START, what());
+        let mut hasher = std::hash::DefaultHasher::new();
+        (self.digest.get(), &line).hash(&mut hasher);
+        self.digest.set(hasher.finish());
         if self.config.trace {
-            eprintln!("[{:>4}] t+{:>7} ms  {}", self.step, self.now - START, what());
+            eprintln!("{line}");
         }
     }
 

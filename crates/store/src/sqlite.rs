@@ -443,13 +443,14 @@ fn get_worker(conn: &Connection, namespace: &str, worker_id: &str) -> StoreResul
         .optional()?)
 }
 
-/// Keeps a listing to the current run of each instance.
-const CURRENT_RUN: &str = "r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)";
-
 /// The WHERE conditions of a listing (namespace bound as `?1`, already in `values`): current
-/// runs only, then each filter. The status bucket is left out for counts.
-fn list_conditions(filter: &ListFilter, with_status: bool, values: &mut Vec<rusqlite::types::Value>) -> String {
-    let mut sql = format!("r.namespace = ?1 AND {CURRENT_RUN}");
+/// runs only (unless the query already joins from the instances), then each filter. The status
+/// bucket is left out for counts.
+fn list_conditions(filter: &ListFilter, with_status: bool, current_only: bool, values: &mut Vec<rusqlite::types::Value>) -> String {
+    let mut sql = String::from("r.namespace = ?1");
+    if current_only {
+        sql.push_str(" AND r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)");
+    }
     for (column, value) in [
         ("workflow_type", &filter.workflow_type),
         ("task_queue", &filter.task_queue),
@@ -1442,7 +1443,10 @@ impl Store for SqliteStore {
         let namespace = namespace.to_string();
         self.read(move |conn| {
             let mut values: Vec<rusqlite::types::Value> = vec![namespace.into()];
-            let mut sql = format!("SELECT state FROM runs r WHERE {}", list_conditions(&filter, true, &mut values));
+            let mut sql = format!(
+                "SELECT state FROM runs r WHERE {}",
+                list_conditions(&filter, true, true, &mut values)
+            );
             if let Some(after) = filter.after {
                 values.push(after.started_at.into());
                 values.push(after.run_id.into());
@@ -1471,7 +1475,7 @@ impl Store for SqliteStore {
             let mut values: Vec<rusqlite::types::Value> = vec![namespace.into()];
             // From the instances to their current runs (a primary-key lookup each) rather than
             // from every run through the correlated "is it current" check.
-            let conditions = list_conditions(&filter, false, &mut values).replacen(CURRENT_RUN, "1 = 1", 1);
+            let conditions = list_conditions(&filter, false, false, &mut values);
             let sql = format!(
                 "SELECT r.status, COUNT(*) FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE {conditions} GROUP BY r.status"
             );

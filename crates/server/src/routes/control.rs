@@ -385,6 +385,16 @@ fn parse_list_token(token: &str) -> Option<(usize, Option<ListCursor>)> {
 
 const HISTORY_PAGE_MAX: usize = 1000;
 
+/// A run by workflow id and run id, or `404 run_not_found`.
+async fn named_run<S: Store>(state: &Shared<S>, namespace: &str, workflow_id: &str, run_id: &str) -> ApiResult<RunState> {
+    let locator = RunLocator::Run(WorkflowId(workflow_id.to_string()), RunId(run_id.to_string()));
+    state.store.load_run(namespace, locator).await?.ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+            .with("workflow_id", workflow_id)
+            .with("run_id", run_id)
+    })
+}
+
 /// `GET /api/workflows/{id}/runs/{run}/integrity`: re-walks the run's history hash chain from its
 /// origin and says where it breaks, if it does.
 pub async fn integrity<S: Store>(
@@ -392,12 +402,7 @@ pub async fn integrity<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path((workflow_id, run_id)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
-    let run = state.store.load_run(&namespace, locator).await?.ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
-            .with("workflow_id", workflow_id.clone())
-            .with("run_id", run_id.clone())
-    })?;
+    let run = named_run(&state, &namespace, &workflow_id, &run_id).await?;
     let events = state
         .store
         .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize)
@@ -673,12 +678,7 @@ pub async fn export_history<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path((workflow_id, run_id)): Path<(String, String)>,
 ) -> ApiResult<Json<Value>> {
-    let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
-    let run = state.store.load_run(&namespace, locator).await?.ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
-            .with("workflow_id", workflow_id.clone())
-            .with("run_id", run_id.clone())
-    })?;
+    let run = named_run(&state, &namespace, &workflow_id, &run_id).await?;
     let runs = state.store.runs_of(&namespace, &run.workflow_id).await?;
     let current = runs.last().map(|r| r.run_id.clone()).unwrap_or_else(|| run.run_id.clone());
     let events = state
