@@ -2,19 +2,23 @@
 //! one seed through a simulated clock, simulated workers and clients, and injected faults.
 //!
 //! A seed picks a workload (workflows made of activities, declared consequential actions,
-//! timers and signal waits) and, step by step, what happens next: a worker polls and completes
-//! at once, late, twice or never (it crashed); an activity succeeds, fails, hangs past its
-//! timeout or reports after its lease expired; reports are reordered and duplicated; the clock
-//! jumps; the server restarts from its database file; an operator resolves an `outcome_unknown`
-//! entry. After every step the touched run is checked against the guarantees (see
-//! [`Failure`]), and after the faults stop every workflow must finish (liveness).
+//! timers, signal waits, child workflows and continue-as-new; updates and queries sent by
+//! clients; interval schedules with every overlap policy, paused and resumed) and, step by
+//! step, what happens next: a worker polls and completes at once, late, twice or never (it
+//! crashed); an activity succeeds, fails, hangs past its timeout or reports after its lease
+//! expired; reports are reordered and duplicated; a client retries an update with the same
+//! request id; the clock jumps; the server restarts from its database file; an operator
+//! resolves an `outcome_unknown` entry. After every step the touched run is checked against
+//! the guarantees (see [`Sim::check_run`]), and after the faults stop every workflow, child,
+//! continued run, update and schedule must finish (liveness).
 //!
 //! Everything that varies comes from the seed: the workload, the fault choices, and the ids
 //! the store mints ([`capstan_store::use_deterministic_ids`]). A failing seed replays exactly
 //! with `capstan-sim --seed N`.
 
+use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
 use capstan_engine::*;
-use capstan_store::{DuplicatePolicy, LedgerFilter, RunLocator, SqliteStore, Store, StoreError};
+use capstan_store::{CommandKey, DuplicatePolicy, KeyedReceipt, LedgerFilter, RunLocator, ScheduleFire, SqliteStore, Store, StoreError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -33,6 +37,15 @@ const ACTIVITY_LEASE_MS: i64 = 8_000;
 /// `outcome_unknown` and waits for an operator.
 const DECLARED: &str = "sim.charge";
 const PLAIN: &str = "sim.work";
+const WORKFLOW_TYPE: &str = "sim.workflow";
+const CHILD_TYPE: &str = "sim.child";
+const SCHEDULED_TYPE: &str = "sim.scheduled";
+const UPDATE_NAME: &str = "bump";
+const QUERY_LEASE_MS: i64 = 3_000;
+const QUERY_WAIT_MS: i64 = 10_000;
+/// As `capstan serve` runs it by default.
+const SCHEDULE_CATCHUP_MS: i64 = 60_000;
+const SCHEDULES: usize = 2;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -67,6 +80,12 @@ pub struct Report {
     pub refusals: BTreeMap<String, usize>,
     pub outcome_unknown_resolved: usize,
     pub lost_tasks: usize,
+    pub updates_accepted: usize,
+    pub update_retries_answered_from_receipt: usize,
+    pub queries_answered: usize,
+    pub children_started: usize,
+    pub continued_as_new: usize,
+    pub scheduled_starts: usize,
     pub calm_rounds: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
@@ -97,6 +116,10 @@ enum Step {
     Timer(i64),
     /// Waits for the signal `go-N`.
     Signal(usize),
+    /// Starts a child workflow and waits for it to close.
+    Child,
+    /// Ends this run's part of the program: the next run of the instance does the rest.
+    ContinueAsNew,
 }
 
 /// A report a worker holds and delivers later (or twice, or never).
@@ -123,6 +146,11 @@ enum Delivery {
         attempt_id: ActivityAttemptId,
         owner: String,
     },
+    AnswerQuery {
+        query_id: String,
+        owner: String,
+        attempt: u32,
+    },
 }
 
 struct Sim {
@@ -132,7 +160,18 @@ struct Sim {
     store: Option<SqliteStore>,
     now: Millis,
     step: usize,
+    /// The programs of the workflows the clients started (children and scheduled workflows
+    /// run fixed programs of their type).
     programs: BTreeMap<String, Vec<Step>>,
+    /// Every workflow instance that may exist: started, children asked for, scheduled.
+    instances: BTreeSet<String>,
+    /// Run id → workflow id, for every run seen.
+    run_workflows: BTreeMap<String, String>,
+    /// Update request ids sent, with the update id the first acceptance answered.
+    update_requests: BTreeMap<String, (String, String)>,
+    /// Query tasks created, with whether an answer was accepted.
+    queries: BTreeMap<String, bool>,
+    schedules: Vec<String>,
     inflight: Vec<Delivery>,
     /// The highest fence each task was leased with: a new lease must be higher.
     fences: BTreeMap<String, u64>,
@@ -175,6 +214,11 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         now: START,
         step: 0,
         programs: BTreeMap::new(),
+        instances: BTreeSet::new(),
+        run_workflows: BTreeMap::new(),
+        update_requests: BTreeMap::new(),
+        queries: BTreeMap::new(),
+        schedules: Vec::new(),
         inflight: Vec::new(),
         fences: BTreeMap::new(),
         acked: BTreeMap::new(),
@@ -190,6 +234,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
     sim.faulty_phase().await?;
     sim.calm_phase().await?;
     sim.check_all().await?;
+    sim.check_settled().await?;
     sim.report.steps = sim.step;
     sim.report.digest = sim.digest.get();
     Ok(sim.report)
@@ -245,6 +290,24 @@ impl Sim {
         self.acked
             .insert(run.run_id.as_str().to_string(), (run.last_sequence, run.last_hash.clone()));
         self.touched.insert(run.run_id.as_str().to_string());
+        self.run_workflows
+            .insert(run.run_id.as_str().to_string(), run.workflow_id.as_str().to_string());
+        self.instances.insert(run.workflow_id.as_str().to_string());
+    }
+
+    /// The program a run executes: the client's for the workflows it started, a fixed one per
+    /// type for children and scheduled workflows.
+    fn program_for(&self, workflow_id: &str, workflow_type: &str) -> Vec<Step> {
+        if let Some(program) = self.programs.get(workflow_id) {
+            return program.clone();
+        }
+        match workflow_type {
+            CHILD_TYPE if workflow_id.ends_with(['1', '3', '5', '7', '9']) => {
+                vec![Step::Timer(2), Step::Activity(DECLARED)]
+            }
+            CHILD_TYPE => vec![Step::Activity(PLAIN)],
+            _ => vec![Step::Activity(PLAIN), Step::Timer(1)],
+        }
     }
 
     // -----------------------------------------------------------------------------------------
@@ -255,17 +318,23 @@ impl Sim {
             self.step += 1;
             let roll = self.rng.random_range(0..100);
             match roll {
-                0..=9 => self.start_workflow().await?,
-                10..=29 => {
+                0..=7 => self.start_workflow().await?,
+                8..=25 => {
                     self.poll_workflow_task(true).await?;
                 }
-                30..=49 => {
+                26..=41 => {
                     self.poll_activity_task(true).await?;
                 }
-                50..=64 => self.deliver_inflight().await?,
-                65..=79 => self.advance_clock().await?,
-                80..=87 => self.send_signal().await?,
-                88..=94 => self.resolve_unknown().await?,
+                42..=53 => self.deliver_inflight().await?,
+                54..=64 => self.advance_clock().await?,
+                65..=70 => self.send_signal().await?,
+                71..=75 => self.send_update().await?,
+                76..=78 => self.send_query().await?,
+                79..=81 => {
+                    self.poll_query_task(true).await?;
+                }
+                82..=87 => self.resolve_unknown().await?,
+                88..=94 => self.change_schedules().await?,
                 _ => self.restart().await?,
             }
             self.check_touched().await?;
@@ -285,13 +354,18 @@ impl Sim {
         }
         for round in 0..400 {
             self.report.calm_rounds = round + 1;
-            if self.open_workflows().await?.is_empty() {
-                self.report.completed = self.programs.len();
+            if self.open_workflows().await?.is_empty() && self.live_schedules().await?.is_empty() {
+                self.report.completed = self.instances.len();
                 return Ok(());
             }
             self.step += 1;
+            // A paused schedule would never finish: operators resume them.
+            for schedule_id in self.live_schedules().await? {
+                self.pause_or_resume(&schedule_id, false).await?;
+            }
             while self.poll_workflow_task(false).await? {}
             while self.poll_activity_task(false).await? {}
+            while self.poll_query_task(false).await? {}
             while !self.inflight.is_empty() {
                 let delivery = self.inflight.remove(0);
                 self.deliver(delivery).await?;
@@ -305,15 +379,32 @@ impl Sim {
             self.check_touched().await?;
         }
         let open = self.open_workflows().await?;
+        let schedules = self.live_schedules().await?;
         Err(self.fail(format!(
-            "liveness: {} workflow(s) still open after the faults stopped: {open:?}",
-            open.len()
+            "liveness: {} workflow(s) still open and {} schedule(s) live after the faults stopped: {open:?} {schedules:?}",
+            open.len(),
+            schedules.len()
         )))
+    }
+
+    async fn live_schedules(&mut self) -> Result<Vec<String>, Failure> {
+        let mut live = Vec::new();
+        for schedule_id in self.schedules.clone() {
+            let schedule = self
+                .store()
+                .schedule(NAMESPACE, &schedule_id)
+                .await
+                .map_err(|e| self.fail(format!("schedule: {e}")))?;
+            if schedule.is_some() {
+                live.push(schedule_id);
+            }
+        }
+        Ok(live)
     }
 
     async fn open_workflows(&mut self) -> Result<Vec<String>, Failure> {
         let mut open = Vec::new();
-        for workflow_id in self.programs.keys().cloned().collect::<Vec<_>>() {
+        for workflow_id in self.instances.iter().cloned().collect::<Vec<_>>() {
             let run = self
                 .store()
                 .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
@@ -335,16 +426,23 @@ impl Sim {
         }
         let index = self.programs.len();
         let workflow_id = format!("sim-{}-{index}", self.config.seed);
-        let length = self.rng.random_range(1..=4);
+        let length = self.rng.random_range(1..=5);
         let mut signals = 0;
+        let mut continued = false;
         let program: Vec<Step> = (0..length)
-            .map(|_| match self.rng.random_range(0..10) {
-                0..=3 => Step::Activity(PLAIN),
-                4..=5 => Step::Activity(DECLARED),
-                6..=7 => Step::Timer(self.rng.random_range(1..=5)),
-                _ => {
+            .map(|_| match self.rng.random_range(0..12) {
+                0..=2 => Step::Activity(PLAIN),
+                3..=4 => Step::Activity(DECLARED),
+                5..=6 => Step::Timer(self.rng.random_range(1..=5)),
+                7..=8 => {
                     signals += 1;
                     Step::Signal(signals)
+                }
+                9..=10 => Step::Child,
+                _ if continued => Step::Activity(PLAIN),
+                _ => {
+                    continued = true;
+                    Step::ContinueAsNew
                 }
             })
             .collect();
@@ -353,7 +451,7 @@ impl Sim {
             namespace: NAMESPACE.into(),
             workflow_id: WorkflowId(workflow_id.clone()),
             run_id: RunId(format!("run-{workflow_id}")),
-            workflow_type: "sim.workflow".into(),
+            workflow_type: WORKFLOW_TYPE.into(),
             task_queue: QUEUE.into(),
             input: Payload::avro(PAYLOAD),
             execution_timeout_seconds: None,
@@ -366,6 +464,7 @@ impl Sim {
             compatibility: None,
         };
         self.programs.insert(workflow_id.clone(), program);
+        self.instances.insert(workflow_id.clone());
         let result = self.store().start_workflow(start.clone(), DuplicatePolicy::Fail, self.now).await;
         if let Some((_, run)) = self.refused(result)? {
             self.acknowledge(&run);
@@ -426,8 +525,14 @@ impl Sim {
             .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
             .await
             .map_err(|e| self.fail(format!("history: {e}")))?;
-        let program = self.programs.get(run.workflow_id.as_str()).cloned().unwrap_or_default();
-        let commands = decide(&program, &history);
+        let program = self.program_for(run.workflow_id.as_str(), &run.workflow_type);
+        let commands = decide(run.workflow_id.as_str(), &program, &history);
+        for command in &commands {
+            if let WorkflowCommand::StartChildWorkflow(child) = command {
+                // The child may come to exist: it must then finish too.
+                self.instances.extend(child.workflow_id.clone());
+            }
+        }
         self.trace(|| {
             format!(
                 "{owner} leased workflow task {} of {} (fence {}): {} command(s)",
@@ -622,8 +727,48 @@ impl Sim {
                     self.acknowledge(&run);
                 }
             }
+            Delivery::AnswerQuery { query_id, owner, attempt } => {
+                self.trace(|| format!("{owner} answers query {query_id} (attempt {attempt})"));
+                let before = self.query_run_head(&query_id).await?;
+                let result = self
+                    .store()
+                    .answer_query_task(
+                        NAMESPACE,
+                        &query_id,
+                        &owner,
+                        attempt,
+                        QueryOutcome::Result(Payload::avro(PAYLOAD)),
+                        now,
+                    )
+                    .await;
+                if self.refused(result)?.is_some() {
+                    if self.queries.insert(query_id.clone(), true) == Some(true) {
+                        return Err(self.fail(format!("query {query_id} accepted a second answer")));
+                    }
+                    self.report.queries_answered += 1;
+                }
+                if self.query_run_head(&query_id).await? != before {
+                    return Err(self.fail(format!("answering query {query_id} changed its run's history")));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The history head of the run a query task reads.
+    async fn query_run_head(&mut self, query_id: &str) -> Result<Option<(u64, String)>, Failure> {
+        let task = self
+            .store()
+            .get_query_task(NAMESPACE, query_id)
+            .await
+            .map_err(|e| self.fail(format!("query task: {e}")))?;
+        let Some(task) = task else { return Ok(None) };
+        let run = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Run(WorkflowId(task.workflow_id), RunId(task.run_id)))
+            .await
+            .map_err(|e| self.fail(format!("load: {e}")))?;
+        Ok(run.map(|r| (r.last_sequence, r.last_hash)))
     }
 
     async fn advance_clock(&mut self) -> Result<(), Failure> {
@@ -658,6 +803,30 @@ impl Sim {
                 self.acknowledge(&run);
             }
         }
+        // The scheduler's pass, as `capstan serve` runs it.
+        let due = self
+            .store()
+            .due_schedules(now, 100)
+            .await
+            .map_err(|e| self.fail(format!("due_schedules: {e}")))?;
+        for (namespace, schedule_id) in due {
+            let result = self
+                .store()
+                .fire_schedule(
+                    &namespace,
+                    &schedule_id,
+                    ScheduleFire::Due {
+                        catchup_window_ms: SCHEDULE_CATCHUP_MS,
+                    },
+                    Payload::avro(PAYLOAD),
+                    now,
+                )
+                .await;
+            if let Some(report) = self.refused(result)? {
+                self.trace(|| format!("schedule {schedule_id} fired: {} ({} started)", report.outcome, report.started));
+            }
+            self.check_schedule(&schedule_id).await?;
+        }
         Ok(())
     }
 
@@ -673,8 +842,11 @@ impl Sim {
     /// Sends the signal the workflow's program waits for next (any of them, at random, in the
     /// faulty phase: signals may come before their wait opens).
     async fn signal_waiting(&mut self, workflow_id: &str) -> Result<(), Failure> {
-        let signals: Vec<usize> = self.programs[workflow_id]
-            .iter()
+        let signals: Vec<usize> = self
+            .programs
+            .get(workflow_id)
+            .into_iter()
+            .flatten()
             .filter_map(|s| match s {
                 Step::Signal(n) => Some(*n),
                 _ => None,
@@ -698,6 +870,242 @@ impl Sim {
             .await;
         if let Some((_, run)) = self.refused(result)? {
             self.acknowledge(&run);
+        }
+        Ok(())
+    }
+
+    /// A client sends an update with a request id, and sometimes sends it again (its response
+    /// was lost): the retry must get the first acceptance's receipt, not a second update.
+    async fn send_update(&mut self) -> Result<(), Failure> {
+        if self.programs.is_empty() {
+            return self.advance_clock().await;
+        }
+        let index = self.rng.random_range(0..self.programs.len());
+        let workflow_id = self.programs.keys().nth(index).cloned().expect("in range");
+        let request_id = format!("update-{}", self.step);
+        let command_id = CommandId(capstan_store::new_ulid().to_string());
+        let attempts = if self.rng.random_bool(0.3) { 2 } else { 1 };
+        for attempt in 0..attempts {
+            self.trace(|| format!("update {UPDATE_NAME} to {workflow_id} (request {request_id}, send {})", attempt + 1));
+            let key = CommandKey {
+                command_type: "update".into(),
+                request_id: request_id.clone(),
+                intent_hash: format!("{UPDATE_NAME}:{PAYLOAD}"),
+            };
+            let command_id = command_id.clone();
+            let result = self
+                .store()
+                .mutate_run_keyed(
+                    NAMESPACE,
+                    RunLocator::Current(WorkflowId(workflow_id.clone())),
+                    key,
+                    self.now,
+                    move |run, cx| {
+                        admit_update(run, UPDATE_NAME, None)?;
+                        accept_update(run, cx, UPDATE_NAME, Payload::avro(PAYLOAD), command_id)
+                    },
+                    |(update_id, _): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id}),
+                )
+                .await;
+            let Some((receipt, run)) = self.refused(result)? else {
+                continue;
+            };
+            let first = self.update_requests.get(&request_id).cloned();
+            match (receipt, first) {
+                (KeyedReceipt::Fresh((update_id, _)), None) => {
+                    self.report.updates_accepted += 1;
+                    let run = run.ok_or_else(|| self.fail("a fresh update came without its run"))?;
+                    self.acknowledge(&run);
+                    self.update_requests.insert(request_id.clone(), (workflow_id.clone(), update_id));
+                }
+                (KeyedReceipt::Fresh((update_id, _)), Some((_, first))) => {
+                    return Err(self.fail(format!("update request {request_id} was applied twice ({first}, then {update_id})")))
+                }
+                (KeyedReceipt::Retained(body), Some((_, first))) => {
+                    if body["update_id"].as_str() != Some(first.as_str()) {
+                        return Err(self.fail(format!(
+                            "update request {request_id} answered {body} from its receipt, not update {first}"
+                        )));
+                    }
+                    self.report.update_retries_answered_from_receipt += 1;
+                }
+                (KeyedReceipt::Retained(body), None) => {
+                    return Err(self.fail(format!("update request {request_id} has a receipt ({body}) but was never applied")))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A client queries a workflow: a query task for a worker, which never touches history.
+    async fn send_query(&mut self) -> Result<(), Failure> {
+        if self.instances.is_empty() {
+            return self.advance_clock().await;
+        }
+        let index = self.rng.random_range(0..self.instances.len());
+        let workflow_id = self.instances.iter().nth(index).cloned().expect("in range");
+        let run = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
+            .await
+            .map_err(|e| self.fail(format!("load: {e}")))?;
+        let Some(run) = run.filter(|r| !r.is_closed()) else {
+            return Ok(());
+        };
+        let task = QueryTask {
+            id: capstan_store::new_ulid().to_string(),
+            kind: QueryKind::Query,
+            namespace: NAMESPACE.into(),
+            task_queue: run.task_queue.clone(),
+            workflow_id: workflow_id.clone(),
+            run_id: run.run_id.to_string(),
+            workflow_type: run.workflow_type.clone(),
+            query_name: "status".into(),
+            arguments: None,
+            state: QueryState::Ready,
+            attempt: 0,
+            created_at: self.now,
+            deadline_at: self.now + QUERY_WAIT_MS,
+        };
+        let id = task.id.clone();
+        self.trace(|| format!("query status of {workflow_id} (query task {id})"));
+        let before = (run.last_sequence, run.last_hash.clone());
+        self.store()
+            .create_query_task(task)
+            .await
+            .map_err(|e| self.fail(format!("create_query_task: {e}")))?;
+        self.queries.insert(id.clone(), false);
+        if self.query_run_head(&id).await? != Some(before) {
+            return Err(self.fail(format!("query {id} changed the history of {workflow_id}")));
+        }
+        Ok(())
+    }
+
+    /// A worker polls for a query task; returns whether one was leased.
+    async fn poll_query_task(&mut self, faulty: bool) -> Result<bool, Failure> {
+        let owner = self.worker();
+        let claimed = self
+            .store()
+            .claim_query_task(NAMESPACE, QUEUE, QueryKind::Query, &owner, QUERY_LEASE_MS, self.now)
+            .await;
+        let Some(Some(task)) = self.refused(claimed)? else {
+            return Ok(false);
+        };
+        if task.is_answered() || !self.queries.contains_key(&task.id) {
+            return Err(self.fail(format!("query task {} leased though answered or unknown", task.id)));
+        }
+        self.trace(|| format!("{owner} leased query task {} (attempt {})", task.id, task.attempt));
+        let delivery = Delivery::AnswerQuery {
+            query_id: task.id,
+            owner,
+            attempt: task.attempt,
+        };
+        match self.fate(faulty) {
+            0 => self.deliver(delivery).await?,
+            1 => self.inflight.push(delivery),
+            _ => self.report.lost_tasks += 1,
+        }
+        Ok(true)
+    }
+
+    /// Creates the seed's schedules (every overlap policy over the seeds, a few runs each), or
+    /// pauses or resumes one.
+    async fn change_schedules(&mut self) -> Result<(), Failure> {
+        if self.schedules.len() < SCHEDULES && (self.schedules.is_empty() || self.rng.random_bool(0.5)) {
+            let schedule_id = format!("schedule-{}", self.schedules.len());
+            let every = self.rng.random_range(10..=40);
+            let policies = [
+                OverlapPolicy::Skip,
+                OverlapPolicy::BufferOne,
+                OverlapPolicy::BufferAll,
+                OverlapPolicy::CancelOther,
+                OverlapPolicy::TerminateOther,
+                OverlapPolicy::AllowAll,
+            ];
+            let policy = policies[self.rng.random_range(0..policies.len())];
+            let max_runs = self.rng.random_range(2..=4);
+            let spec = json!({"intervals": [{"every": format!("PT{every}S")}]});
+            let action = json!({"workflow_type": SCHEDULED_TYPE, "task_queue": QUEUE});
+            let fields = ScheduleFields {
+                overlap_policy: Some(policy),
+                max_runs: Some(max_runs),
+                input_payload: Some(Payload::avro(PAYLOAD)),
+                ..ScheduleFields::default()
+            };
+            let schedule = Schedule::create(
+                NAMESPACE,
+                &schedule_id,
+                spec.as_object().cloned().unwrap_or_default(),
+                action.as_object().expect("an object"),
+                fields,
+                false,
+                self.now,
+            )
+            .map_err(|e| self.fail(format!("schedule spec: {e:?}")))?;
+            self.trace(|| format!("create {schedule_id}: every {every} s, {policy:?}, {max_runs} runs"));
+            let result = self.store().create_schedule(schedule).await;
+            self.refused(result)?;
+            self.schedules.push(schedule_id);
+            return Ok(());
+        }
+        let index = self.rng.random_range(0..self.schedules.len());
+        let schedule_id = self.schedules[index].clone();
+        let pause = self.rng.random_bool(0.5);
+        self.pause_or_resume(&schedule_id, pause).await
+    }
+
+    async fn pause_or_resume(&mut self, schedule_id: &str, pause: bool) -> Result<(), Failure> {
+        self.trace(|| format!("{} {schedule_id}", if pause { "pause" } else { "resume" }));
+        let now = self.now;
+        let result = self
+            .store()
+            .change_schedule(NAMESPACE, schedule_id, move |schedule| {
+                if pause {
+                    schedule.pause(None, now);
+                } else if schedule.paused_at.is_some() {
+                    schedule.resume(None, now);
+                }
+                Ok(())
+            })
+            .await;
+        self.refused(result)?;
+        Ok(())
+    }
+
+    /// Every occurrence of a schedule started at most one workflow, and every workflow it
+    /// started exists (and must finish).
+    async fn check_schedule(&mut self, schedule_id: &str) -> Result<(), Failure> {
+        let events = self
+            .store()
+            .schedule_history(NAMESPACE, schedule_id, 0, 100_000)
+            .await
+            .map_err(|e| self.fail(format!("schedule history: {e}")))?
+            .unwrap_or_default();
+        let mut occurrences = BTreeSet::new();
+        for event in events.iter().filter(|e| e.event_type == "ScheduleTriggered") {
+            let occurrence = event.payload.get("occurrence_time").and_then(Value::as_str).unwrap_or("");
+            if !occurrences.insert(occurrence.to_string()) {
+                return Err(self.fail(format!("{schedule_id}: occurrence {occurrence} started twice")));
+            }
+            let Some(workflow_id) = event.workflow_id.clone() else {
+                return Err(self.fail(format!("{schedule_id}: a trigger without its workflow")));
+            };
+            if self.instances.insert(workflow_id.clone()) {
+                self.report.scheduled_starts += 1;
+            }
+            let exists = self
+                .store()
+                .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
+                .await
+                .map_err(|e| self.fail(format!("load: {e}")))?;
+            match exists {
+                Some(run) => {
+                    if !self.acked.contains_key(run.run_id.as_str()) {
+                        self.acknowledge(&run);
+                    }
+                }
+                None => return Err(self.fail(format!("{schedule_id} started {workflow_id}, which does not exist"))),
+            }
         }
         Ok(())
     }
@@ -772,6 +1180,29 @@ impl Sim {
     // -----------------------------------------------------------------------------------------
     // Invariants
 
+    /// After the calm phase: every run closed, every update settled (the checks above), and
+    /// the counts of what the seed exercised.
+    async fn check_settled(&mut self) -> Result<(), Failure> {
+        for (run_id, workflow_id) in self.run_workflows.clone() {
+            let run = self
+                .store()
+                .load_run(NAMESPACE, RunLocator::Run(WorkflowId(workflow_id), RunId(run_id.clone())))
+                .await
+                .map_err(|e| self.fail(format!("load: {e}")))?
+                .ok_or_else(|| self.fail(format!("run {run_id} is gone")))?;
+            if !run.is_closed() {
+                return Err(self.fail(format!("liveness: run {run_id} is still open")));
+            }
+            if run.run_number > 1 {
+                self.report.continued_as_new += 1;
+            }
+            if run.workflow_type == CHILD_TYPE && run.run_number == 1 {
+                self.report.children_started += 1;
+            }
+        }
+        Ok(())
+    }
+
     async fn check_touched(&mut self) -> Result<(), Failure> {
         for run_id in std::mem::take(&mut self.touched) {
             self.check_run(&run_id).await?;
@@ -784,11 +1215,19 @@ impl Sim {
         for run_id in self.acked.keys().cloned().collect::<Vec<_>>() {
             self.check_run(&run_id).await?;
         }
+        for schedule_id in self.schedules.clone() {
+            self.check_schedule(&schedule_id).await?;
+        }
         Ok(())
     }
 
+    /// The guarantees of one run, from its stored state and history.
     async fn check_run(&mut self, run_id: &str) -> Result<(), Failure> {
-        let workflow_id = run_id.strip_prefix("run-").unwrap_or(run_id).to_string();
+        let workflow_id = self
+            .run_workflows
+            .get(run_id)
+            .cloned()
+            .ok_or_else(|| self.fail(format!("run {run_id} was never seen")))?;
         let run = self
             .store()
             .load_run(NAMESPACE, RunLocator::Run(WorkflowId(workflow_id), RunId(run_id.to_string())))
@@ -833,6 +1272,11 @@ impl Sim {
                     Some(format!("activity {}", id("activity_execution_id")))
                 }
                 EventType::TimerFired => Some(format!("timer {}", id("timer_id"))),
+                EventType::ChildRunCompleted | EventType::ChildRunFailed | EventType::ChildRunCancelled | EventType::ChildRunTerminated => {
+                    Some(format!("child {}", id("child_call_id")))
+                }
+                EventType::UpdateAccepted => Some(format!("update acceptance {}", id("update_id"))),
+                EventType::UpdateCompleted => Some(format!("update outcome {}", id("update_id"))),
                 EventType::SignalReceived => Some(format!(
                     "signal {}",
                     event.workflow_command_id.as_ref().map(|c| c.as_str()).unwrap_or("")
@@ -868,6 +1312,17 @@ impl Sim {
         if let Some((key, count)) = terminal.iter().find(|(_, count)| **count > 1) {
             return Err(self.fail(format!("{run_id}: {count} terminal facts for {key}")));
         }
+        // An update's outcome follows its acceptance, and a closed run has no update left open.
+        for key in terminal.keys().filter_map(|k| k.strip_prefix("update outcome ")) {
+            if !terminal.contains_key(&format!("update acceptance {key}")) {
+                return Err(self.fail(format!("{run_id}: update {key} completed without being accepted")));
+            }
+        }
+        if run.is_closed() {
+            if let Some((id, _)) = run.updates.iter().find(|(_, u)| u.status == UpdateStatus::Accepted) {
+                return Err(self.fail(format!("{run_id}: closed with update {id} still accepted")));
+            }
+        }
         // No automatic retry of a step whose outcome is unknown.
         for execution in run.activities.values() {
             let started = events
@@ -898,13 +1353,21 @@ impl Sim {
 
 /// The simulated SDK: replays a program against the history and answers the next commands.
 /// Steps run one at a time, so the k-th opening event of a kind belongs to the k-th step of
-/// that kind.
-fn decide(program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
+/// that kind. Run N of an instance runs the N-th part of the program (parts end at
+/// `ContinueAsNew`). Accepted updates are settled first, as an SDK runs update handlers.
+fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
     let count = |types: &[EventType]| history.iter().filter(|e| types.contains(&e.event_type)).count();
     let activities_scheduled = count(&[EventType::ActivityScheduled]);
     let activities_resolved = count(&[EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut]);
     let timers_scheduled = count(&[EventType::TimerScheduled]);
     let timers_fired = count(&[EventType::TimerFired]);
+    let children_scheduled = count(&[EventType::ChildWorkflowScheduled]);
+    let children_closed = count(&[
+        EventType::ChildRunCompleted,
+        EventType::ChildRunFailed,
+        EventType::ChildRunCancelled,
+        EventType::ChildRunTerminated,
+    ]);
     let has = |event_type: EventType, name: &str| {
         history
             .iter()
@@ -916,18 +1379,41 @@ fn decide(program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
     {
         return Vec::new();
     }
-    let (mut activity, mut timer) = (0, 0);
-    for step in program {
-        match step {
+    let update_id = |e: &HistoryEvent| e.payload.get("update_id").and_then(Value::as_str).unwrap_or("").to_string();
+    let settled: BTreeSet<String> = history
+        .iter()
+        .filter(|e| e.event_type == EventType::UpdateCompleted)
+        .map(update_id)
+        .collect();
+    let mut commands: Vec<WorkflowCommand> = history
+        .iter()
+        .filter(|e| e.event_type == EventType::UpdateAccepted && !settled.contains(&update_id(e)))
+        .map(|e| WorkflowCommand::CompleteUpdate {
+            update_id: update_id(e),
+            result: Payload::avro(PAYLOAD),
+        })
+        .collect();
+    let run_number = history
+        .iter()
+        .find(|e| e.event_type == EventType::WorkflowStarted)
+        .and_then(|e| e.payload.get("run_number"))
+        .and_then(Value::as_u64)
+        .unwrap_or(1) as usize;
+    let parts: Vec<&[Step]> = program.split(|s| *s == Step::ContinueAsNew).collect();
+    let part = parts.get(run_number - 1).copied().unwrap_or(&[]);
+    let last_part = run_number >= parts.len();
+    let (mut activity, mut timer, mut child) = (0, 0, 0);
+    for step in part {
+        let next = match step {
             Step::Activity(activity_type) => {
                 activity += 1;
                 if activity <= activities_resolved {
                     continue;
                 }
                 if activity <= activities_scheduled {
-                    return Vec::new();
+                    return commands;
                 }
-                return vec![WorkflowCommand::ScheduleActivity(ScheduleActivity {
+                WorkflowCommand::ScheduleActivity(ScheduleActivity {
                     activity_type: activity_type.to_string(),
                     arguments: Payload::avro(PAYLOAD),
                     queue: None,
@@ -943,7 +1429,7 @@ fn decide(program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
                         heartbeat_seconds: None,
                     },
                     tags: Map::new(),
-                })];
+                })
             }
             Step::Timer(seconds) => {
                 timer += 1;
@@ -951,12 +1437,12 @@ fn decide(program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
                     continue;
                 }
                 if timer <= timers_scheduled {
-                    return Vec::new();
+                    return commands;
                 }
-                return vec![WorkflowCommand::StartTimer {
+                WorkflowCommand::StartTimer {
                     delay_seconds: *seconds,
                     tags: Map::new(),
-                }];
+                }
             }
             Step::Signal(n) => {
                 let name = format!("go-{n}");
@@ -964,19 +1450,53 @@ fn decide(program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
                     continue;
                 }
                 if has(EventType::SignalWaitOpened, &name) {
-                    return Vec::new();
+                    return commands;
                 }
-                return vec![WorkflowCommand::OpenSignalWait {
+                WorkflowCommand::OpenSignalWait {
                     signal_name: name,
                     timeout_seconds: None,
                     tags: Map::new(),
-                }];
+                }
             }
-        }
+            Step::Child => {
+                child += 1;
+                if child <= children_closed {
+                    continue;
+                }
+                if child <= children_scheduled {
+                    return commands;
+                }
+                WorkflowCommand::StartChildWorkflow(StartChild {
+                    workflow_type: CHILD_TYPE.into(),
+                    arguments: Payload::avro(PAYLOAD),
+                    queue: None,
+                    workflow_id: Some(format!("{workflow_id}-r{run_number}-child-{child}")),
+                    parent_close_policy: "terminate".into(),
+                    cancellation_policy: "abandon".into(),
+                    execution_timeout_seconds: None,
+                    run_timeout_seconds: None,
+                    retry_policy: None,
+                    tags: Map::new(),
+                })
+            }
+            Step::ContinueAsNew => unreachable!("parts are split at ContinueAsNew"),
+        };
+        commands.push(next);
+        return commands;
     }
-    vec![WorkflowCommand::CompleteWorkflow {
-        result: Payload::avro(PAYLOAD),
-    }]
+    commands.push(if last_part {
+        WorkflowCommand::CompleteWorkflow {
+            result: Payload::avro(PAYLOAD),
+        }
+    } else {
+        WorkflowCommand::ContinueAsNew {
+            arguments: Payload::avro(PAYLOAD),
+            workflow_type: None,
+            queue: None,
+            tags: Map::new(),
+        }
+    });
+    commands
 }
 
 /// Runs one seed; a panic anywhere in the engine or store is a failure of that seed too.
@@ -1002,6 +1522,12 @@ pub struct Totals {
     pub duplicates: usize,
     pub lost_tasks: usize,
     pub unknown_resolved: usize,
+    pub updates: usize,
+    pub update_retries: usize,
+    pub queries: usize,
+    pub children: usize,
+    pub continued: usize,
+    pub scheduled: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1014,6 +1540,12 @@ impl Totals {
         self.duplicates += report.duplicates_delivered;
         self.lost_tasks += report.lost_tasks;
         self.unknown_resolved += report.outcome_unknown_resolved;
+        self.updates += report.updates_accepted;
+        self.update_retries += report.update_retries_answered_from_receipt;
+        self.queries += report.queries_answered;
+        self.children += report.children_started;
+        self.continued += report.continued_as_new;
+        self.scheduled += report.scheduled_starts;
         for (reason, count) in &report.refusals {
             *self.refusals.entry(reason.clone()).or_default() += count;
         }
@@ -1022,10 +1554,16 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
+            self.children,
+            self.scheduled,
+            self.continued,
+            self.updates,
+            self.update_retries,
+            self.queries,
             self.restarts,
             self.duplicates,
             self.lost_tasks,

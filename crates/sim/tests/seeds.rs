@@ -24,6 +24,17 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
         totals.summary()
     );
     assert!(totals.unknown_resolved > 0, "{}", totals.summary());
+    // So was the whole workload: every kind of durable id had its chance to be doubled.
+    assert!(
+        totals.updates > 0
+            && totals.update_retries > 0
+            && totals.queries > 0
+            && totals.children > 0
+            && totals.continued > 0
+            && totals.scheduled > 0,
+        "{}",
+        totals.summary()
+    );
     assert!(totals.refusals.values().sum::<usize>() > 0, "{}", totals.summary());
 }
 
