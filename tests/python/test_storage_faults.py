@@ -1,13 +1,18 @@
-"""A full disk, for real: the server's data directory is a small tmpfs that a filler file fills.
+"""Storage faults, for real, on both databases.
 
-While the disk is full, writes are refused with 503 `storage_unavailable` (the DW error shape)
-and nothing refused is committed; reads keep working. Once space is freed, `/api/ready` (which
-after a failed commit probes with a real write) reports ready and writes go through; after a
-restart every acknowledged workflow is there and `capstan verify` finds every chain intact.
-(A nearly full disk can still take the probe's small write, so readiness while full is not
-asserted here; `crates/server/tests/http_api.rs` injects failing commits to test it.)
+SQLite: the server's data directory is a small tmpfs that a filler file fills. PostgreSQL: the
+database lives in a tablespace on a small tmpfs that Capstan's own writes fill; and, separately,
+the database turns read-only under the server (what a failover to a demoted primary looks like).
 
-Mounting needs root (CI runs as root); elsewhere the test is skipped with that reason.
+While writes fail they are refused with 503 `storage_unavailable` (the DW error shape) and
+nothing refused is committed; reads keep working; the process stays up. Once the fault is gone
+`/api/ready` (a probe write must commit) reports ready and writes go through without a restart;
+after a restart every acknowledged workflow is there and `capstan verify` finds every chain
+intact. (A nearly full disk can still take the probe's small write, so readiness while full is
+not asserted; `crates/server/tests/http_api.rs` injects failing commits to test it, and the
+read-only database asserts it here.)
+
+Mounting needs root (CI runs as root); elsewhere those tests are skipped with that reason.
 """
 from __future__ import annotations
 
@@ -18,7 +23,17 @@ import time
 import httpx
 import pytest
 
-from capstan_harness import CONTROL_HEADERS, CapstanServer, capstan_binary, envelope, unique
+from capstan_harness import (
+    CONTROL_HEADERS,
+    CapstanServer,
+    ScratchDatabase,
+    capstan_binary,
+    envelope,
+    postgres_admin_url,
+    psql,
+    unique,
+    with_database,
+)
 
 
 def fill(path, reserve_bytes: int) -> None:
@@ -93,3 +108,156 @@ def test_a_full_disk_refuses_writes_cleanly_and_recovers(tmp_path):
         if server.running:
             server.terminate()
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def start(http: httpx.Client, prefix: str, payload: dict) -> tuple[str, httpx.Response]:
+    workflow_id = unique(prefix)
+    response = http.post("/api/workflows", json={"workflow_id": workflow_id, "workflow_type": "t", "task_queue": "q", "input": payload})
+    return workflow_id, response
+
+
+def wait_for(check, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+def drop_connections(admin_url: str, database: str) -> None:
+    psql(admin_url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}' AND pid <> pg_backend_pid()")
+
+
+def verify_postgres(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(capstan_binary()), "verify", "--database", url], capture_output=True, text=True, timeout=120)
+
+
+def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path):
+    """The database refuses writes under a running server (every session read-only, as on a
+    demoted primary; its connections drop, as at a failover)."""
+    admin = postgres_admin_url()
+    database = ScratchDatabase(admin).create()
+    server = CapstanServer(tmp_path / "data", tmp_path / "capstan.log", database=database.url)
+    try:
+        server.start()
+        acknowledged: list[str] = []
+        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            for _ in range(5):
+                workflow_id, response = start(http, "before-read-only", envelope(["before"]))
+                assert response.status_code == 201, response.text
+                acknowledged.append(workflow_id)
+            assert http.get("/api/ready").status_code == 200
+
+            psql(admin, f"ALTER DATABASE {database.name} SET default_transaction_read_only = on")
+            drop_connections(admin, database.name)
+            refused: list[tuple[str, httpx.Response]] = []
+            for _ in range(50):
+                workflow_id, response = start(http, "while-read-only", envelope(["during"]))
+                if response.status_code == 201:
+                    acknowledged.append(workflow_id)
+                else:
+                    refused.append((workflow_id, response))
+                if len(refused) >= 3:
+                    break
+            ready_while = http.get("/api/ready")
+            listed = http.get("/api/workflows", params={"page_size": 5})
+            described = http.get(f"/api/workflows/{acknowledged[0]}")
+
+            psql(admin, f"ALTER DATABASE {database.name} RESET default_transaction_read_only")
+            drop_connections(admin, database.name)
+            assert wait_for(lambda: http.get("/api/ready").status_code == 200), "not ready after the database took writes again"
+            after, started_after = start(http, "after-read-only", envelope(["after"]))
+            acknowledged.append(after)
+            described_refused = [http.get(f"/api/workflows/{w}").status_code for w, _ in refused]
+
+        assert len(refused) >= 3, "the read-only database took the writes"
+        for _, response in refused:
+            body = response.json()
+            assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
+        assert ready_while.status_code == 503 and ready_while.json()["status"] == "not_ready", ready_while.text
+        assert listed.status_code == 200 and described.status_code == 200, "reads keep working on a read-only database"
+        assert started_after.status_code == 201, started_after.text
+        assert described_refused == [404] * len(refused), "a refused start was committed"
+        assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
+
+        server.kill()
+        server.start()
+        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
+        assert missing == [], f"acknowledged workflows lost: {missing}"
+        server.terminate()
+        verify = verify_postgres(database.url)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+    finally:
+        if server.running:
+            server.terminate()
+        psql(admin, f"ALTER DATABASE {database.name} RESET default_transaction_read_only")
+        database.drop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_postgres_tablespace_refuses_writes_cleanly_and_recovers(tmp_path):
+    """PostgreSQL out of space for real: the database's tablespace is a 12 MiB tmpfs (its WAL is
+    elsewhere, so the server itself stays up) that workflow starts fill until the table files
+    cannot grow; then the tmpfs grows and everything resumes."""
+    admin = postgres_admin_url()
+    name = f"capstan_full_{unique('x').split('-')[1]}"
+    # The PostgreSQL server runs as `postgres` and must reach the directory: not under pytest's
+    # private temp dir.
+    mount = f"/tmp/{name}"
+    os.makedirs(mount)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", mount], check=True)
+    subprocess.run(["chown", "postgres:postgres", mount], check=True)
+    url = with_database(admin, name)
+    server = CapstanServer(tmp_path / "data", tmp_path / "capstan.log", database=url)
+    try:
+        psql(admin, f"CREATE TABLESPACE {name} LOCATION '{mount}'")
+        psql(admin, f"CREATE DATABASE {name} TABLESPACE {name}")
+        server.start()
+        acknowledged: list[str] = []
+        refused: list[tuple[str, httpx.Response]] = []
+        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            for _ in range(2000):
+                # Incompressible input, so the table files grow as fast as the bytes sent.
+                workflow_id, response = start(http, "filling", envelope([os.urandom(24_000).hex()]))
+                if response.status_code == 201:
+                    acknowledged.append(workflow_id)
+                    continue
+                refused.append((workflow_id, response))
+                if len(refused) >= 3:
+                    break
+            listed = http.get("/api/workflows", params={"page_size": 5})
+            described = http.get(f"/api/workflows/{acknowledged[0]}")
+
+            subprocess.run(["mount", "-o", "remount,size=64m", mount], check=True)
+            assert wait_for(lambda: http.get("/api/ready").status_code == 200), "not ready after space came back"
+            after, started_after = start(http, "after-full", envelope(["after"]))
+            acknowledged.append(after)
+            described_refused = [http.get(f"/api/workflows/{w}").status_code for w, _ in refused]
+
+        assert len(refused) >= 3, f"the tablespace never filled up ({len(acknowledged)} starts)"
+        for _, response in refused:
+            body = response.json()
+            assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
+        assert "No space left on device" in server.log_path.read_text(errors="replace"), "the refusals were not the full disk"
+        assert listed.status_code == 200 and described.status_code == 200, "reads keep working while full"
+        assert started_after.status_code == 201, started_after.text
+        assert described_refused == [404] * len(refused), "a refused start was committed"
+        assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
+
+        server.kill()
+        server.start()
+        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
+        assert missing == [], f"acknowledged workflows lost: {missing}"
+        server.terminate()
+        verify = verify_postgres(url)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+    finally:
+        if server.running:
+            server.terminate()
+        psql(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        psql(admin, f"DROP TABLESPACE IF EXISTS {name}")
+        subprocess.run(["umount", "-l", mount], check=False)
+        os.rmdir(mount)

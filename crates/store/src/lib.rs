@@ -536,7 +536,8 @@ pub enum KeyedReceipt<T> {
 /// sense that dropping the future never leaves a partial change; a dropped write may still
 /// commit, exactly like a lost HTTP response, and callers rely on idempotency for that.
 pub trait Store: Send + Sync + 'static {
-    /// Cheap liveness probe of the database.
+    /// Whether the database takes a write now: a read, and a small probe write (always on
+    /// PostgreSQL; on SQLite after a failed commit, until one commits again).
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
 
     fn namespace_exists(&self, namespace: &str) -> impl Future<Output = StoreResult<bool>> + Send;

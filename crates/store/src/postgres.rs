@@ -339,7 +339,16 @@ CREATE TABLE health_probe (id INTEGER PRIMARY KEY, probed_at BIGINT NOT NULL);
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(error: tokio_postgres::Error) -> Self {
-        StoreError::Storage(error.to_string())
+        // tokio-postgres displays a server error as just "db error": the server's message and
+        // SQLSTATE (53100 disk full, 25006 read-only, ...) are what an operator needs to see.
+        let message = match error.as_db_error() {
+            Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+            None => match std::error::Error::source(&error) {
+                Some(cause) => format!("{error}: {cause}"),
+                None => error.to_string(),
+            },
+        };
+        StoreError::Storage(message)
     }
 }
 
@@ -1869,7 +1878,16 @@ impl Store for PostgresStore {
     }
     async fn ping(&self) -> StoreResult<()> {
         let client = self.pool.get().await?;
-        client.query_one("SELECT 1", &[]).await?;
+        // Ready means a write commits now. A connection check alone passes on a database that
+        // refuses writes (a demoted primary, read-only by default, a resource limit), so the
+        // probe writes its row; it is one tiny upsert, not worth tracking failures to skip.
+        client
+            .execute(
+                "INSERT INTO health_probe (id, probed_at) VALUES (1, extract(epoch FROM now())::bigint) \
+                 ON CONFLICT (id) DO UPDATE SET probed_at = EXCLUDED.probed_at",
+                &[],
+            )
+            .await?;
         Ok(())
     }
 
