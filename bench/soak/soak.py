@@ -13,12 +13,18 @@ failed). Measured, every ``--sample-every`` seconds: the server's RSS and open f
 descriptors; per 5-minute window: start→close latency p50/p99 (server timestamps) of the
 workflows started in it. The JSON report goes to ``--out`` and a summary to stdout.
 
+With ``--database postgres://…`` the server is ``--nodes`` Capstan processes sharing that
+PostgreSQL database: the driver spreads its requests over them, workers are spread over them,
+and the restarts take the nodes in turn (the others keep serving meanwhile). RSS and
+descriptors are then sampled per node and reported for the highest node.
+
 Usage (from the repository root)::
 
     cargo build --release -p capstan
     python3 -m venv /tmp/soakvenv && /tmp/soakvenv/bin/pip install durable-workflow==2.12.0 httpx
     /tmp/soakvenv/bin/python bench/soak/soak.py                      # the hour
     /tmp/soakvenv/bin/python bench/soak/soak.py --duration 120 --kill-worker-every 20 --restart-server-every 60   # a short form
+    /tmp/soakvenv/bin/python bench/soak/soak.py --database postgres://postgres@127.0.0.1:54329/soak --nodes 2   # a cluster
 """
 from __future__ import annotations
 
@@ -84,8 +90,8 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, binary: str, data: str, port: int, log_path: str) -> None:
-        self.binary, self.data, self.port = binary, data, port
+    def __init__(self, binary: str, data: str, port: int, log_path: str, database: str | None = None) -> None:
+        self.binary, self.data, self.port, self.database = binary, data, port, database
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "ab")
         self.proc: subprocess.Popen | None = None
@@ -93,6 +99,8 @@ class Server:
     def start(self) -> None:
         command = [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data,
                    "--workflow-task-lease-seconds", "10", "--activity-task-lease-seconds", "30"]
+        if self.database:
+            command += ["--database", self.database]
         self.proc = subprocess.Popen(command, env=dict(os.environ, CAPSTAN_LOG="warn"), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -135,15 +143,20 @@ def parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-async def drive(args: argparse.Namespace, server: Server) -> dict:
+async def drive(args: argparse.Namespace, servers: list[Server]) -> dict:
     import httpx
     from durable_workflow import serializer
 
     value = "x" * 1024
     workers: list[subprocess.Popen] = []
 
+    spawned = 0
+
     def spawn_worker() -> None:
-        workers.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", server.url],
+        nonlocal spawned
+        node = servers[spawned % len(servers)]
+        spawned += 1
+        workers.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", node.url],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     for _ in range(args.worker_processes):
@@ -159,14 +172,22 @@ async def drive(args: argparse.Namespace, server: Server) -> dict:
     next_restart = begin + args.restart_server_every
     next_sample = begin
     counter = 0
-    async with httpx.AsyncClient(base_url=server.url, headers=CONTROL, timeout=10.0) as http:
+    restarts = 0
+    clients = [httpx.AsyncClient(base_url=node.url, headers=CONTROL, timeout=10.0) for node in servers]
+    async with contextlib.AsyncExitStack() as stack:
+        for client in clients:
+            await stack.enter_async_context(client)
+
+        def http_client() -> httpx.AsyncClient:
+            # Any node serves any request; a killed one is retried on another.
+            return random.choice(clients)
 
         async def start_one(workflow_id: str) -> None:
             body = {"workflow_id": workflow_id, "workflow_type": "soak.w1", "task_queue": QUEUE,
                     "input": serializer.envelope([value]), "duplicate_policy": "use-existing"}
             while True:
                 with contextlib.suppress(httpx.HTTPError):
-                    response = await http.post("/api/workflows", json=body)
+                    response = await http_client().post("/api/workflows", json=body)
                     if response.status_code in (200, 201):
                         pending.add(workflow_id)
                         return
@@ -175,7 +196,7 @@ async def drive(args: argparse.Namespace, server: Server) -> dict:
         async def check(batch: list[str]) -> None:
             for workflow_id in batch:
                 with contextlib.suppress(httpx.HTTPError, ValueError):
-                    described = (await http.get(f"/api/workflows/{workflow_id}")).json()
+                    described = (await http_client().get(f"/api/workflows/{workflow_id}")).json()
                     if described.get("is_terminal"):
                         pending.discard(workflow_id)
                         output = serializer.decode_envelope(described["output_envelope"]) if described.get("output_envelope") else None
@@ -207,9 +228,11 @@ async def drive(args: argparse.Namespace, server: Server) -> dict:
                     events.append({"at_s": round(elapsed, 1), "event": "worker SIGKILLed and replaced"})
                     next_kill += args.kill_worker_every
                 if now >= next_restart:
-                    server.kill()
-                    server.start()
-                    events.append({"at_s": round(elapsed, 1), "event": "server SIGKILLed and restarted"})
+                    node = servers[restarts % len(servers)]
+                    restarts += 1
+                    node.kill()
+                    node.start()
+                    events.append({"at_s": round(elapsed, 1), "event": f"server SIGKILLed and restarted (node {servers.index(node)})"})
                     next_restart += args.restart_server_every
             for proc in list(workers):
                 if proc.poll() is not None:
@@ -217,7 +240,9 @@ async def drive(args: argparse.Namespace, server: Server) -> dict:
                     spawn_worker()
                     events.append({"at_s": round(elapsed, 1), "event": "worker exited on its own; replaced"})
             if now >= next_sample:
-                samples.append({"at_s": round(elapsed, 1), **server.stats(), "started": counter,
+                nodes = [node.stats() for node in servers]
+                highest = {key: max((n.get(key) or 0 for n in nodes), default=None) for key in ("rss_mib", "open_fds")}
+                samples.append({"at_s": round(elapsed, 1), **highest, "nodes": nodes, "started": counter,
                                 "pending": len(pending), "finished": len(outcomes)})
                 next_sample += args.sample_every
             oldest = sorted(pending, key=lambda w: started[w])[:200]
@@ -271,16 +296,28 @@ def main() -> int:
     parser.add_argument("--sample-every", type=float, default=10)
     parser.add_argument("--drain", type=float, default=300, help="seconds allowed after the load stops")
     parser.add_argument("--out", default="soak-report.json")
+    parser.add_argument("--database", help="a PostgreSQL URL: the nodes share it (default: embedded SQLite)")
+    parser.add_argument("--nodes", type=int, default=1, help="Capstan processes (more than one needs --database)")
     args = parser.parse_args()
     if args.worker:
         return worker_process(args.worker)
+    if args.nodes > 1 and not args.database:
+        parser.error("--nodes above 1 needs --database (nodes share a PostgreSQL database)")
     data = tempfile.mkdtemp(prefix="capstan-soak-")
-    server = Server(args.binary, data, free_port(), os.path.join(data, "server.log"))
-    server.start()
+    servers = [
+        Server(args.binary, os.path.join(data, f"node-{i}"), free_port(), os.path.join(data, f"server-{i}.log"), args.database)
+        for i in range(args.nodes)
+    ]
+    for node in servers:
+        os.makedirs(node.data, exist_ok=True)
+        node.start()
     try:
-        report = asyncio.run(drive(args, server))
+        report = asyncio.run(drive(args, servers))
+        report["database"] = "postgresql" if args.database else "sqlite"
+        report["nodes"] = args.nodes
     finally:
-        server.kill()
+        for node in servers:
+            node.kill()
     with open(args.out, "w") as out:
         json.dump(report, out, indent=2)
     summary = {k: v for k, v in report.items() if k not in ("samples", "events", "not_completed", "wrong_results")}

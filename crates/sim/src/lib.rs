@@ -86,6 +86,7 @@ pub struct Report {
     pub children_started: usize,
     pub continued_as_new: usize,
     pub scheduled_starts: usize,
+    pub closed_by_clients: usize,
     pub calm_rounds: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
@@ -334,7 +335,8 @@ impl Sim {
                     self.poll_query_task(true).await?;
                 }
                 82..=87 => self.resolve_unknown().await?,
-                88..=94 => self.change_schedules().await?,
+                88..=93 => self.change_schedules().await?,
+                94 => self.close_workflow().await?,
                 _ => self.restart().await?,
             }
             self.check_touched().await?;
@@ -937,6 +939,68 @@ impl Sim {
         Ok(())
     }
 
+    /// A client cancels or terminates a workflow (and sometimes sends it again): its children
+    /// are terminated by their parent-close policy, its open calls end, a dispatched declared
+    /// action becomes `outcome_unknown`.
+    async fn close_workflow(&mut self) -> Result<(), Failure> {
+        if self.programs.is_empty() {
+            return self.advance_clock().await;
+        }
+        let index = self.rng.random_range(0..self.programs.len());
+        let workflow_id = self.programs.keys().nth(index).cloned().expect("in range");
+        let kind = if self.rng.random_bool(0.5) {
+            CloseCommand::Cancel
+        } else {
+            CloseCommand::Terminate
+        };
+        let request_id = format!("close-{}", self.step);
+        let command_id = CommandId(capstan_store::new_ulid().to_string());
+        let attempts = if self.rng.random_bool(0.3) { 2 } else { 1 };
+        for attempt in 0..attempts {
+            self.trace(|| format!("{kind:?} {workflow_id} (request {request_id}, send {})", attempt + 1));
+            let key = CommandKey {
+                command_type: format!("{kind:?}").to_lowercase(),
+                request_id: request_id.clone(),
+                intent_hash: "sim".into(),
+            };
+            let command_id = command_id.clone();
+            let result = self
+                .store()
+                .mutate_run_keyed(
+                    NAMESPACE,
+                    RunLocator::Current(WorkflowId(workflow_id.clone())),
+                    key,
+                    self.now,
+                    move |run, cx| close_by_command(run, cx, kind, Some("simulated client".into()), command_id),
+                    |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id}),
+                )
+                .await;
+            match self.refused(result)? {
+                Some((KeyedReceipt::Fresh(_), Some(run))) => {
+                    self.acknowledge(&run);
+                    self.report.closed_by_clients += 1;
+                    if attempt > 0 {
+                        return Err(self.fail(format!("close request {request_id} was applied twice")));
+                    }
+                }
+                Some((KeyedReceipt::Fresh(_), None)) => return Err(self.fail("a fresh close came without its run")),
+                Some((KeyedReceipt::Retained(_), _)) => {}
+                None => {}
+            }
+        }
+        // Its children heard of it in the same transaction: check them now.
+        for run_id in self
+            .run_workflows
+            .clone()
+            .into_iter()
+            .filter(|(_, w)| w.starts_with(&format!("{workflow_id}-r")))
+            .map(|(r, _)| r)
+        {
+            self.touched.insert(run_id);
+        }
+        Ok(())
+    }
+
     /// A client queries a workflow: a query task for a worker, which never touches history.
     async fn send_query(&mut self) -> Result<(), Failure> {
         if self.instances.is_empty() {
@@ -1528,6 +1592,7 @@ pub struct Totals {
     pub children: usize,
     pub continued: usize,
     pub scheduled: usize,
+    pub closed: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1546,6 +1611,7 @@ impl Totals {
         self.children += report.children_started;
         self.continued += report.continued_as_new;
         self.scheduled += report.scheduled_starts;
+        self.closed += report.closed_by_clients;
         for (reason, count) in &report.refusals {
             *self.refusals.entry(reason.clone()).or_default() += count;
         }
@@ -1554,7 +1620,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1564,6 +1630,7 @@ impl Totals {
             self.updates,
             self.update_retries,
             self.queries,
+            self.closed,
             self.restarts,
             self.duplicates,
             self.lost_tasks,
