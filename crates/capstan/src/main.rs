@@ -329,7 +329,13 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => {
             init_logging(args.log_format);
-            let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
+            // Payload decoding recurses per nesting level (up to `avro::MAX_DEPTH`): room for it
+            // even in a debug build, whose frames are many times larger.
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_stack_size(capstan_server::STACK_BYTES)
+                .build()
+                .expect("start the tokio runtime");
             match runtime.block_on(serve(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {

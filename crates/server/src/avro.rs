@@ -76,6 +76,64 @@ mod tests {
         }
     }
 
+    /// A frame whose body claims more than it holds: a block count of half a billion items,
+    /// nesting deeper than any payload needs, a string longer than the bytes left.
+    fn hostile_blobs() -> Vec<(&'static str, String)> {
+        let header = base64::engine::general_purpose::STANDARD.decode(null_blob()).unwrap()[..10].to_vec();
+        let frame = |body: &[u8]| {
+            let mut bytes = header.clone();
+            bytes.extend_from_slice(body);
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        };
+        let mut huge_count = vec![0x0c]; // branch 6: an array
+        zigzag(536_870_911, &mut huge_count); // items claimed
+        huge_count.extend_from_slice(&[0x00, 0x00]);
+        let mut negative_count = vec![0x0c];
+        zigzag(-536_870_911, &mut negative_count);
+        zigzag(1, &mut negative_count);
+        let mut long_string = vec![0x0a]; // branch 5: a string
+        zigzag(400_000_000, &mut long_string);
+        long_string.extend_from_slice(b"abc");
+        let mut map_count = vec![0x0e]; // branch 7: a map
+        zigzag(100_000_000, &mut map_count);
+        map_count.extend_from_slice(&[0x02, b'k', 0x00]);
+        let deep: Vec<u8> = std::iter::repeat_n([0x0c, 0x02], 50_000).flatten().collect();
+        vec![
+            ("a block of half a billion items", frame(&huge_count)),
+            ("a negative block count", frame(&negative_count)),
+            ("a string longer than the frame", frame(&long_string)),
+            ("a map of a hundred million entries", frame(&map_count)),
+            ("arrays nested 50,000 deep", frame(&deep)),
+        ]
+    }
+
+    #[test]
+    fn a_frame_that_claims_more_than_it_holds_is_refused_without_allocating_for_it() {
+        for (what, blob) in hostile_blobs() {
+            let decoded = AVRO_MEMO.to_json(&Payload::avro(&blob));
+            assert!(decoded.is_err(), "{what}: {decoded:?}");
+        }
+    }
+
+    /// On a thread like the server's (see `STACK_BYTES`): the deepest payload allowed decodes,
+    /// one level more is refused.
+    #[test]
+    fn nesting_up_to_the_limit_decodes() {
+        let deepest = std::thread::Builder::new()
+            .stack_size(crate::STACK_BYTES)
+            .spawn(|| {
+                let mut value = Json::Null;
+                for _ in 0..MAX_DEPTH - 1 {
+                    value = Json::Array(vec![value]);
+                }
+                assert_eq!(AVRO_MEMO.to_json(&Payload::avro(encode_json(&value))).unwrap(), value);
+                let deeper = Json::Array(vec![value]);
+                assert!(AVRO_MEMO.to_json(&Payload::avro(encode_json(&deeper))).is_err());
+            })
+            .unwrap();
+        deepest.join().unwrap();
+    }
+
     /// Golden vectors from the published SDK's `schema/avro-value-v1-golden.json`.
     #[test]
     fn matches_the_sdk_golden_vectors() {
@@ -115,8 +173,122 @@ fn decode(payload: &Payload) -> Result<AvroValue, String> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(&payload.blob)
         .map_err(|e| format!("blob is not base64: {e}"))?;
+    check_shape(&bytes)?;
     let reader = apache_avro::GenericSingleObjectReader::new(schema().clone()).map_err(|e| e.to_string())?;
     reader.read_value(&mut bytes.as_slice()).map_err(|e| format!("not a DW Value: {e}"))
+}
+
+/// How deep `Value`s may nest in a payload the server decodes (arrays and maps in arrays and
+/// maps). Decoding recurses per level, so the limit keeps a hostile payload from overflowing
+/// the stack.
+pub const MAX_DEPTH: usize = 32;
+
+/// Walks a frame's `Value` body without building it: every union branch known, every length
+/// and block count within the bytes left (an item takes at least one byte), nesting within
+/// [`MAX_DEPTH`], nothing after the value. apache-avro reserves room for a block's claimed
+/// count before it reads the items and recurses per level, so an unchecked payload of a few
+/// bytes can ask for gigabytes (an allocation failure aborts the process) or overflow the stack.
+fn check_shape(bytes: &[u8]) -> Result<(), String> {
+    const HEADER: usize = 10;
+    if bytes.len() < HEADER {
+        return Err("not a DW Value: the frame is shorter than its header".into());
+    }
+    let mut body = Body {
+        bytes: &bytes[HEADER..],
+        at: 0,
+    };
+    body.value(1)?;
+    if body.at != body.bytes.len() {
+        return Err(format!("not a DW Value: {} bytes after the value", body.bytes.len() - body.at));
+    }
+    Ok(())
+}
+
+struct Body<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Body<'_> {
+    fn left(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    fn skip(&mut self, n: usize, what: &str) -> Result<(), String> {
+        if n > self.left() {
+            return Err(format!("not a DW Value: {what} of {n} bytes, {} left", self.left()));
+        }
+        self.at += n;
+        Ok(())
+    }
+
+    fn long(&mut self) -> Result<i64, String> {
+        let mut raw: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let byte = *self.bytes.get(self.at).ok_or("not a DW Value: the body ends inside a number")?;
+            self.at += 1;
+            raw |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok((raw >> 1) as i64 ^ -((raw & 1) as i64));
+            }
+        }
+        Err("not a DW Value: a number longer than ten bytes".into())
+    }
+
+    /// A length or count that the bytes left can hold, `min_item` bytes per item.
+    fn count(&mut self, min_item: usize, what: &str) -> Result<usize, String> {
+        let n = self.long()?;
+        let n = usize::try_from(n).map_err(|_| format!("not a DW Value: a negative {what}"))?;
+        if n.saturating_mul(min_item) > self.left() {
+            return Err(format!("not a DW Value: a {what} of {n} with {} bytes left", self.left()));
+        }
+        Ok(n)
+    }
+
+    /// Array and map blocks: a count (negative: followed by the block's byte size), 0 ends.
+    fn blocks(&mut self, min_item: usize, mut item: impl FnMut(&mut Self) -> Result<(), String>) -> Result<(), String> {
+        loop {
+            let n = self.long()?;
+            if n == 0 {
+                return Ok(());
+            }
+            let n = if n < 0 {
+                self.long()?;
+                n.checked_neg().ok_or("not a DW Value: a block count out of range")?
+            } else {
+                n
+            } as u64;
+            if n.saturating_mul(min_item as u64) > self.left() as u64 {
+                return Err(format!("not a DW Value: a block of {n} items with {} bytes left", self.left()));
+            }
+            for _ in 0..n {
+                item(self)?;
+            }
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<(), String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("not a DW Value: nested deeper than {MAX_DEPTH} levels"));
+        }
+        match self.long()? {
+            0 => Ok(()),
+            1 => self.skip(1, "a boolean"),
+            2 => self.long().map(|_| ()),
+            3 => self.skip(8, "a double"),
+            4 | 5 => {
+                let n = self.count(1, "length")?;
+                self.skip(n, "a string")
+            }
+            6 => self.blocks(1, |body| body.value(depth + 1)),
+            7 => self.blocks(2, |body| {
+                let n = body.count(1, "key length")?;
+                body.skip(n, "a key")?;
+                body.value(depth + 1)
+            }),
+            other => Err(format!("not a DW Value: union branch {other}")),
+        }
+    }
 }
 
 /// The inner value of a `Value` record: `(union branch, inner record)`.

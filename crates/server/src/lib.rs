@@ -53,7 +53,7 @@ pub fn decode_envelope(envelope: &serde_json::Value) -> Option<serde_json::Value
         })
         .ok()
 }
-pub use capstan_store::{AtomicAction, AtomicActions, AtomicTransaction};
+pub use capstan_store::{AtomicAction, AtomicActions, AtomicTransaction, STACK_BYTES};
 
 /// Worker protocol version advertised; requests may use `1.0` … this.
 pub const WORKER_PROTOCOL_VERSION: &str = "1.20";

@@ -1112,6 +1112,52 @@ async fn workflow_task_fencing() {
     assert_eq!(h.history("fenced", run_id).await.len(), 3);
 }
 
+/// Found by the libFuzzer campaign on the payload target: an Avro frame of a few bytes whose
+/// array block claims half a billion items made the decoder reserve gigabytes, and an
+/// allocation failure aborts the process; deep nesting overflowed the stack. A worker's memo
+/// upsert is decoded by the server, so such a frame must be a 4xx, and the server must live on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_avro_frames_in_a_memo_upsert_are_refused_and_the_server_lives_on() {
+    use base64::Engine;
+    let h = Harness::start().await;
+    h.register("w1", "memo").await;
+    h.start_workflow_with(json!({"workflow_id": "hostile-memo", "workflow_type": "t", "task_queue": "memo"}))
+        .await
+        .ok(201);
+    let header = base64::engine::general_purpose::STANDARD.decode("wwHioz3/VYAiNwA=").unwrap()[..10].to_vec();
+    let frame = |body: &[u8]| {
+        let mut bytes = header.clone();
+        bytes.extend_from_slice(body);
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    };
+    // A map (branch 7) with one entry whose value is an array (branch 6) claiming 2^29 - 1 items.
+    let huge_block = frame(&[0x0e, 0x02, 0x02, b'k', 0x0c, 0xfe, 0xff, 0xff, 0xff, 0x03, 0x00, 0x00, 0x00]);
+    let mut deep = vec![0x0e, 0x02, 0x02, b'k'];
+    deep.extend(std::iter::repeat_n([0x0c, 0x02], 20_000).flatten());
+    let deep = frame(&deep);
+    for (what, blob) in [("a block of half a billion items", huge_block), ("arrays nested 20,000 deep", deep)] {
+        let task = h.next_workflow_task("w1", "memo").await;
+        let upsert = json!([{"type": "upsert_memo", "entries": env(&blob)}]);
+        let refused = h.complete_workflow_task(&task, upsert).await;
+        assert!(refused.status.is_client_error(), "{what}: {} {}", refused.status, refused.body);
+        assert_error_shape(&refused.body);
+        // Alive, and the run is unharmed: the task is offered again and completes normally.
+        h.cget("/api/workflows/hostile-memo").await.ok(200);
+        let failed = h
+            .wpost(
+                &format!("/api/worker/workflow-tasks/{}/fail", task["task_id"].as_str().unwrap()),
+                json!({"lease_owner": "w1", "workflow_task_attempt": task["workflow_task_attempt"], "failure": {"message": "refused"}}),
+            )
+            .await;
+        assert!(failed.status.is_success(), "{}", failed.body);
+    }
+    let task = h.next_workflow_task("w1", "memo").await;
+    h.complete_workflow_task(&task, json!([complete_workflow("wwHioz3/VYAiNwA=")]))
+        .await
+        .ok(200);
+    assert_eq!(h.describe("hostile-memo").await["status"], "completed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activity_task_fencing_and_duplicate_completion() {
     let h = Harness::start().await;

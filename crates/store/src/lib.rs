@@ -239,6 +239,10 @@ pub enum AtomicOutcome {
 /// The owner recorded on atomic attempts.
 pub const ATOMIC_OWNER: &str = "capstan:atomic";
 
+/// Stack size of the threads that run transitions (the SQLite writer, the server's runtime):
+/// decoding a payload recurses once per nesting level, and a debug build's frames are large.
+pub const STACK_BYTES: usize = 8 * 1024 * 1024;
+
 /// The rollout intent of one build-id cohort on a task queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BuildIdRollout {

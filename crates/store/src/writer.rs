@@ -65,6 +65,9 @@ impl Writer {
         let thread_health = health.clone();
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
+            // Transitions run here, memo merges with them, and payload decoding recurses per
+            // nesting level: the same room as the server's runtime threads.
+            .stack_size(crate::STACK_BYTES)
             .spawn(move || run(conn, inbox, wake, &thread_health))
             .expect("spawn the SQLite writer thread");
         Self { jobs, health }
