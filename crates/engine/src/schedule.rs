@@ -196,6 +196,25 @@ impl ParsedSpec {
     }
 
     /// The first occurrence strictly after `after`.
+    /// Refuses a cron expression that matches no date at all (`0 0 31 2 *`): it would never
+    /// fire, and every evaluation of it searches the calendar to its end (tens of ms) again.
+    /// Creates and updates pay that search once.
+    pub fn check_every_cron_fires(&self, now: Millis) -> Result<(), SpecError> {
+        let Some(start) = Utc.timestamp_millis_opt(now).single() else {
+            return Ok(());
+        };
+        for cron in &self.crons {
+            if cron.find_next_occurrence(&start.with_timezone(&self.timezone), false).is_err() {
+                return Err(SpecError::new(
+                    "invalid_cron_expression",
+                    "spec.cron_expressions",
+                    format!("The cron expression [{}] matches no date: it would never fire.", cron.pattern),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn next_after(&self, after: Millis) -> Option<Millis> {
         let mut best: Option<Millis> = None;
         for &(every, offset) in &self.intervals {
@@ -222,6 +241,11 @@ fn parse_cron(text: &str) -> Result<croner::Cron, String> {
     let trimmed = text.trim();
     if !trimmed.starts_with('@') && trimmed.split_whitespace().count() != 5 {
         return Err("Use five fields: minute hour day-of-month month day-of-week.".into());
+    }
+    // croner takes `,` and `1,,2` as lists with nothing in them and then searches up to the
+    // end of its calendar for a match (seconds per evaluation; found by fuzzing).
+    if trimmed.split_whitespace().any(|field| field.split(',').any(str::is_empty)) {
+        return Err("A list in a field has an empty item.".into());
     }
     croner::Cron::from_str(trimmed).map_err(|e| e.to_string())
 }
@@ -454,6 +478,7 @@ impl Schedule {
         now: Millis,
     ) -> Result<Self, SpecError> {
         let parsed = ParsedSpec::parse(&spec)?;
+        parsed.check_every_cron_fires(now)?;
         let mut schedule = Schedule {
             namespace: namespace.to_string(),
             schedule_id: schedule_id.to_string(),
@@ -560,7 +585,7 @@ impl Schedule {
     pub fn update(&mut self, fields: ScheduleFields, now: Millis) -> Result<(), SpecError> {
         let mut changed = vec!["spec", "action"];
         if let Some(spec) = fields.spec {
-            ParsedSpec::parse(&spec)?;
+            ParsedSpec::parse(&spec)?.check_every_cron_fires(now)?;
             self.spec = spec;
         }
         if let Some(action) = fields.action {
@@ -1013,6 +1038,52 @@ mod tests {
             refused(json!({"intervals": [{"every": "PT1M"}], "timezone": "Mars/Olympus"})).field,
             "spec.timezone"
         );
+    }
+
+    /// Found by fuzzing: croner accepts lists with empty items and then searches its whole
+    /// calendar for a match on every evaluation (8 s for `,,, * * * *` in a release build).
+    #[test]
+    fn cron_lists_with_empty_items_are_refused() {
+        for text in [",,, * * * *", ", * , * 5", "1,,2 * * * *", "0 0 * * 1,", "0 ,0 * * *"] {
+            let error = ParsedSpec::parse(&spec(json!({"cron_expressions": [text]}))).unwrap_err();
+            assert_eq!(error.reason, "invalid_cron_expression", "{text}");
+        }
+        assert!(ParsedSpec::parse(&spec(json!({"cron_expressions": ["0,30 9,17 * * 1,5"]}))).is_ok());
+    }
+
+    #[test]
+    fn a_cron_that_matches_no_date_is_refused_at_create_and_update() {
+        let now = at("2026-01-01T00:00:00Z");
+        for text in ["0 0 31 2 *", "0 0 31 4,6,9,11 *"] {
+            let created = Schedule::create(
+                "default",
+                "s",
+                spec(json!({"cron_expressions": ["@hourly", text]})),
+                &spec(json!({"workflow_type": "t"})),
+                ScheduleFields::default(),
+                false,
+                now,
+            );
+            assert_eq!(created.unwrap_err().reason, "invalid_cron_expression", "{text}");
+            let mut schedule = every_minute(now, OverlapPolicy::Skip);
+            let update = ScheduleFields {
+                spec: Some(spec(json!({"cron_expressions": [text]}))),
+                ..Default::default()
+            };
+            assert_eq!(schedule.update(update, now).unwrap_err().reason, "invalid_cron_expression");
+        }
+        // Rare is not never: 29 February fires in leap years.
+        let leap = Schedule::create(
+            "default",
+            "s",
+            spec(json!({"cron_expressions": ["0 0 29 2 *"]})),
+            &spec(json!({"workflow_type": "t"})),
+            ScheduleFields::default(),
+            false,
+            now,
+        )
+        .unwrap();
+        assert_eq!(leap.next_occurrence, Some(at("2028-02-29T00:00:00Z")));
     }
 
     fn every_minute(now: Millis, policy: OverlapPolicy) -> Schedule {

@@ -49,7 +49,7 @@ pub fn visibility_query(bytes: &[u8]) {
 }
 
 /// A schedule spec: the bytes as a cron expression, an interval and a time zone, and the next
-/// few occurrences of whatever parses.
+/// few occurrences of whatever a create would accept.
 pub fn schedule_spec(bytes: &[u8]) {
     let text = String::from_utf8_lossy(bytes).to_string();
     let specs = [
@@ -60,7 +60,8 @@ pub fn schedule_spec(bytes: &[u8]) {
     ];
     for spec in specs {
         if let Value::Object(map) = spec {
-            if let Ok(parsed) = ParsedSpec::parse(&map) {
+            // What a create accepts is what the scheduler evaluates on every pass.
+            if let Ok(parsed) = ParsedSpec::parse(&map).and_then(|p| p.check_every_cron_fires(1_800_000_000_000).map(|_| p)) {
                 let mut at = 1_800_000_000_000;
                 for _ in 0..4 {
                     let Some(next) = parsed.next_after(at) else { break };
