@@ -247,6 +247,15 @@ fn parse_cron(text: &str) -> Result<croner::Cron, String> {
     if trimmed.split_whitespace().any(|field| field.split(',').any(str::is_empty)) {
         return Err("A list in a field has an empty item.".into());
     }
+    // Standard cron only: croner's extensions (`+` for day-of-month AND day-of-week) are not
+    // what DW's server accepts, and they too can match nothing.
+    if !trimmed.starts_with('@')
+        && !trimmed
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c.is_whitespace() || matches!(c, '*' | ',' | '-' | '/' | '?' | '#'))
+    {
+        return Err("Use digits, names, and * , - / ? L W # only.".into());
+    }
     croner::Cron::from_str(trimmed).map_err(|e| e.to_string())
 }
 
@@ -1044,7 +1053,15 @@ mod tests {
     /// calendar for a match on every evaluation (8 s for `,,, * * * *` in a release build).
     #[test]
     fn cron_lists_with_empty_items_are_refused() {
-        for text in [",,, * * * *", ", * , * 5", "1,,2 * * * *", "0 0 * * 1,", "0 ,0 * * *"] {
+        for text in [
+            ",,, * * * *",
+            ", * , * 5",
+            "1,,2 * * * *",
+            "0 0 * * 1,",
+            "0 ,0 * * *",
+            "2 8 24 * +",
+            "0 0 1 * +1",
+        ] {
             let error = ParsedSpec::parse(&spec(json!({"cron_expressions": [text]}))).unwrap_err();
             assert_eq!(error.reason, "invalid_cron_expression", "{text}");
         }
