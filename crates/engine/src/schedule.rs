@@ -146,13 +146,17 @@ impl ParsedSpec {
                             "Each interval needs an \"every\" duration such as PT1H.",
                         )
                     })?;
-                    let every_ms = parse_duration_ms(every).filter(|ms| *ms > 0).ok_or_else(|| {
-                        SpecError::new(
-                            "invalid_schedule_spec",
-                            field.clone(),
-                            format!("Invalid interval [{every}]: use an ISO-8601 duration such as PT30S, PT1H or P1D."),
-                        )
-                    })?;
+                    let every_ms = parse_duration_ms(every)
+                        .filter(|ms| (1..=MAX_INTERVAL_MS).contains(ms))
+                        .ok_or_else(|| {
+                            SpecError::new(
+                                "invalid_schedule_spec",
+                                field.clone(),
+                                format!(
+                                    "Invalid interval [{every}]: use an ISO-8601 duration from PT0.001S to P3650D, such as PT30S, PT1H or P1D."
+                                ),
+                            )
+                        })?;
                     let offset_ms = match item.get("offset") {
                         None | Some(Value::Null) => 0,
                         Some(Value::String(text)) => parse_duration_ms(text).ok_or_else(|| {
@@ -218,8 +222,16 @@ impl ParsedSpec {
     pub fn next_after(&self, after: Millis) -> Option<Millis> {
         let mut best: Option<Millis> = None;
         for &(every, offset) in &self.intervals {
-            let next = offset + ((after - offset).div_euclid(every) + 1) * every;
-            best = Some(best.map_or(next, |b| b.min(next)));
+            // Checked: an occurrence past the end of time is no occurrence, never a wrapped one.
+            let next = after
+                .checked_sub(offset)
+                .map(|since| since.div_euclid(every))
+                .and_then(|periods| periods.checked_add(1))
+                .and_then(|periods| periods.checked_mul(every))
+                .and_then(|at| at.checked_add(offset));
+            if let Some(next) = next {
+                best = Some(best.map_or(next, |b| b.min(next)));
+            }
         }
         if !self.crons.is_empty() {
             // Cron has minute resolution: search from the whole second after `after`.
@@ -258,6 +270,9 @@ fn parse_cron(text: &str) -> Result<croner::Cron, String> {
     }
     croner::Cron::from_str(trimmed).map_err(|e| e.to_string())
 }
+
+/// The longest interval a schedule may have (ten years, like every other delay).
+pub const MAX_INTERVAL_MS: i64 = 3_650 * 86_400_000;
 
 /// ISO-8601 durations (`PT30S`, `PT1H30M`, `P1D`, `P1W`; months as 30 days, years as 365, as DW
 /// counts them), and the short forms `500ms`, `30s`, `5m`, `1h`, `1d`.
@@ -1047,6 +1062,29 @@ mod tests {
             refused(json!({"intervals": [{"every": "PT1M"}], "timezone": "Mars/Olympus"})).field,
             "spec.timezone"
         );
+    }
+
+    /// Found by fuzzing: `P177777777777777777777777777777Y` parsed as an interval of i64::MAX
+    /// ms, and the next occurrence overflowed to one in the past (a schedule that would fire on
+    /// every pass in a release build, a panic in a debug one).
+    #[test]
+    fn intervals_longer_than_ten_years_are_refused_and_occurrences_never_wrap() {
+        for every in [
+            "P177777777777777777777777777777Y",
+            "PT100000000000H",
+            "P3651D",
+            "9223372036854775807ms",
+        ] {
+            let error = ParsedSpec::parse(&spec(json!({"intervals": [{"every": every}]}))).unwrap_err();
+            assert_eq!(error.reason, "invalid_schedule_spec", "{every}");
+        }
+        let longest = ParsedSpec::parse(&spec(json!({"intervals": [{"every": "P3650D", "offset": "PT1S"}]}))).unwrap();
+        for after in [0, 1_800_000_000_000, i64::MAX - MAX_INTERVAL_MS, i64::MAX - 1, i64::MAX] {
+            if let Some(next) = longest.next_after(after) {
+                assert!(next > after, "{after} → {next}");
+            }
+        }
+        assert_eq!(longest.next_after(i64::MAX), None);
     }
 
     /// Found by fuzzing: croner accepts lists with empty items and then searches its whole
