@@ -4404,31 +4404,31 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
     h.register("w1", "q").await;
     send(h.bare(Method::GET, "/api/ready")).await.ok(200);
 
-    // A start whose commit fails (a failed fsync): 503 in the DW error shape, nothing committed.
-    h.store.inject_commit_failures(1);
+    // Commits fail (a failed fsync) until the fault is lifted: every commit, so that the
+    // server's own background writes cannot use the fault up before the request under test.
+    const UNTIL_LIFTED: u32 = u32::MAX;
+    h.store.inject_commit_failures(UNTIL_LIFTED);
     let start = |id: &str| {
         h.client(Method::POST, "/api/workflows")
             .json(&json!({"workflow_id": id, "workflow_type": "t", "task_queue": "q", "input": env(EMPTY_ARGS)}))
     };
+    // A start whose commit fails: 503 in the DW error shape, nothing committed.
     let refused = send_allowing_server_errors(start("fault-1")).await.err(503, "storage_unavailable");
     assert_eq!(refused["retryable"], true);
-    h.cget("/api/workflows/fault-1").await.err(404, "instance_not_found");
-    // The next write (the readiness probe's) works again: ready clears.
-    send(h.bare(Method::GET, "/api/ready")).await.ok(200);
-
-    // Failing commits keep the server not ready; the probe's own write fails too.
-    h.store.inject_commit_failures(2);
-    send_allowing_server_errors(start("fault-2")).await.err(503, "storage_unavailable");
+    // Not ready while commits fail: the readiness probe's own write fails too.
     let not_ready = send_allowing_server_errors(h.bare(Method::GET, "/api/ready")).await;
     assert_eq!(not_ready.status.as_u16(), 503);
     assert_eq!(not_ready.body["status"], "not_ready");
+    h.store.inject_commit_failures(0);
+    h.cget("/api/workflows/fault-1").await.err(404, "instance_not_found");
+    // The probe's write commits again: ready.
     send(h.bare(Method::GET, "/api/ready")).await.ok(200);
 
     // A worker's completion whose commit fails is refused and changes nothing; the retry of the
     // same report (same task, same attempt) is then applied exactly once.
     h.start_workflow("fault-3", "q").await;
     let task = h.next_workflow_task("w1", "q").await;
-    h.store.inject_commit_failures(1);
+    h.store.inject_commit_failures(UNTIL_LIFTED);
     let complete = || {
         h.worker(
             Method::POST,
@@ -4440,6 +4440,7 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
         )
     };
     send_allowing_server_errors(complete()).await.err(503, "storage_unavailable");
+    h.store.inject_commit_failures(0);
     assert_eq!(h.describe("fault-3").await["status"], "running");
     let done = h
         .complete_workflow_task(&task, json!([{"type": "complete_workflow", "result": env(EMPTY_ARGS)}]))

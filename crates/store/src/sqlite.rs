@@ -130,7 +130,8 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Fault injection for tests: the next `count` group commits fail like a failed fsync.
+    /// Fault injection for tests: the next `count` group commits fail like a failed fsync (0 lifts
+    /// the fault; `u32::MAX` keeps it until lifted).
     pub fn inject_commit_failures(&self, count: u32) {
         self.writer.inject_commit_failures(count);
     }
