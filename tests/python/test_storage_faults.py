@@ -133,6 +133,29 @@ def verify_postgres(url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(capstan_binary()), "verify", "--database", url], capture_output=True, text=True, timeout=120)
 
 
+def assert_refused_cleanly(refused: list[tuple[str, httpx.Response]], described_refused: list[int]) -> None:
+    """Every refusal was a retryable 503 in the DW shape, and none of them was committed."""
+    assert len(refused) >= 3, "the fault never refused a write"
+    for _, response in refused:
+        body = response.json()
+        assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
+    assert described_refused == [404] * len(refused), "a refused start was committed"
+
+
+def assert_survives_a_kill(server: CapstanServer, acknowledged: list[str], database_url: str) -> None:
+    """The process lived through the fault; after a SIGKILL and restart every acknowledged
+    workflow is there, and the offline verifier finds every chain intact."""
+    assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
+    server.kill()
+    server.start()
+    with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+        missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
+    assert missing == [], f"acknowledged workflows lost: {missing}"
+    server.terminate()
+    verify = verify_postgres(database_url)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path):
     """The database refuses writes under a running server (every session read-only, as on a
     demoted primary; its connections drop, as at a failover)."""
@@ -171,24 +194,11 @@ def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path)
             acknowledged.append(after)
             described_refused = [http.get(f"/api/workflows/{w}").status_code for w, _ in refused]
 
-        assert len(refused) >= 3, "the read-only database took the writes"
-        for _, response in refused:
-            body = response.json()
-            assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
+        assert_refused_cleanly(refused, described_refused)
         assert ready_while.status_code == 503 and ready_while.json()["status"] == "not_ready", ready_while.text
         assert listed.status_code == 200 and described.status_code == 200, "reads keep working on a read-only database"
         assert started_after.status_code == 201, started_after.text
-        assert described_refused == [404] * len(refused), "a refused start was committed"
-        assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
-
-        server.kill()
-        server.start()
-        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
-            missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
-        assert missing == [], f"acknowledged workflows lost: {missing}"
-        server.terminate()
-        verify = verify_postgres(database.url)
-        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert_survives_a_kill(server, acknowledged, database.url)
     finally:
         if server.running:
             server.terminate()
@@ -236,24 +246,11 @@ def test_a_full_postgres_tablespace_refuses_writes_cleanly_and_recovers(tmp_path
             acknowledged.append(after)
             described_refused = [http.get(f"/api/workflows/{w}").status_code for w, _ in refused]
 
-        assert len(refused) >= 3, f"the tablespace never filled up ({len(acknowledged)} starts)"
-        for _, response in refused:
-            body = response.json()
-            assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
+        assert_refused_cleanly(refused, described_refused)
         assert "No space left on device" in server.log_path.read_text(errors="replace"), "the refusals were not the full disk"
         assert listed.status_code == 200 and described.status_code == 200, "reads keep working while full"
         assert started_after.status_code == 201, started_after.text
-        assert described_refused == [404] * len(refused), "a refused start was committed"
-        assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
-
-        server.kill()
-        server.start()
-        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
-            missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
-        assert missing == [], f"acknowledged workflows lost: {missing}"
-        server.terminate()
-        verify = verify_postgres(url)
-        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert_survives_a_kill(server, acknowledged, url)
     finally:
         if server.running:
             server.terminate()

@@ -510,6 +510,17 @@ impl Sim {
         Ok(())
     }
 
+    /// A worker's report goes out at once, is held to arrive later, or is lost with the
+    /// worker (see [`Sim::fate`]).
+    async fn hand_over(&mut self, delivery: Delivery, faulty: bool) -> Result<(), Failure> {
+        match self.fate(faulty) {
+            0 => self.deliver(delivery).await?,
+            1 => self.inflight.push(delivery),
+            _ => self.report.lost_tasks += 1,
+        }
+        Ok(())
+    }
+
     /// Polls one workflow task; returns whether one was leased.
     async fn poll_workflow_task(&mut self, faulty: bool) -> Result<bool, Failure> {
         let owner = self.worker();
@@ -550,11 +561,7 @@ impl Sim {
             fence: task.fence,
             commands,
         };
-        match self.fate(faulty) {
-            0 => self.deliver(delivery).await?,
-            1 => self.inflight.push(delivery),
-            _ => self.report.lost_tasks += 1,
-        }
+        self.hand_over(delivery, faulty).await?;
         Ok(true)
     }
 
@@ -613,11 +620,7 @@ impl Sim {
                 owner,
             });
         }
-        match self.fate(faulty) {
-            0 => self.deliver(report).await?,
-            1 => self.inflight.push(report),
-            _ => self.report.lost_tasks += 1,
-        }
+        self.hand_over(report, faulty).await?;
         Ok(true)
     }
 
@@ -832,12 +835,19 @@ impl Sim {
         Ok(())
     }
 
-    async fn send_signal(&mut self) -> Result<(), Failure> {
+    /// One of the workflows the clients started, at random.
+    fn random_started_workflow(&mut self) -> Option<String> {
         if self.programs.is_empty() {
-            return self.advance_clock().await;
+            return None;
         }
         let index = self.rng.random_range(0..self.programs.len());
-        let workflow_id = self.programs.keys().nth(index).cloned().expect("in range");
+        self.programs.keys().nth(index).cloned()
+    }
+
+    async fn send_signal(&mut self) -> Result<(), Failure> {
+        let Some(workflow_id) = self.random_started_workflow() else {
+            return self.advance_clock().await;
+        };
         self.signal_waiting(&workflow_id).await
     }
 
@@ -879,11 +889,9 @@ impl Sim {
     /// A client sends an update with a request id, and sometimes sends it again (its response
     /// was lost): the retry must get the first acceptance's receipt, not a second update.
     async fn send_update(&mut self) -> Result<(), Failure> {
-        if self.programs.is_empty() {
+        let Some(workflow_id) = self.random_started_workflow() else {
             return self.advance_clock().await;
-        }
-        let index = self.rng.random_range(0..self.programs.len());
-        let workflow_id = self.programs.keys().nth(index).cloned().expect("in range");
+        };
         let request_id = format!("update-{}", self.step);
         let command_id = CommandId(capstan_store::new_ulid().to_string());
         let attempts = if self.rng.random_bool(0.3) { 2 } else { 1 };
@@ -943,11 +951,9 @@ impl Sim {
     /// are terminated by their parent-close policy, its open calls end, a dispatched declared
     /// action becomes `outcome_unknown`.
     async fn close_workflow(&mut self) -> Result<(), Failure> {
-        if self.programs.is_empty() {
+        let Some(workflow_id) = self.random_started_workflow() else {
             return self.advance_clock().await;
-        }
-        let index = self.rng.random_range(0..self.programs.len());
-        let workflow_id = self.programs.keys().nth(index).cloned().expect("in range");
+        };
         let kind = if self.rng.random_bool(0.5) {
             CloseCommand::Cancel
         } else {
@@ -1064,11 +1070,7 @@ impl Sim {
             owner,
             attempt: task.attempt,
         };
-        match self.fate(faulty) {
-            0 => self.deliver(delivery).await?,
-            1 => self.inflight.push(delivery),
-            _ => self.report.lost_tasks += 1,
-        }
+        self.hand_over(delivery, faulty).await?;
         Ok(true)
     }
 
@@ -1415,9 +1417,26 @@ impl Sim {
     }
 }
 
-/// The simulated SDK: replays a program against the history and answers the next commands.
-/// Steps run one at a time, so the k-th opening event of a kind belongs to the k-th step of
-/// that kind. Run N of an instance runs the N-th part of the program (parts end at
+/// Where the k-th step of a kind stands. Steps run one at a time, so the k-th opening and the
+/// k-th closing event of a kind belong to the k-th step of that kind.
+enum Progress {
+    Done,
+    Waiting,
+    Next,
+}
+
+fn progress(k: usize, opened: usize, closed: usize) -> Progress {
+    if k <= closed {
+        Progress::Done
+    } else if k <= opened {
+        Progress::Waiting
+    } else {
+        Progress::Next
+    }
+}
+
+/// The simulated SDK: replays a program against the history and answers the next commands
+/// (see [`progress`]). Run N of an instance runs the N-th part of the program (parts end at
 /// `ContinueAsNew`). Accepted updates are settled first, as an SDK runs update handlers.
 fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
     let count = |types: &[EventType]| history.iter().filter(|e| types.contains(&e.event_type)).count();
@@ -1471,11 +1490,10 @@ fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<
         let next = match step {
             Step::Activity(activity_type) => {
                 activity += 1;
-                if activity <= activities_resolved {
-                    continue;
-                }
-                if activity <= activities_scheduled {
-                    return commands;
+                match progress(activity, activities_scheduled, activities_resolved) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return commands,
+                    Progress::Next => {}
                 }
                 WorkflowCommand::ScheduleActivity(ScheduleActivity {
                     activity_type: activity_type.to_string(),
@@ -1497,11 +1515,10 @@ fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<
             }
             Step::Timer(seconds) => {
                 timer += 1;
-                if timer <= timers_fired {
-                    continue;
-                }
-                if timer <= timers_scheduled {
-                    return commands;
+                match progress(timer, timers_scheduled, timers_fired) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return commands,
+                    Progress::Next => {}
                 }
                 WorkflowCommand::StartTimer {
                     delay_seconds: *seconds,
@@ -1524,11 +1541,10 @@ fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<
             }
             Step::Child => {
                 child += 1;
-                if child <= children_closed {
-                    continue;
-                }
-                if child <= children_scheduled {
-                    return commands;
+                match progress(child, children_scheduled, children_closed) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return commands,
+                    Progress::Next => {}
                 }
                 WorkflowCommand::StartChildWorkflow(StartChild {
                     workflow_type: CHILD_TYPE.into(),
