@@ -128,6 +128,22 @@ class MemoWorkflow:
         return "ok"
 
 
+# The deepest memo value the server decodes: the memo map is level 1, so 30 nested lists put
+# the innermost value at level 32 (`avro::MAX_DEPTH`).
+DEEPEST_MEMO_VALUE: object = "leaf"
+for _ in range(30):
+    DEEPEST_MEMO_VALUE = [DEEPEST_MEMO_VALUE]
+
+
+@workflow.defn(name="e2e.deep_memo")
+class DeepMemoWorkflow:
+    """Upserts a memo value nested as deep as the server decodes, then finishes."""
+
+    def run(self, ctx):
+        yield ctx.upsert_memo({"tree": DEEPEST_MEMO_VALUE})
+        return "ok"
+
+
 @workflow.defn(name="e2e.cart")
 class CartWorkflow:
     """Collects items through updates until `checkout`; the update returns the new total."""
@@ -545,6 +561,24 @@ def test_continue_as_new_chains_runs_of_one_instance(server_url, worker_url, run
             # One hash chain for the instance: each run's first event links to the previous run's last.
             assert later[0]["prev_hash"] == earlier[-1]["hash"]
         assert event_type(histories[-1][-1]) == "WorkflowCompleted"
+
+    run_async(main(), timeout=90)
+
+
+def test_a_memo_nested_as_deep_as_allowed_is_merged(server_url, worker_url, run_worker):
+    """The server decodes memo upserts, recursing per nesting level: the threads that run
+    transitions (the SQLite writer, the runtime's workers on PostgreSQL) have the stack for the
+    deepest value it accepts, even in the debug build the tests run."""
+    queue = unique("e2e-deep-memo")
+    workflow_id = unique("deep-memo")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[DeepMemoWorkflow]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="e2e.deep_memo", task_queue=queue, workflow_id=workflow_id)
+                assert await wait_result(handle, timeout=60, workers=[worker]) == "ok"
+                described = await handle.describe()
+        assert described.memo == {"tree": DEEPEST_MEMO_VALUE}, described.memo
 
     run_async(main(), timeout=90)
 

@@ -50,6 +50,49 @@ def fill(path, reserve_bytes: int) -> None:
     os.truncate(path, max(0, size - reserve_bytes))
 
 
+def start(http: httpx.Client, prefix: str, payload: dict) -> tuple[str, httpx.Response]:
+    workflow_id = unique(prefix)
+    response = http.post("/api/workflows", json={"workflow_id": workflow_id, "workflow_type": "t", "task_queue": "q", "input": payload})
+    return workflow_id, response
+
+
+def wait_for(check, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+def drop_connections(admin_url: str, database: str) -> None:
+    psql(admin_url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}' AND pid <> pg_backend_pid()")
+
+
+def assert_refused_cleanly(refused: list[tuple[str, httpx.Response]], described_refused: list[int]) -> None:
+    """Every refusal was a retryable 503 in the DW shape, and none of them was committed."""
+    assert len(refused) >= 3, "the fault never refused a write"
+    for _, response in refused:
+        body = response.json()
+        assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
+    assert described_refused == [404] * len(refused), "a refused start was committed"
+
+
+def assert_survives_a_kill(server: CapstanServer, acknowledged: list[str], *database: str) -> None:
+    """The process lived through the fault; after a SIGKILL and restart every acknowledged
+    workflow is there, and the offline verifier (on `database`: `--data-dir DIR` or
+    `--database URL`) finds every chain intact."""
+    assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
+    server.kill()
+    server.start()
+    with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+        missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
+    assert missing == [], f"acknowledged workflows lost: {missing}"
+    server.terminate()
+    verify = subprocess.run([str(capstan_binary()), "verify", *database], capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_refuses_writes_cleanly_and_recovers(tmp_path):
     mount = tmp_path / "small-disk"
@@ -96,64 +139,11 @@ def test_a_full_disk_refuses_writes_cleanly_and_recovers(tmp_path):
         assert ready_after.status_code == 200, ready_after.text
         assert started_after.status_code == 201, started_after.text
 
-        server.terminate()
-        server.start()
-        with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
-            missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
-        assert missing == [], f"acknowledged workflows lost: {missing}"
-        server.terminate()
-        verify = subprocess.run([str(capstan_binary()), "verify", "--data-dir", str(mount / "data")], capture_output=True, text=True, timeout=60)
-        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert_survives_a_kill(server, acknowledged, "--data-dir", str(mount / "data"))
     finally:
         if server.running:
             server.terminate()
         subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def start(http: httpx.Client, prefix: str, payload: dict) -> tuple[str, httpx.Response]:
-    workflow_id = unique(prefix)
-    response = http.post("/api/workflows", json={"workflow_id": workflow_id, "workflow_type": "t", "task_queue": "q", "input": payload})
-    return workflow_id, response
-
-
-def wait_for(check, seconds: float = 15.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return check()
-
-
-def drop_connections(admin_url: str, database: str) -> None:
-    psql(admin_url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}' AND pid <> pg_backend_pid()")
-
-
-def verify_postgres(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(capstan_binary()), "verify", "--database", url], capture_output=True, text=True, timeout=120)
-
-
-def assert_refused_cleanly(refused: list[tuple[str, httpx.Response]], described_refused: list[int]) -> None:
-    """Every refusal was a retryable 503 in the DW shape, and none of them was committed."""
-    assert len(refused) >= 3, "the fault never refused a write"
-    for _, response in refused:
-        body = response.json()
-        assert response.status_code == 503 and body["reason"] == "storage_unavailable" and body["message"], response.text
-    assert described_refused == [404] * len(refused), "a refused start was committed"
-
-
-def assert_survives_a_kill(server: CapstanServer, acknowledged: list[str], database_url: str) -> None:
-    """The process lived through the fault; after a SIGKILL and restart every acknowledged
-    workflow is there, and the offline verifier finds every chain intact."""
-    assert server.proc is not None and server.proc.poll() is None, "the server died of the fault"
-    server.kill()
-    server.start()
-    with httpx.Client(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
-        missing = [w for w in acknowledged if http.get(f"/api/workflows/{w}").status_code != 200]
-    assert missing == [], f"acknowledged workflows lost: {missing}"
-    server.terminate()
-    verify = verify_postgres(database_url)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
 def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path):
@@ -198,7 +188,7 @@ def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path)
         assert ready_while.status_code == 503 and ready_while.json()["status"] == "not_ready", ready_while.text
         assert listed.status_code == 200 and described.status_code == 200, "reads keep working on a read-only database"
         assert started_after.status_code == 201, started_after.text
-        assert_survives_a_kill(server, acknowledged, database.url)
+        assert_survives_a_kill(server, acknowledged, "--database", database.url)
     finally:
         if server.running:
             server.terminate()
@@ -250,7 +240,7 @@ def test_a_full_postgres_tablespace_refuses_writes_cleanly_and_recovers(tmp_path
         assert "No space left on device" in server.log_path.read_text(errors="replace"), "the refusals were not the full disk"
         assert listed.status_code == 200 and described.status_code == 200, "reads keep working while full"
         assert started_after.status_code == 201, started_after.text
-        assert_survives_a_kill(server, acknowledged, url)
+        assert_survives_a_kill(server, acknowledged, "--database", url)
     finally:
         if server.running:
             server.terminate()

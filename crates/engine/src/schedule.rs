@@ -199,7 +199,6 @@ impl ParsedSpec {
         })
     }
 
-    /// The first occurrence strictly after `after`.
     /// Refuses a cron expression that matches no date at all (`0 0 31 2 *`): it would never
     /// fire, and every evaluation of it searches the calendar to its end (tens of ms) again.
     /// Creates and updates pay that search once.
@@ -219,6 +218,7 @@ impl ParsedSpec {
         Ok(())
     }
 
+    /// The first occurrence strictly after `after`.
     pub fn next_after(&self, after: Millis) -> Option<Millis> {
         let mut best: Option<Millis> = None;
         for &(every, offset) in &self.intervals {
@@ -251,22 +251,22 @@ impl ParsedSpec {
 
 fn parse_cron(text: &str) -> Result<croner::Cron, String> {
     let trimmed = text.trim();
-    if !trimmed.starts_with('@') && trimmed.split_whitespace().count() != 5 {
-        return Err("Use five fields: minute hour day-of-month month day-of-week.".into());
-    }
-    // croner takes `,` and `1,,2` as lists with nothing in them and then searches up to the
-    // end of its calendar for a match (seconds per evaluation; found by fuzzing).
-    if trimmed.split_whitespace().any(|field| field.split(',').any(str::is_empty)) {
-        return Err("A list in a field has an empty item.".into());
-    }
-    // Standard cron only: croner's extensions (`+` for day-of-month AND day-of-week) are not
-    // what DW's server accepts, and they too can match nothing.
-    if !trimmed.starts_with('@')
-        && !trimmed
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c.is_whitespace() || matches!(c, '*' | ',' | '-' | '/' | '?' | '#'))
-    {
-        return Err("Use digits, names, and * , - / ? L W # only.".into());
+    if !trimmed.starts_with('@') {
+        let fields: Vec<&str> = trimmed.split_whitespace().collect();
+        if fields.len() != 5 {
+            return Err("Use five fields: minute hour day-of-month month day-of-week.".into());
+        }
+        // Standard cron only: croner's extensions (`+` for day-of-month AND day-of-week) are
+        // not what DW's server accepts. And croner takes `,` and `1,,2` as lists with nothing
+        // in them, then searches its whole calendar on every evaluation (seconds; both found
+        // by fuzzing).
+        let standard = |c: char| c.is_ascii_alphanumeric() || matches!(c, '*' | ',' | '-' | '/' | '?' | '#');
+        if !fields.iter().all(|field| field.chars().all(standard)) {
+            return Err("Use digits, names, and * , - / ? L W # only.".into());
+        }
+        if fields.iter().any(|field| field.split(',').any(str::is_empty)) {
+            return Err("A list in a field has an empty item.".into());
+        }
     }
     croner::Cron::from_str(trimmed).map_err(|e| e.to_string())
 }

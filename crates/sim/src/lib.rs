@@ -74,6 +74,7 @@ pub struct Report {
     pub seed: u64,
     pub steps: usize,
     pub workflows: usize,
+    /// Workflow instances that came to exist; all of them closed.
     pub completed: usize,
     pub restarts: usize,
     pub duplicates_delivered: usize,
@@ -168,8 +169,6 @@ struct Sim {
     instances: BTreeSet<String>,
     /// Run id → workflow id, for every run seen.
     run_workflows: BTreeMap<String, String>,
-    /// Update request ids sent, with the update id the first acceptance answered.
-    update_requests: BTreeMap<String, (String, String)>,
     /// Query tasks created, with whether an answer was accepted.
     queries: BTreeMap<String, bool>,
     schedules: Vec<String>,
@@ -217,7 +216,6 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         programs: BTreeMap::new(),
         instances: BTreeSet::new(),
         run_workflows: BTreeMap::new(),
-        update_requests: BTreeMap::new(),
         queries: BTreeMap::new(),
         schedules: Vec::new(),
         inflight: Vec::new(),
@@ -357,7 +355,6 @@ impl Sim {
         for round in 0..400 {
             self.report.calm_rounds = round + 1;
             if self.open_workflows().await?.is_empty() && self.live_schedules().await?.is_empty() {
-                self.report.completed = self.instances.len();
                 return Ok(());
             }
             self.step += 1;
@@ -412,7 +409,12 @@ impl Sim {
                 .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
                 .await
                 .map_err(|e| self.fail(format!("load: {e}")))?;
-            if run.is_some_and(|r| !r.is_closed()) {
+            let Some(run) = run else { continue };
+            // A run nobody polled yet (a child closed with its parent) is checked too.
+            if !self.run_workflows.contains_key(run.run_id.as_str()) {
+                self.acknowledge(&run);
+            }
+            if !run.is_closed() {
                 open.push(workflow_id);
             }
         }
@@ -837,11 +839,7 @@ impl Sim {
 
     /// One of the workflows the clients started, at random.
     fn random_started_workflow(&mut self) -> Option<String> {
-        if self.programs.is_empty() {
-            return None;
-        }
-        let index = self.rng.random_range(0..self.programs.len());
-        self.programs.keys().nth(index).cloned()
+        pick(&mut self.rng, self.programs.keys())
     }
 
     async fn send_signal(&mut self) -> Result<(), Failure> {
@@ -886,70 +884,102 @@ impl Sim {
         Ok(())
     }
 
-    /// A client sends an update with a request id, and sometimes sends it again (its response
-    /// was lost): the retry must get the first acceptance's receipt, not a second update.
-    async fn send_update(&mut self) -> Result<(), Failure> {
-        let Some(workflow_id) = self.random_started_workflow() else {
-            return self.advance_clock().await;
-        };
-        let request_id = format!("update-{}", self.step);
-        let command_id = CommandId(capstan_store::new_ulid().to_string());
+    /// Sends a client command keyed by a request id, and sometimes sends it again (the first
+    /// response was lost). A retry must be answered from the first application's receipt: a
+    /// second application, or a receipt with no application before it, fails the seed. Returns
+    /// what the application answered and the receipts the retries got (None: refused).
+    async fn send_keyed<T, F>(
+        &mut self,
+        what: &str,
+        workflow_id: &str,
+        key: CommandKey,
+        transition: impl Fn() -> F,
+        render: impl Fn(&T, &RunState) -> Value + Clone + Send + 'static,
+    ) -> Result<Option<(T, Vec<Value>)>, Failure>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
         let attempts = if self.rng.random_bool(0.3) { 2 } else { 1 };
-        for attempt in 0..attempts {
-            self.trace(|| format!("update {UPDATE_NAME} to {workflow_id} (request {request_id}, send {})", attempt + 1));
-            let key = CommandKey {
-                command_type: "update".into(),
-                request_id: request_id.clone(),
-                intent_hash: format!("{UPDATE_NAME}:{PAYLOAD}"),
-            };
-            let command_id = command_id.clone();
+        let mut applied: Option<T> = None;
+        let mut receipts = Vec::new();
+        for attempt in 1..=attempts {
+            self.trace(|| format!("{what} to {workflow_id} (request {}, send {attempt})", key.request_id));
             let result = self
                 .store()
                 .mutate_run_keyed(
                     NAMESPACE,
-                    RunLocator::Current(WorkflowId(workflow_id.clone())),
-                    key,
+                    RunLocator::Current(WorkflowId(workflow_id.to_string())),
+                    key.clone(),
                     self.now,
-                    move |run, cx| {
-                        admit_update(run, UPDATE_NAME, None)?;
-                        accept_update(run, cx, UPDATE_NAME, Payload::avro(PAYLOAD), command_id)
-                    },
-                    |(update_id, _): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id}),
+                    transition(),
+                    render.clone(),
                 )
                 .await;
-            let Some((receipt, run)) = self.refused(result)? else {
-                continue;
-            };
-            let first = self.update_requests.get(&request_id).cloned();
-            match (receipt, first) {
-                (KeyedReceipt::Fresh((update_id, _)), None) => {
-                    self.report.updates_accepted += 1;
-                    let run = run.ok_or_else(|| self.fail("a fresh update came without its run"))?;
+            match self.refused(result)? {
+                None => {}
+                Some((KeyedReceipt::Fresh(_), _)) if applied.is_some() => {
+                    return Err(self.fail(format!("{what} request {} was applied twice", key.request_id)))
+                }
+                Some((KeyedReceipt::Fresh(value), run)) => {
+                    let run = run.ok_or_else(|| self.fail(format!("a fresh {what} came without its run")))?;
                     self.acknowledge(&run);
-                    self.update_requests.insert(request_id.clone(), (workflow_id.clone(), update_id));
+                    applied = Some(value);
                 }
-                (KeyedReceipt::Fresh((update_id, _)), Some((_, first))) => {
-                    return Err(self.fail(format!("update request {request_id} was applied twice ({first}, then {update_id})")))
+                Some((KeyedReceipt::Retained(body), _)) if applied.is_none() => {
+                    return Err(self.fail(format!(
+                        "{what} request {} has a receipt ({body}) but was never applied",
+                        key.request_id
+                    )))
                 }
-                (KeyedReceipt::Retained(body), Some((_, first))) => {
-                    if body["update_id"].as_str() != Some(first.as_str()) {
-                        return Err(self.fail(format!(
-                            "update request {request_id} answered {body} from its receipt, not update {first}"
-                        )));
-                    }
-                    self.report.update_retries_answered_from_receipt += 1;
-                }
-                (KeyedReceipt::Retained(body), None) => {
-                    return Err(self.fail(format!("update request {request_id} has a receipt ({body}) but was never applied")))
-                }
+                Some((KeyedReceipt::Retained(body), _)) => receipts.push(body),
             }
+        }
+        Ok(applied.map(|value| (value, receipts)))
+    }
+
+    /// A client sends an update; a retry must get the first acceptance's update id back.
+    async fn send_update(&mut self) -> Result<(), Failure> {
+        let Some(workflow_id) = self.random_started_workflow() else {
+            return self.advance_clock().await;
+        };
+        let key = CommandKey {
+            command_type: "update".into(),
+            request_id: format!("update-{}", self.step),
+            intent_hash: format!("{UPDATE_NAME}:{PAYLOAD}"),
+        };
+        let command_id = CommandId(capstan_store::new_ulid().to_string());
+        let sent = self
+            .send_keyed(
+                "update",
+                &workflow_id,
+                key,
+                || {
+                    let command_id = command_id.clone();
+                    move |run: &mut RunState, cx: &mut Cx| {
+                        admit_update(run, UPDATE_NAME, None)?;
+                        accept_update(run, cx, UPDATE_NAME, Payload::avro(PAYLOAD), command_id)
+                    }
+                },
+                |(update_id, _): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id}),
+            )
+            .await?;
+        let Some(((update_id, _), receipts)) = sent else {
+            return Ok(());
+        };
+        self.report.updates_accepted += 1;
+        for body in receipts {
+            if body["update_id"].as_str() != Some(update_id.as_str()) {
+                return Err(self.fail(format!("a retried update answered {body} from its receipt, not update {update_id}")));
+            }
+            self.report.update_retries_answered_from_receipt += 1;
         }
         Ok(())
     }
 
-    /// A client cancels or terminates a workflow (and sometimes sends it again): its children
-    /// are terminated by their parent-close policy, its open calls end, a dispatched declared
-    /// action becomes `outcome_unknown`.
+    /// A client cancels or terminates a workflow: its children are terminated by their
+    /// parent-close policy, its open calls end, a dispatched declared action becomes
+    /// `outcome_unknown`.
     async fn close_workflow(&mut self) -> Result<(), Failure> {
         let Some(workflow_id) = self.random_started_workflow() else {
             return self.advance_clock().await;
@@ -959,61 +989,45 @@ impl Sim {
         } else {
             CloseCommand::Terminate
         };
-        let request_id = format!("close-{}", self.step);
+        let what = format!("{kind:?}").to_lowercase();
+        let key = CommandKey {
+            command_type: what.clone(),
+            request_id: format!("close-{}", self.step),
+            intent_hash: "sim".into(),
+        };
         let command_id = CommandId(capstan_store::new_ulid().to_string());
-        let attempts = if self.rng.random_bool(0.3) { 2 } else { 1 };
-        for attempt in 0..attempts {
-            self.trace(|| format!("{kind:?} {workflow_id} (request {request_id}, send {})", attempt + 1));
-            let key = CommandKey {
-                command_type: format!("{kind:?}").to_lowercase(),
-                request_id: request_id.clone(),
-                intent_hash: "sim".into(),
-            };
-            let command_id = command_id.clone();
-            let result = self
-                .store()
-                .mutate_run_keyed(
-                    NAMESPACE,
-                    RunLocator::Current(WorkflowId(workflow_id.clone())),
-                    key,
-                    self.now,
-                    move |run, cx| close_by_command(run, cx, kind, Some("simulated client".into()), command_id),
-                    |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id}),
-                )
-                .await;
-            match self.refused(result)? {
-                Some((KeyedReceipt::Fresh(_), Some(run))) => {
-                    self.acknowledge(&run);
-                    self.report.closed_by_clients += 1;
-                    if attempt > 0 {
-                        return Err(self.fail(format!("close request {request_id} was applied twice")));
-                    }
-                }
-                Some((KeyedReceipt::Fresh(_), None)) => return Err(self.fail("a fresh close came without its run")),
-                Some((KeyedReceipt::Retained(_), _)) => {}
-                None => {}
-            }
+        let sent = self
+            .send_keyed(
+                &what,
+                &workflow_id,
+                key,
+                || {
+                    let command_id = command_id.clone();
+                    move |run: &mut RunState, cx: &mut Cx| close_by_command(run, cx, kind, Some("simulated client".into()), command_id)
+                },
+                |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id}),
+            )
+            .await?;
+        if sent.is_some() {
+            self.report.closed_by_clients += 1;
         }
         // Its children heard of it in the same transaction: check them now.
-        for run_id in self
+        let children = format!("{workflow_id}-r");
+        let runs: Vec<String> = self
             .run_workflows
-            .clone()
-            .into_iter()
-            .filter(|(_, w)| w.starts_with(&format!("{workflow_id}-r")))
-            .map(|(r, _)| r)
-        {
-            self.touched.insert(run_id);
-        }
+            .iter()
+            .filter(|(_, w)| w.starts_with(&children))
+            .map(|(r, _)| r.clone())
+            .collect();
+        self.touched.extend(runs);
         Ok(())
     }
 
     /// A client queries a workflow: a query task for a worker, which never touches history.
     async fn send_query(&mut self) -> Result<(), Failure> {
-        if self.instances.is_empty() {
+        let Some(workflow_id) = pick(&mut self.rng, self.instances.iter()) else {
             return self.advance_clock().await;
-        }
-        let index = self.rng.random_range(0..self.instances.len());
-        let workflow_id = self.instances.iter().nth(index).cloned().expect("in range");
+        };
         let run = self
             .store()
             .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
@@ -1266,6 +1280,7 @@ impl Sim {
                 self.report.children_started += 1;
             }
         }
+        self.report.completed = self.run_workflows.values().collect::<BTreeSet<_>>().len();
         Ok(())
     }
 
@@ -1415,6 +1430,16 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// One of `items`, at random.
+fn pick<'a>(rng: &mut StdRng, items: impl ExactSizeIterator<Item = &'a String>) -> Option<String> {
+    let count = items.len();
+    if count == 0 {
+        return None;
+    }
+    let index = rng.random_range(0..count);
+    items.into_iter().nth(index).cloned()
 }
 
 /// Where the k-th step of a kind stands. Steps run one at a time, so the k-th opening and the
