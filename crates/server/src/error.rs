@@ -95,6 +95,11 @@ impl From<StoreError> for ApiError {
                 )
                 .with("retryable", true)
             }
+            // A uniqueness rule the store did not turn into a refusal of its own: not retryable.
+            StoreError::Conflict { constraint, message } => {
+                tracing::warn!(%constraint, %message, "write refused by a uniqueness constraint");
+                ApiError::new(StatusCode::CONFLICT, "conflict", "The change conflicts with a stored record.").with("constraint", constraint)
+            }
             // The stores turn a breach into an incident and a refusal; one that reaches here
             // (a path without that guard) is still a refusal, never a 5xx.
             StoreError::Integrity(breach) => ApiError::new(

@@ -11,13 +11,13 @@
 //! before that leaves no part of the change. Callers that lose the answer retry; the engine's
 //! idempotency rules make the retry safe.
 
+mod logic;
 mod postgres;
 mod rows;
 mod schedules;
-mod schema;
 mod sqlite;
+mod tx;
 mod visibility_sql;
-mod writer;
 
 use capstan_engine::*;
 use serde_json::{Map, Value};
@@ -35,6 +35,9 @@ pub enum StoreError {
     /// The database failed. The change was not applied.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// A uniqueness constraint refused the change (`constraint` names it); nothing was written.
+    #[error("conflict on {constraint}: {message}")]
+    Conflict { constraint: String, message: String },
     /// A ledger chain the change extends failed verification; nothing was written (the store
     /// then opens an integrity incident and blocks the run).
     #[error("integrity breach: {0:?}")]
@@ -63,25 +66,6 @@ pub struct IntegrityIncident {
     pub opened_at: Millis,
     pub closed_at: Option<Millis>,
     pub note: Option<String>,
-}
-
-/// The checkpoints of `effects` must extend an intact chain: the stored checkpoint each
-/// instance's first new checkpoint links to must exist and still hash to its recorded hash.
-/// `stored(workflow_id, hash)` reads that row's document.
-pub(crate) fn check_chain_extension<F>(run: &RunState, effects: &Effects, mut stored: F) -> StoreResult<()>
-where
-    F: FnMut(&WorkflowId, &str) -> StoreResult<Option<LedgerCheckpoint>>,
-{
-    let mut seen = std::collections::HashSet::new();
-    for checkpoint in &effects.checkpoints {
-        if !seen.insert(checkpoint.workflow_id.clone()) || checkpoint.prev_hash == GENESIS_HASH {
-            continue;
-        }
-        if !extends_intact(checkpoint, stored(&checkpoint.workflow_id, &checkpoint.prev_hash)?) {
-            return Err(breach_at(run, checkpoint));
-        }
-    }
-    Ok(())
 }
 
 /// Whether `previous` (the stored checkpoint `checkpoint` links to) exists and still hashes to
@@ -115,7 +99,20 @@ impl From<rusqlite::Error> for StoreError {
             error.sqlite_error_code(),
             Some(DiskFull | SystemIoFailure | CannotOpen | ReadOnly | DatabaseCorrupt | NotADatabase)
         ) {
-            writer::note_io_failure();
+            sqlite::note_io_failure();
+        }
+        if let rusqlite::Error::SqliteFailure(failure, message) = &error {
+            // SQLite names the columns, not the constraint: "UNIQUE constraint failed: t.a, t.b".
+            if matches!(
+                failure.extended_code,
+                rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            ) {
+                let columns = message.as_deref().and_then(|m| m.split(": ").nth(1)).unwrap_or_default();
+                return StoreError::Conflict {
+                    constraint: columns.to_string(),
+                    message: error.to_string(),
+                };
+            }
         }
         StoreError::Storage(error.to_string())
     }
@@ -517,7 +514,9 @@ pub struct DueTask {
 }
 
 /// Cross-node "a task became ready on this queue" notifications: `(namespace, kind, queue)`.
-pub type WakeReceiver = tokio::sync::mpsc::UnboundedReceiver<(String, TaskKind, String)>;
+/// `(namespace, kind, queue)` of a task made ready.
+pub type WakeKey = (String, TaskKind, String);
+pub type WakeReceiver = tokio::sync::mpsc::UnboundedReceiver<WakeKey>;
 
 /// A control-plane command keyed by a caller's `request_id`.
 #[derive(Clone, Debug)]

@@ -4,9 +4,11 @@
 //! then writing the schedule back. Either all of it commits or none of it, so an occurrence
 //! fires exactly once however many nodes evaluate the schedule.
 
-use crate::{FireReport, ScheduleFire, StoreResult};
+use crate::logic::{persist, runs};
+use crate::tx::Tx;
+use crate::{FireReport, RunLocator, ScheduleFire, StoreResult, UlidIds};
 use capstan_engine::schedule::{Decision, OverlapPolicy, Schedule, Trigger};
-use capstan_engine::{CloseCommand, CommandId, Millis, Payload, RunId, StartRun, WorkflowId};
+use capstan_engine::{close_by_command, CloseCommand, CommandId, Cx, Limits, Millis, Payload, RunId, RunState, StartRun, WorkflowId};
 use serde_json::json;
 
 /// Most occurrences one firing transaction handles (a long backfill runs in several calls).
@@ -14,21 +16,42 @@ pub const FIRE_BATCH: usize = 100;
 /// Most occurrences one backfill request may name.
 pub const BACKFILL_MAX: usize = 1000;
 
-/// What a firing needs from the open transaction.
-pub(crate) trait ScheduleTx {
-    /// Whether the current run of `workflow_id` is still open.
-    fn run_open(&mut self, namespace: &str, workflow_id: &str) -> StoreResult<bool>;
-    /// Starts a new instance (the id is fresh).
-    fn start(&mut self, start: StartRun, now: Millis) -> StoreResult<()>;
-    /// Cancels or terminates the current run of `workflow_id` if it is open.
-    fn close(&mut self, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis) -> StoreResult<()>;
+fn previous_open<'a, T: Tx>(tx: &'a mut T, schedule: &'a Schedule) -> impl std::future::Future<Output = StoreResult<bool>> + Send + 'a {
+    async move {
+        match &schedule.latest_workflow_id {
+            Some(id) => Ok(current_run(tx, &schedule.namespace, id).await?.is_some_and(|run| !run.is_closed())),
+            None => Ok(false),
+        }
+    }
 }
 
-fn previous_open(tx: &mut dyn ScheduleTx, schedule: &Schedule) -> StoreResult<bool> {
-    match &schedule.latest_workflow_id {
-        Some(id) => tx.run_open(&schedule.namespace, id),
-        None => Ok(false),
+async fn current_run<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str) -> StoreResult<Option<RunState>> {
+    runs::locate_and_lock(tx, namespace, &RunLocator::Current(WorkflowId(workflow_id.to_string()))).await
+}
+
+/// Starts a new instance (the id is fresh).
+async fn start_instance<T: Tx>(tx: &mut T, start: StartRun, now: Millis, limits: &Limits) -> StoreResult<()> {
+    let mut ids = UlidIds;
+    let mut cx = Cx::new(now, &mut ids, limits);
+    let run = capstan_engine::start_run(&mut cx, start);
+    let effects = cx.effects;
+    persist::insert_instance(tx, &run, now).await?;
+    persist::persist(tx, &run, &effects, true, limits).await
+}
+
+/// Cancels or terminates the current run of `workflow_id` if it is open.
+async fn close_current<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis, limits: &Limits) -> StoreResult<()> {
+    let Some(mut run) = current_run(tx, namespace, workflow_id).await? else {
+        return Ok(());
+    };
+    if run.is_closed() {
+        return Ok(());
     }
+    let mut ids = UlidIds;
+    let mut cx = Cx::new(now, &mut ids, limits);
+    close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(crate::new_ulid().to_string()))?;
+    let effects = cx.effects;
+    persist::persist(tx, &run, &effects, false, limits).await
 }
 
 /// One occurrence about to start: what fired it and under which policy.
@@ -41,12 +64,13 @@ struct Firing {
 
 /// Starts the action for one occurrence; `Ok(None)` when the start itself was refused (recorded
 /// as a failure on the schedule).
-fn start_one(
-    tx: &mut dyn ScheduleTx,
+async fn start_one<T: Tx>(
+    tx: &mut T,
     schedule: &mut Schedule,
     firing: Firing,
     empty_input: &Payload,
     now: Millis,
+    limits: &Limits,
 ) -> StoreResult<Option<(String, String)>> {
     let Firing {
         occurrence,
@@ -56,7 +80,7 @@ fn start_one(
     } = firing;
     if let (Some(command), Some(previous)) = (close_previous, schedule.latest_workflow_id.clone()) {
         let reason = format!("Schedule overlap: {} policy applied.", policy.as_str());
-        tx.close(&schedule.namespace, &previous, command, reason, now)?;
+        close_current(tx, &schedule.namespace, &previous, command, reason, now, limits).await?;
     }
     let workflow_id = crate::new_ulid().to_string().to_lowercase();
     let run_id = crate::new_ulid().to_string();
@@ -77,7 +101,7 @@ fn start_one(
         contract: None,
         compatibility: None,
     };
-    match tx.start(start, now) {
+    match start_instance(tx, start, now, limits).await {
         Ok(()) => {
             schedule.record_started(occurrence, trigger, policy, &workflow_id, &run_id, now);
             Ok(Some((workflow_id, run_id)))
@@ -91,12 +115,13 @@ fn start_one(
 }
 
 /// Runs `fire` on `schedule` (already loaded and locked by the caller, who writes it back).
-pub(crate) fn fire(
-    tx: &mut dyn ScheduleTx,
+pub(crate) async fn fire<T: Tx>(
+    tx: &mut T,
     schedule: &mut Schedule,
     fire: &ScheduleFire,
     empty_input: &Payload,
     now: Millis,
+    limits: &Limits,
 ) -> StoreResult<FireReport> {
     let mut report = FireReport::default();
     match fire {
@@ -104,7 +129,7 @@ pub(crate) fn fire(
             let mut handled = 0;
             // Buffered occurrences first, one at a time, each once the previous run closed.
             while handled < FIRE_BATCH {
-                let open = previous_open(tx, schedule)?;
+                let open = previous_open(tx, schedule).await?;
                 let Some(occurrence) = schedule.take_buffered(open) else { break };
                 handled += 1;
                 let firing = Firing {
@@ -113,7 +138,7 @@ pub(crate) fn fire(
                     policy: schedule.overlap_policy,
                     close_previous: None,
                 };
-                if start_one(tx, schedule, firing, empty_input, now)?.is_some() {
+                if start_one(tx, schedule, firing, empty_input, now, limits).await?.is_some() {
                     report.started += 1;
                 }
             }
@@ -123,23 +148,16 @@ pub(crate) fn fire(
                 };
                 handled += 1;
                 schedule.advance_past(occurrence);
-                let open = previous_open(tx, schedule)?;
+                let open = previous_open(tx, schedule).await?;
                 let policy = schedule.overlap_policy;
                 if let Decision::Start { policy, close_previous } = schedule.decide(occurrence, Trigger::Tick, policy, open, now) {
-                    if start_one(
-                        tx,
-                        schedule,
-                        Firing {
-                            occurrence,
-                            trigger: Trigger::Tick,
-                            policy,
-                            close_previous,
-                        },
-                        empty_input,
-                        now,
-                    )?
-                    .is_some()
-                    {
+                    let firing = Firing {
+                        occurrence,
+                        trigger: Trigger::Tick,
+                        policy,
+                        close_previous,
+                    };
+                    if start_one(tx, schedule, firing, empty_input, now, limits).await?.is_some() {
                         report.started += 1;
                     }
                 }
@@ -147,22 +165,17 @@ pub(crate) fn fire(
             report.outcome = "evaluated".into();
         }
         ScheduleFire::Manual { policy } => {
-            let open = previous_open(tx, schedule)?;
+            let open = previous_open(tx, schedule).await?;
             let policy = policy.unwrap_or(schedule.overlap_policy);
             match schedule.decide(now, Trigger::Manual, policy, open, now) {
                 Decision::Start { policy, close_previous } => {
-                    match start_one(
-                        tx,
-                        schedule,
-                        Firing {
-                            occurrence: now,
-                            trigger: Trigger::Manual,
-                            policy,
-                            close_previous,
-                        },
-                        empty_input,
-                        now,
-                    )? {
+                    let firing = Firing {
+                        occurrence: now,
+                        trigger: Trigger::Manual,
+                        policy,
+                        close_previous,
+                    };
+                    match start_one(tx, schedule, firing, empty_input, now, limits).await? {
                         Some((workflow_id, run_id)) => {
                             report.outcome = "triggered".into();
                             report.workflow_id = Some(workflow_id);
@@ -193,7 +206,7 @@ pub(crate) fn fire(
             let policy = policy.unwrap_or(schedule.overlap_policy);
             for occurrence in schedule.occurrences_between(*start, *end, BACKFILL_MAX) {
                 let fire_time = capstan_engine::timefmt::iso8601(occurrence);
-                let open = previous_open(tx, schedule)?;
+                let open = previous_open(tx, schedule).await?;
                 match schedule.decide(occurrence, Trigger::Backfill, policy, open, now) {
                     Decision::Start { policy, close_previous } => {
                         let firing = Firing {
@@ -202,7 +215,7 @@ pub(crate) fn fire(
                             policy,
                             close_previous,
                         };
-                        match start_one(tx, schedule, firing, empty_input, now)? {
+                        match start_one(tx, schedule, firing, empty_input, now, limits).await? {
                             Some((workflow_id, _)) => {
                                 report.started += 1;
                                 report

@@ -7,21 +7,12 @@
 //! in the batch learn its result. Many concurrent transitions therefore share one fsync without
 //! any of them being acknowledged before it is durable.
 
-use crate::{StoreError, StoreResult};
-use capstan_engine::TaskKind;
+use super::tx::SqliteTx;
+use crate::{StoreError, StoreResult, WakeKey};
 use rusqlite::Connection;
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{mpsc, Arc};
 use tokio::sync::oneshot;
-
-/// `(namespace, kind, queue)` of a task made ready.
-pub type WakeKey = (String, TaskKind, String);
-
-thread_local! {
-    /// Ready-task announcements of the jobs in the current batch; sent only after COMMIT.
-    static ANNOUNCED: RefCell<Vec<WakeKey>> = const { RefCell::new(Vec::new()) };
-}
 
 thread_local! {
     /// Set when a statement of the current batch failed for a reason of the device (full, IO
@@ -34,15 +25,11 @@ pub fn note_io_failure() {
     IO_FAILED.with(|f| f.set(true));
 }
 
-/// Called by jobs (on the writer thread) for each task they make ready.
-pub fn announce(key: WakeKey) {
-    ANNOUNCED.with(|a| a.borrow_mut().push(key));
-}
-
 const BATCH_MAX: usize = 128;
 
-/// Runs inside the transaction; returns whether to keep its changes and how to answer.
-type Job = Box<dyn FnOnce(&Connection) -> (bool, Box<dyn FnOnce(StoreResult<()>) + Send>) + Send>;
+/// Runs inside the transaction, noting the tasks it made ready; returns whether to keep its
+/// changes and how to answer.
+type Job = Box<dyn FnOnce(&mut Connection, &mut Vec<WakeKey>) -> (bool, Box<dyn FnOnce(StoreResult<()>) + Send>) + Send>;
 
 #[derive(Clone)]
 pub struct Writer {
@@ -91,9 +78,19 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
+        self.write_tx(move |tx| job(tx.connection())).await
+    }
+
+    /// Like [`write`](Self::write), with the job given a [`SqliteTx`]: the shared transaction
+    /// logic runs on it, and the tasks it announces are handed to pollers after COMMIT.
+    pub async fn write_tx<T, F>(&self, job: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut SqliteTx<'_>) -> StoreResult<T> + Send + 'static,
+    {
         let (answer, answered) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let result = job(conn);
+        let job: Job = Box::new(move |conn, announced| {
+            let result = job(&mut SqliteTx::new(conn, announced));
             let keep = result.is_ok();
             let finish = Box::new(move |commit: StoreResult<()>| {
                 let _ = answer.send(commit.and(result));
@@ -109,7 +106,7 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, health: &Health) {
+fn run(mut conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, health: &Health) {
     while let Ok(first) = inbox.recv() {
         let mut batch = vec![first];
         while batch.len() < BATCH_MAX {
@@ -119,6 +116,8 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::Un
             }
         }
         let mut finishers = Vec::with_capacity(batch.len());
+        // Ready-task announcements of the jobs kept in this batch; sent only after COMMIT.
+        let mut announced: Vec<WakeKey> = Vec::new();
         IO_FAILED.with(|f| f.set(false));
         let begin = conn.execute_batch("BEGIN IMMEDIATE");
         if let Err(error) = begin {
@@ -135,18 +134,17 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::Un
                 tracing::error!(%error, "could not open a savepoint");
                 continue;
             }
-            let mark = ANNOUNCED.with(|a| a.borrow().len());
+            let mut job_announced = Vec::new();
             // A bug that panics inside one transition must not take the writer (and with it
             // every later write) down: undo that job alone; its caller sees a storage error.
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&conn)));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn, &mut job_announced)));
             let Ok((keep, finish)) = outcome else {
                 tracing::error!("a write job panicked; its changes were rolled back");
-                ANNOUNCED.with(|a| a.borrow_mut().truncate(mark));
                 let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
                 continue;
             };
-            if !keep {
-                ANNOUNCED.with(|a| a.borrow_mut().truncate(mark));
+            if keep {
+                announced.append(&mut job_announced);
             }
             let end = if keep {
                 conn.execute_batch("RELEASE job")
@@ -173,7 +171,6 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::Un
         }
         let io_failed = IO_FAILED.with(|f| f.replace(false));
         health.failing.store(commit.is_err() || io_failed, Ordering::SeqCst);
-        let announced = ANNOUNCED.with(|a| std::mem::take(&mut *a.borrow_mut()));
         if commit.is_ok() {
             for key in announced {
                 let _ = wake.send(key);

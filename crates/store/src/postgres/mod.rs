@@ -11,14 +11,18 @@
 //! rows, and `run_duty` locks the run row before the task row, so no two statements wait on each
 //! other in a cycle.
 
+mod tx;
+
+use crate::logic::persist::persist;
+use crate::logic::{claim, integrity, runs};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
+use tx::PgTx;
 use capstan_engine::schedule::Schedule;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Transaction};
 use futures_util::StreamExt;
 use std::sync::Arc;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -337,21 +341,6 @@ CREATE TABLE health_probe (id INTEGER PRIMARY KEY, probed_at BIGINT NOT NULL);
     ),
 ];
 
-impl From<tokio_postgres::Error> for StoreError {
-    fn from(error: tokio_postgres::Error) -> Self {
-        // tokio-postgres displays a server error as just "db error": the server's message and
-        // SQLSTATE (53100 disk full, 25006 read-only, ...) are what an operator needs to see.
-        let message = match error.as_db_error() {
-            Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-            None => match std::error::Error::source(&error) {
-                Some(cause) => format!("{error}: {cause}"),
-                None => error.to_string(),
-            },
-        };
-        StoreError::Storage(message)
-    }
-}
-
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(error: deadpool_postgres::PoolError) -> Self {
         StoreError::Storage(format!("no database connection: {error}"))
@@ -407,7 +396,8 @@ impl PostgresStore {
             .map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
             .transpose()?;
         let Some(task) = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())? else {
-            persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+            let effects = std::mem::take(&mut cx.effects);
+            persist(&mut PgTx::new(&tx, &self.wake_channel), &run, &effects, false, &self.limits).await?;
             tx.commit().await?;
             return Ok(Some(AtomicOutcome::Refused {
                 workflow_id: run.workflow_id.clone(),
@@ -439,7 +429,8 @@ impl PostgresStore {
             }
         };
         let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        let effects = std::mem::take(&mut cx.effects);
+        persist(&mut PgTx::new(&tx, &self.wake_channel), &run, &effects, false, &self.limits).await?;
         tx.commit().await?;
         Ok(Some(outcome))
     }
@@ -474,68 +465,18 @@ impl PostgresStore {
                 )
                 .await?;
             let Some(row) = row else { return Ok(None) };
-            let task_id: String = row.get(0);
-            let mut run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(now, &mut ids, &self.limits);
-            let task_id = TaskId(task_id);
-            let leased = match kind {
-                TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, owner, lease_ms).map(Some),
-                TaskKind::Activity => {
-                    // A declared action is checked against its definition as of now, in this
-                    // transaction, and ledgered before the worker sees it.
-                    let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
-                        TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
-                        _ => None,
-                    });
-                    let definition = match activity_type {
-                        Some(activity_type) => {
-                            let row = tx
-                                .query_opt(
-                                    "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2",
-                                    &[&run.namespace, &activity_type],
-                                )
-                                .await?;
-                            row.map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
-                                .transpose()?
-                        }
-                        None => None,
-                    };
-                    lease_activity_task_with(&mut run, &mut cx, &task_id, owner, lease_ms, definition.as_ref())
-                }
-                _ => return Ok(None),
+            let task_id = TaskId(row.get(0));
+            let run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
+            let poller = claim::Poller {
+                kind,
+                owner,
+                lease_ms,
+                poll: poll.as_ref(),
             };
-            match leased {
-                Ok(None) => {
-                    // Refused before dispatch (its definition changed): record it, try again.
-                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-                    tx.commit().await?;
-                }
-                Ok(Some(task)) => {
-                    persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-                    if let Some(key) = &poll {
-                        tx.execute(
-                            "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                             ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
-                             DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at",
-                            &[&key.namespace, &key.task_queue, &key.worker_id, &key.kind.as_str(), &key.poll_request_id, &task.id.as_str(), &(task.fence as i64), &now],
-                        )
-                        .await?;
-                    }
-                    tx.commit().await?;
-                    return Ok(Some((task, run)));
-                }
-                Err(_) => {
-                    // The row was read before another node leased the task; it is fine now.
-                    let status = run.tasks.get(&task_id).map(|t| task_row_status(&run, t)).unwrap_or("cancelled");
-                    tx.execute(
-                        "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'",
-                        &[&task_id.as_str(), &status],
-                    )
-                    .await?;
-                    tx.commit().await?;
-                }
+            let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.limits).await?;
+            tx.commit().await?;
+            if let claim::Claimed::Leased(task, run) = claimed {
+                return Ok(Some((task, run)));
             }
         }
         Ok(None)
@@ -548,17 +489,12 @@ impl PostgresStore {
     {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let mut run = locate_and_lock(&tx, namespace, &locator)
-            .await?
-            .ok_or_else(|| not_found(&locator))?;
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
+        let changed = runs::mutate(&mut PgTx::new(&tx, &self.wake_channel), namespace, &locator, now, &self.limits, transition).await?;
         tx.commit().await?;
-        Ok((value, run))
+        Ok(changed)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn mutate_run_keyed_checked<T, F, R>(
         &self,
         namespace: &str,
@@ -573,47 +509,12 @@ impl PostgresStore {
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
         R: FnOnce(&T, &RunState) -> Value + Send + 'static,
     {
-        let workflow_id = match &locator {
-            RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
-            RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
-        };
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        // The run lock serialises concurrent uses of one request id.
-        let mut run = locate_and_lock(&tx, namespace, &locator)
-            .await?
-            .ok_or_else(|| not_found(&locator))?;
-        let stored = tx
-            .query_opt(
-                "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4",
-                &[&namespace, &workflow_id, &key.command_type, &key.request_id],
-            )
-            .await?;
-        if let Some(row) = stored {
-            let (intent_hash, receipt): (String, String) = (row.get(0), row.get(1));
-            if intent_hash != key.intent_hash {
-                return Err(Refusal::new(
-                    Reason::RequestIdConflict,
-                    "This request_id was already used for a different command.",
-                )
-                .with("retained_command_type", key.command_type.clone())
-                .with("request_id", key.request_id.clone())
-                .into());
-            }
-            return Ok((KeyedReceipt::Retained(serde_json::from_str(&receipt).map_err(corrupt)?), None));
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-        let receipt = render(&value, &run).to_string();
-        tx.execute(
-            "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[&namespace, &workflow_id, &key.command_type, &key.request_id, &key.intent_hash, &receipt, &now],
-        )
-        .await?;
+        let mut pg = PgTx::new(&tx, &self.wake_channel);
+        let receipt = runs::mutate_keyed(&mut pg, namespace, &locator, &key, now, &self.limits, transition, render).await?;
         tx.commit().await?;
-        Ok((KeyedReceipt::Fresh(value), Some(run)))
+        Ok(receipt)
     }
 
     async fn run_duty_checked<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
@@ -623,37 +524,9 @@ impl PostgresStore {
     {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let locator = RunLocator::Task(due.task_id.clone());
-        let run_id = locate_run(&tx, &due.namespace, &locator)
-            .await?
-            .ok_or_else(|| not_found(&locator))?;
-        let mut run = lock_run(&tx, &run_id, false).await?.ok_or_else(|| not_found(&locator))?;
-        // Lock the task row too, so no other node's claim can move the fence under us.
-        let fence: Option<i64> = tx
-            .query_opt(
-                "SELECT duty_fence FROM tasks WHERE task_id = $1 FOR UPDATE",
-                &[&due.task_id.as_str()],
-            )
-            .await?
-            .map(|r| r.get(0));
-        if fence != Some(due.duty_fence as i64) {
-            return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
-                .with("task_id", due.task_id.as_str())
-                .with("duty_fence", due.duty_fence)
-                .with("current_duty_fence", fence)
-                .into());
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let value = transition(&mut run, &mut cx)?;
-        persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-        tx.execute(
-            "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1",
-            &[&due.task_id.as_str()],
-        )
-        .await?;
+        let changed = runs::run_duty(&mut PgTx::new(&tx, &self.wake_channel), due, now, &self.limits, transition).await?;
         tx.commit().await?;
-        Ok((value, run))
+        Ok(changed)
     }
 
     async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
@@ -668,51 +541,11 @@ impl PostgresStore {
     async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let run = lock_run(&tx, breach.run_id.as_str(), false).await?;
-        if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
-            return Ok(
-                Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.").with("incident_id", open),
-            );
-        }
-        tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
-        let incident = IntegrityIncident {
-            incident_id: crate::new_ulid().to_string(),
-            namespace: breach.namespace.clone(),
-            workflow_id: breach.workflow_id.clone(),
-            run_id: breach.run_id.clone(),
-            state: "open".into(),
-            detail: breach.detail.clone(),
-            opened_at: crate::rows::now_ms(),
-            closed_at: None,
-            note: None,
-        };
-        tx.execute(
-            "INSERT INTO integrity_incidents (incident_id, namespace, workflow_id, run_id, state, opened_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &incident.incident_id,
-                &incident.namespace,
-                &incident.workflow_id.as_str(),
-                &incident.run_id.as_str(),
-                &incident.state,
-                &incident.opened_at,
-                &serde_json::to_string(&incident).map_err(corrupt)?,
-            ],
-        )
-        .await?;
-        if let Some(mut run) = run {
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(incident.opened_at, &mut ids, &self.limits);
-            block_for_integrity(&mut run, &mut cx, &incident.incident_id);
-            persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-        }
+        let refusal = integrity::record_breach(&mut PgTx::new(&tx, &self.wake_channel), &breach, now_ms(), &self.limits).await?;
         tx.commit().await?;
-        Ok(Refusal::new(
-            Reason::IntegrityIncidentOpen,
-            "A ledger chain this change extends failed verification; an integrity incident is open and the run is blocked.",
-        )
-        .with("incident_id", incident.incident_id)
-        .with("workflow_id", breach.workflow_id.as_str()))
+        Ok(refusal)
     }
+
     /// Connects, migrates (one node at a time, under an advisory lock) and bootstraps `default`.
     pub async fn connect(url: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Storage(format!("bad database URL: {e}")))?;
@@ -790,398 +623,6 @@ impl PostgresStore {
 
 fn corrupt(error: serde_json::Error) -> StoreError {
     StoreError::Storage(format!("corrupt stored document: {error}"))
-}
-
-async fn locate_run(tx: &Transaction<'_>, namespace: &str, locator: &RunLocator) -> StoreResult<Option<String>> {
-    let row = match locator {
-        RunLocator::Task(task_id) => {
-            tx.query_opt(
-                "SELECT run_id FROM tasks WHERE task_id = $1 AND namespace = $2",
-                &[&task_id.as_str(), &namespace],
-            )
-            .await?
-        }
-        RunLocator::Run(workflow_id, run_id) => {
-            tx.query_opt(
-                "SELECT run_id FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
-                &[&run_id.as_str(), &workflow_id.as_str(), &namespace],
-            )
-            .await?
-        }
-        RunLocator::Current(workflow_id) => {
-            tx.query_opt(
-                "SELECT current_run_id FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2",
-                &[&workflow_id.as_str(), &namespace],
-            )
-            .await?
-        }
-    };
-    Ok(row.map(|r| r.get(0)))
-}
-
-/// Finds and row-locks the run `locator` names, in one round trip.
-async fn locate_and_lock(tx: &Transaction<'_>, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
-    let row = match locator {
-        RunLocator::Task(task_id) => {
-            tx.query_opt(
-                "SELECT r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2 FOR UPDATE OF r",
-                &[&task_id.as_str(), &namespace],
-            )
-            .await?
-        }
-        RunLocator::Run(workflow_id, run_id) => {
-            tx.query_opt(
-                "SELECT state FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3 FOR UPDATE",
-                &[&run_id.as_str(), &workflow_id.as_str(), &namespace],
-            )
-            .await?
-        }
-        RunLocator::Current(workflow_id) => {
-            tx.query_opt(
-                "SELECT r.state FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
-                 WHERE i.workflow_id = $1 AND i.namespace = $2 FOR UPDATE OF r",
-                &[&workflow_id.as_str(), &namespace],
-            )
-            .await?
-        }
-    };
-    match row {
-        Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
-        None => Ok(None),
-    }
-}
-
-/// Loads and row-locks a run. `skip_locked`: give up (None) instead of waiting for another node.
-async fn lock_run(tx: &Transaction<'_>, run_id: &str, skip_locked: bool) -> StoreResult<Option<RunState>> {
-    let sql = if skip_locked {
-        "SELECT state FROM runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED"
-    } else {
-        "SELECT state FROM runs WHERE run_id = $1 FOR UPDATE"
-    };
-    match tx.query_opt(sql, &[&run_id]).await? {
-        Some(row) => Ok(Some(serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?)),
-        None => Ok(None),
-    }
-}
-
-/// Writes a run's new state, its new events and its changed tasks; announces ready tasks.
-/// The statements are independent, so they are sent pipelined on the one connection: one round
-/// trip of latency instead of one per row.
-async fn persist(
-    tx: &Transaction<'_>,
-    run: &RunState,
-    effects: &Effects,
-    insert_run: bool,
-    wake_channel: &str,
-    limits: &Limits,
-) -> StoreResult<()> {
-    let state = serde_json::to_string(run).map_err(corrupt)?;
-    if insert_run {
-        tx.execute(
-            "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            &[
-                &run.run_id.as_str(),
-                &run.namespace,
-                &run.workflow_id.as_str(),
-                &(run.run_number as i64),
-                &run.workflow_type,
-                &run.task_queue,
-                &run.status.as_str(),
-                &run.business_key,
-                &run.started_at,
-                &run.closed_at,
-                &state,
-            ],
-        )
-        .await?;
-    }
-    let mut extended = std::collections::HashSet::new();
-    for checkpoint in &effects.checkpoints {
-        if !extended.insert(checkpoint.workflow_id.clone()) || checkpoint.prev_hash == GENESIS_HASH {
-            continue;
-        }
-        let previous = tx
-            .query_opt(
-                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 AND hash = $3",
-                &[&run.namespace, &checkpoint.workflow_id.as_str(), &checkpoint.prev_hash],
-            )
-            .await?
-            .and_then(|row| serde_json::from_str::<LedgerCheckpoint>(row.get::<_, &str>(0)).ok());
-        if !crate::extends_intact(checkpoint, previous) {
-            return Err(crate::breach_at(run, checkpoint));
-        }
-    }
-    for entry in &effects.ledger {
-        // Settled entries are final, and a resolution applies only over an unknown outcome: two
-        // operators (or nodes) resolving the same entry at once cannot both succeed.
-        let written = tx.execute(
-            "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-             ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
-               WHERE ledger_entries.state NOT IN ('verified', 'effect_confirmed', 'effect_absent')
-                 AND (excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown')",
-            &[
-                &entry.ledger_key,
-                &entry.namespace,
-                &entry.workflow_id.as_str(),
-                &entry.run_id.as_str(),
-                &entry.activity_type,
-                &entry.state.as_str(),
-                &entry.dispatched_at,
-                &entry.updated_at,
-                &serde_json::to_string(entry).map_err(corrupt)?,
-            ],
-        )
-        .await?;
-        if written == 0 {
-            return Err(crate::already_settled(entry));
-        }
-    }
-    for checkpoint in &effects.checkpoints {
-        tx.execute(
-            "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &checkpoint.namespace,
-                &checkpoint.workflow_id.as_str(),
-                &checkpoint.hash,
-                &checkpoint.prev_hash,
-                &checkpoint.ledger_key,
-                &checkpoint.recorded_at,
-                &serde_json::to_string(checkpoint).map_err(corrupt)?,
-            ],
-        )
-        .await?;
-    }
-    if touches_search_attributes(effects, insert_run) {
-        tx.execute("DELETE FROM search_attribute_index WHERE run_id = $1", &[&run.run_id.as_str()])
-            .await?;
-        for (key, value, num) in search_attribute_rows(&run.search_attributes) {
-            tx.execute(
-                "INSERT INTO search_attribute_index (run_id, key, value, num) VALUES ($1, $2, $3, $4)",
-                &[&run.run_id.as_str(), &key, &value, &num],
-            )
-            .await?;
-        }
-    }
-    let update_run = tx
-        .prepare_cached("UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1")
-        .await?;
-    let insert_event = tx
-        .prepare_cached(
-            "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .await?;
-    let upsert_task = tx
-        .prepare_cached(
-            "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-             ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
-                 deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
-                 lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
-        )
-        .await?;
-    let close_task = tx
-        .prepare_cached("UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1")
-        .await?;
-
-    // Owned values first, so the pipelined statements can borrow them.
-    struct EventRow<'e> {
-        sequence: i64,
-        event_type: &'static str,
-        payload: String,
-        task_id: Option<&'e str>,
-        command_id: Option<&'e str>,
-    }
-    let event_rows: Vec<EventRow> = effects
-        .events
-        .iter()
-        .map(|event| {
-            debug_assert_eq!(event.computed_hash(), event.hash);
-            Ok(EventRow {
-                sequence: event.sequence as i64,
-                event_type: event.event_type.as_str(),
-                payload: serde_json::to_string(&event.payload).map_err(corrupt)?,
-                task_id: event.workflow_task_id.as_ref().map(|t| t.as_str()),
-                command_id: event.workflow_command_id.as_ref().map(|c| c.as_str()),
-            })
-        })
-        .collect::<StoreResult<_>>()?;
-    struct TaskRow<'t> {
-        task: &'t Task,
-        kind: &'static str,
-        status: &'static str,
-        type_name: String,
-        owner: Option<String>,
-        expires_at: Option<i64>,
-        fence: i64,
-        compatibility: Option<String>,
-    }
-    let mut task_rows = Vec::new();
-    let mut vanished = Vec::new();
-    let mut announced: Vec<String> = Vec::new();
-    for task_id in &effects.touched_tasks {
-        match run.tasks.get(task_id) {
-            Some(task) => {
-                let lease = task.lease();
-                task_rows.push(TaskRow {
-                    task,
-                    kind: task.kind.as_str(),
-                    status: task_row_status(run, task),
-                    type_name: task_type_name(run, task),
-                    owner: lease.map(|l| l.owner.clone()),
-                    expires_at: lease.map(|l| l.expires_at),
-                    fence: task.fence as i64,
-                    compatibility: task_compatibility(run, task),
-                });
-                if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
-                    let key = format!("{}\u{1f}{}\u{1f}{}", run.namespace, task.kind.as_str(), task.queue);
-                    if !announced.contains(&key) {
-                        announced.push(key);
-                    }
-                }
-            }
-            None => vanished.push(task_id.as_str()),
-        }
-    }
-
-    let run_id = run.run_id.as_str();
-    let status = run.status.as_str();
-    let cancelled = "cancelled";
-    let mut batch: Vec<(&tokio_postgres::Statement, Vec<&(dyn ToSql + Sync)>)> = Vec::new();
-    if !insert_run {
-        batch.push((&update_run, vec![&run_id, &status, &run.closed_at, &state]));
-    }
-    for (event, row) in effects.events.iter().zip(&event_rows) {
-        batch.push((
-            &insert_event,
-            vec![
-                &run_id,
-                &row.sequence,
-                &event.id.0,
-                &row.event_type,
-                &row.payload,
-                &row.task_id,
-                &row.command_id,
-                &event.recorded_at,
-                &event.prev_hash,
-                &event.hash,
-            ],
-        ));
-    }
-    for row in &task_rows {
-        batch.push((
-            &upsert_task,
-            vec![
-                &row.task.id.0,
-                &run.namespace,
-                &run_id,
-                &row.kind,
-                &row.task.queue,
-                &row.type_name,
-                &row.status,
-                &row.task.available_at,
-                &row.task.deadline_at,
-                &row.owner,
-                &row.expires_at,
-                &row.fence,
-                &row.task.created_at,
-                &row.compatibility,
-            ],
-        ));
-    }
-    for task_id in &vanished {
-        batch.push((&close_task, vec![task_id, &cancelled]));
-    }
-    futures_util::future::try_join_all(batch.iter().map(|(statement, params)| tx.execute(*statement, params.as_slice()))).await?;
-
-    for (task_id, closure) in &effects.closed_tasks {
-        let updated = tx.execute(&close_task, &[&task_id.as_str(), &closure.as_str()]).await?;
-        if updated == 0 {
-            tx.execute(
-                "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
-                 VALUES ($1, $2, $3, 'timer', '', '', $4, 0, 0, 0) ON CONFLICT DO NOTHING",
-                &[&task_id.as_str(), &run.namespace, &run_id, &closure.as_str()],
-            )
-            .await?;
-        }
-    }
-    for key in announced {
-        // Delivered to every listening node when (and only if) this transaction commits.
-        tx.execute("SELECT pg_notify($1, $2)", &[&wake_channel, &key]).await?;
-    }
-    if let Some(successor) = &effects.successor {
-        // Continue-as-new: the next run is born in the same transaction and becomes current.
-        let (next, next_effects) = successor.as_ref();
-        Box::pin(persist(tx, next, next_effects, true, wake_channel, limits)).await?;
-        tx.execute(
-            "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1",
-            &[&next.workflow_id.as_str(), &next.run_id.as_str()],
-        )
-        .await?;
-    }
-    Box::pin(follow_on(tx, effects, wake_channel, limits)).await?;
-    Ok(())
-}
-
-/// The transitions one transition sets off in other runs, in the same transaction: children it
-/// started, the parent a closing child reports to, children a closing parent ends.
-async fn follow_on(tx: &Transaction<'_>, effects: &Effects, wake_channel: &str, limits: &Limits) -> StoreResult<()> {
-    for (child, child_effects) in &effects.children_started {
-        tx.execute(
-            "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)",
-            &[
-                &child.workflow_id.as_str(),
-                &child.namespace,
-                &child.run_id.as_str(),
-                &child.started_at,
-            ],
-        )
-        .await
-        .map_err(|e| StoreError::Storage(format!("start child {}: {e}", child.workflow_id)))?;
-        Box::pin(persist(tx, child, child_effects, true, wake_channel, limits)).await?;
-    }
-    if let Some(notice) = &effects.parent_notice {
-        if let Some(mut parent) = lock_run(tx, notice.parent.run_id.as_str(), false).await? {
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(notice.closed_at, &mut ids, limits);
-            if resolve_child(&mut parent, &mut cx, notice)? {
-                let effects = cx.effects;
-                Box::pin(persist(tx, &parent, &effects, false, wake_channel, limits)).await?;
-            }
-        }
-    }
-    for (child_id, command) in &effects.close_children {
-        let run_id: Option<String> = tx
-            .query_opt(
-                "SELECT current_run_id FROM workflow_instances WHERE workflow_id = $1",
-                &[&child_id.as_str()],
-            )
-            .await?
-            .map(|r| r.get(0));
-        let Some(run_id) = run_id else { continue };
-        let Some(mut child) = lock_run(tx, &run_id, false).await? else {
-            continue;
-        };
-        if child.is_closed() {
-            continue;
-        }
-        let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, limits);
-        let command_id = CommandId(crate::new_ulid().to_string());
-        close_by_command(
-            &mut child,
-            &mut cx,
-            *command,
-            Some("parent closed (parent-close policy)".into()),
-            command_id,
-        )?;
-        let effects = cx.effects;
-        Box::pin(persist(tx, &child, &effects, false, wake_channel, limits)).await?;
-    }
-    Ok(())
 }
 
 async fn write_query_task<C: tokio_postgres::GenericClient>(client: &C, task: &QueryTask) -> StoreResult<()> {
@@ -1318,7 +759,7 @@ impl Store for PostgresStore {
             .into());
         }
         match pg_write_schedule(&tx, &mut schedule).await {
-            Err(StoreError::Storage(message)) if message.contains("schedules_pkey") => {
+            Err(StoreError::Conflict { constraint, .. }) if constraint == "schedules_pkey" => {
                 return Err(Refusal::new(
                     Reason::ScheduleAlreadyExists,
                     format!("Schedule [{}] already exists.", schedule.schedule_id),
@@ -1403,16 +844,8 @@ impl Store for PostgresStore {
             return Err(schedule_missing(schedule_id, namespace));
         };
         let before = serde_json::to_string(&schedule).map_err(corrupt)?;
-        let handle = tokio::runtime::Handle::current();
-        let report = tokio::task::block_in_place(|| {
-            let mut ops = PgScheduleTx {
-                tx: &tx,
-                handle: handle.clone(),
-                wake_channel: &self.wake_channel,
-                limits: &self.limits,
-            };
-            schedules::fire(&mut ops, &mut schedule, &fire, &empty_input, now)
-        })?;
+        let mut pg = PgTx::new(&tx, &self.wake_channel);
+        let report = schedules::fire(&mut pg, &mut schedule, &fire, &empty_input, now, &self.limits).await?;
         if serde_json::to_string(&schedule).map_err(corrupt)? != before || !schedule.pending_events.is_empty() {
             pg_write_schedule(&tx, &mut schedule).await?;
         }
@@ -1628,61 +1061,12 @@ impl Store for PostgresStore {
     ) -> StoreResult<IntegrityIncident> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let row = tx
-            .query_opt(
-                "SELECT doc FROM integrity_incidents WHERE namespace = $1 AND incident_id = $2 FOR UPDATE",
-                &[&namespace, &incident_id],
-            )
-            .await?;
-        let mut incident: IntegrityIncident = match row {
-            Some(row) => serde_json::from_str(row.get::<_, &str>(0)).map_err(corrupt)?,
-            None => {
-                return Err(Refusal::new(Reason::IntegrityIncidentNotFound, "No such integrity incident.")
-                    .with("incident_id", incident_id)
-                    .into())
-            }
-        };
-        if incident.state != "open" {
-            return Ok(incident);
-        }
-        let rows = tx
-            .query(
-                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
-                &[&namespace, &incident.workflow_id.as_str()],
-            )
-            .await?;
-        let checkpoints = rows
-            .iter()
-            .map(|r| serde_json::from_str::<LedgerCheckpoint>(r.get::<_, &str>(0)).map_err(corrupt))
-            .collect::<StoreResult<Vec<_>>>()?;
-        if let Err(index) = ledger::verify_checkpoints(&crate::chain_order(checkpoints)) {
-            return Err(Refusal::new(
-                Reason::IntegrityChainBroken,
-                "The instance's ledger chain still fails verification.",
-            )
-            .with("incident_id", incident_id)
-            .with("broken_at", index)
-            .into());
-        }
-        incident.state = "closed".into();
-        incident.closed_at = Some(now);
-        incident.note = Some(note);
-        tx.execute(
-            "UPDATE integrity_incidents SET state = 'closed', doc = $2 WHERE incident_id = $1",
-            &[&incident_id, &serde_json::to_string(&incident).map_err(corrupt)?],
-        )
-        .await?;
-        if let Some(mut run) = lock_run(&tx, incident.run_id.as_str(), false).await? {
-            if run.integrity_incident.as_deref() == Some(incident.incident_id.as_str()) {
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(now, &mut ids, &self.limits);
-                clear_integrity_block(&mut run, &mut cx);
-                persist(&tx, &run, &cx.effects, false, &self.wake_channel, &self.limits).await?;
-            }
-        }
+        let mut pg = PgTx::new(&tx, &self.wake_channel);
+        let incident = integrity::close_incident(&mut pg, namespace, incident_id, note, now, &self.limits).await?;
         tx.commit().await?;
         Ok(incident)
     }
+
     async fn claim_task(
         &self,
         namespace: &str,
@@ -1991,43 +1375,9 @@ impl Store for PostgresStore {
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let existing = tx
-            .query_opt(
-                "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1 FOR UPDATE",
-                &[&start.workflow_id.as_str()],
-            )
-            .await?;
-        if let Some(row) = existing {
-            let (namespace, run_id): (String, String) = (row.get(0), row.get(1));
-            let current = lock_run(&tx, &run_id, false)
-                .await?
-                .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
-            return Ok(existing_instance(&namespace, &start, current, policy)?);
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        let workflow_id = start.workflow_id.clone();
-        let run = start_run(&mut cx, start);
-        let inserted = tx
-            .execute(
-                "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)",
-                &[&run.workflow_id.as_str(), &run.namespace, &run.run_id.as_str(), &now],
-            )
-            .await;
-        if let Err(error) = inserted {
-            if error.code() == Some(&SqlState::UNIQUE_VIOLATION) {
-                // Another node started this id a moment ago.
-                return Err(
-                    Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
-                        .with("workflow_id", workflow_id.as_str())
-                        .into(),
-                );
-            }
-            return Err(error.into());
-        }
-        persist(&tx, &run, &cx.effects, true, &self.wake_channel, &self.limits).await?;
+        let started = runs::start_workflow(&mut PgTx::new(&tx, &self.wake_channel), start, policy, now, &self.limits).await?;
         tx.commit().await?;
-        Ok((StartOutcome::StartedNew, run))
+        Ok(started)
     }
 
     async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
@@ -2818,8 +2168,7 @@ async fn pg_write_schedule(tx: &Transaction<'_>, schedule: &mut Schedule) -> Sto
             &doc,
         ],
     )
-    .await
-    .map_err(|e| StoreError::Storage(format!("{e} {}", e.as_db_error().and_then(|d| d.constraint()).unwrap_or(""))))?;
+    .await?;
     let mut sequence: i64 = tx
         .query_one(
             "SELECT COALESCE(MAX(sequence), 0)::bigint FROM schedule_events WHERE namespace = $1 AND schedule_id = $2",
@@ -2850,48 +2199,3 @@ async fn pg_write_schedule(tx: &Transaction<'_>, schedule: &mut Schedule) -> Sto
     Ok(())
 }
 
-/// A firing's view of the open transaction (called from a blocking section of the firing).
-struct PgScheduleTx<'t> {
-    tx: &'t Transaction<'t>,
-    handle: tokio::runtime::Handle,
-    wake_channel: &'t str,
-    limits: &'t Limits,
-}
-
-impl schedules::ScheduleTx for PgScheduleTx<'_> {
-    fn run_open(&mut self, namespace: &str, workflow_id: &str) -> StoreResult<bool> {
-        let locator = RunLocator::Current(WorkflowId(workflow_id.to_string()));
-        let run = self.handle.block_on(locate_and_lock(self.tx, namespace, &locator))?;
-        Ok(run.is_some_and(|run| !run.is_closed()))
-    }
-
-    fn start(&mut self, start: StartRun, now: Millis) -> StoreResult<()> {
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, self.limits);
-        let run = start_run(&mut cx, start);
-        self.handle.block_on(async {
-            self.tx
-                .execute(
-                    "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)",
-                    &[&run.workflow_id.as_str(), &run.namespace, &run.run_id.as_str(), &now],
-                )
-                .await?;
-            persist(self.tx, &run, &cx.effects, true, self.wake_channel, self.limits).await
-        })
-    }
-
-    fn close(&mut self, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis) -> StoreResult<()> {
-        let locator = RunLocator::Current(WorkflowId(workflow_id.to_string()));
-        let Some(mut run) = self.handle.block_on(locate_and_lock(self.tx, namespace, &locator))? else {
-            return Ok(());
-        };
-        if run.is_closed() {
-            return Ok(());
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, self.limits);
-        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(crate::new_ulid().to_string()))?;
-        self.handle
-            .block_on(persist(self.tx, &run, &cx.effects, false, self.wake_channel, self.limits))
-    }
-}

@@ -1,11 +1,19 @@
 //! [`Store`] on an embedded SQLite file: WAL journal, `synchronous=FULL`, one writer thread with
 //! group commit (see `writer.rs`) and a small pool of reader connections.
 
+mod schema;
+mod tx;
+mod writer;
+
+pub(crate) use writer::note_io_failure;
+
+use crate::logic::{claim, integrity, runs};
 use crate::rows::*;
 use crate::schedules;
-use crate::schema;
-use crate::writer::Writer;
 use crate::*;
+use crate::logic::persist::persist;
+use tx::drive;
+use writer::Writer;
 use capstan_engine::schedule::Schedule;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
@@ -63,46 +71,7 @@ impl SqliteStore {
     async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
         let limits = self.limits.clone();
         self.writer
-            .write(move |conn| {
-                let run = load_state(conn, breach.run_id.as_str())?;
-                if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
-                    return Ok(Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.")
-                        .with("incident_id", open));
-                }
-                tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
-                let incident = IntegrityIncident {
-                    incident_id: crate::new_ulid().to_string(),
-                    namespace: breach.namespace.clone(),
-                    workflow_id: breach.workflow_id.clone(),
-                    run_id: breach.run_id.clone(),
-                    state: "open".into(),
-                    detail: breach.detail.clone(),
-                    opened_at: crate::rows::now_ms(),
-                    closed_at: None,
-                    note: None,
-                };
-                conn.execute(
-                    "INSERT INTO integrity_incidents (incident_id, namespace, workflow_id, run_id, state, opened_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    params![
-                        incident.incident_id,
-                        incident.namespace,
-                        incident.workflow_id.as_str(),
-                        incident.run_id.as_str(),
-                        incident.state,
-                        incident.opened_at,
-                        serde_json::to_string(&incident)?
-                    ],
-                )?;
-                if let Some(mut run) = run {
-                    let mut ids = UlidIds;
-                    let mut cx = Cx::new(incident.opened_at, &mut ids, &limits);
-                    block_for_integrity(&mut run, &mut cx, &incident.incident_id);
-                    persist(conn, &run, &cx.effects, false, &limits)?;
-                }
-                Ok(Refusal::new(Reason::IntegrityIncidentOpen, "A ledger chain this change extends failed verification; an integrity incident is open and the run is blocked.")
-                    .with("incident_id", incident.incident_id)
-                    .with("workflow_id", breach.workflow_id.as_str()))
-            })
+            .write_tx(move |tx| drive(integrity::record_breach(tx, &breach, now_ms(), &limits)))
             .await
     }
 
@@ -188,230 +157,6 @@ fn locate_run(conn: &Connection, namespace: &str, locator: &RunLocator) -> Store
             .query_row(params![workflow_id.as_str(), namespace], |r| r.get(0))
             .optional()?,
     })
-}
-
-/// Writes a run's new state, its new events and its changed tasks.
-fn persist(conn: &Connection, run: &RunState, effects: &Effects, insert_run: bool, limits: &Limits) -> StoreResult<()> {
-    let state = serde_json::to_string(run)?;
-    if insert_run {
-        conn.prepare_cached(
-            "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )?
-        .execute(params![
-                run.run_id.as_str(),
-                run.namespace,
-                run.workflow_id.as_str(),
-                run.run_number,
-                run.workflow_type,
-                run.task_queue,
-                run.status.as_str(),
-                run.business_key,
-                run.started_at,
-                run.closed_at,
-                state
-            ])?;
-    } else {
-        conn.prepare_cached("UPDATE runs SET status = ?2, closed_at = ?3, state = ?4 WHERE run_id = ?1")?
-            .execute(params![run.run_id.as_str(), run.status.as_str(), run.closed_at, state])?;
-    }
-    if touches_search_attributes(effects, insert_run) {
-        conn.prepare_cached("DELETE FROM search_attribute_index WHERE run_id = ?1")?
-            .execute([run.run_id.as_str()])?;
-        let mut insert = conn.prepare_cached("INSERT INTO search_attribute_index (run_id, key, value, num) VALUES (?1, ?2, ?3, ?4)")?;
-        for (key, value, num) in search_attribute_rows(&run.search_attributes) {
-            insert.execute(params![run.run_id.as_str(), key, value, num])?;
-        }
-    }
-    let mut insert_event = conn.prepare_cached(
-        "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?;
-    for event in &effects.events {
-        // Check the chain on the way in, as the verifier checks it on the way out.
-        debug_assert_eq!(event.computed_hash(), event.hash);
-        insert_event.execute(params![
-            run.run_id.as_str(),
-            event.sequence as i64,
-            event.id.as_str(),
-            event.event_type.as_str(),
-            serde_json::to_string(&event.payload)?,
-            event.workflow_task_id.as_ref().map(|t| t.as_str()),
-            event.workflow_command_id.as_ref().map(|c| c.as_str()),
-            event.recorded_at,
-            event.prev_hash,
-            event.hash,
-        ])?;
-    }
-    persist_ledger(conn, run, effects)?;
-    let mut upsert_task = conn.prepare_cached(
-        "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
-         ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
-             deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
-             lease_expires_at = excluded.lease_expires_at, fence = excluded.fence",
-    )?;
-    let mut close_task = conn.prepare_cached("UPDATE tasks SET status = ?2, deadline_at = NULL WHERE task_id = ?1")?;
-    for task_id in &effects.touched_tasks {
-        let Some(task) = run.tasks.get(task_id) else {
-            // Touched but no longer open in the run: the row must not look open.
-            close_task.execute(params![task_id.as_str(), "cancelled"])?;
-            continue;
-        };
-        let lease = task.lease();
-        upsert_task.execute(params![
-            task.id.as_str(),
-            run.namespace,
-            run.run_id.as_str(),
-            task.kind.as_str(),
-            task.queue,
-            task_type_name(run, task),
-            task_row_status(run, task),
-            task.available_at,
-            task.deadline_at,
-            lease.map(|l| l.owner.clone()),
-            lease.map(|l| l.expires_at),
-            task.fence as i64,
-            task.created_at,
-            task_compatibility(run, task),
-        ])?;
-        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
-            crate::writer::announce((run.namespace.clone(), task.kind, task.queue.clone()));
-        }
-    }
-    let mut insert_closed = conn.prepare_cached(
-        "INSERT OR IGNORE INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, fence, created_at)
-         VALUES (?1, ?2, ?3, 'timer', '', '', ?4, 0, NULL, 0, 0)",
-    )?;
-    for (task_id, closure) in &effects.closed_tasks {
-        if close_task.execute(params![task_id.as_str(), closure.as_str()])? == 0 {
-            // Created and closed within one transition (never had a row): record it closed.
-            insert_closed.execute(params![task_id.as_str(), run.namespace, run.run_id.as_str(), closure.as_str()])?;
-        }
-    }
-    if let Some(successor) = &effects.successor {
-        // Continue-as-new: the next run is born in the same transaction and becomes current.
-        let (next, next_effects) = successor.as_ref();
-        persist(conn, next, next_effects, true, limits)?;
-        conn.prepare_cached("UPDATE workflow_instances SET current_run_id = ?2 WHERE workflow_id = ?1")?
-            .execute(params![next.workflow_id.as_str(), next.run_id.as_str()])?;
-    }
-    follow_on(conn, effects, limits)?;
-    Ok(())
-}
-
-/// Ledger entries (current state) and their checkpoints (append-only), with the run.
-fn persist_ledger(conn: &Connection, run: &RunState, effects: &Effects) -> StoreResult<()> {
-    if effects.ledger.is_empty() && effects.checkpoints.is_empty() {
-        return Ok(());
-    }
-    check_chain_extension(run, effects, |workflow_id, hash| {
-        let doc: Option<String> = conn
-            .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2 AND hash = ?3")?
-            .query_row(params![run.namespace, workflow_id.as_str(), hash], |r| r.get(0))
-            .optional()?;
-        Ok(doc.and_then(|d| serde_json::from_str(&d).ok()))
-    })?;
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-         ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
-               WHERE ledger_entries.state NOT IN ('verified', 'effect_confirmed', 'effect_absent')
-                 AND (excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown')",
-    )?;
-    for entry in &effects.ledger {
-        // Settled entries are final, and a resolution applies only over an unknown outcome.
-        let written = upsert.execute(params![
-            entry.ledger_key,
-            entry.namespace,
-            entry.workflow_id.as_str(),
-            entry.run_id.as_str(),
-            entry.activity_type,
-            entry.state.as_str(),
-            entry.dispatched_at,
-            entry.updated_at,
-            serde_json::to_string(entry)?,
-        ])?;
-        if written == 0 {
-            return Err(crate::already_settled(entry));
-        }
-    }
-    let mut insert = conn.prepare_cached(
-        "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
-    for checkpoint in &effects.checkpoints {
-        insert.execute(params![
-            checkpoint.namespace,
-            checkpoint.workflow_id.as_str(),
-            checkpoint.hash,
-            checkpoint.prev_hash,
-            checkpoint.ledger_key,
-            checkpoint.recorded_at,
-            serde_json::to_string(checkpoint)?,
-        ])?;
-    }
-    Ok(())
-}
-
-fn read_action_definition(conn: &Connection, namespace: &str, activity_type: &str) -> StoreResult<Option<ActionDefinition>> {
-    let doc: Option<String> = conn
-        .prepare_cached("SELECT doc FROM action_definitions WHERE namespace = ?1 AND activity_type = ?2")?
-        .query_row(params![namespace, activity_type], |r| r.get(0))
-        .optional()?;
-    Ok(doc.map(|d| serde_json::from_str(&d)).transpose()?)
-}
-
-/// The transitions one transition sets off in other runs, in the same transaction: children it
-/// started, the parent a closing child reports to, children a closing parent ends.
-fn follow_on(conn: &Connection, effects: &Effects, limits: &Limits) -> StoreResult<()> {
-    for (child, child_effects) in &effects.children_started {
-        conn.prepare_cached("INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![
-                child.workflow_id.as_str(),
-                child.namespace,
-                child.run_id.as_str(),
-                child.started_at
-            ])
-            .map_err(|e| StoreError::Storage(format!("start child {}: {e}", child.workflow_id)))?;
-        persist(conn, child, child_effects, true, limits)?;
-    }
-    if let Some(notice) = &effects.parent_notice {
-        if let Some(mut parent) = load_state(conn, notice.parent.run_id.as_str())? {
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(notice.closed_at, &mut ids, limits);
-            if resolve_child(&mut parent, &mut cx, notice)? {
-                persist(conn, &parent, &cx.effects, false, limits)?;
-            }
-        }
-    }
-    for (child_id, command) in &effects.close_children {
-        let run_id = locate_any_namespace(conn, child_id)?;
-        if let Some(mut child) = run_id.map(|id| load_state(conn, &id)).transpose()?.flatten() {
-            if child.is_closed() {
-                continue;
-            }
-            let mut ids = UlidIds;
-            let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
-            let mut cx = Cx::new(now, &mut ids, limits);
-            let command_id = CommandId(crate::new_ulid().to_string());
-            close_by_command(
-                &mut child,
-                &mut cx,
-                *command,
-                Some("parent closed (parent-close policy)".into()),
-                command_id,
-            )?;
-            persist(conn, &child, &cx.effects, false, limits)?;
-        }
-    }
-    Ok(())
-}
-
-fn locate_any_namespace(conn: &Connection, workflow_id: &WorkflowId) -> StoreResult<Option<String>> {
-    Ok(conn
-        .prepare_cached("SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1")?
-        .query_row([workflow_id.as_str()], |r| r.get(0))
-        .optional()?)
 }
 
 fn worker_from_row(row: &rusqlite::Row) -> rusqlite::Result<WorkerRecord> {
@@ -645,29 +390,7 @@ impl Store for SqliteStore {
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
         let limits = self.limits.clone();
         self.writer
-            .write(move |conn| {
-                let existing: Option<(String, String)> = conn
-                    .query_row(
-                        "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = ?1",
-                        [start.workflow_id.as_str()],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
-                if let Some((namespace, run_id)) = existing {
-                    let current = load_state(conn, &run_id)?
-                        .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
-                    return Ok(existing_instance(&namespace, &start, current, policy)?);
-                }
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(now, &mut ids, &limits);
-                let run = capstan_engine::start_run(&mut cx, start);
-                conn.execute(
-                    "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)",
-                    params![run.workflow_id.as_str(), run.namespace, run.run_id.as_str(), now],
-                )?;
-                persist(conn, &run, &cx.effects, true, &limits)?;
-                Ok((StartOutcome::StartedNew, run))
-            })
+            .write_tx(move |tx| drive(runs::start_workflow(tx, start, policy, now, &limits)))
             .await
     }
 
@@ -699,7 +422,8 @@ impl Store for SqliteStore {
         let (namespace, queue, types, owner) = (namespace.to_string(), queue.to_string(), types.to_vec(), owner.to_string());
         let limits = self.limits.clone();
         let result = self.writer
-            .write(move |conn| {
+            .write_tx(move |tx| {
+                let conn = tx.connection();
                 // A pinned run's workflow tasks go only to workers of its build.
                 let owner_param = 5 + types.len();
                 let sql = format!(
@@ -715,49 +439,17 @@ impl Store for SqliteStore {
                     .prepare_cached(&sql)?
                     .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
                     .collect::<Result<_, _>>()?;
+                let poller = claim::Poller {
+                    kind,
+                    owner: &owner,
+                    lease_ms,
+                    poll: poll.as_ref(),
+                };
                 for (task_id, run_id) in candidates {
-                    let Some(mut run) = load_state(conn, &run_id)? else { continue };
-                    let mut ids = UlidIds;
-                    let mut cx = Cx::new(now, &mut ids, &limits);
-                    let task_id = TaskId(task_id);
-                    let leased = match kind {
-                        TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, &owner, lease_ms).map(Some),
-                        TaskKind::Activity => {
-                            // A declared action is checked against its definition as of now, in
-                            // this transaction, and ledgered before the worker sees it.
-                            let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
-                                TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
-                                _ => None,
-                            });
-                            let definition = match activity_type {
-                                Some(activity_type) => read_action_definition(conn, &run.namespace, &activity_type)?,
-                                None => None,
-                            };
-                            lease_activity_task_with(&mut run, &mut cx, &task_id, &owner, lease_ms, definition.as_ref())
-                        }
-                        _ => continue,
-                    };
-                    match leased {
-                        Ok(None) => {
-                            // Refused before dispatch (its definition changed): the failure is
-                            // recorded and the next candidate is tried.
-                            persist(conn, &run, &cx.effects, false, &limits)?;
-                            continue;
-                        }
-                        Ok(Some(task)) => {
-                            persist(conn, &run, &cx.effects, false, &limits)?;
-                            if let Some(key) = &poll {
-                                remember_poll(conn, key, &task, now)?;
-                            }
-                            return Ok(Some((task, run)));
-                        }
-                        Err(refusal) => {
-                            // The row was out of step with the run document: a bug, but not one
-                            // to wedge the queue on. Repair the row from the engine's view.
-                            tracing::warn!(task_id = %task_id, run_id = %run_id, %refusal, "ready task row could not be leased");
-                            let status = run.tasks.get(&task_id).map(|t| task_row_status(&run, t)).unwrap_or("cancelled");
-                            conn.execute("UPDATE tasks SET status = ?2 WHERE task_id = ?1", params![task_id.as_str(), status])?;
-                        }
+                    let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
+                    match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &limits))? {
+                        claim::Claimed::Leased(task, run) => return Ok(Some((task, run))),
+                        claim::Claimed::Refused | claim::Claimed::Stale => continue,
                     }
                 }
                 Ok(None)
@@ -775,15 +467,7 @@ impl Store for SqliteStore {
         let limits = self.limits.clone();
         let result = self
             .writer
-            .write(move |conn| {
-                let run_id = locate_run(conn, &namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
-                let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(now, &mut ids, &limits);
-                let value = transition(&mut run, &mut cx)?;
-                persist(conn, &run, &cx.effects, false, &limits)?;
-                Ok((value, run))
-            })
+            .write_tx(move |tx| drive(runs::mutate(tx, &namespace, &locator, now, &limits, transition)))
             .await;
         self.guard(result).await
     }
@@ -804,41 +488,9 @@ impl Store for SqliteStore {
     {
         let namespace = namespace.to_string();
         let limits = self.limits.clone();
-        let result = self.writer
-            .write(move |conn| {
-                let workflow_id = match &locator {
-                    RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str().to_string(),
-                    RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
-                };
-                let stored: Option<(String, String)> = conn
-                    .query_row(
-                        "SELECT intent_hash, receipt FROM command_requests WHERE namespace = ?1 AND workflow_id = ?2 AND command_type = ?3 AND request_id = ?4",
-                        params![namespace, workflow_id, key.command_type, key.request_id],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
-                if let Some((intent_hash, receipt)) = stored {
-                    if intent_hash != key.intent_hash {
-                        return Err(Refusal::new(Reason::RequestIdConflict, "This request_id was already used for a different command.")
-                            .with("retained_command_type", key.command_type.clone())
-                            .with("request_id", key.request_id.clone())
-                            .into());
-                    }
-                    return Ok((KeyedReceipt::Retained(serde_json::from_str(&receipt)?), None));
-                }
-                let run_id = locate_run(conn, &namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
-                let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(now, &mut ids, &limits);
-                let value = transition(&mut run, &mut cx)?;
-                persist(conn, &run, &cx.effects, false, &limits)?;
-                let receipt = render(&value, &run);
-                conn.execute(
-                    "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    params![namespace, workflow_id, key.command_type, key.request_id, key.intent_hash, receipt.to_string(), now],
-                )?;
-                Ok((KeyedReceipt::Fresh(value), Some(run)))
-            })
+        let result = self
+            .writer
+            .write_tx(move |tx| drive(runs::mutate_keyed(tx, &namespace, &locator, &key, now, &limits, transition, render)))
             .await;
         self.guard(result).await
     }
@@ -853,9 +505,10 @@ impl Store for SqliteStore {
     ) -> StoreResult<ActionDefinition> {
         let (namespace, activity_type) = (namespace.to_string(), activity_type.to_string());
         self.writer
-            .write(move |conn| {
+            .write_tx(move |tx| {
                 let hash = ActionDefinition::hash_of(&activity_type, &document);
-                let existing = read_action_definition(conn, &namespace, &activity_type)?;
+                let existing = drive(claim::action_definition(tx, &namespace, &activity_type))?;
+                let conn = tx.connection();
                 if let Some(existing) = existing.as_ref().filter(|d| d.definition_hash == hash) {
                     return Ok(existing.clone());
                 }
@@ -960,8 +613,9 @@ impl Store for SqliteStore {
         let types = serde_json::to_string(&actions.0.keys().collect::<Vec<_>>()).map_err(|e| StoreError::Storage(e.to_string()))?;
         let result = self
             .writer
-            .write(move |conn| {
-                let candidate: Option<(String, String)> = conn
+            .write_tx(move |tx| {
+                let candidate: Option<(String, String)> = tx
+                    .connection()
                     .prepare_cached(
                         "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = 'activity' AND queue = ?2
                            AND status = 'ready' AND available_at <= ?3 AND type_name IN (SELECT value FROM json_each(?4))
@@ -970,7 +624,8 @@ impl Store for SqliteStore {
                     .query_row(params![namespace, ATOMIC_QUEUE, now, types], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
                 let Some((task_id, run_id)) = candidate else { return Ok(None) };
-                let mut run = load_state(conn, &run_id)?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
+                let mut run =
+                    drive(runs::lock_run(tx, &run_id, false))?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
                 let task_id = TaskId(task_id);
                 let mut ids = UlidIds;
                 let mut cx = Cx::new(now, &mut ids, &limits);
@@ -979,9 +634,9 @@ impl Store for SqliteStore {
                     Some(TaskDetail::Activity { activity_type, .. }) => activity_type.clone(),
                     _ => return Ok(None),
                 };
-                let definition = read_action_definition(conn, &run.namespace, &activity_type)?;
+                let definition = drive(claim::action_definition(tx, &run.namespace, &activity_type))?;
                 let Some(task) = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())? else {
-                    persist(conn, &run, &cx.effects, false, &limits)?;
+                    drive(persist(tx, &run, &cx.effects, false, &limits))?;
                     return Ok(Some(AtomicOutcome::Refused {
                         workflow_id: run.workflow_id.clone(),
                     }));
@@ -996,6 +651,7 @@ impl Store for SqliteStore {
                     (None, _) => Err(format!("no atomic action is registered for {activity_type:?}")),
                     (Some(_), Err(error)) => Err(format!("the arguments could not be decoded: {error}")),
                     (Some(action), Ok(arguments)) => {
+                        let conn = tx.connection();
                         conn.execute_batch("SAVEPOINT capstan_atomic")?;
                         match action.run(&mut SqliteAtomic(conn), &arguments) {
                             Ok(value) => {
@@ -1010,7 +666,7 @@ impl Store for SqliteStore {
                     }
                 };
                 let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
-                persist(conn, &run, &cx.effects, false, &limits)?;
+                drive(persist(tx, &run, &cx.effects, false, &limits))?;
                 Ok(Some(outcome))
             })
             .await;
@@ -1098,19 +754,13 @@ impl Store for SqliteStore {
         let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
         let limits = self.limits.clone();
         self.writer
-            .write(move |conn| {
-                let mut schedule =
-                    load_schedule(conn, &namespace, &schedule_id)?.ok_or_else(|| schedule_missing(&schedule_id, &namespace))?;
+            .write_tx(move |tx| {
+                let mut schedule = load_schedule(tx.connection(), &namespace, &schedule_id)?
+                    .ok_or_else(|| schedule_missing(&schedule_id, &namespace))?;
                 let before = serde_json::to_string(&schedule)?;
-                let report = schedules::fire(
-                    &mut SqliteScheduleTx { conn, limits: &limits },
-                    &mut schedule,
-                    &fire,
-                    &empty_input,
-                    now,
-                )?;
+                let report = drive(schedules::fire(tx, &mut schedule, &fire, &empty_input, now, &limits))?;
                 if serde_json::to_string(&schedule)? != before || !schedule.pending_events.is_empty() {
-                    write_schedule(conn, &mut schedule)?;
+                    write_schedule(tx.connection(), &mut schedule)?;
                 }
                 Ok(report)
             })
@@ -1315,56 +965,7 @@ impl Store for SqliteStore {
         let (namespace, incident_id) = (namespace.to_string(), incident_id.to_string());
         let limits = self.limits.clone();
         self.writer
-            .write(move |conn| {
-                let doc: Option<String> = conn
-                    .prepare_cached("SELECT doc FROM integrity_incidents WHERE namespace = ?1 AND incident_id = ?2")?
-                    .query_row(params![namespace, incident_id], |r| r.get(0))
-                    .optional()?;
-                let mut incident: IntegrityIncident = match doc {
-                    Some(doc) => serde_json::from_str(&doc)?,
-                    None => {
-                        return Err(Refusal::new(Reason::IntegrityIncidentNotFound, "No such integrity incident.")
-                            .with("incident_id", incident_id.clone())
-                            .into())
-                    }
-                };
-                if incident.state != "open" {
-                    return Ok(incident);
-                }
-                let docs: Vec<String> = conn
-                    .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2")?
-                    .query_map(params![namespace, incident.workflow_id.as_str()], |r| r.get(0))?
-                    .collect::<Result<_, _>>()?;
-                let checkpoints = docs
-                    .iter()
-                    .map(|d| serde_json::from_str::<LedgerCheckpoint>(d))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if let Err(index) = ledger::verify_checkpoints(&chain_order(checkpoints)) {
-                    return Err(Refusal::new(
-                        Reason::IntegrityChainBroken,
-                        "The instance's ledger chain still fails verification.",
-                    )
-                    .with("incident_id", incident_id.clone())
-                    .with("broken_at", index)
-                    .into());
-                }
-                incident.state = "closed".into();
-                incident.closed_at = Some(now);
-                incident.note = Some(note);
-                conn.execute(
-                    "UPDATE integrity_incidents SET state = 'closed', doc = ?2 WHERE incident_id = ?1",
-                    params![incident_id, serde_json::to_string(&incident)?],
-                )?;
-                if let Some(mut run) = load_state(conn, incident.run_id.as_str())? {
-                    if run.integrity_incident.as_deref() == Some(incident.incident_id.as_str()) {
-                        let mut ids = UlidIds;
-                        let mut cx = Cx::new(now, &mut ids, &limits);
-                        clear_integrity_block(&mut run, &mut cx);
-                        persist(conn, &run, &cx.effects, false, &limits)?;
-                    }
-                }
-                Ok(incident)
-            })
+            .write_tx(move |tx| drive(integrity::close_incident(tx, &namespace, &incident_id, note, now, &limits)))
             .await
     }
 
@@ -1541,32 +1142,7 @@ impl Store for SqliteStore {
         let limits = self.limits.clone();
         let result = self
             .writer
-            .write(move |conn| {
-                let fence: Option<i64> = conn
-                    .query_row("SELECT duty_fence FROM tasks WHERE task_id = ?1", [due.task_id.as_str()], |r| {
-                        r.get(0)
-                    })
-                    .optional()?;
-                if fence != Some(due.duty_fence as i64) {
-                    return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
-                        .with("task_id", due.task_id.as_str())
-                        .with("duty_fence", due.duty_fence)
-                        .with("current_duty_fence", fence)
-                        .into());
-                }
-                let locator = RunLocator::Task(due.task_id.clone());
-                let run_id = locate_run(conn, &due.namespace, &locator)?.ok_or_else(|| not_found(&locator))?;
-                let mut run = load_state(conn, &run_id)?.ok_or_else(|| not_found(&locator))?;
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(now, &mut ids, &limits);
-                let value = transition(&mut run, &mut cx)?;
-                persist(conn, &run, &cx.effects, false, &limits)?;
-                conn.execute(
-                    "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = ?1",
-                    [due.task_id.as_str()],
-                )?;
-                Ok((value, run))
-            })
+            .write_tx(move |tx| drive(runs::run_duty(tx, &due, now, &limits, transition)))
             .await;
         self.guard(result).await
     }
@@ -2056,24 +1632,6 @@ fn write_query_task(conn: &Connection, task: &QueryTask) -> StoreResult<()> {
     Ok(())
 }
 
-fn remember_poll(conn: &Connection, key: &PollKey, task: &Task, now: Millis) -> StoreResult<()> {
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        key.namespace,
-        key.task_queue,
-        key.worker_id,
-        key.kind.as_str(),
-        key.poll_request_id,
-        task.id.as_str(),
-        task.fence as i64,
-        now
-    ])?;
-    Ok(())
-}
-
 /// Hash of a command's intent, for `request_id` idempotency.
 pub fn intent_hash(parts: &[&str]) -> String {
     hash_text(&parts.join("\u{1f}"))
@@ -2177,51 +1735,4 @@ fn write_schedule(conn: &Connection, schedule: &mut Schedule) -> StoreResult<()>
         ])?;
     }
     Ok(())
-}
-
-/// A firing's view of the writer's transaction.
-struct SqliteScheduleTx<'c> {
-    conn: &'c Connection,
-    limits: &'c Limits,
-}
-
-impl SqliteScheduleTx<'_> {
-    fn current_run(&self, namespace: &str, workflow_id: &str) -> StoreResult<Option<RunState>> {
-        let run_id: Option<String> = self
-            .conn
-            .prepare_cached("SELECT current_run_id FROM workflow_instances WHERE workflow_id = ?1 AND namespace = ?2")?
-            .query_row(params![workflow_id, namespace], |r| r.get(0))
-            .optional()?;
-        Ok(run_id.map(|id| load_state(self.conn, &id)).transpose()?.flatten())
-    }
-}
-
-impl schedules::ScheduleTx for SqliteScheduleTx<'_> {
-    fn run_open(&mut self, namespace: &str, workflow_id: &str) -> StoreResult<bool> {
-        Ok(self.current_run(namespace, workflow_id)?.is_some_and(|run| !run.is_closed()))
-    }
-
-    fn start(&mut self, start: StartRun, now: Millis) -> StoreResult<()> {
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, self.limits);
-        let run = capstan_engine::start_run(&mut cx, start);
-        self.conn.execute(
-            "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![run.workflow_id.as_str(), run.namespace, run.run_id.as_str(), now],
-        )?;
-        persist(self.conn, &run, &cx.effects, true, self.limits)
-    }
-
-    fn close(&mut self, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis) -> StoreResult<()> {
-        let Some(mut run) = self.current_run(namespace, workflow_id)? else {
-            return Ok(());
-        };
-        if run.is_closed() {
-            return Ok(());
-        }
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, self.limits);
-        close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(crate::new_ulid().to_string()))?;
-        persist(self.conn, &run, &cx.effects, false, self.limits)
-    }
 }

@@ -1,0 +1,16 @@
+//! The store's one transaction logic, written once over [`Tx`](crate::tx::Tx): what a run
+//! transition, a start, a claim or an integrity incident reads and writes. The backends open
+//! and commit the transaction around it and pick candidates where their SQL differs.
+
+pub(crate) mod claim;
+pub(crate) mod integrity;
+pub(crate) mod persist;
+pub(crate) mod runs;
+
+use crate::StoreResult;
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed step of the shared logic: persisting recurses (a successor, a child, a parent), and
+/// a recursive future must be boxed; naming `Send` here lets PostgreSQL's futures stay `Send`.
+pub(crate) type BoxedStep<'a, T> = Pin<Box<dyn Future<Output = StoreResult<T>> + Send + 'a>>;

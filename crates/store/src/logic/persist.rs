@@ -1,0 +1,291 @@
+//! Writing a transition's effects: the run document, its new events, its changed task rows,
+//! ledger entries and checkpoints, search-attribute index rows, the successor of a
+//! continue-as-new, and the follow-on transitions in other runs — all in the caller's
+//! transaction.
+
+use super::runs::lock_run;
+use super::BoxedStep;
+use crate::rows::*;
+use crate::tx::{args, Statement, Tx};
+use crate::*;
+
+const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1";
+const INSERT_EVENT: &str = "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+     ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
+         deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
+         lease_expires_at = excluded.lease_expires_at, fence = excluded.fence";
+const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1";
+/// A task created and closed within one transition never had a row: record it closed.
+const INSERT_CLOSED_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
+     VALUES ($1, $2, $3, 'timer', '', '', $4, 0, 0, 0) ON CONFLICT DO NOTHING";
+/// Settled entries are final, and a resolution applies only over an unknown outcome: two
+/// operators (or nodes) resolving the same entry at once cannot both succeed.
+const UPSERT_LEDGER_ENTRY: &str = "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+     ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
+       WHERE ledger_entries.state NOT IN ('verified', 'effect_confirmed', 'effect_absent')
+         AND (excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown')";
+const INSERT_CHECKPOINT: &str =
+    "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+const STORED_CHECKPOINT: &str = "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 AND hash = $3";
+const INSERT_INSTANCE: &str = "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)";
+const SET_CURRENT_RUN: &str = "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1";
+const CURRENT_RUN_ANY_NAMESPACE: &str = "SELECT current_run_id FROM workflow_instances WHERE workflow_id = $1";
+
+/// Writes a run's new state, its new events and its changed tasks; announces ready tasks; then
+/// the successor and follow-on transitions. `insert_run`: the run is new.
+pub(crate) fn persist<'a, T: Tx>(
+    tx: &'a mut T,
+    run: &'a RunState,
+    effects: &'a Effects,
+    insert_run: bool,
+    limits: &'a Limits,
+) -> BoxedStep<'a, ()> {
+    Box::pin(async move {
+        let state = serde_json::to_string(run)?;
+        if insert_run {
+            let run_number = i64::from(run.run_number);
+            let args = args![
+                run.run_id.as_str(),
+                &run.namespace,
+                run.workflow_id.as_str(),
+                run_number,
+                &run.workflow_type,
+                &run.task_queue,
+                run.status.as_str(),
+                &run.business_key,
+                run.started_at,
+                run.closed_at,
+                state.as_str(),
+            ];
+            tx.execute(INSERT_RUN, &args).await?;
+        }
+        persist_ledger(tx, run, effects).await?;
+        if touches_search_attributes(effects, insert_run) {
+            write_search_attributes(tx, run).await?;
+        }
+        write_rows(tx, run, effects, (!insert_run).then_some(state.as_str())).await?;
+        close_tasks(tx, run, effects).await?;
+        if let Some(successor) = &effects.successor {
+            // Continue-as-new: the next run is born in the same transaction and becomes current.
+            let (next, next_effects) = successor.as_ref();
+            persist(tx, next, next_effects, true, limits).await?;
+            tx.execute(SET_CURRENT_RUN, &args![next.workflow_id.as_str(), next.run_id.as_str()])
+                .await?;
+        }
+        follow_on(tx, effects, limits).await
+    })
+}
+
+/// The run's document update, its events, and its touched task rows: independent statements,
+/// sent together. Then one announcement per queue that gained a ready task.
+async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, updated_state: Option<&str>) -> StoreResult<()> {
+    let payloads = effects
+        .events
+        .iter()
+        .map(|event| {
+            // Check the chain on the way in, as the verifier checks it on the way out.
+            debug_assert_eq!(event.computed_hash(), event.hash);
+            serde_json::to_string(&event.payload)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let task_rows: Vec<_> = effects
+        .touched_tasks
+        .iter()
+        .map(|task_id| (task_id, run.tasks.get(task_id)))
+        .map(|(task_id, task)| (task_id, task.map(|t| (t, task_type_name(run, t), task_compatibility(run, t)))))
+        .collect();
+    let run_id = run.run_id.as_str();
+    let mut statements = Vec::with_capacity(1 + payloads.len() + task_rows.len());
+    if let Some(state) = updated_state {
+        statements.push(Statement {
+            sql: UPDATE_RUN,
+            args: args![run_id, run.status.as_str(), run.closed_at, state].into(),
+        });
+    }
+    for (event, payload) in effects.events.iter().zip(&payloads) {
+        statements.push(Statement {
+            sql: INSERT_EVENT,
+            args: args![
+                run_id,
+                event.sequence as i64,
+                event.id.as_str(),
+                event.event_type.as_str(),
+                payload.as_str(),
+                event.workflow_task_id.as_ref().map(|t| t.as_str()),
+                event.workflow_command_id.as_ref().map(|c| c.as_str()),
+                event.recorded_at,
+                event.prev_hash.as_str(),
+                event.hash.as_str(),
+            ]
+            .into(),
+        });
+    }
+    let mut ready_queues: Vec<WakeKey> = Vec::new();
+    for (task_id, row) in &task_rows {
+        let Some((task, type_name, compatibility)) = row else {
+            // Touched but no longer open in the run: the row must not look open.
+            statements.push(Statement {
+                sql: CLOSE_TASK,
+                args: args![task_id.as_str(), "cancelled"].into(),
+            });
+            continue;
+        };
+        let lease = task.lease();
+        statements.push(Statement {
+            sql: UPSERT_TASK,
+            args: args![
+                task.id.as_str(),
+                &run.namespace,
+                run_id,
+                task.kind.as_str(),
+                &task.queue,
+                type_name,
+                task_row_status(run, task),
+                task.available_at,
+                task.deadline_at,
+                lease.map(|l| l.owner.as_str()),
+                lease.map(|l| l.expires_at),
+                task.fence as i64,
+                task.created_at,
+                compatibility,
+            ]
+            .into(),
+        });
+        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
+            let key = (run.namespace.clone(), task.kind, task.queue.clone());
+            if !ready_queues.contains(&key) {
+                ready_queues.push(key);
+            }
+        }
+    }
+    tx.execute_all(&statements).await?;
+    for key in ready_queues {
+        tx.announce(key).await?;
+    }
+    Ok(())
+}
+
+async fn close_tasks<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) -> StoreResult<()> {
+    for (task_id, closure) in &effects.closed_tasks {
+        if tx.execute(CLOSE_TASK, &args![task_id.as_str(), closure.as_str()]).await? == 0 {
+            let args = args![task_id.as_str(), &run.namespace, run.run_id.as_str(), closure.as_str()];
+            tx.execute(INSERT_CLOSED_TASK, &args).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_search_attributes<T: Tx>(tx: &mut T, run: &RunState) -> StoreResult<()> {
+    tx.execute("DELETE FROM search_attribute_index WHERE run_id = $1", &args![run.run_id.as_str()])
+        .await?;
+    for (key, value, num) in search_attribute_rows(&run.search_attributes) {
+        let args = args![run.run_id.as_str(), &key, &value, num];
+        tx.execute("INSERT INTO search_attribute_index (run_id, key, value, num) VALUES ($1, $2, $3, $4)", &args)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Ledger entries (current state) and their checkpoints (append-only), with the run. The
+/// checkpoints must extend an intact chain: the stored checkpoint each instance's first new
+/// checkpoint links to must exist and still hash to its recorded hash.
+async fn persist_ledger<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) -> StoreResult<()> {
+    let mut extended = std::collections::HashSet::new();
+    for checkpoint in &effects.checkpoints {
+        if !extended.insert(&checkpoint.workflow_id) || checkpoint.prev_hash == GENESIS_HASH {
+            continue;
+        }
+        let args = args![&run.namespace, checkpoint.workflow_id.as_str(), &checkpoint.prev_hash];
+        let previous = tx
+            .query_opt(STORED_CHECKPOINT, &args)
+            .await?
+            .and_then(|row| row.str(0).ok().and_then(|doc| serde_json::from_str::<LedgerCheckpoint>(doc).ok()));
+        if !crate::extends_intact(checkpoint, previous) {
+            return Err(crate::breach_at(run, checkpoint));
+        }
+    }
+    for entry in &effects.ledger {
+        let doc = serde_json::to_string(entry)?;
+        let args = args![
+            &entry.ledger_key,
+            &entry.namespace,
+            entry.workflow_id.as_str(),
+            entry.run_id.as_str(),
+            &entry.activity_type,
+            entry.state.as_str(),
+            entry.dispatched_at,
+            entry.updated_at,
+            doc.as_str(),
+        ];
+        if tx.execute(UPSERT_LEDGER_ENTRY, &args).await? == 0 {
+            return Err(crate::already_settled(entry));
+        }
+    }
+    for checkpoint in &effects.checkpoints {
+        let doc = serde_json::to_string(checkpoint)?;
+        let args = args![
+            &checkpoint.namespace,
+            checkpoint.workflow_id.as_str(),
+            &checkpoint.hash,
+            &checkpoint.prev_hash,
+            &checkpoint.ledger_key,
+            checkpoint.recorded_at,
+            doc.as_str(),
+        ];
+        tx.execute(INSERT_CHECKPOINT, &args).await?;
+    }
+    Ok(())
+}
+
+/// The transitions one transition sets off in other runs, in the same transaction: children it
+/// started, the parent a closing child reports to, children a closing parent ends.
+fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits) -> BoxedStep<'a, ()> {
+    Box::pin(async move {
+        for (child, child_effects) in &effects.children_started {
+            let args = args![child.workflow_id.as_str(), &child.namespace, child.run_id.as_str(), child.started_at];
+            tx.execute(INSERT_INSTANCE, &args).await.map_err(|error| match error {
+                StoreError::Conflict { message, .. } => StoreError::Storage(format!("start child {}: {message}", child.workflow_id)),
+                other => other,
+            })?;
+            persist(tx, child, child_effects, true, limits).await?;
+        }
+        if let Some(notice) = &effects.parent_notice {
+            if let Some(mut parent) = lock_run(tx, notice.parent.run_id.as_str(), false).await? {
+                let mut ids = UlidIds;
+                let mut cx = Cx::new(notice.closed_at, &mut ids, limits);
+                if resolve_child(&mut parent, &mut cx, notice)? {
+                    let parent_effects = cx.effects;
+                    persist(tx, &parent, &parent_effects, false, limits).await?;
+                }
+            }
+        }
+        for (child_id, command) in &effects.close_children {
+            let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![child_id.as_str()]).await?;
+            let Some(run_id) = current.map(|row| row.text(0)).transpose()? else { continue };
+            let Some(mut child) = lock_run(tx, &run_id, false).await? else { continue };
+            if child.is_closed() {
+                continue;
+            }
+            let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
+            let mut ids = UlidIds;
+            let mut cx = Cx::new(now, &mut ids, limits);
+            let command_id = CommandId(crate::new_ulid().to_string());
+            close_by_command(&mut child, &mut cx, *command, Some("parent closed (parent-close policy)".into()), command_id)?;
+            let child_effects = cx.effects;
+            persist(tx, &child, &child_effects, false, limits).await?;
+        }
+        Ok(())
+    })
+}
+
+/// A new instance's row, as a start writes it.
+pub(crate) async fn insert_instance<T: Tx>(tx: &mut T, run: &RunState, now: Millis) -> StoreResult<()> {
+    let args = args![run.workflow_id.as_str(), &run.namespace, run.run_id.as_str(), now];
+    tx.execute(INSERT_INSTANCE, &args).await.map(drop)
+}

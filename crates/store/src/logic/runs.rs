@@ -1,0 +1,203 @@
+//! Run transitions over one open transaction: find and lock the run, let the engine decide,
+//! persist what it decided. The same on both backends; the caller commits.
+
+use super::persist::{insert_instance, persist};
+use crate::rows::*;
+use crate::tx::{args, locking, Locking, Tx};
+use crate::*;
+
+const LOCK_RUN: Locking = locking!("SELECT state FROM runs WHERE run_id = $1", "FOR UPDATE");
+const LOCK_RUN_OR_SKIP: Locking = locking!("SELECT state FROM runs WHERE run_id = $1", "FOR UPDATE SKIP LOCKED");
+const LOCK_RUN_OF_TASK: Locking = locking!(
+    "SELECT r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+    "FOR UPDATE OF r"
+);
+const LOCK_NAMED_RUN: Locking = locking!(
+    "SELECT state FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
+    "FOR UPDATE"
+);
+const LOCK_CURRENT_RUN: Locking = locking!(
+    "SELECT r.state FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1 AND i.namespace = $2",
+    "FOR UPDATE OF r"
+);
+const LOCK_INSTANCE: Locking = locking!(
+    "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1",
+    "FOR UPDATE"
+);
+const STORED_RECEIPT: &str =
+    "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4";
+const INSERT_RECEIPT: &str =
+    "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+const LOCK_DUTY_FENCE: Locking = locking!("SELECT duty_fence FROM tasks WHERE task_id = $1", "FOR UPDATE");
+const RELEASE_DUTY: &str = "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1";
+
+fn state_of(row: Option<crate::tx::Row>) -> StoreResult<Option<RunState>> {
+    match row {
+        Some(row) => Ok(Some(serde_json::from_str(row.str(0)?)?)),
+        None => Ok(None),
+    }
+}
+
+/// Loads a run and holds it against other writers until commit. `skip_locked`: give up (None)
+/// instead of waiting for another node.
+pub(crate) async fn lock_run<T: Tx>(tx: &mut T, run_id: &str, skip_locked: bool) -> StoreResult<Option<RunState>> {
+    let sql = if skip_locked { LOCK_RUN_OR_SKIP } else { LOCK_RUN }.sql(tx.dialect());
+    let row = tx.query_opt(sql, &args![run_id]).await?;
+    state_of(row)
+}
+
+/// Finds and locks the run `locator` names, in one statement.
+pub(crate) async fn locate_and_lock<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
+    let dialect = tx.dialect();
+    let row = match locator {
+        RunLocator::Task(task_id) => tx.query_opt(LOCK_RUN_OF_TASK.sql(dialect), &args![task_id.as_str(), namespace]).await?,
+        RunLocator::Run(workflow_id, run_id) => {
+            let args = args![run_id.as_str(), workflow_id.as_str(), namespace];
+            tx.query_opt(LOCK_NAMED_RUN.sql(dialect), &args).await?
+        }
+        RunLocator::Current(workflow_id) => {
+            tx.query_opt(LOCK_CURRENT_RUN.sql(dialect), &args![workflow_id.as_str(), namespace])
+                .await?
+        }
+    };
+    state_of(row)
+}
+
+/// Runs one engine transition on the run `locator` names and persists its effects.
+pub(crate) async fn mutate<T, V, F>(tx: &mut T, namespace: &str, locator: &RunLocator, now: Millis, limits: &Limits, transition: F) -> StoreResult<(V, RunState)>
+where
+    T: Tx,
+    F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
+{
+    let mut run = locate_and_lock(tx, namespace, locator)
+        .await?
+        .ok_or_else(|| not_found(locator))?;
+    let mut ids = UlidIds;
+    let mut cx = Cx::new(now, &mut ids, limits);
+    let value = transition(&mut run, &mut cx)?;
+    let effects = cx.effects;
+    persist(tx, &run, &effects, false, limits).await?;
+    Ok((value, run))
+}
+
+/// A client command keyed by `request_id`: a repeat with the same intent is answered from the
+/// stored receipt and changes nothing; another intent under the same id is refused.
+pub(crate) async fn mutate_keyed<T, V, F, R>(
+    tx: &mut T,
+    namespace: &str,
+    locator: &RunLocator,
+    key: &CommandKey,
+    now: Millis,
+    limits: &Limits,
+    transition: F,
+    render: R,
+) -> StoreResult<(KeyedReceipt<V>, Option<RunState>)>
+where
+    T: Tx,
+    F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
+    R: FnOnce(&V, &RunState) -> Value,
+{
+    let workflow_id = match locator {
+        RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str(),
+        RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
+    };
+    // The run lock serialises concurrent uses of one request id (SQLite: the one writer).
+    let mut run = locate_and_lock(tx, namespace, locator)
+        .await?
+        .ok_or_else(|| not_found(locator))?;
+    let stored = tx
+        .query_opt(STORED_RECEIPT, &args![namespace, workflow_id, &key.command_type, &key.request_id])
+        .await?;
+    if let Some(row) = stored {
+        if row.str(0)? != key.intent_hash {
+            return Err(Refusal::new(Reason::RequestIdConflict, "This request_id was already used for a different command.")
+                .with("retained_command_type", key.command_type.clone())
+                .with("request_id", key.request_id.clone())
+                .into());
+        }
+        return Ok((KeyedReceipt::Retained(serde_json::from_str(row.str(1)?)?), None));
+    }
+    let mut ids = UlidIds;
+    let mut cx = Cx::new(now, &mut ids, limits);
+    let value = transition(&mut run, &mut cx)?;
+    let effects = cx.effects;
+    persist(tx, &run, &effects, false, limits).await?;
+    let receipt = render(&value, &run).to_string();
+    let args = args![
+        namespace,
+        workflow_id,
+        &key.command_type,
+        &key.request_id,
+        &key.intent_hash,
+        receipt.as_str(),
+        now
+    ];
+    tx.execute(INSERT_RECEIPT, &args).await?;
+    Ok((KeyedReceipt::Fresh(value), Some(run)))
+}
+
+/// A background deadline claimed under `due.duty_fence`: refused if another node took the duty
+/// over since (lock order: run row, then task row).
+pub(crate) async fn run_duty<T, V, F>(tx: &mut T, due: &DueTask, now: Millis, limits: &Limits, transition: F) -> StoreResult<(V, RunState)>
+where
+    T: Tx,
+    F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
+{
+    let locator = RunLocator::Task(due.task_id.clone());
+    let mut run = locate_and_lock(tx, &due.namespace, &locator)
+        .await?
+        .ok_or_else(|| not_found(&locator))?;
+    let fence_sql = LOCK_DUTY_FENCE.sql(tx.dialect());
+    let fence = tx.query_opt(fence_sql, &args![due.task_id.as_str()]).await?;
+    let fence = fence.map(|row| row.int(0)).transpose()?;
+    if fence != Some(due.duty_fence as i64) {
+        return Err(Refusal::new(Reason::StaleFence, "Another node took over this duty.")
+            .with("task_id", due.task_id.as_str())
+            .with("duty_fence", due.duty_fence)
+            .with("current_duty_fence", fence)
+            .into());
+    }
+    let mut ids = UlidIds;
+    let mut cx = Cx::new(now, &mut ids, limits);
+    let value = transition(&mut run, &mut cx)?;
+    let effects = cx.effects;
+    persist(tx, &run, &effects, false, limits).await?;
+    tx.execute(RELEASE_DUTY, &args![due.task_id.as_str()]).await?;
+    Ok((value, run))
+}
+
+/// Starts a new instance, or applies the duplicate-start rule to the one that exists.
+pub(crate) async fn start_workflow<T: Tx>(
+    tx: &mut T,
+    start: StartRun,
+    policy: DuplicatePolicy,
+    now: Millis,
+    limits: &Limits,
+) -> StoreResult<(StartOutcome, RunState)> {
+    let existing = tx
+        .query_opt(LOCK_INSTANCE.sql(tx.dialect()), &args![start.workflow_id.as_str()])
+        .await?;
+    if let Some(row) = existing {
+        let (namespace, run_id) = (row.text(0)?, row.text(1)?);
+        let current = lock_run(tx, &run_id, false)
+            .await?
+            .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
+        return Ok(existing_instance(&namespace, &start, current, policy)?);
+    }
+    let mut ids = UlidIds;
+    let mut cx = Cx::new(now, &mut ids, limits);
+    let workflow_id = start.workflow_id.clone();
+    let run = start_run(&mut cx, start);
+    let effects = cx.effects;
+    match insert_instance(tx, &run, now).await {
+        // Another node started this id a moment ago.
+        Err(StoreError::Conflict { .. }) => {
+            return Err(Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
+                .with("workflow_id", workflow_id.as_str())
+                .into())
+        }
+        other => other?,
+    }
+    persist(tx, &run, &effects, true, limits).await?;
+    Ok((StartOutcome::StartedNew, run))
+}

@@ -1,0 +1,102 @@
+//! [`Tx`] on the SQLite writer's connection, inside the writer's open transaction. Every call
+//! completes before it returns, so the futures it hands out are ready at once and the writer
+//! drives the shared logic with [`drive`].
+
+use crate::tx::{sqlite_placeholders, Cell, Dialect, Param, Row, Statement, Tx};
+use crate::{StoreResult, WakeKey};
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::Connection;
+use std::future::{ready, Future};
+
+pub struct SqliteTx<'c> {
+    conn: &'c mut Connection,
+    announced: &'c mut Vec<WakeKey>,
+}
+
+impl<'c> SqliteTx<'c> {
+    pub(crate) fn new(conn: &'c mut Connection, announced: &'c mut Vec<WakeKey>) -> Self {
+        Self { conn, announced }
+    }
+
+    /// The connection, for statements still written against rusqlite directly.
+    pub(crate) fn connection(&self) -> &Connection {
+        self.conn
+    }
+
+    fn run_execute(&self, sql: &str, args: &[Param<'_>]) -> StoreResult<u64> {
+        let mut statement = self.conn.prepare_cached(&sqlite_placeholders(sql))?;
+        Ok(statement.execute(rusqlite::params_from_iter(args.iter()))? as u64)
+    }
+
+    fn run_query(&self, sql: &str, args: &[Param<'_>], limit: usize) -> StoreResult<Vec<Row>> {
+        let mut statement = self.conn.prepare_cached(&sqlite_placeholders(sql))?;
+        let columns = statement.column_count();
+        let mut rows = statement.query(rusqlite::params_from_iter(args.iter()))?;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let Some(row) = rows.next()? else { break };
+            let cells = (0..columns)
+                .map(|index| {
+                    Ok(match row.get_ref(index)? {
+                        ValueRef::Null => Cell::Null,
+                        ValueRef::Integer(value) => Cell::Int(value),
+                        ValueRef::Real(value) => Cell::Real(value),
+                        ValueRef::Text(bytes) | ValueRef::Blob(bytes) => Cell::Text(String::from_utf8_lossy(bytes).into_owned()),
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            out.push(Row(cells));
+        }
+        Ok(out)
+    }
+}
+
+impl Tx for SqliteTx<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<u64>> + Send + 'a {
+        ready(self.run_execute(sql, args))
+    }
+
+    fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<Vec<Row>>> + Send + 'a {
+        ready(self.run_query(sql, args, usize::MAX))
+    }
+
+    fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<Option<Row>>> + Send + 'a {
+        ready(self.run_query(sql, args, 1).map(|rows| rows.into_iter().next()))
+    }
+
+    fn execute_all<'a>(&'a mut self, statements: &'a [Statement<'a>]) -> impl Future<Output = StoreResult<()>> + Send + 'a {
+        ready(statements.iter().try_for_each(|s| self.run_execute(s.sql, &s.args).map(drop)))
+    }
+
+    fn announce(&mut self, key: WakeKey) -> impl Future<Output = StoreResult<()>> + Send + '_ {
+        self.announced.push(key);
+        ready(Ok(()))
+    }
+}
+
+impl rusqlite::ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Param::Int(Some(value)) => ToSqlOutput::Borrowed(ValueRef::Integer(*value)),
+            Param::Real(Some(value)) => ToSqlOutput::Borrowed(ValueRef::Real(*value)),
+            Param::Text(Some(text)) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
+            Param::Int(None) | Param::Real(None) | Param::Text(None) => ToSqlOutput::Borrowed(ValueRef::Null),
+        })
+    }
+}
+
+/// Runs shared transaction logic to completion on the writer thread. Every [`SqliteTx`] future
+/// is ready when created, so this never waits; a future that did would be a bug, and is refused
+/// rather than spun on.
+pub(crate) fn drive<T>(logic: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+    let mut logic = std::pin::pin!(logic);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match logic.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(result) => result,
+        std::task::Poll::Pending => Err(crate::StoreError::Storage("a SQLite transaction step did not complete synchronously".into())),
+    }
+}
