@@ -5,6 +5,7 @@
 
 mod cli;
 mod ops;
+mod owner;
 
 use capstan_server::{AuthConfig, ServerConfig};
 use capstan_store::{PostgresStore, SqliteStore};
@@ -169,20 +170,79 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+#[derive(Debug)]
 enum Database {
     Sqlite(PathBuf),
     Postgres(String),
 }
 
-fn database(args: &ServeArgs) -> Database {
+fn database(args: &ServeArgs) -> Result<Database, StartupError> {
     database_at(&args.database, &args.data_dir)
 }
 
-fn database_at(database: &Option<String>, data_dir: &std::path::Path) -> Database {
-    match database {
-        None => Database::Sqlite(data_dir.join("capstan.db")),
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Database::Postgres(url.clone()),
-        Some(url) => Database::Sqlite(PathBuf::from(url.strip_prefix("sqlite://").unwrap_or(url))),
+const DATABASE_FORMS: &str = "a file path, sqlite://PATH, postgres://… or postgresql://…";
+
+/// The database `--database` names. A value with any other scheme is refused: a typo or a
+/// database Capstan does not speak must never quietly become a local SQLite file.
+fn database_at(database: &Option<String>, data_dir: &std::path::Path) -> Result<Database, StartupError> {
+    let Some(value) = database else {
+        return Ok(Database::Sqlite(data_dir.join("capstan.db")));
+    };
+    if value.starts_with("postgres://") || value.starts_with("postgresql://") {
+        return Ok(Database::Postgres(value.clone()));
+    }
+    let refuse = |why: String| StartupError::new(format!("--database {}: {why}; accepted: {DATABASE_FORMS}", redacted(value)));
+    if let Some(path) = value.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(refuse("sqlite:// names no file".into()));
+        }
+        return Ok(Database::Sqlite(PathBuf::from(path)));
+    }
+    if value.trim().is_empty() {
+        return Err(refuse("empty value".into()));
+    }
+    if let Some(scheme) = url_scheme(value) {
+        return Err(refuse(format!("unknown scheme {scheme:?}")));
+    }
+    Ok(Database::Sqlite(PathBuf::from(value)))
+}
+
+/// The scheme of a URL-looking value (`mysql://…`, `postgress://…`, `mysql:host`); a Windows
+/// drive letter (`C:\…`) is a path, not a scheme.
+fn url_scheme(value: &str) -> Option<&str> {
+    let (scheme, _) = value.split_once(':')?;
+    let url_like = scheme.len() > 1
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    url_like.then_some(scheme)
+}
+
+/// `value` with any password in it masked, for messages and logs.
+fn redacted(value: &str) -> String {
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return value.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => value.to_string(),
+    }
+}
+
+/// A configuration `capstan serve` refuses before it touches anything (exit code 2).
+struct StartupError(String);
+
+impl StartupError {
+    fn new(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl From<String> for StartupError {
+    fn from(message: String) -> Self {
+        Self(message)
     }
 }
 
@@ -219,8 +279,27 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
-    let auth = auth_config(&args)?;
+/// Why `serve` stopped: refused at start-up (exit 2) or failed while running (exit 1).
+enum Stopped {
+    Refused(String),
+    Failed(String),
+}
+
+impl From<String> for Stopped {
+    fn from(message: String) -> Self {
+        Stopped::Failed(message)
+    }
+}
+
+impl From<StartupError> for Stopped {
+    fn from(error: StartupError) -> Self {
+        Stopped::Refused(error.0)
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), Stopped> {
+    let auth = auth_config(&args).map_err(Stopped::Refused)?;
+    let database = database(&args)?;
     let mut config = ServerConfig {
         auth,
         workflow_task_lease_ms: args.workflow_task_lease_seconds * 1000,
@@ -236,22 +315,25 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("listen on {}: {e}", args.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    match database(&args) {
+    match database {
         Database::Sqlite(path) => {
+            // Held for the life of the process: a second process on this file is refused.
+            let _owner = owner::claim(&path, &config.server_id, now)?;
             let store = SqliteStore::open(&path, config.limits.clone(), now).map_err(|e| format!("open {}: {e}", path.display()))?;
-            tracing::info!(%address, database = %path.display(), node = %config.server_id, "capstan serving (SQLite)");
-            capstan_server::serve(listener, store, config, shutdown_signal())
+            let opened = std::fs::canonicalize(&path).unwrap_or(path);
+            tracing::info!(%address, database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
+            Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?)
         }
         Database::Postgres(url) => {
             let store = PostgresStore::connect(&url, config.limits.clone(), now)
                 .await
                 .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
-            tracing::info!(%address, node = %config.server_id, "capstan serving (PostgreSQL)");
-            capstan_server::serve(listener, store, config, shutdown_signal())
+            tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (PostgreSQL)");
+            Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?)
         }
     }
 }
@@ -259,7 +341,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::IntegrityReport, String> {
     let limits = ServerConfig::default().limits;
     let now = capstan_server::now_ms();
-    match database_at(&args.database, &args.data_dir) {
+    match database_at(&args.database, &args.data_dir).map_err(|e| e.0)? {
         Database::Sqlite(path) => {
             if !path.exists() {
                 return Err(format!("no database at {}", path.display()));
@@ -338,12 +420,47 @@ fn main() -> ExitCode {
                 .expect("start the tokio runtime");
             match runtime.block_on(serve(args)) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(message) => {
+                Err(Stopped::Refused(message)) => {
+                    tracing::error!(%message, "capstan refused to start");
+                    eprintln!("capstan: {message}");
+                    ExitCode::from(2)
+                }
+                Err(Stopped::Failed(message)) => {
                     tracing::error!(%message, "capstan stopped");
                     eprintln!("capstan: {message}");
                     ExitCode::FAILURE
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(value: &str) -> Result<Database, String> {
+        database_at(&Some(value.to_string()), std::path::Path::new("data")).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn the_database_value_selects_only_what_it_names() {
+        assert!(matches!(database_at(&None, std::path::Path::new("d")), Ok(Database::Sqlite(p)) if p == PathBuf::from("d/capstan.db")));
+        assert!(matches!(named("sqlite:///var/lib/capstan.db"), Ok(Database::Sqlite(p)) if p == PathBuf::from("/var/lib/capstan.db")));
+        assert!(matches!(named("./here.db"), Ok(Database::Sqlite(p)) if p == PathBuf::from("./here.db")));
+        assert!(matches!(named("postgres://u@h/db"), Ok(Database::Postgres(_))));
+        assert!(matches!(named("postgresql://u@h/db"), Ok(Database::Postgres(_))));
+        for refused in [
+            "mysql://capstan:secret@127.0.0.1:3306/capstan",
+            "postgress://u@h/db",
+            "mysql:host",
+            "sqlite://",
+            " ",
+        ] {
+            let message = named(refused).err().unwrap_or_else(|| panic!("{refused:?} must be refused"));
+            assert!(message.contains("accepted: a file path, sqlite://PATH"), "{message}");
+            assert!(!message.contains("secret"), "a password is never echoed: {message}");
+        }
+        assert!(named("postgress://u@h/db").unwrap_err().contains("unknown scheme \"postgress\""));
     }
 }

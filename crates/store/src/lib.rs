@@ -1000,4 +1000,6 @@ pub fn new_ulid() -> ulid::Ulid {
     ulid::Ulid::from_parts(counter, (u128::from(seed) << 64) | u128::from(counter))
 }
 
+/// The behaviour suite, for backends' tests only (feature `suite`; not in the production build).
+#[cfg(feature = "suite")]
 pub mod suite;

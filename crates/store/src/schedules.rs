@@ -5,10 +5,14 @@
 //! fires exactly once however many nodes evaluate the schedule.
 
 use crate::logic::{persist, runs};
-use crate::tx::Tx;
-use crate::{FireReport, RunLocator, ScheduleFire, StoreResult, UlidIds};
+use crate::tx::{args, locking, Locking, Row, Tx};
+use crate::{
+    schedule_missing, FireReport, RunLocator, ScheduleEventRecord, ScheduleFilter, ScheduleFire, StoreError, StoreResult, UlidIds,
+};
 use capstan_engine::schedule::{Decision, OverlapPolicy, Schedule, Trigger};
-use capstan_engine::{close_by_command, CloseCommand, CommandId, Cx, Limits, Millis, Payload, RunId, RunState, StartRun, WorkflowId};
+use capstan_engine::{
+    close_by_command, CloseCommand, CommandId, Cx, Limits, Millis, Payload, Reason, Refusal, RunId, RunState, StartRun, WorkflowId,
+};
 use serde_json::json;
 
 /// Most occurrences one firing transaction handles (a long backfill runs in several calls).
@@ -40,7 +44,15 @@ async fn start_instance<T: Tx>(tx: &mut T, start: StartRun, now: Millis, limits:
 }
 
 /// Cancels or terminates the current run of `workflow_id` if it is open.
-async fn close_current<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str, command: CloseCommand, reason: String, now: Millis, limits: &Limits) -> StoreResult<()> {
+async fn close_current<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    workflow_id: &str,
+    command: CloseCommand,
+    reason: String,
+    now: Millis,
+    limits: &Limits,
+) -> StoreResult<()> {
     let Some(mut run) = current_run(tx, namespace, workflow_id).await? else {
         return Ok(());
     };
@@ -237,4 +249,212 @@ pub(crate) async fn fire<T: Tx>(
         }
     }
     Ok(report)
+}
+
+// ------------------------------------------------------------------------------------------
+// Schedule rows: the document, its scheduler columns and the append-only audit events.
+
+const LOCK_SCHEDULE: Locking = locking!(
+    "SELECT doc FROM schedules WHERE namespace = $1 AND schedule_id = $2 AND status != 'deleted'",
+    "FOR UPDATE"
+);
+const LOCK_SCHEDULE_OR_SKIP: Locking = locking!(
+    "SELECT doc FROM schedules WHERE namespace = $1 AND schedule_id = $2 AND status != 'deleted'",
+    "FOR UPDATE SKIP LOCKED"
+);
+const LOCK_ANY_SCHEDULE: Locking = locking!(
+    "SELECT status FROM schedules WHERE namespace = $1 AND schedule_id = $2",
+    "FOR UPDATE"
+);
+const UPSERT_SCHEDULE: &str = "INSERT INTO schedules (namespace, schedule_id, status, workflow_type, wake_at, has_buffer, created_at, doc)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+     ON CONFLICT (namespace, schedule_id) DO UPDATE SET status = excluded.status, workflow_type = excluded.workflow_type,
+       wake_at = excluded.wake_at, has_buffer = excluded.has_buffer, created_at = excluded.created_at, doc = excluded.doc";
+const INSERT_SCHEDULE_EVENT: &str =
+    "INSERT INTO schedule_events (namespace, schedule_id, sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+fn schedule_of(row: Option<Row>) -> StoreResult<Option<Schedule>> {
+    row.map(|row| Ok(serde_json::from_str(row.str(0)?)?)).transpose()
+}
+
+/// The schedule (not deleted), locked for this transaction; `skip_locked`: none if another
+/// node holds it.
+async fn lock_schedule<T: Tx>(tx: &mut T, namespace: &str, schedule_id: &str, skip_locked: bool) -> StoreResult<Option<Schedule>> {
+    let sql = if skip_locked { LOCK_SCHEDULE_OR_SKIP } else { LOCK_SCHEDULE }.sql(tx.dialect());
+    schedule_of(tx.query_opt(sql, &args![namespace, schedule_id]).await?)
+}
+
+/// Writes the document and appends its pending audit events.
+async fn write_schedule<T: Tx>(tx: &mut T, schedule: &mut Schedule) -> StoreResult<()> {
+    let doc = serde_json::to_string(schedule)?;
+    let args = args![
+        &schedule.namespace,
+        &schedule.schedule_id,
+        schedule.status.as_str(),
+        &schedule.action.workflow_type,
+        schedule.wake_at(),
+        i64::from(schedule.has_buffer()),
+        schedule.created_at,
+        doc.as_str(),
+    ];
+    tx.execute(UPSERT_SCHEDULE, &args).await?;
+    let last = "SELECT COALESCE(MAX(sequence), 0) FROM schedule_events WHERE namespace = $1 AND schedule_id = $2";
+    let last = tx.query_opt(last, &args![&schedule.namespace, &schedule.schedule_id]).await?;
+    let mut sequence = last.map(|row| row.int(0)).transpose()?.unwrap_or(0);
+    for event in std::mem::take(&mut schedule.pending_events) {
+        sequence += 1;
+        let event_id = crate::new_ulid().to_string().to_lowercase();
+        let payload = serde_json::to_string(&event.payload)?;
+        let args = args![
+            &schedule.namespace,
+            &schedule.schedule_id,
+            sequence,
+            event_id.as_str(),
+            event.event_type.as_str(),
+            event.recorded_at,
+            &event.workflow_id,
+            &event.run_id,
+            payload.as_str(),
+        ];
+        tx.execute(INSERT_SCHEDULE_EVENT, &args).await?;
+    }
+    Ok(())
+}
+
+fn already_exists(schedule: &Schedule) -> StoreError {
+    Refusal::new(
+        Reason::ScheduleAlreadyExists,
+        format!(
+            "Schedule [{}] already exists in namespace [{}].",
+            schedule.schedule_id, schedule.namespace
+        ),
+    )
+    .with("schedule_id", schedule.schedule_id.clone())
+    .into()
+}
+
+/// Creates a schedule; an id in use (not deleted) is refused. The row lock (or, for a new id,
+/// the primary key) serialises concurrent creates.
+pub(crate) async fn create_schedule<T: Tx>(tx: &mut T, mut schedule: Schedule) -> StoreResult<()> {
+    let sql = LOCK_ANY_SCHEDULE.sql(tx.dialect());
+    let existing = tx.query_opt(sql, &args![&schedule.namespace, &schedule.schedule_id]).await?;
+    if existing
+        .map(|row| row.text(0))
+        .transpose()?
+        .is_some_and(|status| status != "deleted")
+    {
+        return Err(already_exists(&schedule));
+    }
+    match write_schedule(tx, &mut schedule).await {
+        Err(StoreError::Conflict { .. }) => Err(already_exists(&schedule)),
+        other => other,
+    }
+}
+
+pub(crate) async fn schedule<T: Tx>(tx: &mut T, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
+    schedule_of(tx.query_opt(LOCK_SCHEDULE.unlocked(), &args![namespace, schedule_id]).await?)
+}
+
+pub(crate) async fn list_schedules<T: Tx>(tx: &mut T, namespace: &str, filter: &ScheduleFilter) -> StoreResult<Vec<Schedule>> {
+    let sql = "SELECT doc FROM schedules WHERE namespace = $1 AND status != 'deleted'
+                 AND (CAST($2 AS TEXT) IS NULL OR status = $2) AND (CAST($3 AS TEXT) IS NULL OR workflow_type = $3)
+                 AND (CAST($4 AS BIGINT) IS NULL OR created_at < $4 OR (created_at = $4 AND schedule_id > $5))
+               ORDER BY created_at DESC, schedule_id ASC LIMIT $6";
+    let (after_at, after_id) = filter.after.clone().unzip();
+    let args = args![
+        namespace,
+        &filter.status,
+        &filter.workflow_type,
+        after_at,
+        &after_id,
+        filter.limit as i64
+    ];
+    let rows = tx.query(sql, &args).await?;
+    rows.iter().map(|row| Ok(serde_json::from_str(row.str(0)?)?)).collect()
+}
+
+/// Applies an operator's change to a locked schedule and writes it back.
+pub(crate) async fn change_schedule<T: Tx, V>(
+    tx: &mut T,
+    namespace: &str,
+    schedule_id: &str,
+    change: impl FnOnce(&mut Schedule) -> Result<V, Refusal>,
+) -> StoreResult<V> {
+    let mut schedule = lock_schedule(tx, namespace, schedule_id, false)
+        .await?
+        .ok_or_else(|| schedule_missing(schedule_id, namespace))?;
+    let value = change(&mut schedule)?;
+    write_schedule(tx, &mut schedule).await?;
+    Ok(value)
+}
+
+/// Locks the schedule and runs one firing on it. The scheduler's evaluation skips a schedule
+/// another node is firing (an empty report); operators' triggers wait for it.
+pub(crate) async fn fire_schedule<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    schedule_id: &str,
+    request: &ScheduleFire,
+    empty_input: &Payload,
+    now: Millis,
+    limits: &Limits,
+) -> StoreResult<FireReport> {
+    let evaluation = matches!(request, ScheduleFire::Due { .. });
+    let Some(mut schedule) = lock_schedule(tx, namespace, schedule_id, evaluation).await? else {
+        if evaluation {
+            return Ok(FireReport::default());
+        }
+        return Err(schedule_missing(schedule_id, namespace));
+    };
+    let before = serde_json::to_string(&schedule)?;
+    let report = fire(tx, &mut schedule, request, empty_input, now, limits).await?;
+    if serde_json::to_string(&schedule)? != before || !schedule.pending_events.is_empty() {
+        write_schedule(tx, &mut schedule).await?;
+    }
+    Ok(report)
+}
+
+pub(crate) async fn due_schedules<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
+    let sql = "SELECT namespace, schedule_id FROM schedules WHERE (wake_at IS NOT NULL AND wake_at <= $1) OR has_buffer = 1
+               ORDER BY wake_at LIMIT $2";
+    let rows = tx.query(sql, &args![now, limit as i64]).await?;
+    rows.iter().map(|row| Ok((row.text(0)?, row.text(1)?))).collect()
+}
+
+pub(crate) async fn next_schedule_wake<T: Tx>(tx: &mut T) -> StoreResult<Option<Millis>> {
+    let row = tx.query_opt("SELECT MIN(wake_at) FROM schedules", &[]).await?;
+    Ok(row.map(|row| row.opt_int(0)).transpose()?.flatten())
+}
+
+/// A schedule's audit events after `after_sequence`; `None` for an unknown schedule (the
+/// events of a deleted one remain).
+pub(crate) async fn schedule_history<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    schedule_id: &str,
+    after_sequence: i64,
+    limit: usize,
+) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
+    let known = "SELECT 1 FROM schedules WHERE namespace = $1 AND schedule_id = $2";
+    if tx.query_opt(known, &args![namespace, schedule_id]).await?.is_none() {
+        return Ok(None);
+    }
+    let sql = "SELECT sequence, event_id, event_type, recorded_at, workflow_id, run_id, payload FROM schedule_events
+               WHERE namespace = $1 AND schedule_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4";
+    let rows = tx.query(sql, &args![namespace, schedule_id, after_sequence, limit as i64]).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(ScheduleEventRecord {
+                sequence: row.int(0)?,
+                event_id: row.text(1)?,
+                event_type: row.text(2)?,
+                recorded_at: row.int(3)?,
+                workflow_id: row.opt_str(4)?.map(str::to_string),
+                run_id: row.opt_str(5)?.map(str::to_string),
+                payload: serde_json::from_str(row.str(6)?)?,
+            })
+        })
+        .collect::<StoreResult<Vec<_>>>()
+        .map(Some)
 }

@@ -24,6 +24,11 @@ pub(crate) struct Locking {
 }
 
 impl Locking {
+    /// The statement without its lock clause: a plain read on either dialect.
+    pub fn unlocked(&self) -> &'static str {
+        self.sqlite
+    }
+
     pub fn sql(&self, dialect: Dialect) -> &'static str {
         match dialect {
             Dialect::Sqlite => self.sqlite,
@@ -125,7 +130,9 @@ impl Row {
         match self.cell(index)? {
             Cell::Null => Ok(None),
             Cell::Text(text) => Ok(Some(text)),
-            other => Err(StoreError::Storage(format!("result column {index}: expected text, found {other:?}"))),
+            other => Err(StoreError::Storage(format!(
+                "result column {index}: expected text, found {other:?}"
+            ))),
         }
     }
 
@@ -142,7 +149,9 @@ impl Row {
         match self.cell(index)? {
             Cell::Null => Ok(None),
             Cell::Int(value) => Ok(Some(*value)),
-            other => Err(StoreError::Storage(format!("result column {index}: expected an integer, found {other:?}"))),
+            other => Err(StoreError::Storage(format!(
+                "result column {index}: expected an integer, found {other:?}"
+            ))),
         }
     }
 

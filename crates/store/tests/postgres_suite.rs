@@ -114,3 +114,87 @@ async fn two_nodes_never_lease_one_task_twice() {
     all.dedup();
     assert_eq!(all.len(), 20, "no task leased twice");
 }
+
+/// Tables, columns and indexes of a store's schema: `table.column` and `index:name` entries.
+type SchemaShape = std::collections::BTreeSet<String>;
+
+fn sqlite_shape(path: &std::path::Path) -> SchemaShape {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut shape = SchemaShape::new();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for table in tables {
+        let columns: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info(?1)")
+            .unwrap()
+            .query_map([&table], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        shape.extend(columns.into_iter().map(|column| format!("{table}.{column}")));
+    }
+    let indexes: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex_%'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    shape.extend(indexes.into_iter().map(|index| format!("index:{index}")));
+    shape
+}
+
+async fn postgres_shape(schema: &str) -> SchemaShape {
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let mut shape = SchemaShape::new();
+    let columns = client
+        .query(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = $1",
+            &[&schema],
+        )
+        .await
+        .unwrap();
+    shape.extend(
+        columns
+            .iter()
+            .map(|r| format!("{}.{}", r.get::<_, String>(0), r.get::<_, String>(1))),
+    );
+    // Primary keys are indexes PostgreSQL makes itself (SQLite's are its autoindexes, left out too).
+    let indexes = client
+        .query(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname NOT LIKE '%_pkey'",
+            &[&schema],
+        )
+        .await
+        .unwrap();
+    shape.extend(indexes.iter().map(|r| format!("index:{}", r.get::<_, String>(0))));
+    shape
+}
+
+/// The two migration lists are written per dialect; this holds them to one schema: a table,
+/// column or index that one backend's migrations add and the other's do not fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_backends_migrate_to_the_same_tables_columns_and_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capstan.db");
+    drop(SqliteStore::open(&path, Limits::default(), NOW).unwrap());
+    let (_store, guard) = fresh().await;
+    let sqlite = sqlite_shape(&path);
+    let postgres = postgres_shape(&guard.schema).await;
+    let only_sqlite: Vec<_> = sqlite.difference(&postgres).collect();
+    let only_postgres: Vec<_> = postgres.difference(&sqlite).collect();
+    assert!(
+        only_sqlite.is_empty() && only_postgres.is_empty(),
+        "the migrations disagree: only on SQLite {only_sqlite:?}; only on PostgreSQL {only_postgres:?}"
+    );
+    assert!(
+        sqlite.contains("runs.state") && sqlite.contains("index:tasks_ready"),
+        "the shape was read: {sqlite:?}"
+    );
+}

@@ -28,7 +28,8 @@ pub(crate) struct Poller<'a> {
 }
 
 const ACTION_DEFINITION: &str = "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2";
-const REMEMBER_POLL: &str = "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
+const REMEMBER_POLL: &str =
+    "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
      ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
      DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at";

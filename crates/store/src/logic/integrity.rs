@@ -20,7 +20,9 @@ const CLOSE_INCIDENT: &str = "UPDATE integrity_incidents SET state = 'closed', d
 pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis, limits: &Limits) -> StoreResult<Refusal> {
     let run = lock_run(tx, breach.run_id.as_str(), false).await?;
     if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
-        return Ok(Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.").with("incident_id", open));
+        return Ok(
+            Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.").with("incident_id", open),
+        );
     }
     tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
     let incident = IntegrityIncident {
@@ -89,10 +91,13 @@ pub(crate) async fn close_incident<T: Tx>(
         .map(|row| Ok(serde_json::from_str::<LedgerCheckpoint>(row.str(0)?)?))
         .collect::<StoreResult<Vec<_>>>()?;
     if let Err(index) = ledger::verify_checkpoints(&chain_order(checkpoints)) {
-        return Err(Refusal::new(Reason::IntegrityChainBroken, "The instance's ledger chain still fails verification.")
-            .with("incident_id", incident_id)
-            .with("broken_at", index)
-            .into());
+        return Err(Refusal::new(
+            Reason::IntegrityChainBroken,
+            "The instance's ledger chain still fails verification.",
+        )
+        .with("incident_id", incident_id)
+        .with("broken_at", index)
+        .into());
     }
     incident.state = "closed".into();
     incident.closed_at = Some(now);

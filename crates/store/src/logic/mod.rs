@@ -2,9 +2,15 @@
 //! transition, a start, a claim or an integrity incident reads and writes. The backends open
 //! and commit the transaction around it and pick candidates where their SQL differs.
 
+pub(crate) mod admin;
 pub(crate) mod claim;
+pub(crate) mod duties;
+pub(crate) mod fleet;
 pub(crate) mod integrity;
+pub(crate) mod ledger_reads;
+pub(crate) mod namespaces;
 pub(crate) mod persist;
+pub(crate) mod queries;
 pub(crate) mod runs;
 
 use crate::StoreResult;

@@ -21,11 +21,13 @@ const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, 
          lease_expires_at = excluded.lease_expires_at, fence = excluded.fence";
 const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1";
 /// A task created and closed within one transition never had a row: record it closed.
-const INSERT_CLOSED_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
+const INSERT_CLOSED_TASK: &str =
+    "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
      VALUES ($1, $2, $3, 'timer', '', '', $4, 0, 0, 0) ON CONFLICT DO NOTHING";
 /// Settled entries are final, and a resolution applies only over an unknown outcome: two
 /// operators (or nodes) resolving the same entry at once cannot both succeed.
-const UPSERT_LEDGER_ENTRY: &str = "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
+const UPSERT_LEDGER_ENTRY: &str =
+    "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
      ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
        WHERE ledger_entries.state NOT IN ('verified', 'effect_confirmed', 'effect_absent')
@@ -186,8 +188,11 @@ async fn write_search_attributes<T: Tx>(tx: &mut T, run: &RunState) -> StoreResu
         .await?;
     for (key, value, num) in search_attribute_rows(&run.search_attributes) {
         let args = args![run.run_id.as_str(), &key, &value, num];
-        tx.execute("INSERT INTO search_attribute_index (run_id, key, value, num) VALUES ($1, $2, $3, $4)", &args)
-            .await?;
+        tx.execute(
+            "INSERT INTO search_attribute_index (run_id, key, value, num) VALUES ($1, $2, $3, $4)",
+            &args,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -248,7 +253,12 @@ async fn persist_ledger<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) ->
 fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits) -> BoxedStep<'a, ()> {
     Box::pin(async move {
         for (child, child_effects) in &effects.children_started {
-            let args = args![child.workflow_id.as_str(), &child.namespace, child.run_id.as_str(), child.started_at];
+            let args = args![
+                child.workflow_id.as_str(),
+                &child.namespace,
+                child.run_id.as_str(),
+                child.started_at
+            ];
             tx.execute(INSERT_INSTANCE, &args).await.map_err(|error| match error {
                 StoreError::Conflict { message, .. } => StoreError::Storage(format!("start child {}: {message}", child.workflow_id)),
                 other => other,
@@ -267,8 +277,12 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits)
         }
         for (child_id, command) in &effects.close_children {
             let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![child_id.as_str()]).await?;
-            let Some(run_id) = current.map(|row| row.text(0)).transpose()? else { continue };
-            let Some(mut child) = lock_run(tx, &run_id, false).await? else { continue };
+            let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
+                continue;
+            };
+            let Some(mut child) = lock_run(tx, &run_id, false).await? else {
+                continue;
+            };
             if child.is_closed() {
                 continue;
             }
@@ -276,7 +290,13 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits)
             let mut ids = UlidIds;
             let mut cx = Cx::new(now, &mut ids, limits);
             let command_id = CommandId(crate::new_ulid().to_string());
-            close_by_command(&mut child, &mut cx, *command, Some("parent closed (parent-close policy)".into()), command_id)?;
+            close_by_command(
+                &mut child,
+                &mut cx,
+                *command,
+                Some("parent closed (parent-close policy)".into()),
+                command_id,
+            )?;
             let child_effects = cx.effects;
             persist(tx, &child, &child_effects, false, limits).await?;
         }

@@ -49,29 +49,83 @@ pub(crate) async fn lock_run<T: Tx>(tx: &mut T, run_id: &str, skip_locked: bool)
 /// Finds and locks the run `locator` names, in one statement.
 pub(crate) async fn locate_and_lock<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
     let dialect = tx.dialect();
+    locate(tx, namespace, locator, |statement| statement.sql(dialect)).await
+}
+
+/// Reads the run `locator` names, without a lock.
+pub(crate) async fn load_run<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
+    locate(tx, namespace, locator, Locking::unlocked).await
+}
+
+async fn locate<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    locator: &RunLocator,
+    text: impl Fn(&Locking) -> &'static str,
+) -> StoreResult<Option<RunState>> {
     let row = match locator {
-        RunLocator::Task(task_id) => tx.query_opt(LOCK_RUN_OF_TASK.sql(dialect), &args![task_id.as_str(), namespace]).await?,
+        RunLocator::Task(task_id) => tx.query_opt(text(&LOCK_RUN_OF_TASK), &args![task_id.as_str(), namespace]).await?,
         RunLocator::Run(workflow_id, run_id) => {
             let args = args![run_id.as_str(), workflow_id.as_str(), namespace];
-            tx.query_opt(LOCK_NAMED_RUN.sql(dialect), &args).await?
+            tx.query_opt(text(&LOCK_NAMED_RUN), &args).await?
         }
         RunLocator::Current(workflow_id) => {
-            tx.query_opt(LOCK_CURRENT_RUN.sql(dialect), &args![workflow_id.as_str(), namespace])
+            tx.query_opt(text(&LOCK_CURRENT_RUN), &args![workflow_id.as_str(), namespace])
                 .await?
         }
     };
     state_of(row)
 }
 
+/// Events `after < sequence <= upto` of a run, in order, at most `limit`.
+pub(crate) async fn history<T: Tx>(tx: &mut T, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {
+    let sql = "SELECT sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash
+               FROM history_events WHERE run_id = $1 AND sequence > $2 AND sequence <= $3 ORDER BY sequence LIMIT $4";
+    let bound = |n: u64| n.min(i64::MAX as u64) as i64;
+    let args = args![run_id.as_str(), bound(after), bound(upto), limit as i64];
+    let rows = tx.query(sql, &args).await?;
+    rows.iter()
+        .map(|row| {
+            let event_type = row.str(2)?;
+            Ok(HistoryEvent {
+                sequence: row.int(0)? as u64,
+                id: EventId(row.text(1)?),
+                event_type: EventType::parse(event_type)
+                    .ok_or_else(|| StoreError::Storage(format!("unknown stored event type {event_type}")))?,
+                payload: serde_json::from_str(row.str(3)?)?,
+                workflow_task_id: row.opt_str(4)?.map(|t| TaskId(t.to_string())),
+                workflow_command_id: row.opt_str(5)?.map(|c| CommandId(c.to_string())),
+                recorded_at: row.int(6)?,
+                prev_hash: row.text(7)?,
+                hash: row.text(8)?,
+            })
+        })
+        .collect()
+}
+
+/// Every run of an instance, oldest first.
+pub(crate) async fn runs_of<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<RunSummary>> {
+    let sql = "SELECT state FROM runs WHERE namespace = $1 AND workflow_id = $2 ORDER BY run_number";
+    let rows = tx.query(sql, &args![namespace, workflow_id.as_str()]).await?;
+    rows.iter()
+        .map(|row| Ok(summary_of(&serde_json::from_str::<RunState>(row.str(0)?)?)))
+        .collect()
+}
+
 /// Runs one engine transition on the run `locator` names and persists its effects.
-pub(crate) async fn mutate<T, V, F>(tx: &mut T, namespace: &str, locator: &RunLocator, now: Millis, limits: &Limits, transition: F) -> StoreResult<(V, RunState)>
+pub(crate) async fn mutate<T, V, F>(
+    tx: &mut T,
+    namespace: &str,
+    locator: &RunLocator,
+    now: Millis,
+    limits: &Limits,
+    transition: F,
+) -> StoreResult<(V, RunState)>
 where
     T: Tx,
     F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
 {
-    let mut run = locate_and_lock(tx, namespace, locator)
-        .await?
-        .ok_or_else(|| not_found(locator))?;
+    let mut run = locate_and_lock(tx, namespace, locator).await?.ok_or_else(|| not_found(locator))?;
     let mut ids = UlidIds;
     let mut cx = Cx::new(now, &mut ids, limits);
     let value = transition(&mut run, &mut cx)?;
@@ -102,18 +156,19 @@ where
         RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),
     };
     // The run lock serialises concurrent uses of one request id (SQLite: the one writer).
-    let mut run = locate_and_lock(tx, namespace, locator)
-        .await?
-        .ok_or_else(|| not_found(locator))?;
+    let mut run = locate_and_lock(tx, namespace, locator).await?.ok_or_else(|| not_found(locator))?;
     let stored = tx
         .query_opt(STORED_RECEIPT, &args![namespace, workflow_id, &key.command_type, &key.request_id])
         .await?;
     if let Some(row) = stored {
         if row.str(0)? != key.intent_hash {
-            return Err(Refusal::new(Reason::RequestIdConflict, "This request_id was already used for a different command.")
-                .with("retained_command_type", key.command_type.clone())
-                .with("request_id", key.request_id.clone())
-                .into());
+            return Err(Refusal::new(
+                Reason::RequestIdConflict,
+                "This request_id was already used for a different command.",
+            )
+            .with("retained_command_type", key.command_type.clone())
+            .with("request_id", key.request_id.clone())
+            .into());
         }
         return Ok((KeyedReceipt::Retained(serde_json::from_str(row.str(1)?)?), None));
     }
@@ -192,9 +247,11 @@ pub(crate) async fn start_workflow<T: Tx>(
     match insert_instance(tx, &run, now).await {
         // Another node started this id a moment ago.
         Err(StoreError::Conflict { .. }) => {
-            return Err(Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
-                .with("workflow_id", workflow_id.as_str())
-                .into())
+            return Err(
+                Refusal::new(Reason::InstanceAlreadyStarted, "A workflow with this id was already started.")
+                    .with("workflow_id", workflow_id.as_str())
+                    .into(),
+            )
         }
         other => other?,
     }

@@ -4,23 +4,68 @@
 
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{StoreError, StoreResult, WakeKey};
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{Client, Transaction};
 use std::future::Future;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
 pub(crate) struct PgTx<'t, 'c> {
-    tx: &'t Transaction<'c>,
+    conn: Conn<'t, 'c>,
     wake_channel: &'t str,
     /// Queues already announced in this transaction: one NOTIFY each is enough.
     announced: Vec<String>,
 }
 
+/// An open transaction, or a pooled connection for single statements and reads (each its own
+/// implicit transaction).
+#[derive(Clone, Copy)]
+enum Conn<'t, 'c> {
+    Tx(&'t Transaction<'c>),
+    Client(&'t Client),
+}
+
 impl<'t, 'c> PgTx<'t, 'c> {
     pub(crate) fn new(tx: &'t Transaction<'c>, wake_channel: &'t str) -> Self {
         Self {
-            tx,
+            conn: Conn::Tx(tx),
             wake_channel,
             announced: Vec::new(),
+        }
+    }
+
+    /// Statements on a pooled connection outside a transaction: reads, and writes of one
+    /// statement.
+    pub(crate) fn client(client: &'t Client, wake_channel: &'t str) -> Self {
+        Self {
+            conn: Conn::Client(client),
+            wake_channel,
+            announced: Vec::new(),
+        }
+    }
+}
+
+impl Conn<'_, '_> {
+    async fn prepare(self, sql: &str) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        match self {
+            Conn::Tx(tx) => tx.prepare_cached(sql).await,
+            Conn::Client(client) => client.prepare_cached(sql).await,
+        }
+    }
+
+    async fn execute(self, statement: &tokio_postgres::Statement, args: &[&(dyn ToSql + Sync)]) -> Result<u64, tokio_postgres::Error> {
+        match self {
+            Conn::Tx(tx) => tx.execute(statement, args).await,
+            Conn::Client(client) => client.execute(statement, args).await,
+        }
+    }
+
+    async fn query(
+        self,
+        statement: &tokio_postgres::Statement,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        match self {
+            Conn::Tx(tx) => tx.query(statement, args).await,
+            Conn::Client(client) => client.query(statement, args).await,
         }
     }
 }
@@ -63,24 +108,24 @@ impl Tx for PgTx<'_, '_> {
 
     fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<u64>> + Send + 'a {
         async move {
-            let statement = self.tx.prepare_cached(sql).await?;
-            Ok(self.tx.execute(&statement, &bound(args)).await?)
+            let statement = self.conn.prepare(sql).await?;
+            Ok(self.conn.execute(&statement, &bound(args)).await?)
         }
     }
 
     fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<Vec<Row>>> + Send + 'a {
         async move {
-            let statement = self.tx.prepare_cached(sql).await?;
-            let rows = self.tx.query(&statement, &bound(args)).await?;
+            let statement = self.conn.prepare(sql).await?;
+            let rows = self.conn.query(&statement, &bound(args)).await?;
             rows.iter().map(row_of).collect()
         }
     }
 
     fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<Option<Row>>> + Send + 'a {
         async move {
-            let statement = self.tx.prepare_cached(sql).await?;
-            let row = self.tx.query_opt(&statement, &bound(args)).await?;
-            row.as_ref().map(row_of).transpose()
+            let statement = self.conn.prepare(sql).await?;
+            let rows = self.conn.query(&statement, &bound(args)).await?;
+            rows.first().map(row_of).transpose()
         }
     }
 
@@ -88,11 +133,15 @@ impl Tx for PgTx<'_, '_> {
         async move {
             let mut prepared = Vec::with_capacity(statements.len());
             for statement in statements {
-                prepared.push(self.tx.prepare_cached(statement.sql).await?);
+                prepared.push(self.conn.prepare(statement.sql).await?);
             }
             let bound_args: Vec<Vec<&(dyn ToSql + Sync)>> = statements.iter().map(|s| bound(&s.args)).collect();
-            let tx = self.tx;
-            futures_util::future::try_join_all(prepared.iter().zip(&bound_args).map(|(statement, args)| tx.execute(statement, args))).await?;
+            let conn = self.conn;
+            let sent = prepared
+                .iter()
+                .zip(&bound_args)
+                .map(|(statement, args)| conn.execute(statement, args));
+            futures_util::future::try_join_all(sent).await?;
             Ok(())
         }
     }
@@ -105,7 +154,8 @@ impl Tx for PgTx<'_, '_> {
                 return Ok(());
             }
             // Delivered to every listening node when (and only if) this transaction commits.
-            self.tx.execute("SELECT pg_notify($1, $2)", &[&self.wake_channel, &payload]).await?;
+            let statement = self.conn.prepare("SELECT pg_notify($1, $2)").await?;
+            self.conn.execute(&statement, &[&self.wake_channel, &payload]).await?;
             self.announced.push(payload);
             Ok(())
         }
@@ -125,10 +175,7 @@ impl ToSql for Param<'_> {
     }
 
     fn accepts(ty: &Type) -> bool {
-        <i64 as ToSql>::accepts(ty)
-            || <i32 as ToSql>::accepts(ty)
-            || <f64 as ToSql>::accepts(ty)
-            || <&str as ToSql>::accepts(ty)
+        <i64 as ToSql>::accepts(ty) || <i32 as ToSql>::accepts(ty) || <f64 as ToSql>::accepts(ty) || <&str as ToSql>::accepts(ty)
     }
 
     to_sql_checked!();

@@ -10,12 +10,21 @@ use std::future::{ready, Future};
 
 pub struct SqliteTx<'c> {
     conn: &'c mut Connection,
-    announced: &'c mut Vec<WakeKey>,
+    /// Where the writer collects ready-task announcements; `None` on a reader connection.
+    announced: Option<&'c mut Vec<WakeKey>>,
 }
 
 impl<'c> SqliteTx<'c> {
     pub(crate) fn new(conn: &'c mut Connection, announced: &'c mut Vec<WakeKey>) -> Self {
-        Self { conn, announced }
+        Self {
+            conn,
+            announced: Some(announced),
+        }
+    }
+
+    /// A pooled reader connection: reads only (WAL readers never block the writer).
+    pub(crate) fn reader(conn: &'c mut Connection) -> Self {
+        Self { conn, announced: None }
     }
 
     /// The connection, for statements still written against rusqlite directly.
@@ -73,8 +82,13 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn announce(&mut self, key: WakeKey) -> impl Future<Output = StoreResult<()>> + Send + '_ {
-        self.announced.push(key);
-        ready(Ok(()))
+        ready(match self.announced.as_mut() {
+            Some(announced) => {
+                announced.push(key);
+                Ok(())
+            }
+            None => Err(crate::StoreError::Storage("a reader connection cannot announce a task".into())),
+        })
     }
 }
 
@@ -97,6 +111,8 @@ pub(crate) fn drive<T>(logic: impl Future<Output = StoreResult<T>>) -> StoreResu
     let mut context = std::task::Context::from_waker(std::task::Waker::noop());
     match logic.as_mut().poll(&mut context) {
         std::task::Poll::Ready(result) => result,
-        std::task::Poll::Pending => Err(crate::StoreError::Storage("a SQLite transaction step did not complete synchronously".into())),
+        std::task::Poll::Pending => Err(crate::StoreError::Storage(
+            "a SQLite transaction step did not complete synchronously".into(),
+        )),
     }
 }

@@ -4,6 +4,10 @@
 //! [`store_suite!`](crate::store_suite), which expands to one `#[tokio::test]` per check, so a
 //! new backend gets every check by adding one line.
 
+mod operators;
+
+pub use operators::*;
+
 use crate::*;
 use serde_json::json;
 
@@ -1477,6 +1481,15 @@ macro_rules! store_suite {
             listing_filters_and_pages,
             concurrent_transitions_all_commit,
             search_attributes_filter_listings_and_follow_upserts,
+            a_healthy_store_is_ready,
+            integrity_figures_start_empty_and_unknown_incidents_are_refused,
+            runs_are_paged_in_id_order,
+            a_committed_ready_task_wakes_its_queue,
+            system_counts_count_runs_tasks_and_expired_leases,
+            a_bridge_delivery_is_recorded_once,
+            build_id_cohorts_drain_resume_and_promote,
+            search_attribute_definitions_are_defined_once_and_deleted,
+            the_roster_and_queue_snapshots_show_workers_and_tasks,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -1,0 +1,102 @@
+//! The background duties' reads and writes: the next deadline, pruning of poll and query
+//! records, namespace retention, and the figures `/api/system` shows.
+
+use crate::tx::{args, locking, Locking, Tx};
+use crate::*;
+
+const LOCK_EXPIRED_INSTANCE: Locking = locking!(
+    "SELECT 1 FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
+     WHERE i.workflow_id = $1 AND i.namespace = $2 AND r.closed_at IS NOT NULL AND r.closed_at < $3",
+    "FOR UPDATE OF i"
+);
+/// What removing an instance deletes, children first.
+const REMOVE_INSTANCE: [&str; 6] = [
+    "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
+    "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
+    "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
+    "DELETE FROM runs WHERE workflow_id = $1 AND namespace = $2",
+    "DELETE FROM command_requests WHERE workflow_id = $1 AND namespace = $2",
+    "DELETE FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2",
+];
+
+pub(crate) async fn next_deadline<T: Tx>(tx: &mut T) -> StoreResult<Option<Millis>> {
+    let sql = "SELECT MIN(deadline_at) FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased')";
+    Ok(tx.query_opt(sql, &[]).await?.map(|row| row.opt_int(0)).transpose()?.flatten())
+}
+
+pub(crate) async fn prune<T: Tx>(tx: &mut T, older_than: Millis) -> StoreResult<()> {
+    tx.execute("DELETE FROM poll_requests WHERE created_at < $1", &args![older_than])
+        .await?;
+    tx.execute("DELETE FROM query_tasks WHERE created_at < $1", &args![older_than])
+        .await?;
+    Ok(())
+}
+
+/// Instances whose current run closed before `cutoff`: `(workflow id, run id, closed at)`.
+pub(crate) async fn expired_instances<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    cutoff: Millis,
+    limit: usize,
+) -> StoreResult<Vec<(String, String, Millis)>> {
+    let sql = "SELECT i.workflow_id, r.run_id, r.closed_at FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
+               WHERE r.namespace = $1 AND r.closed_at IS NOT NULL AND r.closed_at < $2 ORDER BY r.closed_at LIMIT $3";
+    let rows = tx.query(sql, &args![namespace, cutoff, limit as i64]).await?;
+    rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)?))).collect()
+}
+
+/// Removes the instances still expired at `cutoff` (a run started since keeps its instance);
+/// the instance row lock keeps a concurrent start of the id out while it goes.
+pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow_ids: &[String], cutoff: Millis) -> StoreResult<usize> {
+    let mut pruned = 0;
+    for workflow_id in workflow_ids {
+        let sql = LOCK_EXPIRED_INSTANCE.sql(tx.dialect());
+        if tx.query_opt(sql, &args![workflow_id, namespace, cutoff]).await?.is_none() {
+            continue;
+        }
+        for sql in REMOVE_INSTANCE {
+            tx.execute(sql, &args![workflow_id, namespace]).await?;
+        }
+        pruned += 1;
+    }
+    Ok(pruned)
+}
+
+pub(crate) async fn system_counts<T: Tx>(tx: &mut T, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
+    let sql = "SELECT status, COUNT(*) FROM runs WHERE namespace = $1 GROUP BY status ORDER BY status";
+    let runs_by_status = tx
+        .query(sql, &args![namespace])
+        .await?
+        .iter()
+        .map(|r| Ok((r.text(0)?, r.int(1)?)))
+        .collect::<StoreResult<_>>()?;
+    let sql = "SELECT kind, status, COUNT(*) FROM tasks WHERE namespace = $1 AND status IN ('ready', 'leased')
+               GROUP BY kind, status ORDER BY kind, status";
+    let tasks = tx
+        .query(sql, &args![namespace])
+        .await?
+        .iter()
+        .map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)?)))
+        .collect::<StoreResult<_>>()?;
+    let sql = "SELECT r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+               WHERE t.namespace = $1 AND t.status = 'leased' AND t.kind = 'workflow' AND t.lease_expires_at < $2 LIMIT 100";
+    let expired_lease_runs = tx
+        .query(sql, &args![namespace, now])
+        .await?
+        .iter()
+        .map(|r| Ok((r.text(0)?, r.text(1)?)))
+        .collect::<StoreResult<_>>()?;
+    let sql = "SELECT COUNT(*) FROM tasks WHERE namespace = $1 AND status = 'leased' AND lease_expires_at < $2";
+    let expired_leases = tx
+        .query_opt(sql, &args![namespace, now])
+        .await?
+        .map(|r| r.int(0))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(SystemCounts {
+        runs_by_status,
+        tasks,
+        expired_leases,
+        expired_lease_runs,
+    })
+}

@@ -1,0 +1,162 @@
+//! Workers and task queues: registrations, heartbeats, the roster, queue snapshots.
+
+use crate::rows::*;
+use crate::tx::{args, locking, Locking, Row, Tx};
+use crate::*;
+
+const LOCK_WORKER: Locking = locking!(
+    "SELECT namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at
+     FROM workers WHERE namespace = $1 AND worker_id = $2",
+    "FOR UPDATE"
+);
+const UPSERT_WORKER: &str = "INSERT INTO workers (namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+     ON CONFLICT (namespace, worker_id) DO UPDATE SET task_queue = excluded.task_queue, runtime = excluded.runtime,
+       sdk_version = excluded.sdk_version, build_id = excluded.build_id, workflow_types = excluded.workflow_types,
+       activity_types = excluded.activity_types, fingerprints = excluded.fingerprints, document = excluded.document,
+       status = excluded.status, last_heartbeat_at = excluded.last_heartbeat_at";
+
+/// A worker row (columns in `WORKER_COLUMNS` order). A stored list or map that does not parse
+/// is a corrupt row, said so, never read as empty.
+fn worker_of(row: &Row) -> StoreResult<WorkerRecord> {
+    Ok(WorkerRecord {
+        namespace: row.text(0)?,
+        worker_id: row.text(1)?,
+        task_queue: row.text(2)?,
+        runtime: row.text(3)?,
+        sdk_version: row.opt_str(4)?.map(str::to_string),
+        build_id: row.opt_str(5)?.map(str::to_string),
+        supported_workflow_types: serde_json::from_str(row.str(6)?)?,
+        supported_activity_types: serde_json::from_str(row.str(7)?)?,
+        workflow_definition_fingerprints: serde_json::from_str(row.str(8)?)?,
+        document: serde_json::from_str(row.str(9)?)?,
+        status: row.text(10)?,
+        registered_at: row.int(11)?,
+        last_heartbeat_at: row.int(12)?,
+    })
+}
+
+fn workers_of(rows: Vec<Row>) -> StoreResult<Vec<WorkerRecord>> {
+    rows.iter().map(worker_of).collect()
+}
+
+/// Registers (or re-registers) a worker; a re-registration keeps its first `registered_at`
+/// and may not change a registered workflow definition's fingerprint.
+pub(crate) async fn register_worker<T: Tx>(tx: &mut T, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
+    let sql = LOCK_WORKER.sql(tx.dialect());
+    let existing = tx.query_opt(sql, &args![&worker.namespace, &worker.worker_id]).await?;
+    let mut record = worker.clone();
+    if let Some(existing) = existing.as_ref().map(worker_of).transpose()? {
+        check_fingerprints(&existing, &worker)?;
+        record.registered_at = existing.registered_at;
+    }
+    let workflow_types = serde_json::to_string(&record.supported_workflow_types)?;
+    let activity_types = serde_json::to_string(&record.supported_activity_types)?;
+    let fingerprints = serde_json::to_string(&record.workflow_definition_fingerprints)?;
+    let document = serde_json::to_string(&record.document)?;
+    let args = args![
+        &record.namespace,
+        &record.worker_id,
+        &record.task_queue,
+        &record.runtime,
+        &record.sdk_version,
+        &record.build_id,
+        workflow_types.as_str(),
+        activity_types.as_str(),
+        fingerprints.as_str(),
+        document.as_str(),
+        &record.status,
+        record.registered_at,
+        record.last_heartbeat_at,
+    ];
+    tx.execute(UPSERT_WORKER, &args).await?;
+    Ok(record)
+}
+
+pub(crate) async fn heartbeat_worker<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    worker_id: &str,
+    now: Millis,
+) -> StoreResult<Option<WorkerRecord>> {
+    let sql = "UPDATE workers SET last_heartbeat_at = $3 WHERE namespace = $1 AND worker_id = $2";
+    tx.execute(sql, &args![namespace, worker_id, now]).await?;
+    get_worker(tx, namespace, worker_id).await
+}
+
+pub(crate) async fn get_worker<T: Tx>(tx: &mut T, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 AND worker_id = $2");
+    tx.query_opt(&sql, &args![namespace, worker_id])
+        .await?
+        .as_ref()
+        .map(worker_of)
+        .transpose()
+}
+
+pub(crate) async fn deregister_worker<T: Tx>(tx: &mut T, namespace: &str, worker_id: &str) -> StoreResult<bool> {
+    let sql = "DELETE FROM workers WHERE namespace = $1 AND worker_id = $2";
+    Ok(tx.execute(sql, &args![namespace, worker_id]).await? > 0)
+}
+
+pub(crate) async fn leased_tasks<T: Tx>(tx: &mut T, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
+    let sql = "SELECT task_id FROM tasks WHERE namespace = $1 AND lease_owner = $2 AND kind = $3 AND status = 'leased'";
+    let rows = tx.query(sql, &args![namespace, owner, kind.as_str()]).await?;
+    rows.iter().map(|row| Ok(TaskId(row.text(0)?))).collect()
+}
+
+pub(crate) async fn workers<T: Tx>(tx: &mut T, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 ORDER BY worker_id");
+    workers_of(tx.query(&sql, &args![namespace]).await?)
+}
+
+pub(crate) async fn queue_workers<T: Tx>(tx: &mut T, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers WHERE namespace = $1 AND task_queue = $2 ORDER BY worker_id");
+    workers_of(tx.query(&sql, &args![namespace, queue]).await?)
+}
+
+/// Queues with open tasks or registered workers (the internal atomic queue is not listed).
+pub(crate) async fn task_queue_names<T: Tx>(tx: &mut T, namespace: &str) -> StoreResult<Vec<String>> {
+    let sql = "SELECT queue FROM tasks WHERE namespace = $1 AND status IN ('ready', 'leased') AND queue <> $2
+               UNION SELECT task_queue FROM workers WHERE namespace = $1 ORDER BY 1";
+    let rows = tx.query(sql, &args![namespace, ATOMIC_QUEUE]).await?;
+    rows.iter().map(|row| row.text(0)).collect()
+}
+
+pub(crate) async fn task_queue_snapshot<T: Tx>(tx: &mut T, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
+    let counts_sql = "SELECT kind, status, COUNT(*), MIN(available_at) FROM tasks
+                      WHERE namespace = $1 AND queue = $2 AND status IN ('ready', 'leased') GROUP BY kind, status";
+    let counts = tx
+        .query(counts_sql, &args![namespace, queue])
+        .await?
+        .iter()
+        .map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)?, r.opt_int(3)?)))
+        .collect::<StoreResult<_>>()?;
+    let leases_sql = "SELECT t.task_id, t.kind, t.type_name, r.workflow_id, t.run_id, t.lease_owner, t.lease_expires_at
+                      FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                      WHERE t.namespace = $1 AND t.queue = $2 AND t.status = 'leased' ORDER BY t.lease_expires_at LIMIT $3";
+    let leases = tx
+        .query(leases_sql, &args![namespace, queue, lease_limit as i64])
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(QueueLease {
+                task_id: r.text(0)?,
+                kind: r.text(1)?,
+                type_name: r.text(2)?,
+                workflow_id: r.text(3)?,
+                run_id: r.text(4)?,
+                lease_owner: r.opt_str(5)?.map(str::to_string),
+                lease_expires_at: r.opt_int(6)?,
+            })
+        })
+        .collect::<StoreResult<_>>()?;
+    let pinned_sql = "SELECT compatibility, COUNT(*) FROM tasks WHERE namespace = $1 AND queue = $2 AND status = 'ready'
+                        AND kind = 'workflow' AND compatibility IS NOT NULL GROUP BY compatibility";
+    let pinned = tx
+        .query(pinned_sql, &args![namespace, queue])
+        .await?
+        .iter()
+        .map(|r| Ok((r.text(0)?, r.int(1)?)))
+        .collect::<StoreResult<_>>()?;
+    Ok(QueueSnapshot { counts, leases, pinned })
+}

@@ -1,0 +1,115 @@
+//! Query and update-validation tasks (single-use, outside any run), and remembered polls.
+
+use crate::rows::*;
+use crate::tx::{args, locking, Locking, Tx};
+use crate::*;
+
+const UPSERT_QUERY_TASK: &str =
+    "INSERT INTO query_tasks (query_task_id, namespace, task_queue, status, lease_expires_at, created_at, deadline_at, doc, kind)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+     ON CONFLICT (query_task_id) DO UPDATE SET status = excluded.status, lease_expires_at = excluded.lease_expires_at, doc = excluded.doc";
+const CLAIMABLE: Locking = locking!(
+    "SELECT doc FROM query_tasks WHERE namespace = $1 AND task_queue = $2 AND kind = $4 AND deadline_at > $3
+       AND (status = 'ready' OR (status = 'leased' AND lease_expires_at <= $3))
+     ORDER BY created_at LIMIT 8",
+    "FOR UPDATE SKIP LOCKED"
+);
+const LOCK_QUERY_TASK: Locking = locking!(
+    "SELECT doc FROM query_tasks WHERE query_task_id = $1 AND namespace = $2",
+    "FOR UPDATE"
+);
+
+async fn write_query_task<T: Tx>(tx: &mut T, task: &QueryTask) -> StoreResult<()> {
+    let (status, lease_expires_at) = query_columns(task);
+    let doc = serde_json::to_string(task)?;
+    let args = args![
+        &task.id,
+        &task.namespace,
+        &task.task_queue,
+        status,
+        lease_expires_at,
+        task.created_at,
+        task.deadline_at,
+        doc.as_str(),
+        task.kind.as_str(),
+    ];
+    tx.execute(UPSERT_QUERY_TASK, &args).await.map(drop)
+}
+
+/// Stores a new query task and wakes its queue's pollers (on every node).
+pub(crate) async fn create_query_task<T: Tx>(tx: &mut T, task: &QueryTask) -> StoreResult<()> {
+    write_query_task(tx, task).await?;
+    tx.announce((task.namespace.clone(), TaskKind::Query, task.task_queue.clone()))
+        .await
+}
+
+pub(crate) async fn claim_query_task<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    queue: &str,
+    kind: QueryKind,
+    owner: &str,
+    lease_ms: i64,
+    now: Millis,
+) -> StoreResult<Option<QueryTask>> {
+    let sql = CLAIMABLE.sql(tx.dialect());
+    let rows = tx.query(sql, &args![namespace, queue, now, kind.as_str()]).await?;
+    for row in rows {
+        let mut task: QueryTask = serde_json::from_str(row.str(0)?)?;
+        if task.lease(owner, lease_ms, now).is_ok() {
+            write_query_task(tx, &task).await?;
+            return Ok(Some(task));
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) async fn answer_query_task<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    id: &str,
+    owner: &str,
+    attempt: u32,
+    outcome: QueryOutcome,
+    now: Millis,
+) -> StoreResult<QueryTask> {
+    let row = tx.query_opt(LOCK_QUERY_TASK.sql(tx.dialect()), &args![id, namespace]).await?;
+    let Some(row) = row else {
+        return Err(Refusal::new(Reason::QueryTaskNotFound, "Query task not found.")
+            .with("query_task_id", id)
+            .into());
+    };
+    let mut task: QueryTask = serde_json::from_str(row.str(0)?)?;
+    task.answer(owner, attempt, outcome, now)?;
+    write_query_task(tx, &task).await?;
+    Ok(task)
+}
+
+pub(crate) async fn get_query_task<T: Tx>(tx: &mut T, namespace: &str, id: &str) -> StoreResult<Option<QueryTask>> {
+    let sql = "SELECT doc FROM query_tasks WHERE query_task_id = $1 AND namespace = $2";
+    match tx.query_opt(sql, &args![id, namespace]).await? {
+        Some(row) => Ok(Some(serde_json::from_str(row.str(0)?)?)),
+        None => Ok(None),
+    }
+}
+
+pub(crate) async fn delete_query_task<T: Tx>(tx: &mut T, namespace: &str, id: &str) -> StoreResult<()> {
+    let sql = "DELETE FROM query_tasks WHERE query_task_id = $1 AND namespace = $2";
+    tx.execute(sql, &args![id, namespace]).await.map(drop)
+}
+
+/// The task (and its fence) a poll request was answered with.
+pub(crate) async fn recall_poll<T: Tx>(tx: &mut T, key: &PollKey) -> StoreResult<Option<(TaskId, u64)>> {
+    let sql = "SELECT task_id, fence FROM poll_requests WHERE namespace = $1 AND task_queue = $2 AND worker_id = $3 AND kind = $4 AND poll_request_id = $5";
+    let args = args![
+        &key.namespace,
+        &key.task_queue,
+        &key.worker_id,
+        key.kind.as_str(),
+        &key.poll_request_id
+    ];
+    match tx.query_opt(sql, &args).await? {
+        Some(row) => Ok(Some((TaskId(row.text(0)?), row.int(1)? as u64))),
+        None => Ok(None),
+    }
+}

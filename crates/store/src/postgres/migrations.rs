@@ -1,0 +1,312 @@
+//! PostgreSQL's migrations, append-only, in step with SQLite's (`sqlite/schema.rs`): the
+//! store's tests hold both lists to one schema (`both_backends_migrate_to_the_same_tables_…`).
+
+pub(super) const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
+CREATE TABLE namespaces (
+    name        TEXT PRIMARY KEY,
+    description TEXT,
+    created_at  BIGINT NOT NULL
+);
+CREATE TABLE workflow_instances (
+    workflow_id    TEXT PRIMARY KEY,
+    namespace      TEXT NOT NULL,
+    current_run_id TEXT NOT NULL,
+    created_at     BIGINT NOT NULL
+);
+CREATE TABLE runs (
+    run_id        TEXT PRIMARY KEY,
+    namespace     TEXT NOT NULL,
+    workflow_id   TEXT NOT NULL,
+    run_number    BIGINT NOT NULL,
+    workflow_type TEXT NOT NULL,
+    task_queue    TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    business_key  TEXT,
+    started_at    BIGINT NOT NULL,
+    closed_at     BIGINT,
+    state         TEXT NOT NULL
+);
+CREATE INDEX runs_by_namespace ON runs (namespace, started_at DESC, run_id DESC);
+CREATE INDEX runs_by_instance ON runs (workflow_id, run_number);
+CREATE TABLE history_events (
+    run_id              TEXT NOT NULL,
+    sequence            BIGINT NOT NULL,
+    event_id            TEXT NOT NULL,
+    event_type          TEXT NOT NULL,
+    payload             TEXT NOT NULL,
+    workflow_task_id    TEXT,
+    workflow_command_id TEXT,
+    recorded_at         BIGINT NOT NULL,
+    prev_hash           TEXT NOT NULL,
+    hash                TEXT NOT NULL,
+    PRIMARY KEY (run_id, sequence)
+);
+CREATE TABLE tasks (
+    task_id          TEXT PRIMARY KEY,
+    namespace        TEXT NOT NULL,
+    run_id           TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    queue            TEXT NOT NULL,
+    type_name        TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    available_at     BIGINT NOT NULL,
+    deadline_at      BIGINT,
+    lease_owner      TEXT,
+    lease_expires_at BIGINT,
+    fence            BIGINT NOT NULL,
+    created_at       BIGINT NOT NULL,
+    duty_owner       TEXT,
+    duty_fence       BIGINT NOT NULL DEFAULT 0,
+    duty_expires_at  BIGINT
+);
+CREATE INDEX tasks_ready ON tasks (namespace, kind, queue, available_at) WHERE status = 'ready';
+CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased');
+CREATE TABLE workers (
+    namespace         TEXT NOT NULL,
+    worker_id         TEXT NOT NULL,
+    task_queue        TEXT NOT NULL,
+    runtime           TEXT NOT NULL,
+    sdk_version       TEXT,
+    build_id          TEXT,
+    workflow_types    TEXT NOT NULL,
+    activity_types    TEXT NOT NULL,
+    fingerprints      TEXT NOT NULL,
+    document          TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    registered_at     BIGINT NOT NULL,
+    last_heartbeat_at BIGINT NOT NULL,
+    PRIMARY KEY (namespace, worker_id)
+);
+CREATE TABLE poll_requests (
+    namespace       TEXT NOT NULL,
+    task_queue      TEXT NOT NULL,
+    worker_id       TEXT NOT NULL,
+    kind            TEXT NOT NULL,
+    poll_request_id TEXT NOT NULL,
+    task_id         TEXT NOT NULL,
+    fence           BIGINT NOT NULL,
+    created_at      BIGINT NOT NULL,
+    PRIMARY KEY (namespace, task_queue, worker_id, kind, poll_request_id)
+);
+CREATE INDEX poll_requests_age ON poll_requests (created_at);
+CREATE TABLE command_requests (
+    namespace    TEXT NOT NULL,
+    workflow_id  TEXT NOT NULL,
+    command_type TEXT NOT NULL,
+    request_id   TEXT NOT NULL,
+    intent_hash  TEXT NOT NULL,
+    receipt      TEXT NOT NULL,
+    created_at   BIGINT NOT NULL,
+    PRIMARY KEY (namespace, workflow_id, command_type, request_id)
+);
+"#,
+    ),
+    (
+        2,
+        r#"
+CREATE TABLE query_tasks (
+    query_task_id    TEXT PRIMARY KEY,
+    namespace        TEXT NOT NULL,
+    task_queue       TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    lease_expires_at BIGINT,
+    created_at       BIGINT NOT NULL,
+    deadline_at      BIGINT NOT NULL,
+    doc              TEXT NOT NULL
+);
+CREATE INDEX query_tasks_open ON query_tasks (namespace, task_queue, created_at) WHERE status <> 'answered';
+"#,
+    ),
+    (
+        3,
+        r#"
+CREATE TABLE search_attribute_index (
+    run_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL
+);
+CREATE INDEX search_attribute_lookup ON search_attribute_index (key, value, run_id);
+CREATE INDEX search_attribute_by_run ON search_attribute_index (run_id);
+"#,
+    ),
+    (
+        4,
+        r#"
+-- Query tasks also carry update validations; pollers ask for one kind.
+ALTER TABLE query_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'query';
+CREATE INDEX query_tasks_open_by_kind ON query_tasks (namespace, task_queue, kind, created_at) WHERE status <> 'answered';
+"#,
+    ),
+    (
+        5,
+        r#"
+-- The recovery ledger: declared actions, one entry per dispatch, and the checkpoint chain.
+CREATE TABLE action_definitions (
+    namespace       TEXT NOT NULL,
+    activity_type   TEXT NOT NULL,
+    version         BIGINT NOT NULL,
+    definition_hash TEXT NOT NULL,
+    updated_at      BIGINT NOT NULL,
+    doc             TEXT NOT NULL,
+    PRIMARY KEY (namespace, activity_type)
+);
+CREATE TABLE ledger_entries (
+    ledger_key    TEXT PRIMARY KEY,
+    namespace     TEXT NOT NULL,
+    workflow_id   TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    activity_type TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    dispatched_at BIGINT NOT NULL,
+    updated_at    BIGINT NOT NULL,
+    doc           TEXT NOT NULL
+);
+CREATE INDEX ledger_by_state ON ledger_entries (namespace, state, dispatched_at);
+CREATE INDEX ledger_by_workflow ON ledger_entries (namespace, workflow_id, dispatched_at);
+CREATE TABLE ledger_checkpoints (
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    hash        TEXT NOT NULL,
+    prev_hash   TEXT NOT NULL,
+    ledger_key  TEXT NOT NULL,
+    recorded_at BIGINT NOT NULL,
+    doc         TEXT NOT NULL,
+    PRIMARY KEY (namespace, workflow_id, hash)
+);
+"#,
+    ),
+    (
+        6,
+        r#"
+-- Integrity incidents: a ledger chain that failed verification on a commit, and what was done.
+CREATE TABLE integrity_incidents (
+    incident_id TEXT PRIMARY KEY,
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    opened_at   BIGINT NOT NULL,
+    doc         TEXT NOT NULL
+);
+CREATE INDEX integrity_incidents_by_state ON integrity_incidents (namespace, state, opened_at);
+"#,
+    ),
+    (
+        7,
+        r#"
+-- Namespaces carry a document (retention, status, timestamps) beside their name.
+ALTER TABLE namespaces ADD COLUMN doc TEXT;
+"#,
+    ),
+    (
+        8,
+        r#"
+-- Schedules: the engine's Schedule document plus copies for the scheduler and listing. A
+-- deleted schedule keeps its row (status 'deleted') so its history stays readable.
+CREATE TABLE schedules (
+    namespace     TEXT NOT NULL,
+    schedule_id   TEXT NOT NULL,
+    status        TEXT NOT NULL,
+    workflow_type TEXT NOT NULL,
+    wake_at       BIGINT,
+    has_buffer    BIGINT NOT NULL DEFAULT 0,
+    created_at    BIGINT NOT NULL,
+    doc           TEXT NOT NULL,
+    PRIMARY KEY (namespace, schedule_id)
+);
+CREATE INDEX schedules_due ON schedules (wake_at) WHERE wake_at IS NOT NULL;
+CREATE INDEX schedules_buffered ON schedules (has_buffer) WHERE has_buffer = 1;
+-- Append-only audit history per schedule id (it outlives the schedule).
+CREATE TABLE schedule_events (
+    namespace    TEXT NOT NULL,
+    schedule_id  TEXT NOT NULL,
+    sequence     BIGINT NOT NULL,
+    event_id     TEXT NOT NULL,
+    event_type   TEXT NOT NULL,
+    recorded_at  BIGINT NOT NULL,
+    workflow_id  TEXT,
+    run_id       TEXT,
+    payload      TEXT NOT NULL,
+    PRIMARY KEY (namespace, schedule_id, sequence)
+);
+"#,
+    ),
+    (
+        9,
+        r#"
+-- The retention duty finds closed runs by age.
+CREATE INDEX runs_closed ON runs (namespace, closed_at) WHERE closed_at IS NOT NULL;
+"#,
+    ),
+    (
+        10,
+        r#"
+-- Typed custom search attributes per namespace, and the numeric form of each indexed value
+-- (ints, doubles, datetimes as epoch ms, bools as 0/1) for range filters.
+CREATE TABLE search_attribute_definitions (
+    namespace  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+ALTER TABLE search_attribute_index ADD COLUMN num DOUBLE PRECISION;
+CREATE INDEX search_attribute_numeric ON search_attribute_index (key, num, run_id);
+"#,
+    ),
+    (
+        11,
+        r#"
+-- Build-id rollout intents per task queue ('' is the unversioned cohort).
+CREATE TABLE build_id_rollouts (
+    namespace    TEXT NOT NULL,
+    task_queue   TEXT NOT NULL,
+    build_id     TEXT NOT NULL,
+    drain_intent TEXT NOT NULL,
+    drained_at   BIGINT,
+    updated_at   BIGINT NOT NULL,
+    PRIMARY KEY (namespace, task_queue, build_id)
+);
+"#,
+    ),
+    (
+        12,
+        r#"
+-- Accepted bridge-adapter deliveries by (adapter, idempotency key): a repeat is answered from
+-- here and has no second effect.
+CREATE TABLE bridge_deliveries (
+    namespace       TEXT NOT NULL,
+    adapter         TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    created_at      BIGINT NOT NULL,
+    PRIMARY KEY (namespace, adapter, idempotency_key)
+);
+"#,
+    ),
+    (
+        13,
+        r#"
+-- The worker build a pinned run's workflow tasks are reserved for (NULL: any worker).
+ALTER TABLE tasks ADD COLUMN compatibility TEXT;
+"#,
+    ),
+    (
+        14,
+        r#"
+-- The cohort promoted for new starts on a queue (at most one row has it).
+ALTER TABLE build_id_rollouts ADD COLUMN promoted_at BIGINT;
+"#,
+    ),
+    (
+        15,
+        r#"
+-- Kept in step with SQLite's migration 15 (its readiness probe row); PostgreSQL reports write
+-- failures per request and its readiness is the connection check.
+CREATE TABLE health_probe (id INTEGER PRIMARY KEY, probed_at BIGINT NOT NULL);
+"#,
+    ),
+];

@@ -1,0 +1,185 @@
+//! Suite checks of what operators and the server's duties read and set: readiness, ledger and
+//! integrity figures, the verifier's run pages, wake-ups, system counts, bridge deliveries,
+//! build-id rollouts, search-attribute definitions, the worker roster and queue snapshots.
+
+use super::{started, worker, NOW};
+use crate::*;
+use capstan_engine::visibility::AttributeType;
+use serde_json::json;
+use std::time::Duration;
+
+pub async fn a_healthy_store_is_ready<S: Store>(store: S) {
+    store.ping().await.expect("a fresh store answers its readiness probe");
+    store.ping().await.expect("and again");
+}
+
+pub async fn integrity_figures_start_empty_and_unknown_incidents_are_refused<S: Store>(store: S) {
+    assert!(store.integrity_incidents("default", None).await.unwrap().is_empty());
+    assert!(store.integrity_incidents("default", Some("open".into())).await.unwrap().is_empty());
+    let refused = store
+        .close_integrity_incident("default", "no-such-incident", "note".into(), NOW)
+        .await;
+    assert_eq!(super::reason(refused), Reason::IntegrityIncidentNotFound);
+    let stats = store.ledger_stats().await.unwrap();
+    assert!(stats.entries.is_empty() && stats.open_incidents.is_empty(), "{stats:?}");
+    assert!(store.ledger_instances().await.unwrap().is_empty());
+}
+
+pub async fn runs_are_paged_in_id_order<S: Store>(store: S) {
+    for id in ["page-a", "page-b", "page-c"] {
+        started(&store, id, "q").await;
+    }
+    let first = store.runs_page(None, 2).await.unwrap();
+    assert_eq!(first.len(), 2);
+    let rest = store.runs_page(Some(first[1].2.clone()), 2).await.unwrap();
+    let all: Vec<_> = first
+        .iter()
+        .chain(&rest)
+        .map(|(ns, w, r)| (ns.clone(), w.0.clone(), r.0.clone()))
+        .collect();
+    assert_eq!(
+        all,
+        vec![
+            ("default".into(), "page-a".into(), "run-page-a".into()),
+            ("default".into(), "page-b".into(), "run-page-b".into()),
+            ("default".into(), "page-c".into(), "run-page-c".into()),
+        ]
+    );
+    assert!(store.runs_page(Some(RunId("run-page-c".into())), 2).await.unwrap().is_empty());
+}
+
+pub async fn a_committed_ready_task_wakes_its_queue<S: Store>(store: S) {
+    let mut wakeups = store.wakeups().await.unwrap().expect("this store announces ready tasks");
+    started(&store, "wake-me", "wake-queue").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let key = tokio::time::timeout_at(deadline, wakeups.recv())
+            .await
+            .expect("a wake-up within 10 s")
+            .expect("the wake-up channel stays open");
+        if key == ("default".to_string(), TaskKind::Workflow, "wake-queue".to_string()) {
+            break;
+        }
+    }
+}
+
+pub async fn system_counts_count_runs_tasks_and_expired_leases<S: Store>(store: S) {
+    started(&store, "count-a", "counted").await;
+    started(&store, "count-b", "counted").await;
+    let counts = store.system_counts("default", NOW).await.unwrap();
+    let runs: i64 = counts.runs_by_status.iter().map(|(_, n)| n).sum();
+    assert_eq!(runs, 2, "{counts:?}");
+    assert!(counts.tasks.contains(&("workflow".into(), "ready".into(), 2)), "{counts:?}");
+    assert_eq!(counts.expired_leases, 0);
+    store
+        .claim_task("default", TaskKind::Workflow, "counted", &[], "w1", 1_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a task to lease");
+    let later = store.system_counts("default", NOW + 5_000).await.unwrap();
+    assert_eq!(later.expired_leases, 1, "{later:?}");
+    assert_eq!(later.expired_lease_runs.len(), 1, "{later:?}");
+    assert!(store.system_counts("elsewhere", NOW).await.unwrap().runs_by_status.is_empty());
+}
+
+pub async fn a_bridge_delivery_is_recorded_once<S: Store>(store: S) {
+    assert_eq!(store.bridge_delivery("default", "github", "k1").await.unwrap(), None);
+    let first = json!({"outcome": "started", "workflow_id": "w-1"});
+    assert_eq!(
+        store
+            .record_bridge_delivery("default", "github", "k1", first.clone(), NOW)
+            .await
+            .unwrap(),
+        None
+    );
+    let repeat = store
+        .record_bridge_delivery(
+            "default",
+            "github",
+            "k1",
+            json!({"outcome": "started", "workflow_id": "w-2"}),
+            NOW + 1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(repeat, Some(first.clone()), "a repeat gets the first outcome and records nothing");
+    assert_eq!(store.bridge_delivery("default", "github", "k1").await.unwrap(), Some(first));
+    assert_eq!(store.bridge_delivery("default", "other-adapter", "k1").await.unwrap(), None);
+}
+
+pub async fn build_id_cohorts_drain_resume_and_promote<S: Store>(store: S) {
+    let drained = store
+        .set_build_id_drain("default", "q", Some("b1".into()), true, NOW)
+        .await
+        .unwrap();
+    assert_eq!((drained.drain_intent.as_str(), drained.drained_at), ("draining", Some(NOW)));
+    let again = store
+        .set_build_id_drain("default", "q", Some("b1".into()), true, NOW + 10)
+        .await
+        .unwrap();
+    assert_eq!(again.drained_at, Some(NOW), "draining again keeps the first drained_at");
+    let resumed = store
+        .set_build_id_drain("default", "q", Some("b1".into()), false, NOW + 20)
+        .await
+        .unwrap();
+    assert_eq!((resumed.drain_intent.as_str(), resumed.drained_at), ("active", None));
+    let promoted = store.promote_build_id("default", "q", Some("b2".into()), NOW + 30).await.unwrap();
+    assert_eq!(promoted.promoted_at, Some(NOW + 30));
+    store.promote_build_id("default", "q", None, NOW + 40).await.unwrap();
+    let rollouts = store.build_id_rollouts("default", "q").await.unwrap();
+    let promoted: Vec<_> = rollouts
+        .iter()
+        .filter(|r| r.promoted_at.is_some())
+        .map(|r| r.build_id.clone())
+        .collect();
+    assert_eq!(promoted, vec![None], "one promoted cohort per queue: {rollouts:?}");
+    let ids: Vec<_> = rollouts.iter().map(|r| r.build_id.clone()).collect();
+    assert_eq!(ids, vec![None, Some("b1".into()), Some("b2".into())]);
+    assert!(store.build_id_rollouts("default", "other").await.unwrap().is_empty());
+}
+
+pub async fn search_attribute_definitions_are_defined_once_and_deleted<S: Store>(store: S) {
+    store
+        .define_search_attribute("default", "Region", AttributeType::Keyword, NOW)
+        .await
+        .unwrap();
+    store
+        .define_search_attribute("default", "Amount", AttributeType::Double, NOW)
+        .await
+        .unwrap();
+    let again = store.define_search_attribute("default", "Region", AttributeType::Int, NOW).await;
+    assert_eq!(super::reason(again), Reason::SearchAttributeAlreadyExists);
+    let defined = store.search_attribute_definitions("default").await.unwrap();
+    assert_eq!(defined.get("Region"), Some(&AttributeType::Keyword));
+    assert_eq!(defined.get("Amount"), Some(&AttributeType::Double));
+    assert!(store.delete_search_attribute("default", "Region").await.unwrap());
+    assert!(!store.delete_search_attribute("default", "Region").await.unwrap());
+    assert_eq!(store.search_attribute_definitions("default").await.unwrap().len(), 1);
+}
+
+pub async fn the_roster_and_queue_snapshots_show_workers_and_tasks<S: Store>(store: S) {
+    store.register_worker(worker("w-b", "q1")).await.unwrap();
+    store.register_worker(worker("w-a", "q2")).await.unwrap();
+    let roster: Vec<_> = store.workers("default").await.unwrap().into_iter().map(|w| w.worker_id).collect();
+    assert_eq!(roster, vec!["w-a", "w-b"], "by worker id");
+    started(&store, "snap-1", "q1").await;
+    started(&store, "snap-2", "q3").await;
+    assert_eq!(store.task_queue_names("default").await.unwrap(), vec!["q1", "q2", "q3"]);
+    let snapshot = store.task_queue_snapshot("default", "q1", 10).await.unwrap();
+    assert_eq!(snapshot.counts, vec![("workflow".into(), "ready".into(), 1, Some(NOW))]);
+    assert!(snapshot.leases.is_empty() && snapshot.pinned.is_empty());
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "q1", &[], "w-b", 30_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a task to lease");
+    let snapshot = store.task_queue_snapshot("default", "q1", 10).await.unwrap();
+    assert_eq!(snapshot.leases.len(), 1);
+    let lease = &snapshot.leases[0];
+    assert_eq!(
+        (lease.task_id.as_str(), lease.lease_owner.as_deref()),
+        (task.id.as_str(), Some("w-b"))
+    );
+    assert_eq!((lease.workflow_id.as_str(), lease.lease_expires_at), ("snap-1", Some(NOW + 30_000)));
+    assert_eq!(store.queue_workers("default", "q1").await.unwrap().len(), 1);
+}
