@@ -3,13 +3,15 @@
 //! Every event of a run carries a contiguous `sequence` from 1 and `hash = SHA-256(prev_hash ‖
 //! canonical event)`, where the canonical event is the compact JSON of
 //! `{event_type, payload, recorded_at, sequence, workflow_command_id, workflow_task_id}` with
-//! object keys sorted. The first event's `prev_hash` is [`GENESIS_HASH`]. This chain is the base
-//! of the recovery ledger: a verifier recomputes it from the stored rows alone.
+//! object keys sorted by their bytes (see [`crate::canonical`]). The first event's `prev_hash`
+//! is [`GENESIS_HASH`]. This chain is the base of the recovery ledger: a verifier recomputes it
+//! from the stored rows alone.
 
+use crate::canonical::{self, Member};
 use crate::ids::{CommandId, EventId, TaskId};
 use crate::Millis;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -134,17 +136,21 @@ pub struct HistoryEvent {
 }
 
 impl HistoryEvent {
-    /// The canonical form hashed into the chain (keys sorted by `serde_json::Map`).
+    /// The canonical form hashed into the chain, written by [`crate::canonical`] so that the key
+    /// order never depends on how serde_json's `Map` was built.
     pub fn canonical_json(&self) -> String {
-        json!({
-            "event_type": self.event_type.as_str(),
-            "payload": self.payload,
-            "recorded_at": self.recorded_at,
-            "sequence": self.sequence,
-            "workflow_command_id": self.workflow_command_id,
-            "workflow_task_id": self.workflow_task_id,
-        })
-        .to_string()
+        let optional_id = |id: Option<&str>| Member::Value(id.map_or(Value::Null, Value::from));
+        canonical::object(vec![
+            ("event_type", Member::Value(self.event_type.as_str().into())),
+            ("payload", Member::Object(&self.payload)),
+            ("recorded_at", Member::Value(self.recorded_at.into())),
+            ("sequence", Member::Value(self.sequence.into())),
+            (
+                "workflow_command_id",
+                optional_id(self.workflow_command_id.as_ref().map(CommandId::as_str)),
+            ),
+            ("workflow_task_id", optional_id(self.workflow_task_id.as_ref().map(TaskId::as_str))),
+        ])
     }
 
     pub fn computed_hash(&self) -> String {

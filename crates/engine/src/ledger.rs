@@ -9,6 +9,7 @@
 //! records evidence (`effect_confirmed` or `effect_absent`). Every state change is a checkpoint
 //! in a per-instance hash chain.
 
+use crate::canonical::{self, Member};
 use crate::history::GENESIS_HASH;
 use crate::ids::*;
 use crate::Millis;
@@ -73,7 +74,10 @@ pub struct ActionDefinition {
 impl ActionDefinition {
     /// The hash a definition with this content has (key order does not matter).
     pub fn hash_of(activity_type: &str, document: &Map<String, Value>) -> String {
-        let canonical = json!({"activity_type": activity_type, "document": document}).to_string();
+        let canonical = canonical::object(vec![
+            ("activity_type", Member::Value(activity_type.into())),
+            ("document", Member::Object(document)),
+        ]);
         hex(Sha256::digest(canonical.as_bytes()).as_slice())
     }
 }
@@ -403,16 +407,15 @@ pub struct LedgerCheckpoint {
 }
 
 impl LedgerCheckpoint {
-    /// The canonical form hashed into the chain.
+    /// The canonical form hashed into the chain (keys sorted by [`crate::canonical`]).
     pub fn canonical_json(&self) -> String {
-        json!({
-            "details": self.details,
-            "ledger_key": self.ledger_key,
-            "recorded_at": self.recorded_at,
-            "state": self.state.as_str(),
-            "workflow_id": self.workflow_id,
-        })
-        .to_string()
+        canonical::object(vec![
+            ("details", Member::Object(&self.details)),
+            ("ledger_key", Member::Value(self.ledger_key.as_str().into())),
+            ("recorded_at", Member::Value(self.recorded_at.into())),
+            ("state", Member::Value(self.state.as_str().into())),
+            ("workflow_id", Member::Value(self.workflow_id.as_str().into())),
+        ])
     }
 
     pub fn computed_hash(&self) -> String {

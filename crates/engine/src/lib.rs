@@ -10,6 +10,7 @@
 //! The store feeds it: load a [`RunState`], call one transition, persist the [`Effects`] it
 //! produced in one transaction — or nothing at all when the transition returns a [`Refusal`].
 
+mod canonical;
 pub mod command;
 pub mod contract;
 pub mod history;

@@ -2967,7 +2967,11 @@ fn settle(
 }
 
 fn checkpoint_resolution(run: &mut RunState, cx: &mut Cx, entry: LedgerEntry, decision_name: &str, principal: &str) -> LedgerEntry {
-    let evidence = entry.resolution.as_ref().map(|r| r["evidence"].to_string()).unwrap_or_default();
+    let evidence = entry
+        .resolution
+        .as_ref()
+        .map(|r| crate::canonical::to_string(&r["evidence"]))
+        .unwrap_or_default();
     let evidence_hash = crate::ledger::digest(&evidence);
     checkpoint(
         run,
