@@ -1,0 +1,317 @@
+//! Cooperative cancellation: the request, its delivery at one authored call, the cancelled close.
+
+use super::*;
+
+/// What a `request-cancellation` call found or made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CancellationOutcome {
+    /// The run already had a request: it is returned unchanged.
+    pub duplicate: bool,
+    pub request: CancellationRequest,
+}
+
+/// Records a cooperative cancellation request (`CooperativeCancellationRequested`): the run stays
+/// open, its next workflow task carries the request, and the workflow gets until
+/// `cleanup_deadline_at` to finish. One request per run; a repeat returns the first, even after
+/// the run closed.
+pub fn request_cancellation(
+    run: &mut RunState,
+    cx: &mut Cx,
+    reason: Option<String>,
+    cleanup_timeout_seconds: i64,
+    command_id: CommandId,
+) -> Result<CancellationOutcome, Refusal> {
+    if let Some(request) = &run.cancellation {
+        return Ok(CancellationOutcome {
+            duplicate: true,
+            request: request.clone(),
+        });
+    }
+    require_open(run)?;
+    run.command_count += 1;
+    let deadline = cx.now + cleanup_timeout_seconds * 1000;
+    let payload = obj!(
+        "workflow_command_id" => command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "command_type" => "request_cancellation",
+        "reason" => reason,
+        "cleanup_deadline_at" => iso8601(deadline),
+    );
+    run.append(cx, EventType::CooperativeCancellationRequested, payload, None, Some(&command_id));
+    let request = CancellationRequest {
+        request_id: command_id,
+        reason,
+        requested_at: cx.now,
+        cleanup_deadline_at: deadline,
+        resolved_after_request: Default::default(),
+        delivery: None,
+    };
+    run.cancellation = Some(request.clone());
+    let deadline_task = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::CancellationDeadline);
+    run.task_mut(cx, &deadline_task).expect("just created").deadline_at = Some(deadline);
+    // A worker holding the lease learns of the request from its heartbeat and reloads history:
+    // it must see the request event.
+    extend_leased_history(run, cx);
+    run.want_workflow_task(cx, None);
+    Ok(CancellationOutcome { duplicate: false, request })
+}
+
+/// The authored call a worker delivers the cancellation to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryRequest {
+    pub request_id: String,
+    pub sequence: u32,
+    pub call_kind: String,
+    pub sequence_span: u32,
+    pub operation_sequence: Option<u32>,
+    pub operation_sequence_span: u32,
+}
+
+const CALL_KINDS: &[&str] = &[
+    "activity",
+    "local_activity",
+    "timer",
+    "condition",
+    "signal",
+    "child",
+    "parallel",
+    "selection_handle",
+];
+
+fn call_kind_fits(kind: &str, step: &StepKind) -> bool {
+    match kind {
+        "activity" | "local_activity" => matches!(step, StepKind::Activity(_)),
+        "timer" => matches!(step, StepKind::Timer),
+        "condition" => matches!(step, StepKind::ConditionWait),
+        "signal" => matches!(step, StepKind::SignalWait(_)),
+        "child" => matches!(step, StepKind::ChildWorkflow(_)),
+        _ => true,
+    }
+}
+
+fn step_is_open(run: &RunState, step: u32) -> bool {
+    run.activities.values().any(|a| a.step == step)
+        || run.timers.values().any(|t| t.step == step && t.purpose == TimerPurpose::User)
+        || run.condition_waits.iter().any(|w| w.step == step)
+        || run.signal_waits.iter().any(|w| w.step == step)
+        || run.children.contains_key(&step)
+}
+
+pub(super) fn cancellation_delivered(run: &RunState) -> bool {
+    run.cancellation.as_ref().is_some_and(|r| r.delivery.is_some())
+}
+
+/// Commits the delivery of the run's cancellation request at one authored call, on the
+/// worker's live lease (`CooperativeCancellationDelivered`). The interrupted call ends: a
+/// pending timer is cancelled (`TimerCancelled`), a running activity too (`ActivityCancelled`),
+/// an open wait is dropped; a child keeps running. The same delivery again is answered as
+/// before; any other is refused.
+pub fn deliver_cancellation(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    owner: &str,
+    attempt: u64,
+    delivery: DeliveryRequest,
+) -> Result<CancellationDelivery, Refusal> {
+    check_workflow_lease(run, cx.now, task_id, owner, attempt)?;
+    let refuse = |reason, message: &str| Refusal::new(reason, message).with("task_id", task_id.as_str());
+    let Some(request) = run.cancellation.clone() else {
+        return Err(refuse(Reason::CancellationRequestMismatch, "The run has no cancellation request."));
+    };
+    if request.request_id.as_str() != delivery.request_id {
+        return Err(refuse(
+            Reason::CancellationRequestMismatch,
+            "The delivery names another cancellation request.",
+        )
+        .with("request_id", request.request_id.as_str()));
+    }
+    let shape_ok = CALL_KINDS.contains(&delivery.call_kind.as_str())
+        && delivery.sequence >= 1
+        && (1..=1000).contains(&delivery.sequence_span)
+        && (delivery.call_kind == "parallel" || delivery.sequence_span == 1)
+        && match delivery.operation_sequence {
+            Some(operation) => {
+                delivery.call_kind == "selection_handle"
+                    && operation >= 1
+                    && operation < delivery.sequence
+                    && delivery.operation_sequence_span <= delivery.sequence - operation
+            }
+            None => delivery.call_kind != "selection_handle" && delivery.operation_sequence_span == 1,
+        };
+    if !shape_ok {
+        return Err(refuse(
+            Reason::InvalidCancellationDelivery,
+            "The delivery does not describe one authored call.",
+        ));
+    }
+    if let Some(done) = &request.delivery {
+        let same = done.sequence == delivery.sequence
+            && done.call_kind == delivery.call_kind
+            && done.sequence_span == delivery.sequence_span
+            && done.operation_sequence == delivery.operation_sequence
+            && done.operation_sequence_span == delivery.operation_sequence_span;
+        return if same {
+            Ok(done.clone())
+        } else {
+            Err(refuse(
+                Reason::CancellationDeliveryMismatch,
+                "The cancellation was delivered at another call.",
+            )
+            .with("sequence", done.sequence))
+        };
+    }
+    if cx.now >= request.cleanup_deadline_at {
+        return Err(refuse(Reason::RunCancelled, "The cancellation cleanup deadline has passed."));
+    }
+    let (base, span) = match delivery.operation_sequence {
+        Some(operation) => (operation, delivery.operation_sequence_span),
+        None => (delivery.sequence, delivery.sequence_span),
+    };
+    if delivery.sequence > run.next_step {
+        return Err(refuse(
+            Reason::CancellationDeliverySequenceMismatch,
+            "The delivery names a call after the next one the workflow can make.",
+        )
+        .with("next_sequence", run.next_step));
+    }
+    if !matches!(delivery.call_kind.as_str(), "parallel" | "selection_handle") {
+        if let Some(step) = run.steps.get(&delivery.sequence) {
+            if !call_kind_fits(&delivery.call_kind, step) {
+                return Err(refuse(
+                    Reason::CancellationDeliveryShapeMismatch,
+                    "The recorded call at that sequence is of another kind.",
+                ));
+            }
+        }
+    }
+    let resolved_before = |step: u32| step < run.next_step && !step_is_open(run, step) && !request.resolved_after_request.contains(&step);
+    if (base..base + span).all(resolved_before) {
+        return Err(refuse(
+            Reason::CancellationDeliveryNotEligible,
+            "That call settled before the cancellation was requested.",
+        ));
+    }
+    for step in base..base + span {
+        interrupt_step(run, cx, step);
+    }
+    let done = CancellationDelivery {
+        sequence: delivery.sequence,
+        call_kind: delivery.call_kind,
+        sequence_span: delivery.sequence_span,
+        operation_sequence: delivery.operation_sequence,
+        operation_sequence_span: delivery.operation_sequence_span,
+        delivered_at: cx.now,
+    };
+    let mut payload = obj!(
+        "workflow_command_id" => request.request_id,
+        "workflow_run_id" => run.run_id,
+        "sequence" => done.sequence,
+        "call_kind" => done.call_kind,
+    );
+    if done.sequence_span != 1 {
+        payload.insert("sequence_span".into(), json!(done.sequence_span));
+    }
+    if let Some(operation) = done.operation_sequence {
+        payload.insert("operation_sequence".into(), json!(operation));
+        payload.insert("operation_sequence_span".into(), json!(done.operation_sequence_span));
+    }
+    run.append(
+        cx,
+        EventType::CooperativeCancellationDelivered,
+        payload,
+        Some(task_id),
+        Some(&request.request_id),
+    );
+    run.cancellation.as_mut().expect("checked").delivery = Some(done.clone());
+    extend_leased_history(run, cx);
+    Ok(done)
+}
+
+/// Ends what an interrupted step was waiting for.
+fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
+    let timers: Vec<TimerState> = run.timers.values().filter(|t| t.step == step).cloned().collect();
+    for timer in timers {
+        run.timers.remove(&timer.id);
+        run.close_task(cx, &timer.task_id, TaskClosure::Cancelled);
+        if timer.purpose == TimerPurpose::User {
+            let payload =
+                obj!("timer_id" => timer.id, "sequence" => step, "delay_seconds" => timer.delay_seconds, "cancelled_at" => iso8601(cx.now));
+            run.append(cx, EventType::TimerCancelled, payload, None, None);
+        }
+    }
+    let activities: Vec<ActivityExecution> = run.activities.values().filter(|a| a.step == step).cloned().collect();
+    for activity in activities {
+        run.activities.remove(&activity.id);
+        run.close_task(cx, &activity.task_id, TaskClosure::Cancelled);
+        let payload = obj!(
+            "activity_execution_id" => activity.id,
+            "sequence" => step,
+            "activity_type" => activity.activity_type,
+            "attempt_number" => activity.attempt_count,
+            "message" => "Activity cancelled: cooperative cancellation delivered.",
+            "exception_type" => "ActivityCancelled",
+        );
+        run.append(cx, EventType::ActivityCancelled, payload, None, None);
+    }
+    run.condition_waits.retain(|w| w.step != step);
+    run.signal_waits.retain(|w| w.step != step);
+}
+
+/// The leased workflow task may read history up to now: cancellation events recorded during
+/// its lease are what its worker reloads history to see.
+fn extend_leased_history(run: &mut RunState, cx: &mut Cx) {
+    let last = run.last_sequence;
+    if let Some(id) = run.workflow_task.clone() {
+        if run.tasks.get(&id).is_some_and(|t| !t.is_ready()) {
+            if let Some(TaskDetail::Workflow { history_snapshot, .. }) = run.task_mut(cx, &id).map(|t| &mut t.detail) {
+                *history_snapshot = last;
+            }
+        }
+    }
+}
+
+/// The workflow finished its cleanup after the delivery: the run ends cancelled.
+pub(super) fn close_cancelled_cooperatively(run: &mut RunState, cx: &mut Cx, wt: Option<&TaskId>, outcome: &str) {
+    close_run(run, cx, RunStatus::Cancelled, ClosedReason::Cancelled);
+    append_cooperative_cancelled(run, cx, wt, outcome);
+}
+
+/// `WorkflowCancelled` of a cooperative cancellation: `completed` cleanup or `deadline_expired`.
+pub(super) fn append_cooperative_cancelled(run: &mut RunState, cx: &mut Cx, wt: Option<&TaskId>, outcome: &str) {
+    let request = run.cancellation.clone().expect("a cooperative close has a request");
+    let reason = if outcome == "completed" {
+        "Cooperative cancellation completed."
+    } else {
+        "Cooperative cancellation cleanup deadline expired."
+    };
+    let message = format!("Workflow cancelled: {reason}");
+    let failure_id: String = cx.ids.next_id();
+    let payload = obj!(
+        "workflow_command_id" => request.request_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "failure_id" => failure_id,
+        "failure_category" => "cancelled",
+        "closed_reason" => "cancelled",
+        "exception_class" => "WorkflowCancelled",
+        "outcome" => outcome,
+        "reason" => reason,
+        "message" => message,
+        "cancellation_cleanup" => json!({
+            "request_id": request.request_id,
+            "outcome": outcome,
+            "cleanup_deadline_at": iso8601(request.cleanup_deadline_at),
+            "delivery_sequence": request.delivery.as_ref().map(|d| d.sequence),
+            "finished_at": iso8601(cx.now),
+        }),
+    );
+    run.failure = Some(WorkflowFailure {
+        message,
+        exception_type: Some("WorkflowCancelled".into()),
+        exception_class: Some("WorkflowCancelled".into()),
+        ..Default::default()
+    });
+    run.append(cx, EventType::WorkflowCancelled, payload, wt, Some(&request.request_id));
+}

@@ -1,0 +1,177 @@
+//! Child workflows from the parent's side: resolution, and the retry of a failed child run.
+
+use super::*;
+
+/// DW's record of a child retry policy (`max_attempts` absent means one attempt).
+pub(super) fn child_retry_snapshot(policy: &RetryPolicy) -> Value {
+    json!({
+        "snapshot_version": 1,
+        "max_attempts": policy.max_attempts.unwrap_or(1),
+        "backoff_seconds": policy.backoff_seconds,
+        "non_retryable_error_types": policy.non_retryable_error_types,
+    })
+}
+
+/// A failed (or timed-out) child run whose parent gave a retry policy with attempts left, and
+/// whose failure is retryable, is followed by the instance's next run in the same transaction:
+/// same type, queue and input, the execution deadline carried, its first workflow task held back
+/// by the policy's backoff. The parent's call stays open; it hears of the retry, not the failure.
+pub(super) fn retry_failed_child(run: &mut RunState, cx: &mut Cx) {
+    let Some(parent) = run.parent.clone() else {
+        return;
+    };
+    let Some(policy) = parent.retry_policy.clone() else {
+        return;
+    };
+    if run.status != RunStatus::Failed || parent.attempt >= policy.max_attempts.unwrap_or(1) {
+        return;
+    }
+    let failure = run.failure.clone().unwrap_or_default();
+    let listed = |name: &Option<String>| name.as_ref().is_some_and(|n| policy.non_retryable_error_types.contains(n));
+    if failure.non_retryable || listed(&failure.exception_type) || listed(&failure.exception_class) {
+        return;
+    }
+    let index = (parent.attempt as usize - 1).min(policy.backoff_seconds.len().saturating_sub(1));
+    let backoff_seconds = policy.backoff_seconds.get(index).copied().unwrap_or(0).max(0);
+    let (mut next, mut next_effects) = {
+        let mut next_cx = Cx::new(cx.now, &mut *cx.ids, cx.limits);
+        let start = StartRun {
+            namespace: run.namespace.clone(),
+            workflow_id: run.workflow_id.clone(),
+            run_id: next_cx.id(),
+            workflow_type: run.workflow_type.clone(),
+            task_queue: run.task_queue.clone(),
+            input: run.input.clone(),
+            execution_timeout_seconds: run.execution_timeout_seconds,
+            run_timeout_seconds: run.run_timeout_seconds,
+            business_key: run.business_key.clone(),
+            memo: run.memo.clone(),
+            search_attributes: run.search_attributes.clone(),
+            command_id: next_cx.id(),
+            contract: run.contract.clone(),
+            compatibility: run.compatibility.clone(),
+        };
+        let mut next = blank_run(&next_cx, start, run.run_number + 1, run.execution_deadline_at);
+        next.parent = Some(ParentLink {
+            attempt: parent.attempt + 1,
+            ..parent.clone()
+        });
+        next.retry_of_run_id = Some(run.run_id.clone());
+        next.ledger_head = run.ledger_head.clone();
+        next.memo_merged = run.memo_merged.clone();
+        let mut next = begin_run(next, &mut next_cx);
+        if let Some(task) = next.workflow_task.clone() {
+            next.task_mut(&mut next_cx, &task).expect("just created").available_at = cx.now + backoff_seconds * 1000;
+        }
+        (next, next_cx.effects)
+    };
+    relink(&mut next, &mut next_effects, &run.last_hash);
+    if let Some(notice) = cx.effects.parent_notice.as_mut() {
+        notice.retry = Some(ChildRetry {
+            run_id: next.run_id.clone(),
+            run_number: next.run_number,
+            attempt: parent.attempt + 1,
+            backoff_seconds,
+        });
+    }
+    cx.effects.successor = Some(Box::new((next, next_effects)));
+}
+
+/// A child instance ended: record its resolution on the parent step that started it and wake
+/// the parent. A parent that closed meanwhile, or never heard of the child, takes no note.
+pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) -> Result<bool, Refusal> {
+    if run.is_closed() {
+        return Ok(false);
+    }
+    if let Some(retry) = &outcome.retry {
+        // The call stays open on the child's next run; the parent is not woken.
+        let Some(link) = run.children.get_mut(&outcome.parent.sequence) else {
+            return Ok(false);
+        };
+        link.run_id = retry.run_id.clone();
+        let link = link.clone();
+        let mut payload = obj!(
+            "sequence" => outcome.parent.sequence,
+            "child_workflow_instance_id" => outcome.child_workflow_id,
+            "child_workflow_run_id" => retry.run_id,
+            "child_workflow_type" => link.workflow_type,
+            "parent_close_policy" => link.parent_close_policy,
+            "cancellation_policy" => link.cancellation_policy,
+            "child_status" => "pending",
+            "child_run_number" => retry.run_number,
+            "retry_attempt" => retry.attempt,
+            "retry_of_child_workflow_run_id" => outcome.child_run_id,
+            "retry_backoff_seconds" => retry.backoff_seconds,
+        );
+        if let Some(policy) = &outcome.parent.retry_policy {
+            payload.insert("retry_policy".into(), child_retry_snapshot(policy));
+        }
+        if !link.call_id.is_empty() {
+            payload.insert("child_call_id".into(), json!(link.call_id));
+            payload.insert("workflow_link_id".into(), json!(link.call_id));
+        }
+        extend(&mut payload, &link.tags);
+        run.append(cx, EventType::ChildRunStarted, payload, None, None);
+        return Ok(true);
+    }
+    let Some(link) = run.children.remove(&outcome.parent.sequence) else {
+        return Ok(false);
+    };
+    let mut payload = obj!(
+        "sequence" => outcome.parent.sequence,
+        "child_workflow_instance_id" => outcome.child_workflow_id,
+        "child_workflow_run_id" => outcome.child_run_id,
+        "child_workflow_type" => link.workflow_type,
+        "parent_close_policy" => link.parent_close_policy,
+        "cancellation_policy" => link.cancellation_policy,
+        "child_status" => outcome.status.as_str(),
+        "closed_reason" => outcome.closed_reason.map(|r| r.as_str()),
+        "closed_at" => iso8601(outcome.closed_at),
+    );
+    if !link.call_id.is_empty() {
+        payload.insert("child_call_id".into(), json!(link.call_id));
+        payload.insert("workflow_link_id".into(), json!(link.call_id));
+    }
+    extend(&mut payload, &link.tags);
+    let failure = |payload: &mut Map<String, Value>, category: &str| {
+        let failure = outcome.failure.clone().unwrap_or_default();
+        payload.insert("failure_category".into(), json!(category));
+        payload.insert("exception_type".into(), json!(failure.exception_type));
+        payload.insert("exception_class".into(), json!(failure.exception_class.or(failure.exception_type)));
+        payload.insert("message".into(), json!(failure.message));
+        payload.insert("exception".into(), json!(failure.exception));
+    };
+    let event_type = match outcome.closed_reason {
+        Some(ClosedReason::Completed) => {
+            let output = outcome
+                .output
+                .clone()
+                .unwrap_or_else(|| Payload::avro(crate::payload::AVRO_NULL_BLOB));
+            payload.insert("output".into(), json!(output.blob));
+            payload.insert("payload_codec".into(), json!(output.codec));
+            EventType::ChildRunCompleted
+        }
+        Some(ClosedReason::Cancelled) => {
+            failure(&mut payload, "cancelled");
+            EventType::ChildRunCancelled
+        }
+        Some(ClosedReason::Terminated) => {
+            failure(&mut payload, "terminated");
+            EventType::ChildRunTerminated
+        }
+        _ => {
+            failure(
+                &mut payload,
+                if outcome.closed_reason == Some(ClosedReason::TimedOut) {
+                    "timeout"
+                } else {
+                    "application"
+                },
+            );
+            EventType::ChildRunFailed
+        }
+    };
+    run.append(cx, event_type, payload, None, None);
+    run.want_workflow_task(cx, None);
+    Ok(true)
+}

@@ -1,0 +1,103 @@
+//! Closing a run: everything open ends with it.
+
+use super::*;
+
+/// Closes a run: every open task, timer, wait and activity of it ends with it.
+pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
+    // Accepted signals are facts of this run even if no task will see them: before the close.
+    run.record_deferred_signals(cx);
+    run.status = status;
+    run.closed_reason = Some(reason);
+    run.closed_at = Some(cx.now);
+    if reason != ClosedReason::Continued {
+        // A child's end reaches its parent in the same transaction (the store applies it).
+        if let Some(parent) = run.parent.clone() {
+            cx.effects.parent_notice = Some(ChildOutcome {
+                parent,
+                child_workflow_id: run.workflow_id.clone(),
+                child_run_id: run.run_id.clone(),
+                status,
+                closed_reason: Some(reason),
+                output: run.output.clone(),
+                failure: run.failure.clone(),
+                closed_at: cx.now,
+                retry: None,
+            });
+        }
+    }
+    // Parent-close policy: open children end with the parent unless abandoned. (A continued run
+    // keeps them: they belong to the instance, not the run.)
+    if reason != ClosedReason::Continued {
+        for child in std::mem::take(&mut run.children).into_values() {
+            let command = match child.parent_close_policy.as_str() {
+                "terminate" => CloseCommand::Terminate,
+                "request_cancel" | "request_cancellation" => CloseCommand::Cancel,
+                _ => continue,
+            };
+            // The parent's side of the relationship, before its terminal event (the child's
+            // close commits in the same transaction). DW's field names: no `sequence` or
+            // `child_call_id`, which the SDKs' replayers would take for a step resolution.
+            let payload = obj!(
+                "child_instance_id" => child.workflow_id,
+                "child_run_id" => child.run_id,
+                "child_workflow_type" => child.workflow_type,
+                "policy" => child.parent_close_policy,
+                "reason" => format!("Parent workflow closed ({}); parent-close policy: {}.", reason.as_str(), child.parent_close_policy),
+            );
+            run.append(cx, EventType::ParentClosePolicyApplied, payload, None, None);
+            cx.effects.close_children.push((child.workflow_id, command));
+        }
+    }
+    let current = run.workflow_task.clone();
+    // A declared action in flight when the run closes may have acted: its outcome is unknown.
+    let dispatched: Vec<String> = run.activities.values().filter_map(|a| a.ledger_key.clone()).collect();
+    for key in dispatched {
+        if let Some(mut entry) = run.ledger.get(&key).filter(|e| e.state == LedgerState::Dispatched).cloned() {
+            let reason = json!({"kind": "run_closed", "closed_reason": reason.as_str()});
+            entry.state = LedgerState::OutcomeUnknown;
+            entry.unknown_reason = Some(reason.clone());
+            checkpoint(run, cx, entry, obj!("reason" => reason));
+        }
+    }
+    let open: Vec<TaskId> = run.tasks.keys().filter(|id| Some(*id) != current.as_ref()).cloned().collect();
+    for id in open {
+        run.close_task(cx, &id, TaskClosure::Cancelled);
+    }
+    run.activities.clear();
+    run.timers.clear();
+    run.condition_waits.clear();
+    run.signal_waits.clear();
+    run.pending_resumes.clear();
+    run.pending_updates.clear();
+    for update in run.updates.values_mut().filter(|u| u.status == UpdateStatus::Accepted) {
+        update.status = UpdateStatus::Failed;
+        update.closed_at = Some(cx.now);
+        update.failure = Some(WorkflowFailure {
+            message: "The workflow run closed before the update was applied.".into(),
+            ..Default::default()
+        });
+    }
+    run.workflow_task_wanted = false;
+}
+
+/// Closes the run's in-flight workflow task too: used by closes that do not come from a
+/// workflow task (cancel, terminate, time-out).
+pub(super) fn close_run_from_outside(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
+    close_run(run, cx, status, reason);
+    if let Some(id) = run.workflow_task.clone() {
+        run.close_task(cx, &id, TaskClosure::Cancelled);
+    }
+}
+
+/// Re-hashes a successor's events so its chain starts at `origin` (the predecessor's final hash,
+/// known only after the predecessor's terminal event was appended).
+pub(super) fn relink(run: &mut RunState, effects: &mut Effects, origin: &str) {
+    run.chain_origin = origin.to_string();
+    let mut prev = origin.to_string();
+    for event in &mut effects.events {
+        event.prev_hash = prev;
+        event.hash = crate::history::chain_hash(&event.prev_hash, &event.canonical_json());
+        prev = event.hash.clone();
+    }
+    run.last_hash = prev;
+}

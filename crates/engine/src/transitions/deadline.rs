@@ -1,0 +1,155 @@
+//! Time-driven transitions: what happens when a task's deadline passes.
+
+use super::*;
+
+/// Looks at a task whose `deadline_at` has passed: fires a timer, times a run out, returns an
+/// expired workflow lease to ready, or ends a timed-out activity attempt. Returns whether
+/// anything changed (a task whose deadline moved meanwhile is left alone).
+pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
+    let now = cx.now;
+    let Some(task) = run.tasks.get(task_id).cloned() else {
+        return false;
+    };
+    if task.deadline_at.is_none_or(|d| d > now) {
+        return false;
+    }
+    match (&task.kind, &task.state) {
+        (TaskKind::Timer, _) => {
+            let TaskDetail::Timer { timer_id } = &task.detail else {
+                return false;
+            };
+            fire_timer(run, cx, timer_id);
+        }
+        (TaskKind::RunDeadline, _) if task.detail == TaskDetail::CancellationDeadline => {
+            run.close_task(cx, task_id, TaskClosure::Completed);
+            if !run.is_closed() {
+                close_run_from_outside(run, cx, RunStatus::Cancelled, ClosedReason::Cancelled);
+                append_cooperative_cancelled(run, cx, None, "deadline_expired");
+            }
+        }
+        (TaskKind::RunDeadline, _) => time_out_run(run, cx),
+        (TaskKind::Workflow, TaskState::Leased(_)) => {
+            // Lease lost: offer the same task again; the next lease gets a higher attempt.
+            let task = run.task_mut(cx, task_id).expect("open");
+            task.state = TaskState::Ready;
+            task.available_at = now;
+            task.deadline_at = None;
+            run.record_deferred_signals(cx);
+        }
+        (TaskKind::Activity, state) => {
+            let Some(execution) = execution_of(run, &task).cloned() else {
+                return false;
+            };
+            let s2c_passed = execution.schedule_to_close_deadline.is_some_and(|d| d <= now);
+            let timeout_kind = match state {
+                _ if s2c_passed => "schedule_to_close",
+                TaskState::Ready => "schedule_to_start",
+                TaskState::Leased(_) => {
+                    let TaskDetail::Activity {
+                        last_heartbeat_at,
+                        started_at,
+                        ..
+                    } = &task.detail
+                    else {
+                        return false;
+                    };
+                    // The earliest budget that ran out names the timeout; a bare lease expiry
+                    // (no budget set) counts as start-to-close.
+                    let started = started_at.unwrap_or(now);
+                    let start_to_close_due = execution.timeouts.start_to_close_seconds.map(|s| started + s * 1000);
+                    let heartbeat_due = execution
+                        .timeouts
+                        .heartbeat_seconds
+                        .map(|s| last_heartbeat_at.unwrap_or(started) + s * 1000);
+                    match (heartbeat_due.filter(|d| *d <= now), start_to_close_due.filter(|d| *d <= now)) {
+                        (Some(heartbeat), Some(start_to_close)) if heartbeat < start_to_close => "heartbeat",
+                        (Some(_), None) => "heartbeat",
+                        _ => "start_to_close",
+                    }
+                }
+            };
+            if matches!(state, TaskState::Ready) && timeout_kind == "schedule_to_start" {
+                // schedule_to_start ends the execution: no attempt ran, none can be retried.
+                end_unstarted(run, cx, &task, &execution, timeout_kind);
+            } else {
+                end_attempt(run, cx, &task, &execution, AttemptEnd::TimedOut { timeout_kind });
+            }
+        }
+        (TaskKind::Workflow, TaskState::Ready) => {
+            let task = run.task_mut(cx, task_id).expect("open");
+            task.deadline_at = None;
+        }
+        (TaskKind::Query, _) => return false, // query tasks live outside runs
+    }
+    true
+}
+
+fn end_unstarted(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, timeout_kind: &'static str) {
+    run.close_task(cx, &task.id, TaskClosure::TimedOut);
+    let failure_id: String = cx.ids.next_id();
+    let mut payload = activity_identity(execution);
+    payload.insert("attempt_number".into(), json!(execution.attempt_count));
+    payload.insert("failure_id".into(), json!(failure_id));
+    payload.insert("failure_category".into(), json!("timeout"));
+    payload.insert("timeout_kind".into(), json!(timeout_kind));
+    payload.insert("exception_class".into(), json!("ActivityTimedOut"));
+    payload.insert("message".into(), json!(format!("Activity timed out ({timeout_kind}).")));
+    run.append(cx, EventType::ActivityTimedOut, payload, None, None);
+    run.activities.remove(&execution.id);
+    run.want_workflow_task(cx, None);
+}
+
+fn fire_timer(run: &mut RunState, cx: &mut Cx, timer_id: &TimerId) {
+    let Some(timer) = run.timers.remove(timer_id) else { return };
+    run.close_task(cx, &timer.task_id, TaskClosure::Completed);
+    let signal_name = match &timer.purpose {
+        TimerPurpose::SignalTimeout(wait_id) => {
+            let index = run.signal_waits.iter().position(|w| &w.id == wait_id);
+            index.map(|i| run.signal_waits.remove(i).signal_name)
+        }
+        _ => None,
+    };
+    let mut payload = timer_payload_for(&timer, signal_name.as_deref());
+    if let TimerPurpose::ConditionTimeout(wait_id) = &timer.purpose {
+        if let Some(index) = run.condition_waits.iter().position(|w| &w.id == wait_id) {
+            let wait = run.condition_waits.remove(index);
+            payload.insert("condition_key".into(), json!(wait.condition_key));
+            payload.insert("condition_definition_fingerprint".into(), json!(wait.fingerprint));
+        }
+    }
+    payload.insert("fired_at".into(), json!(iso8601(cx.now)));
+    run.append(cx, EventType::TimerFired, payload, None, None);
+    run.want_workflow_task(cx, None);
+}
+
+fn time_out_run(run: &mut RunState, cx: &mut Cx) {
+    if run.is_closed() {
+        return;
+    }
+    let now = cx.now;
+    let timeout_kind = match (run.execution_deadline_at, run.run_deadline_at) {
+        (Some(e), _) if e <= now => "execution_timeout",
+        _ => "run_timeout",
+    };
+    let failure_id: String = cx.ids.next_id();
+    let message = format!("Workflow {} timed out ({timeout_kind}).", run.workflow_id);
+    let payload = obj!(
+        "failure_id" => failure_id,
+        "timeout_kind" => timeout_kind,
+        "failure_category" => "timeout",
+        "message" => message,
+        "exception_class" => "WorkflowTimedOut",
+        "execution_deadline_at" => run.execution_deadline_at.map(iso8601),
+        "run_deadline_at" => run.run_deadline_at.map(iso8601),
+    );
+    run.failure = Some(WorkflowFailure {
+        message,
+        exception_type: Some("WorkflowTimedOut".into()),
+        exception_class: Some("WorkflowTimedOut".into()),
+        exception: None,
+        non_retryable: true,
+    });
+    close_run_from_outside(run, cx, RunStatus::Failed, ClosedReason::TimedOut);
+    run.append(cx, EventType::WorkflowTimedOut, payload, None, None);
+    retry_failed_child(run, cx);
+}

@@ -1,0 +1,70 @@
+//! The transitions of a run. Each takes the run's state, the shared [`Cx`] and its inputs, and
+//! either changes the state (recording events and task changes in `cx.effects`) or returns a
+//! [`Refusal`]. Callers persist the changed state and the effects only on `Ok`; on `Err` they
+//! discard both, so a refused report leaves nothing behind.
+
+use crate::command::*;
+use crate::contract::CommandContract;
+use crate::history::EventType;
+use crate::ids::*;
+use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode, ResultClass};
+use crate::payload::Payload;
+use crate::refusal::{Reason, Refusal};
+use crate::run::*;
+use crate::task::*;
+use crate::timefmt::iso8601;
+use crate::Millis;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, VecDeque};
+
+macro_rules! obj {
+    ($($key:expr => $value:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut map = Map::new();
+        $(map.insert($key.to_string(), json!($value));)*
+        map
+    }};
+}
+
+fn payload_json(payload: &Payload) -> Value {
+    json!({"codec": payload.codec, "blob": payload.blob})
+}
+
+fn extend(map: &mut Map<String, Value>, tags: &StepTags) {
+    for (key, value) in tags {
+        map.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal::new(Reason::InvalidCommands, message)
+}
+
+fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+mod activity;
+mod cancellation;
+mod children;
+mod close;
+mod commands;
+mod control;
+mod deadline;
+mod ledger_steps;
+mod start;
+mod workflow_task;
+
+pub use activity::*;
+pub use cancellation::*;
+pub use children::*;
+use close::*;
+use commands::*;
+pub use control::*;
+pub use deadline::*;
+pub use ledger_steps::*;
+pub use start::*;
+pub use workflow_task::*;

@@ -1,0 +1,192 @@
+//! Starting a run: run 1 of an instance, and the fresh run a continue-as-new or a child retry begins.
+
+use super::*;
+
+/// Everything needed to start a run, already validated by the caller.
+#[derive(Clone, Debug)]
+pub struct StartRun {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub workflow_type: String,
+    pub task_queue: String,
+    pub input: Payload,
+    pub execution_timeout_seconds: Option<i64>,
+    pub run_timeout_seconds: Option<i64>,
+    pub business_key: Option<String>,
+    pub memo: Map<String, Value>,
+    pub search_attributes: Map<String, Value>,
+    pub command_id: CommandId,
+    /// The command contract registered for the workflow type at start, recorded on the run.
+    pub contract: Option<CommandContract>,
+    /// The worker build the run is pinned to: only workers of this build id get its workflow
+    /// tasks (None: any worker of the queue).
+    pub compatibility: Option<String>,
+}
+
+/// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
+/// the run-deadline task.
+pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
+    let execution_deadline_at = start.execution_timeout_seconds.map(|s| cx.now + s * 1000);
+    let mut run = blank_run(cx, start, 1, execution_deadline_at);
+    let command = run.start_command_id.clone();
+    let mut accepted = run_identity(&run);
+    accepted.insert("outcome".into(), json!("started_new"));
+    run.append(cx, EventType::StartAccepted, accepted, None, Some(&command));
+    begin_run(run, cx)
+}
+
+/// The fields of a run before its first event.
+pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: Option<Millis>) -> RunState {
+    let now = cx.now;
+    RunState {
+        namespace: start.namespace,
+        workflow_id: start.workflow_id,
+        run_id: start.run_id,
+        run_number,
+        workflow_type: start.workflow_type,
+        task_queue: start.task_queue,
+        status: RunStatus::Pending,
+        closed_reason: None,
+        input: start.input,
+        output: None,
+        failure: None,
+        business_key: start.business_key,
+        memo: start.memo,
+        memo_merged: None,
+        search_attributes: start.search_attributes,
+        execution_timeout_seconds: start.execution_timeout_seconds,
+        run_timeout_seconds: start.run_timeout_seconds,
+        execution_deadline_at,
+        run_deadline_at: start.run_timeout_seconds.map(|s| now + s * 1000),
+        started_at: now,
+        closed_at: None,
+        last_progress_at: now,
+        start_command_id: start.command_id,
+        archived: false,
+        parent: None,
+        children: BTreeMap::new(),
+        continued_from_run_id: None,
+        chain_origin: crate::history::GENESIS_HASH.to_string(),
+        last_sequence: 0,
+        last_hash: String::new(),
+        next_step: 1,
+        steps: BTreeMap::new(),
+        command_count: 1,
+        tasks: BTreeMap::new(),
+        workflow_task: None,
+        workflow_task_wanted: false,
+        pending_resumes: VecDeque::new(),
+        deferred_signals: Vec::new(),
+        activities: BTreeMap::new(),
+        timers: BTreeMap::new(),
+        condition_waits: Vec::new(),
+        signal_waits: Vec::new(),
+        closed_receipts: VecDeque::new(),
+        pending_updates: VecDeque::new(),
+        updates: BTreeMap::new(),
+        fence_high_water: 0,
+        contract: start.contract,
+        compatibility: start.compatibility,
+        cancellation: None,
+        retry_of_run_id: None,
+        selections: Default::default(),
+        ledger: BTreeMap::new(),
+        ledger_head: crate::history::GENESIS_HASH.to_string(),
+        integrity_incident: None,
+    }
+}
+
+fn run_identity(run: &RunState) -> Map<String, Value> {
+    obj!(
+        "workflow_command_id" => run.start_command_id,
+        "workflow_instance_id" => run.workflow_id,
+        "workflow_run_id" => run.run_id,
+        "workflow_type" => run.workflow_type,
+        "business_key" => run.business_key,
+        "memo" => run.memo,
+        "search_attributes" => run.search_attributes,
+    )
+}
+
+/// `WorkflowStarted`, the first workflow task and the run-deadline task of a new run.
+pub(super) fn begin_run(mut run: RunState, cx: &mut Cx) -> RunState {
+    let command = run.start_command_id.clone();
+    let mut started = run_identity(&run);
+    started.insert("execution_timeout_seconds".into(), json!(run.execution_timeout_seconds));
+    started.insert("run_timeout_seconds".into(), json!(run.run_timeout_seconds));
+    started.insert("execution_deadline_at".into(), json!(run.execution_deadline_at.map(iso8601)));
+    started.insert("run_deadline_at".into(), json!(run.run_deadline_at.map(iso8601)));
+    started.insert("input_envelope".into(), payload_json(&run.input));
+    started.insert("task_queue".into(), json!(run.task_queue));
+    started.insert("run_number".into(), json!(run.run_number));
+    if let Some(previous) = &run.continued_from_run_id {
+        started.insert("continued_from_run_id".into(), json!(previous));
+    }
+    if let Some(contract) = &run.contract {
+        started.extend(contract.declared_fields());
+    }
+    if let Some(parent) = &run.parent {
+        started.insert("parent_workflow_instance_id".into(), json!(parent.workflow_id));
+        started.insert("parent_workflow_run_id".into(), json!(parent.run_id));
+        started.insert("parent_sequence".into(), json!(parent.sequence));
+        if let Some(policy) = &parent.retry_policy {
+            started.insert("retry_policy".into(), child_retry_snapshot(policy));
+        }
+        if let Some(failed) = &run.retry_of_run_id {
+            started.insert("retry_attempt".into(), json!(parent.attempt));
+            started.insert("retry_of_child_workflow_run_id".into(), json!(failed));
+        }
+    }
+    run.append(cx, EventType::WorkflowStarted, started, None, Some(&command));
+    run.want_workflow_task(cx, None);
+    if let Some(deadline) = min_opt(run.execution_deadline_at, run.run_deadline_at) {
+        let id = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::RunDeadline);
+        run.task_mut(cx, &id).expect("just created").deadline_at = Some(deadline);
+    }
+    run
+}
+
+/// The next run of a continued instance: same id, run number + 1, new input, the execution
+/// deadline carried over, a fresh run deadline, and a history chain that continues the old one.
+pub(super) fn continued_run(
+    cx: &mut Cx,
+    previous: &RunState,
+    arguments: Payload,
+    workflow_type: Option<String>,
+    queue: Option<String>,
+) -> RunState {
+    let start = StartRun {
+        namespace: previous.namespace.clone(),
+        workflow_id: previous.workflow_id.clone(),
+        run_id: cx.id(),
+        workflow_type: workflow_type
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| previous.workflow_type.clone()),
+        task_queue: queue.filter(|q| !q.is_empty()).unwrap_or_else(|| previous.task_queue.clone()),
+        input: arguments,
+        execution_timeout_seconds: previous.execution_timeout_seconds,
+        run_timeout_seconds: previous.run_timeout_seconds,
+        business_key: previous.business_key.clone(),
+        memo: previous.memo.clone(),
+        search_attributes: previous.search_attributes.clone(),
+        command_id: cx.id(),
+        contract: None,
+        compatibility: None,
+    };
+    // The contract belongs to a workflow type on a queue; a run that moves to another has none.
+    // So does the build pin: the same code keeps its build.
+    let same_code = start.workflow_type == previous.workflow_type && start.task_queue == previous.task_queue;
+    let start = StartRun {
+        contract: previous.contract.clone().filter(|_| same_code),
+        compatibility: previous.compatibility.clone().filter(|_| same_code),
+        ..start
+    };
+    let mut run = blank_run(cx, start, previous.run_number + 1, previous.execution_deadline_at);
+    run.continued_from_run_id = Some(previous.run_id.clone());
+    run.chain_origin = previous.last_hash.clone();
+    run.ledger_head = previous.ledger_head.clone();
+    run.memo_merged = previous.memo_merged.clone();
+    run.parent = previous.parent.clone();
+    begin_run(run, cx)
+}
