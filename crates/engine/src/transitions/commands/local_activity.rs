@@ -6,13 +6,7 @@ use super::*;
 /// activity events marked `execution_mode: local` (both SDKs' replayers need the marker on every
 /// event of the step). No activity task exists and no new workflow task is needed: the same
 /// completion already used the result.
-pub(in crate::transitions) fn record_local_activity(
-    run: &mut RunState,
-    cx: &mut Cx,
-    step: u32,
-    wt: Option<&TaskId>,
-    local: LocalActivityRecord,
-) {
+pub(super) fn record_local_activity(run: &mut RunState, cx: &mut Cx, step: u32, wt: Option<&TaskId>, local: LocalActivityRecord) {
     let execution_id: ActivityExecutionId = cx.id();
     let mut common = obj!(
         "sequence" => step,

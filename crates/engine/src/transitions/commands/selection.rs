@@ -6,7 +6,7 @@ use super::*;
 /// `SelectionOperationCancelled`. A member that already settled, or was cancelled before, is
 /// left alone without an error: the Python SDK sends the cancel again on later tasks until it
 /// sees a marker. The member's own leaves get no events: the marker is their outcome.
-pub(in crate::transitions) fn cancel_selection_member(
+pub(super) fn cancel_selection_member(
     run: &mut RunState,
     cx: &mut Cx,
     wt: Option<&TaskId>,

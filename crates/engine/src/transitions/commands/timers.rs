@@ -2,7 +2,15 @@
 
 use super::*;
 
-pub(in crate::transitions) fn schedule_timer(
+/// A user timer: `TimerScheduled`.
+pub(super) fn start_timer(run: &mut RunState, cx: &mut Cx, at: At, delay_seconds: i64, tags: StepTags) {
+    let At { step, task: wt } = at;
+    let timer = schedule_timer(run, cx, step, delay_seconds, TimerPurpose::User, tags);
+    let payload = timer_payload(run, &timer);
+    run.append(cx, EventType::TimerScheduled, payload, wt, None);
+}
+
+pub(super) fn schedule_timer(
     run: &mut RunState,
     cx: &mut Cx,
     step: u32,
@@ -34,7 +42,7 @@ pub(in crate::transitions) fn schedule_timer(
     timer
 }
 
-pub(in crate::transitions) fn timer_payload(run: &RunState, timer: &TimerState) -> Map<String, Value> {
+pub(super) fn timer_payload(run: &RunState, timer: &TimerState) -> Map<String, Value> {
     let condition = match &timer.purpose {
         TimerPurpose::ConditionTimeout(wait_id) => run.condition_waits.iter().find(|w| &w.id == wait_id),
         _ => None,

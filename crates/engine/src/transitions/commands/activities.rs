@@ -1,0 +1,84 @@
+//! `schedule_activity`: a new activity execution and the task of its first attempt.
+
+use super::*;
+
+/// Schedules an activity: its execution, its first task (on the atomic queue for an atomic
+/// declared action) and `ActivityScheduled`.
+pub(super) fn schedule_activity(run: &mut RunState, cx: &mut Cx, at: At, schedule: ScheduleActivity) {
+    let At { step, task: wt } = at;
+    let now = cx.now;
+    let execution_id: ActivityExecutionId = cx.id();
+    let queue = schedule
+        .queue
+        .clone()
+        .filter(|q| !q.is_empty())
+        .unwrap_or_else(|| run.task_queue.clone());
+    let retry_policy_given = schedule.retry_policy.is_some();
+    let retry_policy = schedule.retry_policy.clone().unwrap_or_else(RetryPolicy::server_default);
+    let schedule_to_close_deadline = schedule.timeouts.schedule_to_close_seconds.map(|s| now + s * 1000);
+    let task = run.new_task(
+        cx,
+        TaskKind::Activity,
+        &queue,
+        TaskDetail::Activity {
+            execution_id: execution_id.clone(),
+            activity_type: schedule.activity_type.clone(),
+            attempt_number: 1,
+            attempt_id: None,
+            last_heartbeat_at: None,
+            started_at: None,
+        },
+    );
+    let execution = ActivityExecution {
+        id: execution_id,
+        step,
+        activity_type: schedule.activity_type,
+        queue,
+        arguments: schedule.arguments,
+        retry_policy,
+        retry_policy_given,
+        timeouts: schedule.timeouts,
+        scheduled_at: now,
+        schedule_to_close_deadline,
+        attempt_count: 0,
+        attempt_ids: Vec::new(),
+        task_id: task.clone(),
+        last_heartbeat_details: None,
+        tags: schedule.tags,
+        action: None,
+        ledger_key: None,
+        blocked_by: None,
+    };
+    let mut execution = execution;
+    if let Some(definition) = cx.actions.as_ref().and_then(|actions| actions.get(&execution.activity_type)) {
+        let arguments = cx.memo.and_then(|codec| codec.to_json(&execution.arguments).ok());
+        execution.action = Some(ActionPin::for_arguments(definition, arguments.as_ref()));
+        // An atomic action runs in the server, never on a worker: its task goes to the
+        // internal queue the server's atomic executor polls.
+        if definition.recovery_mode == RecoveryMode::Atomic {
+            execution.queue = ATOMIC_QUEUE.to_string();
+            let task_id = execution.task_id.clone();
+            run.task_mut(cx, &task_id).expect("just created").queue = ATOMIC_QUEUE.to_string();
+        }
+    }
+    set_ready_activity_deadline(run, cx, &task, &execution);
+    let mut payload = activity_identity(&execution);
+    payload.insert("queue".into(), json!(execution.queue));
+    if execution.retry_policy_given {
+        payload.insert("retry_policy".into(), execution.retry_policy.to_json());
+    }
+    let t = &execution.timeouts;
+    for (key, value) in [
+        ("start_to_close_timeout", t.start_to_close_seconds),
+        ("schedule_to_start_timeout", t.schedule_to_start_seconds),
+        ("schedule_to_close_timeout", t.schedule_to_close_seconds),
+        ("heartbeat_timeout", t.heartbeat_seconds),
+    ] {
+        if let Some(value) = value {
+            payload.insert(key.into(), json!(value));
+        }
+    }
+    payload.insert("task_id".into(), json!(task));
+    run.activities.insert(execution.id.clone(), execution);
+    run.append(cx, EventType::ActivityScheduled, payload, wt, None);
+}

@@ -1,0 +1,69 @@
+//! Commands that end the run: complete, fail, continue as new.
+
+use super::*;
+
+/// `WorkflowCompleted` with the workflow's result.
+pub(super) fn complete_workflow(run: &mut RunState, cx: &mut Cx, at: At, result: Payload) {
+    let wt = at.task;
+    let payload = obj!("output" => result.blob, "payload_codec" => result.codec);
+    run.output = Some(result);
+    close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
+    run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
+}
+
+/// `WorkflowFailed`; a child with a retry policy may be retried as its instance's next run.
+pub(super) fn fail_workflow(run: &mut RunState, cx: &mut Cx, at: At, failure: WorkflowFailure) {
+    let wt = at.task;
+    let failure_id: String = cx.ids.next_id();
+    let payload = obj!(
+        "failure_id" => failure_id,
+        "source_kind" => "workflow_run",
+        "source_id" => run.run_id,
+        "failure_category" => "application",
+        "non_retryable" => failure.non_retryable,
+        "exception_type" => failure.exception_type,
+        "exception_class" => failure.exception_class.clone().or_else(|| failure.exception_type.clone()),
+        "message" => failure.message,
+        "exception" => failure.exception,
+    );
+    run.failure = Some(failure);
+    close_run(run, cx, RunStatus::Failed, ClosedReason::Failed);
+    run.append(cx, EventType::WorkflowFailed, payload, wt, None);
+    retry_failed_child(run, cx);
+}
+
+/// Closes this run and builds the next run of the instance, whose chain continues this one.
+pub(super) fn continue_as_new(
+    run: &mut RunState,
+    cx: &mut Cx,
+    at: At,
+    arguments: Payload,
+    workflow_type: Option<String>,
+    queue: Option<String>,
+    tags: StepTags,
+) {
+    let At { step, task: wt } = at;
+    close_run(run, cx, RunStatus::Completed, ClosedReason::Continued);
+    // The successor is built with its own effects; its events belong to its own run.
+    let (successor, successor_effects) = {
+        let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
+        let successor = continued_run(&mut next, run, arguments, workflow_type, queue);
+        (successor, next.effects)
+    };
+    let mut payload = obj!(
+        "sequence" => step,
+        "continued_to_run_id" => successor.run_id,
+        "continued_to_run_number" => successor.run_number,
+        "workflow_link_id" => successor.start_command_id,
+        "closed_reason" => "continued",
+        "workflow_type" => successor.workflow_type,
+        "task_queue" => successor.task_queue,
+    );
+    extend(&mut payload, &tags);
+    run.append(cx, EventType::WorkflowContinuedAsNew, payload, wt, None);
+    // Link the chains: the successor's first event follows this run's last.
+    let mut successor = successor;
+    let mut successor_effects = successor_effects;
+    relink(&mut successor, &mut successor_effects, &run.last_hash);
+    cx.effects.successor = Some(Box::new((successor, successor_effects)));
+}

@@ -1,0 +1,74 @@
+//! Commands that only record a fact in history: side effects, version markers, search
+//! attribute and memo upserts.
+
+use super::*;
+use std::ops::RangeInclusive;
+
+/// `SideEffectRecorded`.
+pub(super) fn record_side_effect(run: &mut RunState, cx: &mut Cx, at: At, result: Payload, tags: StepTags) {
+    let At { step, task: wt } = at;
+    let mut payload = obj!("sequence" => step, "result" => result.blob, "payload_codec" => result.codec);
+    extend(&mut payload, &tags);
+    run.append(cx, EventType::SideEffectRecorded, payload, wt, None);
+}
+
+/// `VersionMarkerRecorded` (validation already checked that `supported` holds `version`).
+pub(super) fn record_version_marker(
+    run: &mut RunState,
+    cx: &mut Cx,
+    at: At,
+    change_id: String,
+    version: i64,
+    supported: RangeInclusive<i64>,
+    tags: StepTags,
+) {
+    let At { step, task: wt } = at;
+    let (min_supported, max_supported) = supported.into_inner();
+    let mut payload = obj!(
+        "sequence" => step,
+        "change_id" => change_id,
+        "version" => version,
+        "min_supported" => min_supported,
+        "max_supported" => max_supported,
+    );
+    extend(&mut payload, &tags);
+    run.append(cx, EventType::VersionMarkerRecorded, payload, wt, None);
+}
+
+/// Merges the attributes into the run's (null removes one): `SearchAttributesUpserted`.
+pub(super) fn upsert_search_attributes(run: &mut RunState, cx: &mut Cx, at: At, attributes: Map<String, Value>, tags: StepTags) {
+    let At { step, task: wt } = at;
+    for (key, value) in &attributes {
+        if value.is_null() {
+            run.search_attributes.remove(key);
+        } else {
+            run.search_attributes.insert(key.clone(), value.clone());
+        }
+    }
+    let mut payload = obj!("sequence" => step, "attributes" => attributes, "merged" => run.search_attributes);
+    extend(&mut payload, &tags);
+    run.append(cx, EventType::SearchAttributesUpserted, payload, wt, None);
+}
+
+/// Merges memo entries through the server's codec: `MemoUpserted`.
+pub(super) fn upsert_memo(run: &mut RunState, cx: &mut Cx, at: At, entries: Payload, tags: StepTags) -> Result<(), Refusal> {
+    let At { step, task: wt } = at;
+    let codec = cx.memo.ok_or_else(|| invalid("This server cannot merge memos."))?;
+    let base = match &run.memo_merged {
+        Some(merged) => crate::memo::MemoBase::Merged(merged),
+        None => crate::memo::MemoBase::Start(&run.memo),
+    };
+    let merged = codec
+        .merge(base, &entries)
+        .map_err(|reason| invalid(format!("upsert_memo: {reason}")))?;
+    let mut payload = obj!(
+        "sequence" => step,
+        "entries" => payload_json(&entries),
+        "merged" => payload_json(&merged.merged),
+    );
+    extend(&mut payload, &tags);
+    run.memo = merged.projection;
+    run.memo_merged = Some(merged.merged);
+    run.append(cx, EventType::MemoUpserted, payload, wt, None);
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! Condition and signal waits the workflow opens, each with an optional timeout timer.
+
+use super::*;
+
+/// `ConditionWaitOpened`, and its timeout timer when it has one.
+pub(super) fn open_condition_wait(
+    run: &mut RunState,
+    cx: &mut Cx,
+    at: At,
+    condition_key: Option<String>,
+    fingerprint: Option<String>,
+    timeout_seconds: Option<i64>,
+    tags: StepTags,
+) {
+    let At { step, task: wt } = at;
+    let wait_id: WaitId = cx.id();
+    let mut payload = obj!(
+        "condition_wait_id" => wait_id,
+        "condition_key" => condition_key,
+        "condition_definition_fingerprint" => fingerprint,
+        "sequence" => step,
+        "timeout_seconds" => timeout_seconds,
+    );
+    extend(&mut payload, &tags);
+    run.append(cx, EventType::ConditionWaitOpened, payload, wt, None);
+    let mut wait = ConditionWait {
+        id: wait_id.clone(),
+        step,
+        condition_key,
+        fingerprint,
+        timeout_seconds,
+        timer_id: None,
+    };
+    if let Some(timeout) = timeout_seconds.filter(|t| *t > 0) {
+        let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::ConditionTimeout(wait_id), tags);
+        wait.timer_id = Some(timer.id.clone());
+        run.condition_waits.push(wait);
+        let payload = timer_payload(run, &timer);
+        run.append(cx, EventType::TimerScheduled, payload, wt, None);
+    } else {
+        run.condition_waits.push(wait);
+    }
+}
+
+/// `SignalWaitOpened`, and its timeout timer when it has one (a zero timeout fires at once).
+pub(super) fn open_signal_wait(run: &mut RunState, cx: &mut Cx, at: At, signal_name: String, timeout_seconds: Option<i64>, tags: StepTags) {
+    let At { step, task: wt } = at;
+    let now = cx.now;
+    let wait_id: WaitId = cx.id();
+    let mut payload = obj!(
+        "signal_name" => signal_name,
+        "signal_wait_id" => wait_id,
+        "sequence" => step,
+        "timeout_seconds" => timeout_seconds,
+    );
+    extend(&mut payload, &tags);
+    run.append(cx, EventType::SignalWaitOpened, payload, wt, None);
+    let mut wait = SignalWait {
+        id: wait_id.clone(),
+        step,
+        signal_name,
+        timeout_seconds,
+        timer_id: None,
+    };
+    match timeout_seconds {
+        Some(0) => {
+            // A zero timeout resolves at once: the wait times out in this very completion.
+            let timer = TimerState {
+                id: cx.id(),
+                step,
+                delay_seconds: 0,
+                fire_at: now,
+                task_id: TaskId(String::new()),
+                purpose: TimerPurpose::SignalTimeout(wait_id),
+                tags,
+            };
+            let mut payload = timer_payload_for(&timer, Some(&wait.signal_name));
+            payload.insert("fired_at".into(), json!(iso8601(now)));
+            run.append(cx, EventType::TimerFired, payload, wt, None);
+            run.workflow_task_wanted = true;
+        }
+        Some(timeout) if timeout > 0 => {
+            let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::SignalTimeout(wait_id), tags);
+            wait.timer_id = Some(timer.id.clone());
+            let payload = timer_payload_for(&timer, Some(&wait.signal_name));
+            run.signal_waits.push(wait);
+            run.append(cx, EventType::TimerScheduled, payload, wt, None);
+        }
+        _ => run.signal_waits.push(wait),
+    }
+}
