@@ -655,3 +655,55 @@ fn a_declared_action_with_an_unknown_outcome_ends_at_its_known_heads() {
         )
     );
 }
+
+/// Computed by the code before the timer and update payloads got their builders (the timeout
+/// paths and `fail_update` are not in the scenarios above).
+#[test]
+fn wait_timeouts_and_a_failed_update_end_at_their_known_head() {
+    let mut world = World::new();
+    let mut chain = world.start(start("wf-waits"));
+    // Tags named like the events' own fields: the events' fields win.
+    let clashing = tags(json!({"fired_at": "tag", "condition_key": "tag", "signal_name": "tag", "timer_kind": "tag", "note": "kept"}));
+    world.complete_workflow(
+        &mut chain,
+        vec![
+            WorkflowCommand::OpenSignalWait {
+                signal_name: "now".into(),
+                timeout_seconds: Some(0),
+                tags: clashing.clone(),
+            },
+            WorkflowCommand::OpenSignalWait {
+                signal_name: "later".into(),
+                timeout_seconds: Some(5),
+                tags: clashing.clone(),
+            },
+            WorkflowCommand::OpenConditionWait {
+                condition_key: Some("ready".into()),
+                fingerprint: None,
+                timeout_seconds: Some(7),
+                tags: clashing,
+            },
+        ],
+    );
+    world.advance(&mut chain, 7_000);
+    let ((update_id, _), _) = world.apply(&mut chain, |run, cx| {
+        accept_update(run, cx, "bump", Payload::avro("MQ=="), "cmd-bump".into())
+    });
+    world.complete_workflow(
+        &mut chain,
+        vec![WorkflowCommand::FailUpdate {
+            update_id,
+            failure: WorkflowFailure {
+                message: "cannot bump".into(),
+                exception_type: Some("Refused".into()),
+                exception_class: None,
+                exception: Some(json!({"depth": 1})),
+                non_retryable: true,
+            },
+        }],
+    );
+    assert_eq!(
+        chain.head(),
+        ("84921a7f4e3c44c041e07bc5d90fa3881b5d69aac0a7bcd86371ef624921ff77", 12)
+    );
+}

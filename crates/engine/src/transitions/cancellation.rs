@@ -236,8 +236,7 @@ fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
         run.timers.remove(&timer.id);
         run.close_task(cx, &timer.task_id, TaskClosure::Cancelled);
         if timer.purpose == TimerPurpose::User {
-            let payload =
-                obj!("timer_id" => timer.id, "sequence" => step, "delay_seconds" => timer.delay_seconds, "cancelled_at" => iso8601(cx.now));
+            let payload = events::timer_cancelled(&timer, cx.now);
             run.append(cx, EventType::TimerCancelled, payload, None, None);
         }
     }

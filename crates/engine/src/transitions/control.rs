@@ -73,15 +73,7 @@ pub fn signal(
     require_open(run)?;
     let signal_id: SignalId = cx.id();
     run.command_count += 1;
-    let payload = obj!(
-        "workflow_command_id" => command_id,
-        "signal_id" => signal_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "signal_name" => signal_name,
-        "arguments" => payload_json(&arguments),
-        "payload_codec" => arguments.codec,
-    );
+    let payload = events::signal_received(run, &command_id, &signal_id, signal_name, &arguments);
     if run.workflow_task_leased() {
         run.deferred_signals.push(DeferredSignal {
             payload,
@@ -115,15 +107,12 @@ pub fn accept_update(
     require_open(run)?;
     let update_id: String = cx.ids.next_id();
     run.command_count += 1;
-    let payload = obj!(
-        "workflow_command_id" => command_id,
-        "update_id" => update_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "update_name" => update_name,
-        "arguments" => payload_json(&arguments),
-        "payload_codec" => arguments.codec,
-    );
+    let update = UpdateRef {
+        command_id: &command_id,
+        update_id: &update_id,
+        update_name,
+    };
+    let payload = events::update_accepted(run, &update, &arguments);
     run.append(cx, EventType::UpdateAccepted, payload, None, Some(&command_id));
     run.updates.insert(
         update_id.clone(),
@@ -176,19 +165,12 @@ pub fn reject_update(
     require_open(run)?;
     let update_id: String = cx.ids.next_id();
     run.command_count += 1;
-    let payload = obj!(
-        "workflow_command_id" => command_id,
-        "update_id" => update_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "update_name" => update_name,
-        "arguments" => payload_json(&arguments),
-        "payload_codec" => arguments.codec,
-        "rejection_reason" => "update_validator_rejected",
-        "message" => rejection.message,
-        "failure_type" => rejection.failure_type,
-        "validation_errors" => rejection.validation_errors,
-    );
+    let update = UpdateRef {
+        command_id: &command_id,
+        update_id: &update_id,
+        update_name,
+    };
+    let payload = events::update_rejected(run, &update, &arguments, &rejection);
     run.append(cx, EventType::UpdateRejected, payload, None, Some(&command_id));
     run.updates.insert(
         update_id.clone(),

@@ -109,15 +109,18 @@ fn fire_timer(run: &mut RunState, cx: &mut Cx, timer_id: &TimerId) {
         }
         _ => None,
     };
-    let mut payload = timer_payload_for(&timer, signal_name.as_deref());
-    if let TimerPurpose::ConditionTimeout(wait_id) = &timer.purpose {
-        if let Some(index) = run.condition_waits.iter().position(|w| &w.id == wait_id) {
-            let wait = run.condition_waits.remove(index);
-            payload.insert("condition_key".into(), json!(wait.condition_key));
-            payload.insert("condition_definition_fingerprint".into(), json!(wait.fingerprint));
+    let condition = match &timer.purpose {
+        TimerPurpose::ConditionTimeout(wait_id) => {
+            let index = run.condition_waits.iter().position(|w| &w.id == wait_id);
+            index.map(|i| run.condition_waits.remove(i))
         }
-    }
-    payload.insert("fired_at".into(), json!(iso8601(cx.now)));
+        _ => None,
+    };
+    let wait = TimerWait {
+        signal_name: signal_name.as_deref(),
+        condition: condition.as_ref(),
+    };
+    let payload = events::timer_fired(&timer, wait, cx.now);
     run.append(cx, EventType::TimerFired, payload, None, None);
     run.want_workflow_task(cx, None);
 }

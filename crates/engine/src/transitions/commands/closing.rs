@@ -15,17 +15,7 @@ pub(super) fn complete_workflow(run: &mut RunState, cx: &mut Cx, at: At, result:
 pub(super) fn fail_workflow(run: &mut RunState, cx: &mut Cx, at: At, failure: WorkflowFailure) {
     let wt = at.task;
     let failure_id: String = cx.ids.next_id();
-    let payload = obj!(
-        "failure_id" => failure_id,
-        "source_kind" => "workflow_run",
-        "source_id" => run.run_id,
-        "failure_category" => "application",
-        "non_retryable" => failure.non_retryable,
-        "exception_type" => failure.exception_type,
-        "exception_class" => failure.exception_class.clone().or_else(|| failure.exception_type.clone()),
-        "message" => failure.message,
-        "exception" => failure.exception,
-    );
+    let payload = events::workflow_failed(run, &failure_id, &failure);
     run.failure = Some(failure);
     close_run(run, cx, RunStatus::Failed, ClosedReason::Failed);
     run.append(cx, EventType::WorkflowFailed, payload, wt, None);

@@ -19,7 +19,7 @@ use closing::*;
 use local_activity::*;
 use records::*;
 use selection::*;
-pub(in crate::transitions) use timers::*;
+use timers::*;
 use updates::*;
 pub(in crate::transitions) use validate::*;
 use waits::*;

@@ -15,22 +15,17 @@ pub(super) fn complete_update(run: &mut RunState, cx: &mut Cx, at: At, update_id
     let wt = at.task;
     let record = accepted_update(run, &update_id)?;
     let wait_step = run.condition_waits.last().map(|w| w.step);
-    let mut identity = obj!(
-        "workflow_command_id" => record.command_id,
-        "update_id" => update_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "update_name" => record.update_name,
+    let update = UpdateRef::of(&record, &update_id);
+    let applied = events::update_applied(run, &update, wait_step, &record.arguments);
+    let completed = events::update_completed(
+        run,
+        &update,
+        UpdateEnd::Completed {
+            result: &result,
+            wait_step,
+        },
     );
-    if let Some(step) = wait_step {
-        identity.insert("sequence".into(), json!(step));
-    }
-    let mut applied = identity.clone();
-    applied.insert("arguments".into(), payload_json(&record.arguments));
     run.append(cx, EventType::UpdateApplied, applied, wt, Some(&record.command_id));
-    let mut completed = identity;
-    completed.insert("result".into(), json!(result.blob));
-    completed.insert("payload_codec".into(), json!(result.codec));
     run.append(cx, EventType::UpdateCompleted, completed, wt, Some(&record.command_id));
     let stored = run.updates.get_mut(&update_id).expect("checked");
     stored.status = UpdateStatus::Completed;
@@ -45,19 +40,7 @@ pub(super) fn complete_update(run: &mut RunState, cx: &mut Cx, at: At, update_id
 pub(super) fn fail_update(run: &mut RunState, cx: &mut Cx, at: At, update_id: String, failure: WorkflowFailure) -> Result<(), Refusal> {
     let wt = at.task;
     let record = accepted_update(run, &update_id)?;
-    let payload = obj!(
-        "workflow_command_id" => record.command_id,
-        "update_id" => update_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "update_name" => record.update_name,
-        "failure_category" => "application",
-        "non_retryable" => failure.non_retryable,
-        "exception_type" => failure.exception_type,
-        "exception_class" => failure.exception_class.clone().or_else(|| failure.exception_type.clone()),
-        "message" => failure.message,
-        "exception" => failure.exception,
-    );
+    let payload = events::update_completed(run, &UpdateRef::of(&record, &update_id), UpdateEnd::Failed(&failure));
     run.append(cx, EventType::UpdateCompleted, payload, wt, Some(&record.command_id));
     let stored = run.updates.get_mut(&update_id).expect("checked");
     stored.status = UpdateStatus::Failed;

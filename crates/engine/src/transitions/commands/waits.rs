@@ -34,8 +34,14 @@ pub(super) fn open_condition_wait(
     if let Some(timeout) = timeout_seconds.filter(|t| *t > 0) {
         let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::ConditionTimeout(wait_id), tags);
         wait.timer_id = Some(timer.id.clone());
+        let payload = events::timer_scheduled(
+            &timer,
+            TimerWait {
+                condition: Some(&wait),
+                ..Default::default()
+            },
+        );
         run.condition_waits.push(wait);
-        let payload = timer_payload(run, &timer);
         run.append(cx, EventType::TimerScheduled, payload, wt, None);
     } else {
         run.condition_waits.push(wait);
@@ -74,18 +80,24 @@ pub(super) fn open_signal_wait(run: &mut RunState, cx: &mut Cx, at: At, signal_n
                 purpose: TimerPurpose::SignalTimeout(wait_id),
                 tags,
             };
-            let mut payload = timer_payload_for(&timer, Some(&wait.signal_name));
-            payload.insert("fired_at".into(), json!(iso8601(now)));
+            let payload = events::timer_fired(&timer, for_signal(&wait), now);
             run.append(cx, EventType::TimerFired, payload, wt, None);
             run.workflow_task_wanted = true;
         }
         Some(timeout) if timeout > 0 => {
             let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::SignalTimeout(wait_id), tags);
             wait.timer_id = Some(timer.id.clone());
-            let payload = timer_payload_for(&timer, Some(&wait.signal_name));
+            let payload = events::timer_scheduled(&timer, for_signal(&wait));
             run.signal_waits.push(wait);
             run.append(cx, EventType::TimerScheduled, payload, wt, None);
         }
         _ => run.signal_waits.push(wait),
+    }
+}
+
+fn for_signal(wait: &SignalWait) -> TimerWait<'_> {
+    TimerWait {
+        signal_name: Some(&wait.signal_name),
+        ..Default::default()
     }
 }
