@@ -218,9 +218,29 @@ pub struct Receipt {
     pub retained: bool,
 }
 
+/// The version of the [`RunState`] document this build writes. Raise it when a change to the
+/// document would be misread by an older build, so that build refuses the run instead.
+pub const RUN_DOCUMENT_VERSION: u32 = 1;
+
+/// Refuses a run document this build cannot read: one written by a newer build (or carrying a
+/// version no build writes). The store calls it on every document it loads.
+pub fn check_document_version(run: &RunState) -> Result<(), String> {
+    match run.document_version {
+        0 => Err("run document version 0 is not a version any build writes".into()),
+        version if version > RUN_DOCUMENT_VERSION => Err(format!(
+            "run document version {version} is newer than this build reads ({RUN_DOCUMENT_VERSION})"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Everything about one run that transitions read and write. The store persists it whole.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
+    /// [`RUN_DOCUMENT_VERSION`] when the document was written; documents from before the field
+    /// existed read as version 1.
+    #[serde(default = "first_document_version")]
+    pub document_version: u32,
     pub namespace: String,
     pub workflow_id: WorkflowId,
     pub run_id: RunId,
@@ -355,6 +375,10 @@ pub struct CancellationDelivery {
     pub operation_sequence_span: u32,
     #[serde(default)]
     pub delivered_at: Millis,
+}
+
+fn first_document_version() -> u32 {
+    1
 }
 
 fn genesis() -> String {
@@ -708,5 +732,63 @@ impl RunState {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transitions::{start_run, StartRun};
+    use crate::SequentialIds;
+
+    fn new_run() -> RunState {
+        let limits = Limits::default();
+        let mut ids = SequentialIds::new("id");
+        let mut cx = Cx::new(1_000, &mut ids, &limits);
+        let start = StartRun {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            run_id: "run".into(),
+            workflow_type: "t".into(),
+            task_queue: "q".into(),
+            input: Payload::avro("in"),
+            execution_timeout_seconds: None,
+            run_timeout_seconds: None,
+            business_key: None,
+            memo: Map::new(),
+            search_attributes: Map::new(),
+            command_id: "start".into(),
+            contract: None,
+            compatibility: None,
+        };
+        start_run(&mut cx, start)
+    }
+
+    #[test]
+    fn a_new_run_carries_the_current_document_version() {
+        let run = new_run();
+        assert_eq!(run.document_version, RUN_DOCUMENT_VERSION);
+        let document = serde_json::to_value(&run).unwrap();
+        assert_eq!(document["document_version"], RUN_DOCUMENT_VERSION);
+        assert_eq!(check_document_version(&run), Ok(()));
+    }
+
+    #[test]
+    fn a_document_from_before_the_version_field_reads_as_version_1() {
+        let mut document = serde_json::to_value(new_run()).unwrap();
+        document.as_object_mut().unwrap().remove("document_version");
+        let run: RunState = serde_json::from_value(document).unwrap();
+        assert_eq!(run.document_version, 1);
+        assert_eq!(check_document_version(&run), Ok(()));
+    }
+
+    #[test]
+    fn a_document_newer_than_this_build_or_of_version_0_is_refused() {
+        let mut run = new_run();
+        run.document_version = RUN_DOCUMENT_VERSION + 1;
+        let refusal = check_document_version(&run).unwrap_err();
+        assert!(refusal.contains("newer than this build"), "{refusal}");
+        run.document_version = 0;
+        assert!(check_document_version(&run).is_err());
     }
 }

@@ -505,6 +505,10 @@ fn a_run_with_signals_updates_a_retried_child_and_a_terminate_ends_at_its_known_
     assert_eq!(effects.close_children.len(), 1);
 
     assert_eq!(retried.run.chain_origin, child.run.last_hash);
+    // Every new run, however it began, is written at the current document version.
+    for run in [&chain.run, &child.run, &retried.run] {
+        assert_eq!(run.document_version, RUN_DOCUMENT_VERSION);
+    }
     assert_eq!(
         (chain.head(), child.head(), retried.head()),
         (
@@ -563,6 +567,7 @@ fn a_continued_run_cancelled_cooperatively_ends_at_its_known_head() {
     });
 
     assert_eq!(next.run.chain_origin, chain.run.last_hash);
+    assert_eq!(next.run.document_version, RUN_DOCUMENT_VERSION);
     assert_eq!(
         (chain.head(), next.head()),
         (

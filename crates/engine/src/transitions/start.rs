@@ -40,6 +40,7 @@ pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
 pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_deadline_at: Option<Millis>) -> RunState {
     let now = cx.now;
     RunState {
+        document_version: RUN_DOCUMENT_VERSION,
         namespace: start.namespace,
         workflow_id: start.workflow_id,
         run_id: start.run_id,
