@@ -24,8 +24,12 @@ fi
 CAPSTAN_TEST_POSTGRES_URL=$(./scripts/postgres.sh)
 export CAPSTAN_TEST_POSTGRES_URL
 
+# House habits first: formatting (no build needed).
+cargo fmt --all --check
 # One build of everything (binaries and test targets), then the tests in one pass.
 cargo build --workspace --all-targets
+# Lints on the same code (check-mode metadata; shares the dependency builds).
+cargo clippy --workspace --all-targets -- -D warnings
 # The Rust SDK's shipped conformance runners, from the same lockfile and target dir.
 cargo build -p durable-workflow --bins
 export CAPSTAN_BIN="$PWD/target/debug/capstan"

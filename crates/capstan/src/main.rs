@@ -445,9 +445,13 @@ mod tests {
 
     #[test]
     fn the_database_value_selects_only_what_it_names() {
-        assert!(matches!(database_at(&None, std::path::Path::new("d")), Ok(Database::Sqlite(p)) if p == PathBuf::from("d/capstan.db")));
-        assert!(matches!(named("sqlite:///var/lib/capstan.db"), Ok(Database::Sqlite(p)) if p == PathBuf::from("/var/lib/capstan.db")));
-        assert!(matches!(named("./here.db"), Ok(Database::Sqlite(p)) if p == PathBuf::from("./here.db")));
+        assert!(
+            matches!(database_at(&None, std::path::Path::new("d")), Ok(Database::Sqlite(p)) if p == std::path::Path::new("d/capstan.db"))
+        );
+        assert!(
+            matches!(named("sqlite:///var/lib/capstan.db"), Ok(Database::Sqlite(p)) if p == std::path::Path::new("/var/lib/capstan.db"))
+        );
+        assert!(matches!(named("./here.db"), Ok(Database::Sqlite(p)) if p == std::path::Path::new("./here.db")));
         assert!(matches!(named("postgres://u@h/db"), Ok(Database::Postgres(_))));
         assert!(matches!(named("postgresql://u@h/db"), Ok(Database::Postgres(_))));
         for refused in [

@@ -65,6 +65,14 @@ pub enum Reason {
     ScheduleNotFound,
     ScheduleAlreadyExists,
     SearchAttributeAlreadyExists,
+    /// The database failed and the change was not applied: the one retryable storage answer.
+    StorageUnavailable,
+    /// A uniqueness constraint refused a write no rule turned into a refusal of its own.
+    StorageConflict,
+    /// A stored record (not a run document) does not parse: retrying cannot help.
+    StoredRecordCorrupt,
+    /// A run document does not parse, or was written by a newer build.
+    RunDocumentCorrupt,
 }
 
 impl Reason {
@@ -125,6 +133,10 @@ impl Reason {
             Reason::ScheduleNotFound => "schedule_not_found",
             Reason::ScheduleAlreadyExists => "schedule_already_exists",
             Reason::SearchAttributeAlreadyExists => "search_attribute_already_exists",
+            Reason::StorageUnavailable => "storage_unavailable",
+            Reason::StorageConflict => "storage_conflict",
+            Reason::StoredRecordCorrupt => "stored_record_corrupt",
+            Reason::RunDocumentCorrupt => "run_document_corrupt",
             Reason::NamespaceNotEmpty => "namespace_not_empty",
         }
     }

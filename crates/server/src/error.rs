@@ -66,6 +66,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
         Reason::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Reason::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::StoredRecordCorrupt | Reason::RunDocumentCorrupt => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }
 }
@@ -83,28 +85,51 @@ impl From<Refusal> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
+        let refused = |reason: Reason, message: String| ApiError::from(Refusal::new(reason, message));
         match error {
             StoreError::Refused(refusal) => refusal.into(),
+            // The one retryable storage answer: the change was not applied.
             StoreError::Storage(message) => {
                 tracing::error!(%message, "storage failure");
-                // The change was not applied; the client may retry.
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "storage_unavailable",
-                    "The database could not complete the request; retry.",
+                refused(
+                    Reason::StorageUnavailable,
+                    "The database could not complete the request; retry.".into(),
                 )
                 .with("retryable", true)
             }
-            // A uniqueness rule the store did not turn into a refusal of its own: not retryable.
+            // A uniqueness rule the store did not turn into a refusal of its own.
             StoreError::Conflict { constraint, message } => {
                 tracing::warn!(%constraint, %message, "write refused by a uniqueness constraint");
-                ApiError::new(StatusCode::CONFLICT, "conflict", "The change conflicts with a stored record.").with("constraint", constraint)
+                refused(Reason::StorageConflict, "The change conflicts with a stored record.".into())
+                    .with("constraint", constraint)
+                    .with("retryable", false)
+            }
+            // Stored bytes that do not parse: a retry reads the same bytes.
+            StoreError::Corrupt { record, detail } => {
+                tracing::error!(%record, %detail, "corrupt stored record");
+                refused(
+                    Reason::StoredRecordCorrupt,
+                    format!("A stored {record} cannot be read; an operator must repair it."),
+                )
+                .with("record", record)
+                .with("retryable", false)
+            }
+            // The stores turn an unreadable run into an incident and a refusal; one that reaches
+            // here (a read) names the run.
+            StoreError::CorruptRun(breach) => {
+                tracing::error!(run_id = %breach.run_id, detail = %breach.detail, "unreadable run document");
+                refused(
+                    Reason::RunDocumentCorrupt,
+                    format!("The run's stored document cannot be read: {}", breach.detail),
+                )
+                .with("workflow_id", breach.workflow_id.as_str())
+                .with("run_id", breach.run_id.as_str())
+                .with("retryable", false)
             }
             // The stores turn a breach into an incident and a refusal; one that reaches here
             // (a path without that guard) is still a refusal, never a 5xx.
-            StoreError::Integrity(breach) => ApiError::new(
-                StatusCode::CONFLICT,
-                "integrity_incident_open",
+            StoreError::Integrity(breach) => refused(
+                Reason::IntegrityIncidentOpen,
                 format!("A ledger chain failed verification: {}", breach.detail),
             )
             .with("workflow_id", breach.workflow_id.as_str()),

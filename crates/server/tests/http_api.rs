@@ -4462,3 +4462,38 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
         .count();
     assert_eq!(completed, 1);
 }
+
+/// A run document that does not parse is never `503 retry`: changes and reads answer 409
+/// `integrity_incident_open` naming the run and its incident (one per run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_run_document_answers_an_incident_not_a_retry() {
+    let h = Harness::start().await;
+    let started = h.start_workflow("garbled", "q").await;
+    let run_id = started["run_id"].as_str().unwrap().to_string();
+    let conn = rusqlite::Connection::open(h.database_path()).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    conn.execute("UPDATE runs SET state = '{\"truncated\": ' WHERE run_id = ?1", [&run_id])
+        .unwrap();
+    let signal = json!({"input": env(EMPTY_ARGS)});
+    let first = h
+        .cpost("/api/workflows/garbled/signal/go", signal.clone())
+        .await
+        .err(409, "integrity_incident_open");
+    assert_eq!(first["run_id"], json!(run_id), "{first}");
+    let again = h
+        .cpost("/api/workflows/garbled/signal/go", signal)
+        .await
+        .err(409, "integrity_incident_open");
+    assert_eq!(again["incident_id"], first["incident_id"], "one incident per run");
+    let read = h
+        .cget(&format!("/api/workflows/garbled/runs/{run_id}"))
+        .await
+        .err(409, "integrity_incident_open");
+    assert_eq!(read["incident_id"], first["incident_id"], "{read}");
+    let incidents = h.cget("/api/integrity-incidents?state=open").await.ok(200);
+    assert_eq!(
+        incidents.to_string().matches(first["incident_id"].as_str().unwrap()).count(),
+        1,
+        "{incidents}"
+    );
+}

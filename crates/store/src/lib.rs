@@ -38,6 +38,14 @@ pub enum StoreError {
     /// A uniqueness constraint refused the change (`constraint` names it); nothing was written.
     #[error("conflict on {constraint}: {message}")]
     Conflict { constraint: String, message: String },
+    /// A stored record does not parse (`record` says which kind): nothing was written, and a
+    /// retry would find the same bytes.
+    #[error("corrupt {record}: {detail}")]
+    Corrupt { record: String, detail: String },
+    /// A run document does not parse or comes from a newer build. Nothing was written; the
+    /// store opens an integrity incident naming the run and blocks its tasks.
+    #[error("unreadable run document: {0:?}")]
+    CorruptRun(IntegrityBreach),
     /// A ledger chain the change extends failed verification; nothing was written (the store
     /// then opens an integrity incident and blocks the run).
     #[error("integrity breach: {0:?}")]
@@ -120,7 +128,10 @@ impl From<rusqlite::Error> for StoreError {
 
 impl From<serde_json::Error> for StoreError {
     fn from(error: serde_json::Error) -> Self {
-        StoreError::Storage(format!("corrupt stored document: {error}"))
+        StoreError::Corrupt {
+            record: "stored document".into(),
+            detail: error.to_string(),
+        }
     }
 }
 

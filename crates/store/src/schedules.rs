@@ -20,12 +20,10 @@ pub const FIRE_BATCH: usize = 100;
 /// Most occurrences one backfill request may name.
 pub const BACKFILL_MAX: usize = 1000;
 
-fn previous_open<'a, T: Tx>(tx: &'a mut T, schedule: &'a Schedule) -> impl std::future::Future<Output = StoreResult<bool>> + Send + 'a {
-    async move {
-        match &schedule.latest_workflow_id {
-            Some(id) => Ok(current_run(tx, &schedule.namespace, id).await?.is_some_and(|run| !run.is_closed())),
-            None => Ok(false),
-        }
+async fn previous_open<T: Tx>(tx: &mut T, schedule: &Schedule) -> StoreResult<bool> {
+    match &schedule.latest_workflow_id {
+        Some(id) => Ok(current_run(tx, &schedule.namespace, id).await?.is_some_and(|run| !run.is_closed())),
+        None => Ok(false),
     }
 }
 

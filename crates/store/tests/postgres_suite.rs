@@ -198,3 +198,19 @@ async fn both_backends_migrate_to_the_same_tables_columns_and_indexes() {
         "the shape was read: {sqlite:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run() {
+    let (store, guard) = fresh().await;
+    let schema = guard.schema.clone();
+    let tamper: capstan_store::suite::Tamper = Box::new(move |run_id, document| {
+        let schema = schema.clone();
+        Box::pin(async move {
+            let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            let sql = format!("UPDATE {schema}.runs SET state = $1 WHERE run_id = $2");
+            client.execute(&sql, &[&document, &run_id]).await.unwrap();
+        })
+    });
+    capstan_store::suite::an_unreadable_run_document_opens_one_incident_and_blocks_the_run(store, tamper).await;
+}

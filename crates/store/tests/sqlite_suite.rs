@@ -74,3 +74,19 @@ async fn a_panicking_transition_is_undone_and_the_writer_keeps_going() {
         .await
         .expect("later writes still work");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run() {
+    let (store, dir) = fresh().await;
+    let path = dir.path().join("capstan.db");
+    let tamper: capstan_store::suite::Tamper = Box::new(move |run_id, document| {
+        let path = path.clone();
+        Box::pin(async move {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+            conn.execute("UPDATE runs SET state = ?1 WHERE run_id = ?2", [&document, &run_id])
+                .unwrap();
+        })
+    });
+    capstan_store::suite::an_unreadable_run_document_opens_one_incident_and_blocks_the_run(store, tamper).await;
+}

@@ -10,7 +10,7 @@ use crate::*;
 /// What became of a candidate.
 pub(crate) enum Claimed {
     /// Leased to the poller (its poll request remembered).
-    Leased(Task, RunState),
+    Leased(Box<(Task, RunState)>),
     /// Refused before dispatch (its action definition changed): the failure is recorded; try
     /// the next candidate.
     Refused,
@@ -80,7 +80,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
             if let Some(key) = poller.poll {
                 remember_poll(tx, key, &task, now).await?;
             }
-            Ok(Claimed::Leased(task, run))
+            Ok(Claimed::Leased(Box::new((task, run))))
         }
         Err(refusal) => {
             tracing::debug!(task_id = %task_id, run_id = %run.run_id, %refusal, "ready task row could not be leased");

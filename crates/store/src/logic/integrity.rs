@@ -115,3 +115,50 @@ pub(crate) async fn close_incident<T: Tx>(
     }
     Ok(incident)
 }
+
+const OPEN_INCIDENT_OF_RUN: &str = "SELECT incident_id FROM integrity_incidents WHERE run_id = $1 AND state = 'open'";
+const BLOCK_READY_TASKS: &str = "UPDATE tasks SET status = 'blocked' WHERE run_id = $1 AND status = 'ready'";
+
+/// A run whose document cannot be read: open an incident naming it (once) and take its ready
+/// tasks off the queues, since no transition can run on it; the refusal the request answers.
+/// The engine cannot mark the document itself, so the block lives in the task rows.
+pub(crate) async fn record_unreadable_run<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis) -> StoreResult<Refusal> {
+    let refusal = |incident_id: String| {
+        Refusal::new(
+            Reason::IntegrityIncidentOpen,
+            "The run's stored document cannot be read; an integrity incident is open and the run is blocked.",
+        )
+        .with("incident_id", incident_id)
+        .with("workflow_id", breach.workflow_id.as_str())
+        .with("run_id", breach.run_id.as_str())
+        .with("detail", breach.detail.clone())
+    };
+    if let Some(open) = tx.query_opt(OPEN_INCIDENT_OF_RUN, &args![breach.run_id.as_str()]).await? {
+        return Ok(refusal(open.text(0)?));
+    }
+    tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "unreadable run document: integrity incident opened");
+    let incident = IntegrityIncident {
+        incident_id: crate::new_ulid().to_string(),
+        namespace: breach.namespace.clone(),
+        workflow_id: breach.workflow_id.clone(),
+        run_id: breach.run_id.clone(),
+        state: "open".into(),
+        detail: breach.detail.clone(),
+        opened_at,
+        closed_at: None,
+        note: None,
+    };
+    let doc = serde_json::to_string(&incident)?;
+    let args = args![
+        &incident.incident_id,
+        &incident.namespace,
+        incident.workflow_id.as_str(),
+        incident.run_id.as_str(),
+        &incident.state,
+        incident.opened_at,
+        doc.as_str(),
+    ];
+    tx.execute(INSERT_INCIDENT, &args).await?;
+    tx.execute(BLOCK_READY_TASKS, &args![breach.run_id.as_str()]).await?;
+    Ok(refusal(incident.incident_id))
+}

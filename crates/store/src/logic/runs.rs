@@ -6,18 +6,25 @@ use crate::rows::*;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
 
-const LOCK_RUN: Locking = locking!("SELECT state FROM runs WHERE run_id = $1", "FOR UPDATE");
-const LOCK_RUN_OR_SKIP: Locking = locking!("SELECT state FROM runs WHERE run_id = $1", "FOR UPDATE SKIP LOCKED");
+// Each run read returns the document and the identity an unreadable document is reported under.
+const LOCK_RUN: Locking = locking!(
+    "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1",
+    "FOR UPDATE"
+);
+const LOCK_RUN_OR_SKIP: Locking = locking!(
+    "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1",
+    "FOR UPDATE SKIP LOCKED"
+);
 const LOCK_RUN_OF_TASK: Locking = locking!(
-    "SELECT r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+    "SELECT r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
     "FOR UPDATE OF r"
 );
 const LOCK_NAMED_RUN: Locking = locking!(
-    "SELECT state FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
+    "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
     "FOR UPDATE"
 );
 const LOCK_CURRENT_RUN: Locking = locking!(
-    "SELECT r.state FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1 AND i.namespace = $2",
+    "SELECT r.state, r.namespace, r.workflow_id, r.run_id FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1 AND i.namespace = $2",
     "FOR UPDATE OF r"
 );
 const LOCK_INSTANCE: Locking = locking!(
@@ -33,9 +40,25 @@ const RELEASE_DUTY: &str = "UPDATE tasks SET duty_owner = NULL, duty_expires_at 
 
 fn state_of(row: Option<crate::tx::Row>) -> StoreResult<Option<RunState>> {
     match row {
-        Some(row) => Ok(Some(serde_json::from_str(row.str(0)?)?)),
+        Some(row) => Ok(Some(read_run(row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?)?)),
         None => Ok(None),
     }
+}
+
+/// A stored run document, or [`StoreError::CorruptRun`] naming the run when it does not parse
+/// or comes from a newer build (a retry would read the same bytes).
+pub(crate) fn read_run(document: &str, namespace: &str, workflow_id: &str, run_id: &str) -> StoreResult<RunState> {
+    let unreadable = |detail: String| {
+        StoreError::CorruptRun(IntegrityBreach {
+            namespace: namespace.to_string(),
+            workflow_id: WorkflowId(workflow_id.to_string()),
+            run_id: RunId(run_id.to_string()),
+            detail,
+        })
+    };
+    let run: RunState = serde_json::from_str(document).map_err(|e| unreadable(format!("the run document does not parse: {e}")))?;
+    check_document_version(&run).map_err(unreadable)?;
+    Ok(run)
 }
 
 /// Loads a run and holds it against other writers until commit. `skip_locked`: give up (None)
@@ -134,13 +157,18 @@ where
     Ok((value, run))
 }
 
+/// Which run a keyed command addresses, and under which request id.
+pub(crate) struct KeyedCommand<'a> {
+    pub namespace: &'a str,
+    pub locator: &'a RunLocator,
+    pub key: &'a CommandKey,
+}
+
 /// A client command keyed by `request_id`: a repeat with the same intent is answered from the
 /// stored receipt and changes nothing; another intent under the same id is refused.
 pub(crate) async fn mutate_keyed<T, V, F, R>(
     tx: &mut T,
-    namespace: &str,
-    locator: &RunLocator,
-    key: &CommandKey,
+    command: KeyedCommand<'_>,
     now: Millis,
     limits: &Limits,
     transition: F,
@@ -151,6 +179,7 @@ where
     F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
     R: FnOnce(&V, &RunState) -> Value,
 {
+    let KeyedCommand { namespace, locator, key } = command;
     let workflow_id = match locator {
         RunLocator::Run(w, _) | RunLocator::Current(w) => w.as_str(),
         RunLocator::Task(_) => return Err(StoreError::Storage("keyed commands address workflows, not tasks".into())),

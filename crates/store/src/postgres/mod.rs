@@ -31,16 +31,19 @@ use tx::PgTx;
 /// Runs shared logic in a transaction of its own on a pooled connection and commits it:
 /// `in_transaction!(self, |tx| logic::step(tx, …))`.
 macro_rules! in_transaction {
-    ($store:expr, |$tx:ident| $step:expr) => {{
-        let mut client = $store.pool.get().await?;
-        let transaction = client.transaction().await?;
-        let value = {
-            let $tx = &mut PgTx::new(&transaction, &$store.wake_channel);
-            $step.await?
-        };
-        transaction.commit().await?;
-        Ok(value)
-    }};
+    ($store:expr, |$tx:ident| $step:expr) => {
+        async {
+            let mut client = $store.pool.get().await?;
+            let transaction = client.transaction().await?;
+            let value = {
+                let $tx = &mut PgTx::new(&transaction, &$store.wake_channel);
+                $step.await?
+            };
+            transaction.commit().await?;
+            Ok::<_, StoreError>(value)
+        }
+        .await
+    };
 }
 
 const POOL_SIZE: usize = 16;
@@ -77,7 +80,7 @@ impl PostgresStore {
         let mut tx = client.transaction().await?;
         let row = tx
             .query_opt(
-                "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
                  WHERE t.namespace = $1 AND t.kind = 'activity' AND t.queue = $2 AND t.status = 'ready' AND t.available_at <= $3
                    AND t.type_name = ANY($4)
                  ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
@@ -86,7 +89,7 @@ impl PostgresStore {
             .await?;
         let Some(row) = row else { return Ok(None) };
         let task_id = TaskId(row.get(0));
-        let mut run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
+        let mut run = runs::read_run(row.get(1), row.get(2), row.get(3), row.get(4))?;
         let mut ids = UlidIds;
         let mut cx = Cx::new(now, &mut ids, &self.limits);
         cx.memo = Some(codec);
@@ -162,7 +165,7 @@ impl PostgresStore {
             // that run; runs another poller or node is working on are skipped, not waited for.
             let row = tx
                 .query_opt(
-                    "SELECT t.task_id, r.state FROM tasks t JOIN runs r ON r.run_id = t.run_id
+                    "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
                      WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
                        AND ($5::text[] IS NULL OR t.type_name = ANY($5))
                        AND (t.compatibility IS NULL
@@ -173,7 +176,7 @@ impl PostgresStore {
                 .await?;
             let Some(row) = row else { return Ok(None) };
             let task_id = TaskId(row.get(0));
-            let run: RunState = serde_json::from_str(row.get::<_, &str>(1)).map_err(corrupt)?;
+            let run = runs::read_run(row.get(1), row.get(2), row.get(3), row.get(4))?;
             let poller = claim::Poller {
                 kind,
                 owner,
@@ -182,8 +185,8 @@ impl PostgresStore {
             };
             let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.limits).await?;
             tx.commit().await?;
-            if let claim::Claimed::Leased(task, run) = claimed {
-                return Ok(Some((task, run)));
+            if let claim::Claimed::Leased(leased) = claimed {
+                return Ok(Some(*leased));
             }
         }
         Ok(None)
@@ -227,7 +230,19 @@ impl PostgresStore {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let mut pg = PgTx::new(&tx, &self.wake_channel);
-        let receipt = runs::mutate_keyed(&mut pg, namespace, &locator, &key, now, &self.limits, transition, render).await?;
+        let receipt = runs::mutate_keyed(
+            &mut pg,
+            runs::KeyedCommand {
+                namespace,
+                locator: &locator,
+                key: &key,
+            },
+            now,
+            &self.limits,
+            transition,
+            render,
+        )
+        .await?;
         tx.commit().await?;
         Ok(receipt)
     }
@@ -244,11 +259,30 @@ impl PostgresStore {
         Ok(changed)
     }
 
+    /// A change that found a broken ledger chain, or a run document it cannot read, was not
+    /// written: open an incident, block the run, and answer as refused.
     async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
         match result {
-            Err(StoreError::Integrity(breach)) => Err(self.record_breach(breach).await?.into()),
-            other => other,
+            Err(error) => Err(self.settle(error).await),
+            ok => ok,
         }
+    }
+
+    /// Turns a breach or an unreadable run into an open incident and the refusal it answers.
+    async fn settle(&self, error: StoreError) -> StoreError {
+        let recorded = match error {
+            StoreError::Integrity(breach) => self.record_breach(breach).await,
+            StoreError::CorruptRun(breach) => self.record_unreadable_run(breach).await,
+            other => return other,
+        };
+        match recorded {
+            Ok(refusal) => refusal.into(),
+            Err(error) => error,
+        }
+    }
+
+    async fn record_unreadable_run(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
+        in_transaction!(self, |tx| integrity::record_unreadable_run(tx, &breach, now_ms()))
     }
 
     /// A change that found a broken ledger chain was not written: open an incident and block
@@ -342,7 +376,7 @@ impl PostgresStore {
 // ------------------------------------------------------------------------------------------
 
 fn corrupt(error: serde_json::Error) -> StoreError {
-    StoreError::Storage(format!("corrupt stored document: {error}"))
+    error.into()
 }
 
 fn parse_kind(kind: &str) -> Option<TaskKind> {
@@ -550,10 +584,10 @@ impl Store for PostgresStore {
             .claim_task_checked(namespace, kind, queue, types, owner, lease_ms, now, poll)
             .await
         {
-            Err(StoreError::Integrity(breach)) => {
-                self.record_breach(breach).await?;
-                Ok(None)
-            }
+            Err(error @ (StoreError::Integrity(_) | StoreError::CorruptRun(_))) => match self.settle(error).await {
+                StoreError::Refused(_) => Ok(None),
+                other => Err(other),
+            },
             other => other,
         }
     }
@@ -728,11 +762,8 @@ impl Store for PostgresStore {
     }
 
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let started = runs::start_workflow(&mut PgTx::new(&tx, &self.wake_channel), start, policy, now, &self.limits).await?;
-        tx.commit().await?;
-        Ok(started)
+        let result = in_transaction!(self, |tx| runs::start_workflow(tx, start, policy, now, &self.limits));
+        self.guard(result).await
     }
 
     async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
@@ -760,7 +791,9 @@ impl Store for PostgresStore {
 
     async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
         let client = self.pool.get().await?;
-        runs::load_run(&mut self.on(&client), namespace, &locator).await
+        let result = runs::load_run(&mut self.on(&client), namespace, &locator).await;
+        drop(client);
+        self.guard(result).await
     }
 
     async fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {

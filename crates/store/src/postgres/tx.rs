@@ -5,7 +5,6 @@
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{StoreError, StoreResult, WakeKey};
 use deadpool_postgres::{Client, Transaction};
-use std::future::Future;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
 pub(crate) struct PgTx<'t, 'c> {
@@ -106,59 +105,49 @@ impl Tx for PgTx<'_, '_> {
         Dialect::Postgres
     }
 
-    fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<u64>> + Send + 'a {
-        async move {
-            let statement = self.conn.prepare(sql).await?;
-            Ok(self.conn.execute(&statement, &bound(args)).await?)
-        }
+    async fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<u64> {
+        let statement = self.conn.prepare(sql).await?;
+        Ok(self.conn.execute(&statement, &bound(args)).await?)
     }
 
-    fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<Vec<Row>>> + Send + 'a {
-        async move {
-            let statement = self.conn.prepare(sql).await?;
-            let rows = self.conn.query(&statement, &bound(args)).await?;
-            rows.iter().map(row_of).collect()
-        }
+    async fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Vec<Row>> {
+        let statement = self.conn.prepare(sql).await?;
+        let rows = self.conn.query(&statement, &bound(args)).await?;
+        rows.iter().map(row_of).collect()
     }
 
-    fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> impl Future<Output = StoreResult<Option<Row>>> + Send + 'a {
-        async move {
-            let statement = self.conn.prepare(sql).await?;
-            let rows = self.conn.query(&statement, &bound(args)).await?;
-            rows.first().map(row_of).transpose()
-        }
+    async fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Option<Row>> {
+        let statement = self.conn.prepare(sql).await?;
+        let rows = self.conn.query(&statement, &bound(args)).await?;
+        rows.first().map(row_of).transpose()
     }
 
-    fn execute_all<'a>(&'a mut self, statements: &'a [Statement<'a>]) -> impl Future<Output = StoreResult<()>> + Send + 'a {
-        async move {
-            let mut prepared = Vec::with_capacity(statements.len());
-            for statement in statements {
-                prepared.push(self.conn.prepare(statement.sql).await?);
-            }
-            let bound_args: Vec<Vec<&(dyn ToSql + Sync)>> = statements.iter().map(|s| bound(&s.args)).collect();
-            let conn = self.conn;
-            let sent = prepared
-                .iter()
-                .zip(&bound_args)
-                .map(|(statement, args)| conn.execute(statement, args));
-            futures_util::future::try_join_all(sent).await?;
-            Ok(())
+    async fn execute_all<'a>(&'a mut self, statements: &'a [Statement<'a>]) -> StoreResult<()> {
+        let mut prepared = Vec::with_capacity(statements.len());
+        for statement in statements {
+            prepared.push(self.conn.prepare(statement.sql).await?);
         }
+        let bound_args: Vec<Vec<&(dyn ToSql + Sync)>> = statements.iter().map(|s| bound(&s.args)).collect();
+        let conn = self.conn;
+        let sent = prepared
+            .iter()
+            .zip(&bound_args)
+            .map(|(statement, args)| conn.execute(statement, args));
+        futures_util::future::try_join_all(sent).await?;
+        Ok(())
     }
 
-    fn announce(&mut self, key: WakeKey) -> impl Future<Output = StoreResult<()>> + Send + '_ {
-        async move {
-            let (namespace, kind, queue) = key;
-            let payload = format!("{namespace}\u{1f}{}\u{1f}{queue}", kind.as_str());
-            if self.announced.contains(&payload) {
-                return Ok(());
-            }
-            // Delivered to every listening node when (and only if) this transaction commits.
-            let statement = self.conn.prepare("SELECT pg_notify($1, $2)").await?;
-            self.conn.execute(&statement, &[&self.wake_channel, &payload]).await?;
-            self.announced.push(payload);
-            Ok(())
+    async fn announce(&mut self, key: WakeKey) -> StoreResult<()> {
+        let (namespace, kind, queue) = key;
+        let payload = format!("{namespace}\u{1f}{}\u{1f}{queue}", kind.as_str());
+        if self.announced.contains(&payload) {
+            return Ok(());
         }
+        // Delivered to every listening node when (and only if) this transaction commits.
+        let statement = self.conn.prepare("SELECT pg_notify($1, $2)").await?;
+        self.conn.execute(&statement, &[&self.wake_channel, &payload]).await?;
+        self.announced.push(payload);
+        Ok(())
     }
 }
 

@@ -52,23 +52,41 @@ fn open_connection(path: &Path) -> StoreResult<Connection> {
 }
 
 impl SqliteStore {
-    /// A change that found a broken ledger chain was not written: open an incident, block the
-    /// run, and answer as refused.
+    /// A change that found a broken ledger chain, or a run document it cannot read, was not
+    /// written: open an incident, block the run, and answer as refused.
     async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
         match result {
-            Err(StoreError::Integrity(breach)) => Err(self.record_breach(breach).await?.into()),
+            Err(error) => Err(self.settle(error).await),
+            ok => ok,
+        }
+    }
+
+    /// Like [`guard`](Self::guard) for a claim: the poller just gets nothing (the run's tasks
+    /// are blocked, so the next claim passes it by).
+    async fn guard_claim(&self, result: StoreResult<Option<(Task, RunState)>>) -> StoreResult<Option<(Task, RunState)>> {
+        match result {
+            Err(error @ (StoreError::Integrity(_) | StoreError::CorruptRun(_))) => match self.settle(error).await {
+                StoreError::Refused(_) => Ok(None),
+                other => Err(other),
+            },
             other => other,
         }
     }
 
-    /// Like [`guard`](Self::guard) for a claim: the poller just gets nothing.
-    async fn guard_claim(&self, result: StoreResult<Option<(Task, RunState)>>) -> StoreResult<Option<(Task, RunState)>> {
-        match result {
-            Err(StoreError::Integrity(breach)) => {
-                self.record_breach(breach).await?;
-                Ok(None)
+    /// Turns a breach or an unreadable run into an open incident and the refusal it answers.
+    async fn settle(&self, error: StoreError) -> StoreError {
+        let recorded = match error {
+            StoreError::Integrity(breach) => self.record_breach(breach).await,
+            StoreError::CorruptRun(breach) => {
+                self.writer
+                    .write_tx(move |tx| drive(integrity::record_unreadable_run(tx, &breach, now_ms())))
+                    .await
             }
-            other => other,
+            other => return other,
+        };
+        match recorded {
+            Ok(refusal) => refusal.into(),
+            Err(error) => error,
         }
     }
 
@@ -271,9 +289,11 @@ impl Store for SqliteStore {
 
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
         let limits = self.limits.clone();
-        self.writer
+        let result = self
+            .writer
             .write_tx(move |tx| drive(runs::start_workflow(tx, start, policy, now, &limits)))
-            .await
+            .await;
+        self.guard(result).await
     }
 
     async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
@@ -330,7 +350,7 @@ impl Store for SqliteStore {
                 for (task_id, run_id) in candidates {
                     let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
                     match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &limits))? {
-                        claim::Claimed::Leased(task, run) => return Ok(Some((task, run))),
+                        claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
                         claim::Claimed::Refused | claim::Claimed::Stale => continue,
                     }
                 }
@@ -372,7 +392,20 @@ impl Store for SqliteStore {
         let limits = self.limits.clone();
         let result = self
             .writer
-            .write_tx(move |tx| drive(runs::mutate_keyed(tx, &namespace, &locator, &key, now, &limits, transition, render)))
+            .write_tx(move |tx| {
+                drive(runs::mutate_keyed(
+                    tx,
+                    runs::KeyedCommand {
+                        namespace: &namespace,
+                        locator: &locator,
+                        key: &key,
+                    },
+                    now,
+                    &limits,
+                    transition,
+                    render,
+                ))
+            })
             .await;
         self.guard(result).await
     }
@@ -683,7 +716,8 @@ impl Store for SqliteStore {
 
     async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
         let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(runs::load_run(tx, &namespace, &locator))).await
+        let result = self.read_tx(move |tx| drive(runs::load_run(tx, &namespace, &locator))).await;
+        self.guard(result).await
     }
 
     async fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {

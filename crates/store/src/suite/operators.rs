@@ -50,14 +50,22 @@ pub async fn runs_are_paged_in_id_order<S: Store>(store: S) {
 
 pub async fn a_committed_ready_task_wakes_its_queue<S: Store>(store: S) {
     let mut wakeups = store.wakeups().await.unwrap().expect("this store announces ready tasks");
-    started(&store, "wake-me", "wake-queue").await;
+    // A listener may still be connecting (PostgreSQL's LISTEN): wake-ups are hints, so keep
+    // committing ready tasks until one is heard, within 10 s.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let key = tokio::time::timeout_at(deadline, wakeups.recv())
-            .await
-            .expect("a wake-up within 10 s")
-            .expect("the wake-up channel stays open");
-        if key == ("default".to_string(), TaskKind::Workflow, "wake-queue".to_string()) {
+    for attempt in 0.. {
+        assert!(tokio::time::Instant::now() < deadline, "no wake-up within 10 s");
+        started(&store, &format!("wake-me-{attempt}"), "wake-queue").await;
+        let heard = tokio::time::timeout(Duration::from_millis(500), async {
+            while let Some(key) = wakeups.recv().await {
+                if key == ("default".to_string(), TaskKind::Workflow, "wake-queue".to_string()) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        if heard == Ok(true) {
             break;
         }
     }
@@ -182,4 +190,61 @@ pub async fn the_roster_and_queue_snapshots_show_workers_and_tasks<S: Store>(sto
     );
     assert_eq!((lease.workflow_id.as_str(), lease.lease_expires_at), ("snap-1", Some(NOW + 30_000)));
     assert_eq!(store.queue_workers("default", "q1").await.unwrap().len(), 1);
+}
+
+/// Overwrites a run's stored document with `bytes` behind the store's back (a backend's test
+/// does it with its own driver).
+pub type Tamper = Box<dyn Fn(String, String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A run document that cannot be read (bytes that do not parse, or a version from a newer
+/// build) is never a retryable storage error: the first change opens one integrity incident
+/// naming the run, every later one answers with that incident, the run's tasks leave the queue,
+/// and the queue's other runs are unaffected.
+pub async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run<S: Store>(store: S, tamper: Tamper) {
+    let garbled = started(&store, "garbled", "shared-q").await;
+    let from_the_future = started(&store, "from-the-future", "shared-q").await;
+    started(&store, "healthy", "shared-q").await;
+    let mut newer = from_the_future.clone();
+    newer.document_version = RUN_DOCUMENT_VERSION + 1;
+    let cases = [
+        (&garbled, r#"{"not": "a run"#.to_string()),
+        (&from_the_future, serde_json::to_string(&newer).unwrap()),
+    ];
+    for (round, (run, document)) in cases.into_iter().enumerate() {
+        tamper(run.run_id.0.clone(), document).await;
+        let locator = RunLocator::Current(run.workflow_id.clone());
+        let first = store.mutate_run("default", locator.clone(), NOW, |_, _| Ok(())).await;
+        let Err(StoreError::Refused(refusal)) = first else {
+            panic!("{}: expected a refusal, got {first:?}", run.workflow_id)
+        };
+        assert_eq!(refusal.reason, Reason::IntegrityIncidentOpen);
+        assert_eq!(refusal.details.get("run_id"), Some(&json!(run.run_id.0)));
+        let incident_id = refusal.details.get("incident_id").cloned().expect("the incident is named");
+        let again = store.mutate_run("default", locator.clone(), NOW, |_, _| Ok(())).await;
+        let Err(StoreError::Refused(again)) = again else {
+            panic!("expected a refusal, got {again:?}")
+        };
+        assert_eq!(again.details.get("incident_id"), Some(&incident_id), "one incident per run");
+        let open = store.integrity_incidents("default", Some("open".into())).await.unwrap();
+        assert_eq!(open.len(), round + 1, "{open:?}");
+        assert!(open.iter().any(|incident| incident.run_id == run.run_id));
+        // A read answers with the same incident.
+        let read = store.load_run("default", locator).await;
+        let Err(StoreError::Refused(read)) = read else {
+            panic!("expected a refusal, got {read:?}")
+        };
+        assert_eq!(read.details.get("incident_id"), Some(&incident_id));
+    }
+    // The blocked runs' tasks are passed by; the healthy one is leased.
+    let (_, run) = store
+        .claim_task("default", TaskKind::Workflow, "shared-q", &[], "w", 30_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("the healthy run's task");
+    assert_eq!(run.workflow_id.0, "healthy");
+    let none = store
+        .claim_task("default", TaskKind::Workflow, "shared-q", &[], "w", 30_000, NOW, None)
+        .await
+        .unwrap();
+    assert!(none.is_none(), "the unreadable runs offer nothing: {none:?}");
 }
