@@ -4,7 +4,7 @@
 
 use crate::routes::after_change;
 use crate::{now_ms, AppState};
-use capstan_engine::on_deadline;
+use capstan_app::duties;
 use capstan_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,38 +70,23 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
 /// timeouts) and applies each; returns how many were due. The clock calls it continuously; the
 /// activity-timeout pass endpoint calls it on demand.
 pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> capstan_store::StoreResult<usize> {
-    let due = state
-        .store
-        .claim_due_tasks(&state.config.server_id, now, BATCH, state.config.duty_lease_ms)
-        .await?;
-    for task in &due {
-        let id = task.task_id.clone();
-        let result = state
-            .store
-            .run_duty(task, now, move |run, cx| {
-                let changed = on_deadline(run, cx, &id);
-                if !changed {
-                    // The row disagrees with the run (deadline moved or task closed):
-                    // rewrite it from the run so it is not picked up again.
-                    cx.effects.touched_tasks.insert(id);
-                }
-                Ok(changed)
-            })
-            .await;
-        match result {
+    let outcomes = duties::apply_due_deadlines(&state.store, &state.config.server_id, now, BATCH, state.config.duty_lease_ms).await?;
+    for outcome in &outcomes {
+        let task_id = &outcome.task.task_id;
+        match &outcome.result {
             Ok((true, run)) => {
                 tracing::info!(namespace = %run.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id,
-                    task_id = %task.task_id, run_status = run.status.as_str(), "deadline reached");
-                after_change(state, &run);
+                    task_id = %task_id, run_status = run.status.as_str(), "deadline reached");
+                after_change(state, run);
             }
             Ok((false, _)) => {}
             Err(capstan_store::StoreError::Refused(refusal)) => {
-                tracing::debug!(task_id = %task.task_id, %refusal, "clock: duty taken over by another node");
+                tracing::debug!(task_id = %task_id, %refusal, "clock: duty taken over by another node");
             }
-            Err(error) => tracing::warn!(task_id = %task.task_id, %error, "clock: deadline transition failed"),
+            Err(error) => tracing::warn!(task_id = %task_id, %error, "clock: deadline transition failed"),
         }
     }
-    Ok(due.len())
+    Ok(outcomes.len())
 }
 
 /// Removes instances whose current run closed more than `retention_days` ago (nothing without

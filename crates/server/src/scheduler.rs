@@ -5,8 +5,9 @@
 //! closed run promptly), or until a schedule change kicks it.
 
 use crate::{now_ms, AppState};
+use capstan_app::duties;
 use capstan_engine::Payload;
-use capstan_store::{ScheduleFire, Store};
+use capstan_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,15 +21,15 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     let catchup_window_ms = state.config.schedule_catchup_window_ms;
     loop {
         let now = now_ms();
-        match state.store.due_schedules(now, BATCH).await {
-            Ok(due) => {
-                for (namespace, schedule_id) in due {
-                    let fire = ScheduleFire::Due { catchup_window_ms };
-                    match state
-                        .store
-                        .fire_schedule(&namespace, &schedule_id, fire, empty_input.clone(), now)
-                        .await
-                    {
+        match duties::fire_due_schedules(&state.store, now, BATCH, catchup_window_ms, &empty_input).await {
+            Ok(outcomes) => {
+                for duties::FiringOutcome {
+                    namespace,
+                    schedule_id,
+                    result,
+                } in outcomes
+                {
+                    match result {
                         Ok(report) if report.started > 0 => {
                             tracing::info!(namespace, schedule_id, started = report.started, "schedule fired");
                         }

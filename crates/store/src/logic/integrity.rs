@@ -15,16 +15,8 @@ const LOCK_INCIDENT: Locking = locking!(
 const INSTANCE_CHECKPOINTS: &str = "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2";
 const CLOSE_INCIDENT: &str = "UPDATE integrity_incidents SET state = 'closed', doc = $2 WHERE incident_id = $1";
 
-/// Opens an incident for `breach` and blocks its run; the refusal the failed change answers.
-/// A run already blocked keeps its open incident.
-pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis, limits: &Limits) -> StoreResult<Refusal> {
-    let run = lock_run(tx, breach.run_id.as_str(), false).await?;
-    if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
-        return Ok(
-            Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.").with("incident_id", open),
-        );
-    }
-    tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
+/// Writes a new open incident for `breach`.
+async fn open_incident<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis) -> StoreResult<IntegrityIncident> {
     let incident = IntegrityIncident {
         incident_id: crate::new_ulid().to_string(),
         namespace: breach.namespace.clone(),
@@ -47,6 +39,20 @@ pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, o
         doc.as_str(),
     ];
     tx.execute(INSERT_INCIDENT, &args).await?;
+    Ok(incident)
+}
+
+/// Opens an incident for `breach` and blocks its run; the refusal the failed change answers.
+/// A run already blocked keeps its open incident.
+pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis, limits: &Limits) -> StoreResult<Refusal> {
+    let run = lock_run(tx, breach.run_id.as_str(), false).await?;
+    if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
+        return Ok(
+            Refusal::new(Reason::IntegrityIncidentOpen, "The run is blocked by an open integrity incident.").with("incident_id", open),
+        );
+    }
+    tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
+    let incident = open_incident(tx, breach, opened_at).await?;
     if let Some(mut run) = run {
         let mut ids = UlidIds;
         let mut cx = Cx::new(incident.opened_at, &mut ids, limits);
@@ -137,28 +143,7 @@ pub(crate) async fn record_unreadable_run<T: Tx>(tx: &mut T, breach: &IntegrityB
         return Ok(refusal(open.text(0)?));
     }
     tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "unreadable run document: integrity incident opened");
-    let incident = IntegrityIncident {
-        incident_id: crate::new_ulid().to_string(),
-        namespace: breach.namespace.clone(),
-        workflow_id: breach.workflow_id.clone(),
-        run_id: breach.run_id.clone(),
-        state: "open".into(),
-        detail: breach.detail.clone(),
-        opened_at,
-        closed_at: None,
-        note: None,
-    };
-    let doc = serde_json::to_string(&incident)?;
-    let args = args![
-        &incident.incident_id,
-        &incident.namespace,
-        incident.workflow_id.as_str(),
-        incident.run_id.as_str(),
-        &incident.state,
-        incident.opened_at,
-        doc.as_str(),
-    ];
-    tx.execute(INSERT_INCIDENT, &args).await?;
+    let incident = open_incident(tx, breach, opened_at).await?;
     tx.execute(BLOCK_READY_TASKS, &args![breach.run_id.as_str()]).await?;
     Ok(refusal(incident.incident_id))
 }

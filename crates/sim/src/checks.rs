@@ -1,0 +1,177 @@
+//! The guarantees checked after every step and at the end (see `Sim::check_run`): chains,
+//! acknowledged heads, one terminal fact per durable id, fences, settled updates and liveness.
+
+use super::*;
+
+impl Sim {
+    /// After the calm phase: every run closed, every update settled (the checks above), and
+    /// the counts of what the seed exercised.
+    pub(crate) async fn check_settled(&mut self) -> Result<(), Failure> {
+        for (run_id, workflow_id) in self.run_workflows.clone() {
+            let run = self
+                .store()
+                .load_run(NAMESPACE, RunLocator::Run(WorkflowId(workflow_id), RunId(run_id.clone())))
+                .await
+                .map_err(|e| self.fail(format!("load: {e}")))?
+                .ok_or_else(|| self.fail(format!("run {run_id} is gone")))?;
+            if !run.is_closed() {
+                return Err(self.fail(format!("liveness: run {run_id} is still open")));
+            }
+            if run.run_number > 1 {
+                self.report.continued_as_new += 1;
+            }
+            if run.workflow_type == CHILD_TYPE && run.run_number == 1 {
+                self.report.children_started += 1;
+            }
+        }
+        self.report.completed = self.run_workflows.values().collect::<BTreeSet<_>>().len();
+        Ok(())
+    }
+
+    pub(crate) async fn check_touched(&mut self) -> Result<(), Failure> {
+        for run_id in std::mem::take(&mut self.touched) {
+            self.check_run(&run_id).await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn check_all(&mut self) -> Result<(), Failure> {
+        self.touched.clear();
+        for run_id in self.acked.keys().cloned().collect::<Vec<_>>() {
+            self.check_run(&run_id).await?;
+        }
+        for schedule_id in self.schedules.clone() {
+            self.check_schedule(&schedule_id).await?;
+        }
+        Ok(())
+    }
+
+    /// The guarantees of one run, from its stored state and history.
+    pub(crate) async fn check_run(&mut self, run_id: &str) -> Result<(), Failure> {
+        let workflow_id = self
+            .run_workflows
+            .get(run_id)
+            .cloned()
+            .ok_or_else(|| self.fail(format!("run {run_id} was never seen")))?;
+        let run = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Run(WorkflowId(workflow_id), RunId(run_id.to_string())))
+            .await
+            .map_err(|e| self.fail(format!("load: {e}")))?
+            .ok_or_else(|| self.fail(format!("run {run_id} is gone")))?;
+        let events = self
+            .store()
+            .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
+            .await
+            .map_err(|e| self.fail(format!("history: {e}")))?;
+        if events.len() as u64 != run.last_sequence {
+            return Err(self.fail(format!(
+                "{run_id}: {} events stored, the run says {}",
+                events.len(),
+                run.last_sequence
+            )));
+        }
+        if let Err(sequence) = verify_chain_from(&run.chain_origin, &events) {
+            return Err(self.fail(format!("{run_id}: the history chain breaks at event {sequence}")));
+        }
+        // No acknowledged write lost (across restarts too).
+        if let Some((sequence, hash)) = self.acked.get(run_id) {
+            match events.get((*sequence as usize).wrapping_sub(1)) {
+                Some(event) if &event.hash == hash => {}
+                _ if *sequence == 0 => {}
+                other => {
+                    return Err(self.fail(format!(
+                        "{run_id}: acknowledged event {sequence} ({hash}) is not in history (found {:?})",
+                        other.map(|e| &e.hash)
+                    )))
+                }
+            }
+        }
+        // At most one committed terminal fact per durable id.
+        let mut terminal: BTreeMap<String, usize> = BTreeMap::new();
+        let mut workflow_terminal = 0;
+        for (index, event) in events.iter().enumerate() {
+            let id = |key: &str| event.payload.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+            let key = match event.event_type {
+                EventType::ActivityCompleted | EventType::ActivityFailed | EventType::ActivityTimedOut => {
+                    Some(format!("activity {}", id("activity_execution_id")))
+                }
+                EventType::TimerFired => Some(format!("timer {}", id("timer_id"))),
+                EventType::ChildRunCompleted | EventType::ChildRunFailed | EventType::ChildRunCancelled | EventType::ChildRunTerminated => {
+                    Some(format!("child {}", id("child_call_id")))
+                }
+                EventType::UpdateAccepted => Some(format!("update acceptance {}", id("update_id"))),
+                EventType::UpdateCompleted => Some(format!("update outcome {}", id("update_id"))),
+                EventType::SignalReceived => Some(format!(
+                    "signal {}",
+                    event.workflow_command_id.as_ref().map(|c| c.as_str()).unwrap_or("")
+                )),
+                EventType::WorkflowCompleted
+                | EventType::WorkflowFailed
+                | EventType::WorkflowCancelled
+                | EventType::WorkflowTerminated
+                | EventType::WorkflowTimedOut
+                | EventType::WorkflowContinuedAsNew => {
+                    workflow_terminal += 1;
+                    if index + 1 != events.len() && workflow_terminal == 1 {
+                        // Nothing follows a run's close but archive bookkeeping.
+                        let after: Vec<&str> = events[index + 1..].iter().map(|e| e.event_type.as_str()).collect();
+                        if after
+                            .iter()
+                            .any(|t| !matches!(*t, "ArchiveRequested" | "WorkflowArchived" | "ParentClosePolicyApplied"))
+                        {
+                            return Err(self.fail(format!("{run_id}: events after the run closed: {after:?}")));
+                        }
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let Some(key) = key {
+                *terminal.entry(key).or_default() += 1;
+            }
+        }
+        if workflow_terminal > 1 {
+            return Err(self.fail(format!("{run_id}: {workflow_terminal} terminal workflow events")));
+        }
+        if let Some((key, count)) = terminal.iter().find(|(_, count)| **count > 1) {
+            return Err(self.fail(format!("{run_id}: {count} terminal facts for {key}")));
+        }
+        // An update's outcome follows its acceptance, and a closed run has no update left open.
+        for key in terminal.keys().filter_map(|k| k.strip_prefix("update outcome ")) {
+            if !terminal.contains_key(&format!("update acceptance {key}")) {
+                return Err(self.fail(format!("{run_id}: update {key} completed without being accepted")));
+            }
+        }
+        if run.is_closed() {
+            if let Some((id, _)) = run.updates.iter().find(|(_, u)| u.status == UpdateStatus::Accepted) {
+                return Err(self.fail(format!("{run_id}: closed with update {id} still accepted")));
+            }
+        }
+        // No automatic retry of a step whose outcome is unknown.
+        for execution in run.activities.values() {
+            let started = events
+                .iter()
+                .filter(|e| {
+                    e.event_type == EventType::ActivityStarted
+                        && e.payload.get("activity_execution_id").and_then(Value::as_str) == Some(execution.id.as_str())
+                })
+                .count();
+            let key = execution.id.as_str().to_string();
+            if execution.blocked_by.is_some() {
+                match self.blocked.get(&key) {
+                    Some(before) if started > *before => {
+                        return Err(self.fail(format!(
+                            "{run_id}: activity {key} was retried ({before} → {started} starts) while its outcome was unknown"
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.blocked.insert(key, started);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! The simulated workflow programs: what a worker decides from a run's history, and the small
+//! helpers the workload draws with.
+
+use super::*;
+
+/// One of `items`, at random.
+pub(crate) fn pick<'a>(rng: &mut StdRng, items: impl ExactSizeIterator<Item = &'a String>) -> Option<String> {
+    let count = items.len();
+    if count == 0 {
+        return None;
+    }
+    let index = rng.random_range(0..count);
+    items.into_iter().nth(index).cloned()
+}
+
+/// Where the k-th step of a kind stands. Steps run one at a time, so the k-th opening and the
+/// k-th closing event of a kind belong to the k-th step of that kind.
+pub(crate) enum Progress {
+    Done,
+    Waiting,
+    Next,
+}
+
+pub(crate) fn progress(k: usize, opened: usize, closed: usize) -> Progress {
+    if k <= closed {
+        Progress::Done
+    } else if k <= opened {
+        Progress::Waiting
+    } else {
+        Progress::Next
+    }
+}
+
+/// The simulated SDK: replays a program against the history and answers the next commands
+/// (see [`progress`]). Run N of an instance runs the N-th part of the program (parts end at
+/// `ContinueAsNew`). Accepted updates are settled first, as an SDK runs update handlers.
+pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
+    let count = |types: &[EventType]| history.iter().filter(|e| types.contains(&e.event_type)).count();
+    let activities_scheduled = count(&[EventType::ActivityScheduled]);
+    let activities_resolved = count(&[EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut]);
+    let timers_scheduled = count(&[EventType::TimerScheduled]);
+    let timers_fired = count(&[EventType::TimerFired]);
+    let children_scheduled = count(&[EventType::ChildWorkflowScheduled]);
+    let children_closed = count(&[
+        EventType::ChildRunCompleted,
+        EventType::ChildRunFailed,
+        EventType::ChildRunCancelled,
+        EventType::ChildRunTerminated,
+    ]);
+    let has = |event_type: EventType, name: &str| {
+        history
+            .iter()
+            .any(|e| e.event_type == event_type && e.payload.get("signal_name").and_then(Value::as_str) == Some(name))
+    };
+    if history
+        .iter()
+        .any(|e| e.event_type.as_str().starts_with("Workflow") && e.event_type != EventType::WorkflowStarted)
+    {
+        return Vec::new();
+    }
+    let update_id = |e: &HistoryEvent| e.payload.get("update_id").and_then(Value::as_str).unwrap_or("").to_string();
+    let settled: BTreeSet<String> = history
+        .iter()
+        .filter(|e| e.event_type == EventType::UpdateCompleted)
+        .map(update_id)
+        .collect();
+    let mut commands: Vec<WorkflowCommand> = history
+        .iter()
+        .filter(|e| e.event_type == EventType::UpdateAccepted && !settled.contains(&update_id(e)))
+        .map(|e| WorkflowCommand::CompleteUpdate {
+            update_id: update_id(e),
+            result: Payload::avro(PAYLOAD),
+        })
+        .collect();
+    let run_number = history
+        .iter()
+        .find(|e| e.event_type == EventType::WorkflowStarted)
+        .and_then(|e| e.payload.get("run_number"))
+        .and_then(Value::as_u64)
+        .unwrap_or(1) as usize;
+    let parts: Vec<&[Step]> = program.split(|s| *s == Step::ContinueAsNew).collect();
+    let part = parts.get(run_number - 1).copied().unwrap_or(&[]);
+    let last_part = run_number >= parts.len();
+    let (mut activity, mut timer, mut child) = (0, 0, 0);
+    for step in part {
+        let next = match step {
+            Step::Activity(activity_type) => {
+                activity += 1;
+                match progress(activity, activities_scheduled, activities_resolved) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return commands,
+                    Progress::Next => {}
+                }
+                WorkflowCommand::ScheduleActivity(ScheduleActivity {
+                    activity_type: activity_type.to_string(),
+                    arguments: Payload::avro(PAYLOAD),
+                    queue: None,
+                    retry_policy: Some(RetryPolicy {
+                        max_attempts: Some(3),
+                        backoff_seconds: vec![1],
+                        non_retryable_error_types: vec![],
+                    }),
+                    timeouts: ActivityTimeouts {
+                        start_to_close_seconds: Some(10),
+                        schedule_to_start_seconds: None,
+                        schedule_to_close_seconds: None,
+                        heartbeat_seconds: None,
+                    },
+                    tags: Map::new(),
+                })
+            }
+            Step::Timer(seconds) => {
+                timer += 1;
+                match progress(timer, timers_scheduled, timers_fired) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return commands,
+                    Progress::Next => {}
+                }
+                WorkflowCommand::StartTimer {
+                    delay_seconds: *seconds,
+                    tags: Map::new(),
+                }
+            }
+            Step::Signal(n) => {
+                let name = format!("go-{n}");
+                if has(EventType::SignalReceived, &name) {
+                    continue;
+                }
+                if has(EventType::SignalWaitOpened, &name) {
+                    return commands;
+                }
+                WorkflowCommand::OpenSignalWait {
+                    signal_name: name,
+                    timeout_seconds: None,
+                    tags: Map::new(),
+                }
+            }
+            Step::Child => {
+                child += 1;
+                match progress(child, children_scheduled, children_closed) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return commands,
+                    Progress::Next => {}
+                }
+                WorkflowCommand::StartChildWorkflow(StartChild {
+                    workflow_type: CHILD_TYPE.into(),
+                    arguments: Payload::avro(PAYLOAD),
+                    queue: None,
+                    workflow_id: Some(format!("{workflow_id}-r{run_number}-child-{child}")),
+                    parent_close_policy: "terminate".into(),
+                    cancellation_policy: "abandon".into(),
+                    execution_timeout_seconds: None,
+                    run_timeout_seconds: None,
+                    retry_policy: None,
+                    tags: Map::new(),
+                })
+            }
+            Step::ContinueAsNew => unreachable!("parts are split at ContinueAsNew"),
+        };
+        commands.push(next);
+        return commands;
+    }
+    commands.push(if last_part {
+        WorkflowCommand::CompleteWorkflow {
+            result: Payload::avro(PAYLOAD),
+        }
+    } else {
+        WorkflowCommand::ContinueAsNew {
+            arguments: Payload::avro(PAYLOAD),
+            workflow_type: None,
+            queue: None,
+            tags: Map::new(),
+        }
+    });
+    commands
+}
