@@ -39,11 +39,11 @@ from capstan_harness import (
 def fill(path, reserve_bytes: int) -> None:
     """Writes `path` until the filesystem is full, then gives `reserve_bytes` back."""
     chunk = b"\0" * (64 * 1024)
-    with open(path, "wb") as filler:
+    # Unbuffered: a buffered file keeps the bytes a full disk refused and fails again on close.
+    with open(path, "wb", buffering=0) as filler:
         try:
             while True:
                 filler.write(chunk)
-                filler.flush()
         except OSError:
             pass
     size = os.path.getsize(path)

@@ -9,15 +9,52 @@ use tokio::sync::Notify;
 
 type QueueKey = (String, TaskKind, String);
 
-#[derive(Default, Clone)]
+/// Queue entries kept before the hub looks for ones nobody waits on.
+const PRUNE_FLOOR: usize = 1024;
+
+/// Clients choose queue names, so entries are dropped once no poller holds them: the map stays
+/// within about twice the live subscriptions (plus [`PRUNE_FLOOR`]), however many names pass.
+#[derive(Clone)]
 pub struct WakeHub {
-    queues: Arc<Mutex<HashMap<QueueKey, Arc<Notify>>>>,
+    queues: Arc<Mutex<Queues>>,
+}
+
+struct Queues {
+    by_key: HashMap<QueueKey, Arc<Notify>>,
+    /// Size at which the next subscription first drops the entries nobody holds.
+    prune_at: usize,
+}
+
+impl Default for WakeHub {
+    fn default() -> Self {
+        Self {
+            queues: Arc::new(Mutex::new(Queues {
+                by_key: HashMap::new(),
+                prune_at: PRUNE_FLOOR,
+            })),
+        }
+    }
 }
 
 impl WakeHub {
     pub fn channel(&self, namespace: &str, kind: TaskKind, queue: &str) -> Arc<Notify> {
         let mut queues = self.queues.lock().expect("wake hub");
-        queues.entry((namespace.to_string(), kind, queue.to_string())).or_default().clone()
+        if queues.by_key.len() >= queues.prune_at {
+            // Held only by the map: no poller waits there (a later one subscribes afresh).
+            queues.by_key.retain(|_, notify| Arc::strong_count(notify) > 1);
+            queues.prune_at = (queues.by_key.len() * 2).max(PRUNE_FLOOR);
+        }
+        queues
+            .by_key
+            .entry((namespace.to_string(), kind, queue.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// How many queues have an entry.
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.queues.lock().expect("wake hub").by_key.len()
     }
 
     pub fn wake(&self, namespace: &str, kind: TaskKind, queue: &str) {
@@ -25,6 +62,7 @@ impl WakeHub {
             .queues
             .lock()
             .expect("wake hub")
+            .by_key
             .get(&(namespace.to_string(), kind, queue.to_string()))
             .cloned();
         if let Some(notify) = notify {
@@ -136,6 +174,23 @@ mod tests {
             .expect("then it runs")
             .unwrap();
         assert!(locks.locks.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn queues_nobody_waits_on_are_forgotten_and_live_ones_kept() {
+        let hub = WakeHub::default();
+        let live = hub.channel("default", TaskKind::Workflow, "live");
+        for n in 0..20_000 {
+            drop(hub.channel("default", TaskKind::Workflow, &format!("client-chosen-{n}")));
+        }
+        assert!(hub.tracked() <= 2 * PRUNE_FLOOR, "{} entries for one live poller", hub.tracked());
+        let waiting = live.notified();
+        tokio::pin!(waiting);
+        waiting.as_mut().enable();
+        hub.wake("default", TaskKind::Workflow, "live");
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the live poller is still woken");
     }
 
     #[tokio::test]

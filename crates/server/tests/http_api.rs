@@ -3922,8 +3922,7 @@ async fn resolving_an_earlier_runs_entry_extends_the_one_instance_chain() {
         .await
         .err(409, "ledger_entry_not_unknown");
     // One line, no fork: the offline verifier walks it from genesis.
-    let store = capstan_store::SqliteStore::open(&h.database_path(), Default::default(), capstan_server::now_ms()).unwrap();
-    let report = capstan_server::integrity::verify(&store).await.unwrap();
+    let report = h.verify_offline().await;
     assert!(report.ok(), "{:?}", report.problems);
     assert_eq!(
         report.checkpoints_checked, 5,
@@ -4407,7 +4406,10 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
     // Commits fail (a failed fsync) until the fault is lifted: every commit, so that the
     // server's own background writes cannot use the fault up before the request under test.
     const UNTIL_LIFTED: u32 = u32::MAX;
-    h.store.inject_commit_failures(UNTIL_LIFTED);
+    // Injected commit failures are SQLite's (PostgreSQL's storage faults are real ones:
+    // tests/python/test_storage_faults.py).
+    let Some(store) = h.sqlite() else { return };
+    store.inject_commit_failures(UNTIL_LIFTED);
     let start = |id: &str| {
         h.client(Method::POST, "/api/workflows")
             .json(&json!({"workflow_id": id, "workflow_type": "t", "task_queue": "q", "input": env(EMPTY_ARGS)}))
@@ -4419,7 +4421,7 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
     let not_ready = send_allowing_server_errors(h.bare(Method::GET, "/api/ready")).await;
     assert_eq!(not_ready.status.as_u16(), 503);
     assert_eq!(not_ready.body["status"], "not_ready");
-    h.store.inject_commit_failures(0);
+    store.inject_commit_failures(0);
     h.cget("/api/workflows/fault-1").await.err(404, "instance_not_found");
     // The probe's write commits again: ready.
     send(h.bare(Method::GET, "/api/ready")).await.ok(200);
@@ -4428,7 +4430,7 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
     // same report (same task, same attempt) is then applied exactly once.
     h.start_workflow("fault-3", "q").await;
     let task = h.next_workflow_task("w1", "q").await;
-    h.store.inject_commit_failures(UNTIL_LIFTED);
+    store.inject_commit_failures(UNTIL_LIFTED);
     let complete = || {
         h.worker(
             Method::POST,
@@ -4440,7 +4442,7 @@ async fn a_failed_commit_is_never_acknowledged_and_the_server_reports_not_ready_
         )
     };
     send_allowing_server_errors(complete()).await.err(503, "storage_unavailable");
-    h.store.inject_commit_failures(0);
+    store.inject_commit_failures(0);
     assert_eq!(h.describe("fault-3").await["status"], "running");
     let done = h
         .complete_workflow_task(&task, json!([{"type": "complete_workflow", "result": env(EMPTY_ARGS)}]))
@@ -4470,10 +4472,7 @@ async fn an_unreadable_run_document_answers_an_incident_not_a_retry() {
     let h = Harness::start().await;
     let started = h.start_workflow("garbled", "q").await;
     let run_id = started["run_id"].as_str().unwrap().to_string();
-    let conn = rusqlite::Connection::open(h.database_path()).unwrap();
-    conn.busy_timeout(Duration::from_secs(10)).unwrap();
-    conn.execute("UPDATE runs SET state = '{\"truncated\": ' WHERE run_id = ?1", [&run_id])
-        .unwrap();
+    h.tamper_run_document(&run_id, r#"{"truncated": "#).await;
     let signal = json!({"input": env(EMPTY_ARGS)});
     let first = h
         .cpost("/api/workflows/garbled/signal/go", signal.clone())

@@ -1,5 +1,7 @@
-//! Test harness: a real Capstan server on a loopback port (SQLite in a temp dir), driven over
-//! HTTP with reqwest the way the DW SDKs drive it.
+//! Test harness: a real Capstan server on a loopback port, driven over HTTP with reqwest the way
+//! the DW SDKs drive it. The `http_api` target runs it on SQLite in a temp dir; the
+//! `http_api_postgres` target (the same tests, built again) on a scratch schema of the
+//! PostgreSQL at `CAPSTAN_TEST_POSTGRES_URL`.
 
 #![allow(dead_code)]
 
@@ -158,15 +160,49 @@ where
     }
 }
 
+/// Whether this test target runs its servers on PostgreSQL.
+pub fn on_postgres() -> bool {
+    env!("CARGO_CRATE_NAME").ends_with("_postgres")
+}
+
+fn postgres_url() -> String {
+    std::env::var("CAPSTAN_TEST_POSTGRES_URL")
+        .expect("CAPSTAN_TEST_POSTGRES_URL must name a PostgreSQL database (scripts/test-all.sh starts one)")
+}
+
+/// The server's store (shared with the test, for inspecting what was committed).
+pub enum Backend {
+    Sqlite(capstan_store::SqliteStore),
+    Postgres(Box<capstan_store::PostgresStore>),
+}
+
+/// Drops a test's PostgreSQL schema when the test ends.
+struct SchemaGuard(String);
+
+impl Drop for SchemaGuard {
+    fn drop(&mut self) {
+        let schema = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.ok()
+            })
+        })
+        .join();
+    }
+}
+
 pub struct Harness {
     pub base: String,
     pub http: reqwest::Client,
     /// Bearer token sent by `worker()` / `client()`, if any.
     pub token: Option<String>,
-    /// The server's store (shared): for fault injection and inspecting what was committed.
-    pub store: capstan_store::SqliteStore,
+    pub backend: Backend,
     _shutdown: tokio::sync::oneshot::Sender<()>,
     _dir: tempfile::TempDir,
+    _schema: Option<SchemaGuard>,
 }
 
 impl Harness {
@@ -176,32 +212,72 @@ impl Harness {
 
     pub async fn with_config(config: ServerConfig, token: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = capstan_store::SqliteStore::open(&dir.path().join("capstan.db"), config.limits.clone(), capstan_server::now_ms())
-            .expect("open store");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("local addr");
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-        let shared = store.clone();
-        tokio::spawn(async move {
-            capstan_server::serve(listener, store, config, async move {
-                let _ = stop.await;
-            })
-            .await
-            .expect("server runs");
-        });
+        let stopped = async move {
+            let _ = stop.await;
+        };
+        let (backend, schema) = if on_postgres() {
+            let schema = format!("h_{}", ulid::Ulid::new().to_string().to_lowercase());
+            let store =
+                capstan_store::PostgresStore::connect_in_schema(&postgres_url(), &schema, config.limits.clone(), capstan_server::now_ms())
+                    .await
+                    .expect("connect to PostgreSQL");
+            let served = store.clone();
+            tokio::spawn(async move { capstan_server::serve(listener, served, config, stopped).await.expect("server runs") });
+            (Backend::Postgres(Box::new(store)), Some(SchemaGuard(schema)))
+        } else {
+            let path = dir.path().join("capstan.db");
+            let store = capstan_store::SqliteStore::open(&path, config.limits.clone(), capstan_server::now_ms()).expect("open store");
+            let served = store.clone();
+            tokio::spawn(async move { capstan_server::serve(listener, served, config, stopped).await.expect("server runs") });
+            (Backend::Sqlite(store), None)
+        };
         Self {
             base: format!("http://{address}"),
             http: reqwest::Client::new(),
             token: token.map(str::to_string),
-            store: shared,
+            backend,
             _shutdown: shutdown,
             _dir: dir,
+            _schema: schema,
         }
     }
 
-    /// The server's SQLite file (open a second store on it to inspect what was committed).
-    pub fn database_path(&self) -> std::path::PathBuf {
-        self._dir.path().join("capstan.db")
+    /// The server's store when it is SQLite (fault injection is SQLite's; PostgreSQL's storage
+    /// faults are real ones, in tests/python/test_storage_faults.py).
+    pub fn sqlite(&self) -> Option<&capstan_store::SqliteStore> {
+        match &self.backend {
+            Backend::Sqlite(store) => Some(store),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// The offline verifier over the server's database, as `capstan verify` runs it.
+    pub async fn verify_offline(&self) -> capstan_server::integrity::IntegrityReport {
+        match &self.backend {
+            Backend::Sqlite(store) => capstan_server::integrity::verify(store).await.expect("verify"),
+            Backend::Postgres(store) => capstan_server::integrity::verify(store.as_ref()).await.expect("verify"),
+        }
+    }
+
+    /// Overwrites a run's stored document behind the server's back.
+    pub async fn tamper_run_document(&self, run_id: &str, document: &str) {
+        match &self._schema {
+            None => {
+                let conn = rusqlite::Connection::open(self._dir.path().join("capstan.db")).unwrap();
+                conn.busy_timeout(Duration::from_secs(10)).unwrap();
+                conn.execute("UPDATE runs SET state = ?1 WHERE run_id = ?2", [document, run_id])
+                    .unwrap();
+            }
+            Some(SchemaGuard(schema)) => {
+                let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(connection);
+                let sql = format!("UPDATE {schema}.runs SET state = $1 WHERE run_id = $2");
+                client.execute(&sql, &[&document, &run_id]).await.unwrap();
+            }
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

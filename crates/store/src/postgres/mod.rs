@@ -124,8 +124,7 @@ impl PostgresStore {
             (Some(_), Err(error)) => Err(format!("the arguments could not be decoded: {error}")),
             (Some(action), Ok(arguments)) => {
                 let savepoint = tx.savepoint("capstan_atomic").await?;
-                let handle = tokio::runtime::Handle::current();
-                let ran = tokio::task::block_in_place(|| action.run(&mut PgAtomic { tx: &savepoint, handle }, &arguments));
+                let ran = run_handler(&savepoint, action.clone(), arguments).await;
                 match ran {
                     Ok(value) => {
                         savepoint.commit().await?;
@@ -1083,11 +1082,80 @@ async fn listen(
     Err(StoreError::Storage("listener connection closed".into()))
 }
 
-/// An atomic action's view of the PostgreSQL transaction (inside its savepoint). The action is
-/// synchronous: each statement blocks this worker thread (`block_in_place`) until it returns.
-struct PgAtomic<'t> {
-    tx: &'t Transaction<'t>,
-    handle: tokio::runtime::Handle,
+/// One statement an atomic handler asks for; the async side that owns the savepoint runs it.
+enum AtomicRequest {
+    Execute(String, Vec<Value>, tokio::sync::oneshot::Sender<Result<u64, String>>),
+    Query(String, Vec<Value>, tokio::sync::oneshot::Sender<Result<Vec<Vec<Value>>, String>>),
+}
+
+/// An atomic action's view of the PostgreSQL transaction (inside its savepoint). The handler is
+/// synchronous, so it runs on a blocking thread and each statement is a request to the task
+/// that owns the connection; no runtime thread ever blocks on it.
+struct PgAtomic {
+    requests: tokio::sync::mpsc::UnboundedSender<AtomicRequest>,
+}
+
+impl PgAtomic {
+    fn ask<T>(&self, request: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, String>>) -> AtomicRequest) -> Result<T, String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.requests
+            .send(request(reply))
+            .map_err(|_| "the transaction is gone".to_string())?;
+        answer.blocking_recv().map_err(|_| "the transaction is gone".to_string())?
+    }
+}
+
+/// Runs `action` on a blocking thread, serving its statements on `savepoint` until it returns.
+async fn run_handler(savepoint: &Transaction<'_>, action: Arc<dyn AtomicAction>, arguments: Value) -> Result<Value, String> {
+    let (requests, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+    let mut handler = tokio::task::spawn_blocking(move || action.run(&mut PgAtomic { requests }, &arguments));
+    loop {
+        tokio::select! {
+            Some(request) = inbox.recv() => serve_atomic(savepoint, request).await,
+            finished = &mut handler => {
+                return finished.unwrap_or_else(|panic| Err(format!("the atomic handler panicked: {panic}")));
+            }
+        }
+    }
+}
+
+async fn serve_atomic(savepoint: &Transaction<'_>, request: AtomicRequest) {
+    match request {
+        AtomicRequest::Execute(sql, params, reply) => {
+            let owned = pg_params(&params);
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
+            let _ = reply.send(savepoint.execute(sql.as_str(), &refs).await.map_err(|e| e.to_string()));
+        }
+        AtomicRequest::Query(sql, params, reply) => {
+            let owned = pg_params(&params);
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
+            let rows = savepoint.query(sql.as_str(), &refs).await.map_err(|e| e.to_string());
+            let _ = reply.send(rows.map(|rows| rows.iter().map(atomic_row).collect()));
+        }
+    }
+}
+
+/// A result row as JSON values, for an atomic handler.
+fn atomic_row(row: &tokio_postgres::Row) -> Vec<Value> {
+    (0..row.len())
+        .map(|i| {
+            if let Ok(v) = row.try_get::<_, Option<i64>>(i) {
+                v.map(Value::from).unwrap_or(Value::Null)
+            } else if let Ok(v) = row.try_get::<_, Option<i32>>(i) {
+                v.map(Value::from).unwrap_or(Value::Null)
+            } else if let Ok(v) = row.try_get::<_, Option<f64>>(i) {
+                v.map(Value::from).unwrap_or(Value::Null)
+            } else if let Ok(v) = row.try_get::<_, Option<bool>>(i) {
+                v.map(Value::from).unwrap_or(Value::Null)
+            } else {
+                row.try_get::<_, Option<String>>(i)
+                    .ok()
+                    .flatten()
+                    .map(Value::from)
+                    .unwrap_or(Value::Null)
+            }
+        })
+        .collect()
 }
 
 fn pg_params(params: &[Value]) -> Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> {
@@ -1104,40 +1172,12 @@ fn pg_params(params: &[Value]) -> Vec<Box<dyn tokio_postgres::types::ToSql + Syn
         .collect()
 }
 
-impl AtomicTransaction for PgAtomic<'_> {
+impl AtomicTransaction for PgAtomic {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, String> {
-        let owned = pg_params(params);
-        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
-        self.handle.block_on(self.tx.execute(sql, &refs)).map_err(|e| e.to_string())
+        self.ask(|reply| AtomicRequest::Execute(sql.to_string(), params.to_vec(), reply))
     }
 
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
-        let owned = pg_params(params);
-        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
-        let rows = self.handle.block_on(self.tx.query(sql, &refs)).map_err(|e| e.to_string())?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                (0..row.len())
-                    .map(|i| {
-                        if let Ok(v) = row.try_get::<_, Option<i64>>(i) {
-                            v.map(Value::from).unwrap_or(Value::Null)
-                        } else if let Ok(v) = row.try_get::<_, Option<i32>>(i) {
-                            v.map(Value::from).unwrap_or(Value::Null)
-                        } else if let Ok(v) = row.try_get::<_, Option<f64>>(i) {
-                            v.map(Value::from).unwrap_or(Value::Null)
-                        } else if let Ok(v) = row.try_get::<_, Option<bool>>(i) {
-                            v.map(Value::from).unwrap_or(Value::Null)
-                        } else {
-                            row.try_get::<_, Option<String>>(i)
-                                .ok()
-                                .flatten()
-                                .map(Value::from)
-                                .unwrap_or(Value::Null)
-                        }
-                    })
-                    .collect()
-            })
-            .collect())
+        self.ask(|reply| AtomicRequest::Query(sql.to_string(), params.to_vec(), reply))
     }
 }
