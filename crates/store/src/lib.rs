@@ -407,34 +407,6 @@ pub(crate) fn namespace_missing(name: &str) -> StoreError {
         .into()
 }
 
-/// What an atomic action's attempt amounts to after its handler ran: the engine transition
-/// that records it.
-pub(crate) fn finish_atomic(run: &mut RunState, cx: &mut Cx, task: &Task, handled: Result<Payload, String>) -> StoreResult<AtomicOutcome> {
-    let TaskDetail::Activity {
-        attempt_id: Some(attempt_id),
-        ..
-    } = &task.detail
-    else {
-        return Err(StoreError::Storage("an atomic task leased without an attempt".into()));
-    };
-    let workflow_id = run.workflow_id.clone();
-    match handled {
-        Ok(result) => {
-            complete_activity(run, cx, &task.id, attempt_id, ATOMIC_OWNER, result)?;
-            Ok(AtomicOutcome::Completed { workflow_id })
-        }
-        Err(message) => {
-            let failure = ActivityFailure {
-                message: message.clone(),
-                failure_type: Some("AtomicActionFailed".into()),
-                ..Default::default()
-            };
-            fail_activity(run, cx, &task.id, attempt_id, ATOMIC_OWNER, failure)?;
-            Ok(AtomicOutcome::Failed { workflow_id, message })
-        }
-    }
-}
-
 /// A write over a settled entry, or a resolution over one no longer `outcome_unknown`.
 pub(crate) fn already_settled(entry: &LedgerEntry) -> StoreError {
     Refusal::new(

@@ -27,21 +27,12 @@ pub(crate) struct Poller<'a> {
     pub poll: Option<&'a PollKey>,
 }
 
-const ACTION_DEFINITION: &str = "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2";
 const REMEMBER_POLL: &str =
     "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
      ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
      DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at";
 const REPAIR_ROW: &str = "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'";
-
-/// The current definition of a declared action, read in the claim's transaction.
-pub(crate) async fn action_definition<T: Tx>(tx: &mut T, namespace: &str, activity_type: &str) -> StoreResult<Option<ActionDefinition>> {
-    match tx.query_opt(ACTION_DEFINITION, &args![namespace, activity_type]).await? {
-        Some(row) => Ok(Some(serde_json::from_str(row.str(0)?)?)),
-        None => Ok(None),
-    }
-}
 
 /// Leases `task_id` of the locked `run` to the poller and persists the lease.
 pub(crate) async fn lease_candidate<T: Tx>(
@@ -59,7 +50,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
     // A declared action is checked against its definition as of now, in this transaction, and
     // ledgered before the worker sees it.
     let definition = match (poller.kind, activity_type) {
-        (TaskKind::Activity, Some(activity_type)) => action_definition(tx, &run.namespace, &activity_type).await?,
+        (TaskKind::Activity, Some(activity_type)) => super::actions::action_definition(tx, &run.namespace, &activity_type).await?,
         _ => None,
     };
     let mut ids = UlidIds;

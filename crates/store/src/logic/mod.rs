@@ -2,6 +2,7 @@
 //! transition, a start, a claim or an integrity incident reads and writes. The backends open
 //! and commit the transaction around it and pick candidates where their SQL differs.
 
+pub(crate) mod actions;
 pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod duties;

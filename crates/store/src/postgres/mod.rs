@@ -14,8 +14,7 @@
 mod migrations;
 mod tx;
 
-use crate::logic::persist::persist;
-use crate::logic::{admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs};
+use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
@@ -89,57 +88,39 @@ impl PostgresStore {
             .await?;
         let Some(row) = row else { return Ok(None) };
         let task_id = TaskId(row.get(0));
-        let mut run = runs::read_run(row.get(1), row.get(2), row.get(3), row.get(4))?;
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(now, &mut ids, &self.limits);
-        cx.memo = Some(codec);
-        let activity_type = match run.tasks.get(&task_id).map(|t| &t.detail) {
-            Some(TaskDetail::Activity { activity_type, .. }) => activity_type.clone(),
-            _ => return Ok(None),
+        let run = runs::read_run(row.get(1), row.get(2), row.get(3), row.get(4))?;
+        let leased = actions::lease_atomic(
+            &mut PgTx::new(&tx, &self.wake_channel),
+            run,
+            task_id,
+            &actions,
+            codec,
+            now,
+            &self.limits,
+        )
+        .await?;
+        let step = match leased {
+            actions::AtomicLease::Nothing => return Ok(None),
+            actions::AtomicLease::Refused(outcome) => {
+                tx.commit().await?;
+                return Ok(Some(outcome));
+            }
+            actions::AtomicLease::Ready(step) => *step,
         };
-        let definition = tx
-            .query_opt(
-                "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2",
-                &[&run.namespace, &activity_type],
-            )
-            .await?
-            .map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
-            .transpose()?;
-        let Some(task) = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())? else {
-            let effects = std::mem::take(&mut cx.effects);
-            persist(&mut PgTx::new(&tx, &self.wake_channel), &run, &effects, false, &self.limits).await?;
-            tx.commit().await?;
-            return Ok(Some(AtomicOutcome::Refused {
-                workflow_id: run.workflow_id.clone(),
-            }));
-        };
-        let arguments = run
-            .activities
-            .values()
-            .find(|a| a.task_id == task_id)
-            .map(|a| codec.to_json(&a.arguments))
-            .unwrap_or_else(|| Err("no activity execution".into()));
-        let handled = match (actions.0.get(&activity_type), arguments) {
-            (None, _) => Err(format!("no atomic action is registered for {activity_type:?}")),
-            (Some(_), Err(error)) => Err(format!("the arguments could not be decoded: {error}")),
-            (Some(action), Ok(arguments)) => {
+        let handled = match &step.handler {
+            Err(message) => Err(message.clone()),
+            Ok((action, arguments)) => {
                 let savepoint = tx.savepoint("capstan_atomic").await?;
-                let ran = run_handler(&savepoint, action.clone(), arguments).await;
-                match ran {
-                    Ok(value) => {
-                        savepoint.commit().await?;
-                        codec.json_to_payload(&value)
-                    }
-                    Err(message) => {
-                        savepoint.rollback().await?;
-                        Err(message)
-                    }
+                let handled = actions::handler_result(codec, run_handler(&savepoint, action.clone(), arguments.clone()).await);
+                if handled.is_ok() {
+                    savepoint.commit().await?;
+                } else {
+                    savepoint.rollback().await?;
                 }
+                handled
             }
         };
-        let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
-        let effects = std::mem::take(&mut cx.effects);
-        persist(&mut PgTx::new(&tx, &self.wake_channel), &run, &effects, false, &self.limits).await?;
+        let outcome = actions::finish_atomic_step(&mut PgTx::new(&tx, &self.wake_channel), step, handled, codec, now, &self.limits).await?;
         tx.commit().await?;
         Ok(Some(outcome))
     }
@@ -191,73 +172,6 @@ impl PostgresStore {
         Ok(None)
     }
 
-    async fn mutate_run_checked<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let changed = runs::mutate(
-            &mut PgTx::new(&tx, &self.wake_channel),
-            namespace,
-            &locator,
-            now,
-            &self.limits,
-            transition,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(changed)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn mutate_run_keyed_checked<T, F, R>(
-        &self,
-        namespace: &str,
-        locator: RunLocator,
-        key: CommandKey,
-        now: Millis,
-        transition: F,
-        render: R,
-    ) -> StoreResult<(KeyedReceipt<T>, Option<RunState>)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-        R: FnOnce(&T, &RunState) -> Value + Send + 'static,
-    {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let mut pg = PgTx::new(&tx, &self.wake_channel);
-        let receipt = runs::mutate_keyed(
-            &mut pg,
-            runs::KeyedCommand {
-                namespace,
-                locator: &locator,
-                key: &key,
-            },
-            now,
-            &self.limits,
-            transition,
-            render,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(receipt)
-    }
-
-    async fn run_duty_checked<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let changed = runs::run_duty(&mut PgTx::new(&tx, &self.wake_channel), due, now, &self.limits, transition).await?;
-        tx.commit().await?;
-        Ok(changed)
-    }
-
     /// A change that found a broken ledger chain, or a run document it cannot read, was not
     /// written: open an incident, block the run, and answer as refused.
     async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
@@ -287,11 +201,7 @@ impl PostgresStore {
     /// A change that found a broken ledger chain was not written: open an incident and block
     /// the run, in a transaction of its own.
     async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let refusal = integrity::record_breach(&mut PgTx::new(&tx, &self.wake_channel), &breach, now_ms(), &self.limits).await?;
-        tx.commit().await?;
-        Ok(refusal)
+        in_transaction!(self, |tx| integrity::record_breach(tx, &breach, now_ms(), &self.limits))
     }
 
     /// The shared logic on a pooled connection, outside a transaction.
@@ -374,10 +284,6 @@ impl PostgresStore {
 
 // ------------------------------------------------------------------------------------------
 
-fn corrupt(error: serde_json::Error) -> StoreError {
-    error.into()
-}
-
 fn parse_kind(kind: &str) -> Option<TaskKind> {
     match kind {
         "workflow" => Some(TaskKind::Workflow),
@@ -436,7 +342,7 @@ fn list_conditions(filter: &ListFilter, with_status: bool, params: &mut Vec<Box<
 }
 
 fn summary_from_state(state: &str) -> StoreResult<RunSummary> {
-    let run: RunState = serde_json::from_str(state).map_err(corrupt)?;
+    let run: RunState = serde_json::from_str(state)?;
     Ok(summary_of(&run))
 }
 
@@ -596,7 +502,7 @@ impl Store for PostgresStore {
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
     {
-        let result = self.mutate_run_checked(namespace, locator, now, transition).await;
+        let result = in_transaction!(self, |tx| runs::mutate(tx, namespace, &locator, now, &self.limits, transition));
         self.guard(result).await
     }
 
@@ -614,9 +520,12 @@ impl Store for PostgresStore {
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
         R: FnOnce(&T, &RunState) -> Value + Send + 'static,
     {
-        let result = self
-            .mutate_run_keyed_checked(namespace, locator, key, now, transition, render)
-            .await;
+        let command = runs::KeyedCommand {
+            namespace,
+            locator: &locator,
+            key: &key,
+        };
+        let result = in_transaction!(self, |tx| runs::mutate_keyed(tx, command, now, &self.limits, transition, render));
         self.guard(result).await
     }
 
@@ -625,7 +534,7 @@ impl Store for PostgresStore {
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
     {
-        let result = self.run_duty_checked(due, now, transition).await;
+        let result = in_transaction!(self, |tx| runs::run_duty(tx, due, now, &self.limits, transition));
         self.guard(result).await
     }
     async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
@@ -646,45 +555,14 @@ impl Store for PostgresStore {
         document: Map<String, Value>,
         now: Millis,
     ) -> StoreResult<ActionDefinition> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let hash = ActionDefinition::hash_of(activity_type, &document);
-        let existing = tx
-            .query_opt(
-                "SELECT doc FROM action_definitions WHERE namespace = $1 AND activity_type = $2 FOR UPDATE",
-                &[&namespace, &activity_type],
-            )
-            .await?
-            .map(|r| serde_json::from_str::<ActionDefinition>(r.get::<_, &str>(0)).map_err(corrupt))
-            .transpose()?;
-        if let Some(existing) = existing.as_ref().filter(|d| d.definition_hash == hash) {
-            return Ok(existing.clone());
-        }
-        let definition = ActionDefinition {
-            version: existing.map(|d| d.version + 1).unwrap_or(1),
-            namespace: namespace.to_string(),
-            activity_type: activity_type.to_string(),
+        in_transaction!(self, |tx| actions::put_action_definition(
+            tx,
+            namespace,
+            activity_type,
             recovery_mode,
             document,
-            definition_hash: hash,
-            updated_at: now,
-        };
-        tx.execute(
-            "INSERT INTO action_definitions (namespace, activity_type, version, definition_hash, updated_at, doc) VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (namespace, activity_type) DO UPDATE SET version = excluded.version, definition_hash = excluded.definition_hash,
-                 updated_at = excluded.updated_at, doc = excluded.doc",
-            &[
-                &namespace,
-                &activity_type,
-                &(definition.version as i64),
-                &definition.definition_hash,
-                &now,
-                &serde_json::to_string(&definition).map_err(corrupt)?,
-            ],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(definition)
+            now
+        ))
     }
 
     async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
@@ -712,7 +590,7 @@ impl Store for PostgresStore {
             .await?;
         let checkpoints = rows
             .iter()
-            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(StoreError::from))
             .collect::<StoreResult<Vec<_>>>()?;
         Ok(crate::chain_order(checkpoints))
     }

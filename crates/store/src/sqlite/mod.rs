@@ -7,8 +7,7 @@ mod writer;
 
 pub(crate) use writer::note_io_failure;
 
-use crate::logic::persist::persist;
-use crate::logic::{admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs};
+use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
@@ -421,35 +420,14 @@ impl Store for SqliteStore {
         let (namespace, activity_type) = (namespace.to_string(), activity_type.to_string());
         self.writer
             .write_tx(move |tx| {
-                let hash = ActionDefinition::hash_of(&activity_type, &document);
-                let existing = drive(claim::action_definition(tx, &namespace, &activity_type))?;
-                let conn = tx.connection();
-                if let Some(existing) = existing.as_ref().filter(|d| d.definition_hash == hash) {
-                    return Ok(existing.clone());
-                }
-                let definition = ActionDefinition {
-                    version: existing.map(|d| d.version + 1).unwrap_or(1),
-                    namespace: namespace.clone(),
-                    activity_type: activity_type.clone(),
+                drive(actions::put_action_definition(
+                    tx,
+                    &namespace,
+                    &activity_type,
                     recovery_mode,
                     document,
-                    definition_hash: hash,
-                    updated_at: now,
-                };
-                conn.prepare_cached(
-                    "INSERT INTO action_definitions (namespace, activity_type, version, definition_hash, updated_at, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                     ON CONFLICT (namespace, activity_type) DO UPDATE SET version = excluded.version, definition_hash = excluded.definition_hash,
-                         updated_at = excluded.updated_at, doc = excluded.doc",
-                )?
-                .execute(params![
-                    namespace,
-                    activity_type,
-                    definition.version,
-                    definition.definition_hash,
                     now,
-                    serde_json::to_string(&definition)?
-                ])?;
-                Ok(definition)
+                ))
             })
             .await
     }
@@ -494,7 +472,7 @@ impl Store for SqliteStore {
         let namespace = namespace.to_string();
         let limits = self.limits.clone();
         // Only types this process has a handler for: another node may hold the others.
-        let types = serde_json::to_string(&actions.0.keys().collect::<Vec<_>>()).map_err(|e| StoreError::Storage(e.to_string()))?;
+        let types = serde_json::to_string(&actions.0.keys().collect::<Vec<_>>())?;
         let result = self
             .writer
             .write_tx(move |tx| {
@@ -508,50 +486,29 @@ impl Store for SqliteStore {
                     .query_row(params![namespace, ATOMIC_QUEUE, now, types], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
                 let Some((task_id, run_id)) = candidate else { return Ok(None) };
-                let mut run =
+                let run =
                     drive(runs::lock_run(tx, &run_id, false))?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
-                let task_id = TaskId(task_id);
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(now, &mut ids, &limits);
-                cx.memo = Some(codec);
-                let activity_type = match run.tasks.get(&task_id).map(|t| &t.detail) {
-                    Some(TaskDetail::Activity { activity_type, .. }) => activity_type.clone(),
-                    _ => return Ok(None),
+                let step = match drive(actions::lease_atomic(tx, run, TaskId(task_id), &actions, codec, now, &limits))? {
+                    actions::AtomicLease::Nothing => return Ok(None),
+                    actions::AtomicLease::Refused(outcome) => return Ok(Some(outcome)),
+                    actions::AtomicLease::Ready(step) => *step,
                 };
-                let definition = drive(claim::action_definition(tx, &run.namespace, &activity_type))?;
-                let Some(task) = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())? else {
-                    drive(persist(tx, &run, &cx.effects, false, &limits))?;
-                    return Ok(Some(AtomicOutcome::Refused {
-                        workflow_id: run.workflow_id.clone(),
-                    }));
-                };
-                let arguments = run
-                    .activities
-                    .values()
-                    .find(|a| a.task_id == task_id)
-                    .map(|a| codec.to_json(&a.arguments))
-                    .unwrap_or_else(|| Err("no activity execution".into()));
-                let handled = match (actions.0.get(&activity_type), arguments) {
-                    (None, _) => Err(format!("no atomic action is registered for {activity_type:?}")),
-                    (Some(_), Err(error)) => Err(format!("the arguments could not be decoded: {error}")),
-                    (Some(action), Ok(arguments)) => {
+                let handled = match &step.handler {
+                    Err(message) => Err(message.clone()),
+                    Ok((action, arguments)) => {
                         let conn = tx.connection();
                         conn.execute_batch("SAVEPOINT capstan_atomic")?;
-                        match action.run(&mut SqliteAtomic(conn), &arguments) {
-                            Ok(value) => {
-                                conn.execute_batch("RELEASE capstan_atomic")?;
-                                codec.json_to_payload(&value)
-                            }
-                            Err(message) => {
-                                conn.execute_batch("ROLLBACK TO capstan_atomic; RELEASE capstan_atomic")?;
-                                Err(message)
-                            }
-                        }
+                        let handled = actions::handler_result(codec, action.run(&mut SqliteAtomic(conn), arguments));
+                        let end = if handled.is_ok() {
+                            "RELEASE capstan_atomic"
+                        } else {
+                            "ROLLBACK TO capstan_atomic; RELEASE capstan_atomic"
+                        };
+                        conn.execute_batch(end)?;
+                        handled
                     }
                 };
-                let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
-                drive(persist(tx, &run, &cx.effects, false, &limits))?;
-                Ok(Some(outcome))
+                drive(actions::finish_atomic_step(tx, step, handled, codec, now, &limits)).map(Some)
             })
             .await;
         self.guard(result).await

@@ -116,3 +116,18 @@ pub(crate) fn drive<T>(logic: impl Future<Output = StoreResult<T>>) -> StoreResu
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_that_is_not_ready_is_an_error_not_a_wait() {
+        assert_eq!(drive(async { Ok::<_, crate::StoreError>(3) }).unwrap(), 3);
+        let pending = drive(std::future::pending::<StoreResult<()>>());
+        assert!(
+            matches!(pending, Err(crate::StoreError::Storage(ref m)) if m.contains("synchronously")),
+            "{pending:?}"
+        );
+    }
+}

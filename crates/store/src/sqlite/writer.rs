@@ -184,3 +184,60 @@ fn run(mut conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tx::Tx;
+    use capstan_engine::TaskKind;
+
+    fn writer() -> (Writer, tokio::sync::mpsc::UnboundedReceiver<WakeKey>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("w.db")).unwrap();
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)").unwrap();
+        let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+        (Writer::start(conn, wake), woken, dir)
+    }
+
+    fn key(queue: &str) -> WakeKey {
+        ("default".into(), TaskKind::Workflow, queue.into())
+    }
+
+    #[tokio::test]
+    async fn a_rolled_back_job_announces_nothing_and_a_committed_one_after_commit() {
+        let (writer, mut woken, _dir) = writer();
+        let refused = writer
+            .write_tx(|tx| {
+                tx.connection().execute("INSERT INTO t (id) VALUES (1)", [])?;
+                let _ = crate::sqlite::tx::drive(async { tx.announce(key("refused")).await });
+                Err::<(), _>(StoreError::Storage("refused after announcing".into()))
+            })
+            .await;
+        assert!(refused.is_err());
+        writer
+            .write_tx(|tx| crate::sqlite::tx::drive(async { tx.announce(key("kept")).await }))
+            .await
+            .unwrap();
+        assert_eq!(woken.recv().await, Some(key("kept")), "only the committed job's announcement");
+        assert!(woken.try_recv().is_err());
+        let rows: i64 = writer
+            .write(|conn| Ok(conn.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(rows, 0, "the refused job's write was rolled back with it");
+    }
+
+    #[tokio::test]
+    async fn a_unique_violation_is_a_conflict_naming_the_columns() {
+        let (writer, _woken, _dir) = writer();
+        writer
+            .write(|conn| Ok(conn.execute("INSERT INTO t (id) VALUES (7)", [])?))
+            .await
+            .unwrap();
+        let again = writer.write(|conn| Ok(conn.execute("INSERT INTO t (id) VALUES (7)", [])?)).await;
+        assert!(
+            matches!(&again, Err(StoreError::Conflict { constraint, .. }) if constraint == "t.id"),
+            "{again:?}"
+        );
+    }
+}

@@ -604,6 +604,9 @@ impl MemoCodec for JsonCodec {
     }
 
     fn json_to_payload(&self, value: &Value) -> Result<Payload, String> {
+        if value.get("unencodable").is_some() {
+            return Err("this codec cannot encode the answer".into());
+        }
         Ok(Payload::avro(value.to_string()))
     }
 }
@@ -628,12 +631,16 @@ impl AtomicAction for Credit {
         if arguments[0]["fail"] == json!(true) {
             return Err("the ledger of the bank said no".into());
         }
+        if arguments[0]["unencodable"] == json!(true) {
+            return Ok(json!({"unencodable": account}));
+        }
         let rows = tx.query("SELECT amount FROM suite_balances WHERE account = $1", &[account])?;
         Ok(json!({"credited": rows[0][0]}))
     }
 }
 
-pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(store: S) {
+/// Defines `suite.credit` as an atomic action; the catalog a scheduling transition pins.
+async fn define_credit<S: Store>(store: &S) -> std::sync::Arc<std::collections::BTreeMap<String, ActionDefinition>> {
     store
         .put_action_definition(
             "default",
@@ -644,48 +651,60 @@ pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(
         )
         .await
         .unwrap();
-    let catalog: std::collections::BTreeMap<String, ActionDefinition> = store
-        .action_definitions("default")
+    let catalog = store.action_definitions("default").await.unwrap().into_iter();
+    std::sync::Arc::new(catalog.map(|d| (d.activity_type.clone(), d)).collect())
+}
+
+/// Starts `workflow` on a queue of its name and has its first workflow task schedule
+/// `suite.credit` with `arguments` (two attempts at most).
+async fn schedule_credit<S: Store>(
+    store: &S,
+    workflow: &str,
+    arguments: Value,
+    catalog: &std::sync::Arc<std::collections::BTreeMap<String, ActionDefinition>>,
+) {
+    started(store, workflow, workflow).await;
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, workflow, &[], "w", 60_000, NOW, None)
         .await
         .unwrap()
-        .into_iter()
-        .map(|d| (d.activity_type.clone(), d))
-        .collect();
-    let catalog = std::sync::Arc::new(catalog);
+        .expect("a workflow task");
+    let commands = vec![WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "suite.credit".into(),
+        arguments: Payload::avro(arguments.to_string()),
+        queue: None,
+        retry_policy: Some(RetryPolicy {
+            max_attempts: Some(2),
+            backoff_seconds: vec![0],
+            non_retryable_error_types: vec![],
+        }),
+        timeouts: ActivityTimeouts::default(),
+        tags: Map::new(),
+    })];
+    let (id, fence, catalog) = (task.id.clone(), task.fence, catalog.clone());
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            cx.actions = Some(catalog);
+            complete_workflow_task(run, cx, &id, "w", fence, commands)
+        })
+        .await
+        .unwrap();
+}
+
+pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(store: S) {
+    let catalog = define_credit(&store).await;
     let actions = AtomicActions::new([(
         "suite.credit".to_string(),
         std::sync::Arc::new(Credit) as std::sync::Arc<dyn AtomicAction>,
     )]);
-    let schedule = |workflow: &str, fail: bool| {
-        let arguments = json!([{"account": workflow, "amount": 5, "fail": fail}]).to_string();
-        vec![WorkflowCommand::ScheduleActivity(ScheduleActivity {
-            activity_type: "suite.credit".into(),
-            arguments: Payload::avro(arguments),
-            queue: None,
-            retry_policy: Some(RetryPolicy {
-                max_attempts: Some(2),
-                backoff_seconds: vec![0],
-                non_retryable_error_types: vec![],
-            }),
-            timeouts: ActivityTimeouts::default(),
-            tags: Map::new(),
-        })]
-    };
     for (workflow, fail) in [("atomic-ok", false), ("atomic-fails", true)] {
-        started(&store, workflow, workflow).await;
-        let (task, _) = store
-            .claim_task("default", TaskKind::Workflow, workflow, &[], "w", 60_000, NOW, None)
-            .await
-            .unwrap()
-            .expect("a workflow task");
-        let (id, fence, catalog, commands) = (task.id.clone(), task.fence, catalog.clone(), schedule(workflow, fail));
-        store
-            .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
-                cx.actions = Some(catalog);
-                complete_workflow_task(run, cx, &id, "w", fence, commands)
-            })
-            .await
-            .unwrap();
+        schedule_credit(
+            &store,
+            workflow,
+            json!([{"account": workflow, "amount": 5, "fail": fail}]),
+            &catalog,
+        )
+        .await;
         assert!(
             store
                 .claim_task("default", TaskKind::Activity, workflow, &[], "a", 60_000, NOW, None)
@@ -737,20 +756,13 @@ pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(
             Ok(json!(rows))
         }
     }
-    started(&store, "atomic-probe", "probe").await;
-    let (task, _) = store
-        .claim_task("default", TaskKind::Workflow, "probe", &[], "w", 60_000, NOW, None)
-        .await
-        .unwrap()
-        .unwrap();
-    let (id, fence, catalog2, commands) = (task.id.clone(), task.fence, catalog.clone(), schedule("probe", false));
-    store
-        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
-            cx.actions = Some(catalog2);
-            complete_workflow_task(run, cx, &id, "w", fence, commands)
-        })
-        .await
-        .unwrap();
+    schedule_credit(
+        &store,
+        "atomic-probe",
+        json!([{"account": "probe", "amount": 5, "fail": false}]),
+        &catalog,
+    )
+    .await;
     let probe = AtomicActions::new([(
         "suite.credit".to_string(),
         std::sync::Arc::new(Probe) as std::sync::Arc<dyn AtomicAction>,
@@ -767,6 +779,58 @@ pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(
         .find(|e| e.event_type == EventType::ActivityCompleted)
         .unwrap();
     assert_eq!(seen.payload["result"], json!(json!([["atomic-ok"]]).to_string()));
+}
+
+/// A handler that succeeds with an answer the codec cannot record fails its attempt, and its
+/// writes roll back with it: they never commit beside a failed (so retried) attempt.
+pub async fn an_atomic_answer_that_cannot_be_recorded_rolls_back_the_handler_writes<S: Store>(store: S) {
+    let catalog = define_credit(&store).await;
+    let credit = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Credit) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    let arguments = json!([{"account": "unrecordable", "amount": 5, "unencodable": true}]);
+    schedule_credit(&store, "atomic-unrecordable", arguments, &catalog).await;
+    let mut outcomes = Vec::new();
+    while let Some(outcome) = store.run_atomic_task("default", credit.clone(), &JSON_CODEC, NOW).await.unwrap() {
+        outcomes.push(outcome);
+    }
+    assert_eq!(outcomes.len(), 2, "both attempts fail: {outcomes:?}");
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, AtomicOutcome::Failed { message, .. } if message.contains("cannot encode"))));
+    struct Count;
+    impl AtomicAction for Count {
+        fn run(&self, tx: &mut dyn AtomicTransaction, _: &Value) -> Result<Value, String> {
+            tx.execute(
+                "CREATE TABLE IF NOT EXISTS suite_balances (account TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
+                &[],
+            )?;
+            let rows = tx.query("SELECT COUNT(*) FROM suite_balances WHERE account = 'unrecordable'", &[])?;
+            Ok(json!({"rows": rows[0][0]}))
+        }
+    }
+    schedule_credit(&store, "atomic-count", json!([{}]), &catalog).await;
+    let count = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Count) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    store.run_atomic_task("default", count, &JSON_CODEC, NOW).await.unwrap().unwrap();
+    let run = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-count".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = all_history(&store, &run)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(
+        seen.payload["result"],
+        json!(json!({"rows": 0}).to_string()),
+        "the failed attempts wrote nothing"
+    );
 }
 
 pub async fn schedules_fire_each_occurrence_once_with_their_workflows<S: Store + Clone>(store: S) {
@@ -1471,6 +1535,7 @@ macro_rules! store_suite {
             query_tasks_are_leased_and_answered_once,
             validation_tasks_are_claimed_only_by_their_kind,
             atomic_actions_commit_or_roll_back_with_their_completion,
+            an_atomic_answer_that_cannot_be_recorded_rolls_back_the_handler_writes,
             schedules_fire_each_occurrence_once_with_their_workflows,
             retention_removes_closed_instances_and_frees_their_ids,
             typed_visibility_filters_select_exactly_the_matching_runs,
