@@ -5,16 +5,6 @@ use super::*;
 /// The internal task queue of atomic actions: only the server's atomic executor claims it.
 pub const ATOMIC_QUEUE: &str = "__capstan_atomic";
 
-pub(super) fn activity_identity(execution: &ActivityExecution) -> Map<String, Value> {
-    let mut payload = obj!(
-        "activity_execution_id" => execution.id,
-        "activity_type" => execution.activity_type,
-        "sequence" => execution.step,
-    );
-    extend(&mut payload, &execution.tags);
-    payload
-}
-
 pub(super) fn set_ready_activity_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, execution: &ActivityExecution) {
     let now = cx.now;
     let task = run.task_mut(cx, task_id).expect("open activity task");
@@ -95,17 +85,14 @@ fn refuse_dispatch(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Act
     run.close_task(cx, &task.id, TaskClosure::Failed);
     run.activities.remove(&execution.id);
     let failure_id: String = cx.ids.next_id();
-    let mut payload = activity_identity(execution);
-    payload.extend(obj!(
-        "attempt_number" => execution.attempt_count,
-        "failure_id" => failure_id,
-        "failure_category" => "activity",
-        "exception_type" => reason,
-        "exception_class" => reason,
-        "message" => message,
-        "non_retryable" => true,
-        "exception" => json!({"class": reason, "type": reason, "message": message}),
-    ));
+    let payload = events::activity_failed(
+        &failure_id,
+        events::Failed::Refused {
+            execution,
+            reason,
+            message,
+        },
+    );
     run.append(cx, EventType::ActivityFailed, payload, None, None);
     run.want_workflow_task(cx, None);
 }
@@ -157,11 +144,15 @@ fn lease_activity_attempt(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, own
     let stored = run.activities.get_mut(&execution.id).expect("exists");
     stored.attempt_count = attempt_number;
     stored.attempt_ids.push(attempt_id.clone());
-    let mut payload = activity_identity(&execution);
-    payload.insert("activity_attempt_id".into(), json!(attempt_id));
-    payload.insert("attempt_number".into(), json!(attempt_number));
-    payload.insert("lease_expires_at".into(), json!(iso8601(expires_at)));
-    payload.insert("task_id".into(), json!(task_id));
+    let payload = events::activity_started(events::Started::Leased {
+        attempt: AttemptRef {
+            execution: &execution,
+            attempt_id: Some(&attempt_id),
+            number: attempt_number,
+        },
+        task_id,
+        lease_expires_at: expires_at,
+    });
     run.append(cx, EventType::ActivityStarted, payload, None, None);
     Ok(task)
 }
@@ -329,11 +320,14 @@ pub fn complete_activity(
             return Ok(receipt);
         }
     }
-    let mut payload = activity_identity(&execution);
-    payload.insert("activity_attempt_id".into(), json!(attempt_id));
-    payload.insert("attempt_number".into(), json!(execution.attempt_count));
-    payload.insert("result".into(), json!(result.blob));
-    payload.insert("payload_codec".into(), json!(result.codec));
+    let payload = events::activity_completed(events::Completed::Worker {
+        attempt: AttemptRef {
+            execution: &execution,
+            attempt_id: Some(attempt_id),
+            number: execution.attempt_count,
+        },
+        result: &result,
+    });
     let result_hash = crate::ledger::digest(&result.blob);
     run.append(cx, EventType::ActivityCompleted, payload, None, None);
     // A declared action's conclusive result closes its ledger entry in the same transaction.
@@ -410,38 +404,11 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
         TaskDetail::Activity { attempt_id, .. } => attempt_id.clone(),
         _ => None,
     };
-    let mut payload = activity_identity(execution);
-    payload.insert("activity_attempt_id".into(), json!(attempt_id));
-    payload.insert("attempt_number".into(), json!(attempt_number));
-    if let Some(details) = &execution.last_heartbeat_details {
-        payload.insert("last_heartbeat_details".into(), details.clone());
-    }
-    match &end {
-        AttemptEnd::Failed { failure, .. } => {
-            payload.insert("exception_type".into(), json!(failure.failure_type));
-            payload.insert(
-                "exception_class".into(),
-                json!(failure.class.clone().or_else(|| failure.failure_type.clone())),
-            );
-            payload.insert("message".into(), json!(failure.message));
-            payload.insert("code".into(), json!(failure.code));
-            payload.insert(
-                "exception".into(),
-                json!({
-                    "class": failure.class.clone().or_else(|| failure.failure_type.clone()),
-                    "type": failure.failure_type,
-                    "message": failure.message,
-                    "code": failure.code,
-                    "trace": failure.stack_trace,
-                    "details": failure.details.as_ref().map(payload_json),
-                }),
-            );
-        }
-        AttemptEnd::TimedOut { timeout_kind } => {
-            payload.insert("timeout_kind".into(), json!(timeout_kind));
-            payload.insert("message".into(), json!(format!("Activity attempt timed out ({timeout_kind}).")));
-        }
-    }
+    let attempt = AttemptRef {
+        execution,
+        attempt_id: attempt_id.as_ref(),
+        number: attempt_number,
+    };
     if will_retry {
         let retry_task = run.new_task(
             cx,
@@ -461,22 +428,16 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
         stored.task_id = retry_task.clone();
         let stored = stored.clone();
         set_ready_activity_deadline(run, cx, &retry_task, &stored);
-        payload.insert("retry_task_id".into(), json!(retry_task));
-        payload.insert("retry_of_task_id".into(), json!(task.id));
-        payload.insert("retry_available_at".into(), json!(iso8601(retry_at)));
-        payload.insert("retry_backoff_seconds".into(), json!(backoff_ms / 1000));
-        payload.insert("retry_after_attempt_id".into(), json!(attempt_id));
-        payload.insert("retry_after_attempt".into(), json!(attempt_number));
-        payload.insert(
-            "retry_reason".into(),
-            json!(if matches!(end, AttemptEnd::TimedOut { .. }) {
-                "timeout"
-            } else {
-                "failure"
-            }),
-        );
-        payload.insert("max_attempts".into(), json!(execution.retry_policy.max_attempts));
-        payload.insert("retry_policy".into(), execution.retry_policy.to_json());
+        let payload = events::activity_retry_scheduled(events::Retry::Policy {
+            attempt,
+            end: &end,
+            next: NextAttempt {
+                task_id: &retry_task,
+                available_at: retry_at,
+                backoff_seconds: backoff_ms / 1000,
+            },
+            retry_of_task_id: &task.id,
+        });
         run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
         return Receipt {
             run_status: run.status,
@@ -486,25 +447,19 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
         };
     }
     let failure_id: String = cx.ids.next_id();
-    payload.insert("failure_id".into(), json!(failure_id));
-    let event_type = match end {
+    let (event_type, payload) = match &end {
         AttemptEnd::Failed { non_retryable, .. } => {
-            payload.insert("failure_category".into(), json!("activity"));
-            payload.insert(
-                "non_retryable".into(),
-                json!(non_retryable || !retryable || !execution.retry_policy.allows_attempt(attempt_number + 1)),
-            );
-            EventType::ActivityFailed
+            let non_retryable = *non_retryable || !retryable || !execution.retry_policy.allows_attempt(attempt_number + 1);
+            let failed = events::Failed::Attempt {
+                attempt,
+                end: &end,
+                non_retryable,
+            };
+            (EventType::ActivityFailed, events::activity_failed(&failure_id, failed))
         }
         AttemptEnd::TimedOut { .. } => {
-            // `timeout_kind` is already in the payload (set with the attempt's failure fields).
-            payload.insert("failure_category".into(), json!("timeout"));
-            payload.insert("exception_class".into(), json!("ActivityTimedOut"));
-            payload.insert(
-                "schedule_to_close_deadline_at".into(),
-                json!(execution.schedule_to_close_deadline.map(iso8601)),
-            );
-            EventType::ActivityTimedOut
+            let timed_out = events::TimedOut::Attempt { attempt, end: &end };
+            (EventType::ActivityTimedOut, events::activity_timed_out(&failure_id, timed_out))
         }
     };
     run.append(cx, event_type, payload, None, None);
@@ -592,12 +547,16 @@ pub fn heartbeat_activity(
     // New progress details are kept for the next attempt and recorded once in history.
     if let Some(details) = details.filter(|d| !d.is_null()) {
         if execution.last_heartbeat_details.as_ref() != Some(&details) {
-            let mut payload = activity_identity(&execution);
-            payload.insert("activity_attempt_id".into(), json!(attempt_id));
-            payload.insert("attempt_number".into(), json!(attempt_number));
-            payload.insert("heartbeat_at".into(), json!(iso8601(now)));
-            payload.insert("lease_expires_at".into(), json!(iso8601(lease.expires_at)));
-            payload.insert("progress".into(), details.clone());
+            let payload = events::activity_heartbeat_recorded(events::Heartbeat::Worker {
+                attempt: AttemptRef {
+                    execution: &execution,
+                    attempt_id: Some(attempt_id),
+                    number: attempt_number,
+                },
+                at: now,
+                lease_expires_at: lease.expires_at,
+                progress: &details,
+            });
             run.activities
                 .get_mut(&execution.id)
                 .expect("open execution")

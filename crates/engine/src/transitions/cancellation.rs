@@ -30,14 +30,7 @@ pub fn request_cancellation(
     require_open(run)?;
     run.command_count += 1;
     let deadline = cx.now + cleanup_timeout_seconds * 1000;
-    let payload = obj!(
-        "workflow_command_id" => command_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "command_type" => "request_cancellation",
-        "reason" => reason,
-        "cleanup_deadline_at" => iso8601(deadline),
-    );
+    let payload = events::cooperative_cancellation_requested(run, &command_id, reason.as_deref(), deadline);
     run.append(cx, EventType::CooperativeCancellationRequested, payload, None, Some(&command_id));
     let request = CancellationRequest {
         request_id: command_id,
@@ -204,19 +197,7 @@ pub fn deliver_cancellation(
         operation_sequence_span: delivery.operation_sequence_span,
         delivered_at: cx.now,
     };
-    let mut payload = obj!(
-        "workflow_command_id" => request.request_id,
-        "workflow_run_id" => run.run_id,
-        "sequence" => done.sequence,
-        "call_kind" => done.call_kind,
-    );
-    if done.sequence_span != 1 {
-        payload.insert("sequence_span".into(), json!(done.sequence_span));
-    }
-    if let Some(operation) = done.operation_sequence {
-        payload.insert("operation_sequence".into(), json!(operation));
-        payload.insert("operation_sequence_span".into(), json!(done.operation_sequence_span));
-    }
+    let payload = events::cooperative_cancellation_delivered(run, &request.request_id, &done);
     run.append(
         cx,
         EventType::CooperativeCancellationDelivered,
@@ -244,14 +225,7 @@ fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
     for activity in activities {
         run.activities.remove(&activity.id);
         run.close_task(cx, &activity.task_id, TaskClosure::Cancelled);
-        let payload = obj!(
-            "activity_execution_id" => activity.id,
-            "sequence" => step,
-            "activity_type" => activity.activity_type,
-            "attempt_number" => activity.attempt_count,
-            "message" => "Activity cancelled: cooperative cancellation delivered.",
-            "exception_type" => "ActivityCancelled",
-        );
+        let payload = events::activity_cancelled(events::Cancelled::Delivered(&activity));
         run.append(cx, EventType::ActivityCancelled, payload, None, None);
     }
     run.condition_waits.retain(|w| w.step != step);
@@ -287,25 +261,13 @@ pub(super) fn append_cooperative_cancelled(run: &mut RunState, cx: &mut Cx, wt: 
     };
     let message = format!("Workflow cancelled: {reason}");
     let failure_id: String = cx.ids.next_id();
-    let payload = obj!(
-        "workflow_command_id" => request.request_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "failure_id" => failure_id,
-        "failure_category" => "cancelled",
-        "closed_reason" => "cancelled",
-        "exception_class" => "WorkflowCancelled",
-        "outcome" => outcome,
-        "reason" => reason,
-        "message" => message,
-        "cancellation_cleanup" => json!({
-            "request_id": request.request_id,
-            "outcome": outcome,
-            "cleanup_deadline_at": iso8601(request.cleanup_deadline_at),
-            "delivery_sequence": request.delivery.as_ref().map(|d| d.sequence),
-            "finished_at": iso8601(cx.now),
-        }),
-    );
+    let by = events::CancelledBy::Cooperative {
+        request: &request,
+        outcome,
+        reason,
+        finished_at: cx.now,
+    };
+    let payload = events::workflow_cancelled(run, &failure_id, by, &message);
     run.failure = Some(WorkflowFailure {
         message,
         exception_type: Some("WorkflowCancelled".into()),

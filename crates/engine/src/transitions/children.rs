@@ -2,16 +2,6 @@
 
 use super::*;
 
-/// DW's record of a child retry policy (`max_attempts` absent means one attempt).
-pub(super) fn child_retry_snapshot(policy: &RetryPolicy) -> Value {
-    json!({
-        "snapshot_version": 1,
-        "max_attempts": policy.max_attempts.unwrap_or(1),
-        "backoff_seconds": policy.backoff_seconds,
-        "non_retryable_error_types": policy.non_retryable_error_types,
-    })
-}
-
 /// A failed (or timed-out) child run whose parent gave a retry policy with attempts left, and
 /// whose failure is retryable, is followed by the instance's next run in the same transaction:
 /// same type, queue and input, the execution deadline carried, its first workflow task held back
@@ -90,86 +80,23 @@ pub fn resolve_child(run: &mut RunState, cx: &mut Cx, outcome: &ChildOutcome) ->
         };
         link.run_id = retry.run_id.clone();
         let link = link.clone();
-        let mut payload = obj!(
-            "sequence" => outcome.parent.sequence,
-            "child_workflow_instance_id" => outcome.child_workflow_id,
-            "child_workflow_run_id" => retry.run_id,
-            "child_workflow_type" => link.workflow_type,
-            "parent_close_policy" => link.parent_close_policy,
-            "cancellation_policy" => link.cancellation_policy,
-            "child_status" => "pending",
-            "child_run_number" => retry.run_number,
-            "retry_attempt" => retry.attempt,
-            "retry_of_child_workflow_run_id" => outcome.child_run_id,
-            "retry_backoff_seconds" => retry.backoff_seconds,
-        );
-        if let Some(policy) = &outcome.parent.retry_policy {
-            payload.insert("retry_policy".into(), child_retry_snapshot(policy));
-        }
-        if !link.call_id.is_empty() {
-            payload.insert("child_call_id".into(), json!(link.call_id));
-            payload.insert("workflow_link_id".into(), json!(link.call_id));
-        }
-        extend(&mut payload, &link.tags);
+        let payload = events::child_run_started(events::ChildStarted::Retry {
+            outcome,
+            retry,
+            link: &link,
+        });
         run.append(cx, EventType::ChildRunStarted, payload, None, None);
         return Ok(true);
     }
     let Some(link) = run.children.remove(&outcome.parent.sequence) else {
         return Ok(false);
     };
-    let mut payload = obj!(
-        "sequence" => outcome.parent.sequence,
-        "child_workflow_instance_id" => outcome.child_workflow_id,
-        "child_workflow_run_id" => outcome.child_run_id,
-        "child_workflow_type" => link.workflow_type,
-        "parent_close_policy" => link.parent_close_policy,
-        "cancellation_policy" => link.cancellation_policy,
-        "child_status" => outcome.status.as_str(),
-        "closed_reason" => outcome.closed_reason.map(|r| r.as_str()),
-        "closed_at" => iso8601(outcome.closed_at),
-    );
-    if !link.call_id.is_empty() {
-        payload.insert("child_call_id".into(), json!(link.call_id));
-        payload.insert("workflow_link_id".into(), json!(link.call_id));
-    }
-    extend(&mut payload, &link.tags);
-    let failure = |payload: &mut Map<String, Value>, category: &str| {
-        let failure = outcome.failure.clone().unwrap_or_default();
-        payload.insert("failure_category".into(), json!(category));
-        payload.insert("exception_type".into(), json!(failure.exception_type));
-        payload.insert("exception_class".into(), json!(failure.exception_class.or(failure.exception_type)));
-        payload.insert("message".into(), json!(failure.message));
-        payload.insert("exception".into(), json!(failure.exception));
-    };
-    let event_type = match outcome.closed_reason {
-        Some(ClosedReason::Completed) => {
-            let output = outcome
-                .output
-                .clone()
-                .unwrap_or_else(|| Payload::avro(crate::payload::AVRO_NULL_BLOB));
-            payload.insert("output".into(), json!(output.blob));
-            payload.insert("payload_codec".into(), json!(output.codec));
-            EventType::ChildRunCompleted
-        }
-        Some(ClosedReason::Cancelled) => {
-            failure(&mut payload, "cancelled");
-            EventType::ChildRunCancelled
-        }
-        Some(ClosedReason::Terminated) => {
-            failure(&mut payload, "terminated");
-            EventType::ChildRunTerminated
-        }
-        _ => {
-            failure(
-                &mut payload,
-                if outcome.closed_reason == Some(ClosedReason::TimedOut) {
-                    "timeout"
-                } else {
-                    "application"
-                },
-            );
-            EventType::ChildRunFailed
-        }
+    let (event_type, payload) = match outcome.closed_reason {
+        Some(ClosedReason::Completed) => (EventType::ChildRunCompleted, events::child_run_completed(outcome, &link)),
+        Some(ClosedReason::Cancelled) => (EventType::ChildRunCancelled, events::child_run_cancelled(outcome, &link)),
+        Some(ClosedReason::Terminated) => (EventType::ChildRunTerminated, events::child_run_terminated(outcome, &link)),
+        // Failed, and timed out.
+        _ => (EventType::ChildRunFailed, events::child_run_failed(outcome, &link)),
     };
     run.append(cx, event_type, payload, None, None);
     run.want_workflow_task(cx, None);

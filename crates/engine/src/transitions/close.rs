@@ -34,16 +34,8 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
                 "request_cancel" | "request_cancellation" => CloseCommand::Cancel,
                 _ => continue,
             };
-            // The parent's side of the relationship, before its terminal event (the child's
-            // close commits in the same transaction). DW's field names: no `sequence` or
-            // `child_call_id`, which the SDKs' replayers would take for a step resolution.
-            let payload = obj!(
-                "child_instance_id" => child.workflow_id,
-                "child_run_id" => child.run_id,
-                "child_workflow_type" => child.workflow_type,
-                "policy" => child.parent_close_policy,
-                "reason" => format!("Parent workflow closed ({}); parent-close policy: {}.", reason.as_str(), child.parent_close_policy),
-            );
+            // Before the parent's terminal event (the child's close commits in the same transaction).
+            let payload = events::parent_close_policy_applied(&child, reason);
             run.append(cx, EventType::ParentClosePolicyApplied, payload, None, None);
             cx.effects.close_children.push((child.workflow_id, command));
         }

@@ -248,16 +248,7 @@ pub fn repair(run: &mut RunState, cx: &mut Cx, command_id: CommandId) -> Result<
         }
     };
     run.command_count += 1;
-    let payload = obj!(
-        "workflow_command_id" => command_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "command_type" => "repair",
-        "outcome" => if dispatched { "repair_dispatched" } else { "repair_not_needed" },
-        "wait_kind" => run.wait_kind(),
-        "task_id" => task_id,
-        "task_type" => task_id.as_ref().map(|_| "workflow"),
-    );
+    let payload = events::repair_requested(run, &command_id, dispatched, task_id.as_ref());
     run.append(cx, EventType::RepairRequested, payload, None, Some(&command_id));
     Ok(RepairOutcome {
         dispatched,
@@ -287,19 +278,9 @@ pub fn archive(run: &mut RunState, cx: &mut Cx, reason: Option<String>, command_
         ));
     }
     run.command_count += 1;
-    let identity = obj!(
-        "workflow_command_id" => command_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "reason" => reason,
-    );
-    let mut requested = identity.clone();
-    requested.insert("command_type".into(), json!("archive"));
-    requested.insert("outcome".into(), json!("archived"));
+    let requested = events::archive_requested(run, &command_id, reason.as_deref());
     run.append(cx, EventType::ArchiveRequested, requested, None, Some(&command_id));
-    let mut archived = identity;
-    archived.insert("archive_command_id".into(), json!(command_id));
-    archived.insert("outcome".into(), json!("archived"));
+    let archived = events::workflow_archived(run, &command_id, reason.as_deref());
     run.append(cx, EventType::WorkflowArchived, archived, None, Some(&command_id));
     run.archived = true;
     Ok((
@@ -329,50 +310,39 @@ pub fn close_by_command(
 ) -> Result<CommandReceipt, Refusal> {
     require_open(run)?;
     run.command_count += 1;
-    let (request_type, terminal_type, status, closed, command_type, verb) = match kind {
-        CloseCommand::Cancel => (
-            EventType::CancelRequested,
-            EventType::WorkflowCancelled,
-            RunStatus::Cancelled,
-            ClosedReason::Cancelled,
-            "cancel",
-            "cancelled",
-        ),
-        CloseCommand::Terminate => (
-            EventType::TerminateRequested,
-            EventType::WorkflowTerminated,
-            RunStatus::Terminated,
-            ClosedReason::Terminated,
-            "terminate",
-            "terminated",
-        ),
-    };
     let cmd = Some(&command_id);
-    let request = obj!(
-        "workflow_command_id" => command_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "command_type" => command_type,
-        "reason" => reason,
-    );
+    let reason = reason.as_deref();
+    let (request_type, request) = match kind {
+        CloseCommand::Cancel => (EventType::CancelRequested, events::cancel_requested(run, &command_id, reason)),
+        CloseCommand::Terminate => (EventType::TerminateRequested, events::terminate_requested(run, &command_id, reason)),
+    };
     run.append(cx, request_type, request, None, cmd);
+    let (status, closed, verb) = match kind {
+        CloseCommand::Cancel => (RunStatus::Cancelled, ClosedReason::Cancelled, "cancelled"),
+        CloseCommand::Terminate => (RunStatus::Terminated, ClosedReason::Terminated, "terminated"),
+    };
     close_run_from_outside(run, cx, status, closed);
     let failure_id: String = cx.ids.next_id();
-    let message = match &reason {
+    let message = match reason {
         Some(reason) => format!("Workflow {verb}: {reason}"),
         None => format!("Workflow {verb}."),
     };
-    let terminal = obj!(
-        "workflow_command_id" => command_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "failure_id" => failure_id,
-        "failure_category" => verb,
-        "closed_reason" => closed.as_str(),
-        "exception_class" => if kind == CloseCommand::Cancel { "WorkflowCancelled" } else { "WorkflowTerminated" },
-        "message" => message,
-        "reason" => reason,
-    );
+    let (terminal_type, terminal) = match kind {
+        CloseCommand::Cancel => {
+            let by = events::CancelledBy::Command {
+                command_id: &command_id,
+                reason,
+            };
+            (
+                EventType::WorkflowCancelled,
+                events::workflow_cancelled(run, &failure_id, by, &message),
+            )
+        }
+        CloseCommand::Terminate => (
+            EventType::WorkflowTerminated,
+            events::workflow_terminated(run, &failure_id, &command_id, reason, &message),
+        ),
+    };
     run.failure = Some(WorkflowFailure {
         message,
         ..Default::default()

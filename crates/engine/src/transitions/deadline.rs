@@ -87,13 +87,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
 fn end_unstarted(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, timeout_kind: &'static str) {
     run.close_task(cx, &task.id, TaskClosure::TimedOut);
     let failure_id: String = cx.ids.next_id();
-    let mut payload = activity_identity(execution);
-    payload.insert("attempt_number".into(), json!(execution.attempt_count));
-    payload.insert("failure_id".into(), json!(failure_id));
-    payload.insert("failure_category".into(), json!("timeout"));
-    payload.insert("timeout_kind".into(), json!(timeout_kind));
-    payload.insert("exception_class".into(), json!("ActivityTimedOut"));
-    payload.insert("message".into(), json!(format!("Activity timed out ({timeout_kind}).")));
+    let payload = events::activity_timed_out(&failure_id, events::TimedOut::Unstarted { execution, timeout_kind });
     run.append(cx, EventType::ActivityTimedOut, payload, None, None);
     run.activities.remove(&execution.id);
     run.want_workflow_task(cx, None);
@@ -136,15 +130,7 @@ fn time_out_run(run: &mut RunState, cx: &mut Cx) {
     };
     let failure_id: String = cx.ids.next_id();
     let message = format!("Workflow {} timed out ({timeout_kind}).", run.workflow_id);
-    let payload = obj!(
-        "failure_id" => failure_id,
-        "timeout_kind" => timeout_kind,
-        "failure_category" => "timeout",
-        "message" => message,
-        "exception_class" => "WorkflowTimedOut",
-        "execution_deadline_at" => run.execution_deadline_at.map(iso8601),
-        "run_deadline_at" => run.run_deadline_at.map(iso8601),
-    );
+    let payload = events::workflow_timed_out(run, &failure_id, timeout_kind, &message);
     run.failure = Some(WorkflowFailure {
         message,
         exception_type: Some("WorkflowTimedOut".into()),

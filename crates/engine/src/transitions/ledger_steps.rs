@@ -172,16 +172,18 @@ pub(super) fn ledger_poll_again(
         TaskDetail::Activity { attempt_id, .. } => attempt_id.clone(),
         _ => None,
     };
-    let mut payload = activity_identity(execution);
-    payload.extend(obj!(
-        "activity_attempt_id" => attempt_id,
-        "attempt_number" => execution.attempt_count,
-        "retry_task_id" => poll_task,
-        "retry_reason" => "ledger_pending",
-        "retry_available_at" => iso8601(poll_at),
-        "retry_backoff_seconds" => interval_seconds,
-        "message" => "The provider reported a pending result; polling again.",
-    ));
+    let payload = events::activity_retry_scheduled(events::Retry::LedgerPending {
+        attempt: AttemptRef {
+            execution,
+            attempt_id: attempt_id.as_ref(),
+            number: execution.attempt_count,
+        },
+        next: NextAttempt {
+            task_id: &poll_task,
+            available_at: poll_at,
+            backoff_seconds: interval_seconds,
+        },
+    });
     run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
     Receipt {
         run_status: run.status,
@@ -259,15 +261,18 @@ pub fn resolve_ledger_entry(
     let Some(execution) = execution else {
         return Ok(resolved);
     };
-    let mut payload = activity_identity(&execution);
-    payload.insert("activity_attempt_id".into(), json!(entry.activity_attempt_id));
-    payload.insert("attempt_number".into(), json!(execution.attempt_count));
-    payload.insert("ledger_key".into(), json!(ledger_key));
+    let attempt = AttemptRef {
+        execution: &execution,
+        attempt_id: Some(&entry.activity_attempt_id),
+        number: execution.attempt_count,
+    };
     match decision {
         LedgerDecision::EffectConfirmed { result } => {
-            payload.insert("result".into(), json!(result.blob));
-            payload.insert("payload_codec".into(), json!(result.codec));
-            payload.insert("resolved_by".into(), json!("operator"));
+            let payload = events::activity_completed(events::Completed::Confirmed {
+                attempt,
+                ledger_key,
+                result: &result,
+            });
             run.append(cx, EventType::ActivityCompleted, payload, None, None);
             run.activities.remove(&execution.id);
             run.want_workflow_task(cx, None);
@@ -289,15 +294,15 @@ pub fn resolve_ledger_entry(
             let stored = run.activities.get_mut(&execution.id).expect("open execution");
             stored.task_id = retry_task.clone();
             stored.blocked_by = None;
-            payload.extend(obj!(
-                "retry_task_id" => retry_task,
-                "retry_reason" => "ledger_effect_absent",
-                "retry_after_attempt_id" => entry.activity_attempt_id,
-                "retry_after_attempt" => execution.attempt_count,
-                "retry_available_at" => iso8601(cx.now),
-                "retry_backoff_seconds" => 0,
-                "message" => "An operator recorded that the effect did not happen; one deliberate retry.",
-            ));
+            let payload = events::activity_retry_scheduled(events::Retry::LedgerEffectAbsent {
+                attempt,
+                ledger_key,
+                next: NextAttempt {
+                    task_id: &retry_task,
+                    available_at: cx.now,
+                    backoff_seconds: 0,
+                },
+            });
             run.append(cx, EventType::ActivityRetryScheduled, payload, None, None);
         }
     }

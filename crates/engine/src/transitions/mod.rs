@@ -26,16 +26,6 @@ macro_rules! obj {
     }};
 }
 
-fn payload_json(payload: &Payload) -> Value {
-    json!({"codec": payload.codec, "blob": payload.blob})
-}
-
-fn extend(map: &mut Map<String, Value>, tags: &StepTags) {
-    for (key, value) in tags {
-        map.entry(key.clone()).or_insert_with(|| value.clone());
-    }
-}
-
 fn invalid(message: impl Into<String>) -> Refusal {
     Refusal::new(Reason::InvalidCommands, message)
 }
@@ -66,7 +56,7 @@ use close::*;
 use commands::*;
 pub use control::*;
 pub use deadline::*;
-use events::{TimerWait, UpdateEnd, UpdateRef};
+use events::{AttemptRef, LocalActivityRef, LocalAttemptRef, NextAttempt, TimerWait, UpdateEnd, UpdateRef};
 pub use ledger_steps::*;
 pub use start::*;
 pub use workflow_task::*;

@@ -30,8 +30,7 @@ pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
     let execution_deadline_at = start.execution_timeout_seconds.map(|s| cx.now + s * 1000);
     let mut run = blank_run(cx, start, 1, execution_deadline_at);
     let command = run.start_command_id.clone();
-    let mut accepted = run_identity(&run);
-    accepted.insert("outcome".into(), json!("started_new"));
+    let accepted = events::start_accepted(&run);
     run.append(cx, EventType::StartAccepted, accepted, None, Some(&command));
     begin_run(run, cx)
 }
@@ -98,47 +97,10 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
     }
 }
 
-fn run_identity(run: &RunState) -> Map<String, Value> {
-    obj!(
-        "workflow_command_id" => run.start_command_id,
-        "workflow_instance_id" => run.workflow_id,
-        "workflow_run_id" => run.run_id,
-        "workflow_type" => run.workflow_type,
-        "business_key" => run.business_key,
-        "memo" => run.memo,
-        "search_attributes" => run.search_attributes,
-    )
-}
-
 /// `WorkflowStarted`, the first workflow task and the run-deadline task of a new run.
 pub(super) fn begin_run(mut run: RunState, cx: &mut Cx) -> RunState {
     let command = run.start_command_id.clone();
-    let mut started = run_identity(&run);
-    started.insert("execution_timeout_seconds".into(), json!(run.execution_timeout_seconds));
-    started.insert("run_timeout_seconds".into(), json!(run.run_timeout_seconds));
-    started.insert("execution_deadline_at".into(), json!(run.execution_deadline_at.map(iso8601)));
-    started.insert("run_deadline_at".into(), json!(run.run_deadline_at.map(iso8601)));
-    started.insert("input_envelope".into(), payload_json(&run.input));
-    started.insert("task_queue".into(), json!(run.task_queue));
-    started.insert("run_number".into(), json!(run.run_number));
-    if let Some(previous) = &run.continued_from_run_id {
-        started.insert("continued_from_run_id".into(), json!(previous));
-    }
-    if let Some(contract) = &run.contract {
-        started.extend(contract.declared_fields());
-    }
-    if let Some(parent) = &run.parent {
-        started.insert("parent_workflow_instance_id".into(), json!(parent.workflow_id));
-        started.insert("parent_workflow_run_id".into(), json!(parent.run_id));
-        started.insert("parent_sequence".into(), json!(parent.sequence));
-        if let Some(policy) = &parent.retry_policy {
-            started.insert("retry_policy".into(), child_retry_snapshot(policy));
-        }
-        if let Some(failed) = &run.retry_of_run_id {
-            started.insert("retry_attempt".into(), json!(parent.attempt));
-            started.insert("retry_of_child_workflow_run_id".into(), json!(failed));
-        }
-    }
+    let started = events::workflow_started(&run);
     run.append(cx, EventType::WorkflowStarted, started, None, Some(&command));
     run.want_workflow_task(cx, None);
     if let Some(deadline) = min_opt(run.execution_deadline_at, run.run_deadline_at) {

@@ -139,7 +139,7 @@ pub fn complete_workflow_task(
             apply_signal_to_wait(run, cx, task_id, signal_id, signal_name, arguments, command_id, &commands);
         }
         Some(ResumeContext::AfterUpdate { update_id }) => {
-            let receiver = obj!("workflow_update_id" => update_id);
+            let receiver = events::Receiver::Update { update_id };
             satisfy_condition_wait(run, cx, task_id, receiver, None, &commands);
         }
         _ => {}
@@ -202,19 +202,11 @@ fn apply_signal_to_wait(
     if let Some(index) = run.signal_waits.iter().position(|w| w.signal_name == signal_name) {
         let wait = run.signal_waits.remove(index);
         cancel_wait_timer(run, cx, wait.timer_id.as_ref());
-        let payload = obj!(
-            "workflow_command_id" => command_id,
-            "signal_id" => signal_id,
-            "signal_name" => signal_name,
-            "signal_wait_id" => wait.id,
-            "sequence" => wait.step,
-            "value" => arguments.blob,
-            "payload_codec" => arguments.codec,
-        );
+        let payload = events::signal_applied(&wait, command_id, signal_id, arguments);
         run.append(cx, EventType::SignalApplied, payload, Some(task_id), Some(command_id));
         return;
     }
-    let receiver = obj!("workflow_signal_id" => signal_id, "signal_name" => signal_name);
+    let receiver = events::Receiver::Signal { signal_id, signal_name };
     satisfy_condition_wait(run, cx, task_id, receiver, Some(command_id), commands);
 }
 
@@ -224,7 +216,7 @@ fn satisfy_condition_wait(
     run: &mut RunState,
     cx: &mut Cx,
     task_id: &TaskId,
-    receiver: Map<String, Value>,
+    receiver: events::Receiver,
     command_id: Option<&CommandId>,
     commands: &[WorkflowCommand],
 ) {
@@ -242,15 +234,7 @@ fn satisfy_condition_wait(
         // receivers to the old wait on replay.
         return;
     }
-    let mut payload = obj!(
-        "condition_wait_id" => wait.id,
-        "condition_key" => wait.condition_key,
-        "condition_definition_fingerprint" => wait.fingerprint,
-        "sequence" => wait.step,
-        "timer_id" => wait.timer_id,
-        "timeout_seconds" => wait.timeout_seconds,
-    );
-    payload.extend(receiver);
+    let payload = events::condition_wait_satisfied(&wait, receiver);
     run.append(cx, EventType::ConditionWaitSatisfied, payload, Some(task_id), command_id);
 }
 

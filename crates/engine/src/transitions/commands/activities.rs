@@ -62,23 +62,10 @@ pub(super) fn schedule_activity(run: &mut RunState, cx: &mut Cx, at: At, schedul
         }
     }
     set_ready_activity_deadline(run, cx, &task, &execution);
-    let mut payload = activity_identity(&execution);
-    payload.insert("queue".into(), json!(execution.queue));
-    if execution.retry_policy_given {
-        payload.insert("retry_policy".into(), execution.retry_policy.to_json());
-    }
-    let t = &execution.timeouts;
-    for (key, value) in [
-        ("start_to_close_timeout", t.start_to_close_seconds),
-        ("schedule_to_start_timeout", t.schedule_to_start_seconds),
-        ("schedule_to_close_timeout", t.schedule_to_close_seconds),
-        ("heartbeat_timeout", t.heartbeat_seconds),
-    ] {
-        if let Some(value) = value {
-            payload.insert(key.into(), json!(value));
-        }
-    }
-    payload.insert("task_id".into(), json!(task));
+    let payload = events::activity_scheduled(events::Scheduled::Worker {
+        execution: &execution,
+        task_id: &task,
+    });
     run.activities.insert(execution.id.clone(), execution);
     run.append(cx, EventType::ActivityScheduled, payload, wt, None);
 }

@@ -45,27 +45,14 @@ pub(super) fn start_child_workflow(run: &mut RunState, cx: &mut Cx, at: At, chil
         let child_run = begin_run(child_run, &mut next);
         (child_run, next.effects)
     };
-    let mut payload = obj!(
-        "sequence" => step,
-        "child_workflow_instance_id" => child_run.workflow_id,
-        "child_workflow_run_id" => child_run.run_id,
-        "child_workflow_type" => child_run.workflow_type,
-        "child_call_id" => child_run.start_command_id,
-        "workflow_link_id" => child_run.start_command_id,
-        "parent_close_policy" => child.parent_close_policy,
-        "cancellation_policy" => child.cancellation_policy,
-        "task_queue" => child_run.task_queue,
-    );
-    if let Some(policy) = &child.retry_policy {
-        payload.insert("retry_policy".into(), child_retry_snapshot(policy));
-    }
-    extend(&mut payload, &child.tags);
-    run.append(cx, EventType::ChildWorkflowScheduled, payload.clone(), wt, None);
-    payload.insert("child_status".into(), json!(child_run.status.as_str()));
-    payload.insert("child_run_number".into(), json!(child_run.run_number));
-    payload.insert("execution_timeout_seconds".into(), json!(child_run.execution_timeout_seconds));
-    payload.insert("run_timeout_seconds".into(), json!(child_run.run_timeout_seconds));
-    run.append(cx, EventType::ChildRunStarted, payload, wt, None);
+    let scheduled = events::child_workflow_scheduled(step, &child_run, &child);
+    run.append(cx, EventType::ChildWorkflowScheduled, scheduled, wt, None);
+    let started = events::child_run_started(events::ChildStarted::First {
+        step,
+        child: &child_run,
+        start: &child,
+    });
+    run.append(cx, EventType::ChildRunStarted, started, wt, None);
     run.children.insert(
         step,
         ChildLink {

@@ -5,7 +5,7 @@ use super::*;
 /// `WorkflowCompleted` with the workflow's result.
 pub(super) fn complete_workflow(run: &mut RunState, cx: &mut Cx, at: At, result: Payload) {
     let wt = at.task;
-    let payload = obj!("output" => result.blob, "payload_codec" => result.codec);
+    let payload = events::workflow_completed(&result);
     run.output = Some(result);
     close_run(run, cx, RunStatus::Completed, ClosedReason::Completed);
     run.append(cx, EventType::WorkflowCompleted, payload, wt, None);
@@ -40,16 +40,7 @@ pub(super) fn continue_as_new(
         let successor = continued_run(&mut next, run, arguments, workflow_type, queue);
         (successor, next.effects)
     };
-    let mut payload = obj!(
-        "sequence" => step,
-        "continued_to_run_id" => successor.run_id,
-        "continued_to_run_number" => successor.run_number,
-        "workflow_link_id" => successor.start_command_id,
-        "closed_reason" => "continued",
-        "workflow_type" => successor.workflow_type,
-        "task_queue" => successor.task_queue,
-    );
-    extend(&mut payload, &tags);
+    let payload = events::workflow_continued_as_new(step, &successor, &tags);
     run.append(cx, EventType::WorkflowContinuedAsNew, payload, wt, None);
     // Link the chains: the successor's first event follows this run's last.
     let mut successor = successor;

@@ -7,8 +7,7 @@ use std::ops::RangeInclusive;
 /// `SideEffectRecorded`.
 pub(super) fn record_side_effect(run: &mut RunState, cx: &mut Cx, at: At, result: Payload, tags: StepTags) {
     let At { step, task: wt } = at;
-    let mut payload = obj!("sequence" => step, "result" => result.blob, "payload_codec" => result.codec);
-    extend(&mut payload, &tags);
+    let payload = events::side_effect_recorded(step, &result, &tags);
     run.append(cx, EventType::SideEffectRecorded, payload, wt, None);
 }
 
@@ -23,15 +22,7 @@ pub(super) fn record_version_marker(
     tags: StepTags,
 ) {
     let At { step, task: wt } = at;
-    let (min_supported, max_supported) = supported.into_inner();
-    let mut payload = obj!(
-        "sequence" => step,
-        "change_id" => change_id,
-        "version" => version,
-        "min_supported" => min_supported,
-        "max_supported" => max_supported,
-    );
-    extend(&mut payload, &tags);
+    let payload = events::version_marker_recorded(step, &change_id, version, supported.into_inner(), &tags);
     run.append(cx, EventType::VersionMarkerRecorded, payload, wt, None);
 }
 
@@ -45,8 +36,7 @@ pub(super) fn upsert_search_attributes(run: &mut RunState, cx: &mut Cx, at: At, 
             run.search_attributes.insert(key.clone(), value.clone());
         }
     }
-    let mut payload = obj!("sequence" => step, "attributes" => attributes, "merged" => run.search_attributes);
-    extend(&mut payload, &tags);
+    let payload = events::search_attributes_upserted(step, &attributes, &run.search_attributes, &tags);
     run.append(cx, EventType::SearchAttributesUpserted, payload, wt, None);
 }
 
@@ -61,12 +51,7 @@ pub(super) fn upsert_memo(run: &mut RunState, cx: &mut Cx, at: At, entries: Payl
     let merged = codec
         .merge(base, &entries)
         .map_err(|reason| invalid(format!("upsert_memo: {reason}")))?;
-    let mut payload = obj!(
-        "sequence" => step,
-        "entries" => payload_json(&entries),
-        "merged" => payload_json(&merged.merged),
-    );
-    extend(&mut payload, &tags);
+    let payload = events::memo_upserted(step, &entries, &merged.merged, &tags);
     run.memo = merged.projection;
     run.memo_merged = Some(merged.merged);
     run.append(cx, EventType::MemoUpserted, payload, wt, None);

@@ -52,16 +52,7 @@ pub(super) fn cancel_selection_member(
             cx.effects.close_children.push((child.workflow_id.clone(), CloseCommand::Cancel));
         }
     }
-    let payload = obj!(
-        "selection_group_id" => cancel.selection_group_id,
-        "member_key" => cancel.member_key,
-        "member_index" => cancel.member_index,
-        "member_base_sequence" => cancel.member_base_sequence,
-        "member_size" => cancel.member_size,
-        "operation_kind" => cancel.operation_kind,
-        "operation_identity" => cancel.operation_identity,
-        "cancelled_at" => iso8601(cx.now),
-    );
+    let payload = events::selection_operation_cancelled(&cancel, cx.now);
     run.append(cx, EventType::SelectionOperationCancelled, payload, wt, None);
     Ok(())
 }

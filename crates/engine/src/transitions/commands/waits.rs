@@ -14,15 +14,6 @@ pub(super) fn open_condition_wait(
 ) {
     let At { step, task: wt } = at;
     let wait_id: WaitId = cx.id();
-    let mut payload = obj!(
-        "condition_wait_id" => wait_id,
-        "condition_key" => condition_key,
-        "condition_definition_fingerprint" => fingerprint,
-        "sequence" => step,
-        "timeout_seconds" => timeout_seconds,
-    );
-    extend(&mut payload, &tags);
-    run.append(cx, EventType::ConditionWaitOpened, payload, wt, None);
     let mut wait = ConditionWait {
         id: wait_id.clone(),
         step,
@@ -31,6 +22,8 @@ pub(super) fn open_condition_wait(
         timeout_seconds,
         timer_id: None,
     };
+    let payload = events::condition_wait_opened(&wait, &tags);
+    run.append(cx, EventType::ConditionWaitOpened, payload, wt, None);
     if let Some(timeout) = timeout_seconds.filter(|t| *t > 0) {
         let timer = schedule_timer(run, cx, step, timeout, TimerPurpose::ConditionTimeout(wait_id), tags);
         wait.timer_id = Some(timer.id.clone());
@@ -53,14 +46,6 @@ pub(super) fn open_signal_wait(run: &mut RunState, cx: &mut Cx, at: At, signal_n
     let At { step, task: wt } = at;
     let now = cx.now;
     let wait_id: WaitId = cx.id();
-    let mut payload = obj!(
-        "signal_name" => signal_name,
-        "signal_wait_id" => wait_id,
-        "sequence" => step,
-        "timeout_seconds" => timeout_seconds,
-    );
-    extend(&mut payload, &tags);
-    run.append(cx, EventType::SignalWaitOpened, payload, wt, None);
     let mut wait = SignalWait {
         id: wait_id.clone(),
         step,
@@ -68,6 +53,8 @@ pub(super) fn open_signal_wait(run: &mut RunState, cx: &mut Cx, at: At, signal_n
         timeout_seconds,
         timer_id: None,
     };
+    let payload = events::signal_wait_opened(&wait, &tags);
+    run.append(cx, EventType::SignalWaitOpened, payload, wt, None);
     match timeout_seconds {
         Some(0) => {
             // A zero timeout resolves at once: the wait times out in this very completion.

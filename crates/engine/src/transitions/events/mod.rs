@@ -1,0 +1,65 @@
+//! Event payloads, one builder per event type, so every place that records an event type
+//! writes the same fields. Where one type is recorded from several places with different
+//! fields (a local activity's events, an operator's ledger decision, a cooperative
+//! cancellation…), the difference is a variant of the builder's parameter, never a map built at
+//! the call site. Each builder is named after its event type. The one recorded type not built
+//! here is `SelectionResolved`: `crate::selection` builds it, as only the selection book knows
+//! the winner.
+//!
+//! Key order does not matter (the canonical form sorts keys), but which fields a payload has,
+//! and which value wins when a step tag has the same name as a field, does: explicit fields
+//! always win, tags only add fields the event does not have. (A local activity's echoed fields
+//! are the exception: they win over everything, see [`Scheduled::Local`].)
+//!
+//! Builders take the engine's state and build nothing else: ids (`failure_id`…) and messages
+//! the run also keeps are made by the caller, in the order it always made them.
+
+use super::*;
+
+mod activity;
+mod children;
+mod control;
+mod messages;
+mod records;
+mod run;
+mod timers;
+mod waits;
+
+pub(super) use activity::*;
+pub(super) use children::*;
+pub(super) use control::*;
+pub(super) use messages::*;
+pub(super) use records::*;
+pub(super) use run::*;
+pub(super) use timers::*;
+pub(super) use waits::*;
+
+fn payload_json(payload: &Payload) -> Value {
+    json!({"codec": payload.codec, "blob": payload.blob})
+}
+
+/// Adds the step tags the payload does not already have.
+fn extend(map: &mut Map<String, Value>, tags: &StepTags) {
+    for (key, value) in tags {
+        map.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+}
+
+/// `fields`, then the step tags they lack.
+fn tagged(fields: Map<String, Value>, tags: &StepTags) -> Map<String, Value> {
+    let mut payload = fields;
+    extend(&mut payload, tags);
+    payload
+}
+
+/// The fields of a failure the workflow's code raised (the run's own, or an update handler's).
+fn application_failure(failure: &WorkflowFailure) -> Map<String, Value> {
+    obj!(
+        "failure_category" => "application",
+        "non_retryable" => failure.non_retryable,
+        "exception_type" => failure.exception_type,
+        "exception_class" => failure.exception_class.clone().or_else(|| failure.exception_type.clone()),
+        "message" => failure.message,
+        "exception" => failure.exception,
+    )
+}

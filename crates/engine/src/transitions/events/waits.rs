@@ -1,0 +1,78 @@
+//! Condition and signal waits: opened by the workflow, resolved by a signal or an update.
+
+use super::*;
+
+/// `ConditionWaitOpened`.
+pub(in crate::transitions) fn condition_wait_opened(wait: &ConditionWait, tags: &StepTags) -> Map<String, Value> {
+    let payload = obj!(
+        "condition_wait_id" => wait.id,
+        "condition_key" => wait.condition_key,
+        "condition_definition_fingerprint" => wait.fingerprint,
+        "sequence" => wait.step,
+        "timeout_seconds" => wait.timeout_seconds,
+    );
+    tagged(payload, tags)
+}
+
+/// `SignalWaitOpened`.
+pub(in crate::transitions) fn signal_wait_opened(wait: &SignalWait, tags: &StepTags) -> Map<String, Value> {
+    let payload = obj!(
+        "signal_name" => wait.signal_name,
+        "signal_wait_id" => wait.id,
+        "sequence" => wait.step,
+        "timeout_seconds" => wait.timeout_seconds,
+    );
+    tagged(payload, tags)
+}
+
+/// `SignalApplied`: the signal's value resolves the wait for its name.
+pub(in crate::transitions) fn signal_applied(
+    wait: &SignalWait,
+    command_id: &CommandId,
+    signal_id: &SignalId,
+    arguments: &Payload,
+) -> Map<String, Value> {
+    obj!(
+        "workflow_command_id" => command_id,
+        "signal_id" => signal_id,
+        "signal_name" => wait.signal_name,
+        "signal_wait_id" => wait.id,
+        "sequence" => wait.step,
+        "value" => arguments.blob,
+        "payload_codec" => arguments.codec,
+    )
+}
+
+/// What resolved a condition wait.
+pub(in crate::transitions) enum Receiver<'a> {
+    Signal {
+        signal_id: &'a SignalId,
+        signal_name: &'a str,
+    },
+    /// An update whose handler ran.
+    Update {
+        update_id: &'a str,
+    },
+}
+
+/// `ConditionWaitSatisfied`.
+pub(in crate::transitions) fn condition_wait_satisfied(wait: &ConditionWait, receiver: Receiver) -> Map<String, Value> {
+    let mut payload = obj!(
+        "condition_wait_id" => wait.id,
+        "condition_key" => wait.condition_key,
+        "condition_definition_fingerprint" => wait.fingerprint,
+        "sequence" => wait.step,
+        "timer_id" => wait.timer_id,
+        "timeout_seconds" => wait.timeout_seconds,
+    );
+    match receiver {
+        Receiver::Signal { signal_id, signal_name } => {
+            payload.insert("workflow_signal_id".into(), json!(signal_id));
+            payload.insert("signal_name".into(), json!(signal_name));
+        }
+        Receiver::Update { update_id } => {
+            payload.insert("workflow_update_id".into(), json!(update_id));
+        }
+    }
+    payload
+}
