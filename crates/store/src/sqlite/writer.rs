@@ -6,13 +6,17 @@
 //! COMMITs once. Only after the COMMIT (and its fsync, `synchronous=FULL`) returns does any job
 //! in the batch learn its result. Many concurrent transitions therefore share one fsync without
 //! any of them being acknowledged before it is durable.
+//!
+//! The hand-off itself (batching, savepoints, announcements only after COMMIT, each caller
+//! answered exactly once, a failed job that cannot be undone taking its batch down) is
+//! `capstan_sync::group_commit`, model-checked there under loom; this file is the SQLite side.
 
 use super::tx::SqliteTx;
 use crate::{StoreError, StoreResult, WakeKey};
+use capstan_sync::group_commit::{self, Backend, Ending, Job};
 use rusqlite::Connection;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{mpsc, Arc};
-use tokio::sync::oneshot;
+use std::sync::Arc;
 
 thread_local! {
     /// Set when a statement of the current batch failed for a reason of the device (full, IO
@@ -25,15 +29,9 @@ pub fn note_io_failure() {
     IO_FAILED.with(|f| f.set(true));
 }
 
-const BATCH_MAX: usize = 128;
-
-/// Runs inside the transaction, noting the tasks it made ready; returns whether to keep its
-/// changes and how to answer.
-type Job = Box<dyn FnOnce(&mut Connection, &mut Vec<WakeKey>) -> (bool, Box<dyn FnOnce(StoreResult<()>) + Send>) + Send>;
-
 #[derive(Clone)]
 pub struct Writer {
-    jobs: mpsc::Sender<Job>,
+    jobs: group_commit::Sender<Job<Sqlite>>,
     health: Arc<Health>,
 }
 
@@ -47,21 +45,30 @@ struct Health {
 impl Writer {
     /// Starts the writer thread; committed ready-task announcements go to `wake`.
     pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>) -> Self {
-        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (jobs, inbox) = group_commit::channel::<Job<Sqlite>>();
         let health = Arc::new(Health::default());
-        let thread_health = health.clone();
+        let mut backend = Sqlite {
+            conn,
+            health: health.clone(),
+        };
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
             // Transitions run here, memo merges with them, and payload decoding recurses per
             // nesting level: the same room as the server's runtime threads.
             .stack_size(crate::STACK_BYTES)
-            .spawn(move || run(conn, inbox, wake, &thread_health))
+            .spawn(move || {
+                let _stopped = Stopped(backend.health.clone());
+                group_commit::run(&mut backend, &inbox, |key| {
+                    let _ = wake.send(key);
+                })
+            })
             .expect("spawn the SQLite writer thread");
         Self { jobs, health }
     }
 
     /// Whether the last transaction failed to begin or commit (a full disk, an IO error, a
-    /// failed fsync): the server reports itself not ready until a commit succeeds again.
+    /// failed fsync), or the writer thread stopped: the server reports itself not ready until a
+    /// commit succeeds again.
     pub fn is_failing(&self) -> bool {
         self.health.failing.load(Ordering::SeqCst)
     }
@@ -88,100 +95,102 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&mut SqliteTx<'_>) -> StoreResult<T> + Send + 'static,
     {
-        let (answer, answered) = oneshot::channel();
-        let job: Job = Box::new(move |conn, announced| {
-            let result = job(&mut SqliteTx::new(conn, announced));
-            let keep = result.is_ok();
-            let finish = Box::new(move |commit: StoreResult<()>| {
-                let _ = answer.send(commit.and(result));
-            });
-            (keep, finish)
+        let (job, reply) = group_commit::job::<Sqlite, T, StoreError, _>(move |conn: &mut Connection, announced: &mut Vec<WakeKey>| {
+            job(&mut SqliteTx::new(conn, announced))
         });
         self.jobs
             .send(job)
             .map_err(|_| StoreError::Storage("the writer thread has stopped".into()))?;
-        answered
+        reply
             .await
             .map_err(|_| StoreError::Storage("the writer thread dropped a job".into()))?
+            .into_result(StoreError::Storage)
     }
 }
 
-fn run(mut conn: Connection, inbox: mpsc::Receiver<Job>, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, health: &Health) {
-    while let Ok(first) = inbox.recv() {
-        let mut batch = vec![first];
-        while batch.len() < BATCH_MAX {
-            match inbox.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        let mut finishers = Vec::with_capacity(batch.len());
-        // Ready-task announcements of the jobs kept in this batch; sent only after COMMIT.
-        let mut announced: Vec<WakeKey> = Vec::new();
+/// Marks the store failing when the writer thread ends: it ends only once the store is gone,
+/// or by a panic, after which every write is refused.
+struct Stopped(Arc<Health>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.failing.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The database side of the group commit (see `capstan_sync::group_commit`, which holds the
+/// hand-off: batching, savepoints per job, announcements only after COMMIT, each caller
+/// answered once). Errors are the message each job of a batch that did not commit is given.
+struct Sqlite {
+    conn: Connection,
+    health: Arc<Health>,
+}
+
+impl Backend for Sqlite {
+    type Conn = Connection;
+    type Announcement = WakeKey;
+    type Error = String;
+
+    fn conn(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
+    fn begin(&mut self) -> Result<(), String> {
         IO_FAILED.with(|f| f.set(false));
-        let begin = conn.execute_batch("BEGIN IMMEDIATE");
-        if let Err(error) = begin {
-            // Never run a job outside a transaction: dropping the batch answers each caller
-            // with a storage error.
+        self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|error| {
             tracing::error!(%error, "could not begin a write transaction");
-            health.failing.store(true, Ordering::SeqCst);
-            drop(batch);
-            continue;
-        }
-        for job in batch {
-            let savepoint = conn.execute_batch("SAVEPOINT job");
-            if let Err(error) = savepoint {
-                tracing::error!(%error, "could not open a savepoint");
-                continue;
-            }
-            let mut job_announced = Vec::new();
-            // A bug that panics inside one transition must not take the writer (and with it
-            // every later write) down: undo that job alone; its caller sees a storage error.
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn, &mut job_announced)));
-            let Ok((keep, finish)) = outcome else {
+            self.health.failing.store(true, Ordering::SeqCst);
+            error.to_string()
+        })
+    }
+
+    fn savepoint(&mut self) -> Result<(), String> {
+        self.conn.execute_batch("SAVEPOINT job").map_err(|error| {
+            tracing::error!(%error, "could not open a savepoint");
+            error.to_string()
+        })
+    }
+
+    fn end_job(&mut self, ending: Ending) -> Result<(), String> {
+        let sql = match ending {
+            Ending::Keep => "RELEASE job",
+            Ending::Undo => "ROLLBACK TO job; RELEASE job",
+            Ending::Panicked => {
                 tracing::error!("a write job panicked; its changes were rolled back");
-                let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
-                continue;
-            };
-            if keep {
-                announced.append(&mut job_announced);
+                "ROLLBACK TO job; RELEASE job"
             }
-            let end = if keep {
-                conn.execute_batch("RELEASE job")
-            } else {
-                conn.execute_batch("ROLLBACK TO job; RELEASE job")
-            };
-            if let Err(error) = end {
-                tracing::error!(%error, "could not close a savepoint");
-            }
-            finishers.push(finish);
-        }
-        let injected = health
+        };
+        self.conn.execute_batch(sql).map_err(|error| {
+            tracing::error!(%error, "could not close a savepoint");
+            format!("a failed write could not be undone, so its group commit was rolled back: {error}")
+        })
+    }
+
+    fn commit(&mut self) -> Result<(), String> {
+        let injected = self
+            .health
             .injected_failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         let commit = if injected {
             Err(StoreError::Storage("disk I/O error (injected: the commit's fsync failed)".into()))
         } else {
-            conn.execute_batch("COMMIT").map_err(StoreError::from)
+            self.conn.execute_batch("COMMIT").map_err(StoreError::from)
         };
         if let Err(error) = &commit {
             tracing::error!(%error, "a group commit failed; its changes were rolled back and no job in it was acknowledged");
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = self.conn.execute_batch("ROLLBACK");
         }
         let io_failed = IO_FAILED.with(|f| f.replace(false));
-        health.failing.store(commit.is_err() || io_failed, Ordering::SeqCst);
-        if commit.is_ok() {
-            for key in announced {
-                let _ = wake.send(key);
-            }
-        }
-        for finish in finishers {
-            finish(match &commit {
-                Ok(()) => Ok(()),
-                Err(error) => Err(StoreError::Storage(error.to_string())),
-            });
-        }
+        self.health.failing.store(commit.is_err() || io_failed, Ordering::SeqCst);
+        commit.map_err(|error| error.to_string())
+    }
+
+    fn rollback(&mut self) {
+        tracing::error!("a group commit was rolled back whole, a failed write in it not undone; no job in it was acknowledged");
+        let _ = self.conn.execute_batch("ROLLBACK");
+        IO_FAILED.with(|f| f.set(false));
+        self.health.failing.store(true, Ordering::SeqCst);
     }
 }
 
@@ -225,6 +234,34 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows, 0, "the refused job's write was rolled back with it");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_undone_alone_and_its_caller_told() {
+        let (writer, mut woken, _dir) = writer();
+        let panicked = writer
+            .write_tx(|tx| -> StoreResult<()> {
+                tx.connection().execute("INSERT INTO t (id) VALUES (1)", [])?;
+                let _ = crate::sqlite::tx::drive(async { tx.announce(key("panicked")).await });
+                panic!("a bug in a transition")
+            })
+            .await;
+        assert!(
+            matches!(&panicked, Err(StoreError::Storage(m)) if m.contains("dropped a job")),
+            "{panicked:?}"
+        );
+        writer
+            .write_tx(|tx| crate::sqlite::tx::drive(async { tx.announce(key("kept")).await }))
+            .await
+            .unwrap();
+        assert_eq!(woken.recv().await, Some(key("kept")));
+        assert!(woken.try_recv().is_err());
+        let rows: i64 = writer
+            .write(|conn| Ok(conn.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(rows, 0);
+        assert!(!writer.is_failing());
     }
 
     #[tokio::test]
