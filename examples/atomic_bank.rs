@@ -129,7 +129,7 @@ async fn main() -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| format!("listen on {listen}: {e}"))?;
-    let now = capstan_server::now_ms();
+    let now = config.sources.now_ms();
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

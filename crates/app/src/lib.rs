@@ -1,10 +1,114 @@
 //! The application layer: one function per use case, written once, called by the HTTP server
 //! (and its background loops) and by the deterministic simulator, so a simulated seed runs the
-//! same policy a request or a duty runs. A use case takes the store and the time it runs at;
-//! it neither reads a clock nor speaks HTTP, and it returns what happened for the caller to
-//! log, render or check.
+//! same policy a request or a duty runs.
 //!
-//! So far: the clock's deadline pass and the scheduler's pass (`duties`). The request use cases
-//! (start, signal, update, query, …) still live in the server's handlers and move here next.
+//! A use case takes [`Services`] (the store, the sources of time and ids, the limits) and a
+//! typed request; it neither reads a clock nor mints an id except through those sources, never
+//! speaks HTTP, and returns what happened (or an [`AppError`]) for the caller to log, render or
+//! check. What stays in the server: parsing wire JSON into requests, rendering answers, auth,
+//! long-poll waiting and wake-ups.
+//!
+//! - [`control`]: start, signal, cancel/terminate, repair, archive (and keyed idempotency).
+//! - [`updates`]: updates, with the validation round trip a caller supplies.
+//! - [`queries`]: putting a query to a worker.
+//! - [`reports`]: workflow task and activity reports from workers.
+//! - [`duties`]: the clock's deadline pass and the scheduler's pass.
+//! - [`contracts`], [`search_attributes`]: what requests are admitted against.
 
+pub mod contracts;
+pub mod control;
 pub mod duties;
+pub mod queries;
+pub mod reports;
+pub mod search_attributes;
+pub mod updates;
+
+use capstan_engine::{Limits, MemoCodec, Millis, Reason, Refusal};
+use capstan_store::prelude::*;
+use capstan_store::{BuildIdRollout, Sources, Store, StoreError, StoreResult};
+use std::future::Future;
+
+/// What every use case runs on. The server implements it on its shared state; the simulator
+/// on its own, with a manual clock and seeded ids.
+pub trait Services: Send + Sync {
+    type Store: Store;
+
+    fn store(&self) -> &Self::Store;
+    fn sources(&self) -> &Sources;
+    fn limits(&self) -> &Limits;
+
+    /// How the run's memo and search-attribute payloads are read (`None`: they stay opaque).
+    fn memo_codec(&self) -> Option<&'static dyn MemoCodec> {
+        None
+    }
+
+    /// A queue's build-id rollouts (a server may cache them briefly).
+    fn rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send {
+        self.store().build_id_rollouts(namespace, queue)
+    }
+
+    fn now(&self) -> Millis {
+        self.sources().now_ms()
+    }
+
+    fn new_id(&self) -> String {
+        self.sources().new_id()
+    }
+}
+
+/// Why a use case did not happen.
+#[derive(Debug)]
+pub enum AppError {
+    /// A request field is out of bounds (the HTTP layer answers `422 validation_failed`
+    /// naming it).
+    Invalid { field: String, message: String },
+    /// The store or a rule refused, or the database failed.
+    Store(StoreError),
+}
+
+pub type AppResult<T> = Result<T, AppError>;
+
+impl AppError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        AppError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The refusal, if a rule refused.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            AppError::Store(StoreError::Refused(refusal)) => Some(refusal),
+            _ => None,
+        }
+    }
+
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            AppError::Invalid { .. } => Some(Reason::ValidationFailed),
+            _ => self.refusal().map(|r| r.reason),
+        }
+    }
+}
+
+impl From<StoreError> for AppError {
+    fn from(error: StoreError) -> Self {
+        AppError::Store(error)
+    }
+}
+
+impl From<Refusal> for AppError {
+    fn from(refusal: Refusal) -> Self {
+        AppError::Store(StoreError::Refused(refusal))
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Invalid { field, message } => write!(f, "validation_failed ({field}): {message}"),
+            AppError::Store(error) => write!(f, "{error}"),
+        }
+    }
+}

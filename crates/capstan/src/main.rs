@@ -310,7 +310,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;
     config.limits.history_events_max = args.max_history_events;
-    let now = capstan_server::now_ms();
+    let now = config.sources.now_ms();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| format!("listen on {}: {e}", args.listen))?;
@@ -319,7 +319,9 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
         Database::Sqlite(path) => {
             // Held for the life of the process: a second process on this file is refused.
             let _owner = owner::claim(&path, &config.server_id, now)?;
-            let store = SqliteStore::open(&path, config.limits.clone(), now).map_err(|e| format!("open {}: {e}", path.display()))?;
+            let store = SqliteStore::open(&path, config.limits.clone(), now)
+                .map_err(|e| format!("open {}: {e}", path.display()))?
+                .with_sources(config.sources.clone());
             let opened = std::fs::canonicalize(&path).unwrap_or(path);
             tracing::info!(%address, database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
@@ -329,7 +331,8 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
         Database::Postgres(url) => {
             let store = PostgresStore::connect(&url, config.limits.clone(), now)
                 .await
-                .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
+                .map_err(|e| format!("connect to PostgreSQL: {e}"))?
+                .with_sources(config.sources.clone());
             tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (PostgreSQL)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await
@@ -339,8 +342,8 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
 }
 
 async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::IntegrityReport, String> {
-    let limits = ServerConfig::default().limits;
-    let now = capstan_server::now_ms();
+    let ServerConfig { limits, sources, .. } = ServerConfig::default();
+    let now = sources.now_ms();
     match database_at(&args.database, &args.data_dir).map_err(|e| e.0)? {
         Database::Sqlite(path) => {
             if !path.exists() {

@@ -6,139 +6,163 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
-/// Stable machine reasons (the DW `reason` field).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    TaskNotFound,
-    TaskNotLeased,
-    LeaseOwnerMismatch,
-    WorkflowTaskAttemptMismatch,
-    LeaseExpired,
-    RunClosed,
-    AttemptNotFound,
-    AttemptClosed,
-    TaskMismatch,
-    ActivityNotRunning,
-    RunCancelled,
-    RunTerminated,
-    RunNotActive,
-    RunNotCurrent,
-    InvalidCommands,
-    StructuralLimitExceeded,
-    RequestIdConflict,
-    UnsupportedPayloadCodec,
-    PayloadTooLarge,
-    InstanceNotFound,
-    RunNotFound,
-    InstanceAlreadyStarted,
-    WorkflowIdReservedInNamespace,
-    WorkflowDefinitionChanged,
-    WorkerNotRegistered,
-    TaskQueueMismatch,
-    BuildIdMismatch,
-    NamespaceNotFound,
-    InvalidPageToken,
-    HistoryNotAvailable,
-    StaleFence,
-    QueryTaskNotFound,
-    QueryTaskNotLeased,
-    QueryTaskAttemptMismatch,
-    RunNotClosed,
-    RunTimedOut,
-    UnknownSignal,
-    UpdateRejected,
-    StaleValidation,
-    CancellationRequestMismatch,
-    CancellationDeliveryMismatch,
-    CancellationDeliverySequenceMismatch,
-    CancellationDeliveryShapeMismatch,
-    CancellationDeliveryNotEligible,
-    InvalidCancellationDelivery,
-    OutcomeUnknownRequiresResolution,
-    LedgerEntryNotFound,
-    LedgerEntryNotUnknown,
-    IntegrityIncidentOpen,
-    IntegrityChainBroken,
-    IntegrityIncidentNotFound,
-    NamespaceAlreadyExists,
-    NamespaceNotEmpty,
-    ScheduleNotFound,
-    ScheduleAlreadyExists,
-    SearchAttributeAlreadyExists,
-    /// The database failed and the change was not applied: the one retryable storage answer.
-    StorageUnavailable,
-    /// A uniqueness constraint refused a write no rule turned into a refusal of its own.
-    StorageConflict,
-    /// A stored record (not a run document) does not parse: retrying cannot help.
-    StoredRecordCorrupt,
-    /// A run document does not parse, or was written by a newer build.
-    RunDocumentCorrupt,
+/// Stable machine reasons (the DW `reason` field): the one catalogue of every reason Capstan
+/// answers. `docs/errors.md` explains each (a test holds the two together).
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $name:ident => $code:literal,)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Reason {
+            /// Every reason, in catalogue order.
+            pub const ALL: &'static [Reason] = &[$(Reason::$name,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$name => $code,)*
+                }
+            }
+
+            /// The reason a code names, if it is in the catalogue.
+            pub fn parse(code: &str) -> Option<Reason> {
+                Reason::ALL.iter().copied().find(|r| r.as_str() == code)
+            }
+        }
+    };
 }
 
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::TaskNotFound => "task_not_found",
-            Reason::TaskNotLeased => "task_not_leased",
-            Reason::LeaseOwnerMismatch => "lease_owner_mismatch",
-            Reason::WorkflowTaskAttemptMismatch => "workflow_task_attempt_mismatch",
-            Reason::LeaseExpired => "lease_expired",
-            Reason::RunClosed => "run_closed",
-            Reason::AttemptNotFound => "attempt_not_found",
-            Reason::AttemptClosed => "attempt_closed",
-            Reason::TaskMismatch => "task_mismatch",
-            Reason::ActivityNotRunning => "activity_not_running",
-            Reason::RunCancelled => "run_cancelled",
-            Reason::RunTerminated => "run_terminated",
-            Reason::RunNotActive => "run_not_active",
-            Reason::RunNotCurrent => "run_not_current",
-            Reason::InvalidCommands => "invalid_commands",
-            Reason::StructuralLimitExceeded => "structural_limit_exceeded",
-            Reason::RequestIdConflict => "request_id_conflict",
-            Reason::UnsupportedPayloadCodec => "unsupported_payload_codec",
-            Reason::PayloadTooLarge => "payload_too_large",
-            Reason::InstanceNotFound => "instance_not_found",
-            Reason::RunNotFound => "run_not_found",
-            Reason::InstanceAlreadyStarted => "instance_already_started",
-            Reason::WorkflowIdReservedInNamespace => "workflow_id_reserved_in_namespace",
-            Reason::WorkflowDefinitionChanged => "workflow_definition_changed",
-            Reason::WorkerNotRegistered => "worker_not_registered",
-            Reason::TaskQueueMismatch => "task_queue_mismatch",
-            Reason::BuildIdMismatch => "build_id_mismatch",
-            Reason::NamespaceNotFound => "namespace_not_found",
-            Reason::InvalidPageToken => "invalid_page_token",
-            Reason::HistoryNotAvailable => "history_not_available",
-            Reason::StaleFence => "stale_fence",
-            Reason::QueryTaskNotFound => "query_task_not_found",
-            Reason::QueryTaskNotLeased => "query_task_not_leased",
-            Reason::QueryTaskAttemptMismatch => "query_task_attempt_mismatch",
-            Reason::RunNotClosed => "run_not_closed",
-            Reason::RunTimedOut => "run_timed_out",
-            Reason::UnknownSignal => "unknown_signal",
-            Reason::UpdateRejected => "update_rejected",
-            Reason::StaleValidation => "stale_update_validation_completion",
-            Reason::CancellationRequestMismatch => "cancellation_request_mismatch",
-            Reason::CancellationDeliveryMismatch => "cancellation_delivery_mismatch",
-            Reason::CancellationDeliverySequenceMismatch => "cancellation_delivery_sequence_mismatch",
-            Reason::CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",
-            Reason::CancellationDeliveryNotEligible => "cancellation_delivery_not_eligible",
-            Reason::InvalidCancellationDelivery => "invalid_cancellation_delivery",
-            Reason::OutcomeUnknownRequiresResolution => "outcome_unknown_requires_resolution",
-            Reason::LedgerEntryNotFound => "ledger_entry_not_found",
-            Reason::LedgerEntryNotUnknown => "ledger_entry_not_unknown",
-            Reason::IntegrityIncidentOpen => "integrity_incident_open",
-            Reason::IntegrityChainBroken => "integrity_chain_broken",
-            Reason::IntegrityIncidentNotFound => "integrity_incident_not_found",
-            Reason::NamespaceAlreadyExists => "namespace_already_exists",
-            Reason::ScheduleNotFound => "schedule_not_found",
-            Reason::ScheduleAlreadyExists => "schedule_already_exists",
-            Reason::SearchAttributeAlreadyExists => "search_attribute_already_exists",
-            Reason::StorageUnavailable => "storage_unavailable",
-            Reason::StorageConflict => "storage_conflict",
-            Reason::StoredRecordCorrupt => "stored_record_corrupt",
-            Reason::RunDocumentCorrupt => "run_document_corrupt",
-            Reason::NamespaceNotEmpty => "namespace_not_empty",
-        }
+reasons! {
+    // Worker and run rules (the engine's refusals).
+    TaskNotFound => "task_not_found",
+    TaskNotLeased => "task_not_leased",
+    LeaseOwnerMismatch => "lease_owner_mismatch",
+    WorkflowTaskAttemptMismatch => "workflow_task_attempt_mismatch",
+    LeaseExpired => "lease_expired",
+    RunClosed => "run_closed",
+    AttemptNotFound => "attempt_not_found",
+    AttemptClosed => "attempt_closed",
+    TaskMismatch => "task_mismatch",
+    ActivityNotRunning => "activity_not_running",
+    RunCancelled => "run_cancelled",
+    RunTerminated => "run_terminated",
+    RunNotActive => "run_not_active",
+    RunNotCurrent => "run_not_current",
+    InvalidCommands => "invalid_commands",
+    StructuralLimitExceeded => "structural_limit_exceeded",
+    RequestIdConflict => "request_id_conflict",
+    UnsupportedPayloadCodec => "unsupported_payload_codec",
+    PayloadTooLarge => "payload_too_large",
+    InstanceNotFound => "instance_not_found",
+    RunNotFound => "run_not_found",
+    InstanceAlreadyStarted => "instance_already_started",
+    WorkflowIdReservedInNamespace => "workflow_id_reserved_in_namespace",
+    WorkflowDefinitionChanged => "workflow_definition_changed",
+    WorkerNotRegistered => "worker_not_registered",
+    TaskQueueMismatch => "task_queue_mismatch",
+    BuildIdMismatch => "build_id_mismatch",
+    NamespaceNotFound => "namespace_not_found",
+    InvalidPageToken => "invalid_page_token",
+    StaleFence => "stale_fence",
+    QueryTaskNotFound => "query_task_not_found",
+    QueryTaskNotLeased => "query_task_not_leased",
+    QueryTaskAttemptMismatch => "query_task_attempt_mismatch",
+    RunNotClosed => "run_not_closed",
+    RunTimedOut => "run_timed_out",
+    UnknownSignal => "unknown_signal",
+    UpdateRejected => "update_rejected",
+    StaleValidation => "stale_update_validation_completion",
+    CancellationRequestMismatch => "cancellation_request_mismatch",
+    CancellationDeliveryMismatch => "cancellation_delivery_mismatch",
+    CancellationDeliverySequenceMismatch => "cancellation_delivery_sequence_mismatch",
+    CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",
+    CancellationDeliveryNotEligible => "cancellation_delivery_not_eligible",
+    InvalidCancellationDelivery => "invalid_cancellation_delivery",
+    OutcomeUnknownRequiresResolution => "outcome_unknown_requires_resolution",
+    LedgerEntryNotFound => "ledger_entry_not_found",
+    LedgerEntryNotUnknown => "ledger_entry_not_unknown",
+    IntegrityIncidentOpen => "integrity_incident_open",
+    IntegrityChainBroken => "integrity_chain_broken",
+    IntegrityIncidentNotFound => "integrity_incident_not_found",
+    NamespaceAlreadyExists => "namespace_already_exists",
+    NamespaceNotEmpty => "namespace_not_empty",
+    ScheduleNotFound => "schedule_not_found",
+    ScheduleAlreadyExists => "schedule_already_exists",
+    SearchAttributeAlreadyExists => "search_attribute_already_exists",
+    /// The database failed and the change was not applied: the one retryable storage answer.
+    StorageUnavailable => "storage_unavailable",
+    /// A uniqueness constraint refused a write no rule turned into a refusal of its own.
+    StorageConflict => "storage_conflict",
+    /// A stored record (not a run document) does not parse: retrying cannot help.
+    StoredRecordCorrupt => "stored_record_corrupt",
+    /// A run document does not parse, or was written by a newer build.
+    RunDocumentCorrupt => "run_document_corrupt",
+    // Request and server-level answers.
+    /// A request field is missing, malformed or out of bounds (`errors` names it).
+    ValidationFailed => "validation_failed",
+    InvalidJson => "invalid_json",
+    MissingProtocolVersion => "missing_protocol_version",
+    UnsupportedProtocolVersion => "unsupported_protocol_version",
+    MissingControlPlaneVersion => "missing_control_plane_version",
+    UnsupportedControlPlaneVersion => "unsupported_control_plane_version",
+    Unauthorized => "unauthorized",
+    Forbidden => "forbidden",
+    /// No such route.
+    NotFound => "not_found",
+    MethodNotAllowed => "method_not_allowed",
+    InternalError => "internal_error",
+    MetricsUnavailable => "metrics_unavailable",
+    WorkerNotFound => "worker_not_found",
+    UpdateNotFound => "update_not_found",
+    UpdateValidationTaskNotLeased => "update_validation_task_not_leased",
+    UpdateValidationCapabilityNotAdvertised => "update_validation_capability_not_advertised",
+    UpdateValidationWorkerFailed => "update_validation_worker_failed",
+    QueryRejected => "query_rejected",
+    QueryTaskNotClaimed => "query_task_not_claimed",
+    QueryWorkerTimeout => "query_worker_timeout",
+    QueryWorkerUnavailable => "query_worker_unavailable",
+    SearchAttributeReserved => "search_attribute_reserved",
+    SearchAttributeNotFound => "search_attribute_not_found",
+    UnknownSearchAttribute => "unknown_search_attribute",
+    InvalidSearchAttributeValue => "invalid_search_attribute_value",
+    MemoTooLarge => "memo_too_large",
+    ScheduleListFilterUnsupported => "unsupported_schedule_list_filter",
+    SchedulePageTokenMalformed => "malformed_schedule_page_token",
+    SchedulePageTokenNamespaceMismatch => "schedule_page_token_namespace_mismatch",
+    SchedulePageTokenFilterMismatch => "schedule_page_token_filter_mismatch",
+    BackfillTooLarge => "backfill_too_large",
+    RetentionNotConfigured => "retention_not_configured",
+    InvalidTimeRange => "invalid_time_range",
+    InvalidAfterSequence => "invalid_after_sequence",
+    ActionDefinitionNotFound => "action_definition_not_found",
+    AtomicHandlerMissing => "atomic_handler_missing",
+    ActiveClaimCancellationNotSupported => "active_claim_cancellation_not_supported",
+    UpdateValidatorWorkerUnavailable => "update_validator_worker_unavailable",
+    UpdateValidationCapabilityUnsupported => "update_validation_capability_unsupported",
+    UpdateValidationExecutionTimeout => "update_validation_execution_timeout",
+    UpdateValidationTaskNotClaimed => "update_validation_task_not_claimed",
+    InvalidVisibilityQuery => "invalid_visibility_query",
+    InvalidScheduleSpec => "invalid_schedule_spec",
+    InvalidCronExpression => "invalid_cron_expression",
+    RejectedUnknownQuery => "rejected_unknown_query",
+    InvalidQueryArguments => "invalid_query_arguments",
+    UpdateValidationTaskNotFound => "update_validation_task_not_found",
+    UpdateValidationLeaseOwnerMismatch => "update_validation_lease_owner_mismatch",
+    UpdateValidationLeaseExpired => "update_validation_lease_expired",
+    UpdateValidatorRejected => "update_validator_rejected",
+}
+
+/// A reason equals its wire code (what tests and clients compare against).
+impl PartialEq<&str> for Reason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

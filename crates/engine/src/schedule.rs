@@ -69,13 +69,13 @@ pub struct ParsedSpec {
 /// Why a spec was refused: the field and what is wrong with it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpecError {
-    pub reason: &'static str,
+    pub reason: crate::Reason,
     pub field: String,
     pub message: String,
 }
 
 impl SpecError {
-    fn new(reason: &'static str, field: impl Into<String>, message: impl Into<String>) -> Self {
+    fn new(reason: crate::Reason, field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             reason,
             field: field.into(),
@@ -91,14 +91,14 @@ impl ParsedSpec {
             None | Some(Value::Null) => chrono_tz::UTC,
             Some(Value::String(name)) => chrono_tz::Tz::from_str(name).map_err(|_| {
                 SpecError::new(
-                    "invalid_schedule_spec",
+                    crate::Reason::InvalidScheduleSpec,
                     "spec.timezone",
                     format!("Unknown time zone [{name}]; use an IANA name such as Europe/Paris."),
                 )
             })?,
             Some(_) => {
                 return Err(SpecError::new(
-                    "invalid_schedule_spec",
+                    crate::Reason::InvalidScheduleSpec,
                     "spec.timezone",
                     "spec.timezone must be a string.",
                 ))
@@ -111,14 +111,14 @@ impl ParsedSpec {
                 for (i, item) in items.iter().enumerate() {
                     let text = item.as_str().ok_or_else(|| {
                         SpecError::new(
-                            "validation_failed",
+                            crate::Reason::ValidationFailed,
                             format!("spec.cron_expressions.{i}"),
                             "Cron expressions must be strings.",
                         )
                     })?;
                     crons.push(parse_cron(text).map_err(|message| {
                         SpecError::new(
-                            "invalid_cron_expression",
+                            crate::Reason::InvalidCronExpression,
                             "spec.cron_expressions",
                             format!("Invalid cron expression: [{text}]. {message}"),
                         )
@@ -127,7 +127,7 @@ impl ParsedSpec {
             }
             Some(_) => {
                 return Err(SpecError::new(
-                    "validation_failed",
+                    crate::Reason::ValidationFailed,
                     "spec.cron_expressions",
                     "spec.cron_expressions must be a list.",
                 ))
@@ -141,7 +141,7 @@ impl ParsedSpec {
                     let field = format!("spec.intervals.{i}.every");
                     let every = item.get("every").and_then(Value::as_str).ok_or_else(|| {
                         SpecError::new(
-                            "validation_failed",
+                            crate::Reason::ValidationFailed,
                             field.clone(),
                             "Each interval needs an \"every\" duration such as PT1H.",
                         )
@@ -150,7 +150,7 @@ impl ParsedSpec {
                         .filter(|ms| (1..=MAX_INTERVAL_MS).contains(ms))
                         .ok_or_else(|| {
                             SpecError::new(
-                                "invalid_schedule_spec",
+                                crate::Reason::InvalidScheduleSpec,
                                 field.clone(),
                                 format!(
                                     "Invalid interval [{every}]: use an ISO-8601 duration from PT0.001S to P3650D, such as PT30S, PT1H or P1D."
@@ -161,14 +161,14 @@ impl ParsedSpec {
                         None | Some(Value::Null) => 0,
                         Some(Value::String(text)) => parse_duration_ms(text).ok_or_else(|| {
                             SpecError::new(
-                                "invalid_schedule_spec",
+                                crate::Reason::InvalidScheduleSpec,
                                 format!("spec.intervals.{i}.offset"),
                                 format!("Invalid offset [{text}]: use an ISO-8601 duration."),
                             )
                         })?,
                         Some(_) => {
                             return Err(SpecError::new(
-                                "validation_failed",
+                                crate::Reason::ValidationFailed,
                                 format!("spec.intervals.{i}.offset"),
                                 "The offset must be a duration string.",
                             ))
@@ -179,7 +179,7 @@ impl ParsedSpec {
             }
             Some(_) => {
                 return Err(SpecError::new(
-                    "validation_failed",
+                    crate::Reason::ValidationFailed,
                     "spec.intervals",
                     "spec.intervals must be a list.",
                 ))
@@ -187,7 +187,7 @@ impl ParsedSpec {
         }
         if crons.is_empty() && intervals.is_empty() {
             return Err(SpecError::new(
-                "invalid_schedule_spec",
+                crate::Reason::InvalidScheduleSpec,
                 "spec",
                 "Schedule spec must include at least one cron_expression or interval.",
             ));
@@ -209,7 +209,7 @@ impl ParsedSpec {
         for cron in &self.crons {
             if cron.find_next_occurrence(&start.with_timezone(&self.timezone), false).is_err() {
                 return Err(SpecError::new(
-                    "invalid_cron_expression",
+                    crate::Reason::InvalidCronExpression,
                     "spec.cron_expressions",
                     format!("The cron expression [{}] matches no date: it would never fire.", cron.pattern),
                 ));
@@ -445,13 +445,19 @@ fn action_from(map: &Map<String, Value>) -> Result<ScheduleAction, SpecError> {
         .get("workflow_type")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| SpecError::new("validation_failed", "action.workflow_type", "The action needs a workflow_type."))?;
+        .ok_or_else(|| {
+            SpecError::new(
+                crate::Reason::ValidationFailed,
+                "action.workflow_type",
+                "The action needs a workflow_type.",
+            )
+        })?;
     let seconds = |key: &str| -> Result<Option<i64>, SpecError> {
         match map.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v.as_i64().filter(|n| *n >= 1).map(Some).ok_or_else(|| {
                 SpecError::new(
-                    "validation_failed",
+                    crate::Reason::ValidationFailed,
                     format!("action.{key}"),
                     format!("action.{key} must be an integer of at least 1."),
                 )
@@ -1048,14 +1054,14 @@ mod tests {
     #[test]
     fn bad_specs_are_refused_with_the_field() {
         let refused = |value: Value| ParsedSpec::parse(&spec(value)).unwrap_err();
-        assert_eq!(refused(json!({})).reason, "invalid_schedule_spec");
+        assert_eq!(refused(json!({})).reason, crate::Reason::InvalidScheduleSpec);
         assert_eq!(
             refused(json!({"cron_expressions": ["61 * * * *"]})).reason,
-            "invalid_cron_expression"
+            crate::Reason::InvalidCronExpression
         );
         assert_eq!(
             refused(json!({"cron_expressions": ["* * * * * *"]})).reason,
-            "invalid_cron_expression"
+            crate::Reason::InvalidCronExpression
         );
         assert_eq!(refused(json!({"intervals": [{"every": "soon"}]})).field, "spec.intervals.0.every");
         assert_eq!(
@@ -1076,7 +1082,7 @@ mod tests {
             "9223372036854775807ms",
         ] {
             let error = ParsedSpec::parse(&spec(json!({"intervals": [{"every": every}]}))).unwrap_err();
-            assert_eq!(error.reason, "invalid_schedule_spec", "{every}");
+            assert_eq!(error.reason, crate::Reason::InvalidScheduleSpec, "{every}");
         }
         let longest = ParsedSpec::parse(&spec(json!({"intervals": [{"every": "P3650D", "offset": "PT1S"}]}))).unwrap();
         for after in [0, 1_800_000_000_000, i64::MAX - MAX_INTERVAL_MS, i64::MAX - 1, i64::MAX] {
@@ -1101,7 +1107,7 @@ mod tests {
             "0 0 1 * +1",
         ] {
             let error = ParsedSpec::parse(&spec(json!({"cron_expressions": [text]}))).unwrap_err();
-            assert_eq!(error.reason, "invalid_cron_expression", "{text}");
+            assert_eq!(error.reason, crate::Reason::InvalidCronExpression, "{text}");
         }
         assert!(ParsedSpec::parse(&spec(json!({"cron_expressions": ["0,30 9,17 * * 1,5"]}))).is_ok());
     }
@@ -1119,13 +1125,16 @@ mod tests {
                 false,
                 now,
             );
-            assert_eq!(created.unwrap_err().reason, "invalid_cron_expression", "{text}");
+            assert_eq!(created.unwrap_err().reason, crate::Reason::InvalidCronExpression, "{text}");
             let mut schedule = every_minute(now, OverlapPolicy::Skip);
             let update = ScheduleFields {
                 spec: Some(spec(json!({"cron_expressions": [text]}))),
                 ..Default::default()
             };
-            assert_eq!(schedule.update(update, now).unwrap_err().reason, "invalid_cron_expression");
+            assert_eq!(
+                schedule.update(update, now).unwrap_err().reason,
+                crate::Reason::InvalidCronExpression
+            );
         }
         // Rare is not never: 29 February fires in leap years.
         let leap = Schedule::create(

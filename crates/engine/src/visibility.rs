@@ -175,11 +175,11 @@ pub enum Filter {
 /// A query the grammar or the schema refuses: `reason` is the DW-style error reason.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueryError {
-    pub reason: &'static str,
+    pub reason: crate::Reason,
     pub message: String,
 }
 
-fn error(reason: &'static str, message: impl Into<String>) -> QueryError {
+fn error(reason: crate::Reason, message: impl Into<String>) -> QueryError {
     QueryError {
         reason,
         message: message.into(),
@@ -242,12 +242,12 @@ fn tokenize(text: &str) -> Result<Vec<Token>, QueryError> {
                 i += 1;
                 loop {
                     match chars.get(i) {
-                        None => return Err(error("invalid_visibility_query", "A quoted value is not closed.")),
+                        None => return Err(error(crate::Reason::InvalidVisibilityQuery, "A quoted value is not closed.")),
                         Some('\\') => {
                             value.push(
                                 *chars
                                     .get(i + 1)
-                                    .ok_or_else(|| error("invalid_visibility_query", "A dangling escape."))?,
+                                    .ok_or_else(|| error(crate::Reason::InvalidVisibilityQuery, "A dangling escape."))?,
                             );
                             i += 2;
                         }
@@ -275,7 +275,7 @@ fn tokenize(text: &str) -> Result<Vec<Token>, QueryError> {
                 } else if let Ok(x) = text.parse::<f64>() {
                     Literal::Double(x)
                 } else {
-                    return Err(error("invalid_visibility_query", format!("{text:?} is not a number.")));
+                    return Err(error(crate::Reason::InvalidVisibilityQuery, format!("{text:?} is not a number.")));
                 };
                 tokens.push(Token::Lit(literal));
             }
@@ -291,7 +291,12 @@ fn tokenize(text: &str) -> Result<Vec<Token>, QueryError> {
                     _ => Token::Name(word),
                 });
             }
-            other => return Err(error("invalid_visibility_query", format!("Unexpected character {other:?}."))),
+            other => {
+                return Err(error(
+                    crate::Reason::InvalidVisibilityQuery,
+                    format!("Unexpected character {other:?}."),
+                ))
+            }
         }
     }
     Ok(tokens)
@@ -314,7 +319,7 @@ impl Parser<'_> {
     fn expr(&mut self) -> Result<Filter, QueryError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(error("invalid_visibility_query", "The query nests too deeply."));
+            return Err(error(crate::Reason::InvalidVisibilityQuery, "The query nests too deeply."));
         }
         let mut parts = vec![self.and_expr()?];
         while self.peek_word("or") {
@@ -347,7 +352,7 @@ impl Parser<'_> {
             self.at += 1;
             self.depth += 1;
             if self.depth > MAX_DEPTH {
-                return Err(error("invalid_visibility_query", "The query nests too deeply."));
+                return Err(error(crate::Reason::InvalidVisibilityQuery, "The query nests too deeply."));
             }
             let inner = self.unary()?;
             self.depth -= 1;
@@ -357,7 +362,7 @@ impl Parser<'_> {
             self.at += 1;
             let inner = self.expr()?;
             if self.tokens.get(self.at) != Some(&Token::Close) {
-                return Err(error("invalid_visibility_query", "A '(' is not closed."));
+                return Err(error(crate::Reason::InvalidVisibilityQuery, "A '(' is not closed."));
             }
             self.at += 1;
             return Ok(inner);
@@ -367,20 +372,20 @@ impl Parser<'_> {
 
     fn predicate(&mut self) -> Result<Filter, QueryError> {
         let Some(Token::Name(name)) = self.tokens.get(self.at).cloned() else {
-            return Err(error("invalid_visibility_query", "Expected an attribute name."));
+            return Err(error(crate::Reason::InvalidVisibilityQuery, "Expected an attribute name."));
         };
         self.at += 1;
         let (field, kind) = self.field(&name)?;
         if self.peek_word("in") {
             self.at += 1;
             if self.tokens.get(self.at) != Some(&Token::Open) {
-                return Err(error("invalid_visibility_query", "IN takes a parenthesised list."));
+                return Err(error(crate::Reason::InvalidVisibilityQuery, "IN takes a parenthesised list."));
             }
             self.at += 1;
             let mut values = Vec::new();
             loop {
                 let Some(Token::Lit(literal)) = self.tokens.get(self.at).cloned() else {
-                    return Err(error("invalid_visibility_query", "Expected a value in the IN list."));
+                    return Err(error(crate::Reason::InvalidVisibilityQuery, "Expected a value in the IN list."));
                 };
                 self.at += 1;
                 values.push(operand(&name, kind, &literal)?);
@@ -390,18 +395,21 @@ impl Parser<'_> {
                         self.at += 1;
                         break;
                     }
-                    _ => return Err(error("invalid_visibility_query", "An IN list is not closed.")),
+                    _ => return Err(error(crate::Reason::InvalidVisibilityQuery, "An IN list is not closed.")),
                 }
             }
             return Ok(Filter::In { field, values });
         }
         let Some(Token::Op(op)) = self.tokens.get(self.at).cloned() else {
-            return Err(error("invalid_visibility_query", format!("Expected an operator after {name}.")));
+            return Err(error(
+                crate::Reason::InvalidVisibilityQuery,
+                format!("Expected an operator after {name}."),
+            ));
         };
         self.at += 1;
         let Some(Token::Lit(literal)) = self.tokens.get(self.at).cloned() else {
             return Err(error(
-                "invalid_visibility_query",
+                crate::Reason::InvalidVisibilityQuery,
                 format!("Expected a value after {name} {}.", op.sql()),
             ));
         };
@@ -409,7 +417,7 @@ impl Parser<'_> {
         let ordered = matches!(op, Op::Lt | Op::Le | Op::Gt | Op::Ge);
         if ordered && matches!(kind, AttributeType::Bool | AttributeType::KeywordList | AttributeType::Text) {
             return Err(error(
-                "invalid_visibility_query",
+                crate::Reason::InvalidVisibilityQuery,
                 format!("{name} is a {} attribute: it has no order (use = or !=).", kind.as_str()),
             ));
         }
@@ -444,7 +452,7 @@ impl Parser<'_> {
                 *kind,
             )),
             None => Err(error(
-                "unknown_search_attribute",
+                crate::Reason::UnknownSearchAttribute,
                 format!("{name} is not a search attribute of this namespace (define it with POST /api/search-attributes)."),
             )),
         }
@@ -454,7 +462,7 @@ impl Parser<'_> {
 fn operand(name: &str, kind: AttributeType, literal: &Literal) -> Result<Operand, QueryError> {
     let wrong = || {
         error(
-            "invalid_visibility_query",
+            crate::Reason::InvalidVisibilityQuery,
             format!("{name} is a {} attribute; {literal:?} is not a value of that type.", kind.as_str()),
         )
     };
@@ -479,11 +487,14 @@ pub fn looks_like_filter(text: &str) -> bool {
 /// custom attributes).
 pub fn parse_filter(text: &str, schema: &BTreeMap<String, AttributeType>) -> Result<Filter, QueryError> {
     if text.len() > 4096 {
-        return Err(error("invalid_visibility_query", "The query is longer than 4096 characters."));
+        return Err(error(
+            crate::Reason::InvalidVisibilityQuery,
+            "The query is longer than 4096 characters.",
+        ));
     }
     let tokens = tokenize(text)?;
     if tokens.is_empty() {
-        return Err(error("invalid_visibility_query", "The query is empty."));
+        return Err(error(crate::Reason::InvalidVisibilityQuery, "The query is empty."));
     }
     let mut parser = Parser {
         tokens,
@@ -493,7 +504,10 @@ pub fn parse_filter(text: &str, schema: &BTreeMap<String, AttributeType>) -> Res
     };
     let filter = parser.expr()?;
     if parser.at != parser.tokens.len() {
-        return Err(error("invalid_visibility_query", "Unexpected text after the end of the query."));
+        return Err(error(
+            crate::Reason::InvalidVisibilityQuery,
+            "Unexpected text after the end of the query.",
+        ));
     }
     Ok(filter)
 }
@@ -563,11 +577,11 @@ mod tests {
     #[test]
     fn literals_must_match_the_attribute_type() {
         let refused = |q: &str| parse_filter(q, &schema()).unwrap_err();
-        assert_eq!(refused(r#"Amount = "ten""#).reason, "invalid_visibility_query");
-        assert_eq!(refused("Vip = 1").reason, "invalid_visibility_query");
-        assert_eq!(refused(r#"DueAt > "yesterday""#).reason, "invalid_visibility_query");
-        assert_eq!(refused("Vip > true").reason, "invalid_visibility_query");
-        assert_eq!(refused(r#"Nope = "x""#).reason, "unknown_search_attribute");
+        assert_eq!(refused(r#"Amount = "ten""#).reason, crate::Reason::InvalidVisibilityQuery);
+        assert_eq!(refused("Vip = 1").reason, crate::Reason::InvalidVisibilityQuery);
+        assert_eq!(refused(r#"DueAt > "yesterday""#).reason, crate::Reason::InvalidVisibilityQuery);
+        assert_eq!(refused("Vip > true").reason, crate::Reason::InvalidVisibilityQuery);
+        assert_eq!(refused(r#"Nope = "x""#).reason, crate::Reason::UnknownSearchAttribute);
         assert!(parse_filter("Score > 1", &schema()).is_ok(), "an int literal is a double");
         assert!(parse_filter(
             r#"DueAt < "2026-01-01T00:00:00Z" AND StartTime >= "2025-01-01T00:00:00Z""#,
@@ -592,12 +606,18 @@ mod tests {
         ] {
             let error = parse_filter(q, &schema()).unwrap_err();
             assert!(
-                matches!(error.reason, "invalid_visibility_query" | "unknown_search_attribute"),
+                matches!(
+                    error.reason,
+                    crate::Reason::InvalidVisibilityQuery | crate::Reason::UnknownSearchAttribute
+                ),
                 "{q}: {error:?}"
             );
         }
         let deep = format!("{}Tier = 'a'{}", "(".repeat(100), ")".repeat(100));
-        assert_eq!(parse_filter(&deep, &schema()).unwrap_err().reason, "invalid_visibility_query");
+        assert_eq!(
+            parse_filter(&deep, &schema()).unwrap_err().reason,
+            crate::Reason::InvalidVisibilityQuery
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! handler sets can share one database.
 
 use crate::avro::AVRO_MEMO;
-use crate::{now_ms, AppState};
+use crate::AppState;
 use capstan_engine::{TaskKind, ATOMIC_QUEUE};
 use capstan_store::{AtomicOutcome, Store};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
             loop {
                 match state
                     .store
-                    .run_atomic_task(&namespace.name, actions.clone(), &AVRO_MEMO, now_ms())
+                    .run_atomic_task(&namespace.name, actions.clone(), &AVRO_MEMO, state.now())
                     .await
                 {
                     Ok(Some(outcome)) => {

@@ -2,6 +2,7 @@
 
 use crate::error::ApiError;
 use axum::http::{HeaderMap, StatusCode};
+use capstan_engine::Reason;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
@@ -43,7 +44,7 @@ impl AuthConfig {
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "A bearer token is required."))?;
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, Reason::Unauthorized, "A bearer token is required."))?;
         let matches = |candidate: &Option<String>| {
             candidate
                 .as_deref()
@@ -65,7 +66,7 @@ impl AuthConfig {
         if roles.is_empty() {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                Reason::Unauthorized,
                 "The bearer token is not valid.",
             ));
         }
@@ -80,7 +81,7 @@ impl AuthConfig {
         } else {
             Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                Reason::Forbidden,
                 "The token's role may not call this endpoint.",
             ))
         }

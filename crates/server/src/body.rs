@@ -3,6 +3,7 @@
 use crate::error::ApiError;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
+use capstan_engine::Reason;
 use serde_json::{Map, Value};
 
 /// Request bodies larger than this are refused with 413 before parsing. Payload blobs inside are
@@ -20,7 +21,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
         let bytes = axum::body::to_bytes(request.into_body(), BODY_BYTES_MAX).await.map_err(|_| {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
+                Reason::PayloadTooLarge,
                 format!("The request body exceeds {BODY_BYTES_MAX} bytes."),
             )
             .with("limit_bytes", BODY_BYTES_MAX)
@@ -32,12 +33,12 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             Ok(Value::Object(map)) => Ok(JsonObject(map)),
             Ok(_) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "invalid_json",
+                Reason::InvalidJson,
                 "The request body must be a JSON object.",
             )),
             Err(error) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "invalid_json",
+                Reason::InvalidJson,
                 format!("The request body is not valid JSON: {error}"),
             )),
         }

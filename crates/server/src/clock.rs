@@ -3,7 +3,7 @@
 //! or until a change kicks it, so work that is due is never waiting on a poll.
 
 use crate::routes::after_change;
-use crate::{now_ms, AppState};
+use crate::AppState;
 use capstan_app::duties;
 use capstan_store::Store;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     let mut pruned_at = 0;
     let mut retained_at = 0;
     loop {
-        let now = now_ms();
+        let now = state.now();
         if now - pruned_at >= PRUNE_EVERY_MS {
             pruned_at = now;
             if let Err(error) = state.store.prune(now - POLL_MEMO_TTL_MS).await {
@@ -50,7 +50,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
         if due == BATCH {
             continue;
         }
-        let now = now_ms();
+        let now = state.now();
         let sleep_ms = match state.store.next_deadline().await {
             Ok(Some(next)) => (next - now).clamp(0, IDLE_RECHECK_MS),
             _ => IDLE_RECHECK_MS,

@@ -10,16 +10,16 @@ use serde_json::{json, Map, Value};
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
     pub fields: Map<String, Value>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, reason: &str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, reason: Reason, message: impl Into<String>) -> Self {
         Self {
             status,
-            reason: reason.to_string(),
+            reason,
             message: message.into(),
             fields: Map::new(),
         }
@@ -34,14 +34,14 @@ impl ApiError {
     pub fn validation(field: &str, message: impl Into<String>) -> Self {
         let message = message.into();
         let errors = json!({ field: [message.clone()] });
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", message)
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, Reason::ValidationFailed, message)
             .with("errors", errors.clone())
             .with("validation_errors", errors)
     }
 
     pub fn body(&self) -> Map<String, Value> {
         let mut body = self.fields.clone();
-        body.insert("reason".into(), json!(self.reason));
+        body.insert("reason".into(), json!(self.reason.as_str()));
         body.insert("message".into(), json!(self.message));
         body.insert("error".into(), json!(self.message));
         body
@@ -56,12 +56,36 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InstanceNotFound
         | Reason::RunNotFound
         | Reason::NamespaceNotFound
-        | Reason::HistoryNotAvailable
         | Reason::QueryTaskNotFound
         | Reason::UnknownSignal
         | Reason::LedgerEntryNotFound
         | Reason::IntegrityIncidentNotFound
-        | Reason::ScheduleNotFound => StatusCode::NOT_FOUND,
+        | Reason::ScheduleNotFound
+        | Reason::NotFound
+        | Reason::WorkerNotFound
+        | Reason::UpdateNotFound
+        | Reason::SearchAttributeNotFound
+        | Reason::ActionDefinitionNotFound
+        | Reason::UpdateValidationTaskNotFound
+        | Reason::RejectedUnknownQuery => StatusCode::NOT_FOUND,
+        Reason::ValidationFailed
+        | Reason::SearchAttributeReserved
+        | Reason::UnknownSearchAttribute
+        | Reason::InvalidSearchAttributeValue
+        | Reason::MemoTooLarge
+        | Reason::InvalidQueryArguments
+        | Reason::InvalidVisibilityQuery
+        | Reason::InvalidScheduleSpec
+        | Reason::InvalidCronExpression => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::InvalidJson
+        | Reason::MissingProtocolVersion
+        | Reason::UnsupportedProtocolVersion
+        | Reason::MissingControlPlaneVersion
+        | Reason::UnsupportedControlPlaneVersion => StatusCode::BAD_REQUEST,
+        Reason::Unauthorized => StatusCode::UNAUTHORIZED,
+        Reason::Forbidden => StatusCode::FORBIDDEN,
+        Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Reason::InternalError | Reason::MetricsUnavailable => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
@@ -76,7 +100,7 @@ impl From<Refusal> for ApiError {
     fn from(refusal: Refusal) -> Self {
         Self {
             status: status_of(refusal.reason),
-            reason: refusal.reason.as_str().to_string(),
+            reason: refusal.reason,
             message: refusal.message,
             fields: refusal.details,
         }
@@ -137,6 +161,15 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<capstan_app::AppError> for ApiError {
+    fn from(error: capstan_app::AppError) -> Self {
+        match error {
+            capstan_app::AppError::Invalid { field, message } => ApiError::validation(&field, message),
+            capstan_app::AppError::Store(error) => error.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, axum::Json(Value::Object(self.body()))).into_response()
@@ -144,3 +177,43 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod catalogue {
+    use capstan_engine::Reason;
+    use std::collections::BTreeSet;
+
+    /// The reasons `docs/errors.md` explains: the backticked codes of its tables' reason column.
+    fn documented() -> BTreeSet<String> {
+        include_str!("../../../docs/errors.md")
+            .lines()
+            .filter_map(|line| line.strip_prefix('|'))
+            // Rows of the tables, not their headers: the first column is a status code.
+            .filter(|row| row.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .filter_map(|row| row.split('|').nth(1))
+            .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string).collect::<Vec<_>>())
+            .collect()
+    }
+
+    #[test]
+    fn every_reason_in_the_catalogue_is_documented_and_every_documented_reason_exists() {
+        let documented = documented();
+        let catalogue: BTreeSet<String> = Reason::ALL.iter().map(|r| r.as_str().to_string()).collect();
+        let undocumented: Vec<_> = catalogue.difference(&documented).collect();
+        let unknown: Vec<_> = documented.difference(&catalogue).collect();
+        assert!(undocumented.is_empty(), "reasons missing from docs/errors.md: {undocumented:?}");
+        assert!(
+            unknown.is_empty(),
+            "docs/errors.md explains reasons Capstan never answers: {unknown:?}"
+        );
+    }
+
+    #[test]
+    fn codes_are_unique_and_parse_back() {
+        let mut seen = BTreeSet::new();
+        for reason in Reason::ALL {
+            assert!(seen.insert(reason.as_str()), "{} twice", reason.as_str());
+            assert_eq!(Reason::parse(reason.as_str()), Some(*reason));
+        }
+    }
+}

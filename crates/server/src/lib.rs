@@ -11,7 +11,6 @@ mod avro;
 mod body;
 mod canonical;
 mod clock;
-mod contracts;
 pub mod error;
 pub mod fuzzing;
 mod hub;
@@ -27,7 +26,6 @@ use capstan_engine::Limits;
 use capstan_store::Store;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use auth::{AuthConfig, Role};
 pub use avro::{empty_arguments_blob, null_blob};
@@ -84,6 +82,8 @@ pub struct ServerConfig {
     /// Schedule occurrences missed (server down) within this window still fire, one by one;
     /// older ones are skipped and counted.
     pub schedule_catchup_window_ms: i64,
+    /// Where time and new ids come from (the store is given the same).
+    pub sources: capstan_store::Sources,
 }
 
 impl Default for ServerConfig {
@@ -96,9 +96,10 @@ impl Default for ServerConfig {
             query_wait_ms: 30_000,
             poll_wait_max_ms: 60_000,
             limits: Limits::default(),
-            server_id: format!("capstan-{}", ulid::Ulid::new()),
+            server_id: format!("capstan-{}", capstan_store::Sources::system().new_ulid()),
             atomic_actions: AtomicActions::default(),
             schedule_catchup_window_ms: 60_000,
+            sources: capstan_store::Sources::system(),
         }
     }
 }
@@ -121,12 +122,54 @@ pub struct AppState<S: Store> {
 
 pub type Shared<S> = Arc<AppState<S>>;
 
-/// Wall-clock milliseconds; the only place the server reads the time.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+/// How long a queue's build-id rollouts are served from memory.
+const ROLLOUT_CACHE_MS: i64 = 1_000;
+
+impl<S: Store> capstan_app::Services for AppState<S> {
+    type Store = S;
+
+    fn store(&self) -> &S {
+        &self.store
+    }
+
+    fn sources(&self) -> &capstan_store::Sources {
+        &self.config.sources
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.config.limits
+    }
+
+    fn memo_codec(&self) -> Option<&'static dyn capstan_engine::MemoCodec> {
+        Some(&avro::AVRO_MEMO)
+    }
+
+    /// Drain intents change rarely and are read on every poll: read at most once a second per
+    /// queue.
+    async fn rollouts(&self, namespace: &str, queue: &str) -> capstan_store::StoreResult<Vec<capstan_store::BuildIdRollout>> {
+        let key = (namespace.to_string(), queue.to_string());
+        let now = self.now();
+        if let Some((at, cached)) = self.rollouts.lock().expect("rollouts").get(&key) {
+            if now - at < ROLLOUT_CACHE_MS {
+                return Ok(cached.clone());
+            }
+        }
+        let fresh = self.store.build_id_rollouts(namespace, queue).await?;
+        self.rollouts.lock().expect("rollouts").insert(key, (now, fresh.clone()));
+        Ok(fresh)
+    }
+}
+
+impl<S: Store> AppState<S> {
+    /// The time now, from the configured clock (the only place the server reads the time).
+    pub fn now(&self) -> capstan_engine::Millis {
+        self.config.sources.now_ms()
+    }
+
+    /// A fresh id, from the configured id mint.
+    pub fn new_id(&self) -> String {
+        self.config.sources.new_id()
+    }
 }
 
 /// Builds the application router for `store`.

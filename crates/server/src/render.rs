@@ -432,7 +432,7 @@ pub fn update_export(update_id: &str, update: &UpdateRecord) -> Value {
         "name": update.update_name,
         "status": update.status.as_str(),
         "outcome": update_outcome(update.status),
-        "rejection_reason": (update.status == UpdateStatus::Rejected).then_some("update_validator_rejected"),
+        "rejection_reason": (update.status == UpdateStatus::Rejected).then_some(Reason::UpdateValidatorRejected.as_str()),
         "validation_errors": update.validation_errors,
         "accepted_at": time(update.accepted_at),
         "closed_at": opt_time(update.closed_at),

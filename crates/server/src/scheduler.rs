@@ -4,7 +4,7 @@
 //! It sleeps until the earliest fire time (at most a second, so buffered occurrences notice a
 //! closed run promptly), or until a schedule change kicks it.
 
-use crate::{now_ms, AppState};
+use crate::AppState;
 use capstan_app::duties;
 use capstan_engine::Payload;
 use capstan_store::Store;
@@ -20,7 +20,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     let empty_input = Payload::avro(crate::avro::empty_arguments_blob());
     let catchup_window_ms = state.config.schedule_catchup_window_ms;
     loop {
-        let now = now_ms();
+        let now = state.now();
         match duties::fire_due_schedules(&state.store, now, BATCH, catchup_window_ms, &empty_input).await {
             Ok(outcomes) => {
                 for duties::FiringOutcome {
@@ -43,7 +43,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
             }
             Err(error) => tracing::error!(%error, "scheduler: could not read due schedules"),
         }
-        let now = now_ms();
+        let now = state.now();
         let sleep_ms = match state.store.next_schedule_wake().await {
             Ok(Some(next)) => (next - now).clamp(MIN_PAUSE_MS, IDLE_RECHECK_MS),
             _ => IDLE_RECHECK_MS,

@@ -148,7 +148,7 @@ impl<'a> Fields<'a> {
         if payload.codec != payload::AVRO_CODEC {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "unsupported_payload_codec",
+                Reason::UnsupportedPayloadCodec,
                 format!("Payload codec {:?} is not supported; use \"avro\".", payload.codec),
             )
             .with("field", self.name(key)));
@@ -156,7 +156,7 @@ impl<'a> Fields<'a> {
         if payload.blob.len() > limits.payload_bytes_max {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
+                Reason::PayloadTooLarge,
                 format!("The {key} payload exceeds {} bytes.", limits.payload_bytes_max),
             )
             .with("field", self.name(key))
@@ -215,7 +215,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
 ];
 
 fn invalid_commands(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "invalid_commands", message)
+    ApiError::new(StatusCode::CONFLICT, Reason::InvalidCommands, message)
         .with("outcome", "rejected")
         .with("recorded", false)
 }
@@ -641,13 +641,7 @@ pub fn parse_activity_failure(map: &Map<String, Value>, limits: &Limits) -> ApiR
 }
 
 /// Workflow ids: `^[a-zA-Z0-9._:-]+$`, at most 128 characters.
-pub fn valid_workflow_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
+pub use capstan_app::control::valid_workflow_id;
 
 #[cfg(test)]
 mod tests {

@@ -12,23 +12,27 @@
 //! the guarantees (see [`Sim::check_run`]), and after the faults stop every workflow, child,
 //! continued run, update and schedule must finish (liveness).
 //!
-//! Everything that varies comes from the seed: the workload, the fault choices, and the ids
-//! the store mints ([`capstan_store::use_deterministic_ids`]). A failing seed replays exactly
-//! with `capstan-sim --seed N`.
+//! Clients and workers act through the application layer (`capstan_app`), the same use cases
+//! the HTTP handlers call, so a seed covers the policy a request goes through, not only the
+//! store. Everything that varies comes from the seed: the workload, the fault choices, and the
+//! ids minted (a [`SeededIds`] mint and a [`ManualClock`] are the sources of the store and the
+//! use cases). A failing seed replays exactly with `capstan-sim --seed N`.
 
 mod checks;
 mod program;
 
-use capstan_app::duties;
+use capstan_app::{control, duties, queries, reports, AppError, Services};
 use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
 use capstan_engine::*;
-use capstan_store::{CommandKey, DuplicatePolicy, KeyedReceipt, LedgerFilter, RunLocator, SqliteStore, Store, StoreError};
+use capstan_store::prelude::*;
+use capstan_store::{CommandKey, DuplicatePolicy, LedgerFilter, ManualClock, RunLocator, SeededIds, Sources, SqliteStore, StoreError};
 use program::{decide, pick};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// An Avro single-object frame of the DW `Value` schema (an empty string): payloads are opaque
 /// to the engine, but they are kept well-formed.
@@ -51,6 +55,7 @@ const QUERY_WAIT_MS: i64 = 10_000;
 /// As `capstan serve` runs it by default.
 const SCHEDULE_CATCHUP_MS: i64 = 60_000;
 const SCHEDULES: usize = 2;
+const WORKERS: usize = 3;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -160,11 +165,40 @@ enum Delivery {
     },
 }
 
+/// What the use cases run on in a simulation: the store (reopened on a restart), a manual
+/// clock and seeded ids.
+struct SimServices {
+    store: Option<SqliteStore>,
+    clock: Arc<ManualClock>,
+    sources: Sources,
+    limits: Limits,
+}
+
+impl Services for SimServices {
+    type Store = SqliteStore;
+
+    fn store(&self) -> &SqliteStore {
+        self.store.as_ref().expect("the store is open")
+    }
+
+    fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    async fn rollouts(&self, namespace: &str, queue: &str) -> capstan_store::StoreResult<Vec<capstan_store::BuildIdRollout>> {
+        self.store().build_id_rollouts(namespace, queue).await
+    }
+}
+
 struct Sim {
     config: Config,
     rng: StdRng,
     dir: tempfile::TempDir,
-    store: Option<SqliteStore>,
+    app: SimServices,
     now: Millis,
     step: usize,
     /// The programs of the workflows the clients started (children and scheduled workflows
@@ -192,7 +226,8 @@ struct Sim {
 }
 
 pub async fn run(config: Config) -> Result<Report, Failure> {
-    capstan_store::use_deterministic_ids(config.seed);
+    let clock = Arc::new(ManualClock::new(START));
+    let sources = Sources::new(clock.clone(), Arc::new(SeededIds::new(config.seed)));
     // tmpfs when there is one: the simulation is about logic, not fsync latency.
     let base = ["/dev/shm"]
         .into_iter()
@@ -215,7 +250,12 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         },
         config,
         dir,
-        store: None,
+        app: SimServices {
+            store: None,
+            clock,
+            sources,
+            limits: Limits::default(),
+        },
         now: START,
         step: 0,
         programs: BTreeMap::new(),
@@ -235,6 +275,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         .put_action_definition(NAMESPACE, DECLARED, RecoveryMode::NonAtomic, Map::new(), sim.now)
         .await
         .map_err(|e| sim.fail(format!("defining the action: {e}")))?;
+    sim.register_workers().await?;
     sim.faulty_phase().await?;
     sim.calm_phase().await?;
     sim.check_all().await?;
@@ -254,14 +295,21 @@ impl Sim {
     }
 
     fn store(&self) -> &SqliteStore {
-        self.store.as_ref().expect("the store is open")
+        self.app.store()
     }
 
     fn open(&mut self) -> Result<(), Failure> {
         let path = self.dir.path().join("capstan.db");
-        let store = SqliteStore::open(&path, Limits::default(), self.now).map_err(|e| self.fail(format!("open: {e}")))?;
-        self.store = Some(store);
+        let store = SqliteStore::open(&path, Limits::default(), self.now)
+            .map_err(|e| self.fail(format!("open: {e}")))?
+            .with_sources(self.app.sources.clone());
+        self.app.store = Some(store);
         Ok(())
+    }
+
+    /// Moves the simulated time (the clock the store and the use cases read) forward.
+    fn advance(&mut self, by: Millis) {
+        self.now = self.app.clock.advance(by);
     }
 
     /// Every step's line (with the ids it touched) goes into the run's digest; `--trace` prints
@@ -287,6 +335,15 @@ impl Sim {
                 Ok(None)
             }
             Err(other) => Err(self.fail(format!("store error: {other}"))),
+        }
+    }
+
+    /// [`Sim::refused`] for a use case's answer; a request the simulator sends is never invalid.
+    fn declined<T>(&mut self, result: Result<T, AppError>) -> Result<Option<T>, Failure> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(AppError::Store(error)) => self.refused(Err(error)),
+            Err(invalid) => Err(self.fail(format!("a simulated request was invalid: {invalid}"))),
         }
     }
 
@@ -378,7 +435,7 @@ impl Sim {
                 self.signal_waiting(&workflow_id).await?;
             }
             while self.resolve_one_unknown().await? {}
-            self.now += 1_000;
+            self.advance(1_000);
             self.run_due().await?;
             self.check_touched().await?;
         }
@@ -456,10 +513,9 @@ impl Sim {
             })
             .collect();
         self.trace(|| format!("start {workflow_id} {program:?}"));
-        let start = StartRun {
+        let start = control::StartRequest {
             namespace: NAMESPACE.into(),
-            workflow_id: WorkflowId(workflow_id.clone()),
-            run_id: RunId(format!("run-{workflow_id}")),
+            workflow_id: Some(workflow_id.clone()),
             workflow_type: WORKFLOW_TYPE.into(),
             task_queue: QUEUE.into(),
             input: Payload::avro(PAYLOAD),
@@ -468,21 +524,25 @@ impl Sim {
             business_key: None,
             memo: Map::new(),
             search_attributes: Map::new(),
-            command_id: CommandId(format!("start-{workflow_id}")),
-            contract: None,
-            compatibility: None,
+            build_id: None,
+            duplicate_policy: DuplicatePolicy::Fail,
         };
         self.programs.insert(workflow_id.clone(), program);
         self.instances.insert(workflow_id.clone());
-        let result = self.store().start_workflow(start.clone(), DuplicatePolicy::Fail, self.now).await;
-        if let Some((_, run)) = self.refused(result)? {
-            self.acknowledge(&run);
-        }
+        let result = control::start(&self.app, start.clone()).await;
+        let Some(started) = self.declined(result)? else {
+            return Ok(());
+        };
+        self.acknowledge(&started.run);
         // A client retry of the same start (its response was lost) starts nothing new.
         if self.rng.random_bool(0.3) {
-            let again = self.store().start_workflow(start, DuplicatePolicy::UseExisting, self.now).await;
-            if let Some((_, run)) = self.refused(again)? {
-                if run.run_id.as_str() != format!("run-{workflow_id}") {
+            let again = control::StartRequest {
+                duplicate_policy: DuplicatePolicy::UseExisting,
+                ..start
+            };
+            let again = control::start(&self.app, again).await;
+            if let Some(repeated) = self.declined(again)? {
+                if repeated.run.run_id != started.run.run_id {
                     return Err(self.fail(format!("a repeated start of {workflow_id} opened another run")));
                 }
             }
@@ -491,7 +551,40 @@ impl Sim {
     }
 
     fn worker(&mut self) -> String {
-        format!("worker-{}", self.rng.random_range(0..3))
+        format!("worker-{}", self.rng.random_range(0..WORKERS))
+    }
+
+    /// Registers the simulated workers (they answer queries).
+    async fn register_workers(&mut self) -> Result<(), Failure> {
+        for n in 0..WORKERS {
+            let mut document = Map::new();
+            document.insert("capabilities".into(), json!(["query_tasks"]));
+            let worker = capstan_store::WorkerRecord {
+                namespace: NAMESPACE.into(),
+                worker_id: format!("worker-{n}"),
+                task_queue: QUEUE.into(),
+                runtime: "simulated".into(),
+                sdk_version: None,
+                build_id: None,
+                supported_workflow_types: vec![WORKFLOW_TYPE.into(), CHILD_TYPE.into(), SCHEDULED_TYPE.into()],
+                supported_activity_types: vec![PLAIN.into(), DECLARED.into()],
+                workflow_definition_fingerprints: Map::new(),
+                document,
+                status: "active".into(),
+                registered_at: self.now,
+                last_heartbeat_at: self.now,
+            };
+            let registered = self.store().register_worker(worker).await;
+            registered.map_err(|e| self.fail(format!("register: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// A polling worker is alive: its registration is refreshed.
+    async fn alive(&mut self, owner: &str) -> Result<(), Failure> {
+        let beat = self.store().heartbeat_worker(NAMESPACE, owner, self.now).await;
+        beat.map_err(|e| self.fail(format!("worker heartbeat: {e}")))?;
+        Ok(())
     }
 
     /// What a delivery's fate is: 0 at once, 1 later, 2 never (the worker crashed).
@@ -531,6 +624,7 @@ impl Sim {
     /// Polls one workflow task; returns whether one was leased.
     async fn poll_workflow_task(&mut self, faulty: bool) -> Result<bool, Failure> {
         let owner = self.worker();
+        self.alive(&owner).await?;
         let claimed = self
             .store()
             .claim_task(NAMESPACE, TaskKind::Workflow, QUEUE, &[], &owner, WORKFLOW_LEASE_MS, self.now, None)
@@ -574,6 +668,7 @@ impl Sim {
 
     async fn poll_activity_task(&mut self, faulty: bool) -> Result<bool, Failure> {
         let owner = self.worker();
+        self.alive(&owner).await?;
         let types = [PLAIN.to_string(), DECLARED.to_string()];
         let claimed = self
             .store()
@@ -657,24 +752,24 @@ impl Sim {
                 commands,
             } => {
                 self.trace(|| format!("{owner} completes workflow task {task_id} (fence {fence})"));
-                let id = task_id.clone();
+                let lease = reports::WorkflowLease {
+                    namespace: NAMESPACE.into(),
+                    task_id,
+                    owner,
+                    attempt: fence,
+                };
                 // Like the SDKs: a replay that yields nothing new fails the task as "waiting
                 // for history", which closes it without history.
-                let result = self
-                    .store()
-                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
-                        if commands.is_empty() {
-                            let waiting = WorkflowTaskFailure {
-                                message: "Workflow task waiting for scheduled history.".into(),
-                                failure_type: Some(WAITING_FOR_HISTORY_FAILURE.into()),
-                            };
-                            fail_workflow_task(run, cx, &id, &owner, fence, waiting)
-                        } else {
-                            complete_workflow_task(run, cx, &id, &owner, fence, commands)
-                        }
-                    })
-                    .await;
-                if let Some((_, run)) = self.refused(result)? {
+                let result = if commands.is_empty() {
+                    let waiting = WorkflowTaskFailure {
+                        message: "Workflow task waiting for scheduled history.".into(),
+                        failure_type: Some(WAITING_FOR_HISTORY_FAILURE.into()),
+                    };
+                    reports::fail_workflow_task(&self.app, lease, waiting).await
+                } else {
+                    reports::complete_workflow_task(&self.app, lease, commands).await
+                };
+                if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
                 }
             }
@@ -684,14 +779,9 @@ impl Sim {
                 owner,
             } => {
                 self.trace(|| format!("{owner} completes activity task {task_id}"));
-                let id = task_id.clone();
-                let result = self
-                    .store()
-                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
-                        complete_activity(run, cx, &id, &attempt_id, &owner, Payload::avro(PAYLOAD))
-                    })
-                    .await;
-                if let Some((_, run)) = self.refused(result)? {
+                let lease = attempt_lease(task_id, attempt_id, owner);
+                let result = reports::complete_activity(&self.app, lease, Payload::avro(PAYLOAD)).await;
+                if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
                 }
             }
@@ -701,7 +791,6 @@ impl Sim {
                 owner,
             } => {
                 self.trace(|| format!("{owner} fails activity task {task_id}"));
-                let id = task_id.clone();
                 let failure = ActivityFailure {
                     message: "simulated failure".into(),
                     failure_type: Some("SimulatedError".into()),
@@ -711,13 +800,9 @@ impl Sim {
                     non_retryable: false,
                     details: None,
                 };
-                let result = self
-                    .store()
-                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
-                        fail_activity(run, cx, &id, &attempt_id, &owner, failure)
-                    })
-                    .await;
-                if let Some((_, run)) = self.refused(result)? {
+                let lease = attempt_lease(task_id, attempt_id, owner);
+                let result = reports::fail_activity(&self.app, lease, failure).await;
+                if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
                 }
             }
@@ -727,15 +812,10 @@ impl Sim {
                 owner,
             } => {
                 self.trace(|| format!("{owner} heartbeats activity task {task_id}"));
-                let id = task_id.clone();
                 let details = json!({"progress": now - START});
-                let result = self
-                    .store()
-                    .mutate_run(NAMESPACE, RunLocator::Task(task_id), now, move |run, cx| {
-                        heartbeat_activity(run, cx, &id, &attempt_id, &owner, ACTIVITY_LEASE_MS, Some(details))
-                    })
-                    .await;
-                if let Some((_, run)) = self.refused(result)? {
+                let lease = attempt_lease(task_id, attempt_id, owner);
+                let result = reports::heartbeat_activity(&self.app, lease, ACTIVITY_LEASE_MS, Some(details)).await;
+                if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
                 }
             }
@@ -785,7 +865,7 @@ impl Sim {
 
     async fn advance_clock(&mut self) -> Result<(), Failure> {
         let jump = self.rng.random_range(0..6_000);
-        self.now += jump;
+        self.advance(jump);
         self.trace(|| format!("clock +{jump} ms"));
         self.run_due().await
     }
@@ -845,75 +925,69 @@ impl Sim {
         }
         let n = signals[self.rng.random_range(0..signals.len())];
         let name = format!("go-{n}");
-        let command_id = CommandId(format!("signal-{workflow_id}-{}", self.step));
         self.trace(|| format!("signal {name} to {workflow_id}"));
-        let result = self
-            .store()
-            .mutate_run(
-                NAMESPACE,
-                RunLocator::Current(WorkflowId(workflow_id.to_string())),
-                self.now,
-                move |run, cx| signal(run, cx, &name, Payload::avro(PAYLOAD), command_id),
-            )
-            .await;
-        if let Some((_, run)) = self.refused(result)? {
+        let request = control::SignalRequest {
+            target: target(workflow_id),
+            signal_name: name,
+            input: Payload::avro(PAYLOAD),
+            request_id: None,
+        };
+        let result = control::signal(
+            &self.app,
+            request,
+            |receipt: &CommandReceipt, _: &RunState| json!({"signal_id": receipt.signal_id}),
+        )
+        .await;
+        if let Some(run) = self.declined(result)?.and_then(|receipt| receipt.run) {
             self.acknowledge(&run);
         }
         Ok(())
     }
 
-    /// Sends a client command keyed by a request id, and sometimes sends it again (the first
-    /// response was lost). A retry must be answered from the first application's receipt: a
-    /// second application, or a receipt with no application before it, fails the seed. Returns
-    /// what the application answered and the receipts the retries got (None: refused).
-    async fn send_keyed<T, F>(
+    /// How often a keyed client command is sent: sometimes twice (the first response was lost).
+    fn sends(&mut self) -> usize {
+        if self.rng.random_bool(0.3) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Judges the answers to the sends of one keyed command, in order: a retry must be answered
+    /// from the first application's receipt; a second application, or a receipt with no
+    /// application before it, fails the seed. Returns the application's receipt body and the
+    /// bodies the retries got (None: refused).
+    fn judge_keyed(
         &mut self,
         what: &str,
-        workflow_id: &str,
-        key: CommandKey,
-        transition: impl Fn() -> F,
-        render: impl Fn(&T, &RunState) -> Value + Clone + Send + 'static,
-    ) -> Result<Option<(T, Vec<Value>)>, Failure>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let attempts = if self.rng.random_bool(0.3) { 2 } else { 1 };
-        let mut applied: Option<T> = None;
+        request_id: &str,
+        answers: Vec<Result<control::Receipt, AppError>>,
+    ) -> Result<Option<(Value, Vec<Value>)>, Failure> {
+        let mut applied: Option<Value> = None;
         let mut receipts = Vec::new();
-        for attempt in 1..=attempts {
-            self.trace(|| format!("{what} to {workflow_id} (request {}, send {attempt})", key.request_id));
-            let result = self
-                .store()
-                .mutate_run_keyed(
-                    NAMESPACE,
-                    RunLocator::Current(WorkflowId(workflow_id.to_string())),
-                    key.clone(),
-                    self.now,
-                    transition(),
-                    render.clone(),
-                )
-                .await;
-            match self.refused(result)? {
+        for answer in answers {
+            match self.declined(answer)? {
                 None => {}
-                Some((KeyedReceipt::Fresh(_), _)) if applied.is_some() => {
-                    return Err(self.fail(format!("{what} request {} was applied twice", key.request_id)))
+                Some(receipt) if !receipt.retained && applied.is_some() => {
+                    return Err(self.fail(format!("{what} request {request_id} was applied twice")))
                 }
-                Some((KeyedReceipt::Fresh(value), run)) => {
-                    let run = run.ok_or_else(|| self.fail(format!("a fresh {what} came without its run")))?;
+                Some(receipt) if !receipt.retained => {
+                    let run = receipt
+                        .run
+                        .ok_or_else(|| self.fail(format!("a fresh {what} came without its run")))?;
                     self.acknowledge(&run);
-                    applied = Some(value);
+                    applied = Some(receipt.body);
                 }
-                Some((KeyedReceipt::Retained(body), _)) if applied.is_none() => {
+                Some(receipt) if applied.is_none() => {
                     return Err(self.fail(format!(
-                        "{what} request {} has a receipt ({body}) but was never applied",
-                        key.request_id
+                        "{what} request {request_id} has a receipt ({}) but was never applied",
+                        receipt.body
                     )))
                 }
-                Some((KeyedReceipt::Retained(body), _)) => receipts.push(body),
+                Some(receipt) => receipts.push(receipt.body),
             }
         }
-        Ok(applied.map(|value| (value, receipts)))
+        Ok(applied.map(|body| (body, receipts)))
     }
 
     /// A client sends an update; a retry must get the first acceptance's update id back.
@@ -926,25 +1000,23 @@ impl Sim {
             request_id: format!("update-{}", self.step),
             intent_hash: format!("{UPDATE_NAME}:{PAYLOAD}"),
         };
-        let command_id = CommandId(capstan_store::new_ulid().to_string());
-        let sent = self
-            .send_keyed(
-                "update",
-                &workflow_id,
-                key,
-                || {
-                    let command_id = command_id.clone();
-                    move |run: &mut RunState, cx: &mut Cx| {
-                        admit_update(run, UPDATE_NAME, None)?;
-                        accept_update(run, cx, UPDATE_NAME, Payload::avro(PAYLOAD), command_id)
-                    }
-                },
-                |(update_id, _): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id}),
-            )
-            .await?;
-        let Some(((update_id, _), receipts)) = sent else {
+        let command_id = CommandId(self.app.new_id());
+        let mut answers = Vec::new();
+        for send in 1..=self.sends() {
+            self.trace(|| format!("update to {workflow_id} (request {}, send {send})", key.request_id));
+            let command_id = command_id.clone();
+            let transition = move |run: &mut RunState, cx: &mut Cx| {
+                admit_update(run, UPDATE_NAME, None)?;
+                accept_update(run, cx, UPDATE_NAME, Payload::avro(PAYLOAD), command_id)
+            };
+            let render = |(update_id, _): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id});
+            let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
+            answers.push(control::apply(&self.app, NAMESPACE, locator, Some(key.clone()), transition, render).await);
+        }
+        let Some((applied, receipts)) = self.judge_keyed("update", &key.request_id, answers)? else {
             return Ok(());
         };
+        let update_id = applied["update_id"].as_str().unwrap_or_default().to_string();
         self.report.updates_accepted += 1;
         for body in receipts {
             if body["update_id"].as_str() != Some(update_id.as_str()) {
@@ -967,25 +1039,21 @@ impl Sim {
         } else {
             CloseCommand::Terminate
         };
+        let request_id = format!("close-{}", self.step);
+        let mut answers = Vec::new();
+        for send in 1..=self.sends() {
+            self.trace(|| format!("{kind:?} to {workflow_id} (request {request_id}, send {send})"));
+            let request = control::CloseRequest {
+                target: target(&workflow_id),
+                kind,
+                reason: Some("simulated client".into()),
+                request_id: Some(request_id.clone()),
+            };
+            let render = |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id});
+            answers.push(control::close(&self.app, request, render).await);
+        }
         let what = format!("{kind:?}").to_lowercase();
-        let key = CommandKey {
-            command_type: what.clone(),
-            request_id: format!("close-{}", self.step),
-            intent_hash: "sim".into(),
-        };
-        let command_id = CommandId(capstan_store::new_ulid().to_string());
-        let sent = self
-            .send_keyed(
-                &what,
-                &workflow_id,
-                key,
-                || {
-                    let command_id = command_id.clone();
-                    move |run: &mut RunState, cx: &mut Cx| close_by_command(run, cx, kind, Some("simulated client".into()), command_id)
-                },
-                |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id}),
-            )
-            .await?;
+        let sent = self.judge_keyed(&what, &request_id, answers)?;
         if sent.is_some() {
             self.report.closed_by_clients += 1;
         }
@@ -1006,38 +1074,29 @@ impl Sim {
         let Some(workflow_id) = pick(&mut self.rng, self.instances.iter()) else {
             return self.advance_clock().await;
         };
-        let run = self
-            .store()
-            .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
-            .await
-            .map_err(|e| self.fail(format!("load: {e}")))?;
-        let Some(run) = run.filter(|r| !r.is_closed()) else {
-            return Ok(());
-        };
-        let task = QueryTask {
-            id: capstan_store::new_ulid().to_string(),
-            kind: QueryKind::Query,
+        let request = queries::QueryRequest {
             namespace: NAMESPACE.into(),
-            task_queue: run.task_queue.clone(),
             workflow_id: workflow_id.clone(),
-            run_id: run.run_id.to_string(),
-            workflow_type: run.workflow_type.clone(),
+            run_id: None,
             query_name: "status".into(),
             arguments: None,
-            state: QueryState::Ready,
-            attempt: 0,
-            created_at: self.now,
-            deadline_at: self.now + QUERY_WAIT_MS,
+            wait_ms: QUERY_WAIT_MS,
+        };
+        let head = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.clone())))
+            .await;
+        let before = head
+            .map_err(|e| self.fail(format!("load: {e}")))?
+            .map(|run| (run.last_sequence, run.last_hash));
+        let put = queries::put_query(&self.app, request).await;
+        let Some((task, _)) = self.declined(put)? else {
+            return Ok(());
         };
         let id = task.id.clone();
         self.trace(|| format!("query status of {workflow_id} (query task {id})"));
-        let before = (run.last_sequence, run.last_hash.clone());
-        self.store()
-            .create_query_task(task)
-            .await
-            .map_err(|e| self.fail(format!("create_query_task: {e}")))?;
         self.queries.insert(id.clone(), false);
-        if self.query_run_head(&id).await? != Some(before) {
+        if self.query_run_head(&id).await? != before {
             return Err(self.fail(format!("query {id} changed the history of {workflow_id}")));
         }
         Ok(())
@@ -1046,6 +1105,7 @@ impl Sim {
     /// A worker polls for a query task; returns whether one was leased.
     async fn poll_query_task(&mut self, faulty: bool) -> Result<bool, Failure> {
         let owner = self.worker();
+        self.alive(&owner).await?;
         let claimed = self
             .store()
             .claim_query_task(NAMESPACE, QUEUE, QueryKind::Query, &owner, QUERY_LEASE_MS, self.now)
@@ -1230,16 +1290,43 @@ impl Sim {
     async fn restart(&mut self) -> Result<(), Failure> {
         self.trace(|| "server restart".to_string());
         self.report.restarts += 1;
-        self.store = None;
+        self.app.store = None;
         self.open()?;
         self.check_all().await
+    }
+}
+
+fn target(workflow_id: &str) -> control::Target {
+    control::Target {
+        namespace: NAMESPACE.into(),
+        workflow_id: workflow_id.to_string(),
+        run_id: None,
+    }
+}
+
+fn attempt_lease(task_id: TaskId, attempt_id: ActivityAttemptId, owner: String) -> reports::AttemptLease {
+    reports::AttemptLease {
+        namespace: NAMESPACE.into(),
+        task_id,
+        attempt_id,
+        owner,
     }
 }
 
 /// Runs one seed; a panic anywhere in the engine or store is a failure of that seed too.
 pub async fn run_caught(config: Config) -> Result<Report, Failure> {
     let seed = config.seed;
-    match tokio::task::spawn(run(config)).await {
+    // On a thread of its own with its own single-threaded runtime: a seed runs on one thread
+    // anyway, and its future need not be `Send` (rustc cannot prove it for the store's
+    // futures over borrowed arguments, a known limit of its higher-ranked reasoning).
+    let seeded = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(run(config))
+    });
+    match seeded.await {
         Ok(result) => result,
         Err(error) => Err(Failure {
             seed,

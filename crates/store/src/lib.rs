@@ -15,6 +15,7 @@ mod logic;
 mod postgres;
 mod rows;
 mod schedules;
+mod sources;
 mod sqlite;
 mod tx;
 mod visibility_sql;
@@ -24,7 +25,15 @@ use serde_json::{Map, Value};
 use std::future::Future;
 
 pub use postgres::PostgresStore;
+
+/// The store traits, for code that calls a concrete store's methods (`use
+/// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.
+pub mod prelude {
+    pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, RunStore, ScheduleStore, Store, TaskStore};
+}
 pub use schedules::{BACKFILL_MAX, FIRE_BATCH};
+pub(crate) use sources::Env;
+pub use sources::{Clock, IdMint, ManualClock, MintedIds, RandomIds, SeededIds, Sources, SystemClock};
 pub use sqlite::{intent_hash, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -521,32 +530,12 @@ pub enum KeyedReceipt<T> {
 /// The contract between the server and a storage backend. Every method is cancel-safe in the
 /// sense that dropping the future never leaves a partial change; a dropped write may still
 /// commit, exactly like a lost HTTP response, and callers rely on idempotency for that.
-pub trait Store: Send + Sync + 'static {
-    /// Whether the database takes a write now: a read, and a small probe write (always on
-    /// PostgreSQL; on SQLite after a failed commit, until one commits again).
-    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+pub trait Store: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore {}
 
-    fn namespace_exists(&self, namespace: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+impl<T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore> Store for T {}
 
-    /// Creates or updates `(namespace, worker_id)`. A changed workflow definition fingerprint
-    /// on an active registration is refused with `workflow_definition_changed`.
-    fn register_worker(&self, worker: WorkerRecord) -> impl Future<Output = StoreResult<WorkerRecord>> + Send;
-
-    fn heartbeat_worker(
-        &self,
-        namespace: &str,
-        worker_id: &str,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
-
-    fn get_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
-
-    /// Open tasks of `kind` currently leased to `owner`.
-    fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> impl Future<Output = StoreResult<Vec<TaskId>>> + Send;
-
-    /// Removes a registration; `false` when there was none.
-    fn deregister_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<bool>> + Send;
-
+/// Runs: start, transitions (plain and keyed), reads, listings.
+pub trait RunStore: Send + Sync + 'static {
     /// Starts run 1 of a new instance, honouring the duplicate policy and the global reservation
     /// of workflow ids.
     fn start_workflow(
@@ -555,6 +544,75 @@ pub trait Store: Send + Sync + 'static {
         policy: DuplicatePolicy,
         now: Millis,
     ) -> impl Future<Output = StoreResult<(StartOutcome, RunState)>> + Send;
+
+    /// Runs one engine transition on one run, atomically and durably.
+    fn mutate_run<T, F>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        now: Millis,
+        transition: F,
+    ) -> impl Future<Output = StoreResult<(T, RunState)>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
+
+    /// Every run, in run-id order, a page at a time (for offline verification):
+    /// `(namespace, workflow id, run id)` after `after`.
+    fn runs_page(&self, after: Option<RunId>, limit: usize) -> impl Future<Output = StoreResult<Vec<(String, WorkflowId, RunId)>>> + Send;
+
+    /// The receipt stored for a keyed command, if any: `(intent_hash, receipt)`. Lets a handler
+    /// skip work a retry must not repeat (an update's validation) before `mutate_run_keyed`.
+    fn retained_command(
+        &self,
+        namespace: &str,
+        workflow_id: &WorkflowId,
+        command_type: &str,
+        request_id: &str,
+    ) -> impl Future<Output = StoreResult<Option<(String, Value)>>> + Send;
+
+    /// Like `mutate_run` for a control-plane command with a caller `request_id`: the first call
+    /// applies and stores `render(result)`; a repeat with the same intent returns that stored
+    /// receipt; a repeat with another intent is a `request_id_conflict`.
+    fn mutate_run_keyed<T, F, R>(
+        &self,
+        namespace: &str,
+        locator: RunLocator,
+        key: CommandKey,
+        now: Millis,
+        transition: F,
+        render: R,
+    ) -> impl Future<Output = StoreResult<(KeyedReceipt<T>, Option<RunState>)>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+        R: FnOnce(&T, &RunState) -> Value + Send + 'static;
+
+    fn load_run(&self, namespace: &str, locator: RunLocator) -> impl Future<Output = StoreResult<Option<RunState>>> + Send;
+
+    /// Events with `after < sequence <= upto`, at most `limit`, in order.
+    fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> impl Future<Output = StoreResult<Vec<HistoryEvent>>> + Send;
+
+    /// Runs newest first; returns the page and whether more follow.
+    fn list_runs(
+        &self,
+        namespace: &str,
+        filter: ListFilter,
+        offset: usize,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<(Vec<RunSummary>, bool)>> + Send;
+
+    /// How many current runs match `filter`, per status bucket.
+    fn count_runs(&self, namespace: &str, filter: ListFilter) -> impl Future<Output = StoreResult<RunCounts>> + Send;
+
+    /// All runs of an instance, oldest first.
+    fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> impl Future<Output = StoreResult<Vec<RunSummary>>> + Send;
+}
+
+/// Tasks: claims and ready-queue wake-ups, query and validation tasks, remembered polls.
+pub trait TaskStore: Send + Sync + 'static {
+    /// Open tasks of `kind` currently leased to `owner`.
+    fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> impl Future<Output = StoreResult<Vec<TaskId>>> + Send;
 
     /// Whether a poll of this shape could lease something right now (a read, no writer trip).
     fn has_ready_task(
@@ -581,18 +639,152 @@ pub trait Store: Send + Sync + 'static {
         poll: Option<PollKey>,
     ) -> impl Future<Output = StoreResult<Option<(Task, RunState)>>> + Send;
 
-    /// Runs one engine transition on one run, atomically and durably.
-    fn mutate_run<T, F>(
+    /// Wake-ups published by other nodes sharing the database; `None` for single-node stores
+    /// (the in-process hub already sees every change).
+    fn wakeups(&self) -> impl Future<Output = StoreResult<Option<WakeReceiver>>> + Send;
+
+    /// Stores a new query task, ready for a query poller of its queue.
+    fn create_query_task(&self, task: QueryTask) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Leases the oldest leasable query task of `kind` on `queue` (ready, or its lease ran out
+    /// unanswered).
+    fn claim_query_task(
         &self,
         namespace: &str,
-        locator: RunLocator,
+        queue: &str,
+        kind: QueryKind,
+        owner: &str,
+        lease_ms: i64,
         now: Millis,
-        transition: F,
-    ) -> impl Future<Output = StoreResult<(T, RunState)>> + Send
+    ) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send;
+
+    /// Records a worker's answer under the engine's fencing rules (`QueryTask::answer`).
+    fn answer_query_task(
+        &self,
+        namespace: &str,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        outcome: QueryOutcome,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<QueryTask>> + Send;
+
+    fn get_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send;
+
+    fn delete_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<()>> + Send;
+
+    fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send;
+}
+
+/// The background duties: due deadlines under a duty fence, retention and pruning.
+pub trait DutyStore: Send + Sync + 'static {
+    /// Claims up to `limit` tasks whose deadline is at or before `now` for `node`, for `hold_ms`:
+    /// tasks whose duty is held by a live claim of another node are skipped; an expired claim is
+    /// taken over with a higher duty fence.
+    fn claim_due_tasks(
+        &self,
+        node: &str,
+        now: Millis,
+        limit: usize,
+        hold_ms: i64,
+    ) -> impl Future<Output = StoreResult<Vec<DueTask>>> + Send;
+
+    /// Runs a deadline transition for a claimed duty: refused with `stale_fence` (and nothing
+    /// written) unless the task's duty fence still equals `due.duty_fence`; releases the duty.
+    fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> impl Future<Output = StoreResult<(T, RunState)>> + Send
     where
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
 
+    /// The earliest pending deadline, so the clock can sleep until then.
+    fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
+
+    /// Instances whose current run closed before `cutoff` (retention), oldest first:
+    /// `(workflow_id, current run id, closed_at)`.
+    fn expired_instances(
+        &self,
+        namespace: &str,
+        cutoff: Millis,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<(String, String, Millis)>>> + Send;
+
+    /// Deletes expired instances with every run, history event, task and index row, and frees
+    /// their workflow ids. Each is checked again in the transaction (still closed before
+    /// `cutoff`); returns how many were deleted. Ledger entries and checkpoints are kept: they
+    /// are evidence and outlive history.
+    fn prune_instances(
+        &self,
+        namespace: &str,
+        workflow_ids: Vec<String>,
+        cutoff: Millis,
+    ) -> impl Future<Output = StoreResult<usize>> + Send;
+
+    /// Forgets poll memos and query tasks older than `older_than`.
+    fn prune(&self, older_than: Millis) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// Workers, task queues and build-id rollouts.
+pub trait FleetStore: Send + Sync + 'static {
+    /// Creates or updates `(namespace, worker_id)`. A changed workflow definition fingerprint
+    /// on an active registration is refused with `workflow_definition_changed`.
+    fn register_worker(&self, worker: WorkerRecord) -> impl Future<Output = StoreResult<WorkerRecord>> + Send;
+
+    fn heartbeat_worker(
+        &self,
+        namespace: &str,
+        worker_id: &str,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
+
+    fn get_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send;
+
+    /// Removes a registration; `false` when there was none.
+    fn deregister_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// The rollout intents recorded for a task queue's build-id cohorts.
+    fn build_id_rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send;
+
+    /// Drains (`draining: true`) or resumes a cohort. Draining again keeps the first
+    /// `drained_at`; resuming clears it.
+    fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
+
+    /// Promotes a cohort for new starts on a queue (un-promoting any other).
+    fn promote_build_id(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
+
+    /// Every registration of a namespace, by worker id.
+    fn workers(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;
+
+    /// Task queues a namespace has used: with open tasks, or with registered workers.
+    fn task_queue_names(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
+
+    /// Open tasks of one queue: counts by kind and status, and the current leases (at most
+    /// `lease_limit`).
+    fn task_queue_snapshot(
+        &self,
+        namespace: &str,
+        queue: &str,
+        lease_limit: usize,
+    ) -> impl Future<Output = StoreResult<QueueSnapshot>> + Send;
+
+    /// Registrations on one task queue (for query routing: who can answer).
+    fn queue_workers(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;
+}
+
+/// The recovery ledger: action definitions, entries and checkpoints, atomic actions, integrity incidents.
+pub trait LedgerStore: Send + Sync + 'static {
     /// Declares an activity type a consequential action. The same content again changes
     /// nothing; new content is the next version with a new hash.
     fn put_action_definition(
@@ -634,6 +826,33 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> impl Future<Output = StoreResult<Option<AtomicOutcome>>> + Send;
 
+    /// Ledger figures for metrics, per namespace: entries by state (with the oldest dispatch
+    /// time in each state) and open integrity incidents.
+    fn ledger_stats(&self) -> impl Future<Output = StoreResult<LedgerStats>> + Send;
+
+    /// Integrity incidents of a namespace (`state`: `open` or `closed`; all without).
+    fn integrity_incidents(
+        &self,
+        namespace: &str,
+        state: Option<String>,
+    ) -> impl Future<Output = StoreResult<Vec<IntegrityIncident>>> + Send;
+
+    /// Closes an incident once its instance's ledger chain verifies again, and lets the run
+    /// continue; a chain that is still broken is refused (`integrity_chain_broken`).
+    fn close_integrity_incident(
+        &self,
+        namespace: &str,
+        incident_id: &str,
+        note: String,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<IntegrityIncident>> + Send;
+
+    /// Every workflow instance that has ledger checkpoints: `(namespace, workflow id)`.
+    fn ledger_instances(&self) -> impl Future<Output = StoreResult<Vec<(String, WorkflowId)>>> + Send;
+}
+
+/// Schedules: their rows, firings and audit history.
+pub trait ScheduleStore: Send + Sync + 'static {
     /// Stores a new schedule and its first events. A live schedule with the id is refused
     /// (`schedule_already_exists`); a deleted one is replaced and its history continues.
     fn create_schedule(&self, schedule: capstan_engine::schedule::Schedule) -> impl Future<Output = StoreResult<()>> + Send;
@@ -687,6 +906,15 @@ pub trait Store: Send + Sync + 'static {
         after_sequence: i64,
         limit: usize,
     ) -> impl Future<Output = StoreResult<Option<Vec<ScheduleEventRecord>>>> + Send;
+}
+
+/// Readiness, namespaces, system counts, bridge deliveries, search-attribute definitions.
+pub trait AdminStore: Send + Sync + 'static {
+    /// Whether the database takes a write now: a read, and a small probe write (always on
+    /// PostgreSQL; on SQLite after a failed commit, until one commits again).
+    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+
+    fn namespace_exists(&self, namespace: &str) -> impl Future<Output = StoreResult<bool>> + Send;
 
     /// Every namespace, by name.
     fn namespaces(&self) -> impl Future<Output = StoreResult<Vec<NamespaceRecord>>> + Send;
@@ -707,126 +935,6 @@ pub trait Store: Send + Sync + 'static {
     /// `namespace_not_empty`.
     fn delete_namespace(&self, name: &str) -> impl Future<Output = StoreResult<NamespaceRecord>> + Send;
 
-    /// Ledger figures for metrics, per namespace: entries by state (with the oldest dispatch
-    /// time in each state) and open integrity incidents.
-    fn ledger_stats(&self) -> impl Future<Output = StoreResult<LedgerStats>> + Send;
-
-    /// Integrity incidents of a namespace (`state`: `open` or `closed`; all without).
-    fn integrity_incidents(
-        &self,
-        namespace: &str,
-        state: Option<String>,
-    ) -> impl Future<Output = StoreResult<Vec<IntegrityIncident>>> + Send;
-
-    /// Closes an incident once its instance's ledger chain verifies again, and lets the run
-    /// continue; a chain that is still broken is refused (`integrity_chain_broken`).
-    fn close_integrity_incident(
-        &self,
-        namespace: &str,
-        incident_id: &str,
-        note: String,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<IntegrityIncident>> + Send;
-
-    /// Every run, in run-id order, a page at a time (for offline verification):
-    /// `(namespace, workflow id, run id)` after `after`.
-    fn runs_page(&self, after: Option<RunId>, limit: usize) -> impl Future<Output = StoreResult<Vec<(String, WorkflowId, RunId)>>> + Send;
-
-    /// Every workflow instance that has ledger checkpoints: `(namespace, workflow id)`.
-    fn ledger_instances(&self) -> impl Future<Output = StoreResult<Vec<(String, WorkflowId)>>> + Send;
-
-    /// The receipt stored for a keyed command, if any: `(intent_hash, receipt)`. Lets a handler
-    /// skip work a retry must not repeat (an update's validation) before `mutate_run_keyed`.
-    fn retained_command(
-        &self,
-        namespace: &str,
-        workflow_id: &WorkflowId,
-        command_type: &str,
-        request_id: &str,
-    ) -> impl Future<Output = StoreResult<Option<(String, Value)>>> + Send;
-
-    /// Like `mutate_run` for a control-plane command with a caller `request_id`: the first call
-    /// applies and stores `render(result)`; a repeat with the same intent returns that stored
-    /// receipt; a repeat with another intent is a `request_id_conflict`.
-    fn mutate_run_keyed<T, F, R>(
-        &self,
-        namespace: &str,
-        locator: RunLocator,
-        key: CommandKey,
-        now: Millis,
-        transition: F,
-        render: R,
-    ) -> impl Future<Output = StoreResult<(KeyedReceipt<T>, Option<RunState>)>> + Send
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-        R: FnOnce(&T, &RunState) -> Value + Send + 'static;
-
-    fn load_run(&self, namespace: &str, locator: RunLocator) -> impl Future<Output = StoreResult<Option<RunState>>> + Send;
-
-    /// Events with `after < sequence <= upto`, at most `limit`, in order.
-    fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> impl Future<Output = StoreResult<Vec<HistoryEvent>>> + Send;
-
-    /// Runs newest first; returns the page and whether more follow.
-    fn list_runs(
-        &self,
-        namespace: &str,
-        filter: ListFilter,
-        offset: usize,
-        limit: usize,
-    ) -> impl Future<Output = StoreResult<(Vec<RunSummary>, bool)>> + Send;
-
-    /// How many current runs match `filter`, per status bucket.
-    fn count_runs(&self, namespace: &str, filter: ListFilter) -> impl Future<Output = StoreResult<RunCounts>> + Send;
-
-    /// All runs of an instance, oldest first.
-    fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> impl Future<Output = StoreResult<Vec<RunSummary>>> + Send;
-
-    /// Claims up to `limit` tasks whose deadline is at or before `now` for `node`, for `hold_ms`:
-    /// tasks whose duty is held by a live claim of another node are skipped; an expired claim is
-    /// taken over with a higher duty fence.
-    fn claim_due_tasks(
-        &self,
-        node: &str,
-        now: Millis,
-        limit: usize,
-        hold_ms: i64,
-    ) -> impl Future<Output = StoreResult<Vec<DueTask>>> + Send;
-
-    /// Runs a deadline transition for a claimed duty: refused with `stale_fence` (and nothing
-    /// written) unless the task's duty fence still equals `due.duty_fence`; releases the duty.
-    fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> impl Future<Output = StoreResult<(T, RunState)>> + Send
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static;
-
-    /// Wake-ups published by other nodes sharing the database; `None` for single-node stores
-    /// (the in-process hub already sees every change).
-    fn wakeups(&self) -> impl Future<Output = StoreResult<Option<WakeReceiver>>> + Send;
-
-    /// The earliest pending deadline, so the clock can sleep until then.
-    fn next_deadline(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send;
-
-    /// Instances whose current run closed before `cutoff` (retention), oldest first:
-    /// `(workflow_id, current run id, closed_at)`.
-    fn expired_instances(
-        &self,
-        namespace: &str,
-        cutoff: Millis,
-        limit: usize,
-    ) -> impl Future<Output = StoreResult<Vec<(String, String, Millis)>>> + Send;
-
-    /// Deletes expired instances with every run, history event, task and index row, and frees
-    /// their workflow ids. Each is checked again in the transaction (still closed before
-    /// `cutoff`); returns how many were deleted. Ledger entries and checkpoints are kept: they
-    /// are evidence and outlive history.
-    fn prune_instances(
-        &self,
-        namespace: &str,
-        workflow_ids: Vec<String>,
-        cutoff: Millis,
-    ) -> impl Future<Output = StoreResult<usize>> + Send;
-
     /// Runs per status and open tasks per (kind, status) of a namespace, and how many leases
     /// have expired at `now` without being reclaimed yet.
     fn system_counts(&self, namespace: &str, now: Millis) -> impl Future<Output = StoreResult<SystemCounts>> + Send;
@@ -844,29 +952,6 @@ pub trait Store: Send + Sync + 'static {
         outcome: Value,
         now: Millis,
     ) -> impl Future<Output = StoreResult<Option<Value>>> + Send;
-
-    /// The rollout intents recorded for a task queue's build-id cohorts.
-    fn build_id_rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send;
-
-    /// Drains (`draining: true`) or resumes a cohort. Draining again keeps the first
-    /// `drained_at`; resuming clears it.
-    fn set_build_id_drain(
-        &self,
-        namespace: &str,
-        queue: &str,
-        build_id: Option<String>,
-        draining: bool,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
-
-    /// Promotes a cohort for new starts on a queue (un-promoting any other).
-    fn promote_build_id(
-        &self,
-        namespace: &str,
-        queue: &str,
-        build_id: Option<String>,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send;
 
     /// The custom search attributes defined in a namespace, by name.
     fn search_attribute_definitions(
@@ -886,59 +971,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes a definition (values already stored stay on their runs); `false` if none.
     fn delete_search_attribute(&self, namespace: &str, name: &str) -> impl Future<Output = StoreResult<bool>> + Send;
-
-    /// Every registration of a namespace, by worker id.
-    fn workers(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;
-
-    /// Task queues a namespace has used: with open tasks, or with registered workers.
-    fn task_queue_names(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<String>>> + Send;
-
-    /// Open tasks of one queue: counts by kind and status, and the current leases (at most
-    /// `lease_limit`).
-    fn task_queue_snapshot(
-        &self,
-        namespace: &str,
-        queue: &str,
-        lease_limit: usize,
-    ) -> impl Future<Output = StoreResult<QueueSnapshot>> + Send;
-
-    /// Registrations on one task queue (for query routing: who can answer).
-    fn queue_workers(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send;
-
-    /// Stores a new query task, ready for a query poller of its queue.
-    fn create_query_task(&self, task: QueryTask) -> impl Future<Output = StoreResult<()>> + Send;
-
-    /// Leases the oldest leasable query task of `kind` on `queue` (ready, or its lease ran out
-    /// unanswered).
-    fn claim_query_task(
-        &self,
-        namespace: &str,
-        queue: &str,
-        kind: QueryKind,
-        owner: &str,
-        lease_ms: i64,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send;
-
-    /// Records a worker's answer under the engine's fencing rules (`QueryTask::answer`).
-    fn answer_query_task(
-        &self,
-        namespace: &str,
-        id: &str,
-        owner: &str,
-        attempt: u32,
-        outcome: QueryOutcome,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<QueryTask>> + Send;
-
-    fn get_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send;
-
-    fn delete_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<()>> + Send;
-
-    /// Forgets poll memos and query tasks older than `older_than`.
-    fn prune(&self, older_than: Millis) -> impl Future<Output = StoreResult<()>> + Send;
-
-    fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send;
 }
 
 /// `(namespace, queue, worker, kind, poll_request_id)`: the scope of poll idempotency.
@@ -949,38 +981,6 @@ pub struct PollKey {
     pub worker_id: String,
     pub kind: TaskKind,
     pub poll_request_id: String,
-}
-
-/// ULID ids for engine transitions and store rows.
-pub struct UlidIds;
-
-impl IdSource for UlidIds {
-    fn next_id(&mut self) -> String {
-        new_ulid().to_string()
-    }
-}
-
-/// Non-zero while a deterministic simulation owns the process: ids are then a counter mixed
-/// with the seed, so the same seed gives the same ids (and the same claim order) every time.
-static SIMULATED_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static SIMULATION_SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Makes every id the store mints deterministic for `seed` (for the simulator only; a server
-/// never calls this). Ids still sort in creation order, as ULIDs do.
-pub fn use_deterministic_ids(seed: u64) {
-    SIMULATION_SEED.store(seed, std::sync::atomic::Ordering::SeqCst);
-    SIMULATED_IDS.store(1, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// A fresh ULID: random, or the next deterministic one under a simulation.
-pub fn new_ulid() -> ulid::Ulid {
-    use std::sync::atomic::Ordering;
-    if SIMULATED_IDS.load(Ordering::SeqCst) == 0 {
-        return ulid::Ulid::new();
-    }
-    let counter = SIMULATED_IDS.fetch_add(1, Ordering::SeqCst);
-    let seed = SIMULATION_SEED.load(Ordering::SeqCst);
-    ulid::Ulid::from_parts(counter, (u128::from(seed) << 64) | u128::from(counter))
 }
 
 /// The behaviour suite, for backends' tests only (feature `suite`; not in the production build).

@@ -168,14 +168,6 @@ pub(crate) fn touches_search_attributes(effects: &Effects, insert_run: bool) -> 
     insert_run || effects.events.iter().any(|e| e.event_type == EventType::SearchAttributesUpserted)
 }
 
-/// Wall-clock milliseconds, for the few records the store stamps itself (integrity incidents).
-pub(crate) fn now_ms() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
-
 /// The build a task is pinned to: a pinned run's workflow tasks (other tasks go to any worker).
 pub(crate) fn task_compatibility(run: &RunState, task: &Task) -> Option<String> {
     (task.kind == TaskKind::Workflow).then(|| run.compatibility.clone()).flatten()

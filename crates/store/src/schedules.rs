@@ -5,13 +5,12 @@
 //! fires exactly once however many nodes evaluate the schedule.
 
 use crate::logic::{persist, runs};
+use crate::sources::Env;
 use crate::tx::{args, locking, Locking, Row, Tx};
-use crate::{
-    schedule_missing, FireReport, RunLocator, ScheduleEventRecord, ScheduleFilter, ScheduleFire, StoreError, StoreResult, UlidIds,
-};
+use crate::{schedule_missing, FireReport, RunLocator, ScheduleEventRecord, ScheduleFilter, ScheduleFire, StoreError, StoreResult};
 use capstan_engine::schedule::{Decision, OverlapPolicy, Schedule, Trigger};
 use capstan_engine::{
-    close_by_command, CloseCommand, CommandId, Cx, Limits, Millis, Payload, Reason, Refusal, RunId, RunState, StartRun, WorkflowId,
+    close_by_command, CloseCommand, CommandId, Cx, Millis, Payload, Reason, Refusal, RunId, RunState, StartRun, WorkflowId,
 };
 use serde_json::json;
 
@@ -32,13 +31,13 @@ async fn current_run<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str) -> S
 }
 
 /// Starts a new instance (the id is fresh).
-async fn start_instance<T: Tx>(tx: &mut T, start: StartRun, now: Millis, limits: &Limits) -> StoreResult<()> {
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+async fn start_instance<T: Tx>(tx: &mut T, start: StartRun, now: Millis, env: &Env) -> StoreResult<()> {
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     let run = capstan_engine::start_run(&mut cx, start);
     let effects = cx.effects;
     persist::insert_instance(tx, &run, now).await?;
-    persist::persist(tx, &run, &effects, true, limits).await
+    persist::persist(tx, &run, &effects, true, env).await
 }
 
 /// Cancels or terminates the current run of `workflow_id` if it is open.
@@ -49,7 +48,7 @@ async fn close_current<T: Tx>(
     command: CloseCommand,
     reason: String,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<()> {
     let Some(mut run) = current_run(tx, namespace, workflow_id).await? else {
         return Ok(());
@@ -57,11 +56,11 @@ async fn close_current<T: Tx>(
     if run.is_closed() {
         return Ok(());
     }
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
-    close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(crate::new_ulid().to_string()))?;
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(env.new_id()))?;
     let effects = cx.effects;
-    persist::persist(tx, &run, &effects, false, limits).await
+    persist::persist(tx, &run, &effects, false, env).await
 }
 
 /// One occurrence about to start: what fired it and under which policy.
@@ -80,7 +79,7 @@ async fn start_one<T: Tx>(
     firing: Firing,
     empty_input: &Payload,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<Option<(String, String)>> {
     let Firing {
         occurrence,
@@ -90,10 +89,10 @@ async fn start_one<T: Tx>(
     } = firing;
     if let (Some(command), Some(previous)) = (close_previous, schedule.latest_workflow_id.clone()) {
         let reason = format!("Schedule overlap: {} policy applied.", policy.as_str());
-        close_current(tx, &schedule.namespace, &previous, command, reason, now, limits).await?;
+        close_current(tx, &schedule.namespace, &previous, command, reason, now, env).await?;
     }
-    let workflow_id = crate::new_ulid().to_string().to_lowercase();
-    let run_id = crate::new_ulid().to_string();
+    let workflow_id = env.new_id().to_lowercase();
+    let run_id = env.new_id();
     let action = &schedule.action;
     let start = StartRun {
         namespace: schedule.namespace.clone(),
@@ -107,11 +106,11 @@ async fn start_one<T: Tx>(
         business_key: None,
         memo: schedule.memo.clone().unwrap_or_default(),
         search_attributes: schedule.search_attributes.clone().unwrap_or_default(),
-        command_id: CommandId(crate::new_ulid().to_string()),
+        command_id: CommandId(env.new_id()),
         contract: None,
         compatibility: None,
     };
-    match start_instance(tx, start, now, limits).await {
+    match start_instance(tx, start, now, env).await {
         Ok(()) => {
             schedule.record_started(occurrence, trigger, policy, &workflow_id, &run_id, now);
             Ok(Some((workflow_id, run_id)))
@@ -131,7 +130,7 @@ pub(crate) async fn fire<T: Tx>(
     fire: &ScheduleFire,
     empty_input: &Payload,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<FireReport> {
     let mut report = FireReport::default();
     match fire {
@@ -148,7 +147,7 @@ pub(crate) async fn fire<T: Tx>(
                     policy: schedule.overlap_policy,
                     close_previous: None,
                 };
-                if start_one(tx, schedule, firing, empty_input, now, limits).await?.is_some() {
+                if start_one(tx, schedule, firing, empty_input, now, env).await?.is_some() {
                     report.started += 1;
                 }
             }
@@ -167,7 +166,7 @@ pub(crate) async fn fire<T: Tx>(
                         policy,
                         close_previous,
                     };
-                    if start_one(tx, schedule, firing, empty_input, now, limits).await?.is_some() {
+                    if start_one(tx, schedule, firing, empty_input, now, env).await?.is_some() {
                         report.started += 1;
                     }
                 }
@@ -185,7 +184,7 @@ pub(crate) async fn fire<T: Tx>(
                         policy,
                         close_previous,
                     };
-                    match start_one(tx, schedule, firing, empty_input, now, limits).await? {
+                    match start_one(tx, schedule, firing, empty_input, now, env).await? {
                         Some((workflow_id, run_id)) => {
                             report.outcome = "triggered".into();
                             report.workflow_id = Some(workflow_id);
@@ -225,7 +224,7 @@ pub(crate) async fn fire<T: Tx>(
                             policy,
                             close_previous,
                         };
-                        match start_one(tx, schedule, firing, empty_input, now, limits).await? {
+                        match start_one(tx, schedule, firing, empty_input, now, env).await? {
                             Some((workflow_id, _)) => {
                                 report.started += 1;
                                 report
@@ -284,7 +283,7 @@ async fn lock_schedule<T: Tx>(tx: &mut T, namespace: &str, schedule_id: &str, sk
 }
 
 /// Writes the document and appends its pending audit events.
-async fn write_schedule<T: Tx>(tx: &mut T, schedule: &mut Schedule) -> StoreResult<()> {
+async fn write_schedule<T: Tx>(tx: &mut T, schedule: &mut Schedule, env: &Env) -> StoreResult<()> {
     let doc = serde_json::to_string(schedule)?;
     let args = args![
         &schedule.namespace,
@@ -302,7 +301,7 @@ async fn write_schedule<T: Tx>(tx: &mut T, schedule: &mut Schedule) -> StoreResu
     let mut sequence = last.map(|row| row.int(0)).transpose()?.unwrap_or(0);
     for event in std::mem::take(&mut schedule.pending_events) {
         sequence += 1;
-        let event_id = crate::new_ulid().to_string().to_lowercase();
+        let event_id = env.new_id().to_lowercase();
         let payload = serde_json::to_string(&event.payload)?;
         let args = args![
             &schedule.namespace,
@@ -334,7 +333,7 @@ fn already_exists(schedule: &Schedule) -> StoreError {
 
 /// Creates a schedule; an id in use (not deleted) is refused. The row lock (or, for a new id,
 /// the primary key) serialises concurrent creates.
-pub(crate) async fn create_schedule<T: Tx>(tx: &mut T, mut schedule: Schedule) -> StoreResult<()> {
+pub(crate) async fn create_schedule<T: Tx>(tx: &mut T, mut schedule: Schedule, env: &Env) -> StoreResult<()> {
     let sql = LOCK_ANY_SCHEDULE.sql(tx.dialect());
     let existing = tx.query_opt(sql, &args![&schedule.namespace, &schedule.schedule_id]).await?;
     if existing
@@ -344,7 +343,7 @@ pub(crate) async fn create_schedule<T: Tx>(tx: &mut T, mut schedule: Schedule) -
     {
         return Err(already_exists(&schedule));
     }
-    match write_schedule(tx, &mut schedule).await {
+    match write_schedule(tx, &mut schedule, env).await {
         Err(StoreError::Conflict { .. }) => Err(already_exists(&schedule)),
         other => other,
     }
@@ -378,12 +377,13 @@ pub(crate) async fn change_schedule<T: Tx, V>(
     namespace: &str,
     schedule_id: &str,
     change: impl FnOnce(&mut Schedule) -> Result<V, Refusal>,
+    env: &Env,
 ) -> StoreResult<V> {
     let mut schedule = lock_schedule(tx, namespace, schedule_id, false)
         .await?
         .ok_or_else(|| schedule_missing(schedule_id, namespace))?;
     let value = change(&mut schedule)?;
-    write_schedule(tx, &mut schedule).await?;
+    write_schedule(tx, &mut schedule, env).await?;
     Ok(value)
 }
 
@@ -396,7 +396,7 @@ pub(crate) async fn fire_schedule<T: Tx>(
     request: &ScheduleFire,
     empty_input: &Payload,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<FireReport> {
     let evaluation = matches!(request, ScheduleFire::Due { .. });
     let Some(mut schedule) = lock_schedule(tx, namespace, schedule_id, evaluation).await? else {
@@ -406,9 +406,9 @@ pub(crate) async fn fire_schedule<T: Tx>(
         return Err(schedule_missing(schedule_id, namespace));
     };
     let before = serde_json::to_string(&schedule)?;
-    let report = fire(tx, &mut schedule, request, empty_input, now, limits).await?;
+    let report = fire(tx, &mut schedule, request, empty_input, now, env).await?;
     if serde_json::to_string(&schedule)? != before || !schedule.pending_events.is_empty() {
-        write_schedule(tx, &mut schedule).await?;
+        write_schedule(tx, &mut schedule, env).await?;
     }
     Ok(report)
 }

@@ -9,12 +9,14 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, Shared};
+use crate::Shared;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use capstan_store::Store;
+use capstan_app::control;
+use capstan_engine::Reason;
+use capstan_store::{DuplicatePolicy, StartOutcome, Store};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -56,10 +58,11 @@ fn arguments(input: Option<&Value>) -> Value {
     json!({"codec": "avro", "blob": crate::avro::encode_json(&list)})
 }
 
-async fn json_of(response: Response) -> (StatusCode, Value) {
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap_or_default();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+/// The event's input as a payload, held to the same limits as a client's.
+fn input_payload(input: Option<&Value>, limits: &capstan_engine::Limits) -> ApiResult<capstan_engine::Payload> {
+    let mut envelope = Map::new();
+    envelope.insert("input".into(), arguments(input));
+    Ok(Fields::new(&envelope).opt_payload("input", limits)?.expect("an envelope was given"))
 }
 
 pub async fn webhook<S: Store>(
@@ -114,28 +117,45 @@ pub async fn webhook<S: Store>(
                 let digest = hex::encode(Sha256::digest(format!("{adapter}\u{1f}{}", event.key).as_bytes()));
                 format!("bridge-{adapter}-{}", &digest[..24])
             });
-            let mut start = Map::new();
-            start.insert("workflow_id".into(), json!(workflow_id));
-            start.insert("workflow_type".into(), json!(workflow_type));
-            for key in ["task_queue", "business_key"] {
-                if let Some(value) = target_str(key) {
-                    start.insert(key.into(), json!(value));
+            let started = match input_payload(body.get("input"), &state.config.limits) {
+                Ok(input) => {
+                    let request = control::StartRequest {
+                        namespace: namespace.clone(),
+                        workflow_id: Some(workflow_id.clone()),
+                        workflow_type: workflow_type.clone(),
+                        task_queue: target_str("task_queue").unwrap_or_else(|| "default".into()),
+                        input,
+                        execution_timeout_seconds: None,
+                        run_timeout_seconds: None,
+                        business_key: target_str("business_key"),
+                        memo: Map::new(),
+                        search_attributes: Map::new(),
+                        build_id: None,
+                        duplicate_policy: DuplicatePolicy::Fail,
+                    };
+                    control::start(&*state, request).await.map_err(ApiError::from)
                 }
-            }
-            start.insert("input".into(), arguments(body.get("input")));
-            match super::control::start(State(state.clone()), Extension(Namespace(namespace.clone())), JsonObject(start)).await {
-                Ok(response) => {
-                    let (_, started) = json_of(response).await;
+                Err(error) => Err(error),
+            };
+            match started {
+                Ok(control::Started { outcome, run }) => {
+                    if outcome == StartOutcome::StartedNew {
+                        super::worker::after_change(&state, &run);
+                    }
                     let mut doc = event.outcome(true, "accepted", None);
-                    doc.insert("workflow_id".into(), started["workflow_id"].clone());
-                    doc.insert("run_id".into(), started["run_id"].clone());
+                    doc.insert("workflow_id".into(), json!(run.workflow_id));
+                    doc.insert("run_id".into(), json!(run.run_id));
                     doc.insert("workflow_type".into(), json!(workflow_type));
-                    doc.insert("control_plane_outcome".into(), started["outcome"].clone());
+                    let outcome = match outcome {
+                        StartOutcome::StartedNew => "started_new",
+                        StartOutcome::ReturnedExistingActive => "returned_existing_active",
+                    };
+                    doc.insert("control_plane_outcome".into(), json!(outcome));
                     doc
                 }
                 // The id is taken: by an earlier delivery of this event (crashed before its
                 // record) or by something else; either way nothing new starts.
-                Err(error) if error.reason == "instance_already_started" || error.reason == "workflow_id_reserved_in_namespace" => {
+                Err(error) if matches!(error.reason, Reason::InstanceAlreadyStarted | Reason::WorkflowIdReservedInNamespace) => {
                     let mut doc = event.outcome(false, "duplicate", Some("duplicate_start"));
                     doc.insert("workflow_id".into(), json!(workflow_id));
                     doc.insert("run_id".into(), error.fields.get("run_id").cloned().unwrap_or(Value::Null));
@@ -151,21 +171,36 @@ pub async fn webhook<S: Store>(
             let (Some(workflow_id), Some(signal_name)) = (target_str("workflow_id"), target_str("signal_name")) else {
                 return Ok(event.rejected("malformed_payload", "A signal needs target.workflow_id and target.signal_name."));
             };
-            let mut signal = Map::new();
-            signal.insert("input".into(), arguments(body.get("input")));
-            signal.insert("request_id".into(), json!(format!("bridge:{adapter}:{}", event.key)));
-            let run_id = target_str("run_id");
-            match super::control::signal_impl(state.clone(), namespace.clone(), workflow_id.clone(), run_id, signal_name, signal).await {
-                Ok(response) => {
-                    let (_, receipt) = json_of(response).await;
-                    let retained = receipt["retained"] == json!(true);
+            let signaled = match input_payload(body.get("input"), &state.config.limits) {
+                Ok(input) => {
+                    let request = control::SignalRequest {
+                        target: control::Target {
+                            namespace: namespace.clone(),
+                            workflow_id: workflow_id.clone(),
+                            run_id: target_str("run_id"),
+                        },
+                        signal_name,
+                        input,
+                        request_id: Some(format!("bridge:{adapter}:{}", event.key)),
+                    };
+                    let render = |_: &capstan_engine::CommandReceipt, run: &capstan_engine::RunState| json!({"run_id": run.run_id});
+                    control::signal(&*state, request, render).await.map_err(ApiError::from)
+                }
+                Err(error) => Err(error),
+            };
+            match signaled {
+                Ok(receipt) => {
+                    if let Some(run) = &receipt.run {
+                        super::worker::after_change(&state, run);
+                    }
+                    let retained = receipt.retained;
                     let mut doc = if retained {
                         event.outcome(false, "duplicate", Some("duplicate"))
                     } else {
                         event.outcome(true, "accepted", None)
                     };
                     doc.insert("workflow_id".into(), json!(workflow_id));
-                    doc.insert("run_id".into(), receipt["run_id"].clone());
+                    doc.insert("run_id".into(), receipt.body["run_id"].clone());
                     doc.insert(
                         "control_plane_outcome".into(),
                         json!(if retained { "deduped_existing_command" } else { "signal_received" }),
@@ -189,7 +224,7 @@ pub async fn webhook<S: Store>(
     if doc["accepted"] == json!(true) {
         if let Some(first) = state
             .store
-            .record_bridge_delivery(&namespace, &adapter, &event.key, Value::Object(doc.clone()), now_ms())
+            .record_bridge_delivery(&namespace, &adapter, &event.key, Value::Object(doc.clone()), state.now())
             .await?
         {
             return Ok(duplicate(&event, &first));

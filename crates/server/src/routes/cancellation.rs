@@ -3,17 +3,17 @@
 //! call (`deliver-cancellation`), the code cleans up, and the run ends cancelled. `/cancel` stays
 //! the immediate close it always was.
 
-use super::control::check_target;
 use super::worker::after_change;
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, Shared};
+use crate::{render, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use capstan_app::control::check_target;
 use capstan_engine::*;
 use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
@@ -87,7 +87,7 @@ async fn request_impl<S: Store>(
                 return Err(fail(
                     ApiError::new(
                         StatusCode::CONFLICT,
-                        "active_claim_cancellation_not_supported",
+                        Reason::ActiveClaimCancellationNotSupported,
                         "The worker holding the run's workflow task does not support cooperative cancellation.",
                     )
                     .with("task_id", run.workflow_task.as_ref().map(|t| t.as_str().to_string())),
@@ -95,11 +95,11 @@ async fn request_impl<S: Store>(
             }
         }
     }
-    let command_id = CommandId(ulid::Ulid::new().to_string());
+    let command_id = CommandId(state.new_id());
     let (outcome, run) = state
         .store
-        .mutate_run(&namespace, locator, now_ms(), move |run, cx| {
-            check_target(run, &wanted)?;
+        .mutate_run(&namespace, locator, state.now(), move |run, cx| {
+            check_target(run, wanted.as_ref().map(RunId::as_str))?;
             request_cancellation(run, cx, reason, timeout, command_id)
         })
         .await
@@ -146,7 +146,7 @@ pub async fn deliver<S: Store>(
     let id = TaskId(task_id.clone());
     let (done, run) = state
         .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
+        .mutate_run(&namespace, RunLocator::Task(id.clone()), state.now(), move |run, cx| {
             deliver_cancellation(run, cx, &id, &owner, attempt, delivery)
         })
         .await
@@ -188,8 +188,8 @@ pub async fn activity_status<S: Store>(
         .store
         .load_run(&namespace, RunLocator::Task(id.clone()))
         .await?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "task_not_found", "Task not found.").with("task_id", task_id.clone()))?;
-    let now = now_ms();
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, Reason::TaskNotFound, "Task not found.").with("task_id", task_id.clone()))?;
+    let now = state.now();
     let live = run.tasks.get(&id).and_then(|task| match (&task.detail, task.lease()) {
         (
             TaskDetail::Activity {

@@ -5,15 +5,14 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
-use crate::{now_ms, render, AppState, Shared};
+use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use capstan_app::control;
 use capstan_engine::*;
-use capstan_store::{
-    intent_hash, CommandKey, DuplicatePolicy, KeyedReceipt, ListCursor, ListFilter, RunLocator, RunSummary, StartOutcome, Store, StoreError,
-};
+use capstan_store::{DuplicatePolicy, ListCursor, ListFilter, RunLocator, RunSummary, StartOutcome, Store};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -31,46 +30,6 @@ fn in_operation(mut error: ApiError, operation: &str, workflow_id: &str) -> ApiE
     error
 }
 
-/// Applies a control-plane command to a run and renders its receipt. With a `key` the command is
-/// idempotent: a retry with the same key and intent answers the body stored with the first, marked
-/// `retained: true` (the second value is then `true` too).
-pub(crate) async fn apply_command<S, T, F, R>(
-    state: &AppState<S>,
-    namespace: &str,
-    locator: RunLocator,
-    key: Option<CommandKey>,
-    transition: F,
-    render: R,
-) -> Result<(Value, bool), StoreError>
-where
-    S: Store,
-    T: Send + 'static,
-    F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    R: Fn(&T, &RunState) -> Value + Clone + Send + 'static,
-{
-    let now = now_ms();
-    let (value, run) = match key {
-        Some(key) => match state
-            .store
-            .mutate_run_keyed(namespace, locator, key, now, transition, render.clone())
-            .await?
-        {
-            (KeyedReceipt::Retained(mut stored), _) => {
-                stored["retained"] = json!(true);
-                return Ok((stored, true));
-            }
-            (KeyedReceipt::Fresh(value), run) => (value, run.expect("fresh receipts come with the run")),
-        },
-        None => state.store.mutate_run(namespace, locator, now, transition).await?,
-    };
-    after_change(state, &run);
-    Ok((render(&value, &run), false))
-}
-
-const SEARCH_ATTRIBUTES_MAX: usize = 100;
-const SEARCH_ATTRIBUTE_KEY_MAX: usize = 128;
-const SEARCH_ATTRIBUTE_VALUE_BYTES_MAX: usize = 2048;
-
 const REJECTED_START_FIELDS: &[&str] = &[
     "workflow_execution_timeout",
     "workflow_run_timeout",
@@ -80,12 +39,8 @@ const REJECTED_START_FIELDS: &[&str] = &[
     "request_id",
 ];
 
-pub async fn start<S: Store>(
-    State(state): State<Shared<S>>,
-    Extension(Namespace(namespace)): Extension<Namespace>,
-    JsonObject(body): JsonObject,
-) -> ApiResult<Response> {
-    let f = Fields::new(&body);
+fn start_request(state: &AppState<impl Store>, namespace: &str, body: &Map<String, Value>) -> ApiResult<control::StartRequest> {
+    let f = Fields::new(body);
     for field in REJECTED_START_FIELDS {
         if body.contains_key(*field) {
             return Err(ApiError::validation(field, format!("The {field} field is not supported on start.")));
@@ -93,34 +48,16 @@ pub async fn start<S: Store>(
     }
     let workflow_type = f.req_str("workflow_type", 255)?;
     let workflow_id = match f.opt_str("workflow_id", 128)? {
-        Some(id) if wire::valid_workflow_id(&id) => id,
-        Some(_) => {
+        Some(id) if !wire::valid_workflow_id(&id) => {
             return Err(ApiError::validation(
                 "workflow_id",
                 "The workflow_id may only contain letters, digits, '.', '_', ':' and '-'.",
             ))
         }
-        None => ulid::Ulid::new().to_string(),
+        id => id,
     };
-    let task_queue = f
-        .opt_str("task_queue", 255)?
-        .filter(|q| !q.is_empty())
-        .unwrap_or_else(|| "default".into());
-    let input = f
-        .opt_payload("input", &state.config.limits)?
-        .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
     let max = state.config.limits.delay_seconds_max;
-    let execution_timeout_seconds = f.opt_int("execution_timeout_seconds", 1, max)?;
-    let run_timeout_seconds = f.opt_int("run_timeout_seconds", 1, max)?;
-    if let (Some(run), Some(execution)) = (run_timeout_seconds, execution_timeout_seconds) {
-        if run > execution {
-            return Err(ApiError::validation(
-                "run_timeout_seconds",
-                "run_timeout_seconds must not exceed execution_timeout_seconds.",
-            ));
-        }
-    }
-    let policy = match f.opt_str("duplicate_policy", 32)?.as_deref() {
+    let duplicate_policy = match f.opt_str("duplicate_policy", 32)?.as_deref() {
         None | Some("fail") => DuplicatePolicy::Fail,
         Some("use-existing") => DuplicatePolicy::UseExisting,
         Some(other) => {
@@ -130,75 +67,45 @@ pub async fn start<S: Store>(
             ))
         }
     };
-    let memo = f.opt_object("memo")?.cloned().unwrap_or_default();
-    if serde_json::to_string(&memo).map(|s| s.len()).unwrap_or(0) > 262_144 {
-        return Err(ApiError::validation("memo", "The memo must be at most 262144 bytes of JSON."));
-    }
-    let search_attributes = f.opt_object("search_attributes")?.cloned().unwrap_or_default();
-    if search_attributes.len() > SEARCH_ATTRIBUTES_MAX {
-        return Err(ApiError::validation(
-            "search_attributes",
-            format!("At most {SEARCH_ATTRIBUTES_MAX} search attributes."),
-        ));
-    }
-    for (key, value) in &search_attributes {
-        if key.is_empty() || key.len() > SEARCH_ATTRIBUTE_KEY_MAX {
-            return Err(ApiError::validation(
-                "search_attributes",
-                format!("Search attribute keys are 1 to {SEARCH_ATTRIBUTE_KEY_MAX} characters."),
-            ));
-        }
-        if value.as_str().is_some_and(|v| v.len() > SEARCH_ATTRIBUTE_VALUE_BYTES_MAX) || value.is_object() {
-            return Err(ApiError::validation(
-                "search_attributes",
-                format!("Search attribute {key:?} must be a scalar or a list, strings at most {SEARCH_ATTRIBUTE_VALUE_BYTES_MAX} bytes."),
-            ));
-        }
-    }
-    super::search_attributes::check(&state, &namespace, "search_attributes", &search_attributes).await?;
-    let start = StartRun {
-        namespace: namespace.clone(),
-        workflow_id: WorkflowId(workflow_id.clone()),
-        run_id: RunId(ulid::Ulid::new().to_string()),
+    Ok(control::StartRequest {
+        namespace: namespace.to_string(),
+        workflow_id,
         workflow_type,
-        task_queue,
-        input,
-        execution_timeout_seconds,
-        run_timeout_seconds,
+        task_queue: f
+            .opt_str("task_queue", 255)?
+            .filter(|q| !q.is_empty())
+            .unwrap_or_else(|| "default".into()),
+        input: f
+            .opt_payload("input", &state.config.limits)?
+            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        execution_timeout_seconds: f.opt_int("execution_timeout_seconds", 1, max)?,
+        run_timeout_seconds: f.opt_int("run_timeout_seconds", 1, max)?,
         business_key: f.opt_str("business_key", 255)?,
-        memo,
-        search_attributes,
-        command_id: CommandId(ulid::Ulid::new().to_string()),
-        contract: None,
+        memo: f.opt_object("memo")?.cloned().unwrap_or_default(),
+        search_attributes: f.opt_object("search_attributes")?.cloned().unwrap_or_default(),
         // `build_id` wins over its SDK-neutral alias `compatibility`.
-        compatibility: match f.opt_str("build_id", 255)? {
+        build_id: match f.opt_str("build_id", 255)? {
             Some(build) => Some(build),
             None => f.opt_str("compatibility", 255)?,
-        }
-        .filter(|b| !b.is_empty()),
-    };
-    let contract = crate::contracts::registered(&state.store, &namespace, &start.task_queue, &start.workflow_type)
-        .await
-        .map_err(|e| in_operation(e.into(), "start", &workflow_id))?;
-    // A start that names no build runs on the queue's promoted build, if one was promoted.
-    let compatibility = match start.compatibility.clone() {
-        Some(build) => Some(build),
-        None => super::fleet::promoted_build(&state, &namespace, &start.task_queue).await?,
-    };
-    let start = StartRun {
-        contract,
-        compatibility,
-        ..start
-    };
-    let (outcome, run) = state
-        .store
-        .start_workflow(start, policy, now_ms())
+        },
+        duplicate_policy,
+    })
+}
+
+pub async fn start<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Response> {
+    let request = start_request(&state, &namespace, &body)?;
+    let workflow_id = request.workflow_id.clone().unwrap_or_default();
+    let control::Started { outcome, run } = control::start(&*state, request)
         .await
         .map_err(|e| in_operation(e.into(), "start", &workflow_id))?;
     let (status, outcome) = match outcome {
         StartOutcome::StartedNew => {
             after_change(&state, &run);
-            tracing::info!(namespace, workflow_id, run_id = %run.run_id, workflow_type = %run.workflow_type, "workflow started");
+            tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, workflow_type = %run.workflow_type, "workflow started");
             (StatusCode::CREATED, "started_new")
         }
         StartOutcome::ReturnedExistingActive => (StatusCode::OK, "returned_existing_active"),
@@ -214,9 +121,17 @@ pub async fn start<S: Store>(
         "task_queue": run.task_queue,
         "outcome": outcome,
         "command_id": run.start_command_id,
-        "control_plane": control_plane("start", &workflow_id),
+        "control_plane": control_plane("start", run.workflow_id.as_str()),
     });
     Ok((status, Json(body)).into_response())
+}
+
+/// Wakes the clock for a fresh application's new deadlines.
+fn applied<S: Store>(state: &AppState<S>, receipt: control::Receipt) -> (Value, bool) {
+    if let Some(run) = &receipt.run {
+        after_change(state, run);
+    }
+    (receipt.body, receipt.retained)
 }
 
 async fn describe_at<S: Store>(state: &Shared<S>, namespace: &str, locator: RunLocator, workflow_id: &str) -> ApiResult<Json<Value>> {
@@ -225,10 +140,10 @@ async fn describe_at<S: Store>(state: &Shared<S>, namespace: &str, locator: RunL
         .load_run(namespace, locator.clone())
         .await?
         .ok_or_else(|| match &locator {
-            RunLocator::Run(_, run_id) => ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+            RunLocator::Run(_, run_id) => ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "Workflow run not found.")
                 .with("workflow_id", workflow_id)
                 .with("run_id", run_id.as_str()),
-            _ => ApiError::new(StatusCode::NOT_FOUND, "instance_not_found", "Workflow not found.").with("workflow_id", workflow_id),
+            _ => ApiError::new(StatusCode::NOT_FOUND, Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id),
         })?;
     let runs = state.store.runs_of(namespace, &run.workflow_id).await?;
     let current = runs.last().map(|r| r.run_id.clone()).unwrap_or_else(|| run.run_id.clone());
@@ -272,7 +187,7 @@ pub async fn runs<S: Store>(
 ) -> ApiResult<Json<Value>> {
     let runs = state.store.runs_of(&namespace, &WorkflowId(workflow_id.clone())).await?;
     if runs.is_empty() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "instance_not_found", "Workflow not found.").with("workflow_id", workflow_id));
+        return Err(ApiError::new(StatusCode::NOT_FOUND, Reason::InstanceNotFound, "Workflow not found.").with("workflow_id", workflow_id));
     }
     let rows: Vec<Value> = runs.iter().map(render::summary).collect();
     Ok(Json(json!({"workflow_id": workflow_id, "run_count": rows.len(), "runs": rows})))
@@ -303,7 +218,7 @@ pub async fn list<S: Store>(
     let (offset, after) = match query.get("next_page_token").filter(|t| !t.is_empty()) {
         None => (0, None),
         Some(token) => parse_list_token(token)
-            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?,
+            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, Reason::InvalidPageToken, "The page token is not valid."))?,
     };
     let mut filter = list_filter(&state, &namespace, &query).await?;
     filter.status_bucket = status_bucket;
@@ -389,7 +304,7 @@ const HISTORY_PAGE_MAX: usize = 1000;
 async fn named_run<S: Store>(state: &Shared<S>, namespace: &str, workflow_id: &str, run_id: &str) -> ApiResult<RunState> {
     let locator = RunLocator::Run(WorkflowId(workflow_id.to_string()), RunId(run_id.to_string()));
     state.store.load_run(namespace, locator).await?.ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+        ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "Workflow run not found.")
             .with("workflow_id", workflow_id)
             .with("run_id", run_id)
     })
@@ -437,18 +352,18 @@ pub async fn history<S: Store>(
     let after = match query.get("next_page_token").filter(|t| !t.is_empty()) {
         None => 0,
         Some(token) => render::parse_page_token(token)
-            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_page_token", "The page token is not valid."))?,
+            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, Reason::InvalidPageToken, "The page token is not valid."))?,
     };
     let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
     let wait_new_event = matches!(query.get("wait_new_event").map(String::as_str), Some("1" | "true"));
-    let deadline = now_ms() + 30_000;
+    let deadline = state.now() + 30_000;
     loop {
         let run = state.store.load_run(&namespace, locator.clone()).await?.ok_or_else(|| {
-            ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.")
+            ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "Workflow run not found.")
                 .with("workflow_id", workflow_id.clone())
                 .with("run_id", run_id.clone())
         })?;
-        if wait_new_event && run.last_sequence <= after && !run.is_closed() && now_ms() < deadline {
+        if wait_new_event && run.last_sequence <= after && !run.is_closed() && state.now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             continue;
         }
@@ -467,20 +382,11 @@ pub async fn history<S: Store>(
 // ------------------------------------------------------------------------------------------
 // Signal, cancel, terminate
 
-/// A command on a run: the current one, or a named run that must still be current.
-fn target(workflow_id: &str, run_id: Option<String>) -> (RunLocator, Option<RunId>) {
-    (RunLocator::Current(WorkflowId(workflow_id.to_string())), run_id.map(RunId))
-}
-
-pub(crate) fn check_target(run: &RunState, wanted: &Option<RunId>) -> Result<(), Refusal> {
-    match wanted {
-        Some(run_id) if *run_id != run.run_id => Err(Refusal::new(
-            Reason::RunNotCurrent,
-            "The targeted run is not the current run of this workflow.",
-        )
-        .with("run_id", run_id.as_str())
-        .with("current_run_id", run.run_id.as_str())),
-        _ => Ok(()),
+fn target(namespace: &str, workflow_id: &str, run_id: Option<String>) -> control::Target {
+    control::Target {
+        namespace: namespace.to_string(),
+        workflow_id: workflow_id.to_string(),
+        run_id,
     }
 }
 
@@ -492,38 +398,18 @@ pub(crate) async fn signal_impl<S: Store>(
     signal_name: String,
     body: Map<String, Value>,
 ) -> ApiResult<Response> {
+    let fail = |e: ApiError| in_operation(e, "signal", &workflow_id);
     let f = Fields::new(&body);
-    let input = f
-        .opt_payload("input", &state.config.limits)
-        .map_err(|e| in_operation(e, "signal", &workflow_id))?;
-    let request_id = f
-        .opt_str("request_id", 255)
-        .map_err(|e| in_operation(e, "signal", &workflow_id))?
-        .filter(|s| !s.is_empty());
-    if signal_name.is_empty() || signal_name.len() > 255 {
-        return Err(in_operation(
-            ApiError::validation("signal_name", "The signal name must be 1 to 255 characters."),
-            "signal",
-            &workflow_id,
-        ));
-    }
-    let arguments = input.unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
-    let (locator, wanted) = target(&workflow_id, run_id.clone());
-    let command_id = CommandId(ulid::Ulid::new().to_string());
-    let name = signal_name.clone();
-    let args = arguments.clone();
-    let fallback = crate::contracts::fallback_for(&state.store, &namespace, &locator)
-        .await
-        .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
-    let transition = move |run: &mut RunState, cx: &mut Cx| {
-        check_target(run, &wanted)?;
-        admit_signal(run, &name, fallback.for_run(run))?;
-        capstan_engine::signal(run, cx, &name, args, command_id)
+    let input = f.opt_payload("input", &state.config.limits).map_err(fail)?;
+    let request_id = f.opt_str("request_id", 255).map_err(fail)?.filter(|s| !s.is_empty());
+    let request = control::SignalRequest {
+        target: target(&namespace, &workflow_id, run_id),
+        signal_name: signal_name.clone(),
+        input: input.unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        request_id: request_id.clone(),
     };
     let receipt_body = {
-        let workflow_id = workflow_id.clone();
-        let signal_name = signal_name.clone();
-        let request_id = request_id.clone();
+        let (workflow_id, signal_name) = (workflow_id.clone(), signal_name.clone());
         move |receipt: &CommandReceipt, run: &RunState| {
             json!({
                 "workflow_id": workflow_id,
@@ -539,14 +425,8 @@ pub(crate) async fn signal_impl<S: Store>(
             })
         }
     };
-    let key = request_id.map(|request_id| CommandKey {
-        command_type: "signal".into(),
-        intent_hash: intent_hash(&[&signal_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
-        request_id,
-    });
-    let (mut body, retained) = apply_command(&state, &namespace, locator, key, transition, receipt_body)
-        .await
-        .map_err(|e| in_operation(e.into(), "signal", &workflow_id))?;
+    let receipt = control::signal(&*state, request, receipt_body).await.map_err(|e| fail(e.into()))?;
+    let (mut body, retained) = applied(&state, receipt);
     if retained {
         body["intent_verified"] = json!(true);
     }
@@ -580,30 +460,26 @@ async fn close_impl<S: Store>(
     kind: CloseCommand,
     body: Map<String, Value>,
 ) -> ApiResult<Json<Value>> {
-    let operation = match kind {
-        CloseCommand::Cancel => "cancel",
-        CloseCommand::Terminate => "terminate",
-    };
     let outcome = match kind {
         CloseCommand::Cancel => "cancelled",
         CloseCommand::Terminate => "terminated",
     };
+    let mut request = control::CloseRequest {
+        target: target(&namespace, &workflow_id, run_id),
+        kind,
+        reason: None,
+        request_id: None,
+    };
+    let operation = request.operation();
     let f = Fields::new(&body);
-    let reason = f.opt_str("reason", 1000).map_err(|e| in_operation(e, operation, &workflow_id))?;
-    let request_id = f
+    request.reason = f.opt_str("reason", 1000).map_err(|e| in_operation(e, operation, &workflow_id))?;
+    request.request_id = f
         .opt_str("request_id", 255)
         .map_err(|e| in_operation(e, operation, &workflow_id))?
         .filter(|s| !s.is_empty());
-    let (locator, wanted) = target(&workflow_id, run_id.clone());
-    let command_id = CommandId(ulid::Ulid::new().to_string());
-    let why = reason.clone();
-    let transition = move |run: &mut RunState, cx: &mut Cx| {
-        check_target(run, &wanted)?;
-        capstan_engine::close_by_command(run, cx, kind, why, command_id)
-    };
+    let request_id = request.request_id.clone();
     let render_receipt = {
-        let workflow_id = workflow_id.clone();
-        let reason = reason.clone();
+        let (workflow_id, reason) = (workflow_id.clone(), request.reason.clone());
         move |receipt: &CommandReceipt, run: &RunState| {
             json!({
                 "workflow_id": workflow_id,
@@ -617,14 +493,10 @@ async fn close_impl<S: Store>(
             })
         }
     };
-    let key = request_id.clone().map(|request_id| CommandKey {
-        command_type: operation.into(),
-        intent_hash: intent_hash(&[reason.as_deref().unwrap_or(""), run_id.as_deref().unwrap_or("")]),
-        request_id,
-    });
-    let (mut body, retained) = apply_command(&state, &namespace, locator, key, transition, render_receipt)
+    let receipt = control::close(&*state, request, render_receipt)
         .await
         .map_err(|e| in_operation(e.into(), operation, &workflow_id))?;
+    let (mut body, retained) = applied(&state, receipt);
     if let (Some(request_id), false) = (&request_id, retained) {
         body["request_id"] = json!(request_id);
     }
@@ -700,7 +572,7 @@ pub async fn export_history<S: Store>(
     let mut bundle = json!({
         "schema": "durable-workflow.v2.history-export",
         "schema_version": 1,
-        "exported_at": render::time(now_ms()),
+        "exported_at": render::time(state.now()),
         "dedupe_key": format!("{}:{}:{}", run.run_id, run.last_sequence, run.last_hash),
         "history_complete": run.is_closed(),
         "workflow": {
@@ -751,8 +623,6 @@ pub async fn repair<S: Store>(
         .opt_str("request_id", 255)
         .map_err(|e| in_operation(e, "repair", &workflow_id))?
         .filter(|s| !s.is_empty());
-    let command_id = CommandId(ulid::Ulid::new().to_string());
-    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
     let render_receipt = {
         let workflow_id = workflow_id.clone();
         move |outcome: &RepairOutcome, run: &RunState| {
@@ -769,15 +639,10 @@ pub async fn repair<S: Store>(
             })
         }
     };
-    let key = request_id.map(|request_id| CommandKey {
-        command_type: "repair".into(),
-        intent_hash: intent_hash(&["repair"]),
-        request_id,
-    });
-    let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::repair(run, cx, command_id);
-    let (body, _) = apply_command(&state, &namespace, locator, key, transition, render_receipt)
+    let receipt = control::repair(&*state, target(&namespace, &workflow_id, None), request_id, render_receipt)
         .await
         .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
+    let (body, _) = applied(&state, receipt);
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "repair requested");
     Ok(Json(body))
 }
@@ -795,8 +660,6 @@ pub async fn archive<S: Store>(
         .opt_str("request_id", 255)
         .map_err(|e| in_operation(e, "archive", &workflow_id))?
         .filter(|s| !s.is_empty());
-    let command_id = CommandId(ulid::Ulid::new().to_string());
-    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
     let render_receipt = {
         let workflow_id = workflow_id.clone();
         move |(archived, receipt): &(bool, CommandReceipt), run: &RunState| {
@@ -811,16 +674,10 @@ pub async fn archive<S: Store>(
             })
         }
     };
-    let why = reason.clone();
-    let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::archive(run, cx, why, command_id);
-    let key = request_id.map(|request_id| CommandKey {
-        command_type: "archive".into(),
-        intent_hash: intent_hash(&[reason.as_deref().unwrap_or("")]),
-        request_id,
-    });
-    let (body, _) = apply_command(&state, &namespace, locator, key, transition, render_receipt)
+    let receipt = control::archive(&*state, target(&namespace, &workflow_id, None), reason, request_id, render_receipt)
         .await
         .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
+    let (body, _) = applied(&state, receipt);
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "archive requested");
     Ok(Json(body))
 }

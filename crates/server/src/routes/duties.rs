@@ -8,10 +8,11 @@ use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{clock, now_ms, render, Shared};
+use crate::{clock, render, Shared};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
+use capstan_engine::Reason;
 use capstan_engine::{CommandId, RunId, WorkflowId};
 use capstan_store::{RunLocator, Store, StoreError};
 use serde_json::{json, Map, Value};
@@ -37,7 +38,7 @@ fn limit_of(params: &HashMap<String, String>) -> ApiResult<usize> {
 }
 
 async fn counts_json<S: Store>(state: &Shared<S>, namespace: &str) -> ApiResult<Value> {
-    let now = now_ms();
+    let now = state.now();
     let counts = state.store.system_counts(namespace, now).await?;
     let mut tasks = Map::new();
     for (kind, status, count) in &counts.tasks {
@@ -92,7 +93,7 @@ pub async fn repair_status<S: Store>(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     admin(&state, &headers)?;
-    let counts = state.store.system_counts(&namespace, now_ms()).await?;
+    let counts = state.store.system_counts(&namespace, state.now()).await?;
     Ok(Json(json!({
         "namespace": namespace,
         "policy": {
@@ -120,7 +121,7 @@ pub async fn repair_pass<S: Store>(
         return Err(ApiError::validation("run_ids", format!("At most {PASS_IDS_MAX} run ids per pass.")));
     }
     let instance = f.opt_str("instance_id", 128)?;
-    let now = now_ms();
+    let now = state.now();
     let candidates = state.store.system_counts(&namespace, now).await?.expired_lease_runs;
     let targets: Vec<RunLocator> = if let Some(workflow_id) = instance {
         vec![RunLocator::Current(WorkflowId(workflow_id))]
@@ -138,10 +139,11 @@ pub async fn repair_pass<S: Store>(
     };
     let (mut repaired, mut not_needed, mut refused) = (0, 0, Vec::new());
     for locator in targets {
+        let command_id = CommandId(state.new_id());
         let result = state
             .store
             .mutate_run(&namespace, locator.clone(), now, move |run, cx| {
-                let outcome = capstan_engine::repair(run, cx, CommandId(ulid::Ulid::new().to_string()))?;
+                let outcome = capstan_engine::repair(run, cx, command_id)?;
                 if outcome.dispatched {
                     Ok(true)
                 } else {
@@ -174,7 +176,7 @@ pub async fn activity_timeouts<S: Store>(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     admin(&state, &headers)?;
-    let counts = state.store.system_counts(&namespace, now_ms()).await?;
+    let counts = state.store.system_counts(&namespace, state.now()).await?;
     Ok(Json(json!({
         "namespace": namespace,
         "policy": "start-to-close, schedule-to-start, schedule-to-close and heartbeat timeouts are enforced by the background clock",
@@ -197,7 +199,7 @@ pub async fn activity_timeouts_pass<S: Store>(
             format!("At most {PASS_IDS_MAX} execution ids per pass."),
         ));
     }
-    let processed = clock::apply_due(&state, now_ms()).await?;
+    let processed = clock::apply_due(&state, state.now()).await?;
     Ok(Json(json!({"processed": processed})))
 }
 
@@ -220,7 +222,7 @@ pub async fn retention_status<S: Store>(
     admin(&state, &headers)?;
     let limit = limit_of(&params)?;
     let days = retention_days(&state, &namespace).await?;
-    let now = now_ms();
+    let now = state.now();
     let cutoff = days.map(|d| now - d * 86_400_000);
     let expired = match cutoff {
         Some(cutoff) => state.store.expired_instances(&namespace, cutoff, limit).await?,
@@ -251,11 +253,11 @@ pub async fn retention_pass<S: Store>(
     let Some(days) = retention_days(&state, &namespace).await? else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "retention_not_configured",
+            Reason::RetentionNotConfigured,
             "This namespace keeps closed workflows forever; set retention_days on the namespace first.",
         ));
     };
-    let now = now_ms();
+    let now = state.now();
     let removed = if run_ids.is_empty() {
         clock::retention_pass(&state, &namespace, Some(days), limit, now).await?
     } else {

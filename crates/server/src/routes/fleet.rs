@@ -6,11 +6,12 @@ use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
-use crate::{now_ms, render, Shared};
+use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 use capstan_engine::Millis;
+use capstan_engine::Reason;
 use capstan_store::{BuildIdRollout, Store, WorkerRecord};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -32,20 +33,9 @@ fn status_of(worker: &WorkerRecord, now: Millis) -> &str {
 
 /// How long a node trusts its copy of a queue's drain intents: a drain or resume takes effect on
 /// every node within this.
-const ROLLOUT_CACHE_MS: i64 = 1_000;
-
 /// The drain intents of a queue's cohorts (cached briefly).
-pub(crate) async fn rollouts<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) -> ApiResult<Vec<BuildIdRollout>> {
-    let key = (namespace.to_string(), queue.to_string());
-    let now = now_ms();
-    if let Some((at, cached)) = state.rollouts.lock().expect("rollouts").get(&key) {
-        if now - at < ROLLOUT_CACHE_MS {
-            return Ok(cached.clone());
-        }
-    }
-    let fresh = state.store.build_id_rollouts(namespace, queue).await?;
-    state.rollouts.lock().expect("rollouts").insert(key, (now, fresh.clone()));
-    Ok(fresh)
+pub(crate) async fn rollouts<S: Store>(state: &AppState<S>, namespace: &str, queue: &str) -> ApiResult<Vec<BuildIdRollout>> {
+    Ok(capstan_app::Services::rollouts(state, namespace, queue).await?)
 }
 
 fn draining_in(rollouts: &[BuildIdRollout], build_id: Option<&str>) -> bool {
@@ -99,7 +89,7 @@ fn worker_json(worker: &WorkerRecord, now: Millis) -> Value {
 fn worker_not_found(worker_id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "worker_not_found",
+        Reason::WorkerNotFound,
         "No worker with this id is registered in this namespace.",
     )
     .with("worker_id", worker_id)
@@ -114,7 +104,7 @@ pub async fn list_workers<S: Store>(
     if status.is_some_and(|s| !matches!(s, "active" | "stale" | "draining")) {
         return Err(ApiError::validation("status", "status must be active, stale or draining."));
     }
-    let now = now_ms();
+    let now = state.now();
     let mut workers = Vec::new();
     for worker in state.store.workers(&namespace).await? {
         if params.get("task_queue").is_some_and(|q| &worker.task_queue != q) {
@@ -144,7 +134,7 @@ pub async fn describe_worker<S: Store>(
         .get_worker(&namespace, &worker_id)
         .await?
         .ok_or_else(|| worker_not_found(&worker_id))?;
-    Ok(Json(worker_json(&worker, now_ms())))
+    Ok(Json(worker_json(&worker, state.now())))
 }
 
 /// Operator removal: the registration goes, and the worker's leased workflow tasks are handed
@@ -192,7 +182,7 @@ pub async fn describe_task_queue<S: Store>(
 /// current leases. `diagnostics` names what keeps work from moving (no live worker, or none
 /// that supports a waiting type).
 async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, detail: bool) -> ApiResult<Value> {
-    let now = now_ms();
+    let now = state.now();
     let snapshot = state
         .store
         .task_queue_snapshot(namespace, queue, if detail { LEASES_SHOWN } else { 0 })
@@ -294,7 +284,7 @@ pub async fn build_ids<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path(queue): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let now = now_ms();
+    let now = state.now();
     let workers = state.store.queue_workers(&namespace, &queue).await?;
     let rollouts = state.store.build_id_rollouts(&namespace, &queue).await?;
     let mut cohorts: std::collections::BTreeMap<Option<String>, Vec<&WorkerRecord>> = Default::default();
@@ -356,7 +346,7 @@ async fn set_drain<S: Store>(
     let build_id = build_id_of(&body)?;
     let rollout = state
         .store
-        .set_build_id_drain(&namespace, &queue, build_id, draining, now_ms())
+        .set_build_id_drain(&namespace, &queue, build_id, draining, state.now())
         .await?;
     state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
     tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, intent = rollout.drain_intent, "build-id rollout changed");
@@ -394,7 +384,7 @@ pub async fn promote_build_id<S: Store>(
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
     let build_id = build_id_of(&body)?;
-    let rollout = state.store.promote_build_id(&namespace, &queue, build_id, now_ms()).await?;
+    let rollout = state.store.promote_build_id(&namespace, &queue, build_id, state.now()).await?;
     state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
     tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, "build id promoted for new starts");
     Ok(Json(rollout_state(&namespace, &queue, &rollout)))
@@ -421,14 +411,4 @@ fn rollout_state(namespace: &str, queue: &str, rollout: &BuildIdRollout) -> Valu
         "promoted_at": render::opt_time(rollout.promoted_at),
         "new_start_selected": rollout.promoted_at.is_some(),
     })
-}
-
-/// The build new starts on `queue` are pinned to when they name none (the promoted cohort).
-pub(crate) async fn promoted_build<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) -> ApiResult<Option<String>> {
-    Ok(rollouts(state, namespace, queue)
-        .await?
-        .into_iter()
-        .filter(|r| r.promoted_at.is_some())
-        .max_by_key(|r| r.promoted_at)
-        .and_then(|r| r.build_id))
 }

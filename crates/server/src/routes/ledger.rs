@@ -6,7 +6,7 @@ use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, Shared};
+use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,7 +14,7 @@ use axum::{Extension, Json};
 use capstan_engine::*;
 use capstan_store::{LedgerFilter, RunLocator, Store};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Fields an action definition may carry besides `recovery_mode`.
 const DEFINITION_FIELDS: &[&str] = &[
@@ -72,13 +72,6 @@ pub fn entry_json(entry: &LedgerEntry) -> Value {
 }
 
 /// The namespace's definitions keyed by activity type, for pinning at scheduling.
-pub async fn catalog<S: Store>(state: &Shared<S>, namespace: &str) -> ApiResult<std::sync::Arc<BTreeMap<String, ActionDefinition>>> {
-    let definitions = state.store.action_definitions(namespace).await?;
-    Ok(std::sync::Arc::new(
-        definitions.into_iter().map(|d| (d.activity_type.clone(), d)).collect(),
-    ))
-}
-
 pub async fn put_definition<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
@@ -137,7 +130,7 @@ pub async fn put_definition<S: Store>(
     if recovery_mode == RecoveryMode::Atomic && !state.config.atomic_actions.0.contains_key(&activity_type) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "atomic_handler_missing",
+            Reason::AtomicHandlerMissing,
             format!(
                 "This server has no atomic handler registered for {activity_type:?}: atomic actions are Rust handlers \
                  registered by an application that embeds Capstan (see docs/recovery-ledger.md). Define it through a node \
@@ -148,7 +141,7 @@ pub async fn put_definition<S: Store>(
     }
     let definition = state
         .store
-        .put_action_definition(&namespace, &activity_type, recovery_mode, body, now_ms())
+        .put_action_definition(&namespace, &activity_type, recovery_mode, body, state.now())
         .await?;
     tracing::info!(namespace, activity_type, version = definition.version, hash = %definition.definition_hash, "action defined");
     Ok((StatusCode::OK, Json(definition_json(&definition))).into_response())
@@ -163,7 +156,7 @@ pub async fn get_definition<S: Store>(
     let definition = definitions.iter().find(|d| d.activity_type == activity_type).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
-            "action_definition_not_found",
+            Reason::ActionDefinitionNotFound,
             "No action is defined for that activity type.",
         )
         .with("activity_type", activity_type.clone())
@@ -213,7 +206,7 @@ pub async fn list_entries<S: Store>(
 }
 
 fn entry_not_found(ledger_key: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "ledger_entry_not_found", "No such ledger entry.").with("ledger_key", ledger_key)
+    ApiError::new(StatusCode::NOT_FOUND, Reason::LedgerEntryNotFound, "No such ledger entry.").with("ledger_key", ledger_key)
 }
 
 pub async fn get_entry<S: Store>(
@@ -299,7 +292,7 @@ pub async fn resolve<S: Store>(
     if entry.state != LedgerState::OutcomeUnknown {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "ledger_entry_not_unknown",
+            Reason::LedgerEntryNotUnknown,
             "Only an entry whose outcome is unknown can be resolved.",
         )
         .with("ledger_key", ledger_key.clone())
@@ -313,7 +306,7 @@ pub async fn resolve<S: Store>(
         .mutate_run(
             &namespace,
             RunLocator::Current(entry.workflow_id.clone()),
-            now_ms(),
+            state.now(),
             move |run, cx| {
                 if run.run_id == entry.run_id {
                     resolve_ledger_entry(run, cx, &key, decision, evidence, &principal)
@@ -370,7 +363,7 @@ pub async fn close_incident<S: Store>(
     let note = Fields::new(&body).req_str("note", 10_000)?;
     let incident = state
         .store
-        .close_integrity_incident(&namespace, &incident_id, note, now_ms())
+        .close_integrity_incident(&namespace, &incident_id, note, state.now())
         .await?;
     tracing::info!(namespace, incident_id, workflow_id = %incident.workflow_id, "integrity incident closed");
     Ok(Json(incident_json(&incident)))

@@ -25,6 +25,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
+use capstan_engine::Reason;
 use capstan_store::Store;
 use serde_json::{json, Value};
 
@@ -188,13 +189,13 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "No such endpoint.")
+    ApiError::new(StatusCode::NOT_FOUND, Reason::NotFound, "No such endpoint.")
 }
 
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        Reason::MethodNotAllowed,
         "This endpoint does not accept that method.",
     )
 }
@@ -203,7 +204,7 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     tracing::error!("a request handler panicked");
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
-        "internal_error",
+        Reason::InternalError,
         "The server hit a bug handling this request.",
     )
     .into_response()
@@ -236,7 +237,7 @@ async fn require_namespace<S: Store>(state: &AppState<S>, namespace: &str) -> Re
     } else {
         Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "namespace_not_found",
+            Reason::NamespaceNotFound,
             format!("Namespace {namespace:?} does not exist."),
         )
         .with("namespace", namespace))
@@ -247,7 +248,7 @@ async fn require_namespace<S: Store>(state: &AppState<S>, namespace: &str) -> Re
 fn check_worker_version(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(raw) = headers.get("x-durable-workflow-protocol-version") else {
         return Err(version_error(
-            "missing_protocol_version",
+            Reason::MissingProtocolVersion,
             "The X-Durable-Workflow-Protocol-Version header is required.",
             WORKER_PROTOCOL_VERSION,
             None,
@@ -262,7 +263,7 @@ fn check_worker_version(headers: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(version_error(
-            "unsupported_protocol_version",
+            Reason::UnsupportedProtocolVersion,
             "Unsupported worker protocol version.",
             WORKER_PROTOCOL_VERSION,
             Some(requested),
@@ -273,7 +274,7 @@ fn check_worker_version(headers: &HeaderMap) -> Result<(), ApiError> {
 fn check_control_version(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(raw) = headers.get("x-durable-workflow-control-plane-version") else {
         return Err(version_error(
-            "missing_control_plane_version",
+            Reason::MissingControlPlaneVersion,
             "The X-Durable-Workflow-Control-Plane-Version header is required.",
             CONTROL_PLANE_VERSION,
             None,
@@ -284,7 +285,7 @@ fn check_control_version(headers: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(version_error(
-            "unsupported_control_plane_version",
+            Reason::UnsupportedControlPlaneVersion,
             "Unsupported control plane version.",
             CONTROL_PLANE_VERSION,
             Some(requested),
@@ -292,7 +293,7 @@ fn check_control_version(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn version_error(reason: &str, message: &str, supported: &str, requested: Option<String>) -> ApiError {
+fn version_error(reason: Reason, message: &str, supported: &str, requested: Option<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, reason, message)
         .with("supported_version", supported)
         .with("requested_version", requested)

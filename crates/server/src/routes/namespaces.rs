@@ -6,11 +6,12 @@ use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, Shared};
+use crate::{render, Shared};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use capstan_engine::Reason;
 use capstan_store::{NamespaceRecord, Store};
 use serde_json::{json, Value};
 
@@ -36,7 +37,7 @@ fn valid_name(name: &str) -> bool {
 fn not_found(name: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "namespace_not_found",
+        Reason::NamespaceNotFound,
         format!("Namespace {name:?} does not exist."),
     )
     .with("namespace", name)
@@ -66,7 +67,7 @@ pub async fn create<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap
             "A namespace name is 1 to 128 letters, digits, '.', '_' or '-'.",
         ));
     }
-    let now = now_ms();
+    let now = state.now();
     let record = NamespaceRecord {
         name: name.clone(),
         description: f.opt_str("description", 1000)?,
@@ -94,7 +95,7 @@ pub async fn update<S: Store>(
             &name.to_lowercase(),
             f.opt_str("description", 1000)?,
             f.opt_int("retention_days", 1, RETENTION_DAYS_MAX)?,
-            now_ms(),
+            state.now(),
         )
         .await?;
     Ok(Json(namespace_json(&updated)))

@@ -7,17 +7,17 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, AppState, Shared};
+use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use capstan_app::queries;
 use capstan_engine::*;
 use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
 /// A registration heard from within this window counts as a live query worker.
-const WORKER_FRESH_MS: i64 = 180_000;
 /// Lease of one query attempt.
 const QUERY_LEASE_MS: i64 = 10_000;
 /// Cross-node answers are noticed by re-reading the task this often.
@@ -62,61 +62,19 @@ async fn ask<S: Store>(
 ) -> ApiResult<Json<Value>> {
     let fail = |error: ApiError| query_error(error, &workflow_id, &query_name);
     let arguments = Fields::new(&body).opt_payload("input", &state.config.limits).map_err(fail)?;
-    if query_name.is_empty() || query_name.len() > 255 {
-        return Err(fail(ApiError::validation(
-            "query_name",
-            "The query name must be 1 to 255 characters.",
-        )));
-    }
-    let locator = match &run_id {
-        Some(run_id) => RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone())),
-        None => RunLocator::Current(WorkflowId(workflow_id.clone())),
-    };
-    let run = state.store.load_run(&namespace, locator).await?.ok_or_else(|| {
-        fail(match &run_id {
-            Some(run_id) => ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "Workflow run not found.").with("run_id", run_id.clone()),
-            None => ApiError::new(StatusCode::NOT_FOUND, "instance_not_found", "Workflow not found."),
-        })
-    })?;
-    let now = now_ms();
-    let live_workers = state
-        .store
-        .queue_workers(&namespace, &run.task_queue)
-        .await?
-        .into_iter()
-        .filter(|w| {
-            let capable = w
-                .document
-                .get("capabilities")
-                .and_then(Value::as_array)
-                .is_some_and(|c| c.iter().any(|c| c == "query_tasks"));
-            capable && now - w.last_heartbeat_at <= WORKER_FRESH_MS
-        });
-    if live_workers.count() == 0 {
-        return Err(fail(ApiError::new(
-            StatusCode::CONFLICT,
-            "query_worker_unavailable",
-            format!("No live worker on task queue {:?} answers queries.", run.task_queue),
-        )));
-    }
-    let task = QueryTask {
-        id: ulid::Ulid::new().to_string(),
-        kind: QueryKind::Query,
+    let request = queries::QueryRequest {
         namespace: namespace.clone(),
-        task_queue: run.task_queue.clone(),
         workflow_id: workflow_id.clone(),
-        run_id: run.run_id.to_string(),
-        workflow_type: run.workflow_type.clone(),
+        run_id: run_id.clone(),
         query_name: query_name.clone(),
         arguments,
-        state: QueryState::Ready,
-        attempt: 0,
-        created_at: now,
-        deadline_at: now + state.config.query_wait_ms,
+        wait_ms: state.config.query_wait_ms,
     };
+    let (task, run) = queries::put_query(&*state, request).await.map_err(|e| fail(e.into()))?;
     let id = task.id.clone();
+    // Registered after the task exists: the loop below looks before it waits, so an answer
+    // that came first is not missed.
     let answered = state.query_answers.channel(&id);
-    state.store.create_query_task(task.clone()).await?;
     state.hub.wake(&namespace, TaskKind::Query, &task.task_queue);
     let outcome = loop {
         let woken = answered.notified();
@@ -125,7 +83,7 @@ async fn ask<S: Store>(
         let current = state.store.get_query_task(&namespace, &id).await?;
         match current.map(|t| t.state) {
             Some(QueryState::Answered(outcome)) => break Ok(outcome),
-            other if now_ms() >= task.deadline_at => break Err(other),
+            other if state.now() >= task.deadline_at => break Err(other),
             _ => {}
         }
         tokio::select! {
@@ -140,14 +98,14 @@ async fn ask<S: Store>(
         Err(Some(QueryState::Leased { .. })) => {
             return Err(fail(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
-                "query_worker_timeout",
+                Reason::QueryWorkerTimeout,
                 "The worker did not answer the query in time.",
             )));
         }
         Err(_) => {
             return Err(fail(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
-                "query_task_not_claimed",
+                Reason::QueryTaskNotClaimed,
                 "No worker picked the query up in time.",
             )));
         }
@@ -165,7 +123,7 @@ async fn ask<S: Store>(
         }))),
         QueryOutcome::Approved | QueryOutcome::Rejected { .. } => Err(fail(ApiError::new(
             StatusCode::CONFLICT,
-            "query_rejected",
+            Reason::QueryRejected,
             "The worker answered the query with an update verdict.",
         ))),
         QueryOutcome::Failed {
@@ -174,9 +132,9 @@ async fn ask<S: Store>(
             failure_type,
         } => {
             let (status, reason) = match reason.as_deref() {
-                Some("rejected_unknown_query") => (StatusCode::NOT_FOUND, "rejected_unknown_query"),
-                Some("invalid_query_arguments") => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_query_arguments"),
-                _ => (StatusCode::CONFLICT, "query_rejected"),
+                Some("rejected_unknown_query") => (StatusCode::NOT_FOUND, Reason::RejectedUnknownQuery),
+                Some("invalid_query_arguments") => (StatusCode::UNPROCESSABLE_ENTITY, Reason::InvalidQueryArguments),
+                _ => (StatusCode::CONFLICT, Reason::QueryRejected),
             };
             Err(fail(ApiError::new(status, reason, message).with("failure_type", failure_type)))
         }
@@ -206,7 +164,7 @@ async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request
     wait_for_work(&notify, request.wait_ms, || async move {
         let claimed = state
             .store
-            .claim_query_task(namespace, &request.queue, QueryKind::Query, owner, QUERY_LEASE_MS, now_ms())
+            .claim_query_task(namespace, &request.queue, QueryKind::Query, owner, QUERY_LEASE_MS, state.now())
             .await?;
         if let Some(task) = &claimed {
             tracing::info!(namespace, workflow_id = %task.workflow_id, query_task_id = %task.id, attempt = task.attempt, "query task leased");
@@ -226,7 +184,7 @@ pub(crate) async fn replay_snapshot<S: Store>(state: &AppState<S>, task: &QueryT
             RunLocator::Run(WorkflowId(task.workflow_id.clone()), RunId(task.run_id.clone())),
         )
         .await?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "run_not_found", "The run is gone."))?;
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "The run is gone."))?;
     let events = state
         .store
         .history(&run.run_id, 0, run.last_sequence, state.config.limits.history_events_max as usize)
@@ -240,7 +198,7 @@ async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> A
     let QueryState::Leased { owner, expires_at } = &task.state else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "query_task_not_leased",
+            Reason::QueryTaskNotLeased,
             "The query task is not leased.",
         ));
     };
@@ -284,7 +242,7 @@ async fn answer<S: Store>(
     let completed = matches!(outcome, QueryOutcome::Result(_));
     state
         .store
-        .answer_query_task(namespace, id, owner, attempt, outcome, now_ms())
+        .answer_query_task(namespace, id, owner, attempt, outcome, state.now())
         .await
         .map_err(|error| {
             let mut error = ApiError::from(error);

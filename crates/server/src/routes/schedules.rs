@@ -7,7 +7,7 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, Shared};
+use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -58,7 +58,7 @@ fn fields_of(body: &Map<String, Value>, state_limits: &capstan_engine::Limits) -
             if serde_json::to_string(map).map(|s| s.len()).unwrap_or(0) > MEMO_BYTES_MAX {
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
-                    "memo_too_large",
+                    Reason::MemoTooLarge,
                     format!("The memo must be at most {MEMO_BYTES_MAX} bytes of JSON."),
                 )
                 .with("limit", MEMO_BYTES_MAX));
@@ -133,7 +133,7 @@ pub async fn create<S: Store>(
                 "The schedule_id may only contain letters, digits, '.', '_', ':' and '-'.",
             ))
         }
-        None => ulid::Ulid::new().to_string(),
+        None => state.new_id(),
     };
     if !body.get("spec").is_some_and(Value::is_object) {
         return Err(ApiError::validation("spec", "The spec field is required."));
@@ -152,7 +152,7 @@ pub async fn create<S: Store>(
     let action = fields.action.take().unwrap_or_default();
     let paused = f.opt_bool("paused")?.unwrap_or(false);
     let schedule =
-        Schedule::create(&namespace, &schedule_id, spec, &action, fields, paused, now_ms()).map_err(|e| spec_error(e, &schedule_id))?;
+        Schedule::create(&namespace, &schedule_id, spec, &action, fields, paused, state.now()).map_err(|e| spec_error(e, &schedule_id))?;
     state.store.create_schedule(schedule).await?;
     tracing::info!(namespace, schedule_id, "schedule created");
     kick(&state);
@@ -182,7 +182,7 @@ pub async fn list<S: Store>(
                 format!("{key} is not a schedule list filter.")
             };
             return Err(
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unsupported_schedule_list_filter", message).with("field", key.as_str()),
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, Reason::ScheduleListFilterUnsupported, message).with("field", key.as_str()),
             );
         }
     }
@@ -214,7 +214,7 @@ pub async fn list<S: Store>(
             let malformed = || {
                 ApiError::new(
                     StatusCode::BAD_REQUEST,
-                    "malformed_schedule_page_token",
+                    Reason::SchedulePageTokenMalformed,
                     "The page token is not one this server issued.",
                 )
             };
@@ -225,14 +225,14 @@ pub async fn list<S: Store>(
             if doc["namespace"] != json!(namespace) {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
-                    "schedule_page_token_namespace_mismatch",
+                    Reason::SchedulePageTokenNamespaceMismatch,
                     "The page token belongs to another namespace.",
                 ));
             }
             if doc["filter"] != json!(filter_key) {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
-                    "schedule_page_token_filter_mismatch",
+                    Reason::SchedulePageTokenFilterMismatch,
                     "The page token was issued for other filters.",
                 ));
             }
@@ -278,7 +278,7 @@ async fn live<S: Store>(state: &Shared<S>, namespace: &str, schedule_id: &str) -
 fn not_found(namespace: &str, schedule_id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "schedule_not_found",
+        Reason::ScheduleNotFound,
         format!("Schedule [{schedule_id}] not found in namespace [{namespace}]."),
     )
     .with("schedule_id", schedule_id)
@@ -294,7 +294,7 @@ pub async fn describe<S: Store>(
 
 fn refusal(error: SpecError) -> Refusal {
     Refusal::new(Reason::InvalidCommands, error.message.clone())
-        .with("spec_reason", error.reason)
+        .with("spec_reason", error.reason.as_str())
         .with("field", error.field)
 }
 
@@ -312,7 +312,7 @@ pub async fn update<S: Store>(
     if let Some(spec) = &fields.spec {
         capstan_engine::schedule::ParsedSpec::parse(spec).map_err(|e| spec_error(e, &schedule_id))?;
     }
-    let now = now_ms();
+    let now = state.now();
     let result = state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
@@ -322,10 +322,9 @@ pub async fn update<S: Store>(
     match result {
         Ok(()) => {}
         Err(capstan_store::StoreError::Refused(r)) if r.details.contains_key("spec_reason") => {
-            let reason = match r.details["spec_reason"].as_str() {
-                Some("invalid_cron_expression") => "invalid_cron_expression",
-                Some("invalid_schedule_spec") => "invalid_schedule_spec",
-                _ => "validation_failed",
+            let reason = match r.details["spec_reason"].as_str().and_then(Reason::parse) {
+                Some(reason @ (Reason::InvalidCronExpression | Reason::InvalidScheduleSpec)) => reason,
+                _ => Reason::ValidationFailed,
             };
             let field = r.details["field"].as_str().unwrap_or("action").to_string();
             return Err(spec_error(
@@ -348,7 +347,7 @@ pub async fn delete<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path(schedule_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let now = now_ms();
+    let now = state.now();
     state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
@@ -370,7 +369,7 @@ pub async fn pause<S: Store>(
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let (note, now) = (note_of(&body)?, now_ms());
+    let (note, now) = (note_of(&body)?, state.now());
     state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
@@ -387,7 +386,7 @@ pub async fn resume<S: Store>(
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let (note, now) = (note_of(&body)?, now_ms());
+    let (note, now) = (note_of(&body)?, state.now());
     state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
@@ -411,7 +410,13 @@ pub async fn trigger<S: Store>(
     let policy = policy(&Fields::new(&body), "overlap_policy")?;
     let report = state
         .store
-        .fire_schedule(&namespace, &schedule_id, ScheduleFire::Manual { policy }, empty_input(), now_ms())
+        .fire_schedule(
+            &namespace,
+            &schedule_id,
+            ScheduleFire::Manual { policy },
+            empty_input(),
+            state.now(),
+        )
         .await?;
     let mut answer = json!({"schedule_id": schedule_id, "outcome": report.outcome});
     for (key, value) in [
@@ -444,7 +449,7 @@ pub async fn backfill<S: Store>(
     if end <= start {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_time_range",
+            Reason::InvalidTimeRange,
             "end_time must be after start_time.",
         ));
     }
@@ -452,7 +457,7 @@ pub async fn backfill<S: Store>(
     if schedule.occurrences_between(start, end, BACKFILL_MAX + 1).len() > BACKFILL_MAX {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "backfill_too_large",
+            Reason::BackfillTooLarge,
             format!("A backfill may cover at most {BACKFILL_MAX} occurrences; split the range."),
         )
         .with("limit", BACKFILL_MAX));
@@ -464,7 +469,7 @@ pub async fn backfill<S: Store>(
             &schedule_id,
             ScheduleFire::Backfill { start, end, policy },
             empty_input(),
-            now_ms(),
+            state.now(),
         )
         .await?;
     Ok(Json(json!({
@@ -492,7 +497,7 @@ pub async fn history<S: Store>(
         Some(text) => text.parse::<u32>().map(i64::from).map_err(|_| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_after_sequence",
+                Reason::InvalidAfterSequence,
                 "after_sequence must be a non-negative integer.",
             )
         })?,

@@ -7,12 +7,13 @@ use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, Shared};
+use crate::Shared;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_engine::visibility::{invalid_attribute_name, system_attribute, AttributeType, SYSTEM_ATTRIBUTES};
+use capstan_engine::Reason;
 use capstan_store::Store;
 use serde_json::{json, Map, Value};
 
@@ -43,7 +44,7 @@ pub async fn create<S: Store>(
     if system_attribute(&name).is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "search_attribute_reserved",
+            Reason::SearchAttributeReserved,
             format!("{name} is a system search attribute."),
         )
         .with("name", name));
@@ -51,7 +52,7 @@ pub async fn create<S: Store>(
     if let Some(problem) = invalid_attribute_name(&name) {
         return Err(ApiError::validation("name", problem));
     }
-    state.store.define_search_attribute(&namespace, &name, kind, now_ms()).await?;
+    state.store.define_search_attribute(&namespace, &name, kind, state.now()).await?;
     tracing::info!(namespace, name, kind = kind.as_str(), "search attribute defined");
     Ok((
         StatusCode::CREATED,
@@ -68,7 +69,7 @@ pub async fn delete<S: Store>(
     if system_attribute(&name).is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "search_attribute_reserved",
+            Reason::SearchAttributeReserved,
             format!("{name} is a system search attribute and cannot be deleted."),
         )
         .with("name", name));
@@ -76,7 +77,7 @@ pub async fn delete<S: Store>(
     if !state.store.delete_search_attribute(&namespace, &name).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "search_attribute_not_found",
+            Reason::SearchAttributeNotFound,
             format!("{name} is not a search attribute of this namespace."),
         )
         .with("name", name));
@@ -84,38 +85,8 @@ pub async fn delete<S: Store>(
     Ok(Json(json!({"namespace": namespace, "name": name, "outcome": "deleted"})))
 }
 
-/// Every key must be a defined custom attribute and every value of its type: nothing with an
-/// undefined key or a wrong-typed value is recorded.
+/// Every key must be a defined custom attribute and every value of its type (see
+/// `capstan_app::search_attributes`).
 pub(crate) async fn check<S: Store>(state: &Shared<S>, namespace: &str, field: &str, attributes: &Map<String, Value>) -> ApiResult<()> {
-    if attributes.is_empty() {
-        return Ok(());
-    }
-    let defined = state.store.search_attribute_definitions(namespace).await?;
-    for (key, value) in attributes {
-        if system_attribute(key).is_some() {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "search_attribute_reserved",
-                format!("{key} is a system search attribute; it cannot be set."),
-            )
-            .with("field", format!("{field}.{key}")));
-        }
-        let Some(kind) = defined.get(key) else {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "unknown_search_attribute",
-                format!("{key} is not a search attribute of this namespace; define it first (POST /api/search-attributes)."),
-            )
-            .with("field", format!("{field}.{key}")));
-        };
-        if !kind.accepts(value) {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_search_attribute_value",
-                format!("{key} is a {} attribute; {value} is not a value of that type.", kind.as_str()),
-            )
-            .with("field", format!("{field}.{key}")));
-        }
-    }
-    Ok(())
+    Ok(capstan_app::search_attributes::check_defined(&**state, namespace, field, attributes).await?)
 }

@@ -3,11 +3,12 @@
 use crate::auth::Role;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::SUPPORTED_COMMANDS;
-use crate::{now_ms, render, Shared, CONTROL_PLANE_VERSION, WORKER_PROTOCOL_VERSION};
+use crate::{render, Shared, CONTROL_PLANE_VERSION, WORKER_PROTOCOL_VERSION};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use capstan_engine::Reason;
 use capstan_store::Store;
 use serde_json::{json, Value};
 
@@ -15,7 +16,7 @@ pub async fn health<S: Store>(State(state): State<Shared<S>>) -> Response {
     let database = state.store.ping().await;
     let body = json!({
         "status": if database.is_ok() { "serving" } else { "degraded" },
-        "timestamp": render::time(now_ms()),
+        "timestamp": render::time(state.now()),
         "checks": {"database": if database.is_ok() { "ok" } else { "unavailable" }},
     });
     let status = if database.is_ok() {
@@ -30,7 +31,7 @@ pub async fn ready<S: Store>(State(state): State<Shared<S>>) -> Response {
     let database = state.store.ping().await;
     let body = json!({
         "status": if database.is_ok() { "ready" } else { "not_ready" },
-        "timestamp": render::time(now_ms()),
+        "timestamp": render::time(state.now()),
         "checks": {"database": if database.is_ok() { "ok" } else { "unavailable" }},
     });
     let status = if database.is_ok() {
@@ -139,8 +140,13 @@ pub async fn metrics<S: Store>(State(state): State<Shared<S>>, headers: HeaderMa
     state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
     let stats = state.store.ledger_stats().await?;
     let registry = Registry::new();
-    let metric_error =
-        |e: prometheus::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "metrics_unavailable", format!("metrics: {e}"));
+    let metric_error = |e: prometheus::Error| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Reason::MetricsUnavailable,
+            format!("metrics: {e}"),
+        )
+    };
     let entries = IntGaugeVec::new(
         Opts::new("capstan_ledger_entries", "Recovery-ledger entries by state."),
         &["namespace", "state"],
@@ -170,7 +176,7 @@ pub async fn metrics<S: Store>(State(state): State<Shared<S>>, headers: HeaderMa
         &["namespace"],
     )
     .map_err(metric_error)?;
-    let now = now_ms();
+    let now = state.now();
     for (namespace, ledger_state, count, oldest) in &stats.entries {
         entries.with_label_values(&[namespace, ledger_state]).set(*count);
         match ledger_state.as_str() {

@@ -1,19 +1,19 @@
 //! Updates: `UpdateAccepted` is recorded at once, a dedicated workflow task runs the handler,
 //! and the request waits (up to its budget) for `UpdateCompleted`.
 
-use super::control::{apply_command, check_target};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, AppState, Shared};
+use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
+use capstan_app::{control, updates};
 use capstan_engine::*;
-use capstan_store::{intent_hash, CommandKey, RunLocator, Store};
+use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -95,68 +95,35 @@ async fn run_update<S: Store>(
         )));
     }
 
-    let wanted = run_id.clone().map(RunId);
-    let name = update_name.clone();
-    let args = arguments.clone();
-    let command_id = CommandId(ulid::Ulid::new().to_string());
-    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
-    let key = request_id.clone().map(|request_id| CommandKey {
-        command_type: "update".into(),
-        intent_hash: intent_hash(&[&update_name, &arguments.codec, &arguments.blob, run_id.as_deref().unwrap_or("")]),
-        request_id,
-    });
-    // A retry of a request already decided gets that decision from its receipt, unvalidated.
-    let decided = match &key {
-        Some(key) => state
-            .store
-            .retained_command(&namespace, &WorkflowId(workflow_id.clone()), &key.command_type, &key.request_id)
-            .await?
-            .is_some(),
-        None => false,
+    let request = updates::UpdateRequest {
+        target: control::Target {
+            namespace: namespace.clone(),
+            workflow_id: workflow_id.clone(),
+            run_id,
+        },
+        update_name: update_name.clone(),
+        input: arguments.clone(),
+        request_id: request_id.clone(),
     };
-    let current = state.store.load_run(&namespace, locator.clone()).await?;
-    let fallback = crate::contracts::fallback_for(&state.store, &namespace, &locator)
-        .await
-        .map_err(|e| fail(e.into()))?;
     // An update with a declared validator is put to a worker first (see `validation`).
-    let verdict = match &current {
-        Some(run) if !decided && !run.is_closed() && check_target(run, &wanted).is_ok() => {
-            match admission_contract(run, fallback.for_run(run)) {
-                Some(contract) if contract.validates_update(&update_name) => Some((
-                    run.run_id.clone(),
-                    super::validation::validate(&state, run, &update_name, &arguments)
-                        .await
-                        .map_err(fail)?,
-                )),
-                _ => None,
-            }
-        }
-        _ => None,
+    let validate = |run: RunState| {
+        let state = state.clone();
+        let (update_name, arguments) = (update_name.clone(), arguments.clone());
+        async move { super::validation::validate(&state, &run, &update_name, &arguments).await }
     };
-    let transition = move |run: &mut RunState, cx: &mut Cx| {
-        check_target(run, &wanted)?;
-        admit_update(run, &name, fallback.for_run(run))?;
-        match verdict {
-            None => accept_update(run, cx, &name, args, command_id),
-            Some((validated_run, _)) if validated_run != run.run_id => Err(Refusal::new(
-                Reason::StaleValidation,
-                "The run changed while the update was being validated; send it again.",
-            )
-            .with("validated_run_id", validated_run.as_str())
-            .with("retryable", true)),
-            Some((_, super::validation::Verdict::Approved)) => accept_update(run, cx, &name, args, command_id),
-            Some((_, super::validation::Verdict::Rejected(rejection))) => reject_update(run, cx, &name, args, rejection, command_id),
-        }
-    };
-    let receipt = |(update_id, receipt): &(String, CommandReceipt), run: &RunState| json!({"update_id": update_id, "run_id": run.run_id, "command_id": receipt.command_id, "command_sequence": receipt.command_sequence});
-    let (accepted, retained) = apply_command(&state, &namespace, locator, key, transition, receipt)
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let update_id = accepted["update_id"].as_str().unwrap_or_default().to_string();
-    let run_id = accepted["run_id"].as_str().unwrap_or_default().to_string();
+    let admitted = updates::update(&*state, request, validate).await.map_err(fail)?;
+    if let Some(run) = &admitted.run {
+        super::worker::after_change(&state, run);
+    }
+    let updates::Admitted {
+        update_id,
+        run_id,
+        retained,
+        ..
+    } = admitted;
     tracing::info!(namespace, workflow_id, update_name, update_id, retained, "update accepted");
 
-    let deadline = now_ms() + wait_seconds * 1000;
+    let deadline = state.now() + wait_seconds * 1000;
     let record = loop {
         let run = state
             .store
@@ -164,11 +131,11 @@ async fn run_update<S: Store>(
             .await?;
         let record = run.and_then(|run| run.updates.get(&update_id).cloned());
         match record {
-            Some(record) if wait_for == "accepted" || record.status != UpdateStatus::Accepted || now_ms() >= deadline => break record,
+            Some(record) if wait_for == "accepted" || record.status != UpdateStatus::Accepted || state.now() >= deadline => break record,
             None => {
                 return Err(fail(ApiError::new(
                     StatusCode::NOT_FOUND,
-                    "update_not_found",
+                    Reason::UpdateNotFound,
                     "The update is gone.",
                 )))
             }
@@ -231,8 +198,8 @@ fn respond<S: Store>(
                 .map(|f| f.message.clone())
                 .unwrap_or_else(|| "The update was rejected.".into());
             body["outcome"] = json!("rejected_invalid_arguments");
-            body["reason"] = json!("update_validator_rejected");
-            body["rejection_reason"] = json!("update_validator_rejected");
+            body["reason"] = json!(Reason::UpdateValidatorRejected.as_str());
+            body["rejection_reason"] = json!(Reason::UpdateValidatorRejected.as_str());
             body["message"] = json!(message);
             body["error"] = json!(message);
             body["accepted"] = json!(false);

@@ -11,7 +11,7 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
-use crate::{now_ms, render, AppState, Shared};
+use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
@@ -56,15 +56,12 @@ pub fn advertised() -> Value {
 }
 
 /// What a validator decided.
-pub enum Verdict {
-    Approved,
-    Rejected(UpdateRejection),
-}
+pub use capstan_app::updates::Verdict;
 
-fn failure(status: StatusCode, reason: &str, message: impl Into<String>, retryable: bool) -> ApiError {
+fn failure(status: StatusCode, reason: Reason, message: impl Into<String>, retryable: bool) -> ApiError {
     ApiError::new(status, reason, message)
         .with("outcome", "update_validation_failed")
-        .with("rejection_reason", reason)
+        .with("rejection_reason", reason.as_str())
         .with("retryable", retryable)
 }
 
@@ -72,7 +69,7 @@ fn failure(status: StatusCode, reason: &str, message: impl Into<String>, retryab
 /// verdict. Nothing is recorded here; the caller records the outcome.
 pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name: &str, arguments: &Payload) -> ApiResult<Verdict> {
     let namespace = run.namespace.as_str();
-    let now = now_ms();
+    let now = state.now();
     let fresh: Vec<_> = state
         .store
         .queue_workers(namespace, &run.task_queue)
@@ -83,7 +80,7 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
     if fresh.is_empty() {
         return Err(failure(
             StatusCode::CONFLICT,
-            "update_validator_worker_unavailable",
+            Reason::UpdateValidatorWorkerUnavailable,
             format!("No live worker on task queue {:?} can validate the update.", run.task_queue),
             true,
         ));
@@ -97,13 +94,13 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
     if !fresh.iter().any(|w| capable(&w)) {
         return Err(failure(
             StatusCode::CONFLICT,
-            "update_validation_capability_unsupported",
+            Reason::UpdateValidationCapabilityUnsupported,
             format!("No worker on task queue {:?} runs update validators.", run.task_queue),
             false,
         ));
     }
     let task = QueryTask {
-        id: ulid::Ulid::new().to_string(),
+        id: state.new_id(),
         kind: QueryKind::UpdateValidation,
         namespace: namespace.to_string(),
         task_queue: run.task_queue.clone(),
@@ -129,7 +126,7 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
         let current = state.store.get_query_task(namespace, &id).await?;
         match current.map(|t| t.state) {
             Some(QueryState::Answered(outcome)) => break Ok(outcome),
-            other if now_ms() >= task.deadline_at => break Err(other),
+            other if state.now() >= task.deadline_at => break Err(other),
             _ => {}
         }
         tokio::select! {
@@ -152,25 +149,25 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
         })),
         Ok(QueryOutcome::Failed { message, .. }) => Err(failure(
             StatusCode::CONFLICT,
-            "update_validation_worker_failed",
+            Reason::UpdateValidationWorkerFailed,
             format!("The worker could not validate the update: {message}"),
             false,
         )),
         Ok(QueryOutcome::Result(_)) => Err(failure(
             StatusCode::CONFLICT,
-            "update_validation_worker_failed",
+            Reason::UpdateValidationWorkerFailed,
             "The worker answered the validation with a query result.",
             false,
         )),
         Err(Some(QueryState::Leased { .. })) => Err(failure(
             StatusCode::GATEWAY_TIMEOUT,
-            "update_validation_execution_timeout",
+            Reason::UpdateValidationExecutionTimeout,
             "The worker did not finish validating the update in time.",
             true,
         )),
         Err(_) => Err(failure(
             StatusCode::GATEWAY_TIMEOUT,
-            "update_validation_task_not_claimed",
+            Reason::UpdateValidationTaskNotClaimed,
             "No worker picked the update validation up in time.",
             true,
         )),
@@ -181,7 +178,14 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
 pub async fn claim<S: Store>(state: &AppState<S>, namespace: &str, queue: &str, owner: &str) -> ApiResult<Option<QueryTask>> {
     let claimed = state
         .store
-        .claim_query_task(namespace, queue, QueryKind::UpdateValidation, owner, VALIDATION_LEASE_MS, now_ms())
+        .claim_query_task(
+            namespace,
+            queue,
+            QueryKind::UpdateValidation,
+            owner,
+            VALIDATION_LEASE_MS,
+            state.now(),
+        )
         .await?;
     if let Some(task) = &claimed {
         tracing::info!(namespace, workflow_id = %task.workflow_id, update_validation_task_id = %task.id, attempt = task.attempt, "update validation leased");
@@ -195,7 +199,7 @@ pub async fn render_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> Api
     let QueryState::Leased { owner, expires_at } = &task.state else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "update_validation_task_not_leased",
+            Reason::UpdateValidationTaskNotLeased,
             "The update validation task is not leased.",
         ));
     };
@@ -254,7 +258,7 @@ pub fn require_capability(worker: &capstan_store::WorkerRecord) -> ApiResult<()>
     }
     Err(ApiError::new(
         StatusCode::CONFLICT,
-        "update_validation_capability_not_advertised",
+        Reason::UpdateValidationCapabilityNotAdvertised,
         "This worker did not register the update_validation_tasks capability.",
     )
     .with("task", Value::Null)
@@ -272,15 +276,14 @@ fn fence(body: &Map<String, Value>) -> ApiResult<(String, u32)> {
 /// The DW reasons of a refused verdict.
 fn refused(error: capstan_store::StoreError, id: &str, attempt: u32) -> ApiError {
     let mut error = ApiError::from(error);
-    let reason = match error.reason.as_str() {
-        "query_task_not_found" => "update_validation_task_not_found",
-        "query_task_not_leased" => "update_validation_task_not_leased",
-        "lease_owner_mismatch" => "update_validation_lease_owner_mismatch",
-        "query_task_attempt_mismatch" => "stale_update_validation_completion",
-        "lease_expired" => "update_validation_lease_expired",
+    error.reason = match error.reason {
+        Reason::QueryTaskNotFound => Reason::UpdateValidationTaskNotFound,
+        Reason::QueryTaskNotLeased => Reason::UpdateValidationTaskNotLeased,
+        Reason::LeaseOwnerMismatch => Reason::UpdateValidationLeaseOwnerMismatch,
+        Reason::QueryTaskAttemptMismatch => Reason::StaleValidation,
+        Reason::LeaseExpired => Reason::UpdateValidationLeaseExpired,
         other => other,
     };
-    error.reason = reason.to_string();
     error.fields.remove("query_task_id");
     error.fields.remove("query_task_attempt");
     error.fields.insert("update_validation_task_id".into(), json!(id));
@@ -299,12 +302,12 @@ async fn record_verdict<S: Store>(
     let (owner, attempt) = fence(body)?;
     let (label, reason) = match &outcome {
         QueryOutcome::Approved => ("approved", None),
-        QueryOutcome::Rejected { .. } => ("rejected", Some("update_validator_rejected")),
+        QueryOutcome::Rejected { .. } => ("rejected", Some(Reason::UpdateValidatorRejected.as_str())),
         _ => ("failed", Some("update_validation_worker_failed")),
     };
     state
         .store
-        .answer_query_task(namespace, id, &owner, attempt, outcome, now_ms())
+        .answer_query_task(namespace, id, &owner, attempt, outcome, state.now())
         .await
         .map_err(|e| refused(e, id, attempt))?;
     state.query_answers.wake(id);

@@ -3,11 +3,12 @@
 use super::{validation, Namespace};
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
-use crate::{now_ms, render, AppState, Shared};
+use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use capstan_app::reports;
 use capstan_engine::*;
 use capstan_store::{PollKey, RunLocator, Store, StoreError, WorkerRecord};
 use serde_json::{json, Map, Value};
@@ -23,8 +24,8 @@ pub(crate) fn after_change<S: Store>(state: &AppState<S>, _run: &RunState) {
 }
 
 /// A refused worker report: the DW body with `recorded: false` and the task identity.
-fn refused(error: StoreError, task_id: &str) -> ApiError {
-    let mut error = ApiError::from(error);
+fn refused(error: impl Into<ApiError>, task_id: &str) -> ApiError {
+    let mut error: ApiError = error.into();
     if error.status.is_client_error() {
         error.fields.entry("task_id").or_insert_with(|| json!(task_id));
         error.fields.entry("recorded").or_insert(json!(false));
@@ -46,10 +47,10 @@ pub async fn register<S: Store>(
     let worker_id = f
         .opt_str("worker_id", 255)?
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| ulid::Ulid::new().to_string());
+        .unwrap_or_else(|| state.new_id());
     let task_queue = f.req_str("task_queue", 255)?;
     let runtime = f.req_str("runtime", 64)?;
-    let now = now_ms();
+    let now = state.now();
     let fingerprints = f.opt_object("workflow_definition_fingerprints")?.cloned().unwrap_or_default();
     let mut document = Map::new();
     for key in [
@@ -100,7 +101,7 @@ pub async fn heartbeat<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let worker_id = Fields::new(&body).req_str("worker_id", 255)?;
-    match state.store.heartbeat_worker(&namespace, &worker_id, now_ms()).await? {
+    match state.store.heartbeat_worker(&namespace, &worker_id, state.now()).await? {
         Some(_) => Ok(Json(
             json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS, "stale_after_seconds": super::fleet::STALE_AFTER_SECONDS}),
         )),
@@ -109,7 +110,7 @@ pub async fn heartbeat<S: Store>(
 }
 
 fn not_registered(worker_id: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "worker_not_registered", "The worker is not registered.").with("worker_id", worker_id)
+    ApiError::new(StatusCode::NOT_FOUND, Reason::WorkerNotRegistered, "The worker is not registered.").with("worker_id", worker_id)
 }
 
 pub async fn deregister<S: Store>(
@@ -118,7 +119,9 @@ pub async fn deregister<S: Store>(
     Path(worker_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     if !state.store.deregister_worker(&namespace, &worker_id).await? {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "worker_not_found", "The worker is not registered.").with("worker_id", worker_id));
+        return Err(
+            ApiError::new(StatusCode::NOT_FOUND, Reason::WorkerNotFound, "The worker is not registered.").with("worker_id", worker_id),
+        );
     }
     // Give its leased workflow tasks back so live workers get them now, not after the lease.
     // (Activity attempts are left to finish or expire: the worker may still report them.)
@@ -127,7 +130,7 @@ pub async fn deregister<S: Store>(
         let (id, owner) = (task_id.clone(), worker_id.clone());
         match state
             .store
-            .mutate_run(&namespace, RunLocator::Task(task_id), now_ms(), move |run, cx| {
+            .mutate_run(&namespace, RunLocator::Task(task_id), state.now(), move |run, cx| {
                 release_workflow_task(run, cx, &id, &owner)
             })
             .await
@@ -172,7 +175,7 @@ pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str,
     let worker = state.store.get_worker(namespace, &worker_id).await?.ok_or_else(|| {
         ApiError::new(
             StatusCode::PRECONDITION_FAILED,
-            "worker_not_registered",
+            Reason::WorkerNotRegistered,
             "Register the worker before polling.",
         )
         .with("worker_id", worker_id.clone())
@@ -180,7 +183,7 @@ pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str,
     if worker.task_queue != queue {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "task_queue_mismatch",
+            Reason::TaskQueueMismatch,
             "The worker is registered for another task queue.",
         )
         .with("registered_task_queue", worker.task_queue.clone())
@@ -190,7 +193,7 @@ pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str,
         if asked != registered {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                "build_id_mismatch",
+                Reason::BuildIdMismatch,
                 "The poll's build id differs from the registration's.",
             )
             .with("registered_build_id", registered.clone())
@@ -257,7 +260,7 @@ async fn long_poll_with_wait<S: Store>(
     if let Some(key) = poll_key(namespace, request, kind) {
         if let Some((task_id, fence)) = state.store.recall_poll(key).await? {
             if let Some(run) = state.store.load_run(namespace, RunLocator::Task(task_id.clone())).await? {
-                let now = now_ms();
+                let now = state.now();
                 let live = run.tasks.get(&task_id).filter(|t| {
                     t.lease()
                         .is_some_and(|l| l.owner == owner && l.fence == fence && l.expires_at > now)
@@ -278,7 +281,7 @@ async fn long_poll_with_wait<S: Store>(
     };
     let notify = state.hub.channel(namespace, kind, &request.queue);
     wait_for_work(&notify, wait_ms, || async move {
-        let now = now_ms();
+        let now = state.now();
         if !state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
             return Ok(None);
         }
@@ -338,7 +341,8 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = ApiResult<Option<T>>>,
 {
-    let deadline = now_ms() + wait_ms;
+    // A transport wait, not a domain time: measured on the monotonic clock.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.max(0) as u64);
     loop {
         // Subscribe before looking, so a wake-up between the look and the wait is not lost.
         let woken = notify.notified();
@@ -347,11 +351,11 @@ where
         if let Some(found) = attempt().await? {
             return Ok(Some(found));
         }
-        let now = now_ms();
-        if now >= deadline {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
             return Ok(None);
         }
-        let recheck = Duration::from_millis((deadline - now).clamp(1, 1000) as u64);
+        let recheck = left.clamp(Duration::from_millis(1), Duration::from_secs(1));
         tokio::select! {
             _ = &mut woken => {}
             _ = tokio::time::sleep(recheck) => {}
@@ -363,10 +367,10 @@ where
 /// not spin) and answered empty with `poll_status: draining`. If the cohort is resumed while the
 /// poll waits, the poll goes on normally.
 async fn hold_if_draining<S: Store>(state: &Shared<S>, request: &mut PollRequest) -> ApiResult<Option<Json<Value>>> {
-    let deadline = now_ms() + request.wait_ms;
+    let deadline = state.now() + request.wait_ms;
     let mut draining = super::fleet::is_draining(state, &request.worker).await?;
     while draining {
-        let left = deadline - now_ms();
+        let left = deadline - state.now();
         if left <= 0 {
             return Ok(Some(Json(json!({"task": null, "poll_status": "draining"}))));
         }
@@ -374,7 +378,7 @@ async fn hold_if_draining<S: Store>(state: &Shared<S>, request: &mut PollRequest
         draining = super::fleet::is_draining(state, &request.worker).await?;
     }
     // Whatever was spent held counts against the poll's wait.
-    request.wait_ms = (deadline - now_ms()).max(0).min(request.wait_ms);
+    request.wait_ms = (deadline - state.now()).max(0).min(request.wait_ms);
     Ok(None)
 }
 
@@ -515,8 +519,8 @@ pub async fn workflow_task_history<S: Store>(
                 task_id.as_str(),
             )
         })?;
-    let task = capstan_engine::check_workflow_lease(&run, now_ms(), &task_id, &claim.owner, claim.attempt)
-        .map_err(|r| refused(r.into(), task_id.as_str()))?;
+    let task = capstan_engine::check_workflow_lease(&run, state.now(), &task_id, &claim.owner, claim.attempt)
+        .map_err(|r| refused(r, task_id.as_str()))?;
     let snapshot = match &task.detail {
         TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,
         _ => 0,
@@ -524,7 +528,7 @@ pub async fn workflow_task_history<S: Store>(
     let after = render::parse_page_token(&token).filter(|after| *after <= snapshot).ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_page_token",
+            Reason::InvalidPageToken,
             "The history page token is not valid for this task.",
         )
     })?;
@@ -549,13 +553,8 @@ pub async fn heartbeat_workflow_task<S: Store>(
 ) -> ApiResult<Json<Value>> {
     let claim = workflow_claim(&body)?;
     let lease_ms = state.config.workflow_task_lease_ms;
-    let id = TaskId(task_id.clone());
-    let (owner, attempt) = (claim.owner.clone(), claim.attempt);
-    let (lease, run) = state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            capstan_engine::heartbeat_workflow_task(run, cx, &id, &owner, attempt, lease_ms)
-        })
+    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let (lease, run) = reports::heartbeat_workflow_task(&*state, lease, lease_ms)
         .await
         .map_err(|e| refused(e, &task_id))?;
     let mut reply = json!({
@@ -586,32 +585,8 @@ pub async fn complete_workflow_task<S: Store>(
         e.fields.insert("workflow_task_attempt".into(), json!(claim.attempt));
         e
     })?;
-    for command in &commands {
-        if let WorkflowCommand::UpsertSearchAttributes { attributes, .. } = command {
-            super::search_attributes::check(&state, &namespace, "commands.upsert_search_attributes", attributes)
-                .await
-                .map_err(|mut e| {
-                    e.fields.insert("task_id".into(), json!(task_id));
-                    e.fields.insert("recorded".into(), json!(false));
-                    e
-                })?;
-        }
-    }
-    let id = TaskId(task_id.clone());
-    let (owner, attempt) = (claim.owner.clone(), claim.attempt);
-    // Scheduling a declared action pins its definition: read them only when activities are scheduled.
-    let actions = if commands.iter().any(|c| matches!(c, WorkflowCommand::ScheduleActivity(_))) {
-        Some(super::ledger::catalog(&state, &namespace).await?).filter(|catalog| !catalog.is_empty())
-    } else {
-        None
-    };
-    let (receipt, run) = state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            cx.memo = Some(&crate::avro::AVRO_MEMO);
-            cx.actions = actions;
-            capstan_engine::complete_workflow_task(run, cx, &id, &owner, attempt, commands)
-        })
+    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands)
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);
@@ -645,13 +620,8 @@ pub async fn fail_workflow_task<S: Store>(
     };
     let benign = failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE);
     let message = failure.message.clone();
-    let id = TaskId(task_id.clone());
-    let (owner, attempt) = (claim.owner.clone(), claim.attempt);
-    let (receipt, run) = state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            capstan_engine::fail_workflow_task(run, cx, &id, &owner, attempt, failure)
-        })
+    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let (receipt, run) = reports::fail_workflow_task(&*state, lease, failure)
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);
@@ -671,6 +641,24 @@ pub async fn fail_workflow_task<S: Store>(
     })))
 }
 
+fn workflow_lease(namespace: &str, task_id: &str, claim: &WorkflowLeaseClaim) -> reports::WorkflowLease {
+    reports::WorkflowLease {
+        namespace: namespace.to_string(),
+        task_id: TaskId(task_id.to_string()),
+        owner: claim.owner.clone(),
+        attempt: claim.attempt,
+    }
+}
+
+fn attempt_lease(namespace: &str, task_id: &str, attempt_id: &ActivityAttemptId, owner: String) -> reports::AttemptLease {
+    reports::AttemptLease {
+        namespace: namespace.to_string(),
+        task_id: TaskId(task_id.to_string()),
+        attempt_id: attempt_id.clone(),
+        owner,
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Activity task reports
 
@@ -684,58 +672,13 @@ fn activity_claim(body: &Map<String, Value>) -> ApiResult<(ActivityAttemptId, St
     Ok((ActivityAttemptId(attempt), f.req_str("lease_owner", 255)?))
 }
 
-fn activity_refused(error: StoreError, task_id: &str, attempt_id: &ActivityAttemptId) -> ApiError {
+fn activity_refused(error: impl Into<ApiError>, task_id: &str, attempt_id: &ActivityAttemptId) -> ApiError {
     let mut error = refused(error, task_id);
     error.fields.entry("activity_attempt_id").or_insert_with(|| json!(attempt_id));
-    if matches!(error.reason.as_str(), "run_cancelled" | "run_terminated" | "run_closed") {
+    if matches!(error.reason, Reason::RunCancelled | Reason::RunTerminated | Reason::RunClosed) {
         error.fields.insert("outcome".into(), json!("ignored"));
     }
     error
-}
-
-/// A refused activity report. If it came from an attempt whose declared action is already
-/// `outcome_unknown`, it is attached to that ledger entry as evidence (the refusal stands).
-async fn late_report<S: Store>(
-    state: &AppState<S>,
-    namespace: &str,
-    task_id: &str,
-    attempt_id: &ActivityAttemptId,
-    evidence: Value,
-    error: StoreError,
-) -> ApiError {
-    if matches!(&error, StoreError::Refused(_)) {
-        // Attached through the instance's current run: only it extends the instance's chain.
-        let holder = state.store.load_run(namespace, RunLocator::Task(TaskId(task_id.to_string()))).await;
-        let entry = holder.ok().flatten().and_then(|run| {
-            run.ledger
-                .values()
-                .find(|e| &e.activity_attempt_id == attempt_id && e.state == capstan_engine::LedgerState::OutcomeUnknown)
-                .cloned()
-        });
-        if let Some(entry) = entry {
-            let attempt = attempt_id.clone();
-            let attached = state
-                .store
-                .mutate_run(
-                    namespace,
-                    RunLocator::Current(entry.workflow_id.clone()),
-                    now_ms(),
-                    move |run, cx| {
-                        if run.run_id == entry.run_id {
-                            capstan_engine::attach_late_report(run, cx, &attempt, evidence)
-                        } else {
-                            capstan_engine::attach_earlier_late_report(run, cx, entry, evidence)
-                        }
-                    },
-                )
-                .await;
-            if let Ok((true, run)) = attached {
-                tracing::warn!(namespace, workflow_id = %run.workflow_id, task_id, activity_attempt_id = %attempt_id,
-                    "late activity report attached to its ledger entry as evidence");
-            }
-        }
-    }
-    activity_refused(error, task_id, attempt_id)
 }
 
 pub async fn complete_activity_task<S: Store>(
@@ -748,20 +691,10 @@ pub async fn complete_activity_task<S: Store>(
     let result = Fields::new(&body)
         .opt_payload("result", &state.config.limits)?
         .unwrap_or_else(|| Payload::avro(crate::avro::null_blob()));
-    let id = TaskId(task_id.clone());
-    let attempt = attempt_id.clone();
-    let evidence = json!({"report": "completed", "result_hash": capstan_engine::ledger::digest(&result.blob), "lease_owner": owner});
-    let (receipt, run) = match state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            cx.memo = Some(&crate::avro::AVRO_MEMO);
-            capstan_engine::complete_activity(run, cx, &id, &attempt, &owner, result)
-        })
+    let lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    let (receipt, run) = reports::complete_activity(&*state, lease, result)
         .await
-    {
-        Ok(done) => done,
-        Err(error) => return Err(late_report(&state, &namespace, &task_id, &attempt_id, evidence, error).await),
-    };
+        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
     after_change(&state, &run);
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id, retained = receipt.retained, "activity completed");
     Ok(Json(json!({
@@ -784,19 +717,10 @@ pub async fn fail_activity_task<S: Store>(
     let (attempt_id, owner) = activity_claim(&body)?;
     let failure_map = Fields::new(&body).opt_object("failure")?.cloned().unwrap_or_default();
     let failure = wire::parse_activity_failure(&failure_map, &state.config.limits)?;
-    let id = TaskId(task_id.clone());
-    let attempt = attempt_id.clone();
-    let evidence = json!({"report": "failed", "message": failure.message, "exception_type": failure.failure_type, "lease_owner": owner});
-    let (receipt, run) = match state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            capstan_engine::fail_activity(run, cx, &id, &attempt, &owner, failure)
-        })
+    let lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    let (receipt, run) = reports::fail_activity(&*state, lease, failure)
         .await
-    {
-        Ok(done) => done,
-        Err(error) => return Err(late_report(&state, &namespace, &task_id, &attempt_id, evidence, error).await),
-    };
+        .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
     after_change(&state, &run);
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id,
         retry_task = ?receipt.created_task_ids.first(), "activity attempt failed");
@@ -818,16 +742,11 @@ pub async fn heartbeat_activity_task<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let (attempt_id, owner) = activity_claim(&body)?;
-    let id = TaskId(task_id.clone());
-    let attempt = attempt_id.clone();
     let owner_echo = owner.clone();
     let lease_ms = state.config.activity_task_lease_ms;
     let details = body.get("details").cloned().filter(|d| !d.is_null());
-    let (beat, _run) = state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), now_ms(), move |run, cx| {
-            capstan_engine::heartbeat_activity(run, cx, &id, &attempt, &owner, lease_ms, details)
-        })
+    let lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    let (beat, _run) = reports::heartbeat_activity(&*state, lease, lease_ms, details)
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
     Ok(Json(json!({
@@ -839,6 +758,6 @@ pub async fn heartbeat_activity_task<S: Store>(
         "reason": beat.reason,
         "heartbeat_recorded": beat.lease.is_some(),
         "lease_expires_at": render::opt_time(beat.lease.as_ref().map(|l| l.expires_at)),
-        "last_heartbeat_at": render::time(now_ms()),
+        "last_heartbeat_at": render::time(state.now()),
     })))
 }

@@ -221,7 +221,7 @@ impl Harness {
         let (backend, schema) = if on_postgres() {
             let schema = format!("h_{}", ulid::Ulid::new().to_string().to_lowercase());
             let store =
-                capstan_store::PostgresStore::connect_in_schema(&postgres_url(), &schema, config.limits.clone(), capstan_server::now_ms())
+                capstan_store::PostgresStore::connect_in_schema(&postgres_url(), &schema, config.limits.clone(), config.sources.now_ms())
                     .await
                     .expect("connect to PostgreSQL");
             let served = store.clone();
@@ -229,7 +229,7 @@ impl Harness {
             (Backend::Postgres(Box::new(store)), Some(SchemaGuard(schema)))
         } else {
             let path = dir.path().join("capstan.db");
-            let store = capstan_store::SqliteStore::open(&path, config.limits.clone(), capstan_server::now_ms()).expect("open store");
+            let store = capstan_store::SqliteStore::open(&path, config.limits.clone(), config.sources.now_ms()).expect("open store");
             let served = store.clone();
             tokio::spawn(async move { capstan_server::serve(listener, served, config, stopped).await.expect("server runs") });
             (Backend::Sqlite(store), None)

@@ -89,20 +89,20 @@ pub(crate) async fn lease_atomic<T: Tx>(
     actions: &AtomicActions,
     codec: &'static dyn MemoCodec,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<AtomicLease> {
     let activity_type = match run.tasks.get(&task_id).map(|t| &t.detail) {
         Some(TaskDetail::Activity { activity_type, .. }) => activity_type.clone(),
         _ => return Ok(AtomicLease::Nothing),
     };
     let definition = action_definition(tx, &run.namespace, &activity_type).await?;
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     cx.memo = Some(codec);
     let leased = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())?;
     let effects = std::mem::take(&mut cx.effects);
     let Some(task) = leased else {
-        persist(tx, &run, &effects, false, limits).await?;
+        persist(tx, &run, &effects, false, env).await?;
         return Ok(AtomicLease::Refused(AtomicOutcome::Refused {
             workflow_id: run.workflow_id.clone(),
         }));
@@ -140,18 +140,18 @@ pub(crate) async fn finish_atomic_step<T: Tx>(
     handled: Result<Payload, String>,
     codec: &'static dyn MemoCodec,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<AtomicOutcome> {
     let AtomicStep {
         mut run, task, effects, ..
     } = step;
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     cx.memo = Some(codec);
     cx.effects = effects;
     let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;
     let effects = cx.effects;
-    persist(tx, &run, &effects, false, limits).await?;
+    persist(tx, &run, &effects, false, env).await?;
     Ok(outcome)
 }
 

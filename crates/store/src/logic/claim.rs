@@ -41,7 +41,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
     task_id: TaskId,
     poller: &Poller<'_>,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<Claimed> {
     let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
         TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
@@ -53,8 +53,8 @@ pub(crate) async fn lease_candidate<T: Tx>(
         (TaskKind::Activity, Some(activity_type)) => super::actions::action_definition(tx, &run.namespace, &activity_type).await?,
         _ => None,
     };
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     let leased = match poller.kind {
         TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, poller.owner, poller.lease_ms).map(Some),
         TaskKind::Activity => lease_activity_task_with(&mut run, &mut cx, &task_id, poller.owner, poller.lease_ms, definition.as_ref()),
@@ -63,11 +63,11 @@ pub(crate) async fn lease_candidate<T: Tx>(
     let effects = cx.effects;
     match leased {
         Ok(None) => {
-            persist(tx, &run, &effects, false, limits).await?;
+            persist(tx, &run, &effects, false, env).await?;
             Ok(Claimed::Refused)
         }
         Ok(Some(task)) => {
-            persist(tx, &run, &effects, false, limits).await?;
+            persist(tx, &run, &effects, false, env).await?;
             if let Some(key) = poller.poll {
                 remember_poll(tx, key, &task, now).await?;
             }

@@ -16,9 +16,9 @@ const INSTANCE_CHECKPOINTS: &str = "SELECT doc FROM ledger_checkpoints WHERE nam
 const CLOSE_INCIDENT: &str = "UPDATE integrity_incidents SET state = 'closed', doc = $2 WHERE incident_id = $1";
 
 /// Writes a new open incident for `breach`.
-async fn open_incident<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis) -> StoreResult<IntegrityIncident> {
+async fn open_incident<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis, env: &Env) -> StoreResult<IntegrityIncident> {
     let incident = IntegrityIncident {
-        incident_id: crate::new_ulid().to_string(),
+        incident_id: env.new_id(),
         namespace: breach.namespace.clone(),
         workflow_id: breach.workflow_id.clone(),
         run_id: breach.run_id.clone(),
@@ -44,7 +44,7 @@ async fn open_incident<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: M
 
 /// Opens an incident for `breach` and blocks its run; the refusal the failed change answers.
 /// A run already blocked keeps its open incident.
-pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis, limits: &Limits) -> StoreResult<Refusal> {
+pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis, env: &Env) -> StoreResult<Refusal> {
     let run = lock_run(tx, breach.run_id.as_str(), false).await?;
     if let Some(open) = run.as_ref().and_then(|r| r.integrity_incident.clone()) {
         return Ok(
@@ -52,13 +52,13 @@ pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, o
         );
     }
     tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "integrity incident opened");
-    let incident = open_incident(tx, breach, opened_at).await?;
+    let incident = open_incident(tx, breach, opened_at, env).await?;
     if let Some(mut run) = run {
-        let mut ids = UlidIds;
-        let mut cx = Cx::new(incident.opened_at, &mut ids, limits);
+        let mut ids = env.ids();
+        let mut cx = Cx::new(incident.opened_at, &mut ids, &env.limits);
         block_for_integrity(&mut run, &mut cx, &incident.incident_id);
         let effects = cx.effects;
-        persist(tx, &run, &effects, false, limits).await?;
+        persist(tx, &run, &effects, false, env).await?;
     }
     Ok(Refusal::new(
         Reason::IntegrityIncidentOpen,
@@ -75,7 +75,7 @@ pub(crate) async fn close_incident<T: Tx>(
     incident_id: &str,
     note: String,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<IntegrityIncident> {
     let row = tx
         .query_opt(LOCK_INCIDENT.sql(tx.dialect()), &args![namespace, incident_id])
@@ -112,11 +112,11 @@ pub(crate) async fn close_incident<T: Tx>(
     tx.execute(CLOSE_INCIDENT, &args![incident_id, doc.as_str()]).await?;
     if let Some(mut run) = lock_run(tx, incident.run_id.as_str(), false).await? {
         if run.integrity_incident.as_deref() == Some(incident.incident_id.as_str()) {
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(now, &mut ids, limits);
+            let mut ids = env.ids();
+            let mut cx = Cx::new(now, &mut ids, &env.limits);
             clear_integrity_block(&mut run, &mut cx);
             let effects = cx.effects;
-            persist(tx, &run, &effects, false, limits).await?;
+            persist(tx, &run, &effects, false, env).await?;
         }
     }
     Ok(incident)
@@ -128,7 +128,12 @@ const BLOCK_READY_TASKS: &str = "UPDATE tasks SET status = 'blocked' WHERE run_i
 /// A run whose document cannot be read: open an incident naming it (once) and take its ready
 /// tasks off the queues, since no transition can run on it; the refusal the request answers.
 /// The engine cannot mark the document itself, so the block lives in the task rows.
-pub(crate) async fn record_unreadable_run<T: Tx>(tx: &mut T, breach: &IntegrityBreach, opened_at: Millis) -> StoreResult<Refusal> {
+pub(crate) async fn record_unreadable_run<T: Tx>(
+    tx: &mut T,
+    breach: &IntegrityBreach,
+    opened_at: Millis,
+    env: &Env,
+) -> StoreResult<Refusal> {
     let refusal = |incident_id: String| {
         Refusal::new(
             Reason::IntegrityIncidentOpen,
@@ -143,7 +148,7 @@ pub(crate) async fn record_unreadable_run<T: Tx>(tx: &mut T, breach: &IntegrityB
         return Ok(refusal(open.text(0)?));
     }
     tracing::error!(namespace = %breach.namespace, workflow_id = %breach.workflow_id, run_id = %breach.run_id, detail = %breach.detail, "unreadable run document: integrity incident opened");
-    let incident = open_incident(tx, breach, opened_at).await?;
+    let incident = open_incident(tx, breach, opened_at, env).await?;
     tx.execute(BLOCK_READY_TASKS, &args![breach.run_id.as_str()]).await?;
     Ok(refusal(incident.incident_id))
 }

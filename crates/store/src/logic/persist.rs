@@ -46,7 +46,7 @@ pub(crate) fn persist<'a, T: Tx>(
     run: &'a RunState,
     effects: &'a Effects,
     insert_run: bool,
-    limits: &'a Limits,
+    env: &'a Env,
 ) -> BoxedStep<'a, ()> {
     Box::pin(async move {
         let state = serde_json::to_string(run)?;
@@ -76,11 +76,11 @@ pub(crate) fn persist<'a, T: Tx>(
         if let Some(successor) = &effects.successor {
             // Continue-as-new: the next run is born in the same transaction and becomes current.
             let (next, next_effects) = successor.as_ref();
-            persist(tx, next, next_effects, true, limits).await?;
+            persist(tx, next, next_effects, true, env).await?;
             tx.execute(SET_CURRENT_RUN, &args![next.workflow_id.as_str(), next.run_id.as_str()])
                 .await?;
         }
-        follow_on(tx, effects, limits).await
+        follow_on(tx, effects, env).await
     })
 }
 
@@ -250,7 +250,7 @@ async fn persist_ledger<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) ->
 
 /// The transitions one transition sets off in other runs, in the same transaction: children it
 /// started, the parent a closing child reports to, children a closing parent ends.
-fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits) -> BoxedStep<'a, ()> {
+fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> BoxedStep<'a, ()> {
     Box::pin(async move {
         for (child, child_effects) in &effects.children_started {
             let args = args![
@@ -263,15 +263,15 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits)
                 StoreError::Conflict { message, .. } => StoreError::Storage(format!("start child {}: {message}", child.workflow_id)),
                 other => other,
             })?;
-            persist(tx, child, child_effects, true, limits).await?;
+            persist(tx, child, child_effects, true, env).await?;
         }
         if let Some(notice) = &effects.parent_notice {
             if let Some(mut parent) = lock_run(tx, notice.parent.run_id.as_str(), false).await? {
-                let mut ids = UlidIds;
-                let mut cx = Cx::new(notice.closed_at, &mut ids, limits);
+                let mut ids = env.ids();
+                let mut cx = Cx::new(notice.closed_at, &mut ids, &env.limits);
                 if resolve_child(&mut parent, &mut cx, notice)? {
                     let parent_effects = cx.effects;
-                    persist(tx, &parent, &parent_effects, false, limits).await?;
+                    persist(tx, &parent, &parent_effects, false, env).await?;
                 }
             }
         }
@@ -287,9 +287,9 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits)
                 continue;
             }
             let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
-            let mut ids = UlidIds;
-            let mut cx = Cx::new(now, &mut ids, limits);
-            let command_id = CommandId(crate::new_ulid().to_string());
+            let mut ids = env.ids();
+            let mut cx = Cx::new(now, &mut ids, &env.limits);
+            let command_id = CommandId(env.new_id());
             close_by_command(
                 &mut child,
                 &mut cx,
@@ -298,7 +298,7 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, limits: &'a Limits)
                 command_id,
             )?;
             let child_effects = cx.effects;
-            persist(tx, &child, &child_effects, false, limits).await?;
+            persist(tx, &child, &child_effects, false, env).await?;
         }
         Ok(())
     })

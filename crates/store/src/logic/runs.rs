@@ -141,7 +141,7 @@ pub(crate) async fn mutate<T, V, F>(
     namespace: &str,
     locator: &RunLocator,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
     transition: F,
 ) -> StoreResult<(V, RunState)>
 where
@@ -149,11 +149,11 @@ where
     F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
 {
     let mut run = locate_and_lock(tx, namespace, locator).await?.ok_or_else(|| not_found(locator))?;
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     let value = transition(&mut run, &mut cx)?;
     let effects = cx.effects;
-    persist(tx, &run, &effects, false, limits).await?;
+    persist(tx, &run, &effects, false, env).await?;
     Ok((value, run))
 }
 
@@ -170,7 +170,7 @@ pub(crate) async fn mutate_keyed<T, V, F, R>(
     tx: &mut T,
     command: KeyedCommand<'_>,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
     transition: F,
     render: R,
 ) -> StoreResult<(KeyedReceipt<V>, Option<RunState>)>
@@ -201,11 +201,11 @@ where
         }
         return Ok((KeyedReceipt::Retained(serde_json::from_str(row.str(1)?)?), None));
     }
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     let value = transition(&mut run, &mut cx)?;
     let effects = cx.effects;
-    persist(tx, &run, &effects, false, limits).await?;
+    persist(tx, &run, &effects, false, env).await?;
     let receipt = render(&value, &run).to_string();
     let args = args![
         namespace,
@@ -222,7 +222,7 @@ where
 
 /// A background deadline claimed under `due.duty_fence`: refused if another node took the duty
 /// over since (lock order: run row, then task row).
-pub(crate) async fn run_duty<T, V, F>(tx: &mut T, due: &DueTask, now: Millis, limits: &Limits, transition: F) -> StoreResult<(V, RunState)>
+pub(crate) async fn run_duty<T, V, F>(tx: &mut T, due: &DueTask, now: Millis, env: &Env, transition: F) -> StoreResult<(V, RunState)>
 where
     T: Tx,
     F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
@@ -241,11 +241,11 @@ where
             .with("current_duty_fence", fence)
             .into());
     }
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     let value = transition(&mut run, &mut cx)?;
     let effects = cx.effects;
-    persist(tx, &run, &effects, false, limits).await?;
+    persist(tx, &run, &effects, false, env).await?;
     tx.execute(RELEASE_DUTY, &args![due.task_id.as_str()]).await?;
     Ok((value, run))
 }
@@ -256,7 +256,7 @@ pub(crate) async fn start_workflow<T: Tx>(
     start: StartRun,
     policy: DuplicatePolicy,
     now: Millis,
-    limits: &Limits,
+    env: &Env,
 ) -> StoreResult<(StartOutcome, RunState)> {
     let existing = tx
         .query_opt(LOCK_INSTANCE.sql(tx.dialect()), &args![start.workflow_id.as_str()])
@@ -268,8 +268,8 @@ pub(crate) async fn start_workflow<T: Tx>(
             .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
         return Ok(existing_instance(&namespace, &start, current, policy)?);
     }
-    let mut ids = UlidIds;
-    let mut cx = Cx::new(now, &mut ids, limits);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
     let workflow_id = start.workflow_id.clone();
     let run = start_run(&mut cx, start);
     let effects = cx.effects;
@@ -284,6 +284,6 @@ pub(crate) async fn start_workflow<T: Tx>(
         }
         other => other?,
     }
-    persist(tx, &run, &effects, true, limits).await?;
+    persist(tx, &run, &effects, true, env).await?;
     Ok((StartOutcome::StartedNew, run))
 }

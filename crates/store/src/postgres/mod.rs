@@ -60,7 +60,7 @@ impl From<deadpool_postgres::PoolError> for StoreError {
 pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
-    limits: Arc<Limits>,
+    env: Arc<Env>,
     /// The NOTIFY channel of this store's schema (channels are database-wide).
     wake_channel: Arc<str>,
 }
@@ -96,7 +96,7 @@ impl PostgresStore {
             &actions,
             codec,
             now,
-            &self.limits,
+            &self.env,
         )
         .await?;
         let step = match leased {
@@ -120,7 +120,7 @@ impl PostgresStore {
                 handled
             }
         };
-        let outcome = actions::finish_atomic_step(&mut PgTx::new(&tx, &self.wake_channel), step, handled, codec, now, &self.limits).await?;
+        let outcome = actions::finish_atomic_step(&mut PgTx::new(&tx, &self.wake_channel), step, handled, codec, now, &self.env).await?;
         tx.commit().await?;
         Ok(Some(outcome))
     }
@@ -163,7 +163,7 @@ impl PostgresStore {
                 lease_ms,
                 poll: poll.as_ref(),
             };
-            let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.limits).await?;
+            let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.env).await?;
             tx.commit().await?;
             if let claim::Claimed::Leased(leased) = claimed {
                 return Ok(Some(*leased));
@@ -195,18 +195,33 @@ impl PostgresStore {
     }
 
     async fn record_unreadable_run(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
-        in_transaction!(self, |tx| integrity::record_unreadable_run(tx, &breach, now_ms()))
+        in_transaction!(self, |tx| integrity::record_unreadable_run(
+            tx,
+            &breach,
+            self.env.now_ms(),
+            &self.env
+        ))
     }
 
     /// A change that found a broken ledger chain was not written: open an incident and block
     /// the run, in a transaction of its own.
     async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
-        in_transaction!(self, |tx| integrity::record_breach(tx, &breach, now_ms(), &self.limits))
+        in_transaction!(self, |tx| integrity::record_breach(tx, &breach, self.env.now_ms(), &self.env))
     }
 
     /// The shared logic on a pooled connection, outside a transaction.
     fn on<'t>(&'t self, client: &'t deadpool_postgres::Client) -> PgTx<'t, 't> {
         PgTx::client(client, &self.wake_channel)
+    }
+
+    /// This store with its time and new ids drawn from `sources` (the wall clock and random
+    /// ids until then). Call it before the store is used.
+    pub fn with_sources(mut self, sources: Sources) -> Self {
+        self.env = Arc::new(Env {
+            limits: self.env.limits.clone(),
+            sources,
+        });
+        self
     }
 
     /// Connects, migrates (one node at a time, under an advisory lock) and bootstraps `default`.
@@ -246,7 +261,10 @@ impl PostgresStore {
         let store = Self {
             pool,
             config,
-            limits: Arc::new(limits),
+            env: Arc::new(Env {
+                limits,
+                sources: Sources::system(),
+            }),
             wake_channel: wake_channel.into(),
         };
         store.migrate(now).await?;
@@ -350,159 +368,13 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
     (!types.is_empty()).then(|| types.to_vec())
 }
 
-impl Store for PostgresStore {
-    async fn run_atomic_task(
-        &self,
-        namespace: &str,
-        actions: AtomicActions,
-        codec: &'static dyn MemoCodec,
-        now: Millis,
-    ) -> StoreResult<Option<AtomicOutcome>> {
-        let result = self.run_atomic_task_checked(namespace, actions, codec, now).await;
-        self.guard(result).await
-    }
-
-    async fn create_schedule(&self, schedule: Schedule) -> StoreResult<()> {
-        in_transaction!(self, |tx| schedules::create_schedule(tx, schedule))
-    }
-
-    async fn schedule(&self, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
-        let client = self.pool.get().await?;
-        schedules::schedule(&mut self.on(&client), namespace, schedule_id).await
-    }
-
-    async fn list_schedules(&self, namespace: &str, filter: ScheduleFilter) -> StoreResult<Vec<Schedule>> {
-        let client = self.pool.get().await?;
-        schedules::list_schedules(&mut self.on(&client), namespace, &filter).await
-    }
-
-    async fn change_schedule<T: Send + 'static>(
-        &self,
-        namespace: &str,
-        schedule_id: &str,
-        change: impl FnOnce(&mut Schedule) -> Result<T, Refusal> + Send + 'static,
-    ) -> StoreResult<T> {
-        in_transaction!(self, |tx| schedules::change_schedule(tx, namespace, schedule_id, change))
-    }
-
-    async fn fire_schedule(
-        &self,
-        namespace: &str,
-        schedule_id: &str,
-        fire: ScheduleFire,
-        empty_input: Payload,
-        now: Millis,
-    ) -> StoreResult<FireReport> {
-        in_transaction!(self, |tx| schedules::fire_schedule(
-            tx,
-            namespace,
-            schedule_id,
-            &fire,
-            &empty_input,
-            now,
-            &self.limits
-        ))
-    }
-
-    async fn due_schedules(&self, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
-        let client = self.pool.get().await?;
-        schedules::due_schedules(&mut self.on(&client), now, limit).await
-    }
-
-    async fn next_schedule_wake(&self) -> StoreResult<Option<Millis>> {
-        let client = self.pool.get().await?;
-        schedules::next_schedule_wake(&mut self.on(&client)).await
-    }
-
-    async fn schedule_history(
-        &self,
-        namespace: &str,
-        schedule_id: &str,
-        after_sequence: i64,
-        limit: usize,
-    ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
-        let client = self.pool.get().await?;
-        schedules::schedule_history(&mut self.on(&client), namespace, schedule_id, after_sequence, limit).await
-    }
-
-    async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
-        let client = self.pool.get().await?;
-        namespaces::namespaces(&mut self.on(&client)).await
-    }
-
-    async fn create_namespace(&self, record: NamespaceRecord) -> StoreResult<NamespaceRecord> {
-        let client = self.pool.get().await?;
-        namespaces::create_namespace(&mut self.on(&client), record).await
-    }
-
-    async fn update_namespace(
-        &self,
-        name: &str,
-        description: Option<String>,
-        retention_days: Option<i64>,
-        now: Millis,
-    ) -> StoreResult<NamespaceRecord> {
-        in_transaction!(self, |tx| namespaces::update_namespace(tx, name, description, retention_days, now))
-    }
-
-    async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
-        in_transaction!(self, |tx| namespaces::delete_namespace(tx, name))
-    }
-
-    async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
-        let client = self.pool.get().await?;
-        ledger_reads::ledger_stats(&mut self.on(&client)).await
-    }
-
-    async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
-        let client = self.pool.get().await?;
-        ledger_reads::integrity_incidents(&mut self.on(&client), namespace, state.as_deref()).await
-    }
-
-    async fn close_integrity_incident(
-        &self,
-        namespace: &str,
-        incident_id: &str,
-        note: String,
-        now: Millis,
-    ) -> StoreResult<IntegrityIncident> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let mut pg = PgTx::new(&tx, &self.wake_channel);
-        let incident = integrity::close_incident(&mut pg, namespace, incident_id, note, now, &self.limits).await?;
-        tx.commit().await?;
-        Ok(incident)
-    }
-
-    async fn claim_task(
-        &self,
-        namespace: &str,
-        kind: TaskKind,
-        queue: &str,
-        types: &[String],
-        owner: &str,
-        lease_ms: i64,
-        now: Millis,
-        poll: Option<PollKey>,
-    ) -> StoreResult<Option<(Task, RunState)>> {
-        match self
-            .claim_task_checked(namespace, kind, queue, types, owner, lease_ms, now, poll)
-            .await
-        {
-            Err(error @ (StoreError::Integrity(_) | StoreError::CorruptRun(_))) => match self.settle(error).await {
-                StoreError::Refused(_) => Ok(None),
-                other => Err(other),
-            },
-            other => other,
-        }
-    }
-
+impl RunStore for PostgresStore {
     async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
     where
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
     {
-        let result = in_transaction!(self, |tx| runs::mutate(tx, namespace, &locator, now, &self.limits, transition));
+        let result = in_transaction!(self, |tx| runs::mutate(tx, namespace, &locator, now, &self.env, transition));
         self.guard(result).await
     }
 
@@ -525,134 +397,19 @@ impl Store for PostgresStore {
             locator: &locator,
             key: &key,
         };
-        let result = in_transaction!(self, |tx| runs::mutate_keyed(tx, command, now, &self.limits, transition, render));
+        let result = in_transaction!(self, |tx| runs::mutate_keyed(tx, command, now, &self.env, transition, render));
         self.guard(result).await
     }
 
-    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let result = in_transaction!(self, |tx| runs::run_duty(tx, due, now, &self.limits, transition));
-        self.guard(result).await
-    }
     async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
         let client = self.pool.get().await?;
         let after = after.map(|r| r.as_str().to_string()).unwrap_or_default();
         ledger_reads::runs_page(&mut self.on(&client), &after, limit).await
     }
 
-    async fn ledger_instances(&self) -> StoreResult<Vec<(String, WorkflowId)>> {
-        let client = self.pool.get().await?;
-        ledger_reads::ledger_instances(&mut self.on(&client)).await
-    }
-    async fn put_action_definition(
-        &self,
-        namespace: &str,
-        activity_type: &str,
-        recovery_mode: RecoveryMode,
-        document: Map<String, Value>,
-        now: Millis,
-    ) -> StoreResult<ActionDefinition> {
-        in_transaction!(self, |tx| actions::put_action_definition(
-            tx,
-            namespace,
-            activity_type,
-            recovery_mode,
-            document,
-            now
-        ))
-    }
-
-    async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
-        let client = self.pool.get().await?;
-        ledger_reads::action_definitions(&mut self.on(&client), namespace).await
-    }
-
-    async fn ledger_entries(&self, namespace: &str, filter: LedgerFilter, limit: usize) -> StoreResult<Vec<LedgerEntry>> {
-        let client = self.pool.get().await?;
-        ledger_reads::ledger_entries(&mut self.on(&client), namespace, &filter, limit).await
-    }
-
-    async fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> StoreResult<Option<LedgerEntry>> {
-        let client = self.pool.get().await?;
-        ledger_reads::ledger_entry(&mut self.on(&client), namespace, ledger_key).await
-    }
-
-    async fn ledger_checkpoints(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
-        let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
-                &[&namespace, &workflow_id.as_str()],
-            )
-            .await?;
-        let checkpoints = rows
-            .iter()
-            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(StoreError::from))
-            .collect::<StoreResult<Vec<_>>>()?;
-        Ok(crate::chain_order(checkpoints))
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        let client = self.pool.get().await?;
-        // Ready means a write commits now. A connection check alone passes on a database that
-        // refuses writes (a demoted primary, read-only by default, a resource limit), so the
-        // probe writes its row; it is one tiny upsert, not worth tracking failures to skip.
-        client
-            .execute(
-                "INSERT INTO health_probe (id, probed_at) VALUES (1, extract(epoch FROM now())::bigint) \
-                 ON CONFLICT (id) DO UPDATE SET probed_at = EXCLUDED.probed_at",
-                &[],
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
-        let client = self.pool.get().await?;
-        namespaces::namespace_exists(&mut self.on(&client), namespace).await
-    }
-
-    async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
-        in_transaction!(self, |tx| fleet::register_worker(tx, worker))
-    }
-
-    async fn heartbeat_worker(&self, namespace: &str, worker_id: &str, now: Millis) -> StoreResult<Option<WorkerRecord>> {
-        let client = self.pool.get().await?;
-        fleet::heartbeat_worker(&mut self.on(&client), namespace, worker_id, now).await
-    }
-
-    async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
-        let client = self.pool.get().await?;
-        fleet::get_worker(&mut self.on(&client), namespace, worker_id).await
-    }
-
-    async fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
-        let client = self.pool.get().await?;
-        fleet::leased_tasks(&mut self.on(&client), namespace, owner, kind).await
-    }
-
-    async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
-        let client = self.pool.get().await?;
-        fleet::deregister_worker(&mut self.on(&client), namespace, worker_id).await
-    }
-
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
-        let result = in_transaction!(self, |tx| runs::start_workflow(tx, start, policy, now, &self.limits));
+        let result = in_transaction!(self, |tx| runs::start_workflow(tx, start, policy, now, &self.env));
         self.guard(result).await
-    }
-
-    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
-        let client = self.pool.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
-                   AND ($5::text[] IS NULL OR type_name = ANY($5)) LIMIT 1",
-                &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
-            )
-            .await?;
-        Ok(row.is_some())
     }
 
     async fn retained_command(
@@ -727,134 +484,47 @@ impl Store for PostgresStore {
         let client = self.pool.get().await?;
         runs::runs_of(&mut self.on(&client), namespace, workflow_id).await
     }
+}
 
-    async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
+impl TaskStore for PostgresStore {
+    async fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+        poll: Option<PollKey>,
+    ) -> StoreResult<Option<(Task, RunState)>> {
+        match self
+            .claim_task_checked(namespace, kind, queue, types, owner, lease_ms, now, poll)
+            .await
+        {
+            Err(error @ (StoreError::Integrity(_) | StoreError::CorruptRun(_))) => match self.settle(error).await {
+                StoreError::Refused(_) => Ok(None),
+                other => Err(other),
+            },
+            other => other,
+        }
+    }
+
+    async fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
-                "UPDATE tasks SET duty_owner = $1, duty_fence = duty_fence + 1, duty_expires_at = $3
-                 WHERE task_id IN (
-                     SELECT task_id FROM tasks
-                     WHERE deadline_at IS NOT NULL AND deadline_at <= $2 AND status IN ('ready', 'leased')
-                       AND (duty_expires_at IS NULL OR duty_expires_at <= $2)
-                     ORDER BY deadline_at LIMIT $4 FOR UPDATE SKIP LOCKED)
-                 RETURNING namespace, task_id, duty_fence",
-                &[&node, &now, &(now + hold_ms), &(limit as i64)],
+        fleet::leased_tasks(&mut self.on(&client), namespace, owner, kind).await
+    }
+
+    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
+                   AND ($5::text[] IS NULL OR type_name = ANY($5)) LIMIT 1",
+                &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| DueTask {
-                namespace: r.get(0),
-                task_id: TaskId(r.get(1)),
-                duty_fence: r.get::<_, i64>(2) as u64,
-            })
-            .collect())
-    }
-
-    async fn next_deadline(&self) -> StoreResult<Option<Millis>> {
-        let client = self.pool.get().await?;
-        duties::next_deadline(&mut self.on(&client)).await
-    }
-
-    async fn prune(&self, older_than: Millis) -> StoreResult<()> {
-        let client = self.pool.get().await?;
-        duties::prune(&mut self.on(&client), older_than).await
-    }
-
-    async fn expired_instances(&self, namespace: &str, cutoff: Millis, limit: usize) -> StoreResult<Vec<(String, String, Millis)>> {
-        let client = self.pool.get().await?;
-        duties::expired_instances(&mut self.on(&client), namespace, cutoff, limit).await
-    }
-
-    async fn prune_instances(&self, namespace: &str, workflow_ids: Vec<String>, cutoff: Millis) -> StoreResult<usize> {
-        in_transaction!(self, |tx| duties::prune_instances(tx, namespace, &workflow_ids, cutoff))
-    }
-
-    async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
-        let client = self.pool.get().await?;
-        duties::system_counts(&mut self.on(&client), namespace, now).await
-    }
-
-    async fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> StoreResult<Option<Value>> {
-        let client = self.pool.get().await?;
-        admin::bridge_delivery(&mut self.on(&client), namespace, adapter, key).await
-    }
-
-    async fn record_bridge_delivery(
-        &self,
-        namespace: &str,
-        adapter: &str,
-        key: &str,
-        outcome: Value,
-        now: Millis,
-    ) -> StoreResult<Option<Value>> {
-        let client = self.pool.get().await?;
-        admin::record_bridge_delivery(&mut self.on(&client), namespace, adapter, key, &outcome, now).await
-    }
-
-    async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
-        let client = self.pool.get().await?;
-        admin::build_id_rollouts(&mut self.on(&client), namespace, queue).await
-    }
-
-    async fn set_build_id_drain(
-        &self,
-        namespace: &str,
-        queue: &str,
-        build_id: Option<String>,
-        draining: bool,
-        now: Millis,
-    ) -> StoreResult<BuildIdRollout> {
-        in_transaction!(self, |tx| admin::set_build_id_drain(tx, namespace, queue, build_id, draining, now))
-    }
-
-    async fn promote_build_id(&self, namespace: &str, queue: &str, build_id: Option<String>, now: Millis) -> StoreResult<BuildIdRollout> {
-        in_transaction!(self, |tx| admin::promote_build_id(tx, namespace, queue, build_id, now))
-    }
-
-    async fn search_attribute_definitions(
-        &self,
-        namespace: &str,
-    ) -> StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>> {
-        let client = self.pool.get().await?;
-        admin::search_attribute_definitions(&mut self.on(&client), namespace).await
-    }
-
-    async fn define_search_attribute(
-        &self,
-        namespace: &str,
-        name: &str,
-        kind: capstan_engine::visibility::AttributeType,
-        now: Millis,
-    ) -> StoreResult<()> {
-        let client = self.pool.get().await?;
-        admin::define_search_attribute(&mut self.on(&client), namespace, name, kind, now).await
-    }
-
-    async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
-        let client = self.pool.get().await?;
-        admin::delete_search_attribute(&mut self.on(&client), namespace, name).await
-    }
-
-    async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
-        let client = self.pool.get().await?;
-        fleet::workers(&mut self.on(&client), namespace).await
-    }
-
-    async fn task_queue_names(&self, namespace: &str) -> StoreResult<Vec<String>> {
-        let client = self.pool.get().await?;
-        fleet::task_queue_names(&mut self.on(&client), namespace).await
-    }
-
-    async fn task_queue_snapshot(&self, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
-        let client = self.pool.get().await?;
-        fleet::task_queue_snapshot(&mut self.on(&client), namespace, queue, lease_limit).await
-    }
-
-    async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
-        let client = self.pool.get().await?;
-        fleet::queue_workers(&mut self.on(&client), namespace, queue).await
+        Ok(row.is_some())
     }
 
     async fn create_query_task(&self, task: QueryTask) -> StoreResult<()> {
@@ -923,6 +593,369 @@ impl Store for PostgresStore {
             }
         });
         Ok(Some(receiver))
+    }
+}
+
+impl DutyStore for PostgresStore {
+    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let result = in_transaction!(self, |tx| runs::run_duty(tx, due, now, &self.env, transition));
+        self.guard(result).await
+    }
+
+    async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "UPDATE tasks SET duty_owner = $1, duty_fence = duty_fence + 1, duty_expires_at = $3
+                 WHERE task_id IN (
+                     SELECT task_id FROM tasks
+                     WHERE deadline_at IS NOT NULL AND deadline_at <= $2 AND status IN ('ready', 'leased')
+                       AND (duty_expires_at IS NULL OR duty_expires_at <= $2)
+                     ORDER BY deadline_at LIMIT $4 FOR UPDATE SKIP LOCKED)
+                 RETURNING namespace, task_id, duty_fence",
+                &[&node, &now, &(now + hold_ms), &(limit as i64)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| DueTask {
+                namespace: r.get(0),
+                task_id: TaskId(r.get(1)),
+                duty_fence: r.get::<_, i64>(2) as u64,
+            })
+            .collect())
+    }
+
+    async fn next_deadline(&self) -> StoreResult<Option<Millis>> {
+        let client = self.pool.get().await?;
+        duties::next_deadline(&mut self.on(&client)).await
+    }
+
+    async fn prune(&self, older_than: Millis) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        duties::prune(&mut self.on(&client), older_than).await
+    }
+
+    async fn expired_instances(&self, namespace: &str, cutoff: Millis, limit: usize) -> StoreResult<Vec<(String, String, Millis)>> {
+        let client = self.pool.get().await?;
+        duties::expired_instances(&mut self.on(&client), namespace, cutoff, limit).await
+    }
+
+    async fn prune_instances(&self, namespace: &str, workflow_ids: Vec<String>, cutoff: Millis) -> StoreResult<usize> {
+        in_transaction!(self, |tx| duties::prune_instances(tx, namespace, &workflow_ids, cutoff))
+    }
+}
+
+impl FleetStore for PostgresStore {
+    async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
+        in_transaction!(self, |tx| fleet::register_worker(tx, worker))
+    }
+
+    async fn heartbeat_worker(&self, namespace: &str, worker_id: &str, now: Millis) -> StoreResult<Option<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        fleet::heartbeat_worker(&mut self.on(&client), namespace, worker_id, now).await
+    }
+
+    async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        fleet::get_worker(&mut self.on(&client), namespace, worker_id).await
+    }
+
+    async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        fleet::deregister_worker(&mut self.on(&client), namespace, worker_id).await
+    }
+
+    async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
+        let client = self.pool.get().await?;
+        admin::build_id_rollouts(&mut self.on(&client), namespace, queue).await
+    }
+
+    async fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> StoreResult<BuildIdRollout> {
+        in_transaction!(self, |tx| admin::set_build_id_drain(tx, namespace, queue, build_id, draining, now))
+    }
+
+    async fn promote_build_id(&self, namespace: &str, queue: &str, build_id: Option<String>, now: Millis) -> StoreResult<BuildIdRollout> {
+        in_transaction!(self, |tx| admin::promote_build_id(tx, namespace, queue, build_id, now))
+    }
+
+    async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        fleet::workers(&mut self.on(&client), namespace).await
+    }
+
+    async fn task_queue_names(&self, namespace: &str) -> StoreResult<Vec<String>> {
+        let client = self.pool.get().await?;
+        fleet::task_queue_names(&mut self.on(&client), namespace).await
+    }
+
+    async fn task_queue_snapshot(&self, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
+        let client = self.pool.get().await?;
+        fleet::task_queue_snapshot(&mut self.on(&client), namespace, queue, lease_limit).await
+    }
+
+    async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let client = self.pool.get().await?;
+        fleet::queue_workers(&mut self.on(&client), namespace, queue).await
+    }
+}
+
+impl LedgerStore for PostgresStore {
+    async fn run_atomic_task(
+        &self,
+        namespace: &str,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> StoreResult<Option<AtomicOutcome>> {
+        let result = self.run_atomic_task_checked(namespace, actions, codec, now).await;
+        self.guard(result).await
+    }
+
+    async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
+        let client = self.pool.get().await?;
+        ledger_reads::ledger_stats(&mut self.on(&client)).await
+    }
+
+    async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
+        let client = self.pool.get().await?;
+        ledger_reads::integrity_incidents(&mut self.on(&client), namespace, state.as_deref()).await
+    }
+
+    async fn close_integrity_incident(
+        &self,
+        namespace: &str,
+        incident_id: &str,
+        note: String,
+        now: Millis,
+    ) -> StoreResult<IntegrityIncident> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let mut pg = PgTx::new(&tx, &self.wake_channel);
+        let incident = integrity::close_incident(&mut pg, namespace, incident_id, note, now, &self.env).await?;
+        tx.commit().await?;
+        Ok(incident)
+    }
+
+    async fn ledger_instances(&self) -> StoreResult<Vec<(String, WorkflowId)>> {
+        let client = self.pool.get().await?;
+        ledger_reads::ledger_instances(&mut self.on(&client)).await
+    }
+
+    async fn put_action_definition(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        recovery_mode: RecoveryMode,
+        document: Map<String, Value>,
+        now: Millis,
+    ) -> StoreResult<ActionDefinition> {
+        in_transaction!(self, |tx| actions::put_action_definition(
+            tx,
+            namespace,
+            activity_type,
+            recovery_mode,
+            document,
+            now
+        ))
+    }
+
+    async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
+        let client = self.pool.get().await?;
+        ledger_reads::action_definitions(&mut self.on(&client), namespace).await
+    }
+
+    async fn ledger_entries(&self, namespace: &str, filter: LedgerFilter, limit: usize) -> StoreResult<Vec<LedgerEntry>> {
+        let client = self.pool.get().await?;
+        ledger_reads::ledger_entries(&mut self.on(&client), namespace, &filter, limit).await
+    }
+
+    async fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> StoreResult<Option<LedgerEntry>> {
+        let client = self.pool.get().await?;
+        ledger_reads::ledger_entry(&mut self.on(&client), namespace, ledger_key).await
+    }
+
+    async fn ledger_checkpoints(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
+                &[&namespace, &workflow_id.as_str()],
+            )
+            .await?;
+        let checkpoints = rows
+            .iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(StoreError::from))
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(crate::chain_order(checkpoints))
+    }
+}
+
+impl ScheduleStore for PostgresStore {
+    async fn create_schedule(&self, schedule: Schedule) -> StoreResult<()> {
+        in_transaction!(self, |tx| schedules::create_schedule(tx, schedule, &self.env))
+    }
+
+    async fn schedule(&self, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
+        let client = self.pool.get().await?;
+        schedules::schedule(&mut self.on(&client), namespace, schedule_id).await
+    }
+
+    async fn list_schedules(&self, namespace: &str, filter: ScheduleFilter) -> StoreResult<Vec<Schedule>> {
+        let client = self.pool.get().await?;
+        schedules::list_schedules(&mut self.on(&client), namespace, &filter).await
+    }
+
+    async fn change_schedule<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        change: impl FnOnce(&mut Schedule) -> Result<T, Refusal> + Send + 'static,
+    ) -> StoreResult<T> {
+        in_transaction!(self, |tx| schedules::change_schedule(tx, namespace, schedule_id, change, &self.env))
+    }
+
+    async fn fire_schedule(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        fire: ScheduleFire,
+        empty_input: Payload,
+        now: Millis,
+    ) -> StoreResult<FireReport> {
+        in_transaction!(self, |tx| schedules::fire_schedule(
+            tx,
+            namespace,
+            schedule_id,
+            &fire,
+            &empty_input,
+            now,
+            &self.env
+        ))
+    }
+
+    async fn due_schedules(&self, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
+        let client = self.pool.get().await?;
+        schedules::due_schedules(&mut self.on(&client), now, limit).await
+    }
+
+    async fn next_schedule_wake(&self) -> StoreResult<Option<Millis>> {
+        let client = self.pool.get().await?;
+        schedules::next_schedule_wake(&mut self.on(&client)).await
+    }
+
+    async fn schedule_history(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        after_sequence: i64,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
+        let client = self.pool.get().await?;
+        schedules::schedule_history(&mut self.on(&client), namespace, schedule_id, after_sequence, limit).await
+    }
+}
+
+impl AdminStore for PostgresStore {
+    async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
+        let client = self.pool.get().await?;
+        namespaces::namespaces(&mut self.on(&client)).await
+    }
+
+    async fn create_namespace(&self, record: NamespaceRecord) -> StoreResult<NamespaceRecord> {
+        let client = self.pool.get().await?;
+        namespaces::create_namespace(&mut self.on(&client), record).await
+    }
+
+    async fn update_namespace(
+        &self,
+        name: &str,
+        description: Option<String>,
+        retention_days: Option<i64>,
+        now: Millis,
+    ) -> StoreResult<NamespaceRecord> {
+        in_transaction!(self, |tx| namespaces::update_namespace(tx, name, description, retention_days, now))
+    }
+
+    async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
+        in_transaction!(self, |tx| namespaces::delete_namespace(tx, name))
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        // Ready means a write commits now. A connection check alone passes on a database that
+        // refuses writes (a demoted primary, read-only by default, a resource limit), so the
+        // probe writes its row; it is one tiny upsert, not worth tracking failures to skip.
+        client
+            .execute(
+                "INSERT INTO health_probe (id, probed_at) VALUES (1, extract(epoch FROM now())::bigint) \
+                 ON CONFLICT (id) DO UPDATE SET probed_at = EXCLUDED.probed_at",
+                &[],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        namespaces::namespace_exists(&mut self.on(&client), namespace).await
+    }
+
+    async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
+        let client = self.pool.get().await?;
+        duties::system_counts(&mut self.on(&client), namespace, now).await
+    }
+
+    async fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> StoreResult<Option<Value>> {
+        let client = self.pool.get().await?;
+        admin::bridge_delivery(&mut self.on(&client), namespace, adapter, key).await
+    }
+
+    async fn record_bridge_delivery(
+        &self,
+        namespace: &str,
+        adapter: &str,
+        key: &str,
+        outcome: Value,
+        now: Millis,
+    ) -> StoreResult<Option<Value>> {
+        let client = self.pool.get().await?;
+        admin::record_bridge_delivery(&mut self.on(&client), namespace, adapter, key, &outcome, now).await
+    }
+
+    async fn search_attribute_definitions(
+        &self,
+        namespace: &str,
+    ) -> StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>> {
+        let client = self.pool.get().await?;
+        admin::search_attribute_definitions(&mut self.on(&client), namespace).await
+    }
+
+    async fn define_search_attribute(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: capstan_engine::visibility::AttributeType,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        admin::define_search_attribute(&mut self.on(&client), namespace, name, kind, now).await
+    }
+
+    async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        admin::delete_search_attribute(&mut self.on(&client), namespace, name).await
     }
 }
 

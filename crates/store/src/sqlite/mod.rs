@@ -29,7 +29,7 @@ pub struct SqliteStore {
     wakeups: Arc<Mutex<Option<WakeReceiver>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     path: PathBuf,
-    limits: Arc<Limits>,
+    env: Arc<Env>,
 }
 
 fn open_connection(path: &Path) -> StoreResult<Connection> {
@@ -77,8 +77,9 @@ impl SqliteStore {
         let recorded = match error {
             StoreError::Integrity(breach) => self.record_breach(breach).await,
             StoreError::CorruptRun(breach) => {
+                let env = self.env.clone();
                 self.writer
-                    .write_tx(move |tx| drive(integrity::record_unreadable_run(tx, &breach, now_ms())))
+                    .write_tx(move |tx| drive(integrity::record_unreadable_run(tx, &breach, env.now_ms(), &env)))
                     .await
             }
             other => return other,
@@ -90,10 +91,20 @@ impl SqliteStore {
     }
 
     async fn record_breach(&self, breach: IntegrityBreach) -> StoreResult<Refusal> {
-        let limits = self.limits.clone();
+        let env = self.env.clone();
         self.writer
-            .write_tx(move |tx| drive(integrity::record_breach(tx, &breach, now_ms(), &limits)))
+            .write_tx(move |tx| drive(integrity::record_breach(tx, &breach, env.now_ms(), &env)))
             .await
+    }
+
+    /// This store with its time and new ids drawn from `sources` (the wall clock and random
+    /// ids until then). Call it before the store is used.
+    pub fn with_sources(mut self, sources: Sources) -> Self {
+        self.env = Arc::new(Env {
+            limits: self.env.limits.clone(),
+            sources,
+        });
+        self
     }
 
     /// Opens (creating if needed) the database file, migrates it and bootstraps `default`.
@@ -112,7 +123,10 @@ impl SqliteStore {
             wakeups: Arc::new(Mutex::new(Some(wakeups))),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_path_buf(),
-            limits: Arc::new(limits),
+            env: Arc::new(Env {
+                limits,
+                sources: Sources::system(),
+            }),
         })
     }
 
@@ -232,131 +246,14 @@ fn hash_text(text: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
-impl Store for SqliteStore {
-    async fn ping(&self) -> StoreResult<()> {
-        self.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?))
-            .await?;
-        // After a failed commit, only a write that commits proves the database writable again
-        // (space freed, the device back): until then the server is not ready.
-        if self.writer.is_failing() {
-            self.writer
-                .write(|conn| {
-                    conn.execute(
-                        "INSERT INTO health_probe (id, probed_at) VALUES (1, strftime('%s','now')) ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
-                        [],
-                    )?;
-                    Ok(())
-                })
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(namespaces::namespace_exists(tx, &namespace))).await
-    }
-
-    async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
-        self.writer.write_tx(move |tx| drive(fleet::register_worker(tx, worker))).await
-    }
-
-    async fn heartbeat_worker(&self, namespace: &str, worker_id: &str, now: Millis) -> StoreResult<Option<WorkerRecord>> {
-        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
-        self.writer
-            .write_tx(move |tx| drive(fleet::heartbeat_worker(tx, &namespace, &worker_id, now)))
-            .await
-    }
-
-    async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
-        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
-        self.read_tx(move |tx| drive(fleet::get_worker(tx, &namespace, &worker_id))).await
-    }
-
-    async fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
-        let (namespace, owner) = (namespace.to_string(), owner.to_string());
-        self.read_tx(move |tx| drive(fleet::leased_tasks(tx, &namespace, &owner, kind)))
-            .await
-    }
-
-    async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
-        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
-        self.writer
-            .write_tx(move |tx| drive(fleet::deregister_worker(tx, &namespace, &worker_id)))
-            .await
-    }
-
+impl RunStore for SqliteStore {
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
-        let limits = self.limits.clone();
+        let env = self.env.clone();
         let result = self
             .writer
-            .write_tx(move |tx| drive(runs::start_workflow(tx, start, policy, now, &limits)))
+            .write_tx(move |tx| drive(runs::start_workflow(tx, start, policy, now, &env)))
             .await;
         self.guard(result).await
-    }
-
-    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
-        let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
-        self.read(move |conn| {
-            let sql = format!(
-                "SELECT EXISTS(SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{})",
-                type_filter(&types, 5)
-            );
-            let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
-            values.extend(types.into_iter().map(rusqlite::types::Value::from));
-            Ok(conn.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values), |r| r.get(0))?)
-        })
-        .await
-    }
-
-    async fn claim_task(
-        &self,
-        namespace: &str,
-        kind: TaskKind,
-        queue: &str,
-        types: &[String],
-        owner: &str,
-        lease_ms: i64,
-        now: Millis,
-        poll: Option<PollKey>,
-    ) -> StoreResult<Option<(Task, RunState)>> {
-        let (namespace, queue, types, owner) = (namespace.to_string(), queue.to_string(), types.to_vec(), owner.to_string());
-        let limits = self.limits.clone();
-        let result = self.writer
-            .write_tx(move |tx| {
-                let conn = tx.connection();
-                // A pinned run's workflow tasks go only to workers of its build.
-                let owner_param = 5 + types.len();
-                let sql = format!(
-                    "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
-                       AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
-                     ORDER BY available_at, task_id LIMIT 8",
-                    type_filter(&types, 5)
-                );
-                let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
-                values.extend(types.into_iter().map(rusqlite::types::Value::from));
-                values.push(owner.clone().into());
-                let candidates: Vec<(String, String)> = conn
-                    .prepare_cached(&sql)?
-                    .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<Result<_, _>>()?;
-                let poller = claim::Poller {
-                    kind,
-                    owner: &owner,
-                    lease_ms,
-                    poll: poll.as_ref(),
-                };
-                for (task_id, run_id) in candidates {
-                    let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
-                    match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &limits))? {
-                        claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
-                        claim::Claimed::Refused | claim::Claimed::Stale => continue,
-                    }
-                }
-                Ok(None)
-            })
-            .await;
-        self.guard_claim(result).await
     }
 
     async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
@@ -365,10 +262,10 @@ impl Store for SqliteStore {
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
     {
         let namespace = namespace.to_string();
-        let limits = self.limits.clone();
+        let env = self.env.clone();
         let result = self
             .writer
-            .write_tx(move |tx| drive(runs::mutate(tx, &namespace, &locator, now, &limits, transition)))
+            .write_tx(move |tx| drive(runs::mutate(tx, &namespace, &locator, now, &env, transition)))
             .await;
         self.guard(result).await
     }
@@ -388,7 +285,7 @@ impl Store for SqliteStore {
         R: FnOnce(&T, &RunState) -> Value + Send + 'static,
     {
         let namespace = namespace.to_string();
-        let limits = self.limits.clone();
+        let env = self.env.clone();
         let result = self
             .writer
             .write_tx(move |tx| {
@@ -400,7 +297,7 @@ impl Store for SqliteStore {
                         key: &key,
                     },
                     now,
-                    &limits,
+                    &env,
                     transition,
                     render,
                 ))
@@ -409,245 +306,9 @@ impl Store for SqliteStore {
         self.guard(result).await
     }
 
-    async fn put_action_definition(
-        &self,
-        namespace: &str,
-        activity_type: &str,
-        recovery_mode: RecoveryMode,
-        document: Map<String, Value>,
-        now: Millis,
-    ) -> StoreResult<ActionDefinition> {
-        let (namespace, activity_type) = (namespace.to_string(), activity_type.to_string());
-        self.writer
-            .write_tx(move |tx| {
-                drive(actions::put_action_definition(
-                    tx,
-                    &namespace,
-                    &activity_type,
-                    recovery_mode,
-                    document,
-                    now,
-                ))
-            })
-            .await
-    }
-
-    async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(ledger_reads::action_definitions(tx, &namespace)))
-            .await
-    }
-
-    async fn ledger_entries(&self, namespace: &str, filter: LedgerFilter, limit: usize) -> StoreResult<Vec<LedgerEntry>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(ledger_reads::ledger_entries(tx, &namespace, &filter, limit)))
-            .await
-    }
-
-    async fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> StoreResult<Option<LedgerEntry>> {
-        let (namespace, key) = (namespace.to_string(), ledger_key.to_string());
-        self.read_tx(move |tx| drive(ledger_reads::ledger_entry(tx, &namespace, &key)))
-            .await
-    }
-
-    async fn ledger_checkpoints(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
-        let (namespace, workflow_id) = (namespace.to_string(), workflow_id.as_str().to_string());
-        self.read(move |conn| {
-            let docs: Vec<String> = conn
-                .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2 ORDER BY rowid")?
-                .query_map(params![namespace, workflow_id], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
-        })
-        .await
-    }
-
-    async fn run_atomic_task(
-        &self,
-        namespace: &str,
-        actions: AtomicActions,
-        codec: &'static dyn MemoCodec,
-        now: Millis,
-    ) -> StoreResult<Option<AtomicOutcome>> {
-        let namespace = namespace.to_string();
-        let limits = self.limits.clone();
-        // Only types this process has a handler for: another node may hold the others.
-        let types = serde_json::to_string(&actions.0.keys().collect::<Vec<_>>())?;
-        let result = self
-            .writer
-            .write_tx(move |tx| {
-                let candidate: Option<(String, String)> = tx
-                    .connection()
-                    .prepare_cached(
-                        "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = 'activity' AND queue = ?2
-                           AND status = 'ready' AND available_at <= ?3 AND type_name IN (SELECT value FROM json_each(?4))
-                         ORDER BY available_at, task_id LIMIT 1",
-                    )?
-                    .query_row(params![namespace, ATOMIC_QUEUE, now, types], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                let Some((task_id, run_id)) = candidate else { return Ok(None) };
-                let run =
-                    drive(runs::lock_run(tx, &run_id, false))?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
-                let step = match drive(actions::lease_atomic(tx, run, TaskId(task_id), &actions, codec, now, &limits))? {
-                    actions::AtomicLease::Nothing => return Ok(None),
-                    actions::AtomicLease::Refused(outcome) => return Ok(Some(outcome)),
-                    actions::AtomicLease::Ready(step) => *step,
-                };
-                let handled = match &step.handler {
-                    Err(message) => Err(message.clone()),
-                    Ok((action, arguments)) => {
-                        let conn = tx.connection();
-                        conn.execute_batch("SAVEPOINT capstan_atomic")?;
-                        let handled = actions::handler_result(codec, action.run(&mut SqliteAtomic(conn), arguments));
-                        let end = if handled.is_ok() {
-                            "RELEASE capstan_atomic"
-                        } else {
-                            "ROLLBACK TO capstan_atomic; RELEASE capstan_atomic"
-                        };
-                        conn.execute_batch(end)?;
-                        handled
-                    }
-                };
-                drive(actions::finish_atomic_step(tx, step, handled, codec, now, &limits)).map(Some)
-            })
-            .await;
-        self.guard(result).await
-    }
-
-    async fn create_schedule(&self, schedule: Schedule) -> StoreResult<()> {
-        self.writer
-            .write_tx(move |tx| drive(schedules::create_schedule(tx, schedule)))
-            .await
-    }
-
-    async fn schedule(&self, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
-        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
-        self.read_tx(move |tx| drive(schedules::schedule(tx, &namespace, &schedule_id)))
-            .await
-    }
-
-    async fn list_schedules(&self, namespace: &str, filter: ScheduleFilter) -> StoreResult<Vec<Schedule>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(schedules::list_schedules(tx, &namespace, &filter)))
-            .await
-    }
-
-    async fn change_schedule<T: Send + 'static>(
-        &self,
-        namespace: &str,
-        schedule_id: &str,
-        change: impl FnOnce(&mut Schedule) -> Result<T, Refusal> + Send + 'static,
-    ) -> StoreResult<T> {
-        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
-        self.writer
-            .write_tx(move |tx| drive(schedules::change_schedule(tx, &namespace, &schedule_id, change)))
-            .await
-    }
-
-    async fn fire_schedule(
-        &self,
-        namespace: &str,
-        schedule_id: &str,
-        fire: ScheduleFire,
-        empty_input: Payload,
-        now: Millis,
-    ) -> StoreResult<FireReport> {
-        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
-        let limits = self.limits.clone();
-        self.writer
-            .write_tx(move |tx| {
-                drive(schedules::fire_schedule(
-                    tx,
-                    &namespace,
-                    &schedule_id,
-                    &fire,
-                    &empty_input,
-                    now,
-                    &limits,
-                ))
-            })
-            .await
-    }
-
-    async fn due_schedules(&self, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
-        self.read_tx(move |tx| drive(schedules::due_schedules(tx, now, limit))).await
-    }
-
-    async fn next_schedule_wake(&self) -> StoreResult<Option<Millis>> {
-        self.read_tx(|tx| drive(schedules::next_schedule_wake(tx))).await
-    }
-
-    async fn schedule_history(
-        &self,
-        namespace: &str,
-        schedule_id: &str,
-        after_sequence: i64,
-        limit: usize,
-    ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
-        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
-        self.read_tx(move |tx| drive(schedules::schedule_history(tx, &namespace, &schedule_id, after_sequence, limit)))
-            .await
-    }
-
-    async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
-        self.read_tx(|tx| drive(namespaces::namespaces(tx))).await
-    }
-
-    async fn create_namespace(&self, record: NamespaceRecord) -> StoreResult<NamespaceRecord> {
-        self.writer
-            .write_tx(move |tx| drive(namespaces::create_namespace(tx, record)))
-            .await
-    }
-
-    async fn update_namespace(
-        &self,
-        name: &str,
-        description: Option<String>,
-        retention_days: Option<i64>,
-        now: Millis,
-    ) -> StoreResult<NamespaceRecord> {
-        let name = name.to_string();
-        self.writer
-            .write_tx(move |tx| drive(namespaces::update_namespace(tx, &name, description, retention_days, now)))
-            .await
-    }
-
-    async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
-        let name = name.to_string();
-        self.writer.write_tx(move |tx| drive(namespaces::delete_namespace(tx, &name))).await
-    }
-
-    async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
-        self.read_tx(|tx| drive(ledger_reads::ledger_stats(tx))).await
-    }
-
-    async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(ledger_reads::integrity_incidents(tx, &namespace, state.as_deref())))
-            .await
-    }
-
-    async fn close_integrity_incident(
-        &self,
-        namespace: &str,
-        incident_id: &str,
-        note: String,
-        now: Millis,
-    ) -> StoreResult<IntegrityIncident> {
-        let (namespace, incident_id) = (namespace.to_string(), incident_id.to_string());
-        let limits = self.limits.clone();
-        self.writer
-            .write_tx(move |tx| drive(integrity::close_incident(tx, &namespace, &incident_id, note, now, &limits)))
-            .await
-    }
-
     async fn runs_page(&self, after: Option<RunId>, limit: usize) -> StoreResult<Vec<(String, WorkflowId, RunId)>> {
         let after = after.map(|r| r.as_str().to_string()).unwrap_or_default();
         self.read_tx(move |tx| drive(ledger_reads::runs_page(tx, &after, limit))).await
-    }
-
-    async fn ledger_instances(&self) -> StoreResult<Vec<(String, WorkflowId)>> {
-        self.read_tx(|tx| drive(ledger_reads::ledger_instances(tx))).await
     }
 
     async fn retained_command(
@@ -738,176 +399,82 @@ impl Store for SqliteStore {
         let (namespace, workflow_id) = (namespace.to_string(), workflow_id.clone());
         self.read_tx(move |tx| drive(runs::runs_of(tx, &namespace, &workflow_id))).await
     }
+}
 
-    async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
-        let node = node.to_string();
-        self.writer
-            .write(move |conn| {
-                let due: Vec<(String, String, i64)> = conn
-                    .prepare_cached(
-                        "SELECT namespace, task_id, duty_fence FROM tasks
-                         WHERE deadline_at IS NOT NULL AND deadline_at <= ?1 AND status IN ('ready', 'leased')
-                           AND (duty_expires_at IS NULL OR duty_expires_at <= ?1)
-                         ORDER BY deadline_at LIMIT ?2",
-                    )?
-                    .query_map(params![now, limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                    .collect::<Result<_, _>>()?;
-                let mut claim =
-                    conn.prepare_cached("UPDATE tasks SET duty_owner = ?2, duty_fence = ?3, duty_expires_at = ?4 WHERE task_id = ?1")?;
-                let mut claimed = Vec::with_capacity(due.len());
-                for (namespace, task_id, fence) in due {
-                    claim.execute(params![task_id, node, fence + 1, now + hold_ms])?;
-                    claimed.push(DueTask {
-                        namespace,
-                        task_id: TaskId(task_id),
-                        duty_fence: (fence + 1) as u64,
-                    });
-                }
-                Ok(claimed)
-            })
+impl TaskStore for SqliteStore {
+    async fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
+        let (namespace, owner) = (namespace.to_string(), owner.to_string());
+        self.read_tx(move |tx| drive(fleet::leased_tasks(tx, &namespace, &owner, kind)))
             .await
     }
 
-    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
-    {
-        let due = due.clone();
-        let limits = self.limits.clone();
-        let result = self
-            .writer
-            .write_tx(move |tx| drive(runs::run_duty(tx, &due, now, &limits, transition)))
+    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
+        let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT EXISTS(SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{})",
+                type_filter(&types, 5)
+            );
+            let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
+            values.extend(types.into_iter().map(rusqlite::types::Value::from));
+            Ok(conn.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values), |r| r.get(0))?)
+        })
+        .await
+    }
+
+    async fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+        poll: Option<PollKey>,
+    ) -> StoreResult<Option<(Task, RunState)>> {
+        let (namespace, queue, types, owner) = (namespace.to_string(), queue.to_string(), types.to_vec(), owner.to_string());
+        let env = self.env.clone();
+        let result = self.writer
+            .write_tx(move |tx| {
+                let conn = tx.connection();
+                // A pinned run's workflow tasks go only to workers of its build.
+                let owner_param = 5 + types.len();
+                let sql = format!(
+                    "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
+                       AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
+                     ORDER BY available_at, task_id LIMIT 8",
+                    type_filter(&types, 5)
+                );
+                let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
+                values.extend(types.into_iter().map(rusqlite::types::Value::from));
+                values.push(owner.clone().into());
+                let candidates: Vec<(String, String)> = conn
+                    .prepare_cached(&sql)?
+                    .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let poller = claim::Poller {
+                    kind,
+                    owner: &owner,
+                    lease_ms,
+                    poll: poll.as_ref(),
+                };
+                for (task_id, run_id) in candidates {
+                    let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
+                    match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &env))? {
+                        claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
+                        claim::Claimed::Refused | claim::Claimed::Stale => continue,
+                    }
+                }
+                Ok(None)
+            })
             .await;
-        self.guard(result).await
+        self.guard_claim(result).await
     }
 
     async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
         // Includes tasks made ready in other runs by follow-on transitions (child starts…).
         Ok(self.wakeups.lock().expect("wakeups").take())
-    }
-
-    async fn next_deadline(&self) -> StoreResult<Option<Millis>> {
-        self.read_tx(|tx| drive(duties::next_deadline(tx))).await
-    }
-
-    async fn prune(&self, older_than: Millis) -> StoreResult<()> {
-        self.writer.write_tx(move |tx| drive(duties::prune(tx, older_than))).await
-    }
-
-    async fn expired_instances(&self, namespace: &str, cutoff: Millis, limit: usize) -> StoreResult<Vec<(String, String, Millis)>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(duties::expired_instances(tx, &namespace, cutoff, limit)))
-            .await
-    }
-
-    async fn prune_instances(&self, namespace: &str, workflow_ids: Vec<String>, cutoff: Millis) -> StoreResult<usize> {
-        let namespace = namespace.to_string();
-        self.writer
-            .write_tx(move |tx| drive(duties::prune_instances(tx, &namespace, &workflow_ids, cutoff)))
-            .await
-    }
-
-    async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(duties::system_counts(tx, &namespace, now))).await
-    }
-
-    async fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> StoreResult<Option<Value>> {
-        let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());
-        self.read_tx(move |tx| drive(admin::bridge_delivery(tx, &namespace, &adapter, &key)))
-            .await
-    }
-
-    async fn record_bridge_delivery(
-        &self,
-        namespace: &str,
-        adapter: &str,
-        key: &str,
-        outcome: Value,
-        now: Millis,
-    ) -> StoreResult<Option<Value>> {
-        let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());
-        self.writer
-            .write_tx(move |tx| drive(admin::record_bridge_delivery(tx, &namespace, &adapter, &key, &outcome, now)))
-            .await
-    }
-
-    async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
-        let (namespace, queue) = (namespace.to_string(), queue.to_string());
-        self.read_tx(move |tx| drive(admin::build_id_rollouts(tx, &namespace, &queue)))
-            .await
-    }
-
-    async fn set_build_id_drain(
-        &self,
-        namespace: &str,
-        queue: &str,
-        build_id: Option<String>,
-        draining: bool,
-        now: Millis,
-    ) -> StoreResult<BuildIdRollout> {
-        let (namespace, queue) = (namespace.to_string(), queue.to_string());
-        self.writer
-            .write_tx(move |tx| drive(admin::set_build_id_drain(tx, &namespace, &queue, build_id, draining, now)))
-            .await
-    }
-
-    async fn promote_build_id(&self, namespace: &str, queue: &str, build_id: Option<String>, now: Millis) -> StoreResult<BuildIdRollout> {
-        let (namespace, queue) = (namespace.to_string(), queue.to_string());
-        self.writer
-            .write_tx(move |tx| drive(admin::promote_build_id(tx, &namespace, &queue, build_id, now)))
-            .await
-    }
-
-    async fn search_attribute_definitions(
-        &self,
-        namespace: &str,
-    ) -> StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(admin::search_attribute_definitions(tx, &namespace)))
-            .await
-    }
-
-    async fn define_search_attribute(
-        &self,
-        namespace: &str,
-        name: &str,
-        kind: capstan_engine::visibility::AttributeType,
-        now: Millis,
-    ) -> StoreResult<()> {
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.writer
-            .write_tx(move |tx| drive(admin::define_search_attribute(tx, &namespace, &name, kind, now)))
-            .await
-    }
-
-    async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.writer
-            .write_tx(move |tx| drive(admin::delete_search_attribute(tx, &namespace, &name)))
-            .await
-    }
-
-    async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(fleet::workers(tx, &namespace))).await
-    }
-
-    async fn task_queue_names(&self, namespace: &str) -> StoreResult<Vec<String>> {
-        let namespace = namespace.to_string();
-        self.read_tx(move |tx| drive(fleet::task_queue_names(tx, &namespace))).await
-    }
-
-    async fn task_queue_snapshot(&self, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
-        let (namespace, queue) = (namespace.to_string(), queue.to_string());
-        self.read_tx(move |tx| drive(fleet::task_queue_snapshot(tx, &namespace, &queue, lease_limit)))
-            .await
-    }
-
-    async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
-        let (namespace, queue) = (namespace.to_string(), queue.to_string());
-        self.read_tx(move |tx| drive(fleet::queue_workers(tx, &namespace, &queue))).await
     }
 
     async fn create_query_task(&self, task: QueryTask) -> StoreResult<()> {
@@ -958,6 +525,467 @@ impl Store for SqliteStore {
 
     async fn recall_poll(&self, key: PollKey) -> StoreResult<Option<(TaskId, u64)>> {
         self.read_tx(move |tx| drive(queries::recall_poll(tx, &key))).await
+    }
+}
+
+impl DutyStore for SqliteStore {
+    async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
+        let node = node.to_string();
+        self.writer
+            .write(move |conn| {
+                let due: Vec<(String, String, i64)> = conn
+                    .prepare_cached(
+                        "SELECT namespace, task_id, duty_fence FROM tasks
+                         WHERE deadline_at IS NOT NULL AND deadline_at <= ?1 AND status IN ('ready', 'leased')
+                           AND (duty_expires_at IS NULL OR duty_expires_at <= ?1)
+                         ORDER BY deadline_at LIMIT ?2",
+                    )?
+                    .query_map(params![now, limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<_, _>>()?;
+                let mut claim =
+                    conn.prepare_cached("UPDATE tasks SET duty_owner = ?2, duty_fence = ?3, duty_expires_at = ?4 WHERE task_id = ?1")?;
+                let mut claimed = Vec::with_capacity(due.len());
+                for (namespace, task_id, fence) in due {
+                    claim.execute(params![task_id, node, fence + 1, now + hold_ms])?;
+                    claimed.push(DueTask {
+                        namespace,
+                        task_id: TaskId(task_id),
+                        duty_fence: (fence + 1) as u64,
+                    });
+                }
+                Ok(claimed)
+            })
+            .await
+    }
+
+    async fn run_duty<T, F>(&self, due: &DueTask, now: Millis, transition: F) -> StoreResult<(T, RunState)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
+    {
+        let due = due.clone();
+        let env = self.env.clone();
+        let result = self
+            .writer
+            .write_tx(move |tx| drive(runs::run_duty(tx, &due, now, &env, transition)))
+            .await;
+        self.guard(result).await
+    }
+
+    async fn next_deadline(&self) -> StoreResult<Option<Millis>> {
+        self.read_tx(|tx| drive(duties::next_deadline(tx))).await
+    }
+
+    async fn prune(&self, older_than: Millis) -> StoreResult<()> {
+        self.writer.write_tx(move |tx| drive(duties::prune(tx, older_than))).await
+    }
+
+    async fn expired_instances(&self, namespace: &str, cutoff: Millis, limit: usize) -> StoreResult<Vec<(String, String, Millis)>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(duties::expired_instances(tx, &namespace, cutoff, limit)))
+            .await
+    }
+
+    async fn prune_instances(&self, namespace: &str, workflow_ids: Vec<String>, cutoff: Millis) -> StoreResult<usize> {
+        let namespace = namespace.to_string();
+        self.writer
+            .write_tx(move |tx| drive(duties::prune_instances(tx, &namespace, &workflow_ids, cutoff)))
+            .await
+    }
+}
+
+impl FleetStore for SqliteStore {
+    async fn register_worker(&self, worker: WorkerRecord) -> StoreResult<WorkerRecord> {
+        self.writer.write_tx(move |tx| drive(fleet::register_worker(tx, worker))).await
+    }
+
+    async fn heartbeat_worker(&self, namespace: &str, worker_id: &str, now: Millis) -> StoreResult<Option<WorkerRecord>> {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.writer
+            .write_tx(move |tx| drive(fleet::heartbeat_worker(tx, &namespace, &worker_id, now)))
+            .await
+    }
+
+    async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.read_tx(move |tx| drive(fleet::get_worker(tx, &namespace, &worker_id))).await
+    }
+
+    async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.writer
+            .write_tx(move |tx| drive(fleet::deregister_worker(tx, &namespace, &worker_id)))
+            .await
+    }
+
+    async fn build_id_rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read_tx(move |tx| drive(admin::build_id_rollouts(tx, &namespace, &queue)))
+            .await
+    }
+
+    async fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> StoreResult<BuildIdRollout> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.writer
+            .write_tx(move |tx| drive(admin::set_build_id_drain(tx, &namespace, &queue, build_id, draining, now)))
+            .await
+    }
+
+    async fn promote_build_id(&self, namespace: &str, queue: &str, build_id: Option<String>, now: Millis) -> StoreResult<BuildIdRollout> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.writer
+            .write_tx(move |tx| drive(admin::promote_build_id(tx, &namespace, &queue, build_id, now)))
+            .await
+    }
+
+    async fn workers(&self, namespace: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(fleet::workers(tx, &namespace))).await
+    }
+
+    async fn task_queue_names(&self, namespace: &str) -> StoreResult<Vec<String>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(fleet::task_queue_names(tx, &namespace))).await
+    }
+
+    async fn task_queue_snapshot(&self, namespace: &str, queue: &str, lease_limit: usize) -> StoreResult<QueueSnapshot> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read_tx(move |tx| drive(fleet::task_queue_snapshot(tx, &namespace, &queue, lease_limit)))
+            .await
+    }
+
+    async fn queue_workers(&self, namespace: &str, queue: &str) -> StoreResult<Vec<WorkerRecord>> {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read_tx(move |tx| drive(fleet::queue_workers(tx, &namespace, &queue))).await
+    }
+}
+
+impl LedgerStore for SqliteStore {
+    async fn put_action_definition(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        recovery_mode: RecoveryMode,
+        document: Map<String, Value>,
+        now: Millis,
+    ) -> StoreResult<ActionDefinition> {
+        let (namespace, activity_type) = (namespace.to_string(), activity_type.to_string());
+        self.writer
+            .write_tx(move |tx| {
+                drive(actions::put_action_definition(
+                    tx,
+                    &namespace,
+                    &activity_type,
+                    recovery_mode,
+                    document,
+                    now,
+                ))
+            })
+            .await
+    }
+
+    async fn action_definitions(&self, namespace: &str) -> StoreResult<Vec<ActionDefinition>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(ledger_reads::action_definitions(tx, &namespace)))
+            .await
+    }
+
+    async fn ledger_entries(&self, namespace: &str, filter: LedgerFilter, limit: usize) -> StoreResult<Vec<LedgerEntry>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(ledger_reads::ledger_entries(tx, &namespace, &filter, limit)))
+            .await
+    }
+
+    async fn ledger_entry(&self, namespace: &str, ledger_key: &str) -> StoreResult<Option<LedgerEntry>> {
+        let (namespace, key) = (namespace.to_string(), ledger_key.to_string());
+        self.read_tx(move |tx| drive(ledger_reads::ledger_entry(tx, &namespace, &key)))
+            .await
+    }
+
+    async fn ledger_checkpoints(&self, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
+        let (namespace, workflow_id) = (namespace.to_string(), workflow_id.as_str().to_string());
+        self.read(move |conn| {
+            let docs: Vec<String> = conn
+                .prepare_cached("SELECT doc FROM ledger_checkpoints WHERE namespace = ?1 AND workflow_id = ?2 ORDER BY rowid")?
+                .query_map(params![namespace, workflow_id], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            docs.iter().map(|d| Ok(serde_json::from_str(d)?)).collect()
+        })
+        .await
+    }
+
+    async fn run_atomic_task(
+        &self,
+        namespace: &str,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> StoreResult<Option<AtomicOutcome>> {
+        let namespace = namespace.to_string();
+        let env = self.env.clone();
+        // Only types this process has a handler for: another node may hold the others.
+        let types = serde_json::to_string(&actions.0.keys().collect::<Vec<_>>())?;
+        let result = self
+            .writer
+            .write_tx(move |tx| {
+                let candidate: Option<(String, String)> = tx
+                    .connection()
+                    .prepare_cached(
+                        "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = 'activity' AND queue = ?2
+                           AND status = 'ready' AND available_at <= ?3 AND type_name IN (SELECT value FROM json_each(?4))
+                         ORDER BY available_at, task_id LIMIT 1",
+                    )?
+                    .query_row(params![namespace, ATOMIC_QUEUE, now, types], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                let Some((task_id, run_id)) = candidate else { return Ok(None) };
+                let run =
+                    drive(runs::lock_run(tx, &run_id, false))?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
+                let step = match drive(actions::lease_atomic(tx, run, TaskId(task_id), &actions, codec, now, &env))? {
+                    actions::AtomicLease::Nothing => return Ok(None),
+                    actions::AtomicLease::Refused(outcome) => return Ok(Some(outcome)),
+                    actions::AtomicLease::Ready(step) => *step,
+                };
+                let handled = match &step.handler {
+                    Err(message) => Err(message.clone()),
+                    Ok((action, arguments)) => {
+                        let conn = tx.connection();
+                        conn.execute_batch("SAVEPOINT capstan_atomic")?;
+                        let handled = actions::handler_result(codec, action.run(&mut SqliteAtomic(conn), arguments));
+                        let end = if handled.is_ok() {
+                            "RELEASE capstan_atomic"
+                        } else {
+                            "ROLLBACK TO capstan_atomic; RELEASE capstan_atomic"
+                        };
+                        conn.execute_batch(end)?;
+                        handled
+                    }
+                };
+                drive(actions::finish_atomic_step(tx, step, handled, codec, now, &env)).map(Some)
+            })
+            .await;
+        self.guard(result).await
+    }
+
+    async fn ledger_stats(&self) -> StoreResult<LedgerStats> {
+        self.read_tx(|tx| drive(ledger_reads::ledger_stats(tx))).await
+    }
+
+    async fn integrity_incidents(&self, namespace: &str, state: Option<String>) -> StoreResult<Vec<IntegrityIncident>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(ledger_reads::integrity_incidents(tx, &namespace, state.as_deref())))
+            .await
+    }
+
+    async fn close_integrity_incident(
+        &self,
+        namespace: &str,
+        incident_id: &str,
+        note: String,
+        now: Millis,
+    ) -> StoreResult<IntegrityIncident> {
+        let (namespace, incident_id) = (namespace.to_string(), incident_id.to_string());
+        let env = self.env.clone();
+        self.writer
+            .write_tx(move |tx| drive(integrity::close_incident(tx, &namespace, &incident_id, note, now, &env)))
+            .await
+    }
+
+    async fn ledger_instances(&self) -> StoreResult<Vec<(String, WorkflowId)>> {
+        self.read_tx(|tx| drive(ledger_reads::ledger_instances(tx))).await
+    }
+}
+
+impl ScheduleStore for SqliteStore {
+    async fn create_schedule(&self, schedule: Schedule) -> StoreResult<()> {
+        let env = self.env.clone();
+        self.writer
+            .write_tx(move |tx| drive(schedules::create_schedule(tx, schedule, &env)))
+            .await
+    }
+
+    async fn schedule(&self, namespace: &str, schedule_id: &str) -> StoreResult<Option<Schedule>> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        self.read_tx(move |tx| drive(schedules::schedule(tx, &namespace, &schedule_id)))
+            .await
+    }
+
+    async fn list_schedules(&self, namespace: &str, filter: ScheduleFilter) -> StoreResult<Vec<Schedule>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(schedules::list_schedules(tx, &namespace, &filter)))
+            .await
+    }
+
+    async fn change_schedule<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        change: impl FnOnce(&mut Schedule) -> Result<T, Refusal> + Send + 'static,
+    ) -> StoreResult<T> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        let env = self.env.clone();
+        self.writer
+            .write_tx(move |tx| drive(schedules::change_schedule(tx, &namespace, &schedule_id, change, &env)))
+            .await
+    }
+
+    async fn fire_schedule(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        fire: ScheduleFire,
+        empty_input: Payload,
+        now: Millis,
+    ) -> StoreResult<FireReport> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        let env = self.env.clone();
+        self.writer
+            .write_tx(move |tx| {
+                drive(schedules::fire_schedule(
+                    tx,
+                    &namespace,
+                    &schedule_id,
+                    &fire,
+                    &empty_input,
+                    now,
+                    &env,
+                ))
+            })
+            .await
+    }
+
+    async fn due_schedules(&self, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
+        self.read_tx(move |tx| drive(schedules::due_schedules(tx, now, limit))).await
+    }
+
+    async fn next_schedule_wake(&self) -> StoreResult<Option<Millis>> {
+        self.read_tx(|tx| drive(schedules::next_schedule_wake(tx))).await
+    }
+
+    async fn schedule_history(
+        &self,
+        namespace: &str,
+        schedule_id: &str,
+        after_sequence: i64,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
+        let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
+        self.read_tx(move |tx| drive(schedules::schedule_history(tx, &namespace, &schedule_id, after_sequence, limit)))
+            .await
+    }
+}
+
+impl AdminStore for SqliteStore {
+    async fn ping(&self) -> StoreResult<()> {
+        self.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?))
+            .await?;
+        // After a failed commit, only a write that commits proves the database writable again
+        // (space freed, the device back): until then the server is not ready.
+        if self.writer.is_failing() {
+            self.writer
+                .write(|conn| {
+                    conn.execute(
+                        "INSERT INTO health_probe (id, probed_at) VALUES (1, strftime('%s','now')) ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+                        [],
+                    )?;
+                    Ok(())
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(namespaces::namespace_exists(tx, &namespace))).await
+    }
+
+    async fn namespaces(&self) -> StoreResult<Vec<NamespaceRecord>> {
+        self.read_tx(|tx| drive(namespaces::namespaces(tx))).await
+    }
+
+    async fn create_namespace(&self, record: NamespaceRecord) -> StoreResult<NamespaceRecord> {
+        self.writer
+            .write_tx(move |tx| drive(namespaces::create_namespace(tx, record)))
+            .await
+    }
+
+    async fn update_namespace(
+        &self,
+        name: &str,
+        description: Option<String>,
+        retention_days: Option<i64>,
+        now: Millis,
+    ) -> StoreResult<NamespaceRecord> {
+        let name = name.to_string();
+        self.writer
+            .write_tx(move |tx| drive(namespaces::update_namespace(tx, &name, description, retention_days, now)))
+            .await
+    }
+
+    async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
+        let name = name.to_string();
+        self.writer.write_tx(move |tx| drive(namespaces::delete_namespace(tx, &name))).await
+    }
+
+    async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(duties::system_counts(tx, &namespace, now))).await
+    }
+
+    async fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> StoreResult<Option<Value>> {
+        let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());
+        self.read_tx(move |tx| drive(admin::bridge_delivery(tx, &namespace, &adapter, &key)))
+            .await
+    }
+
+    async fn record_bridge_delivery(
+        &self,
+        namespace: &str,
+        adapter: &str,
+        key: &str,
+        outcome: Value,
+        now: Millis,
+    ) -> StoreResult<Option<Value>> {
+        let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());
+        self.writer
+            .write_tx(move |tx| drive(admin::record_bridge_delivery(tx, &namespace, &adapter, &key, &outcome, now)))
+            .await
+    }
+
+    async fn search_attribute_definitions(
+        &self,
+        namespace: &str,
+    ) -> StoreResult<std::collections::BTreeMap<String, capstan_engine::visibility::AttributeType>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(admin::search_attribute_definitions(tx, &namespace)))
+            .await
+    }
+
+    async fn define_search_attribute(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: capstan_engine::visibility::AttributeType,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.writer
+            .write_tx(move |tx| drive(admin::define_search_attribute(tx, &namespace, &name, kind, now)))
+            .await
+    }
+
+    async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.writer
+            .write_tx(move |tx| drive(admin::delete_search_attribute(tx, &namespace, &name)))
+            .await
     }
 }
 

@@ -1,0 +1,80 @@
+//! Queries: a question to a worker about a run, answered from replay. A query never touches
+//! history: it is a query task a query-capable worker of the run's queue leases and answers.
+//! Waiting for the answer is the caller's (the server long-polls its hub).
+
+use crate::{AppError, AppResult, Services};
+use capstan_engine::*;
+use capstan_store::prelude::*;
+use capstan_store::{RunLocator, WorkerRecord};
+use serde_json::Value;
+
+/// A worker that has not heartbeated for this long is not counted on to answer.
+pub const WORKER_FRESH_MS: i64 = 180_000;
+
+pub struct QueryRequest {
+    pub namespace: String,
+    pub workflow_id: String,
+    /// `None`: the current run.
+    pub run_id: Option<String>,
+    pub query_name: String,
+    pub arguments: Option<Payload>,
+    /// How long the task stays open for a worker's answer.
+    pub wait_ms: i64,
+}
+
+/// Whether a registration answers queries and is alive at `now`.
+pub fn answers_queries(worker: &WorkerRecord, now: Millis) -> bool {
+    let capable = worker
+        .document
+        .get("capabilities")
+        .and_then(Value::as_array)
+        .is_some_and(|c| c.iter().any(|c| c == "query_tasks"));
+    capable && now - worker.last_heartbeat_at <= WORKER_FRESH_MS
+}
+
+/// Puts a query to the run's queue: the run must exist and a live worker there must answer
+/// queries. Returns the task (and the run it reads).
+pub async fn put_query<V: Services>(services: &V, request: QueryRequest) -> AppResult<(QueryTask, RunState)> {
+    if request.query_name.is_empty() || request.query_name.len() > 255 {
+        return Err(AppError::invalid("query_name", "The query name must be 1 to 255 characters."));
+    }
+    let store = services.store();
+    let workflow_id = WorkflowId(request.workflow_id.clone());
+    let locator = match &request.run_id {
+        Some(run_id) => RunLocator::Run(workflow_id, RunId(run_id.clone())),
+        None => RunLocator::Current(workflow_id),
+    };
+    let run = store
+        .load_run(&request.namespace, locator)
+        .await?
+        .ok_or_else(|| match &request.run_id {
+            Some(run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.").with("run_id", run_id.clone()),
+            None => Refusal::new(Reason::InstanceNotFound, "Workflow not found."),
+        })?;
+    let now = services.now();
+    let workers = store.queue_workers(&request.namespace, &run.task_queue).await?;
+    if !workers.iter().any(|w| answers_queries(w, now)) {
+        return Err(Refusal::new(
+            Reason::QueryWorkerUnavailable,
+            format!("No live worker on task queue {:?} answers queries.", run.task_queue),
+        )
+        .into());
+    }
+    let task = QueryTask {
+        id: services.new_id(),
+        kind: QueryKind::Query,
+        namespace: request.namespace,
+        task_queue: run.task_queue.clone(),
+        workflow_id: request.workflow_id,
+        run_id: run.run_id.to_string(),
+        workflow_type: run.workflow_type.clone(),
+        query_name: request.query_name,
+        arguments: request.arguments,
+        state: QueryState::Ready,
+        attempt: 0,
+        created_at: now,
+        deadline_at: now + request.wait_ms,
+    };
+    store.create_query_task(task.clone()).await?;
+    Ok((task, run))
+}

@@ -1,0 +1,225 @@
+//! What workers report on the tasks they leased: workflow task completions, failures and
+//! heartbeats; activity completions, failures and heartbeats.
+//!
+//! Every report names its lease (owner and fence or attempt id); the engine refuses a stale
+//! one without recording anything. A refused activity report from an attempt whose declared
+//! action is already `outcome_unknown` is attached to that ledger entry as evidence (the
+//! refusal stands): an operator deciding the outcome sees what the worker said, late.
+
+use crate::search_attributes;
+use crate::{AppResult, Services};
+use capstan_engine::*;
+use capstan_store::prelude::*;
+use capstan_store::{RunLocator, StoreError};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A workflow task lease as its holder names it.
+#[derive(Clone, Debug)]
+pub struct WorkflowLease {
+    pub namespace: String,
+    pub task_id: TaskId,
+    pub owner: String,
+    /// The fence (`workflow_task_attempt`).
+    pub attempt: u64,
+}
+
+/// Applies a workflow task's commands. Upserted search attributes are checked against the
+/// namespace's schema first; scheduling a declared action pins its definition.
+pub async fn complete_workflow_task<V: Services>(
+    services: &V,
+    lease: WorkflowLease,
+    commands: Vec<WorkflowCommand>,
+) -> AppResult<(Receipt, RunState)> {
+    for command in &commands {
+        if let WorkflowCommand::UpsertSearchAttributes { attributes, .. } = command {
+            search_attributes::check_defined(services, &lease.namespace, "commands.upsert_search_attributes", attributes).await?;
+        }
+    }
+    // Read the definitions only when activities are scheduled.
+    let actions = if commands.iter().any(|c| matches!(c, WorkflowCommand::ScheduleActivity(_))) {
+        Some(action_catalog(services, &lease.namespace).await?).filter(|catalog| !catalog.is_empty())
+    } else {
+        None
+    };
+    let memo = services.memo_codec();
+    let WorkflowLease {
+        namespace,
+        task_id,
+        owner,
+        attempt,
+    } = lease;
+    let locator = RunLocator::Task(task_id.clone());
+    let done = services
+        .store()
+        .mutate_run(&namespace, locator, services.now(), move |run, cx| {
+            cx.memo = memo;
+            cx.actions = actions;
+            capstan_engine::complete_workflow_task(run, cx, &task_id, &owner, attempt, commands)
+        })
+        .await?;
+    Ok(done)
+}
+
+/// Fails a workflow task (offered again after backoff; "waiting for history" closes it).
+pub async fn fail_workflow_task<V: Services>(
+    services: &V,
+    lease: WorkflowLease,
+    failure: WorkflowTaskFailure,
+) -> AppResult<(Receipt, RunState)> {
+    let WorkflowLease {
+        namespace,
+        task_id,
+        owner,
+        attempt,
+    } = lease;
+    let done = services
+        .store()
+        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
+            capstan_engine::fail_workflow_task(run, cx, &task_id, &owner, attempt, failure)
+        })
+        .await?;
+    Ok(done)
+}
+
+/// Extends a workflow task lease by `lease_ms`.
+pub async fn heartbeat_workflow_task<V: Services>(services: &V, lease: WorkflowLease, lease_ms: i64) -> AppResult<(Lease, RunState)> {
+    let WorkflowLease {
+        namespace,
+        task_id,
+        owner,
+        attempt,
+    } = lease;
+    let done = services
+        .store()
+        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
+            capstan_engine::heartbeat_workflow_task(run, cx, &task_id, &owner, attempt, lease_ms)
+        })
+        .await?;
+    Ok(done)
+}
+
+/// An activity attempt lease as its holder names it.
+#[derive(Clone, Debug)]
+pub struct AttemptLease {
+    pub namespace: String,
+    pub task_id: TaskId,
+    pub attempt_id: ActivityAttemptId,
+    pub owner: String,
+}
+
+/// Records an attempt's result.
+pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, result: Payload) -> AppResult<(Receipt, RunState)> {
+    let evidence = json!({"report": "completed", "result_hash": ledger::digest(&result.blob), "lease_owner": lease.owner});
+    let memo = services.memo_codec();
+    let (task_id, attempt_id, owner) = (lease.task_id.clone(), lease.attempt_id.clone(), lease.owner.clone());
+    let outcome = services
+        .store()
+        .mutate_run(
+            &lease.namespace,
+            RunLocator::Task(task_id.clone()),
+            services.now(),
+            move |run, cx| {
+                cx.memo = memo;
+                capstan_engine::complete_activity(run, cx, &task_id, &attempt_id, &owner, result)
+            },
+        )
+        .await;
+    settle_report(services, &lease, evidence, outcome).await
+}
+
+/// Records an attempt's failure (retried by its policy, or the activity fails).
+pub async fn fail_activity<V: Services>(services: &V, lease: AttemptLease, failure: ActivityFailure) -> AppResult<(Receipt, RunState)> {
+    let evidence =
+        json!({"report": "failed", "message": failure.message, "exception_type": failure.failure_type, "lease_owner": lease.owner});
+    let (task_id, attempt_id, owner) = (lease.task_id.clone(), lease.attempt_id.clone(), lease.owner.clone());
+    let outcome = services
+        .store()
+        .mutate_run(
+            &lease.namespace,
+            RunLocator::Task(task_id.clone()),
+            services.now(),
+            move |run, cx| capstan_engine::fail_activity(run, cx, &task_id, &attempt_id, &owner, failure),
+        )
+        .await;
+    settle_report(services, &lease, evidence, outcome).await
+}
+
+/// Extends an attempt's lease by `lease_ms` and records its progress `details`.
+pub async fn heartbeat_activity<V: Services>(
+    services: &V,
+    lease: AttemptLease,
+    lease_ms: i64,
+    details: Option<Value>,
+) -> AppResult<(ActivityHeartbeat, RunState)> {
+    let AttemptLease {
+        namespace,
+        task_id,
+        attempt_id,
+        owner,
+    } = lease;
+    let done = services
+        .store()
+        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
+            capstan_engine::heartbeat_activity(run, cx, &task_id, &attempt_id, &owner, lease_ms, details)
+        })
+        .await?;
+    Ok(done)
+}
+
+/// A refused report is attached as evidence to an `outcome_unknown` entry of its attempt.
+async fn settle_report<V: Services, T>(
+    services: &V,
+    lease: &AttemptLease,
+    evidence: Value,
+    outcome: Result<T, StoreError>,
+) -> AppResult<T> {
+    match outcome {
+        Ok(done) => Ok(done),
+        Err(error @ StoreError::Refused(_)) => {
+            attach_late_report(services, lease, evidence).await;
+            Err(error.into())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Attaches a late report through the instance's current run (only it extends the instance's
+/// chain). Best effort: the report's own refusal is what the worker hears either way.
+async fn attach_late_report<V: Services>(services: &V, lease: &AttemptLease, evidence: Value) {
+    let store = services.store();
+    let holder = store.load_run(&lease.namespace, RunLocator::Task(lease.task_id.clone())).await;
+    let entry = holder.ok().flatten().and_then(|run| {
+        run.ledger
+            .values()
+            .find(|e| e.activity_attempt_id == lease.attempt_id && e.state == LedgerState::OutcomeUnknown)
+            .cloned()
+    });
+    let Some(entry) = entry else { return };
+    let attempt = lease.attempt_id.clone();
+    let attached = store
+        .mutate_run(
+            &lease.namespace,
+            RunLocator::Current(entry.workflow_id.clone()),
+            services.now(),
+            move |run, cx| {
+                if run.run_id == entry.run_id {
+                    capstan_engine::attach_late_report(run, cx, &attempt, evidence)
+                } else {
+                    capstan_engine::attach_earlier_late_report(run, cx, entry, evidence)
+                }
+            },
+        )
+        .await;
+    if let Ok((true, run)) = attached {
+        tracing::warn!(namespace = %lease.namespace, workflow_id = %run.workflow_id, task_id = %lease.task_id,
+            activity_attempt_id = %lease.attempt_id, "late activity report attached to its ledger entry as evidence");
+    }
+}
+
+/// The namespace's declared actions by activity type.
+pub async fn action_catalog<V: Services>(services: &V, namespace: &str) -> AppResult<Arc<BTreeMap<String, ActionDefinition>>> {
+    let definitions = services.store().action_definitions(namespace).await?;
+    Ok(Arc::new(definitions.into_iter().map(|d| (d.activity_type.clone(), d)).collect()))
+}

@@ -1,0 +1,325 @@
+//! Suite checks of declared and atomic actions: the ledger written in the claim transaction,
+//! and atomic handlers committing or rolling back with their completion.
+
+use super::*;
+
+pub async fn declared_actions_are_ledgered_in_the_claim_transaction<S: Store>(store: S) {
+    let document = |marker: i64| {
+        json!({"recovery_mode": "non_atomic", "marker": marker})
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    let first = store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(1), NOW)
+        .await
+        .unwrap();
+    assert_eq!(first.version, 1);
+    let same = store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(1), NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (same.version, &same.definition_hash),
+        (1, &first.definition_hash),
+        "same content, same version"
+    );
+    assert!(
+        store.action_definitions("other").await.unwrap().is_empty(),
+        "definitions are namespaced"
+    );
+
+    started(&store, "ledgered", "q").await;
+    complete_next(&store, "q", vec![activity()]).await;
+    let (task, run) = store
+        .claim_task("default", TaskKind::Activity, "q", &[], "a", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("dispatched");
+    let entries = store.ledger_entries("default", LedgerFilter::default(), 10).await.unwrap();
+    assert_eq!(entries.len(), 1, "the entry committed with the claim");
+    assert_eq!(entries[0].state, LedgerState::Dispatched);
+    assert_eq!(entries[0].definition_hash, first.definition_hash);
+    assert_eq!(
+        store.ledger_entry("default", &entries[0].ledger_key).await.unwrap().as_ref(),
+        Some(&entries[0])
+    );
+    assert!(store.ledger_entry("other", &entries[0].ledger_key).await.unwrap().is_none());
+
+    // The worker's failure leaves the outcome unknown; filters find it.
+    let TaskDetail::Activity {
+        attempt_id: Some(attempt), ..
+    } = task.detail.clone()
+    else {
+        panic!("no attempt")
+    };
+    let id = task.id.clone();
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            fail_activity(
+                run,
+                cx,
+                &id,
+                &attempt,
+                "a",
+                ActivityFailure {
+                    message: "lost".into(),
+                    ..Default::default()
+                },
+            )
+        })
+        .await
+        .unwrap();
+    let unknown = LedgerFilter {
+        state: Some(LedgerState::OutcomeUnknown),
+        workflow_id: Some("ledgered".into()),
+        activity_type: Some("suite.activity".into()),
+    };
+    assert_eq!(store.ledger_entries("default", unknown, 10).await.unwrap().len(), 1);
+    let checkpoints = store.ledger_checkpoints("default", &run.workflow_id).await.unwrap();
+    assert_eq!(checkpoints.len(), 2);
+    assert_eq!(ledger::verify_checkpoints(&checkpoints), Ok(()));
+
+    // A definition changed before the next dispatch refuses it.
+    let second = store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(2), NOW)
+        .await
+        .unwrap();
+    assert_eq!(second.version, 2);
+    started(&store, "changed", "q2").await;
+    // Scheduling pins the definition in force (the server hands it to the transition).
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "q2", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a workflow task");
+    let catalog: std::collections::BTreeMap<String, ActionDefinition> = store
+        .action_definitions("default")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.activity_type.clone(), d))
+        .collect();
+    let (id, fence) = (task.id.clone(), task.fence);
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            cx.actions = Some(std::sync::Arc::new(catalog));
+            complete_workflow_task(run, cx, &id, "w", fence, vec![activity()])
+        })
+        .await
+        .unwrap();
+    store
+        .put_action_definition("default", "suite.activity", RecoveryMode::NonAtomic, document(3), NOW)
+        .await
+        .unwrap();
+    assert!(store
+        .claim_task("default", TaskKind::Activity, "q2", &[], "a", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .is_none());
+    let changed = store
+        .load_run("default", RunLocator::Current(WorkflowId("changed".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let failed = all_history(&store, &changed)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityFailed)
+        .unwrap();
+    assert_eq!(failed.payload["exception_type"], json!("definition_changed"));
+}
+
+/// Defines `suite.credit` as an atomic action; the catalog a scheduling transition pins.
+async fn define_credit<S: Store>(store: &S) -> std::sync::Arc<std::collections::BTreeMap<String, ActionDefinition>> {
+    store
+        .put_action_definition(
+            "default",
+            "suite.credit",
+            RecoveryMode::Atomic,
+            json!({"recovery_mode": "atomic"}).as_object().unwrap().clone(),
+            NOW,
+        )
+        .await
+        .unwrap();
+    let catalog = store.action_definitions("default").await.unwrap().into_iter();
+    std::sync::Arc::new(catalog.map(|d| (d.activity_type.clone(), d)).collect())
+}
+
+/// Starts `workflow` on a queue of its name and has its first workflow task schedule
+/// `suite.credit` with `arguments` (two attempts at most).
+async fn schedule_credit<S: Store>(
+    store: &S,
+    workflow: &str,
+    arguments: Value,
+    catalog: &std::sync::Arc<std::collections::BTreeMap<String, ActionDefinition>>,
+) {
+    started(store, workflow, workflow).await;
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, workflow, &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a workflow task");
+    let commands = vec![WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "suite.credit".into(),
+        arguments: Payload::avro(arguments.to_string()),
+        queue: None,
+        retry_policy: Some(RetryPolicy {
+            max_attempts: Some(2),
+            backoff_seconds: vec![0],
+            non_retryable_error_types: vec![],
+        }),
+        timeouts: ActivityTimeouts::default(),
+        tags: Map::new(),
+    })];
+    let (id, fence, catalog) = (task.id.clone(), task.fence, catalog.clone());
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            cx.actions = Some(catalog);
+            complete_workflow_task(run, cx, &id, "w", fence, commands)
+        })
+        .await
+        .unwrap();
+}
+
+pub async fn atomic_actions_commit_or_roll_back_with_their_completion<S: Store>(store: S) {
+    let catalog = define_credit(&store).await;
+    let actions = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Credit) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    for (workflow, fail) in [("atomic-ok", false), ("atomic-fails", true)] {
+        schedule_credit(
+            &store,
+            workflow,
+            json!([{"account": workflow, "amount": 5, "fail": fail}]),
+            &catalog,
+        )
+        .await;
+        assert!(
+            store
+                .claim_task("default", TaskKind::Activity, workflow, &[], "a", 60_000, NOW, None)
+                .await
+                .unwrap()
+                .is_none(),
+            "no worker ever sees an atomic task"
+        );
+    }
+    let mut outcomes = Vec::new();
+    while let Some(outcome) = store.run_atomic_task("default", actions.clone(), &JSON_CODEC, NOW).await.unwrap() {
+        outcomes.push(outcome);
+    }
+    // One success; the failing one fails twice (its policy allows two attempts), then stops.
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert!(matches!(&outcomes[0], AtomicOutcome::Completed { workflow_id } if workflow_id.as_str() == "atomic-ok"));
+    assert!(outcomes[1..].iter().all(|o| matches!(o, AtomicOutcome::Failed { .. })));
+    let ok = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-ok".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let completed = all_history(&store, &ok)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(
+        completed.payload["result"],
+        json!(json!({"credited": 5}).to_string()),
+        "the handler read its own write"
+    );
+    let failed = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-fails".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let history = all_history(&store, &failed).await;
+    assert_eq!(
+        history.iter().filter(|e| e.event_type == EventType::ActivityRetryScheduled).count(),
+        1
+    );
+    assert_eq!(history.iter().filter(|e| e.event_type == EventType::ActivityFailed).count(), 1);
+    // The failed attempts' inserts were rolled back: a probe sees only the successful account.
+    struct Probe;
+    impl AtomicAction for Probe {
+        fn run(&self, tx: &mut dyn AtomicTransaction, _: &Value) -> Result<Value, String> {
+            let rows = tx.query("SELECT account FROM suite_balances ORDER BY account", &[])?;
+            Ok(json!(rows))
+        }
+    }
+    schedule_credit(
+        &store,
+        "atomic-probe",
+        json!([{"account": "probe", "amount": 5, "fail": false}]),
+        &catalog,
+    )
+    .await;
+    let probe = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Probe) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    store.run_atomic_task("default", probe, &JSON_CODEC, NOW).await.unwrap().unwrap();
+    let run = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-probe".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = all_history(&store, &run)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(seen.payload["result"], json!(json!([["atomic-ok"]]).to_string()));
+}
+
+/// A handler that succeeds with an answer the codec cannot record fails its attempt, and its
+/// writes roll back with it: they never commit beside a failed (so retried) attempt.
+pub async fn an_atomic_answer_that_cannot_be_recorded_rolls_back_the_handler_writes<S: Store>(store: S) {
+    let catalog = define_credit(&store).await;
+    let credit = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Credit) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    let arguments = json!([{"account": "unrecordable", "amount": 5, "unencodable": true}]);
+    schedule_credit(&store, "atomic-unrecordable", arguments, &catalog).await;
+    let mut outcomes = Vec::new();
+    while let Some(outcome) = store.run_atomic_task("default", credit.clone(), &JSON_CODEC, NOW).await.unwrap() {
+        outcomes.push(outcome);
+    }
+    assert_eq!(outcomes.len(), 2, "both attempts fail: {outcomes:?}");
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, AtomicOutcome::Failed { message, .. } if message.contains("cannot encode"))));
+    struct Count;
+    impl AtomicAction for Count {
+        fn run(&self, tx: &mut dyn AtomicTransaction, _: &Value) -> Result<Value, String> {
+            tx.execute(
+                "CREATE TABLE IF NOT EXISTS suite_balances (account TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
+                &[],
+            )?;
+            let rows = tx.query("SELECT COUNT(*) FROM suite_balances WHERE account = 'unrecordable'", &[])?;
+            Ok(json!({"rows": rows[0][0]}))
+        }
+    }
+    schedule_credit(&store, "atomic-count", json!([{}]), &catalog).await;
+    let count = AtomicActions::new([(
+        "suite.credit".to_string(),
+        std::sync::Arc::new(Count) as std::sync::Arc<dyn AtomicAction>,
+    )]);
+    store.run_atomic_task("default", count, &JSON_CODEC, NOW).await.unwrap().unwrap();
+    let run = store
+        .load_run("default", RunLocator::Current(WorkflowId("atomic-count".into())))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = all_history(&store, &run)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == EventType::ActivityCompleted)
+        .unwrap();
+    assert_eq!(
+        seen.payload["result"],
+        json!(json!({"rows": 0}).to_string()),
+        "the failed attempts wrote nothing"
+    );
+}
