@@ -37,7 +37,7 @@ cargo test --workspace --no-fail-fast
 # The small concurrent pieces (wake-up hubs, keyed locks, the writer's hand-off) model-checked:
 # capstan-sync's loom models over every interleaving up to 3 preemptions, built with --cfg loom
 # in a target dir of its own so that the main build stays cached.
-CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p capstan-sync --release
+CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p capstan-sync --release --test loom
 .venv/bin/python -m pytest tests/python -q
 # The SDK suite once more, against a two-node cluster on PostgreSQL (workers on one node,
 # clients on the other).

@@ -10,14 +10,18 @@
 //!
 //! - [`control`]: start, signal, cancel/terminate, repair, archive (and keyed idempotency).
 //! - [`updates`]: updates, with the validation round trip a caller supplies.
+//! - [`polls`]: a worker's poll for a task (one look; the caller long-polls).
 //! - [`queries`]: putting a query to a worker.
 //! - [`reports`]: workflow task and activity reports from workers.
+//! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
 
 pub mod contracts;
 pub mod control;
 pub mod duties;
+pub mod ledger;
+pub mod polls;
 pub mod queries;
 pub mod reports;
 pub mod search_attributes;

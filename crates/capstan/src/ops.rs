@@ -285,53 +285,7 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                 workflow_id,
                 run_id,
                 follow,
-            } => {
-                let run_id = match run_id {
-                    Some(run_id) => run_id,
-                    None => client
-                        .call(Method::GET, &format!("/workflows/{}", encode(&workflow_id)), None)
-                        .await?["run_id"]
-                        .as_str()
-                        .ok_or("the workflow has no run")?
-                        .to_string(),
-                };
-                let mut token: Option<String> = None;
-                loop {
-                    let mut path = format!(
-                        "/workflows/{}/runs/{}/history?page_size=1000",
-                        encode(&workflow_id),
-                        encode(&run_id)
-                    );
-                    if let Some(token) = &token {
-                        path.push_str(&format!("&next_page_token={}", encode(token)));
-                    }
-                    if follow {
-                        path.push_str("&wait_new_event=true");
-                    }
-                    let page = client.call(Method::GET, &path, None).await?;
-                    for event in page["events"].as_array().into_iter().flatten() {
-                        match output {
-                            Output::Json => println!("{}", decoded(event.clone())),
-                            Output::Table => println!(
-                                "{:>5}  {}  {}",
-                                event["sequence"],
-                                event["timestamp"].as_str().or(event["recorded_at"].as_str()).unwrap_or("-"),
-                                event["event_type"].as_str().unwrap_or("?")
-                            ),
-                        }
-                    }
-                    let closed = page["events"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|e| matches!(e["event_type"].as_str(), Some(t) if t.starts_with("Workflow") && t != "WorkflowStarted"));
-                    match page["next_page_token"].as_str() {
-                        Some(next) => token = Some(next.to_string()),
-                        None if follow && !closed => {}
-                        None => break,
-                    }
-                }
-            }
+            } => print_history(&client, output, &workflow_id, run_id, follow).await?,
             WorkflowCommand::Signal { workflow_id, name, input } => {
                 let body = json!({"input": arguments(input.as_deref())?});
                 let sent = client
@@ -400,6 +354,53 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
         }
         Ok(())
     })
+}
+
+/// Prints a run's history page by page (the current run's unless one is named); with `follow`,
+/// waits for new events until the run closes.
+async fn print_history(client: &Client, output: Output, workflow_id: &str, run_id: Option<String>, follow: bool) -> Result<(), String> {
+    let run_id = match run_id {
+        Some(run_id) => run_id,
+        None => client
+            .call(Method::GET, &format!("/workflows/{}", encode(workflow_id)), None)
+            .await?["run_id"]
+            .as_str()
+            .ok_or("the workflow has no run")?
+            .to_string(),
+    };
+    let mut token: Option<String> = None;
+    loop {
+        let mut path = format!("/workflows/{}/runs/{}/history?page_size=1000", encode(workflow_id), encode(&run_id));
+        if let Some(token) = &token {
+            path.push_str(&format!("&next_page_token={}", encode(token)));
+        }
+        if follow {
+            path.push_str("&wait_new_event=true");
+        }
+        let page = client.call(Method::GET, &path, None).await?;
+        for event in page["events"].as_array().into_iter().flatten() {
+            match output {
+                Output::Json => println!("{}", decoded(event.clone())),
+                Output::Table => println!(
+                    "{:>5}  {}  {}",
+                    event["sequence"],
+                    event["timestamp"].as_str().or(event["recorded_at"].as_str()).unwrap_or("-"),
+                    event["event_type"].as_str().unwrap_or("?")
+                ),
+            }
+        }
+        let closed = page["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| matches!(e["event_type"].as_str(), Some(t) if t.starts_with("Workflow") && t != "WorkflowStarted"));
+        match page["next_page_token"].as_str() {
+            Some(next) => token = Some(next.to_string()),
+            None if follow && !closed => {}
+            None => break,
+        }
+    }
+    Ok(())
 }
 
 pub fn worker(connection: Connection, command: WorkerCommand) -> ExitCode {

@@ -245,70 +245,10 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
     let f = Fields::nested(map, format!("commands.{index}."));
     let kind = f.req_str("type", 64)?;
     let tags = step_tags(map);
-    let only_on = |keys: &[&str], allowed: &[&str]| -> ApiResult<()> {
-        for key in keys {
-            if f.has(key) && !allowed.contains(&kind.as_str()) {
-                return Err(ApiError::validation(
-                    &format!("commands.{index}.{key}"),
-                    format!("The {key} field is not allowed on {kind} commands."),
-                ));
-            }
-        }
-        Ok(())
-    };
-    only_on(
-        &["retry_policy"],
-        &["schedule_activity", "start_child_workflow", "record_local_activity"],
-    )?;
-    only_on(&["schedule_to_start_timeout"], &["schedule_activity"])?;
-    only_on(
-        &["start_to_close_timeout", "schedule_to_close_timeout", "heartbeat_timeout"],
-        &["schedule_activity", "record_local_activity"],
-    )?;
-    only_on(&["non_retryable"], &["fail_workflow", "fail_update", "record_local_activity"])?;
+    check_field_placement(&f, &kind, index)?;
     let max_delay = limits.delay_seconds_max;
     Ok(match kind.as_str() {
-        "schedule_activity" => {
-            let timeout = |key: &str| f.opt_int(key, 1, max_delay);
-            let timeouts = ActivityTimeouts {
-                start_to_close_seconds: timeout("start_to_close_timeout")?,
-                schedule_to_start_seconds: timeout("schedule_to_start_timeout")?,
-                schedule_to_close_seconds: timeout("schedule_to_close_timeout")?,
-                heartbeat_seconds: timeout("heartbeat_timeout")?,
-            };
-            let le = |a: Option<i64>, b: Option<i64>, what: &str| match (a, b) {
-                (Some(a), Some(b)) if a > b => Err(ApiError::validation(&format!("commands.{index}"), what.to_string())),
-                _ => Ok(()),
-            };
-            le(
-                timeouts.heartbeat_seconds,
-                timeouts.start_to_close_seconds,
-                "heartbeat_timeout must not exceed start_to_close_timeout.",
-            )?;
-            le(
-                timeouts.start_to_close_seconds,
-                timeouts.schedule_to_close_seconds,
-                "start_to_close_timeout must not exceed schedule_to_close_timeout.",
-            )?;
-            le(
-                timeouts.schedule_to_start_seconds,
-                timeouts.schedule_to_close_seconds,
-                "schedule_to_start_timeout must not exceed schedule_to_close_timeout.",
-            )?;
-            WorkflowCommand::ScheduleActivity(ScheduleActivity {
-                activity_type: f.req_str("activity_type", 255)?,
-                arguments: f
-                    .opt_payload("arguments", limits)?
-                    .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
-                queue: f.opt_str("queue", 255)?,
-                retry_policy: f
-                    .opt_object("retry_policy")?
-                    .map(|p| parse_retry_policy(p, index, max_delay))
-                    .transpose()?,
-                timeouts,
-                tags,
-            })
-        }
+        "schedule_activity" => WorkflowCommand::ScheduleActivity(parse_schedule_activity(&f, index, limits, tags)?),
         "start_timer" => WorkflowCommand::StartTimer {
             delay_seconds: f.req_int("delay_seconds", 0, max_delay)?,
             tags,
@@ -356,84 +296,9 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
                 .opt_payload("result", limits)?
                 .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
         },
-        "start_child_workflow" => {
-            let policy = |key: &str, allowed: &[&str]| -> ApiResult<String> {
-                match f.opt_str(key, 64)? {
-                    None => Ok("abandon".into()),
-                    Some(value) if allowed.contains(&value.as_str()) => Ok(value),
-                    Some(value) => Err(ApiError::validation(
-                        &format!("commands.{index}.{key}"),
-                        format!("{key} {value:?} is not one of {allowed:?}."),
-                    )),
-                }
-            };
-            let workflow_id = f.opt_str("workflow_id", 128)?;
-            if workflow_id.as_deref().is_some_and(|id| !valid_workflow_id(id)) {
-                return Err(ApiError::validation(
-                    &format!("commands.{index}.workflow_id"),
-                    "The child workflow_id is not a valid workflow id.",
-                ));
-            }
-            let execution_timeout_seconds = f.opt_int("execution_timeout_seconds", 1, max_delay)?;
-            let run_timeout_seconds = f.opt_int("run_timeout_seconds", 1, max_delay)?;
-            if let (Some(run), Some(execution)) = (run_timeout_seconds, execution_timeout_seconds) {
-                if run > execution {
-                    return Err(ApiError::validation(
-                        &format!("commands.{index}.run_timeout_seconds"),
-                        "run_timeout_seconds must not exceed execution_timeout_seconds.",
-                    ));
-                }
-            }
-            WorkflowCommand::StartChildWorkflow(StartChild {
-                workflow_type: f.req_str("workflow_type", 255)?,
-                arguments: f
-                    .opt_payload("arguments", limits)?
-                    .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
-                queue: f.opt_str("queue", 255)?,
-                workflow_id,
-                parent_close_policy: policy(
-                    "parent_close_policy",
-                    &["abandon", "terminate", "request_cancel", "request_cancellation"],
-                )?,
-                cancellation_policy: policy("cancellation_policy", &["abandon", "try_cancel", "wait_cancellation_completed"])?,
-                execution_timeout_seconds,
-                run_timeout_seconds,
-                retry_policy: f
-                    .opt_object("retry_policy")?
-                    .map(|p| parse_retry_policy(p, index, max_delay))
-                    .transpose()?
-                    .filter(|p| p.max_attempts.is_some() || !p.backoff_seconds.is_empty() || !p.non_retryable_error_types.is_empty()),
-                tags,
-            })
-        }
+        "start_child_workflow" => WorkflowCommand::StartChildWorkflow(parse_start_child(&f, index, limits, tags)?),
         "record_local_activity" => WorkflowCommand::RecordLocalActivity(parse_local_activity(map, index, limits, tags)?),
-        "cancel_selection_operation" => {
-            if !tags.is_empty() {
-                return Err(ApiError::validation(
-                    &format!("commands.{index}"),
-                    "cancel_selection_operation takes no parallel-group fields.",
-                ));
-            }
-            let member_key = match map.get("member_key") {
-                Some(Value::String(key)) if !key.is_empty() => Value::String(key.clone()),
-                Some(Value::Number(n)) if n.as_u64().is_some() => Value::Number(n.clone()),
-                _ => {
-                    return Err(ApiError::validation(
-                        &format!("commands.{index}.member_key"),
-                        "member_key must be a non-empty string or a non-negative integer.",
-                    ))
-                }
-            };
-            WorkflowCommand::CancelSelectionOperation(SelectionCancel {
-                selection_group_id: f.req_str("selection_group_id", 255)?,
-                member_key,
-                member_index: f.req_int("member_index", 0, 1000)? as u64,
-                member_base_sequence: f.req_int("member_base_sequence", 1, u32::MAX as i64)? as u32,
-                member_size: f.req_int("member_size", 1, 1000)? as u32,
-                operation_kind: f.req_str("operation_kind", 32)?,
-                operation_identity: f.req_str("operation_identity", 255)?.trim().to_string(),
-            })
-        }
+        "cancel_selection_operation" => WorkflowCommand::CancelSelectionOperation(parse_selection_cancel(map, &f, index, &tags)?),
         "complete_update" => WorkflowCommand::CompleteUpdate {
             update_id: f.req_str("update_id", 255)?,
             result: f
@@ -442,13 +307,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
         },
         "fail_update" => WorkflowCommand::FailUpdate {
             update_id: f.req_str("update_id", 255)?,
-            failure: WorkflowFailure {
-                message: f.req_str("message", 1_000_000)?,
-                exception_type: f.opt_str("exception_type", 1000)?,
-                exception_class: f.opt_str("exception_class", 1000)?,
-                exception: f.raw("exception").cloned(),
-                non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
-            },
+            failure: parse_workflow_failure(&f)?,
         },
         "upsert_memo" => WorkflowCommand::UpsertMemo {
             entries: f
@@ -464,14 +323,168 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             queue: f.opt_str("queue", 255)?,
             tags,
         },
-        "fail_workflow" => WorkflowCommand::FailWorkflow(WorkflowFailure {
-            message: f.req_str("message", 1_000_000)?,
-            exception_type: f.opt_str("exception_type", 1000)?,
-            exception_class: f.opt_str("exception_class", 1000)?,
-            exception: f.raw("exception").cloned(),
-            non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
-        }),
+        "fail_workflow" => WorkflowCommand::FailWorkflow(parse_workflow_failure(&f)?),
         other => return Err(invalid_commands(format!("Command type {other:?} is not supported by this server."))),
+    })
+}
+
+/// Fields that only some command types take: refused, naming the field, on the others.
+fn check_field_placement(f: &Fields, kind: &str, index: usize) -> ApiResult<()> {
+    const PLACES: &[(&[&str], &[&str])] = &[
+        (
+            &["retry_policy"],
+            &["schedule_activity", "start_child_workflow", "record_local_activity"],
+        ),
+        (&["schedule_to_start_timeout"], &["schedule_activity"]),
+        (
+            &["start_to_close_timeout", "schedule_to_close_timeout", "heartbeat_timeout"],
+            &["schedule_activity", "record_local_activity"],
+        ),
+        (&["non_retryable"], &["fail_workflow", "fail_update", "record_local_activity"]),
+    ];
+    for (keys, allowed) in PLACES {
+        for key in *keys {
+            if f.has(key) && !allowed.contains(&kind) {
+                return Err(ApiError::validation(
+                    &format!("commands.{index}.{key}"),
+                    format!("The {key} field is not allowed on {kind} commands."),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_schedule_activity(f: &Fields, index: usize, limits: &Limits, tags: StepTags) -> ApiResult<ScheduleActivity> {
+    let max_delay = limits.delay_seconds_max;
+    let timeout = |key: &str| f.opt_int(key, 1, max_delay);
+    let timeouts = ActivityTimeouts {
+        start_to_close_seconds: timeout("start_to_close_timeout")?,
+        schedule_to_start_seconds: timeout("schedule_to_start_timeout")?,
+        schedule_to_close_seconds: timeout("schedule_to_close_timeout")?,
+        heartbeat_seconds: timeout("heartbeat_timeout")?,
+    };
+    let le = |a: Option<i64>, b: Option<i64>, what: &str| match (a, b) {
+        (Some(a), Some(b)) if a > b => Err(ApiError::validation(&format!("commands.{index}"), what.to_string())),
+        _ => Ok(()),
+    };
+    le(
+        timeouts.heartbeat_seconds,
+        timeouts.start_to_close_seconds,
+        "heartbeat_timeout must not exceed start_to_close_timeout.",
+    )?;
+    le(
+        timeouts.start_to_close_seconds,
+        timeouts.schedule_to_close_seconds,
+        "start_to_close_timeout must not exceed schedule_to_close_timeout.",
+    )?;
+    le(
+        timeouts.schedule_to_start_seconds,
+        timeouts.schedule_to_close_seconds,
+        "schedule_to_start_timeout must not exceed schedule_to_close_timeout.",
+    )?;
+    Ok(ScheduleActivity {
+        activity_type: f.req_str("activity_type", 255)?,
+        arguments: f
+            .opt_payload("arguments", limits)?
+            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        queue: f.opt_str("queue", 255)?,
+        retry_policy: f
+            .opt_object("retry_policy")?
+            .map(|p| parse_retry_policy(p, index, max_delay))
+            .transpose()?,
+        timeouts,
+        tags,
+    })
+}
+
+fn parse_start_child(f: &Fields, index: usize, limits: &Limits, tags: StepTags) -> ApiResult<StartChild> {
+    let max_delay = limits.delay_seconds_max;
+    let policy = |key: &str, allowed: &[&str]| -> ApiResult<String> {
+        match f.opt_str(key, 64)? {
+            None => Ok("abandon".into()),
+            Some(value) if allowed.contains(&value.as_str()) => Ok(value),
+            Some(value) => Err(ApiError::validation(
+                &format!("commands.{index}.{key}"),
+                format!("{key} {value:?} is not one of {allowed:?}."),
+            )),
+        }
+    };
+    let workflow_id = f.opt_str("workflow_id", 128)?;
+    if workflow_id.as_deref().is_some_and(|id| !valid_workflow_id(id)) {
+        return Err(ApiError::validation(
+            &format!("commands.{index}.workflow_id"),
+            "The child workflow_id is not a valid workflow id.",
+        ));
+    }
+    let execution_timeout_seconds = f.opt_int("execution_timeout_seconds", 1, max_delay)?;
+    let run_timeout_seconds = f.opt_int("run_timeout_seconds", 1, max_delay)?;
+    if let (Some(run), Some(execution)) = (run_timeout_seconds, execution_timeout_seconds) {
+        if run > execution {
+            return Err(ApiError::validation(
+                &format!("commands.{index}.run_timeout_seconds"),
+                "run_timeout_seconds must not exceed execution_timeout_seconds.",
+            ));
+        }
+    }
+    Ok(StartChild {
+        workflow_type: f.req_str("workflow_type", 255)?,
+        arguments: f
+            .opt_payload("arguments", limits)?
+            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        queue: f.opt_str("queue", 255)?,
+        workflow_id,
+        parent_close_policy: policy(
+            "parent_close_policy",
+            &["abandon", "terminate", "request_cancel", "request_cancellation"],
+        )?,
+        cancellation_policy: policy("cancellation_policy", &["abandon", "try_cancel", "wait_cancellation_completed"])?,
+        execution_timeout_seconds,
+        run_timeout_seconds,
+        retry_policy: f
+            .opt_object("retry_policy")?
+            .map(|p| parse_retry_policy(p, index, max_delay))
+            .transpose()?
+            .filter(|p| p.max_attempts.is_some() || !p.backoff_seconds.is_empty() || !p.non_retryable_error_types.is_empty()),
+        tags,
+    })
+}
+
+fn parse_selection_cancel(map: &Map<String, Value>, f: &Fields, index: usize, tags: &StepTags) -> ApiResult<SelectionCancel> {
+    if !tags.is_empty() {
+        return Err(ApiError::validation(
+            &format!("commands.{index}"),
+            "cancel_selection_operation takes no parallel-group fields.",
+        ));
+    }
+    let member_key = match map.get("member_key") {
+        Some(Value::String(key)) if !key.is_empty() => Value::String(key.clone()),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Value::Number(n.clone()),
+        _ => {
+            return Err(ApiError::validation(
+                &format!("commands.{index}.member_key"),
+                "member_key must be a non-empty string or a non-negative integer.",
+            ))
+        }
+    };
+    Ok(SelectionCancel {
+        selection_group_id: f.req_str("selection_group_id", 255)?,
+        member_key,
+        member_index: f.req_int("member_index", 0, 1000)? as u64,
+        member_base_sequence: f.req_int("member_base_sequence", 1, u32::MAX as i64)? as u32,
+        member_size: f.req_int("member_size", 1, 1000)? as u32,
+        operation_kind: f.req_str("operation_kind", 32)?,
+        operation_identity: f.req_str("operation_identity", 255)?.trim().to_string(),
+    })
+}
+
+fn parse_workflow_failure(f: &Fields) -> ApiResult<WorkflowFailure> {
+    Ok(WorkflowFailure {
+        message: f.req_str("message", 1_000_000)?,
+        exception_type: f.opt_str("exception_type", 1000)?,
+        exception_class: f.opt_str("exception_class", 1000)?,
+        exception: f.raw("exception").cloned(),
+        non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
     })
 }
 

@@ -21,7 +21,7 @@
 mod checks;
 mod program;
 
-use capstan_app::{control, duties, queries, reports, AppError, Services};
+use capstan_app::{control, duties, ledger, polls, queries, reports, AppError, Services};
 use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
 use capstan_engine::*;
 use capstan_store::prelude::*;
@@ -580,6 +580,19 @@ impl Sim {
         Ok(())
     }
 
+    /// A worker's poll for a task of `kind`, as the server runs it (one look).
+    async fn poll(&self, owner: &str, kind: TaskKind, lease_ms: i64) -> Result<Option<(Task, RunState)>, AppError> {
+        let worker = polls::poller(&self.app, NAMESPACE, owner, QUEUE, None).await?;
+        let poll = polls::Poll {
+            namespace: NAMESPACE.into(),
+            worker,
+            kind,
+            poll_request_id: None,
+            lease_ms,
+        };
+        polls::claim(&self.app, &poll).await
+    }
+
     /// A polling worker is alive: its registration is refreshed.
     async fn alive(&mut self, owner: &str) -> Result<(), Failure> {
         let beat = self.store().heartbeat_worker(NAMESPACE, owner, self.now).await;
@@ -625,11 +638,8 @@ impl Sim {
     async fn poll_workflow_task(&mut self, faulty: bool) -> Result<bool, Failure> {
         let owner = self.worker();
         self.alive(&owner).await?;
-        let claimed = self
-            .store()
-            .claim_task(NAMESPACE, TaskKind::Workflow, QUEUE, &[], &owner, WORKFLOW_LEASE_MS, self.now, None)
-            .await;
-        let Some(Some((task, run))) = self.refused(claimed)? else {
+        let claimed = self.poll(&owner, TaskKind::Workflow, WORKFLOW_LEASE_MS).await;
+        let Some(Some((task, run))) = self.declined(claimed)? else {
             return Ok(false);
         };
         self.note_fence(&task)?;
@@ -669,21 +679,8 @@ impl Sim {
     async fn poll_activity_task(&mut self, faulty: bool) -> Result<bool, Failure> {
         let owner = self.worker();
         self.alive(&owner).await?;
-        let types = [PLAIN.to_string(), DECLARED.to_string()];
-        let claimed = self
-            .store()
-            .claim_task(
-                NAMESPACE,
-                TaskKind::Activity,
-                QUEUE,
-                &types,
-                &owner,
-                ACTIVITY_LEASE_MS,
-                self.now,
-                None,
-            )
-            .await;
-        let Some(Some((task, run))) = self.refused(claimed)? else {
+        let claimed = self.poll(&owner, TaskKind::Activity, ACTIVITY_LEASE_MS).await;
+        let Some(Some((task, run))) = self.declined(claimed)? else {
             return Ok(false);
         };
         self.note_fence(&task)?;
@@ -1258,24 +1255,16 @@ impl Sim {
             }
         };
         self.trace(|| format!("operator resolves {} ({:?})", entry.ledger_key, decision));
-        let key = entry.ledger_key.clone();
         let execution = entry.activity_execution_id.as_str().to_string();
-        let result = self
-            .store()
-            .mutate_run(
-                NAMESPACE,
-                RunLocator::Current(entry.workflow_id.clone()),
-                self.now,
-                move |run, cx| {
-                    if run.run_id == entry.run_id {
-                        resolve_ledger_entry(run, cx, &key, decision, json!({"note": "simulated operator"}), "sim")
-                    } else {
-                        resolve_earlier_run_entry(run, cx, entry, decision, json!({"note": "simulated operator"}), "sim")
-                    }
-                },
-            )
-            .await;
-        let Some((_, run)) = self.refused(result)? else {
+        let resolution = ledger::Resolution {
+            namespace: NAMESPACE.into(),
+            ledger_key: entry.ledger_key,
+            decision,
+            evidence: json!({"note": "simulated operator"}),
+            resolved_by: "sim".into(),
+        };
+        let result = ledger::resolve(&self.app, resolution).await;
+        let Some((_, run)) = self.declined(result)? else {
             return Ok(false);
         };
         self.report.outcome_unknown_resolved += 1;

@@ -25,7 +25,7 @@
 //! Why: these are the pieces where an interleaving bug shows up as a hang (a lost wake-up costs
 //! a poller its wait), a slow leak (memory per client-chosen name) or an acknowledged write
 //! that is not durable: all rare, timing-dependent and invisible to ordinary tests.
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p capstan-sync --release` (in a target dir of its
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p capstan-sync --release --test loom` (in a target dir of its
 //! own, as `scripts/test-all.sh` does).
 
 pub mod group_commit;

@@ -31,6 +31,15 @@ struct Event {
 }
 
 impl Event {
+    /// A non-empty string field of the event's target.
+    fn target_str(&self, key: &str) -> Option<String> {
+        self.target
+            .get(key)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    }
+
     fn outcome(&self, accepted: bool, outcome: &str, reason: Option<&str>) -> Map<String, Value> {
         let mut doc = json!({
             "schema": SCHEMA, "version": 1, "adapter": self.adapter, "action": self.action,
@@ -100,120 +109,15 @@ pub async fn webhook<S: Store>(
     if let Some(first) = state.store.bridge_delivery(&namespace, &adapter, &event.key).await? {
         return Ok(duplicate(&event, &first));
     }
-    let target_str = |key: &str| {
-        event
-            .target
-            .get(key)
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-    };
     let mut doc = match event.action.as_str() {
-        "start_workflow" => {
-            let Some(workflow_type) = target_str("workflow_type") else {
-                return Ok(event.rejected("malformed_payload", "A start needs target.workflow_type."));
-            };
-            let workflow_id = target_str("workflow_id").unwrap_or_else(|| {
-                let digest = hex::encode(Sha256::digest(format!("{adapter}\u{1f}{}", event.key).as_bytes()));
-                format!("bridge-{adapter}-{}", &digest[..24])
-            });
-            let started = match input_payload(body.get("input"), &state.config.limits) {
-                Ok(input) => {
-                    let request = control::StartRequest {
-                        namespace: namespace.clone(),
-                        workflow_id: Some(workflow_id.clone()),
-                        workflow_type: workflow_type.clone(),
-                        task_queue: target_str("task_queue").unwrap_or_else(|| "default".into()),
-                        input,
-                        execution_timeout_seconds: None,
-                        run_timeout_seconds: None,
-                        business_key: target_str("business_key"),
-                        memo: Map::new(),
-                        search_attributes: Map::new(),
-                        build_id: None,
-                        duplicate_policy: DuplicatePolicy::Fail,
-                    };
-                    control::start(&*state, request).await.map_err(ApiError::from)
-                }
-                Err(error) => Err(error),
-            };
-            match started {
-                Ok(control::Started { outcome, run }) => {
-                    if outcome == StartOutcome::StartedNew {
-                        super::worker::after_change(&state, &run);
-                    }
-                    let mut doc = event.outcome(true, "accepted", None);
-                    doc.insert("workflow_id".into(), json!(run.workflow_id));
-                    doc.insert("run_id".into(), json!(run.run_id));
-                    doc.insert("workflow_type".into(), json!(workflow_type));
-                    let outcome = match outcome {
-                        StartOutcome::StartedNew => "started_new",
-                        StartOutcome::ReturnedExistingActive => "returned_existing_active",
-                    };
-                    doc.insert("control_plane_outcome".into(), json!(outcome));
-                    doc
-                }
-                // The id is taken: by an earlier delivery of this event (crashed before its
-                // record) or by something else; either way nothing new starts.
-                Err(error) if matches!(error.reason, Reason::InstanceAlreadyStarted | Reason::WorkflowIdReservedInNamespace) => {
-                    let mut doc = event.outcome(false, "duplicate", Some("duplicate_start"));
-                    doc.insert("workflow_id".into(), json!(workflow_id));
-                    doc.insert("run_id".into(), error.fields.get("run_id").cloned().unwrap_or(Value::Null));
-                    doc.insert("workflow_type".into(), json!(workflow_type));
-                    doc.insert("control_plane_outcome".into(), json!("returned_existing_active"));
-                    return Ok((StatusCode::OK, Json(Value::Object(doc))).into_response());
-                }
-                Err(error) if error.status.is_client_error() => return Ok(event.rejected("malformed_payload", error.message)),
-                Err(error) => return Err(error),
-            }
-        }
-        "signal_workflow" => {
-            let (Some(workflow_id), Some(signal_name)) = (target_str("workflow_id"), target_str("signal_name")) else {
-                return Ok(event.rejected("malformed_payload", "A signal needs target.workflow_id and target.signal_name."));
-            };
-            let signaled = match input_payload(body.get("input"), &state.config.limits) {
-                Ok(input) => {
-                    let request = control::SignalRequest {
-                        target: control::Target {
-                            namespace: namespace.clone(),
-                            workflow_id: workflow_id.clone(),
-                            run_id: target_str("run_id"),
-                        },
-                        signal_name,
-                        input,
-                        request_id: Some(format!("bridge:{adapter}:{}", event.key)),
-                    };
-                    let render = |_: &capstan_engine::CommandReceipt, run: &capstan_engine::RunState| json!({"run_id": run.run_id});
-                    control::signal(&*state, request, render).await.map_err(ApiError::from)
-                }
-                Err(error) => Err(error),
-            };
-            match signaled {
-                Ok(receipt) => {
-                    if let Some(run) = &receipt.run {
-                        super::worker::after_change(&state, run);
-                    }
-                    let retained = receipt.retained;
-                    let mut doc = if retained {
-                        event.outcome(false, "duplicate", Some("duplicate"))
-                    } else {
-                        event.outcome(true, "accepted", None)
-                    };
-                    doc.insert("workflow_id".into(), json!(workflow_id));
-                    doc.insert("run_id".into(), receipt.body["run_id"].clone());
-                    doc.insert(
-                        "control_plane_outcome".into(),
-                        json!(if retained { "deduped_existing_command" } else { "signal_received" }),
-                    );
-                    doc
-                }
-                Err(error) if error.status == StatusCode::NOT_FOUND => {
-                    return Ok(event.rejected("unknown_target", error.message));
-                }
-                Err(error) if error.status.is_client_error() => return Ok(event.rejected("malformed_payload", error.message)),
-                Err(error) => return Err(error),
-            }
-        }
+        "start_workflow" => match start_from_event(&state, &namespace, &event, body.get("input")).await? {
+            Ok(doc) => doc,
+            Err(answered) => return Ok(answered),
+        },
+        "signal_workflow" => match signal_from_event(&state, &namespace, &event, body.get("input")).await? {
+            Ok(doc) => doc,
+            Err(answered) => return Ok(answered),
+        },
         other => {
             return Ok(event.rejected(
                 "unsupported_action",
@@ -234,6 +138,120 @@ pub async fn webhook<S: Store>(
     }
     doc.insert("accepted".into(), json!(false));
     Ok((StatusCode::OK, Json(Value::Object(doc))).into_response())
+}
+
+/// What an event's delivery did: its outcome document, or an answer given already (a refusal
+/// of the event, or a duplicate start), which records nothing.
+type Delivered = ApiResult<Result<Map<String, Value>, Response>>;
+
+/// `start_workflow`: the target's workflow (its id derived from the event when it names none).
+async fn start_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &Event, input: Option<&Value>) -> Delivered {
+    let Some(workflow_type) = event.target_str("workflow_type") else {
+        return Ok(Err(event.rejected("malformed_payload", "A start needs target.workflow_type.")));
+    };
+    let workflow_id = event.target_str("workflow_id").unwrap_or_else(|| {
+        let digest = hex::encode(Sha256::digest(format!("{}\u{1f}{}", event.adapter, event.key).as_bytes()));
+        format!("bridge-{}-{}", event.adapter, &digest[..24])
+    });
+    let started = match input_payload(input, &state.config.limits) {
+        Ok(input) => {
+            let request = control::StartRequest {
+                namespace: namespace.to_string(),
+                workflow_id: Some(workflow_id.clone()),
+                workflow_type: workflow_type.clone(),
+                task_queue: event.target_str("task_queue").unwrap_or_else(|| "default".into()),
+                input,
+                execution_timeout_seconds: None,
+                run_timeout_seconds: None,
+                business_key: event.target_str("business_key"),
+                memo: Map::new(),
+                search_attributes: Map::new(),
+                build_id: None,
+                duplicate_policy: DuplicatePolicy::Fail,
+            };
+            control::start(&**state, request).await.map_err(ApiError::from)
+        }
+        Err(error) => Err(error),
+    };
+    match started {
+        Ok(control::Started { outcome, run }) => {
+            if outcome == StartOutcome::StartedNew {
+                super::worker::after_change(state, &run);
+            }
+            let mut doc = event.outcome(true, "accepted", None);
+            doc.insert("workflow_id".into(), json!(run.workflow_id));
+            doc.insert("run_id".into(), json!(run.run_id));
+            doc.insert("workflow_type".into(), json!(workflow_type));
+            let outcome = match outcome {
+                StartOutcome::StartedNew => "started_new",
+                StartOutcome::ReturnedExistingActive => "returned_existing_active",
+            };
+            doc.insert("control_plane_outcome".into(), json!(outcome));
+            Ok(Ok(doc))
+        }
+        // The id is taken: by an earlier delivery of this event (crashed before its
+        // record) or by something else; either way nothing new starts.
+        Err(error) if matches!(error.reason, Reason::InstanceAlreadyStarted | Reason::WorkflowIdReservedInNamespace) => {
+            let mut doc = event.outcome(false, "duplicate", Some("duplicate_start"));
+            doc.insert("workflow_id".into(), json!(workflow_id));
+            doc.insert("run_id".into(), error.fields.get("run_id").cloned().unwrap_or(Value::Null));
+            doc.insert("workflow_type".into(), json!(workflow_type));
+            doc.insert("control_plane_outcome".into(), json!("returned_existing_active"));
+            Ok(Err((StatusCode::OK, Json(Value::Object(doc))).into_response()))
+        }
+        Err(error) if error.status.is_client_error() => Ok(Err(event.rejected("malformed_payload", error.message))),
+        Err(error) => Err(error),
+    }
+}
+
+/// `signal_workflow`: the target run, keyed by the event so a redelivery signals once.
+async fn signal_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &Event, input: Option<&Value>) -> Delivered {
+    let (Some(workflow_id), Some(signal_name)) = (event.target_str("workflow_id"), event.target_str("signal_name")) else {
+        return Ok(Err(event.rejected(
+            "malformed_payload",
+            "A signal needs target.workflow_id and target.signal_name.",
+        )));
+    };
+    let signaled = match input_payload(input, &state.config.limits) {
+        Ok(input) => {
+            let request = control::SignalRequest {
+                target: control::Target {
+                    namespace: namespace.to_string(),
+                    workflow_id: workflow_id.clone(),
+                    run_id: event.target_str("run_id"),
+                },
+                signal_name,
+                input,
+                request_id: Some(format!("bridge:{}:{}", event.adapter, event.key)),
+            };
+            let render = |_: &capstan_engine::CommandReceipt, run: &capstan_engine::RunState| json!({"run_id": run.run_id});
+            control::signal(&**state, request, render).await.map_err(ApiError::from)
+        }
+        Err(error) => Err(error),
+    };
+    match signaled {
+        Ok(receipt) => {
+            if let Some(run) = &receipt.run {
+                super::worker::after_change(state, run);
+            }
+            let retained = receipt.retained;
+            let mut doc = if retained {
+                event.outcome(false, "duplicate", Some("duplicate"))
+            } else {
+                event.outcome(true, "accepted", None)
+            };
+            doc.insert("workflow_id".into(), json!(workflow_id));
+            doc.insert("run_id".into(), receipt.body["run_id"].clone());
+            doc.insert(
+                "control_plane_outcome".into(),
+                json!(if retained { "deduped_existing_command" } else { "signal_received" }),
+            );
+            Ok(Ok(doc))
+        }
+        Err(error) if error.status == StatusCode::NOT_FOUND => Ok(Err(event.rejected("unknown_target", error.message))),
+        Err(error) if error.status.is_client_error() => Ok(Err(event.rejected("malformed_payload", error.message))),
+        Err(error) => Err(error),
+    }
 }
 
 /// The answer to a repeat: the first delivery's identities, nothing new done.

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_engine::*;
-use capstan_store::{LedgerFilter, RunLocator, Store};
+use capstan_store::{LedgerFilter, Store};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -284,38 +284,14 @@ pub async fn resolve<S: Store>(
         Some(name) => format!("{principal}:{name}"),
         None => principal,
     };
-    let entry = state
-        .store
-        .ledger_entry(&namespace, &ledger_key)
-        .await?
-        .ok_or_else(|| entry_not_found(&ledger_key))?;
-    if entry.state != LedgerState::OutcomeUnknown {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            Reason::LedgerEntryNotUnknown,
-            "Only an entry whose outcome is unknown can be resolved.",
-        )
-        .with("ledger_key", ledger_key.clone())
-        .with("state", entry.state.as_str()));
-    }
-    // Through the instance's current run: only it extends the instance's checkpoint chain, so
-    // an entry of an earlier (continued or retried) run is settled there, not on its own run.
-    let key = ledger_key.clone();
-    let (resolved, run) = state
-        .store
-        .mutate_run(
-            &namespace,
-            RunLocator::Current(entry.workflow_id.clone()),
-            state.now(),
-            move |run, cx| {
-                if run.run_id == entry.run_id {
-                    resolve_ledger_entry(run, cx, &key, decision, evidence, &principal)
-                } else {
-                    capstan_engine::resolve_earlier_run_entry(run, cx, entry, decision, evidence, &principal)
-                }
-            },
-        )
-        .await?;
+    let resolution = capstan_app::ledger::Resolution {
+        namespace: namespace.clone(),
+        ledger_key: ledger_key.clone(),
+        decision,
+        evidence,
+        resolved_by: principal,
+    };
+    let (resolved, run) = capstan_app::ledger::resolve(&*state, resolution).await?;
     super::after_change(&state, &run);
     tracing::info!(namespace, ledger_key, state = resolved.state.as_str(), workflow_id = %run.workflow_id, "ledger entry resolved");
     Ok(Json(entry_json(&resolved)))

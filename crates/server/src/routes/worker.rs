@@ -8,9 +8,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use capstan_app::reports;
+use capstan_app::{polls, reports};
 use capstan_engine::*;
-use capstan_store::{PollKey, RunLocator, Store, StoreError, WorkerRecord};
+use capstan_store::{RunLocator, Store, StoreError, WorkerRecord};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -172,50 +172,13 @@ pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str,
     let wait_ms = (f.opt_int("timeout_seconds", 0, 3600)?.unwrap_or(30).min(60) * 1000).min(state.config.poll_wait_max_ms);
     let history_page_size = f.opt_int("history_page_size", 1, 1000)?.unwrap_or(500) as usize;
     let build_id = f.opt_str("build_id", 255)?;
-    let worker = state.store.get_worker(namespace, &worker_id).await?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::PRECONDITION_FAILED,
-            Reason::WorkerNotRegistered,
-            "Register the worker before polling.",
-        )
-        .with("worker_id", worker_id.clone())
-    })?;
-    if worker.task_queue != queue {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            Reason::TaskQueueMismatch,
-            "The worker is registered for another task queue.",
-        )
-        .with("registered_task_queue", worker.task_queue.clone())
-        .with("requested_task_queue", queue));
-    }
-    if let (Some(asked), Some(registered)) = (&build_id, &worker.build_id) {
-        if asked != registered {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                Reason::BuildIdMismatch,
-                "The poll's build id differs from the registration's.",
-            )
-            .with("registered_build_id", registered.clone())
-            .with("requested_build_id", asked.clone()));
-        }
-    }
+    let worker = polls::poller(state, namespace, &worker_id, &queue, build_id.as_deref()).await?;
     Ok(PollRequest {
         worker,
         queue,
         poll_request_id,
         wait_ms,
         history_page_size,
-    })
-}
-
-fn poll_key(namespace: &str, request: &PollRequest, kind: TaskKind) -> Option<PollKey> {
-    request.poll_request_id.as_ref().map(|id| PollKey {
-        namespace: namespace.to_string(),
-        task_queue: request.queue.clone(),
-        worker_id: request.worker.worker_id.clone(),
-        kind,
-        poll_request_id: id.clone(),
     })
 }
 
@@ -238,10 +201,19 @@ async fn long_poll_with_wait<S: Store>(
     kind: TaskKind,
     wait_ms: i64,
 ) -> ApiResult<Option<(Task, RunState)>> {
-    let owner = request.worker.worker_id.as_str();
+    let poll = polls::Poll {
+        namespace: namespace.to_string(),
+        worker: request.worker.clone(),
+        kind,
+        poll_request_id: request.poll_request_id.clone(),
+        lease_ms: match kind {
+            TaskKind::Workflow => state.config.workflow_task_lease_ms,
+            _ => state.config.activity_task_lease_ms,
+        },
+    };
     // A concurrent duplicate of this poll (a client retry) waits for the first to answer, then
     // gets the same lease from the memo.
-    let _turn = match poll_key(namespace, request, kind) {
+    let _turn = match poll.key() {
         Some(key) => Some(
             state
                 .poll_requests
@@ -257,46 +229,12 @@ async fn long_poll_with_wait<S: Store>(
         ),
         None => None,
     };
-    if let Some(key) = poll_key(namespace, request, kind) {
-        if let Some((task_id, fence)) = state.store.recall_poll(key).await? {
-            if let Some(run) = state.store.load_run(namespace, RunLocator::Task(task_id.clone())).await? {
-                let now = state.now();
-                let live = run.tasks.get(&task_id).filter(|t| {
-                    t.lease()
-                        .is_some_and(|l| l.owner == owner && l.fence == fence && l.expires_at > now)
-                });
-                if let Some(task) = live {
-                    return Ok(Some((task.clone(), run)));
-                }
-            }
-        }
+    if let Some(recalled) = polls::recall(state, &poll).await? {
+        return Ok(Some(recalled));
     }
-    let types = match kind {
-        TaskKind::Workflow => &request.worker.supported_workflow_types,
-        _ => &request.worker.supported_activity_types,
-    };
-    let lease_ms = match kind {
-        TaskKind::Workflow => state.config.workflow_task_lease_ms,
-        _ => state.config.activity_task_lease_ms,
-    };
     let notify = state.hub.channel(namespace, kind, &request.queue);
-    wait_for_work(&notify, wait_ms, || async move {
-        let now = state.now();
-        if !state.store.has_ready_task(namespace, kind, &request.queue, types, now).await? {
-            return Ok(None);
-        }
-        let memo = poll_key(namespace, request, kind);
-        let claimed = state
-            .store
-            .claim_task(namespace, kind, &request.queue, types, owner, lease_ms, now, memo)
-            .await?;
-        if let Some((task, run)) = &claimed {
-            tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id, kind = kind.as_str(),
-                fence = task.fence, owner, "task leased");
-        }
-        Ok(claimed)
-    })
-    .await
+    let poll = &poll;
+    wait_for_work(&notify, wait_ms, || async move { Ok(polls::claim(state, poll).await?) }).await
 }
 
 enum Leased {

@@ -102,6 +102,14 @@ pub async fn schedules_fire_each_occurrence_once_with_their_workflows<S: Store +
         .unwrap();
     assert_eq!(previous.status, RunStatus::Terminated);
 
+    triggers_pauses_and_deletion(&store, schedule, first, &empty).await;
+}
+
+/// The rest of a schedule's life: a manual trigger, a pause, listing, deletion with the history
+/// that outlives it, and a re-creation that continues that history.
+async fn triggers_pauses_and_deletion<S: Store>(store: &S, schedule: capstan_engine::schedule::Schedule, first: Millis, empty: &Payload) {
+    use capstan_engine::schedule::OverlapPolicy;
+    const MINUTE: Millis = 60_000;
     // Manual trigger and pause.
     let manual = store
         .fire_schedule(

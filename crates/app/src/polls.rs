@@ -1,0 +1,123 @@
+//! Polls: a registered worker asks for a workflow or activity task of its queue. One look at a
+//! time; the long-poll wait around it (and waking on new work) is the caller's.
+//!
+//! A poll may carry a `poll_request_id`: a retry of it (its response was lost) gets the lease
+//! the first one took back, while that lease is live, instead of a second task.
+
+use crate::{AppResult, Services};
+use capstan_engine::*;
+use capstan_store::prelude::*;
+use capstan_store::{PollKey, RunLocator, WorkerRecord};
+
+/// The registration a poll comes from, checked: it exists, is for this queue, and (when the poll
+/// names one) for this build.
+pub async fn poller<V: Services>(
+    services: &V,
+    namespace: &str,
+    worker_id: &str,
+    queue: &str,
+    build_id: Option<&str>,
+) -> AppResult<WorkerRecord> {
+    let worker = services
+        .store()
+        .get_worker(namespace, worker_id)
+        .await?
+        .ok_or_else(|| Refusal::new(Reason::WorkerNotRegistered, "Register the worker before polling.").with("worker_id", worker_id))?;
+    if worker.task_queue != queue {
+        return Err(
+            Refusal::new(Reason::TaskQueueMismatch, "The worker is registered for another task queue.")
+                .with("registered_task_queue", worker.task_queue.clone())
+                .with("requested_task_queue", queue)
+                .into(),
+        );
+    }
+    if let (Some(asked), Some(registered)) = (build_id, &worker.build_id) {
+        if asked != registered {
+            return Err(
+                Refusal::new(Reason::BuildIdMismatch, "The poll's build id differs from the registration's.")
+                    .with("registered_build_id", registered.clone())
+                    .with("requested_build_id", asked)
+                    .into(),
+            );
+        }
+    }
+    Ok(worker)
+}
+
+/// One poll for a task of `kind`.
+#[derive(Clone, Debug)]
+pub struct Poll {
+    pub namespace: String,
+    pub worker: WorkerRecord,
+    pub kind: TaskKind,
+    pub poll_request_id: Option<String>,
+    /// How long a lease this poll takes lasts.
+    pub lease_ms: i64,
+}
+
+impl Poll {
+    /// The scope of the poll's idempotency, when it has a request id.
+    pub fn key(&self) -> Option<PollKey> {
+        self.poll_request_id.as_ref().map(|id| PollKey {
+            namespace: self.namespace.clone(),
+            task_queue: self.worker.task_queue.clone(),
+            worker_id: self.worker.worker_id.clone(),
+            kind: self.kind,
+            poll_request_id: id.clone(),
+        })
+    }
+
+    fn types(&self) -> &[String] {
+        match self.kind {
+            TaskKind::Workflow => &self.worker.supported_workflow_types,
+            _ => &self.worker.supported_activity_types,
+        }
+    }
+}
+
+/// The lease an earlier poll with the same request id took, if it is still this worker's.
+pub async fn recall<V: Services>(services: &V, poll: &Poll) -> AppResult<Option<(Task, RunState)>> {
+    let Some(key) = poll.key() else { return Ok(None) };
+    let store = services.store();
+    let Some((task_id, fence)) = store.recall_poll(key).await? else {
+        return Ok(None);
+    };
+    let Some(run) = store.load_run(&poll.namespace, RunLocator::Task(task_id.clone())).await? else {
+        return Ok(None);
+    };
+    let now = services.now();
+    let owner = poll.worker.worker_id.as_str();
+    let live = run.tasks.get(&task_id).filter(|t| {
+        t.lease()
+            .is_some_and(|l| l.owner == owner && l.fence == fence && l.expires_at > now)
+    });
+    Ok(live.cloned().map(|task| (task, run)))
+}
+
+/// Leases the oldest ready task the worker can run, if there is one now.
+pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Option<(Task, RunState)>> {
+    let store = services.store();
+    let now = services.now();
+    let queue = poll.worker.task_queue.as_str();
+    if !store.has_ready_task(&poll.namespace, poll.kind, queue, poll.types(), now).await? {
+        return Ok(None);
+    }
+    let owner = poll.worker.worker_id.as_str();
+    let claimed = store
+        .claim_task(
+            &poll.namespace,
+            poll.kind,
+            queue,
+            poll.types(),
+            owner,
+            poll.lease_ms,
+            now,
+            poll.key(),
+        )
+        .await?;
+    if let Some((task, run)) = &claimed {
+        tracing::info!(namespace = %poll.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id,
+            kind = poll.kind.as_str(), fence = task.fence, owner, "task leased");
+    }
+    Ok(claimed)
+}
