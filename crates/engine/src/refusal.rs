@@ -151,6 +151,8 @@ reasons! {
     UpdateValidationLeaseOwnerMismatch => "update_validation_lease_owner_mismatch",
     UpdateValidationLeaseExpired => "update_validation_lease_expired",
     UpdateValidatorRejected => "update_validator_rejected",
+    /// The update's handler failed (`failure_message` says how); answered to the waiting client.
+    UpdateFailed => "update_failed",
 }
 
 /// A reason equals its wire code (what tests and clients compare against).

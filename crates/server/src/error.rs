@@ -73,6 +73,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::UnknownSearchAttribute
         | Reason::InvalidSearchAttributeValue
         | Reason::MemoTooLarge
+        | Reason::UpdateFailed
         | Reason::InvalidQueryArguments
         | Reason::InvalidVisibilityQuery
         | Reason::InvalidScheduleSpec

@@ -447,7 +447,7 @@ pub fn update_export(update_id: &str, update: &UpdateRecord) -> Value {
 pub fn blocked_by(run: &RunState) -> Value {
     match unresolved_ledger_entry(run) {
         Some(entry) => json!({
-            "reason": "outcome_unknown_requires_resolution",
+            "reason": Reason::OutcomeUnknownRequiresResolution.as_str(),
             "ledger_key": entry.ledger_key,
             "activity_type": entry.activity_type,
             "activity_execution_id": entry.activity_execution_id,

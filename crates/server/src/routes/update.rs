@@ -214,7 +214,7 @@ fn respond<S: Store>(
         UpdateStatus::Failed => {
             let message = record.failure.map(|f| f.message).unwrap_or_else(|| "The update failed.".into());
             body["outcome"] = json!("update_failed");
-            body["reason"] = json!("update_failed");
+            body["reason"] = json!(Reason::UpdateFailed.as_str());
             body["message"] = json!(message);
             body["error"] = json!(message);
             body["failure_message"] = json!(message);
