@@ -26,12 +26,18 @@ pub struct WorkflowLease {
 }
 
 /// Applies a workflow task's commands. Upserted search attributes are checked against the
-/// namespace's schema first; scheduling a declared action pins its definition.
+/// namespace's schema first; scheduling a declared action pins its definition. A `sticky`
+/// claim (the worker keeps the run in its replay cache) must come from a worker registered for
+/// sticky execution, name its lease and run, and its build; it becomes the run's affinity.
 pub async fn complete_workflow_task<V: Services>(
     services: &V,
     lease: WorkflowLease,
     commands: Vec<WorkflowCommand>,
+    sticky: Option<StickyClaim>,
 ) -> AppResult<(Receipt, RunState)> {
+    if let Some(claim) = &sticky {
+        check_sticky_registration(services, &lease, claim).await?;
+    }
     for command in &commands {
         if let WorkflowCommand::UpsertSearchAttributes { attributes, .. } = command {
             search_attributes::check_defined(services, &lease.namespace, "commands.upsert_search_attributes", attributes).await?;
@@ -44,22 +50,51 @@ pub async fn complete_workflow_task<V: Services>(
         None
     };
     let memo = services.memo_codec();
-    let WorkflowLease {
-        namespace,
-        task_id,
-        owner,
-        attempt,
-    } = lease;
-    let locator = RunLocator::Task(task_id.clone());
-    let done = services
-        .store()
-        .mutate_run(&namespace, locator, services.now(), move |run, cx| {
-            cx.memo = memo;
-            cx.actions = actions;
-            capstan_engine::complete_workflow_task(run, cx, &task_id, &owner, attempt, commands)
-        })
-        .await?;
+    let WorkflowLease { owner, attempt, .. } = lease.clone();
+    let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        cx.memo = memo;
+        cx.actions = actions;
+        if let Some(claim) = &sticky {
+            capstan_engine::check_sticky_claim(run, &owner, claim)?;
+        }
+        let receipt = capstan_engine::complete_workflow_task(run, cx, task_id, &owner, attempt, commands)?;
+        capstan_engine::record_sticky_claim(run, cx.now, sticky);
+        Ok(receipt)
+    })
+    .await?;
     Ok(done)
+}
+
+/// A sticky claim comes from a worker that registered the `sticky_execution` capability, for
+/// the build it registered (its `build_id`, else its SDK version, as the SDKs key their cache).
+async fn check_sticky_registration<V: Services>(services: &V, lease: &WorkflowLease, claim: &StickyClaim) -> AppResult<()> {
+    let worker = services.store().get_worker(&lease.namespace, &lease.owner).await?.ok_or_else(|| {
+        Refusal::new(Reason::WorkerNotRegistered, "Register the worker before claiming runs.").with("worker_id", lease.owner.clone())
+    })?;
+    let declared = worker
+        .document
+        .get("capabilities")
+        .and_then(Value::as_array)
+        .is_some_and(|caps| caps.iter().any(|c| c == "sticky_execution"));
+    if !declared {
+        return Err(Refusal::new(
+            Reason::WorkerCapabilityNotSupported,
+            "The worker did not register the sticky_execution capability.",
+        )
+        .with("capability", "sticky_execution")
+        .into());
+    }
+    let registered_build = worker.build_id.clone().or(worker.sdk_version.clone()).unwrap_or_default();
+    if claim.build_id.trim() != registered_build.trim() {
+        return Err(Refusal::new(
+            Reason::StickyCacheIdentityMismatch,
+            "The sticky_cache claim's build_id is not the worker's registered build.",
+        )
+        .with("field", "sticky_cache.build_id")
+        .with("registered_build_id", registered_build)
+        .into());
+    }
+    Ok(())
 }
 
 /// Fails a workflow task (offered again after backoff; "waiting for history" closes it).
@@ -68,35 +103,21 @@ pub async fn fail_workflow_task<V: Services>(
     lease: WorkflowLease,
     failure: WorkflowTaskFailure,
 ) -> AppResult<(Receipt, RunState)> {
-    let WorkflowLease {
-        namespace,
-        task_id,
-        owner,
-        attempt,
-    } = lease;
-    let done = services
-        .store()
-        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
-            capstan_engine::fail_workflow_task(run, cx, &task_id, &owner, attempt, failure)
-        })
-        .await?;
+    let WorkflowLease { owner, attempt, .. } = lease.clone();
+    let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        capstan_engine::fail_workflow_task(run, cx, task_id, &owner, attempt, failure)
+    })
+    .await?;
     Ok(done)
 }
 
 /// Extends a workflow task lease by `lease_ms`.
 pub async fn heartbeat_workflow_task<V: Services>(services: &V, lease: WorkflowLease, lease_ms: i64) -> AppResult<(Lease, RunState)> {
-    let WorkflowLease {
-        namespace,
-        task_id,
-        owner,
-        attempt,
-    } = lease;
-    let done = services
-        .store()
-        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
-            capstan_engine::heartbeat_workflow_task(run, cx, &task_id, &owner, attempt, lease_ms)
-        })
-        .await?;
+    let WorkflowLease { owner, attempt, .. } = lease.clone();
+    let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        capstan_engine::heartbeat_workflow_task(run, cx, task_id, &owner, attempt, lease_ms)
+    })
+    .await?;
     Ok(done)
 }
 
@@ -113,19 +134,12 @@ pub struct AttemptLease {
 pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, result: Payload) -> AppResult<(Receipt, RunState)> {
     let evidence = json!({"report": "completed", "result_hash": ledger::digest(&result.blob), "lease_owner": lease.owner});
     let memo = services.memo_codec();
-    let (task_id, attempt_id, owner) = (lease.task_id.clone(), lease.attempt_id.clone(), lease.owner.clone());
-    let outcome = services
-        .store()
-        .mutate_run(
-            &lease.namespace,
-            RunLocator::Task(task_id.clone()),
-            services.now(),
-            move |run, cx| {
-                cx.memo = memo;
-                capstan_engine::complete_activity(run, cx, &task_id, &attempt_id, &owner, result)
-            },
-        )
-        .await;
+    let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
+    let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        cx.memo = memo;
+        capstan_engine::complete_activity(run, cx, task_id, &attempt_id, &owner, result)
+    })
+    .await;
     settle_report(services, &lease, evidence, outcome).await
 }
 
@@ -133,16 +147,11 @@ pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, r
 pub async fn fail_activity<V: Services>(services: &V, lease: AttemptLease, failure: ActivityFailure) -> AppResult<(Receipt, RunState)> {
     let evidence =
         json!({"report": "failed", "message": failure.message, "exception_type": failure.failure_type, "lease_owner": lease.owner});
-    let (task_id, attempt_id, owner) = (lease.task_id.clone(), lease.attempt_id.clone(), lease.owner.clone());
-    let outcome = services
-        .store()
-        .mutate_run(
-            &lease.namespace,
-            RunLocator::Task(task_id.clone()),
-            services.now(),
-            move |run, cx| capstan_engine::fail_activity(run, cx, &task_id, &attempt_id, &owner, failure),
-        )
-        .await;
+    let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
+    let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        capstan_engine::fail_activity(run, cx, task_id, &attempt_id, &owner, failure)
+    })
+    .await;
     settle_report(services, &lease, evidence, outcome).await
 }
 
@@ -159,13 +168,27 @@ pub async fn heartbeat_activity<V: Services>(
         attempt_id,
         owner,
     } = lease;
-    let done = services
-        .store()
-        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
-            capstan_engine::heartbeat_activity(run, cx, &task_id, &attempt_id, &owner, lease_ms, details)
-        })
-        .await?;
+    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
+        capstan_engine::heartbeat_activity(run, cx, task_id, &attempt_id, &owner, lease_ms, details)
+    })
+    .await?;
     Ok(done)
+}
+
+/// Runs `transition` on the run that owns `task_id`, now: every report is a transition on
+/// the run its lease names.
+async fn on_task<V: Services, T, F>(services: &V, namespace: &str, task_id: &TaskId, transition: F) -> Result<(T, RunState), StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut RunState, &mut Cx, &TaskId) -> Result<T, Refusal> + Send + 'static,
+{
+    let task = task_id.clone();
+    services
+        .store()
+        .mutate_run(namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
+            transition(run, cx, &task)
+        })
+        .await
 }
 
 /// A refused report is attached as evidence to an `outcome_unknown` entry of its attempt.

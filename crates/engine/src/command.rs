@@ -19,6 +19,9 @@ pub enum WorkflowCommand {
         condition_key: Option<String>,
         fingerprint: Option<String>,
         timeout_seconds: Option<i64>,
+        /// The SDK's identity of this wait occurrence (Rust: `rust:condition-wait:{n}`), recorded
+        /// on every condition event of the step: the Rust replayer requires it there.
+        occurrence_id: Option<String>,
         tags: StepTags,
     },
     OpenSignalWait {
@@ -39,6 +42,8 @@ pub enum WorkflowCommand {
     },
     UpsertSearchAttributes {
         attributes: Map<String, Value>,
+        /// The declared type of each upserted key (Rust sends it), recorded for typed replay.
+        attribute_types: Option<Map<String, Value>>,
         tags: StepTags,
     },
     /// `result` is filled by the caller (an Avro null when the worker sent none).
@@ -180,6 +185,8 @@ pub struct LocalAttempt {
     /// For an attempt that was retried: why, and its failure (`retry_reason`, `backoff_seconds`,
     /// `message`, `exception_type`, `timeout_kind`).
     pub retry: Map<String, Value>,
+    /// How long the attempt ran, as the worker measured it.
+    pub duration_ms: Option<i64>,
 }
 
 impl LocalActivityRecord {
@@ -228,7 +235,45 @@ pub struct ScheduleActivity {
     pub queue: Option<String>,
     pub retry_policy: Option<RetryPolicy>,
     pub timeouts: ActivityTimeouts,
+    /// What a cancellation of the workflow does to this activity; recorded on
+    /// `ActivityScheduled` (both SDKs replay it; absent means `try_cancel`).
+    pub cancellation_policy: Option<ActivityCancellationPolicy>,
+    /// The worker session the activity must run in: only its holder is offered the task.
+    /// Recorded on `ActivityScheduled` as the workflow sent it (the Rust SDK replays it).
+    pub worker_session: Option<SessionRequirement>,
     pub tags: StepTags,
+}
+
+/// An activity's cancellation policy, as the SDKs name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActivityCancellationPolicy {
+    TryCancel,
+    WaitCancellationCompleted,
+    Abandon,
+}
+
+impl ActivityCancellationPolicy {
+    pub const ALL: [Self; 3] = [Self::TryCancel, Self::WaitCancellationCompleted, Self::Abandon];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TryCancel => "try_cancel",
+            Self::WaitCancellationCompleted => "wait_cancellation_completed",
+            Self::Abandon => "abandon",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == text)
+    }
+}
+
+/// A `schedule_activity.worker_session`: the session the activity must run in. `options` is
+/// the object exactly as the workflow sent it (it is recorded and replayed verbatim).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionRequirement {
+    pub session_id: String,
+    pub options: Map<String, Value>,
 }
 
 /// Activity retry policy as DW defines it. `max_attempts: None` means unlimited.
@@ -288,6 +333,17 @@ pub struct WorkflowFailure {
     pub exception_class: Option<String>,
     pub exception: Option<Value>,
     pub non_retryable: bool,
+    /// Where the run failed, when an activity failure escaped the workflow (both SDKs send it
+    /// with `fail_workflow`; DW's redrive resumes from it). Recorded on `WorkflowFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundary: Option<FailureBoundary>,
+}
+
+/// The step and activity execution a workflow failure came from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FailureBoundary {
+    pub failed_step_sequence: i64,
+    pub failed_activity_execution_id: String,
 }
 
 /// An activity attempt's failure as reported by a worker.

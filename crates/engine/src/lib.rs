@@ -24,6 +24,7 @@ pub mod refusal;
 pub mod run;
 pub mod schedule;
 pub mod selection;
+pub mod sticky;
 pub mod task;
 pub mod timefmt;
 mod transitions;
@@ -41,6 +42,7 @@ pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};
 pub use refusal::{Reason, Refusal};
 pub use run::*;
 pub use selection::{SelectEntry, SelectionBook};
+pub use sticky::{check_sticky_claim, record_sticky_claim, ReplayMode, StickyAffinity, StickyClaim};
 pub use task::*;
 pub use transitions::*;
 

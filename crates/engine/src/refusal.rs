@@ -153,6 +153,10 @@ reasons! {
     UpdateValidatorRejected => "update_validator_rejected",
     /// The update's handler failed (`failure_message` says how); answered to the waiting client.
     UpdateFailed => "update_failed",
+    /// A `sticky_cache` claim names another worker, run or build than the lease it came with.
+    StickyCacheIdentityMismatch => "sticky_cache_identity_mismatch",
+    /// The worker asks for something its registration did not declare (e.g. `sticky_execution`).
+    WorkerCapabilityNotSupported => "worker_capability_not_supported",
 }
 
 /// A reason equals its wire code (what tests and clients compare against).

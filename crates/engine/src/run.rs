@@ -1,6 +1,6 @@
 //! The state of one workflow run, and the bookkeeping every transition shares.
 
-use crate::command::{ActivityTimeouts, RetryPolicy, StepKind, StepTags, WorkflowFailure};
+use crate::command::{ActivityCancellationPolicy, ActivityTimeouts, RetryPolicy, SessionRequirement, StepKind, StepTags, WorkflowFailure};
 use crate::contract::CommandContract;
 use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
 use crate::ids::*;
@@ -111,6 +111,12 @@ pub struct ActivityExecution {
     /// Set while the last dispatch's outcome is unknown: no attempt runs until it is resolved.
     #[serde(default)]
     pub blocked_by: Option<String>,
+    /// The workflow's cancellation policy for this activity, when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancellation_policy: Option<ActivityCancellationPolicy>,
+    /// The worker session the activity runs in: its tasks go only to the session's holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_session: Option<SessionRequirement>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -139,6 +145,9 @@ pub struct ConditionWait {
     pub fingerprint: Option<String>,
     pub timeout_seconds: Option<i64>,
     pub timer_id: Option<TimerId>,
+    /// The SDK's occurrence identity of the wait, repeated on each of its condition events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occurrence_id: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -328,6 +337,9 @@ pub struct RunState {
     /// The worker build this run is pinned to (its workflow tasks go only to that build).
     #[serde(default)]
     pub compatibility: Option<String>,
+    /// The worker whose cache holds this run (sticky execution), while its claim lasts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky: Option<crate::sticky::StickyAffinity>,
     /// A cooperative cancellation request: the run stays open for workflow-authored cleanup.
     #[serde(default)]
     pub cancellation: Option<CancellationRequest>,
@@ -623,6 +635,7 @@ impl RunState {
                         task.detail = TaskDetail::Workflow {
                             resume: Some(resume),
                             history_snapshot: 0,
+                            replay_mode: None,
                         };
                     }
                     Some(resume) => self.pending_resumes.push_back(resume),
@@ -657,6 +670,7 @@ impl RunState {
                     task.detail = TaskDetail::Workflow {
                         resume: Some(update),
                         history_snapshot: 0,
+                        replay_mode: None,
                     };
                     self.workflow_task_wanted = true;
                 } else {
@@ -675,6 +689,7 @@ impl RunState {
             TaskDetail::Workflow {
                 resume,
                 history_snapshot: 0,
+                replay_mode: None,
             },
         );
         self.workflow_task = Some(id.clone());

@@ -75,6 +75,9 @@ pub enum TaskDetail {
         resume: Option<ResumeContext>,
         /// History visible to the current lease: events up to this sequence (snapshot at lease).
         history_snapshot: u64,
+        /// What the current lease's holder may expect of its replay cache (set at lease).
+        #[serde(default)]
+        replay_mode: Option<crate::sticky::ReplayMode>,
     },
     Activity {
         execution_id: ActivityExecutionId,

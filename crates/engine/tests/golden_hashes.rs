@@ -289,6 +289,8 @@ fn an_activity_timer_and_repair_run_ends_at_its_known_head() {
                     heartbeat_seconds: Some(10),
                     ..Default::default()
                 },
+                cancellation_policy: None,
+                worker_session: None,
                 tags: tags(json!({"zz_note": "quoted \"x\"\n", "aa_note": "first"})),
             }),
             WorkflowCommand::StartTimer {
@@ -309,6 +311,7 @@ fn an_activity_timer_and_repair_run_ends_at_its_known_head() {
             WorkflowCommand::UpsertSearchAttributes {
                 attributes: unsorted(&[("Score", json!(3.75)), ("Tags", json!(["a", "b"])), ("Priority", Value::Null)]),
                 tags: Map::new(),
+                attribute_types: None,
             },
         ],
     );
@@ -388,12 +391,14 @@ fn local_activity() -> WorkflowCommand {
                 worker_attempt_id: Some("local-a1".into()),
                 heartbeats: vec![json!({"elapsed_ms": 12, "details": {"step": "dns"}})],
                 retry: object(json!({"retry_reason": "failure", "backoff_seconds": 1, "message": "timeout\tdns"})),
+                duration_ms: None,
             },
             LocalAttempt {
                 attempt_number: 2,
                 worker_attempt_id: None,
                 heartbeats: vec![],
                 retry: Map::new(),
+                duration_ms: None,
             },
         ],
         tags: Map::new(),
@@ -446,6 +451,7 @@ fn a_run_with_signals_updates_a_retried_child_and_a_terminate_ends_at_its_known_
             exception_class: None,
             exception: Some(json!({"where": "dock 7", "codes": [1, -2]})),
             non_retryable: false,
+            boundary: None,
         })],
     );
     let notice = effects.parent_notice.expect("the parent hears of the child");
@@ -466,6 +472,7 @@ fn a_run_with_signals_updates_a_retried_child_and_a_terminate_ends_at_its_known_
             fingerprint: Some("fp-1".into()),
             timeout_seconds: Some(120),
             tags: Map::new(),
+            occurrence_id: None,
         }],
     );
     let ((update_id, _), _) = world.apply(&mut chain, |run, cx| {
@@ -626,6 +633,8 @@ fn a_declared_action_with_an_unknown_outcome_ends_at_its_known_heads() {
                 start_to_close_seconds: Some(10),
                 ..Default::default()
             },
+            cancellation_policy: None,
+            worker_session: None,
             tags: Map::new(),
         })],
     );
@@ -687,6 +696,7 @@ fn wait_timeouts_and_a_failed_update_end_at_their_known_head() {
                 fingerprint: None,
                 timeout_seconds: Some(7),
                 tags: clashing,
+                occurrence_id: None,
             },
         ],
     );
@@ -704,6 +714,7 @@ fn wait_timeouts_and_a_failed_update_end_at_their_known_head() {
                 exception_class: None,
                 exception: Some(json!({"depth": 1})),
                 non_retryable: true,
+                boundary: None,
             },
         }],
     );

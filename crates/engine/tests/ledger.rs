@@ -126,6 +126,8 @@ impl World {
             retry_policy: None,
             timeouts: ActivityTimeouts::default(),
             tags: Map::new(),
+            cancellation_policy: None,
+            worker_session: None,
         });
         self.apply(|run, cx| {
             cx.actions = Some(Arc::new(actions));

@@ -91,6 +91,8 @@ fn plan(plan: usize) -> Vec<WorkflowCommand> {
                 start_to_close_seconds: Some(4),
                 ..Default::default()
             },
+            cancellation_policy: None,
+            worker_session: None,
             tags: Map::new(),
         })
     };
@@ -106,6 +108,7 @@ fn plan(plan: usize) -> Vec<WorkflowCommand> {
             fingerprint: None,
             timeout_seconds: Some(3),
             tags: Map::new(),
+            occurrence_id: None,
         }],
         _ => vec![WorkflowCommand::CompleteWorkflow {
             result: Payload::avro("done"),

@@ -129,6 +129,8 @@ fn activity(retry: Option<RetryPolicy>) -> WorkflowCommand {
         retry_policy: retry,
         timeouts: ActivityTimeouts::default(),
         tags: Map::new(),
+        cancellation_policy: None,
+        worker_session: None,
     })
 }
 
@@ -208,6 +210,7 @@ fn step_sequences_count_commands_not_events() {
         fingerprint: None,
         timeout_seconds: Some(10),
         tags: Map::new(),
+        occurrence_id: None,
     };
     sim.complete_workflow("w", vec![activity(None), timer, wait]).unwrap();
     let steps: Vec<(String, u64)> = sim.history[2..]
@@ -378,6 +381,7 @@ fn a_signal_resumes_a_condition_wait_and_cancels_its_timeout() {
         fingerprint: Some("fp".into()),
         timeout_seconds: Some(30),
         tags: Map::new(),
+        occurrence_id: None,
     };
     sim.complete_workflow("w", vec![wait]).unwrap();
     sim.apply(|run, cx| signal(run, cx, "approve", Payload::avro("yes"), "cmd-sig".into()))
@@ -577,6 +581,8 @@ fn resent_parallel_group_members_are_replays_not_new_steps() {
             retry_policy: None,
             timeouts: ActivityTimeouts::default(),
             tags,
+            cancellation_policy: None,
+            worker_session: None,
         })
     };
     sim.complete_workflow("w", vec![member(0), member(1)]).unwrap();
@@ -712,6 +718,7 @@ fn an_update_gets_its_own_task_and_a_regular_task_follows() {
         fingerprint: None,
         timeout_seconds: None,
         tags: Map::new(),
+        occurrence_id: None,
     };
     sim.complete_workflow("w", vec![wait.clone()]).unwrap();
     let (update_id, _) = sim
@@ -983,6 +990,8 @@ fn heartbeating_activity(max_attempts: u32, start_to_close_seconds: i64) -> Work
             heartbeat_seconds: Some(3),
             ..Default::default()
         },
+        cancellation_policy: None,
+        worker_session: None,
         tags: Map::new(),
     })
 }
@@ -1064,6 +1073,7 @@ fn open_wait() -> WorkflowCommand {
         fingerprint: Some("fp".into()),
         timeout_seconds: None,
         tags: Map::new(),
+        occurrence_id: None,
     }
 }
 
@@ -1239,6 +1249,7 @@ fn a_rejected_update_is_recorded_without_a_task() {
         fingerprint: None,
         timeout_seconds: None,
         tags: Map::new(),
+        occurrence_id: None,
     };
     sim.complete_workflow("w", vec![wait]).unwrap();
     let tasks_before = sim.run.tasks.len();

@@ -131,6 +131,13 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "history_head_hash": run.last_hash,
         "fence_high_water": run.fence_high_water,
         "compatibility": run.compatibility,
+        "sticky": run.sticky.as_ref().map(|a| json!({
+            "worker_id": a.worker_id,
+            "build_id": a.build_id,
+            "claimed_at": time(a.claimed_at),
+            "expires_at": time(a.expires_at),
+            "metrics": a.metrics,
+        })),
         "open_tasks": open_tasks,
         "pending_activity_count": run.activities.len(),
         "pending_timer_count": run.timers.len(),
@@ -315,7 +322,12 @@ pub fn activity_task(run: &RunState, task: &Task) -> Value {
 
 /// The task object of a workflow poll, with the first history page.
 pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_token: Option<String>) -> Value {
-    let TaskDetail::Workflow { resume, history_snapshot } = &task.detail else {
+    let TaskDetail::Workflow {
+        resume,
+        history_snapshot,
+        replay_mode,
+    } = &task.detail
+    else {
         return Value::Null;
     };
     let lease = task.lease();
@@ -348,6 +360,7 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
         "workflow_command_id": Value::Null,
         "cancel_requested": false,
         "fence": task.fence,
+        "sticky_replay_mode": replay_mode.unwrap_or(ReplayMode::ColdReplay).as_str(),
     });
     if let Some(ResumeContext::Update {
         update_id,

@@ -29,10 +29,6 @@ impl<'a> Fields<'a> {
         format!("{}{}", self.prefix, key)
     }
 
-    pub fn has(&self, key: &str) -> bool {
-        self.map.get(key).is_some_and(|v| !v.is_null())
-    }
-
     pub fn raw(&self, key: &str) -> Option<&'a Value> {
         self.map.get(key).filter(|v| !v.is_null())
     }
@@ -172,23 +168,24 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The parallel-group and scope fields copied from a command onto its events.
+/// The parallel-group and selection fields copied from a step command onto its events.
+const TAG_FIELDS: &[&str] = &[
+    "parallel_group_id",
+    "parallel_group_kind",
+    "parallel_group_base_sequence",
+    "parallel_group_size",
+    "parallel_group_index",
+    "parallel_group_path",
+    "parallel_group_mode",
+    "selection_member_key",
+    "selection_member_index",
+    "selection_member_base_sequence",
+    "selection_member_size",
+    "selection_member_kind",
+];
+
 fn step_tags(command: &Map<String, Value>) -> StepTags {
-    const COPIED: &[&str] = &[
-        "parallel_group_id",
-        "parallel_group_kind",
-        "parallel_group_base_sequence",
-        "parallel_group_size",
-        "parallel_group_index",
-        "parallel_group_path",
-        "parallel_group_mode",
-        "selection_member_key",
-        "selection_member_index",
-        "selection_member_base_sequence",
-        "selection_member_size",
-        "selection_member_kind",
-    ];
-    COPIED
+    TAG_FIELDS
         .iter()
         .filter_map(|k| command.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())))
         .collect()
@@ -245,7 +242,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
     let f = Fields::nested(map, format!("commands.{index}."));
     let kind = f.req_str("type", 64)?;
     let tags = step_tags(map);
-    check_field_placement(&f, &kind, index)?;
+    check_command_fields(map, &kind, index)?;
     let max_delay = limits.delay_seconds_max;
     Ok(match kind.as_str() {
         "schedule_activity" => WorkflowCommand::ScheduleActivity(parse_schedule_activity(&f, index, limits, tags)?),
@@ -257,6 +254,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             condition_key: f.opt_str("condition_key", 255)?,
             fingerprint: f.opt_str("condition_definition_fingerprint", 255)?,
             timeout_seconds: f.opt_int("timeout_seconds", 0, max_delay)?,
+            occurrence_id: f.opt_str("condition_wait_occurrence_id", 255)?,
             tags,
         },
         "open_signal_wait" => WorkflowCommand::OpenSignalWait {
@@ -289,6 +287,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
                 .opt_object("attributes")?
                 .cloned()
                 .ok_or_else(|| ApiError::validation(&format!("commands.{index}.attributes"), "The attributes field is required."))?,
+            attribute_types: parse_attribute_types(&f, index)?,
             tags,
         },
         "complete_workflow" => WorkflowCommand::CompleteWorkflow {
@@ -323,34 +322,176 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             queue: f.opt_str("queue", 255)?,
             tags,
         },
-        "fail_workflow" => WorkflowCommand::FailWorkflow(parse_workflow_failure(&f)?),
+        "fail_workflow" => WorkflowCommand::FailWorkflow(WorkflowFailure {
+            boundary: parse_failure_boundary(&f, index)?,
+            ..parse_workflow_failure(&f)?
+        }),
         other => return Err(invalid_commands(format!("Command type {other:?} is not supported by this server."))),
     })
 }
 
-/// Fields that only some command types take: refused, naming the field, on the others.
-fn check_field_placement(f: &Fields, kind: &str, index: usize) -> ApiResult<()> {
-    const PLACES: &[(&[&str], &[&str])] = &[
-        (
-            &["retry_policy"],
-            &["schedule_activity", "start_child_workflow", "record_local_activity"],
-        ),
-        (&["schedule_to_start_timeout"], &["schedule_activity"]),
-        (
-            &["start_to_close_timeout", "schedule_to_close_timeout", "heartbeat_timeout"],
-            &["schedule_activity", "record_local_activity"],
-        ),
-        (&["non_retryable"], &["fail_workflow", "fail_update", "record_local_activity"]),
-    ];
-    for (keys, allowed) in PLACES {
-        for key in *keys {
-            if f.has(key) && !allowed.contains(&kind) {
-                return Err(ApiError::validation(
-                    &format!("commands.{index}.{key}"),
-                    format!("The {key} field is not allowed on {kind} commands."),
-                ));
-            }
-        }
+/// Every field each command type takes: each is honoured or recorded on its events (see
+/// `docs/protocol-coverage.md`). Step commands also take the parallel-group and selection
+/// fields (`TAG_FIELDS`). Anything else is refused, naming the field: a field accepted and
+/// dropped would be lost on replay without anyone noticing.
+const COMMAND_FIELDS: &[(&str, bool, &[&str])] = &[
+    // (command type, takes TAG_FIELDS, its own fields besides `type`)
+    (
+        "schedule_activity",
+        true,
+        &[
+            "activity_type",
+            "arguments",
+            "queue",
+            "retry_policy",
+            "start_to_close_timeout",
+            "schedule_to_start_timeout",
+            "schedule_to_close_timeout",
+            "heartbeat_timeout",
+            "cancellation_policy",
+            "worker_session",
+        ],
+    ),
+    (
+        "record_local_activity",
+        true,
+        &[
+            "activity_type",
+            "arguments",
+            "execution_mode",
+            "outcome",
+            "attempts",
+            "result",
+            "message",
+            "exception_type",
+            "non_retryable",
+            "timeout_kind",
+            "retry_policy",
+            "start_to_close_timeout",
+            "schedule_to_close_timeout",
+            "heartbeat_timeout",
+        ],
+    ),
+    ("start_timer", true, &["delay_seconds"]),
+    (
+        "open_condition_wait",
+        true,
+        &[
+            "condition_key",
+            "condition_definition_fingerprint",
+            "timeout_seconds",
+            "condition_wait_occurrence_id",
+        ],
+    ),
+    ("open_signal_wait", true, &["signal_name", "timeout_seconds"]),
+    ("record_side_effect", true, &["result", "workflow_stream"]),
+    (
+        "record_version_marker",
+        true,
+        &["change_id", "version", "min_supported", "max_supported"],
+    ),
+    ("upsert_search_attributes", true, &["attributes", "attribute_types"]),
+    ("upsert_memo", true, &["entries"]),
+    ("complete_workflow", false, &["result"]),
+    (
+        "fail_workflow",
+        false,
+        &[
+            "message",
+            "exception_type",
+            "exception_class",
+            "exception",
+            "non_retryable",
+            "failed_step_sequence",
+            "failed_activity_execution_id",
+        ],
+    ),
+    ("continue_as_new", true, &["arguments", "workflow_type", "queue"]),
+    (
+        "start_child_workflow",
+        true,
+        &[
+            "workflow_type",
+            "arguments",
+            "queue",
+            "workflow_id",
+            "parent_close_policy",
+            "cancellation_policy",
+            "execution_timeout_seconds",
+            "run_timeout_seconds",
+            "retry_policy",
+        ],
+    ),
+    ("complete_update", false, &["update_id", "result"]),
+    (
+        "fail_update",
+        false,
+        &[
+            "update_id",
+            "message",
+            "exception_type",
+            "exception_class",
+            "exception",
+            "non_retryable",
+        ],
+    ),
+    (
+        "cancel_selection_operation",
+        false,
+        &[
+            "selection_group_id",
+            "member_key",
+            "member_index",
+            "member_base_sequence",
+            "member_size",
+            "operation_kind",
+            "operation_identity",
+        ],
+    ),
+];
+
+/// The fields of a retry policy, on every command that takes one.
+const RETRY_POLICY_FIELDS: &[&str] = &["max_attempts", "backoff_seconds", "non_retryable_error_types"];
+
+/// The fields of one attempt in a `record_local_activity`.
+const LOCAL_ATTEMPT_FIELDS: &[&str] = &[
+    "attempt_id",
+    "attempt_number",
+    "outcome",
+    "duration_ms",
+    "heartbeats",
+    "message",
+    "exception_type",
+    "non_retryable",
+    "timeout_kind",
+    "retry_reason",
+    "backoff_seconds",
+];
+
+/// Refuses a field of `object` that is not in `known` (null values carry nothing and pass).
+pub fn refuse_unknown_fields(object: &Map<String, Value>, known: &[&[&str]], at: &str, what: &str) -> ApiResult<()> {
+    let unknown = object
+        .iter()
+        .find(|(key, value)| !value.is_null() && !known.iter().any(|list| list.contains(&key.as_str())));
+    match unknown {
+        None => Ok(()),
+        Some((key, _)) => Err(ApiError::validation(
+            &format!("{at}{key}"),
+            format!("The {key} field is not supported on {what}: Capstan neither honours nor records it."),
+        )),
+    }
+}
+
+/// Every field of a command is one its type takes, and so are the fields of its retry policy.
+fn check_command_fields(map: &Map<String, Value>, kind: &str, index: usize) -> ApiResult<()> {
+    let Some((_, tagged, fields)) = COMMAND_FIELDS.iter().find(|(name, _, _)| *name == kind) else {
+        return Ok(()); // an unknown type is refused as such
+    };
+    let tags: &[&str] = if *tagged { TAG_FIELDS } else { &[] };
+    let at = format!("commands.{index}.");
+    refuse_unknown_fields(map, &[&["type"], fields, tags], &at, &format!("{kind} commands"))?;
+    if let Some(Value::Object(policy)) = map.get("retry_policy") {
+        refuse_unknown_fields(policy, &[RETRY_POLICY_FIELDS], &format!("{at}retry_policy."), "retry policies")?;
     }
     Ok(())
 }
@@ -394,7 +535,32 @@ fn parse_schedule_activity(f: &Fields, index: usize, limits: &Limits, tags: Step
             .map(|p| parse_retry_policy(p, index, max_delay))
             .transpose()?,
         timeouts,
+        cancellation_policy: f
+            .opt_str("cancellation_policy", 64)?
+            .map(|policy| {
+                ActivityCancellationPolicy::parse(&policy).ok_or_else(|| {
+                    ApiError::validation(
+                        &format!("commands.{index}.cancellation_policy"),
+                        "cancellation_policy must be try_cancel, wait_cancellation_completed or abandon.",
+                    )
+                })
+            })
+            .transpose()?,
+        worker_session: f
+            .opt_object("worker_session")?
+            .map(|session| parse_session_requirement(session, index))
+            .transpose()?,
         tags,
+    })
+}
+
+/// `schedule_activity.worker_session`: the session options, kept as sent (they are replayed
+/// verbatim); the session id must be there.
+fn parse_session_requirement(options: &Map<String, Value>, index: usize) -> ApiResult<SessionRequirement> {
+    let f = Fields::nested(options, format!("commands.{index}.worker_session."));
+    Ok(SessionRequirement {
+        session_id: f.req_str("session_id", 255)?,
+        options: options.clone(),
     })
 }
 
@@ -485,7 +651,41 @@ fn parse_workflow_failure(f: &Fields) -> ApiResult<WorkflowFailure> {
         exception_class: f.opt_str("exception_class", 1000)?,
         exception: f.raw("exception").cloned(),
         non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false),
+        boundary: None,
     })
+}
+
+/// `fail_workflow.failed_step_sequence` and `failed_activity_execution_id`: sent together.
+fn parse_failure_boundary(f: &Fields, index: usize) -> ApiResult<Option<FailureBoundary>> {
+    let step = f.opt_int("failed_step_sequence", 1, u32::MAX as i64)?;
+    let execution = f.opt_str("failed_activity_execution_id", 255)?;
+    match (step, execution) {
+        (None, None) => Ok(None),
+        (Some(failed_step_sequence), Some(failed_activity_execution_id)) => Ok(Some(FailureBoundary {
+            failed_step_sequence,
+            failed_activity_execution_id,
+        })),
+        _ => Err(ApiError::validation(
+            &format!("commands.{index}.failed_step_sequence"),
+            "failed_step_sequence and failed_activity_execution_id go together.",
+        )),
+    }
+}
+
+/// `upsert_search_attributes.attribute_types`: a type name per upserted key.
+fn parse_attribute_types(f: &Fields, index: usize) -> ApiResult<Option<Map<String, Value>>> {
+    let Some(types) = f.opt_object("attribute_types")? else {
+        return Ok(None);
+    };
+    for (key, value) in types {
+        if !value.as_str().is_some_and(|name| !name.is_empty() && name.len() <= 64) {
+            return Err(ApiError::validation(
+                &format!("commands.{index}.attribute_types.{key}"),
+                "Each attribute type must be a type name.",
+            ));
+        }
+    }
+    Ok(Some(types.clone()))
 }
 
 /// Attempts a local activity record may carry, and heartbeats across them (DW's bounds).
@@ -503,6 +703,13 @@ fn parse_local_activity(map: &Map<String, Value>, index: usize, limits: &Limits,
     let arguments = f
         .opt_payload("arguments", limits)?
         .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
+    // Every local activity's events carry `execution_mode: local`; no other mode is a local one.
+    if f.opt_str("execution_mode", 32)?.is_some_and(|mode| mode != "local") {
+        return Err(ApiError::validation(
+            &at("execution_mode"),
+            "A record_local_activity's execution_mode is local.",
+        ));
+    }
     let mut echoed = Map::new();
     if let Some(policy) = f.opt_object("retry_policy")? {
         parse_retry_policy(policy, index, limits.delay_seconds_max)?;
@@ -563,6 +770,12 @@ fn parse_local_activity(map: &Map<String, Value>, index: usize, limits: &Limits,
                 "Each attempt must be an object.",
             ));
         };
+        refuse_unknown_fields(
+            attempt,
+            &[LOCAL_ATTEMPT_FIELDS],
+            &at(&format!("attempts.{n}.")),
+            "local activity attempts",
+        )?;
         let a = Fields::nested(attempt, at(&format!("attempts.{n}.")));
         let attempt_number = a.req_int("attempt_number", 1, LOCAL_ATTEMPTS_MAX as i64)? as u32;
         a.req_str("outcome", 32)?;
@@ -587,6 +800,7 @@ fn parse_local_activity(map: &Map<String, Value>, index: usize, limits: &Limits,
             worker_attempt_id: a.opt_str("attempt_id", 255)?,
             heartbeats,
             retry,
+            duration_ms: a.opt_int("duration_ms", 0, i64::MAX)?,
         });
     }
     if heartbeat_count > LOCAL_HEARTBEATS_MAX {
@@ -651,6 +865,33 @@ pub fn parse_activity_failure(map: &Map<String, Value>, limits: &Limits) -> ApiR
         non_retryable: f.opt_bool("non_retryable")?.unwrap_or(false) || f.opt_bool("retryable")? == Some(false),
         details: f.opt_payload("details", limits)?,
     })
+}
+
+/// `sticky_cache` of a workflow task completion: the worker keeps the run in its replay cache.
+pub fn parse_sticky_claim(body: &Map<String, Value>) -> ApiResult<Option<StickyClaim>> {
+    let Some(claim) = Fields::new(body).opt_object("sticky_cache")? else {
+        return Ok(None);
+    };
+    const FIELDS: &[&str] = &["worker_id", "workflow_id", "run_id", "build_id", "ttl_seconds", "metrics"];
+    refuse_unknown_fields(claim, &[FIELDS], "sticky_cache.", "sticky_cache claims")?;
+    let f = Fields::nested(claim, "sticky_cache.".into());
+    let metrics = f.opt_object("metrics")?.cloned().unwrap_or_default();
+    for (key, value) in &metrics {
+        if !value.is_null() && value.as_u64().is_none() {
+            return Err(ApiError::validation(
+                &format!("sticky_cache.metrics.{key}"),
+                "Each sticky cache counter must be a non-negative integer.",
+            ));
+        }
+    }
+    Ok(Some(StickyClaim {
+        worker_id: f.req_str("worker_id", 255)?,
+        workflow_id: f.req_str("workflow_id", 255)?,
+        run_id: f.req_str("run_id", 255)?,
+        build_id: f.req_str("build_id", 255)?,
+        ttl_seconds: f.req_int("ttl_seconds", 1, capstan_engine::sticky::STICKY_TTL_SECONDS_MAX)?,
+        metrics,
+    }))
 }
 
 /// Workflow ids: `^[a-zA-Z0-9._:-]+$`, at most 128 characters.

@@ -764,7 +764,7 @@ impl Sim {
                     };
                     reports::fail_workflow_task(&self.app, lease, waiting).await
                 } else {
-                    reports::complete_workflow_task(&self.app, lease, commands).await
+                    reports::complete_workflow_task(&self.app, lease, commands, None).await
                 };
                 if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);

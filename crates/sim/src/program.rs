@@ -107,6 +107,8 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                         heartbeat_seconds: None,
                     },
                     tags: Map::new(),
+                    cancellation_policy: None,
+                    worker_session: None,
                 })
             }
             Step::Timer(seconds) => {

@@ -172,3 +172,14 @@ pub(crate) fn touches_search_attributes(effects: &Effects, insert_run: bool) -> 
 pub(crate) fn task_compatibility(run: &RunState, task: &Task) -> Option<String> {
     (task.kind == TaskKind::Workflow).then(|| run.compatibility.clone()).flatten()
 }
+
+/// The claim condition of sticky execution: a ready task held for its run's sticky owner is
+/// offered to that owner only, until the hold runs out or the owner deregisters. `task` is the
+/// tasks table's name in the query; `owner` and `now` are the poller's and the time's
+/// placeholders in its dialect.
+pub(crate) fn sticky_free(task: &str, owner: &str, now: &str) -> String {
+    format!(
+        "({task}.sticky_owner IS NULL OR {task}.sticky_owner = {owner} OR {task}.sticky_until <= {now}
+          OR NOT EXISTS (SELECT 1 FROM workers sw WHERE sw.namespace = {task}.namespace AND sw.worker_id = {task}.sticky_owner))"
+    )
+}

@@ -137,6 +137,7 @@ fn time_out_run(run: &mut RunState, cx: &mut Cx) {
         exception_class: Some("WorkflowTimedOut".into()),
         exception: None,
         non_retryable: true,
+        boundary: None,
     });
     close_run_from_outside(run, cx, RunStatus::Failed, ClosedReason::TimedOut);
     run.append(cx, EventType::WorkflowTimedOut, payload, None, None);

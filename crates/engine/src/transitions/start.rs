@@ -88,6 +88,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         fence_high_water: 0,
         contract: start.contract,
         compatibility: start.compatibility,
+        sticky: None,
         cancellation: None,
         retry_of_run_id: None,
         selections: Default::default(),

@@ -27,6 +27,7 @@ pub fn lease_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, ow
     // starting with some still held back.
     run.record_deferred_signals(cx);
     let snapshot = run.last_sequence;
+    let mode = run.replay_mode_for(owner, now);
     let task = run.task_mut(cx, task_id).expect("checked");
     task.fence += 1;
     let lease = Lease {
@@ -36,8 +37,14 @@ pub fn lease_workflow_task(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, ow
     };
     task.deadline_at = Some(lease.expires_at);
     task.state = TaskState::Leased(lease);
-    if let TaskDetail::Workflow { history_snapshot, .. } = &mut task.detail {
+    if let TaskDetail::Workflow {
+        history_snapshot,
+        replay_mode,
+        ..
+    } = &mut task.detail
+    {
         *history_snapshot = snapshot;
+        *replay_mode = Some(mode);
     }
     let task = task.clone();
     run.fence_high_water = run.fence_high_water.max(task.fence);

@@ -58,6 +58,15 @@ pub fn server_capabilities() -> Value {
         "update_validation_tasks": true,
         "cooperative_cancellation": true,
         "synchronous_update_validation": super::validation::advertised(),
+        "sticky_execution": {
+            "supported": true,
+            "feature": "sticky_execution",
+            "correctness_fallback": "cold_replay",
+            "routing_identity": "worker_id",
+            "replay_modes": ["sticky_hit_expected", "cold_replay", "forced_cold_replay"],
+            "max_ttl_seconds": capstan_engine::sticky::STICKY_TTL_SECONDS_MAX,
+            "hold_seconds": capstan_engine::sticky::STICKY_HOLD_MS / 1000,
+        },
     })
 }
 

@@ -88,6 +88,9 @@ pub async fn register<S: Store>(
         "registered": true,
         "namespace": namespace,
         "task_queue": record.task_queue,
+        "runtime": record.runtime,
+        "build_id": record.build_id,
+        "status": record.status,
         "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS,
         "capabilities": body.get("capabilities").cloned().unwrap_or(json!([])),
         "capability_manifest": body.get("capability_manifest").cloned().unwrap_or(json!({})),
@@ -511,6 +514,10 @@ pub async fn heartbeat_workflow_task<S: Store>(
     Ok(Json(reply))
 }
 
+/// What a workflow task completion may carry. Message-stream cursors and waits are not served
+/// yet: a completion that carries them is refused, naming the field, not half-applied.
+const COMPLETION_FIELDS: &[&str] = &["lease_owner", "workflow_task_attempt", "commands", "sticky_cache"];
+
 pub async fn complete_workflow_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
@@ -518,13 +525,16 @@ pub async fn complete_workflow_task<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let claim = workflow_claim(&body)?;
-    let commands = wire::parse_commands(body.get("commands"), &state.config.limits).map_err(|mut e| {
+    let parsed = wire::refuse_unknown_fields(&body, &[COMPLETION_FIELDS], "", "workflow task completions")
+        .and_then(|()| wire::parse_commands(body.get("commands"), &state.config.limits))
+        .and_then(|commands| Ok((commands, wire::parse_sticky_claim(&body)?)));
+    let (commands, sticky) = parsed.map_err(|mut e| {
         e.fields.insert("task_id".into(), json!(task_id));
         e.fields.insert("workflow_task_attempt".into(), json!(claim.attempt));
         e
     })?;
     let lease = workflow_lease(&namespace, &task_id, &claim);
-    let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands)
+    let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands, sticky)
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);

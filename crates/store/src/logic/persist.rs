@@ -14,11 +14,12 @@ const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_
 const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1";
 const INSERT_EVENT: &str = "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility, sticky_owner, sticky_until)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
      ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
          deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
-         lease_expires_at = excluded.lease_expires_at, fence = excluded.fence";
+         lease_expires_at = excluded.lease_expires_at, fence = excluded.fence,
+         sticky_owner = excluded.sticky_owner, sticky_until = excluded.sticky_until";
 const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1";
 /// A task created and closed within one transition never had a row: record it closed.
 const INSERT_CLOSED_TASK: &str =
@@ -139,6 +140,7 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
             continue;
         };
         let lease = task.lease();
+        let sticky = run.sticky_hold(task);
         statements.push(Statement {
             sql: UPSERT_TASK,
             args: args![
@@ -156,6 +158,8 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
                 task.fence as i64,
                 task.created_at,
                 compatibility,
+                sticky.map(|(owner, _)| owner),
+                sticky.map(|(_, until)| until),
             ]
             .into(),
         });

@@ -143,16 +143,18 @@ impl PostgresStore {
             let tx = client.transaction().await?;
             // One round trip picks the oldest ready task whose run nobody else holds, and locks
             // that run; runs another poller or node is working on are skipped, not waited for.
-            let row = tx
-                .query_opt(
-                    "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+            let sql = format!(
+                "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
                      WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
                        AND ($5::text[] IS NULL OR t.type_name = ANY($5))
                        AND (t.compatibility IS NULL
                             OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $6))
+                       AND {}
                      ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
-                    &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types), &owner],
-                )
+                sticky_free("t", "$6", "$4")
+            );
+            let row = tx
+                .query_opt(&sql, &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types), &owner])
                 .await?;
             let Some(row) = row else { return Ok(None) };
             let task_id = TaskId(row.get(0));

@@ -443,8 +443,10 @@ impl TaskStore for SqliteStore {
                 let sql = format!(
                     "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
                        AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
+                       AND {}
                      ORDER BY available_at, task_id LIMIT 8",
-                    type_filter(&types, 5)
+                    type_filter(&types, 5),
+                    sticky_free("tasks", &format!("?{owner_param}"), "?4"),
                 );
                 let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
                 values.extend(types.into_iter().map(rusqlite::types::Value::from));

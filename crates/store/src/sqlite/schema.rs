@@ -326,6 +326,14 @@ ALTER TABLE build_id_rollouts ADD COLUMN promoted_at INTEGER;
 CREATE TABLE health_probe (id INTEGER PRIMARY KEY, probed_at INTEGER NOT NULL);
 "#,
     ),
+    (
+        16,
+        r#"
+-- Sticky execution: the worker a ready workflow task is held for, and until when (NULL: any).
+ALTER TABLE tasks ADD COLUMN sticky_owner TEXT;
+ALTER TABLE tasks ADD COLUMN sticky_until INTEGER;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

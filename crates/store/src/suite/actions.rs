@@ -171,6 +171,8 @@ async fn schedule_credit<S: Store>(
         }),
         timeouts: ActivityTimeouts::default(),
         tags: Map::new(),
+        cancellation_policy: None,
+        worker_session: None,
     })];
     let (id, fence, catalog) = (task.id.clone(), task.fence, catalog.clone());
     store

@@ -106,6 +106,8 @@ fn activity() -> WorkflowCommand {
         retry_policy: None,
         timeouts: ActivityTimeouts::default(),
         tags: Map::new(),
+        cancellation_policy: None,
+        worker_session: None,
     })
 }
 
@@ -239,6 +241,49 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
         .unwrap()
         .is_empty());
     assert_eq!(run.status, RunStatus::Running);
+}
+
+/// A ready workflow task of a claimed run is offered to its sticky owner only, until the
+/// hold runs out; then to any worker, with a forced cold replay. (An owner that deregisters
+/// releases it at once: the HTTP suite covers that on both backends.)
+pub async fn claims_hold_a_sticky_task_for_its_owner<S: Store>(store: S) {
+    store.register_worker(worker("owner", "q")).await.unwrap();
+    store.register_worker(worker("other", "q")).await.unwrap();
+    let run = started(&store, "sticky", "q").await;
+    let first = run.workflow_task.clone().unwrap();
+    let claim = StickyClaim {
+        worker_id: "owner".into(),
+        workflow_id: "sticky".into(),
+        run_id: run.run_id.to_string(),
+        build_id: "b".into(),
+        ttl_seconds: 3600,
+        metrics: Default::default(),
+    };
+    store
+        .mutate_run("default", RunLocator::Task(first.clone()), NOW, move |run, cx| {
+            lease_workflow_task(run, cx, &first, "owner", 60_000)?;
+            let receipt = complete_workflow_task(run, cx, &first, "owner", 1, vec![timer(3600)])?;
+            record_sticky_claim(run, cx.now, Some(claim));
+            signal(run, cx, "s", Payload::avro("x"), "c".into())?;
+            Ok(receipt)
+        })
+        .await
+        .expect("claimed and signalled");
+    let claim_as = |owner: &'static str, at: Millis| store.claim_task("default", TaskKind::Workflow, "q", &[], owner, 60_000, at, None);
+    assert!(claim_as("other", NOW).await.unwrap().is_none(), "held for its owner");
+    let held_until = NOW + capstan_engine::sticky::STICKY_HOLD_MS;
+    assert!(
+        claim_as("other", held_until - 1).await.unwrap().is_none(),
+        "held until the hold runs out"
+    );
+    let (task, _) = claim_as("other", held_until).await.unwrap().expect("the hold ran out: anyone");
+    assert!(matches!(
+        task.detail,
+        TaskDetail::Workflow {
+            replay_mode: Some(ReplayMode::ForcedColdReplay),
+            ..
+        }
+    ));
 }
 
 pub async fn a_refused_transition_writes_nothing<S: Store>(store: S) {
@@ -947,6 +992,7 @@ pub async fn search_attributes_filter_listings_and_follow_upserts<S: Store>(stor
         vec![WorkflowCommand::UpsertSearchAttributes {
             attributes,
             tags: Map::new(),
+            attribute_types: None,
         }],
     )
     .await;
@@ -999,6 +1045,7 @@ macro_rules! store_suite {
             duplicate_starts_follow_the_policy,
             a_claim_goes_to_exactly_one_poller,
             claims_respect_queue_type_and_availability,
+            claims_hold_a_sticky_task_for_its_owner,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
             deadlines_are_reported_when_due,

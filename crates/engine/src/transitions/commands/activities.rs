@@ -48,6 +48,8 @@ pub(super) fn schedule_activity(run: &mut RunState, cx: &mut Cx, at: At, schedul
         action: None,
         ledger_key: None,
         blocked_by: None,
+        cancellation_policy: schedule.cancellation_policy,
+        worker_session: schedule.worker_session,
     };
     let mut execution = execution;
     if let Some(definition) = cx.actions.as_ref().and_then(|actions| actions.get(&execution.activity_type)) {

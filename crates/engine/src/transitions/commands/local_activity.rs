@@ -21,7 +21,7 @@ pub(super) fn record_local_activity(run: &mut RunState, cx: &mut Cx, step: u32, 
     });
     run.append(cx, EventType::ActivityScheduled, scheduled, wt, None);
     let last_index = local.attempts.len().saturating_sub(1);
-    let mut last = (1u32, None::<ActivityAttemptId>, None::<String>);
+    let mut last = (1u32, None::<ActivityAttemptId>, None::<String>, None::<i64>);
     for (index, attempt) in local.attempts.iter().enumerate() {
         let attempt_id: ActivityAttemptId = cx.id();
         let at = LocalAttemptRef {
@@ -29,6 +29,7 @@ pub(super) fn record_local_activity(run: &mut RunState, cx: &mut Cx, step: u32, 
             number: attempt.attempt_number,
             attempt_id: Some(&attempt_id),
             worker_attempt_id: attempt.worker_attempt_id.as_deref(),
+            duration_ms: attempt.duration_ms,
         };
         let started = events::activity_started(events::Started::Local(at));
         run.append(cx, EventType::ActivityStarted, started, wt, None);
@@ -43,13 +44,19 @@ pub(super) fn record_local_activity(run: &mut RunState, cx: &mut Cx, step: u32, 
             });
             run.append(cx, EventType::ActivityRetryScheduled, payload, wt, None);
         }
-        last = (attempt.attempt_number, Some(attempt_id), attempt.worker_attempt_id.clone());
+        last = (
+            attempt.attempt_number,
+            Some(attempt_id),
+            attempt.worker_attempt_id.clone(),
+            attempt.duration_ms,
+        );
     }
     let attempt = LocalAttemptRef {
         activity: &activity,
         number: last.0,
         attempt_id: last.1.as_ref(),
         worker_attempt_id: last.2.as_deref(),
+        duration_ms: last.3,
     };
     let (event_type, terminal) = match &local.outcome {
         LocalOutcome::Completed(result) => (

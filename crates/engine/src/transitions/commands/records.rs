@@ -27,7 +27,14 @@ pub(super) fn record_version_marker(
 }
 
 /// Merges the attributes into the run's (null removes one): `SearchAttributesUpserted`.
-pub(super) fn upsert_search_attributes(run: &mut RunState, cx: &mut Cx, at: At, attributes: Map<String, Value>, tags: StepTags) {
+pub(super) fn upsert_search_attributes(
+    run: &mut RunState,
+    cx: &mut Cx,
+    at: At,
+    attributes: Map<String, Value>,
+    attribute_types: Option<Map<String, Value>>,
+    tags: StepTags,
+) {
     let At { step, task: wt } = at;
     for (key, value) in &attributes {
         if value.is_null() {
@@ -36,7 +43,10 @@ pub(super) fn upsert_search_attributes(run: &mut RunState, cx: &mut Cx, at: At, 
             run.search_attributes.insert(key.clone(), value.clone());
         }
     }
-    let payload = events::search_attributes_upserted(step, &attributes, &run.search_attributes, &tags);
+    let mut payload = events::search_attributes_upserted(step, &attributes, &run.search_attributes, &tags);
+    if let Some(types) = attribute_types {
+        payload.insert("attribute_types".into(), Value::Object(types));
+    }
     run.append(cx, EventType::SearchAttributesUpserted, payload, wt, None);
 }
 

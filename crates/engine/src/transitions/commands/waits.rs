@@ -2,25 +2,27 @@
 
 use super::*;
 
+/// What an `open_condition_wait` asks for.
+pub(super) struct ConditionWaitSpec {
+    pub condition_key: Option<String>,
+    pub fingerprint: Option<String>,
+    pub timeout_seconds: Option<i64>,
+    pub occurrence_id: Option<String>,
+}
+
 /// `ConditionWaitOpened`, and its timeout timer when it has one.
-pub(super) fn open_condition_wait(
-    run: &mut RunState,
-    cx: &mut Cx,
-    at: At,
-    condition_key: Option<String>,
-    fingerprint: Option<String>,
-    timeout_seconds: Option<i64>,
-    tags: StepTags,
-) {
+pub(super) fn open_condition_wait(run: &mut RunState, cx: &mut Cx, at: At, spec: ConditionWaitSpec, tags: StepTags) {
     let At { step, task: wt } = at;
     let wait_id: WaitId = cx.id();
+    let timeout_seconds = spec.timeout_seconds;
     let mut wait = ConditionWait {
         id: wait_id.clone(),
         step,
-        condition_key,
-        fingerprint,
+        condition_key: spec.condition_key,
+        fingerprint: spec.fingerprint,
         timeout_seconds,
         timer_id: None,
+        occurrence_id: spec.occurrence_id,
     };
     let payload = events::condition_wait_opened(&wait, &tags);
     run.append(cx, EventType::ConditionWaitOpened, payload, wt, None);

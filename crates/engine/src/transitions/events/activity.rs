@@ -33,6 +33,8 @@ pub(in crate::transitions) struct LocalAttemptRef<'a> {
     pub number: u32,
     pub attempt_id: Option<&'a ActivityAttemptId>,
     pub worker_attempt_id: Option<&'a str>,
+    /// How long the attempt ran, as the worker measured it (on the events that end it).
+    pub duration_ms: Option<i64>,
 }
 
 impl LocalAttemptRef<'_> {
@@ -83,6 +85,15 @@ fn local_attempt_event(attempt: &LocalAttemptRef, fields: Map<String, Value>) ->
     local_event(attempt.activity, payload)
 }
 
+/// The event that ends a local attempt also carries its measured duration.
+fn local_attempt_end_event(attempt: &LocalAttemptRef, fields: Map<String, Value>) -> Map<String, Value> {
+    let mut payload = local_attempt_event(attempt, fields);
+    if let Some(duration) = attempt.duration_ms {
+        payload.insert("duration_ms".into(), json!(duration));
+    }
+    payload
+}
+
 /// A local failure's message, without the padding some SDKs leave around it.
 fn trimmed(message: &str) -> String {
     message.trim_matches(|c: char| " \t\n\r\0\u{b}".contains(c)).to_string()
@@ -126,6 +137,12 @@ pub(in crate::transitions) fn activity_scheduled(scheduled: Scheduled) -> Map<St
                 }
             }
             fields.insert("task_id".into(), json!(task_id));
+            if let Some(policy) = execution.cancellation_policy {
+                fields.insert("cancellation_policy".into(), json!(policy.as_str()));
+            }
+            if let Some(session) = &execution.worker_session {
+                fields.insert("worker_session".into(), Value::Object(session.options.clone()));
+            }
             execution_event(execution, fields)
         }
         Scheduled::Local {
@@ -305,6 +322,9 @@ pub(in crate::transitions) fn activity_retry_scheduled(retry: Retry) -> Map<Stri
                     fields.insert(to.into(), value.clone());
                 }
             }
+            if let Some(duration) = attempt.duration_ms {
+                fields.insert("duration_ms".into(), json!(duration));
+            }
             local_event(attempt.activity, fields)
         }
     }
@@ -387,7 +407,7 @@ pub(in crate::transitions) fn activity_completed(completed: Completed) -> Map<St
             fields.insert("resolved_by".into(), json!("operator"));
             execution_event(attempt.execution, fields)
         }
-        Completed::Local { attempt, result } => local_attempt_event(&attempt, result_fields(result)),
+        Completed::Local { attempt, result } => local_attempt_end_event(&attempt, result_fields(result)),
     }
 }
 
@@ -443,7 +463,7 @@ pub(in crate::transitions) fn activity_failed(failure_id: &str, failed: Failed) 
             ));
             execution_event(attempt.execution, fields)
         }
-        Failed::Local { attempt, failure } => local_attempt_event(
+        Failed::Local { attempt, failure } => local_attempt_end_event(
             &attempt,
             obj!(
                 "failure_id" => failure_id,
@@ -495,7 +515,7 @@ pub(in crate::transitions) fn activity_timed_out(failure_id: &str, timed_out: Ti
             ));
             execution_event(attempt.execution, fields)
         }
-        TimedOut::Local { attempt, failure } => local_attempt_event(
+        TimedOut::Local { attempt, failure } => local_attempt_end_event(
             &attempt,
             obj!(
                 "failure_id" => failure_id,
@@ -535,7 +555,7 @@ pub(in crate::transitions) fn activity_cancelled(cancelled: Cancelled) -> Map<St
             attempt,
             failure,
             failure_id,
-        } => local_attempt_event(
+        } => local_attempt_end_event(
             &attempt,
             obj!(
                 "failure_id" => failure_id,
@@ -571,6 +591,8 @@ mod tests {
             action: None,
             ledger_key: None,
             blocked_by: None,
+            cancellation_policy: None,
+            worker_session: None,
         }
     }
 
@@ -622,6 +644,7 @@ mod tests {
             number: 1,
             attempt_id: None,
             worker_attempt_id: Some("w-1"),
+            duration_ms: Some(12),
         };
         let heartbeat = activity_heartbeat_recorded(Heartbeat::Local {
             attempt,
@@ -636,6 +659,9 @@ mod tests {
             attempt,
             result: &Payload::avro("cg=="),
         });
+        assert_eq!(completed["duration_ms"], json!(12), "the attempt's end carries its duration");
+        let started = activity_started(Started::Local(attempt));
+        assert!(!started.contains_key("duration_ms"), "a start has no duration yet");
         assert_eq!(completed["worker_attempt_id"], json!("w-1"));
         for payload in [&scheduled, &heartbeat, &completed] {
             assert_eq!(payload["execution_mode"], json!("local"));

@@ -67,6 +67,10 @@ pub(in crate::transitions) fn workflow_failed(run: &RunState, failure_id: &str, 
         "source_id" => run.run_id,
     );
     payload.extend(application_failure(failure));
+    if let Some(boundary) = &failure.boundary {
+        payload.insert("failed_step_sequence".into(), json!(boundary.failed_step_sequence));
+        payload.insert("failed_activity_execution_id".into(), json!(boundary.failed_activity_execution_id));
+    }
     payload
 }
 

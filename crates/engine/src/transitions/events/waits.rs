@@ -11,7 +11,15 @@ pub(in crate::transitions) fn condition_wait_opened(wait: &ConditionWait, tags: 
         "sequence" => wait.step,
         "timeout_seconds" => wait.timeout_seconds,
     );
-    tagged(payload, tags)
+    tagged(with_occurrence(payload, wait), tags)
+}
+
+/// A condition event repeats the wait's occurrence identity when the SDK gave one.
+fn with_occurrence(mut payload: Map<String, Value>, wait: &ConditionWait) -> Map<String, Value> {
+    if let Some(occurrence) = &wait.occurrence_id {
+        payload.insert("condition_wait_occurrence_id".into(), json!(occurrence));
+    }
+    payload
 }
 
 /// `SignalWaitOpened`.
@@ -74,5 +82,5 @@ pub(in crate::transitions) fn condition_wait_satisfied(wait: &ConditionWait, rec
             payload.insert("workflow_update_id".into(), json!(update_id));
         }
     }
-    payload
+    with_occurrence(payload, wait)
 }

@@ -1,0 +1,243 @@
+//! Sticky execution: a worker that keeps a run's replayed state in its cache claims the run
+//! when it completes a workflow task; the run's next workflow task is held for that worker for
+//! a short while, and the task tells whoever leases it whether their cache can be trusted.
+//!
+//! Correctness never depends on it. Every workflow task still carries (and pages) the run's
+//! history from sequence 1; the replay mode only tells the SDK whether its cache can be used:
+//! - `sticky_hit_expected`: the lease went to the worker that claimed the run, inside its TTL;
+//! - `forced_cold_replay`: the run was claimed, but by another worker or the claim ran out;
+//! - `cold_replay`: nobody claimed it.
+//!
+//! The affinity lives in the run document (it survives restarts and is seen by every node of
+//! a cluster); the store copies it onto the ready task row so pollers can filter on it.
+
+use crate::refusal::{Reason, Refusal};
+use crate::run::RunState;
+use crate::task::{Task, TaskDetail, TaskKind};
+use crate::Millis;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The longest cache lifetime a worker may claim (DW's bound).
+pub const STICKY_TTL_SECONDS_MAX: i64 = 3600;
+
+/// How long a ready workflow task waits for the worker that claimed its run before any other
+/// compatible worker may take it (Temporal's sticky schedule-to-start default). A claimer that
+/// died or stopped polling delays its runs by at most this much.
+pub const STICKY_HOLD_MS: i64 = 5_000;
+
+/// A worker's claim, sent with a workflow task completion (`sticky_cache`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StickyClaim {
+    pub worker_id: String,
+    pub workflow_id: String,
+    pub run_id: String,
+    pub build_id: String,
+    pub ttl_seconds: i64,
+    /// The worker's cumulative cache counters (`hit`, `miss`, `eviction`, `forced_cold_replay`).
+    pub metrics: Map<String, Value>,
+}
+
+/// The run's current sticky owner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StickyAffinity {
+    pub worker_id: String,
+    pub build_id: String,
+    pub claimed_at: Millis,
+    pub expires_at: Millis,
+    /// The counters the worker reported with its claim.
+    #[serde(default)]
+    pub metrics: Map<String, Value>,
+}
+
+/// What the leasing worker may expect of its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplayMode {
+    ColdReplay,
+    StickyHitExpected,
+    ForcedColdReplay,
+}
+
+impl ReplayMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayMode::ColdReplay => "cold_replay",
+            ReplayMode::StickyHitExpected => "sticky_hit_expected",
+            ReplayMode::ForcedColdReplay => "forced_cold_replay",
+        }
+    }
+}
+
+impl RunState {
+    /// The replay mode of a lease `owner` takes at `now`.
+    pub fn replay_mode_for(&self, owner: &str, now: Millis) -> ReplayMode {
+        match &self.sticky {
+            None => ReplayMode::ColdReplay,
+            Some(affinity) if affinity.expires_at <= now => ReplayMode::ForcedColdReplay,
+            Some(affinity) if affinity.worker_id == owner => ReplayMode::StickyHitExpected,
+            Some(_) => ReplayMode::ForcedColdReplay,
+        }
+    }
+
+    /// Who a ready workflow task is held for, and until when: the run's sticky owner, until
+    /// its claim runs out or `STICKY_HOLD_MS` after the task became available, whichever is
+    /// first. `None`: any compatible worker may lease it.
+    pub fn sticky_hold(&self, task: &Task) -> Option<(&str, Millis)> {
+        let affinity = self.sticky.as_ref()?;
+        let held = task.kind == TaskKind::Workflow && task.is_ready() && matches!(task.detail, TaskDetail::Workflow { .. });
+        let until = affinity.expires_at.min(task.available_at.max(task.created_at) + STICKY_HOLD_MS);
+        held.then_some((affinity.worker_id.as_str(), until))
+    }
+}
+
+/// Checks that a claim names the lease's holder and this run.
+pub fn check_sticky_claim(run: &RunState, owner: &str, claim: &StickyClaim) -> Result<(), Refusal> {
+    let mismatch = |field: &str| {
+        Refusal::new(
+            Reason::StickyCacheIdentityMismatch,
+            format!("The sticky_cache claim's {field} does not match the workflow task's."),
+        )
+        .with("field", format!("sticky_cache.{field}"))
+    };
+    if claim.worker_id != owner {
+        return Err(mismatch("worker_id"));
+    }
+    if claim.run_id != run.run_id.as_str() {
+        return Err(mismatch("run_id"));
+    }
+    if claim.workflow_id != run.workflow_id.as_str() {
+        return Err(mismatch("workflow_id"));
+    }
+    Ok(())
+}
+
+/// After a completion: the completing worker's claim becomes the run's affinity; a completion
+/// without one (or one that closed the run) leaves the run unclaimed.
+pub fn record_sticky_claim(run: &mut RunState, now: Millis, claim: Option<StickyClaim>) {
+    run.sticky = match claim {
+        Some(claim) if !run.is_closed() => Some(StickyAffinity {
+            worker_id: claim.worker_id,
+            build_id: claim.build_id,
+            claimed_at: now,
+            expires_at: now + claim.ttl_seconds.clamp(1, STICKY_TTL_SECONDS_MAX) * 1000,
+            metrics: claim.metrics,
+        }),
+        _ => None,
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transitions::{lease_workflow_task, start_run, StartRun};
+    use crate::{Cx, Limits, Payload, SequentialIds};
+
+    const NOW: Millis = 1_000_000;
+
+    fn started() -> RunState {
+        let limits = Limits::default();
+        let mut ids = SequentialIds::new("id");
+        let mut cx = Cx::new(NOW, &mut ids, &limits);
+        start_run(
+            &mut cx,
+            StartRun {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                run_id: "run".into(),
+                workflow_type: "t".into(),
+                task_queue: "q".into(),
+                input: Payload::avro("in"),
+                execution_timeout_seconds: None,
+                run_timeout_seconds: None,
+                business_key: None,
+                memo: Map::new(),
+                search_attributes: Map::new(),
+                command_id: "start".into(),
+                contract: None,
+                compatibility: None,
+            },
+        )
+    }
+
+    fn claim(worker: &str, ttl_seconds: i64) -> StickyClaim {
+        StickyClaim {
+            worker_id: worker.into(),
+            workflow_id: "wf".into(),
+            run_id: "run".into(),
+            build_id: "b1".into(),
+            ttl_seconds,
+            metrics: Map::new(),
+        }
+    }
+
+    #[test]
+    fn the_replay_mode_follows_the_claim() {
+        let mut run = started();
+        assert_eq!(run.replay_mode_for("a", NOW), ReplayMode::ColdReplay);
+        record_sticky_claim(&mut run, NOW, Some(claim("a", 60)));
+        assert_eq!(run.replay_mode_for("a", NOW + 59_999), ReplayMode::StickyHitExpected);
+        assert_eq!(run.replay_mode_for("b", NOW + 1), ReplayMode::ForcedColdReplay);
+        assert_eq!(
+            run.replay_mode_for("a", NOW + 60_000),
+            ReplayMode::ForcedColdReplay,
+            "the claim ran out"
+        );
+        record_sticky_claim(&mut run, NOW, None);
+        assert_eq!(
+            run.replay_mode_for("a", NOW),
+            ReplayMode::ColdReplay,
+            "a completion without a claim clears it"
+        );
+        record_sticky_claim(&mut run, NOW, Some(claim("a", 1_000_000)));
+        assert_eq!(
+            run.sticky.as_ref().unwrap().expires_at,
+            NOW + STICKY_TTL_SECONDS_MAX * 1000,
+            "the TTL is bounded"
+        );
+    }
+
+    #[test]
+    fn a_lease_records_its_replay_mode_on_the_task() {
+        let limits = Limits::default();
+        let mut ids = SequentialIds::new("lease");
+        let mut run = started();
+        record_sticky_claim(&mut run, NOW, Some(claim("a", 60)));
+        let task_id = run.workflow_task.clone().unwrap();
+        let mut cx = Cx::new(NOW + 10, &mut ids, &limits);
+        let task = lease_workflow_task(&mut run, &mut cx, &task_id, "b", 30_000).unwrap();
+        assert!(matches!(
+            task.detail,
+            TaskDetail::Workflow {
+                replay_mode: Some(ReplayMode::ForcedColdReplay),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_ready_workflow_task_is_held_briefly_for_the_owner() {
+        let mut run = started();
+        let task = run.tasks[run.workflow_task.as_ref().unwrap()].clone();
+        assert_eq!(run.sticky_hold(&task), None, "unclaimed: anyone");
+        record_sticky_claim(&mut run, NOW, Some(claim("a", 3600)));
+        assert_eq!(
+            run.sticky_hold(&task),
+            Some(("a", task.available_at.max(task.created_at) + STICKY_HOLD_MS))
+        );
+        record_sticky_claim(&mut run, NOW, Some(claim("a", 1)));
+        assert_eq!(run.sticky_hold(&task), Some(("a", NOW + 1000)), "never past the claim");
+    }
+
+    #[test]
+    fn a_claim_names_the_lease_holder_and_the_run() {
+        let run = started();
+        assert!(check_sticky_claim(&run, "a", &claim("a", 60)).is_ok());
+        let refused = check_sticky_claim(&run, "b", &claim("a", 60)).unwrap_err();
+        assert_eq!(refused.reason, Reason::StickyCacheIdentityMismatch);
+        let other_run = StickyClaim {
+            run_id: "run-2".into(),
+            ..claim("a", 60)
+        };
+        assert!(check_sticky_claim(&run, "a", &other_run).is_err());
+    }
+}
