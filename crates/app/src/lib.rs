@@ -13,6 +13,7 @@
 //! - [`polls`]: a worker's poll for a task (one look; the caller long-polls).
 //! - [`queries`]: putting a query to a worker.
 //! - [`reports`]: workflow task and activity reports from workers.
+//! - [`sessions`]: worker sessions (acquire, renew, close; renewal by activity heartbeats).
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
@@ -25,6 +26,7 @@ pub mod polls;
 pub mod queries;
 pub mod reports;
 pub mod search_attributes;
+pub mod sessions;
 pub mod updates;
 
 use capstan_engine::{Limits, MemoCodec, Millis, Reason, Refusal};

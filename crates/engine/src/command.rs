@@ -268,12 +268,12 @@ impl ActivityCancellationPolicy {
     }
 }
 
-/// A `schedule_activity.worker_session`: the session the activity must run in. `options` is
+/// A `schedule_activity.worker_session`: the session the activity must run in. `as_sent` is
 /// the object exactly as the workflow sent it (it is recorded and replayed verbatim).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionRequirement {
-    pub session_id: String,
-    pub options: Map<String, Value>,
+    pub options: crate::session::SessionOptions,
+    pub as_sent: Map<String, Value>,
 }
 
 /// Activity retry policy as DW defines it. `max_attempts: None` means unlimited.

@@ -157,6 +157,18 @@ reasons! {
     StickyCacheIdentityMismatch => "sticky_cache_identity_mismatch",
     /// The worker asks for something its registration did not declare (e.g. `sticky_execution`).
     WorkerCapabilityNotSupported => "worker_capability_not_supported",
+    // Worker sessions.
+    SessionNotFound => "session_not_found",
+    SessionQueueMismatch => "session_queue_mismatch",
+    SessionRequirementsNotMet => "session_requirements_not_met",
+    SessionMissing => "session_missing",
+    WorkerSessionLimitExceeded => "worker_session_limit_exceeded",
+    SessionOwnedByAnotherWorker => "session_owned_by_another_worker",
+    SessionClosed => "session_closed",
+    SessionReacquireDisallowed => "session_reacquire_disallowed",
+    SessionActivityLimitExceeded => "session_activity_limit_exceeded",
+    SessionNotActive => "session_not_active",
+    SessionOwnerMismatch => "session_owner_mismatch",
 }
 
 /// A reason equals its wire code (what tests and clients compare against).

@@ -67,6 +67,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::SearchAttributeNotFound
         | Reason::ActionDefinitionNotFound
         | Reason::UpdateValidationTaskNotFound
+        | Reason::SessionNotFound
         | Reason::RejectedUnknownQuery => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved

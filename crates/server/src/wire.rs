@@ -554,13 +554,54 @@ fn parse_schedule_activity(f: &Fields, index: usize, limits: &Limits, tags: Step
     })
 }
 
-/// `schedule_activity.worker_session`: the session options, kept as sent (they are replayed
-/// verbatim); the session id must be there.
+/// `schedule_activity.worker_session`: the session options, kept as sent too (they are
+/// replayed verbatim).
 fn parse_session_requirement(options: &Map<String, Value>, index: usize) -> ApiResult<SessionRequirement> {
-    let f = Fields::nested(options, format!("commands.{index}.worker_session."));
     Ok(SessionRequirement {
-        session_id: f.req_str("session_id", 255)?,
-        options: options.clone(),
+        options: parse_session_options(options, &format!("commands.{index}.worker_session."))?,
+        as_sent: options.clone(),
+    })
+}
+
+/// The fields of a worker session's options (`POST /worker/sessions` also takes `worker_id`).
+pub const SESSION_OPTION_FIELDS: &[&str] = &[
+    "session_id",
+    "queue",
+    "connection",
+    "requirements",
+    "lease_seconds",
+    "ttl_seconds",
+    "max_concurrent_activities",
+    "create_if_missing",
+    "allow_reacquire_after_failure",
+];
+
+/// Worker session options with DW's defaults (lease 120 s, TTL 1800 s, one activity at a time,
+/// created if missing, reacquirable).
+pub fn parse_session_options(map: &Map<String, Value>, prefix: &str) -> ApiResult<SessionOptions> {
+    refuse_unknown_fields(map, &[SESSION_OPTION_FIELDS, &["worker_id"]], prefix, "worker session options")?;
+    let f = Fields::nested(map, prefix.to_string());
+    let defaults = SessionOptions::new(f.req_str("session_id", 255)?.trim());
+    let seconds = |key: &str, default: i64| Ok::<_, ApiError>(f.opt_int(key, 1, 31_536_000)?.unwrap_or(default));
+    let mut requirements = Vec::new();
+    for requirement in f.string_list("requirements")? {
+        let requirement = requirement.trim().to_string();
+        if !requirement.is_empty() && !requirements.contains(&requirement) {
+            requirements.push(requirement);
+        }
+    }
+    Ok(SessionOptions {
+        queue: f.opt_str("queue", 255)?.map(|q| q.trim().to_string()).filter(|q| !q.is_empty()),
+        connection: f.opt_str("connection", 255)?,
+        requirements,
+        lease_seconds: seconds("lease_seconds", defaults.lease_seconds)?,
+        ttl_seconds: seconds("ttl_seconds", defaults.ttl_seconds)?,
+        max_concurrent_activities: f
+            .opt_int("max_concurrent_activities", 1, 10_000)?
+            .unwrap_or(defaults.max_concurrent_activities),
+        create_if_missing: f.opt_bool("create_if_missing")?.unwrap_or(true),
+        allow_reacquire_after_failure: f.opt_bool("allow_reacquire_after_failure")?.unwrap_or(true),
+        ..defaults
     })
 }
 

@@ -3,6 +3,8 @@
 //! Every error is checked for its status, its `reason`, and the DW error shape.
 
 mod common;
+#[path = "http_api/sessions.rs"]
+mod sessions;
 #[path = "http_api/sticky.rs"]
 mod sticky;
 

@@ -31,6 +31,7 @@ pub use postgres::PostgresStore;
 pub mod prelude {
     pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, RunStore, ScheduleStore, Store, TaskStore};
 }
+pub use logic::sessions::{SessionAnswer, SessionStep};
 pub use schedules::{BACKFILL_MAX, FIRE_BATCH};
 pub(crate) use sources::Env;
 pub use sources::{Clock, IdMint, ManualClock, MintedIds, RandomIds, SeededIds, Sources, SystemClock};
@@ -740,6 +741,21 @@ pub trait FleetStore: Send + Sync + 'static {
 
     /// Removes a registration; `false` when there was none.
     fn deregister_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// One step on a worker session by `worker_id` (acquire, heartbeat, close), atomically:
+    /// the session row is locked, refreshed (lease, TTL, holder still registered), decided by
+    /// the engine and written back; a refusal writes nothing.
+    fn session_step(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        worker_id: &str,
+        step: SessionStep,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<SessionAnswer>> + Send;
+
+    /// A worker session as stored (not refreshed).
+    fn get_session(&self, namespace: &str, session_id: &str) -> impl Future<Output = StoreResult<Option<WorkerSession>>> + Send;
 
     /// The rollout intents recorded for a task queue's build-id cohorts.
     fn build_id_rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send;

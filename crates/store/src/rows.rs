@@ -183,3 +183,26 @@ pub(crate) fn sticky_free(task: &str, owner: &str, now: &str) -> String {
           OR NOT EXISTS (SELECT 1 FROM workers sw WHERE sw.namespace = {task}.namespace AND sw.worker_id = {task}.sticky_owner))"
     )
 }
+
+/// The worker session an activity task must run in, if its activity asked for one.
+pub(crate) fn task_session<'r>(run: &'r RunState, task: &Task) -> Option<&'r SessionRequirement> {
+    match &task.detail {
+        TaskDetail::Activity { execution_id, .. } => run.activities.get(execution_id)?.worker_session.as_ref(),
+        _ => None,
+    }
+}
+
+/// The claim condition of worker sessions: a session activity is not offered while its session
+/// is closed, past its TTL, held by another registered worker inside its lease, or lapsed but
+/// not to be taken over. Whether this poller may have it is decided by admission in the claim
+/// transaction. Placeholders as in [`sticky_free`].
+pub(crate) fn session_free(task: &str, owner: &str, now: &str) -> String {
+    format!(
+        "({task}.session_id IS NULL OR NOT EXISTS (SELECT 1 FROM worker_sessions ws
+            WHERE ws.namespace = {task}.namespace AND ws.session_id = {task}.session_id
+              AND (ws.status = 'closed' OR ws.ttl_expires_at <= {now}
+                   OR (ws.status = 'active' AND ws.lease_owner <> {owner} AND ws.lease_expires_at > {now}
+                       AND EXISTS (SELECT 1 FROM workers hw WHERE hw.namespace = ws.namespace AND hw.worker_id = ws.lease_owner))
+                   OR (ws.allow_reacquire = 0 AND ws.lease_owner <> {owner}))))"
+    )
+}

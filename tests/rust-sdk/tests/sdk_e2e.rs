@@ -6,6 +6,8 @@
 //! stopping the worker through the SDK's clean shutdown path, which ends with
 //! `DELETE /api/worker/registrations/{id}`.
 
+#[path = "sdk_e2e/sessions.rs"]
+mod sessions;
 #[path = "sdk_e2e/sticky.rs"]
 mod sticky;
 mod support;

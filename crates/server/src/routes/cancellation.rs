@@ -208,7 +208,7 @@ pub async fn activity_status<S: Store>(
         }),
         (None, false) => Some("attempt_closed"),
     };
-    Ok(Json(json!({
+    let mut reply = json!({
         "task_id": task_id,
         "activity_attempt_id": attempt_id,
         "lease_owner": owner,
@@ -218,5 +218,9 @@ pub async fn activity_status<S: Store>(
         "reason": reason,
         "lease_expires_at": live.map(render::time),
         "run_status": run.status.as_str(),
-    })))
+    });
+    if let Some(session) = super::worker::session_view(&state, &run, &id).await? {
+        reply["worker_session"] = session;
+    }
+    Ok(Json(reply))
 }

@@ -10,6 +10,7 @@ mod namespaces;
 mod query;
 mod schedules;
 pub(crate) mod search_attributes;
+mod sessions;
 mod system;
 mod update;
 mod validation;
@@ -38,6 +39,9 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/worker/register", post(worker::register::<S>))
         .route("/worker/heartbeat", post(worker::heartbeat::<S>))
         .route("/worker/registrations/:worker_id", delete(worker::deregister::<S>))
+        .route("/worker/sessions", post(sessions::acquire::<S>))
+        .route("/worker/sessions/:session_id/heartbeat", post(sessions::heartbeat::<S>))
+        .route("/worker/sessions/:session_id", delete(sessions::close::<S>))
         .route("/worker/workflow-tasks/poll", post(worker::poll_workflow_task::<S>))
         .route("/worker/workflow-tasks/:task_id/history", post(worker::workflow_task_history::<S>))
         .route(

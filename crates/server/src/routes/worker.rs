@@ -61,6 +61,7 @@ pub async fn register<S: Store>(
         "max_concurrent_activity_tasks",
         "task_slots",
         "process_metrics",
+        "max_concurrent_worker_sessions",
     ] {
         if let Some(value) = f.raw(key) {
             document.insert(key.to_string(), value.clone());
@@ -418,9 +419,25 @@ pub async fn poll_activity_task<S: Store>(
         return Ok(drained);
     }
     match long_poll(&state, &namespace, &request, TaskKind::Activity).await? {
-        Some((task, run)) => Ok(Json(json!({"task": render::activity_task(&run, &task)}))),
+        Some((task, run)) => {
+            let mut rendered = render::activity_task(&run, &task);
+            if let Some(session) = session_view(&state, &run, &task.id).await? {
+                rendered["worker_session"] = session;
+            }
+            Ok(Json(json!({"task": rendered})))
+        }
         None => Ok(empty_poll()),
     }
+}
+
+/// What a session activity's task, heartbeat and status replies carry: the session's options
+/// as the workflow gave them, its queue, and its live state.
+pub(crate) async fn session_view<S: Store>(state: &AppState<S>, run: &RunState, task_id: &TaskId) -> ApiResult<Option<Value>> {
+    let Some(requirement) = capstan_app::sessions::session_of_task(run, task_id) else {
+        return Ok(None);
+    };
+    let session = state.store.get_session(&run.namespace, &requirement.options.session_id).await?;
+    Ok(session.map(|s| s.task_view(&requirement.as_sent)))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -694,10 +711,24 @@ pub async fn heartbeat_activity_task<S: Store>(
     let lease_ms = state.config.activity_task_lease_ms;
     let details = body.get("details").cloned().filter(|d| !d.is_null());
     let lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
-    let (beat, _run) = reports::heartbeat_activity(&*state, lease, lease_ms, details)
+    let (beat, run) = reports::heartbeat_activity(&*state, lease, lease_ms, details)
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
-    Ok(Json(json!({
+    // A session activity's heartbeat renews its session; one the worker no longer holds ends
+    // the activity's right to go on.
+    let session = match capstan_app::sessions::renew_for_activity(&*state, &run, &TaskId(task_id.clone()), &owner_echo).await {
+        Ok(renewed) => renewed.map(|answer| {
+            let requirement = capstan_app::sessions::session_of_task(&run, &TaskId(task_id.clone())).expect("renewed");
+            answer.session.task_view(&requirement.as_sent)
+        }),
+        Err(error) => {
+            let mut error = activity_refused(error, &task_id, &attempt_id);
+            error.fields.insert("can_continue".into(), json!(false));
+            error.fields.insert("heartbeat_recorded".into(), json!(false));
+            return Err(error);
+        }
+    };
+    let mut reply = json!({
         "task_id": task_id,
         "activity_attempt_id": attempt_id,
         "lease_owner": owner_echo,
@@ -707,5 +738,9 @@ pub async fn heartbeat_activity_task<S: Store>(
         "heartbeat_recorded": beat.lease.is_some(),
         "lease_expires_at": render::opt_time(beat.lease.as_ref().map(|l| l.expires_at)),
         "last_heartbeat_at": render::time(state.now()),
-    })))
+    });
+    if let Some(session) = session {
+        reply["worker_session"] = session;
+    }
+    Ok(Json(reply))
 }

@@ -17,6 +17,9 @@ pub(crate) enum Claimed {
     /// The row was out of step with the run document (leased a moment ago, or a bug): the row
     /// is repaired from the engine's view; try the next candidate.
     Stale,
+    /// Not for this poller now (its worker session is not this worker's to take): left ready;
+    /// try the next candidate.
+    Skipped,
 }
 
 /// What a poller asks for.
@@ -53,6 +56,17 @@ pub(crate) async fn lease_candidate<T: Tx>(
         (TaskKind::Activity, Some(activity_type)) => super::actions::action_definition(tx, &run.namespace, &activity_type).await?,
         _ => None,
     };
+    // A session activity runs only on the session's holder: admitted (the session created,
+    // renewed or taken over) in this transaction, or left for a worker that may run it.
+    if poller.kind == TaskKind::Activity {
+        let requirement = run.tasks.get(&task_id).and_then(|task| task_session(&run, task)).cloned();
+        if let Some(requirement) = requirement {
+            let admitted = super::sessions::admit_activity(tx, &run.namespace, &requirement, &task_id, poller.owner, now).await?;
+            if admitted.is_none() {
+                return Ok(Claimed::Skipped);
+            }
+        }
+    }
     let mut ids = env.ids();
     let mut cx = Cx::new(now, &mut ids, &env.limits);
     let leased = match poller.kind {

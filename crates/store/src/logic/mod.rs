@@ -13,6 +13,7 @@ pub(crate) mod namespaces;
 pub(crate) mod persist;
 pub(crate) mod queries;
 pub(crate) mod runs;
+pub(crate) mod sessions;
 
 use crate::StoreResult;
 use std::future::Future;

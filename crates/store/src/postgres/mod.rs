@@ -14,7 +14,7 @@
 mod migrations;
 mod tx;
 
-use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs};
+use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
@@ -139,6 +139,9 @@ impl PostgresStore {
         let mut client = self.pool.get().await?;
         // A few attempts: a candidate can turn out stale (leased a moment ago through another
         // node) and then the next one is taken.
+        // Candidates this poller may not take now (a session activity of another worker's
+        // session): not picked again in this claim.
+        let mut skipped: Vec<String> = Vec::new();
         for _ in 0..4 {
             let tx = client.transaction().await?;
             // One round trip picks the oldest ready task whose run nobody else holds, and locks
@@ -165,10 +168,13 @@ impl PostgresStore {
                 lease_ms,
                 poll: poll.as_ref(),
             };
+            let candidate = task_id.to_string();
             let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.env).await?;
             tx.commit().await?;
-            if let claim::Claimed::Leased(leased) = claimed {
-                return Ok(Some(*leased));
+            match claimed {
+                claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
+                claim::Claimed::Skipped => skipped.push(candidate),
+                claim::Claimed::Refused | claim::Claimed::Stale => {}
             }
         }
         Ok(None)
@@ -665,6 +671,22 @@ impl FleetStore for PostgresStore {
     async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
         let client = self.pool.get().await?;
         fleet::get_worker(&mut self.on(&client), namespace, worker_id).await
+    }
+
+    async fn session_step(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        worker_id: &str,
+        step: SessionStep,
+        now: Millis,
+    ) -> StoreResult<SessionAnswer> {
+        in_transaction!(self, |tx| sessions::session_step(tx, namespace, session_id, worker_id, step, now))
+    }
+
+    async fn get_session(&self, namespace: &str, session_id: &str) -> StoreResult<Option<WorkerSession>> {
+        let client = self.pool.get().await?;
+        sessions::get_session(&mut self.on(&client), namespace, session_id).await
     }
 
     async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {

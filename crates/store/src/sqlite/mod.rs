@@ -7,7 +7,7 @@ mod writer;
 
 pub(crate) use writer::note_io_failure;
 
-use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs};
+use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
@@ -443,10 +443,11 @@ impl TaskStore for SqliteStore {
                 let sql = format!(
                     "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
                        AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
-                       AND {}
+                       AND {} AND {}
                      ORDER BY available_at, task_id LIMIT 8",
                     type_filter(&types, 5),
                     sticky_free("tasks", &format!("?{owner_param}"), "?4"),
+                    session_free("tasks", &format!("?{owner_param}"), "?4"),
                 );
                 let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
                 values.extend(types.into_iter().map(rusqlite::types::Value::from));
@@ -465,7 +466,7 @@ impl TaskStore for SqliteStore {
                     let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
                     match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &env))? {
                         claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
-                        claim::Claimed::Refused | claim::Claimed::Stale => continue,
+                        claim::Claimed::Refused | claim::Claimed::Stale | claim::Claimed::Skipped => continue,
                     }
                 }
                 Ok(None)
@@ -611,6 +612,26 @@ impl FleetStore for SqliteStore {
     async fn get_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {
         let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
         self.read_tx(move |tx| drive(fleet::get_worker(tx, &namespace, &worker_id))).await
+    }
+
+    async fn session_step(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        worker_id: &str,
+        step: SessionStep,
+        now: Millis,
+    ) -> StoreResult<SessionAnswer> {
+        let (namespace, session_id, worker_id) = (namespace.to_string(), session_id.to_string(), worker_id.to_string());
+        self.writer
+            .write_tx(move |tx| drive(sessions::session_step(tx, &namespace, &session_id, &worker_id, step, now)))
+            .await
+    }
+
+    async fn get_session(&self, namespace: &str, session_id: &str) -> StoreResult<Option<WorkerSession>> {
+        let (namespace, session_id) = (namespace.to_string(), session_id.to_string());
+        self.read_tx(move |tx| drive(sessions::get_session(tx, &namespace, &session_id)))
+            .await
     }
 
     async fn deregister_worker(&self, namespace: &str, worker_id: &str) -> StoreResult<bool> {

@@ -334,6 +334,25 @@ ALTER TABLE tasks ADD COLUMN sticky_owner TEXT;
 ALTER TABLE tasks ADD COLUMN sticky_until INTEGER;
 "#,
     ),
+    (
+        17,
+        r#"
+-- Worker sessions (the engine's WorkerSession as JSON, plus what claims filter on), and the
+-- session an activity task must run in.
+CREATE TABLE worker_sessions (
+    namespace        TEXT NOT NULL,
+    session_id       TEXT NOT NULL,
+    lease_owner      TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    lease_expires_at INTEGER NOT NULL,
+    ttl_expires_at   INTEGER NOT NULL,
+    allow_reacquire  INTEGER NOT NULL,
+    document         TEXT NOT NULL,
+    PRIMARY KEY (namespace, session_id)
+);
+ALTER TABLE tasks ADD COLUMN session_id TEXT;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -286,6 +286,52 @@ pub async fn claims_hold_a_sticky_task_for_its_owner<S: Store>(store: S) {
     ));
 }
 
+/// A worker session's steps each lock, decide and write the session once; a refused step
+/// writes nothing; the stored session reads back.
+pub async fn worker_sessions_are_acquired_renewed_and_closed<S: Store>(store: S) {
+    let mut holder = worker("holder", "q");
+    holder.document.insert("capabilities".into(), json!(["worker_sessions"]));
+    store.register_worker(holder).await.unwrap();
+    store.register_worker(worker("rival", "q")).await.unwrap();
+    assert!(store.get_session("default", "s").await.unwrap().is_none());
+    let acquire =
+        |who: &'static str, at: Millis| store.session_step("default", "s", who, SessionStep::Acquire(SessionOptions::new("s")), at);
+    let created = acquire("holder", NOW).await.unwrap();
+    assert_eq!((created.outcome, created.session.fence), ("created", 1));
+    assert_eq!(reason(acquire("rival", NOW + 1).await), Reason::SessionOwnedByAnotherWorker);
+    assert_eq!(
+        store.get_session("default", "s").await.unwrap().unwrap(),
+        created.session,
+        "a refusal wrote nothing"
+    );
+    let beat = store
+        .session_step("default", "s", "holder", SessionStep::Heartbeat(Some(5)), NOW + 10)
+        .await
+        .unwrap();
+    assert_eq!(beat.session.lease_expires_at, NOW + 10 + 5_000);
+    // The lease lapses: the rival takes the session over, and the former holder is fenced off.
+    let taken = acquire("rival", NOW + 10 + 5_000).await.unwrap();
+    assert_eq!(
+        (taken.outcome, taken.session.lease_owner.as_str(), taken.session.fence),
+        ("reacquired", "rival", 2)
+    );
+    let late = store
+        .session_step("default", "s", "holder", SessionStep::Heartbeat(None), NOW + 20_000)
+        .await;
+    assert_eq!(reason(late), Reason::SessionOwnerMismatch);
+    let closed = store
+        .session_step("default", "s", "rival", SessionStep::Close, NOW + 20_001)
+        .await
+        .unwrap();
+    assert_eq!(closed.outcome, "closed");
+    assert_eq!(
+        store.get_session("default", "s").await.unwrap().unwrap().status,
+        SessionStatus::Closed
+    );
+    let missing = store.session_step("default", "nope", "rival", SessionStep::Close, NOW).await;
+    assert_eq!(reason(missing), Reason::SessionNotFound);
+}
+
 pub async fn a_refused_transition_writes_nothing<S: Store>(store: S) {
     let run = started(&store, "refused", "q").await;
     let before_history = all_history(&store, &run).await;
@@ -1046,6 +1092,7 @@ macro_rules! store_suite {
             a_claim_goes_to_exactly_one_poller,
             claims_respect_queue_type_and_availability,
             claims_hold_a_sticky_task_for_its_owner,
+            worker_sessions_are_acquired_renewed_and_closed,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
             deadlines_are_reported_when_due,

@@ -141,7 +141,7 @@ pub(in crate::transitions) fn activity_scheduled(scheduled: Scheduled) -> Map<St
                 fields.insert("cancellation_policy".into(), json!(policy.as_str()));
             }
             if let Some(session) = &execution.worker_session {
-                fields.insert("worker_session".into(), Value::Object(session.options.clone()));
+                fields.insert("worker_session".into(), Value::Object(session.as_sent.clone()));
             }
             execution_event(execution, fields)
         }

@@ -1,0 +1,76 @@
+//! Worker sessions a worker asks for, renews and closes (`/worker/sessions`); activities in a
+//! session are admitted when a poller claims them (`capstan_store` claim logic), and an
+//! activity heartbeat renews its session.
+
+use crate::{AppResult, Services};
+use capstan_engine::*;
+use capstan_store::prelude::*;
+use capstan_store::{SessionAnswer, SessionStep};
+
+/// Creates, reuses or takes over `options.session_id` for `worker_id`.
+pub async fn acquire<V: Services>(services: &V, namespace: &str, worker_id: &str, options: SessionOptions) -> AppResult<SessionAnswer> {
+    let session_id = options.session_id.clone();
+    step(services, namespace, &session_id, worker_id, SessionStep::Acquire(options)).await
+}
+
+/// The holder renews the session's lease (never its TTL).
+pub async fn heartbeat<V: Services>(
+    services: &V,
+    namespace: &str,
+    session_id: &str,
+    worker_id: &str,
+    lease_seconds: Option<i64>,
+) -> AppResult<SessionAnswer> {
+    step(services, namespace, session_id, worker_id, SessionStep::Heartbeat(lease_seconds)).await
+}
+
+/// The holder closes the session: it is over for good.
+pub async fn close<V: Services>(services: &V, namespace: &str, session_id: &str, worker_id: &str) -> AppResult<SessionAnswer> {
+    step(services, namespace, session_id, worker_id, SessionStep::Close).await
+}
+
+/// An activity attempt's heartbeat renews the session it runs in; `None` when the activity
+/// has no session.
+pub async fn renew_for_activity<V: Services>(
+    services: &V,
+    run: &RunState,
+    task_id: &TaskId,
+    worker_id: &str,
+) -> AppResult<Option<SessionAnswer>> {
+    let Some(requirement) = session_of_task(run, task_id) else {
+        return Ok(None);
+    };
+    heartbeat(services, &run.namespace, &requirement.options.session_id, worker_id, None)
+        .await
+        .map(Some)
+}
+
+/// The session an activity task runs in, if its activity asked for one.
+pub fn session_of_task<'r>(run: &'r RunState, task_id: &TaskId) -> Option<&'r SessionRequirement> {
+    match &run.tasks.get(task_id)?.detail {
+        TaskDetail::Activity { execution_id, .. } => run.activities.get(execution_id)?.worker_session.as_ref(),
+        _ => None,
+    }
+}
+
+async fn step<V: Services>(
+    services: &V,
+    namespace: &str,
+    session_id: &str,
+    worker_id: &str,
+    step: SessionStep,
+) -> AppResult<SessionAnswer> {
+    let answer = services
+        .store()
+        .session_step(namespace, session_id, worker_id, step, services.now())
+        .await?;
+    tracing::info!(
+        namespace,
+        session_id,
+        worker_id,
+        outcome = answer.outcome,
+        fence = answer.session.fence,
+        "worker session"
+    );
+    Ok(answer)
+}
