@@ -28,6 +28,52 @@ impl Sim {
         Ok(())
     }
 
+    /// The replay mode a workflow lease was given agrees with the run's sticky owner, and a
+    /// run claimed by a registered worker went to another only after its hold ran out.
+    pub(crate) fn check_replay_mode(&mut self, task: &Task, run: &RunState, owner: &str) -> Result<(), Failure> {
+        let TaskDetail::Workflow { replay_mode, .. } = &task.detail else {
+            return Ok(());
+        };
+        let expected = run.replay_mode_for(owner, self.now);
+        self.report.replay_modes[expected as usize] += 1;
+        if *replay_mode != Some(expected) {
+            return Err(self.fail(format!(
+                "workflow task {} leased by {owner} with replay mode {replay_mode:?}, expected {expected:?} ({:?})",
+                task.id, run.sticky
+            )));
+        }
+        if let (ReplayMode::ForcedColdReplay, Some(affinity)) = (expected, &run.sticky) {
+            let held_until = affinity
+                .expires_at
+                .min(task.available_at.max(task.created_at) + capstan_engine::sticky::STICKY_HOLD_MS);
+            if self.now < held_until && !self.retired.contains(&affinity.worker_id) {
+                return Err(self.fail(format!(
+                    "workflow task {} of a run held for {} went to {owner} before its hold ran out",
+                    task.id, affinity.worker_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A session activity is leased only by its session's holder, inside the session's lease.
+    pub(crate) async fn check_session_holder(&mut self, task: &Task, run: &RunState, owner: &str) -> Result<(), Failure> {
+        let Some(requirement) = capstan_app::sessions::session_of_task(run, &task.id) else {
+            return Ok(());
+        };
+        self.report.session_attempts += 1;
+        let session_id = &requirement.options.session_id;
+        let session = self.store().get_session(NAMESPACE, session_id).await;
+        let session = session.map_err(|e| self.fail(format!("session: {e}")))?;
+        match session {
+            Some(session) if session.held_by(owner, self.now) => Ok(()),
+            other => Err(self.fail(format!(
+                "activity task {} of session {session_id} leased by {owner}, but the session is {other:?}",
+                task.id
+            ))),
+        }
+    }
+
     pub(crate) async fn check_touched(&mut self) -> Result<(), Failure> {
         for run_id in std::mem::take(&mut self.touched) {
             self.check_run(&run_id).await?;

@@ -56,6 +56,8 @@ const QUERY_WAIT_MS: i64 = 10_000;
 const SCHEDULE_CATCHUP_MS: i64 = 60_000;
 const SCHEDULES: usize = 2;
 const WORKERS: usize = 3;
+/// What the simulated workers register as their SDK (their sticky claims name it as the build).
+const SDK_VERSION: &str = "capstan-sim/1";
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -99,6 +101,11 @@ pub struct Report {
     pub scheduled_starts: usize,
     pub closed_by_clients: usize,
     pub calm_rounds: usize,
+    /// Workflow leases by replay mode: `[cold, sticky hit expected, forced cold]`.
+    pub replay_modes: [usize; 3],
+    /// Session activity attempts leased, and worker retirements.
+    pub session_attempts: usize,
+    pub workers_retired: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -125,6 +132,8 @@ impl std::fmt::Display for Failure {
 #[derive(Clone, Debug, PartialEq)]
 enum Step {
     Activity(&'static str),
+    /// A plain activity in the instance's worker session (only its holder may run it).
+    SessionActivity,
     Timer(i64),
     /// Waits for the signal `go-N`.
     Signal(usize),
@@ -142,6 +151,8 @@ enum Delivery {
         owner: String,
         fence: u64,
         commands: Vec<WorkflowCommand>,
+        /// The worker keeps the run in its (simulated) replay cache.
+        sticky: Option<StickyClaim>,
     },
     CompleteActivity {
         task_id: TaskId,
@@ -221,6 +232,8 @@ struct Sim {
     /// Activity executions blocked on an unknown outcome, with their `ActivityStarted` count
     /// when first seen blocked: it may not grow until an operator resolves the entry.
     blocked: BTreeMap<String, usize>,
+    /// Workers retired in the faulty phase (registered again when the calm phase begins).
+    retired: BTreeSet<String>,
     report: Report,
     digest: std::cell::Cell<u64>,
 }
@@ -269,6 +282,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         touched: BTreeSet::new(),
         blocked: BTreeMap::new(),
         digest: std::cell::Cell::new(0),
+        retired: BTreeSet::new(),
     };
     sim.open()?;
     sim.store()
@@ -397,6 +411,7 @@ impl Sim {
                 82..=87 => self.resolve_unknown().await?,
                 88..=93 => self.change_schedules().await?,
                 94 => self.close_workflow().await?,
+                95 => self.retire_worker().await?,
                 _ => self.restart().await?,
             }
             self.check_touched().await?;
@@ -407,6 +422,8 @@ impl Sim {
     /// No more faults: reports arrive, workers succeed, operators resolve, signals come. Every
     /// workflow must reach a terminal state.
     async fn calm_phase(&mut self) -> Result<(), Failure> {
+        // Retired workers come back (a fleet is eventually whole again).
+        self.register_workers().await?;
         // Whatever workers still hold arrives now (late ones are refused).
         while !self.inflight.is_empty() {
             self.step += 1;
@@ -496,7 +513,7 @@ impl Sim {
         let mut signals = 0;
         let mut continued = false;
         let program: Vec<Step> = (0..length)
-            .map(|_| match self.rng.random_range(0..12) {
+            .map(|_| match self.rng.random_range(0..13) {
                 0..=2 => Step::Activity(PLAIN),
                 3..=4 => Step::Activity(DECLARED),
                 5..=6 => Step::Timer(self.rng.random_range(1..=5)),
@@ -505,6 +522,7 @@ impl Sim {
                     Step::Signal(signals)
                 }
                 9..=10 => Step::Child,
+                11 => Step::SessionActivity,
                 _ if continued => Step::Activity(PLAIN),
                 _ => {
                     continued = true;
@@ -558,13 +576,13 @@ impl Sim {
     async fn register_workers(&mut self) -> Result<(), Failure> {
         for n in 0..WORKERS {
             let mut document = Map::new();
-            document.insert("capabilities".into(), json!(["query_tasks"]));
+            document.insert("capabilities".into(), json!(["query_tasks", "sticky_execution", "worker_sessions"]));
             let worker = capstan_store::WorkerRecord {
                 namespace: NAMESPACE.into(),
                 worker_id: format!("worker-{n}"),
                 task_queue: QUEUE.into(),
                 runtime: "simulated".into(),
-                sdk_version: None,
+                sdk_version: Some(SDK_VERSION.into()),
                 build_id: None,
                 supported_workflow_types: vec![WORKFLOW_TYPE.into(), CHILD_TYPE.into(), SCHEDULED_TYPE.into()],
                 supported_activity_types: vec![PLAIN.into(), DECLARED.into()],
@@ -577,6 +595,19 @@ impl Sim {
             let registered = self.store().register_worker(worker).await;
             registered.map_err(|e| self.fail(format!("register: {e}")))?;
         }
+        self.retired.clear();
+        Ok(())
+    }
+
+    /// A worker process goes away for good (its registration removed, as at shutdown or by an
+    /// operator): its sticky runs and its worker sessions must move on to the others.
+    async fn retire_worker(&mut self) -> Result<(), Failure> {
+        let worker = self.worker();
+        self.trace(|| format!("{worker} retires"));
+        let gone = self.store().deregister_worker(NAMESPACE, &worker).await;
+        gone.map_err(|e| self.fail(format!("deregister: {e}")))?;
+        self.retired.insert(worker);
+        self.report.workers_retired += 1;
         Ok(())
     }
 
@@ -643,6 +674,7 @@ impl Sim {
             return Ok(false);
         };
         self.note_fence(&task)?;
+        self.check_replay_mode(&task, &run, &owner)?;
         self.acknowledge(&run);
         let history = self
             .store()
@@ -666,11 +698,22 @@ impl Sim {
                 commands.len()
             )
         });
+        // Like an SDK with its cache on: a task that does not close the run may claim it.
+        let claims = !commands.is_empty() && !commands.iter().any(WorkflowCommand::is_terminal) && self.rng.random_bool(0.5);
+        let sticky = claims.then(|| StickyClaim {
+            worker_id: owner.clone(),
+            workflow_id: run.workflow_id.to_string(),
+            run_id: run.run_id.to_string(),
+            build_id: SDK_VERSION.into(),
+            ttl_seconds: self.rng.random_range(1..=120),
+            metrics: Map::new(),
+        });
         let delivery = Delivery::CompleteWorkflowTask {
             task_id: task.id.clone(),
             owner,
             fence: task.fence,
             commands,
+            sticky,
         };
         self.hand_over(delivery, faulty).await?;
         Ok(true)
@@ -692,6 +735,7 @@ impl Sim {
         else {
             return Err(self.fail(format!("activity task {} leased without an attempt id", task.id)));
         };
+        self.check_session_holder(&task, &run, &owner).await?;
         let succeeds = !faulty || self.rng.random_bool(0.6);
         self.trace(|| {
             format!(
@@ -747,6 +791,7 @@ impl Sim {
                 owner,
                 fence,
                 commands,
+                sticky,
             } => {
                 self.trace(|| format!("{owner} completes workflow task {task_id} (fence {fence})"));
                 let lease = reports::WorkflowLease {
@@ -764,7 +809,7 @@ impl Sim {
                     };
                     reports::fail_workflow_task(&self.app, lease, waiting).await
                 } else {
-                    reports::complete_workflow_task(&self.app, lease, commands, None).await
+                    reports::complete_workflow_task(&self.app, lease, commands, sticky).await
                 };
                 if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
@@ -1342,6 +1387,9 @@ pub struct Totals {
     pub continued: usize,
     pub scheduled: usize,
     pub closed: usize,
+    pub replay_modes: [usize; 3],
+    pub session_attempts: usize,
+    pub workers_retired: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1361,6 +1409,11 @@ impl Totals {
         self.continued += report.continued_as_new;
         self.scheduled += report.scheduled_starts;
         self.closed += report.closed_by_clients;
+        for (total, seen) in self.replay_modes.iter_mut().zip(report.replay_modes) {
+            *total += seen;
+        }
+        self.session_attempts += report.session_attempts;
+        self.workers_retired += report.workers_retired;
         for (reason, count) in &report.refusals {
             *self.refusals.entry(reason.clone()).or_default() += count;
         }
@@ -1369,7 +1422,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1384,6 +1437,11 @@ impl Totals {
             self.duplicates,
             self.lost_tasks,
             self.unknown_resolved,
+            self.replay_modes[0],
+            self.replay_modes[1],
+            self.replay_modes[2],
+            self.session_attempts,
+            self.workers_retired,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

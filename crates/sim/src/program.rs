@@ -84,7 +84,11 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
     let (mut activity, mut timer, mut child) = (0, 0, 0);
     for step in part {
         let next = match step {
-            Step::Activity(activity_type) => {
+            Step::Activity(_) | Step::SessionActivity => {
+                let activity_type = match step {
+                    Step::Activity(activity_type) => activity_type,
+                    _ => &PLAIN,
+                };
                 activity += 1;
                 match progress(activity, activities_scheduled, activities_resolved) {
                     Progress::Done => continue,
@@ -108,7 +112,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                     },
                     tags: Map::new(),
                     cancellation_policy: None,
-                    worker_session: None,
+                    worker_session: (*step == Step::SessionActivity).then(|| session_of(workflow_id)),
                 })
             }
             Step::Timer(seconds) => {
@@ -175,4 +179,18 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         }
     });
     commands
+}
+
+/// The worker session a workflow's session activities run in: one per instance, long-lived
+/// (a session past its TTL would strand its activities, and the simulated clock jumps far).
+pub(crate) fn session_of(workflow_id: &str) -> SessionRequirement {
+    let options = SessionOptions {
+        ttl_seconds: 365 * 86_400,
+        ..SessionOptions::new(format!("sess-{workflow_id}"))
+    };
+    let as_sent = json!({"session_id": options.session_id, "ttl_seconds": options.ttl_seconds});
+    SessionRequirement {
+        options,
+        as_sent: as_sent.as_object().cloned().unwrap_or_default(),
+    }
 }
