@@ -1497,3 +1497,32 @@ fn non_retryable_child_failures_resolve_the_call_at_once() {
     });
     assert!(fail_child(&mut child, "Transient").0.retry.is_none());
 }
+
+#[test]
+fn an_attempt_whose_lease_runs_out_before_its_budgets_is_named_a_lease_expiry() {
+    let mut sim = Sim::start();
+    // Start-to-close 120 s and no heartbeat budget: the 60 s lease runs out first.
+    let schedule = WorkflowCommand::ScheduleActivity(ScheduleActivity {
+        activity_type: "quiet".into(),
+        arguments: Payload::avro("a"),
+        queue: None,
+        retry_policy: Some(retry(2)),
+        timeouts: ActivityTimeouts {
+            start_to_close_seconds: Some(120),
+            ..Default::default()
+        },
+        cancellation_policy: None,
+        worker_session: None,
+        tags: Map::new(),
+    });
+    sim.complete_workflow("w", vec![schedule]).unwrap();
+    sim.lease_activity("w");
+    sim.advance(LEASE_MS);
+    let retried = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::ActivityRetryScheduled)
+        .expect("the attempt ended with its lease");
+    assert_eq!(retried.payload["timeout_kind"], json!("lease_expired"), "{:?}", retried.payload);
+    assert!(retried.payload["message"].as_str().unwrap().contains("lease expired"));
+}

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// The timeout kind of an attempt whose lease ran out before any of its own budgets did (its
+/// worker neither reported nor heartbeated within `--activity-task-lease-seconds`).
+pub const LEASE_EXPIRED: &str = "lease_expired";
+
 /// Looks at a task whose `deadline_at` has passed: fires a timer, times a run out, returns an
 /// expired workflow lease to ready, or ends a timed-out activity attempt. Returns whether
 /// anything changed (a task whose deadline moved meanwhile is left alone).
@@ -53,8 +57,8 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
                     else {
                         return false;
                     };
-                    // The earliest budget that ran out names the timeout; a bare lease expiry
-                    // (no budget set) counts as start-to-close.
+                    // The earliest budget that ran out names the timeout; a lease that ran out
+                    // before any budget did is named for what it is.
                     let started = started_at.unwrap_or(now);
                     let start_to_close_due = execution.timeouts.start_to_close_seconds.map(|s| started + s * 1000);
                     let heartbeat_due = execution
@@ -64,6 +68,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
                     match (heartbeat_due.filter(|d| *d <= now), start_to_close_due.filter(|d| *d <= now)) {
                         (Some(heartbeat), Some(start_to_close)) if heartbeat < start_to_close => "heartbeat",
                         (Some(_), None) => "heartbeat",
+                        (None, None) => LEASE_EXPIRED,
                         _ => "start_to_close",
                     }
                 }

@@ -357,7 +357,13 @@ fn attempt_end(attempt: &AttemptRef, end: &AttemptEnd) -> Map<String, Value> {
         }
         AttemptEnd::TimedOut { timeout_kind } => {
             fields.insert("timeout_kind".into(), json!(timeout_kind));
-            fields.insert("message".into(), json!(format!("Activity attempt timed out ({timeout_kind}).")));
+            let message = match *timeout_kind {
+                super::super::deadline::LEASE_EXPIRED => {
+                    "Activity attempt lease expired: the worker neither reported nor heartbeated within its lease.".to_string()
+                }
+                kind => format!("Activity attempt timed out ({kind})."),
+            };
+            fields.insert("message".into(), json!(message));
         }
     }
     fields
