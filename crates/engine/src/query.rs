@@ -98,6 +98,31 @@ impl QueryTask {
         Ok(())
     }
 
+    /// Whether `(owner, attempt)` holds the live lease now (the query-task authority a worker
+    /// checks while it replays); the refusal says why not. Never renews anything.
+    pub fn check_authority(&self, owner: &str, attempt: u32, now: Millis) -> Result<Millis, Refusal> {
+        let refusal = |reason, message: &str| {
+            Refusal::new(reason, message)
+                .with("query_task_id", self.id.clone())
+                .with("query_task_attempt", attempt)
+        };
+        match &self.state {
+            QueryState::Leased { owner: holder, .. } if holder != owner => {
+                Err(refusal(Reason::LeaseOwnerMismatch, "The query task is leased to another worker."))
+            }
+            QueryState::Leased { .. } if attempt != self.attempt => Err(refusal(
+                Reason::QueryTaskAttemptMismatch,
+                "The query task attempt does not match its lease.",
+            )),
+            QueryState::Leased { expires_at, .. } if *expires_at <= now || self.deadline_at <= now => {
+                Err(refusal(Reason::LeaseExpired, "The query task lease has expired."))
+            }
+            QueryState::Leased { expires_at, .. } => Ok(*expires_at),
+            QueryState::Ready => Err(refusal(Reason::QueryTaskNotLeased, "The query task is not leased.")),
+            QueryState::Answered(_) => Err(refusal(Reason::QueryTaskNotLeased, "The query task was already answered.")),
+        }
+    }
+
     /// Records the worker's answer, if `(owner, attempt)` holds the live lease. A query takes a
     /// result or a failure, a validation a verdict or a failure: an answer of the other kind is
     /// addressed to a task that does not exist.
@@ -192,6 +217,24 @@ mod tests {
             Reason::QueryTaskNotLeased
         );
         assert!(!q.leasable(7_000));
+    }
+
+    #[test]
+    fn authority_holds_only_for_the_live_lease_and_renews_nothing() {
+        let mut q = task();
+        assert_eq!(q.check_authority("a", 1, 0).unwrap_err().reason, Reason::QueryTaskNotLeased);
+        q.lease("a", 5_000, 0).unwrap();
+        assert_eq!(q.check_authority("a", 1, 1_000), Ok(5_000));
+        assert_eq!(q.check_authority("b", 1, 1_000).unwrap_err().reason, Reason::LeaseOwnerMismatch);
+        assert_eq!(
+            q.check_authority("a", 2, 1_000).unwrap_err().reason,
+            Reason::QueryTaskAttemptMismatch
+        );
+        assert_eq!(q.check_authority("a", 1, 5_000).unwrap_err().reason, Reason::LeaseExpired);
+        q.lease("b", 5_000, 6_000).unwrap();
+        assert_eq!(q.check_authority("a", 1, 6_001).unwrap_err().reason, Reason::LeaseOwnerMismatch);
+        q.answer("b", 2, answer(), 6_500).unwrap();
+        assert_eq!(q.check_authority("b", 2, 6_600).unwrap_err().reason, Reason::QueryTaskNotLeased);
     }
 
     #[test]

@@ -2381,6 +2381,26 @@ async fn a_query_is_routed_to_a_worker_and_answered_without_history() {
     );
     let id = task["query_task_id"].as_str().unwrap().to_string();
 
+    // Query-task authority: the holder is confirmed with the poll's own times, nothing renewed.
+    let status = |owner: &str, attempt: u64| {
+        send(h.worker(
+            Method::GET,
+            &format!("/api/worker/query-tasks/{id}/status?lease_owner={owner}&query_task_attempt={attempt}"),
+        ))
+    };
+    let held = status("qw", 1).await.ok(200);
+    for key in ["lease_expires_at", "query_admitted_at", "query_deadline_at"] {
+        assert_eq!(held[key], task[key], "{key} as the poll gave it");
+    }
+    assert_eq!(
+        (held["can_continue"].clone(), held["query_task_status"].clone()),
+        (json!(true), json!("leased"))
+    );
+    assert!(held.as_object().unwrap().contains_key("reason") && held["reason"].is_null());
+    assert!(held["server_time"].as_str().unwrap() < task["lease_expires_at"].as_str().unwrap());
+    status("intruder", 1).await.err(409, "lease_owner_mismatch");
+    status("qw", 2).await.err(409, "query_task_attempt_mismatch");
+
     // Fencing: wrong owner, wrong attempt, unknown id.
     let complete = |owner: &str, attempt: u64| json!({"lease_owner": owner, "query_task_attempt": attempt, "result_envelope": env("wwHioz3/VYAiNwIB")});
     h.wpost(&format!("/api/worker/query-tasks/{id}/complete"), complete("intruder", 1))

@@ -72,6 +72,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/worker/update-validation-tasks/:task_id/approve", post(validation::approve::<S>))
         .route("/worker/update-validation-tasks/:task_id/reject", post(validation::reject::<S>))
         .route("/worker/query-tasks/poll", post(query::poll_query_task::<S>))
+        .route("/worker/query-tasks/:task_id/status", get(query::query_task_status::<S>))
         .route("/worker/query-tasks/:task_id/complete", post(query::complete_query_task::<S>))
         .route("/worker/query-tasks/:task_id/fail", post(query::fail_query_task::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), worker_plane::<S>));

@@ -8,13 +8,14 @@ use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use capstan_app::queries;
 use capstan_engine::*;
 use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A registration heard from within this window counts as a live query worker.
@@ -220,7 +221,57 @@ async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> A
         "run_status": run.status.as_str(),
         "last_history_sequence": run.last_sequence,
         "total_history_events": run.last_sequence,
+        "query_admitted_at": render::time(task.created_at),
+        "query_deadline_at": render::time(task.deadline_at),
+        "server_time": render::time(state.now()),
     }))
+}
+
+/// `GET /worker/query-tasks/{id}/status?lease_owner=&query_task_attempt=`: whether the caller
+/// still holds the query task's lease (the query-task authority the SDKs check while they
+/// replay). It renews nothing; the times are the task's own, as the poll gave them.
+pub async fn query_task_status<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let owner = params
+        .get("lease_owner")
+        .filter(|o| !o.is_empty())
+        .ok_or_else(|| ApiError::validation("lease_owner", "The lease_owner query parameter is required."))?;
+    let attempt = params
+        .get("query_task_attempt")
+        .and_then(|a| a.parse::<u32>().ok())
+        .filter(|a| *a >= 1)
+        .ok_or_else(|| {
+            ApiError::validation(
+                "query_task_attempt",
+                "The query_task_attempt query parameter must be a positive integer.",
+            )
+        })?;
+    let task = state
+        .store
+        .get_query_task(&namespace, &task_id)
+        .await?
+        .filter(|t| t.kind == QueryKind::Query)
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, Reason::QueryTaskNotFound, "Query task not found.").with("query_task_id", task_id.clone())
+        })?;
+    let now = state.now();
+    let expires_at = task.check_authority(owner, attempt, now)?;
+    Ok(Json(json!({
+        "query_task_id": task.id,
+        "query_task_attempt": attempt,
+        "lease_owner": owner,
+        "lease_expires_at": render::time(expires_at),
+        "query_admitted_at": render::time(task.created_at),
+        "query_deadline_at": render::time(task.deadline_at),
+        "can_continue": true,
+        "query_task_status": "leased",
+        "reason": null,
+        "server_time": render::time(now),
+    })))
 }
 
 fn claim(body: &Map<String, Value>) -> ApiResult<(String, u32)> {

@@ -57,6 +57,7 @@ pub fn server_capabilities() -> Value {
         "workflow_memo_updates": {"supported": true},
         "update_validation_tasks": true,
         "cooperative_cancellation": true,
+        "query_task_authority": true,
         "synchronous_update_validation": super::validation::advertised(),
         "sticky_execution": {
             "supported": true,

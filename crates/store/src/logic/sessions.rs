@@ -149,7 +149,17 @@ pub(crate) async fn admit_activity<T: Tx>(
     let running = tx.query(RUNNING_IN, &args![namespace, session_id, now, task_id.as_str()]).await?;
     let running = running.first().map(|r| r.int(0)).transpose()?.unwrap_or(0);
     match acquire_session(existing, namespace, requirement.options.clone(), &who, Some(running), now) {
-        Ok((session, _)) => {
+        Ok((session, outcome)) => {
+            if outcome != capstan_engine::AcquireOutcome::Reused {
+                tracing::info!(
+                    namespace,
+                    session_id,
+                    worker_id,
+                    outcome = outcome.as_str(),
+                    fence = session.fence,
+                    "worker session taken with an activity"
+                );
+            }
             save_session(tx, &session).await?;
             Ok(Some(session))
         }
