@@ -39,6 +39,8 @@ cargo test --workspace --no-fail-fast
 # in a target dir of its own so that the main build stays cached.
 CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p capstan-sync --release --test loom
 .venv/bin/python -m pytest tests/python -q
-# The SDK suite once more, against a two-node cluster on PostgreSQL (workers on one node,
-# clients on the other).
-CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py -q
+# The SDK suite once more, with sticky execution, worker sessions and the worker-plane
+# authority routes, against a two-node cluster on PostgreSQL (workers on one node, clients on
+# the other).
+CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py \
+  tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py -q

@@ -169,6 +169,9 @@ reasons! {
     SessionActivityLimitExceeded => "session_activity_limit_exceeded",
     SessionNotActive => "session_not_active",
     SessionOwnerMismatch => "session_owner_mismatch",
+    // Fenced worker deregistration.
+    WorkerRegistrationLostAuthority => "worker_registration_lost_authority",
+    WorkerRegistrationTokenNotFound => "worker_registration_token_not_found",
 }
 
 /// A reason equals its wire code (what tests and clients compare against).

@@ -68,6 +68,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::ActionDefinitionNotFound
         | Reason::UpdateValidationTaskNotFound
         | Reason::SessionNotFound
+        | Reason::WorkerRegistrationTokenNotFound
         | Reason::RejectedUnknownQuery => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved

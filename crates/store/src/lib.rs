@@ -31,6 +31,7 @@ pub use postgres::PostgresStore;
 pub mod prelude {
     pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, RunStore, ScheduleStore, Store, TaskStore};
 }
+pub use logic::fleet::DEREGISTRATION_RECEIPT_RETENTION_MS;
 pub use logic::sessions::{SessionAnswer, SessionStep};
 pub use schedules::{BACKFILL_MAX, FIRE_BATCH};
 pub(crate) use sources::Env;
@@ -753,6 +754,19 @@ pub trait FleetStore: Send + Sync + 'static {
         step: SessionStep,
         now: Millis,
     ) -> impl Future<Output = StoreResult<SessionAnswer>> + Send;
+
+    /// A fenced deregistration: removes `worker_id`'s registration if `token` is its current
+    /// `registration_token` and keeps the receipt (`DEREGISTRATION_RECEIPT_RETENTION_MS`), so a
+    /// retry with the same token gets it again; answers `(receipt, replayed)`. Another token is
+    /// `worker_registration_lost_authority`; no registration and no receipt is
+    /// `worker_registration_token_not_found`.
+    fn deregister_fenced(
+        &self,
+        namespace: &str,
+        worker_id: &str,
+        token: &str,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<(Value, bool)>> + Send;
 
     /// A worker session as stored (not refreshed).
     fn get_session(&self, namespace: &str, session_id: &str) -> impl Future<Output = StoreResult<Option<WorkerSession>>> + Send;

@@ -208,8 +208,22 @@ pub async fn activity_status<S: Store>(
         }),
         (None, false) => Some("attempt_closed"),
     };
+    // What the Rust SDK's cooperative observer checks before and while it runs the attempt.
+    let task_status = match run.tasks.get(&id) {
+        Some(_) if live.is_some() => "leased",
+        Some(task) if task.is_ready() => "ready",
+        Some(_) => "leased",
+        None => "closed",
+    };
+    let activity_open = run.tasks.get(&id).is_some_and(|task| match &task.detail {
+        TaskDetail::Activity { execution_id, .. } => run.activities.contains_key(execution_id),
+        _ => false,
+    });
     let mut reply = json!({
         "task_id": task_id,
+        "task_status": task_status,
+        "attempt_status": if live.is_some() { "running" } else { "closed" },
+        "activity_status": if activity_open { "running" } else { "closed" },
         "activity_attempt_id": attempt_id,
         "lease_owner": owner,
         "can_continue": live.is_some(),

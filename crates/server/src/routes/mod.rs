@@ -39,6 +39,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/worker/register", post(worker::register::<S>))
         .route("/worker/heartbeat", post(worker::heartbeat::<S>))
         .route("/worker/registrations/:worker_id", delete(worker::deregister::<S>))
+        .route("/worker/registrations/:worker_id/deregister", post(worker::deregister_fenced::<S>))
         .route("/worker/sessions", post(sessions::acquire::<S>))
         .route("/worker/sessions/:session_id/heartbeat", post(sessions::heartbeat::<S>))
         .route("/worker/sessions/:session_id", delete(sessions::close::<S>))

@@ -58,6 +58,12 @@ pub fn server_capabilities() -> Value {
         "update_validation_tasks": true,
         "cooperative_cancellation": true,
         "query_task_authority": true,
+        "worker_deregistration_fencing": {
+            "supported": true,
+            "schema": "durable-workflow.v2.worker-deregistration.v1",
+            "endpoint": "/worker/registrations/{workerId}/deregister",
+            "receipt_retention_seconds": capstan_store::DEREGISTRATION_RECEIPT_RETENTION_MS / 1000,
+        },
         "synchronous_update_validation": super::validation::advertised(),
         "sticky_execution": {
             "supported": true,

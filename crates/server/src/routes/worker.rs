@@ -67,6 +67,9 @@ pub async fn register<S: Store>(
             document.insert(key.to_string(), value.clone());
         }
     }
+    // Every registration gets a new token: a fenced deregistration must name the current one.
+    let registration_token = registration_token(&state.new_id(), &worker_id);
+    document.insert("registration_token".into(), json!(registration_token));
     let record = WorkerRecord {
         namespace: namespace.clone(),
         worker_id: worker_id.clone(),
@@ -95,8 +98,17 @@ pub async fn register<S: Store>(
         "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS,
         "capabilities": body.get("capabilities").cloned().unwrap_or(json!([])),
         "capability_manifest": body.get("capability_manifest").cloned().unwrap_or(json!({})),
+        "registration_token": registration_token,
     });
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// 32 lowercase hex characters, derived from a fresh id (the ids come from the server's
+/// sources, so a simulated server mints them deterministically).
+fn registration_token(fresh_id: &str, worker_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{fresh_id}\0{worker_id}").as_bytes());
+    hex::encode(&digest[..16])
 }
 
 pub async fn heartbeat<S: Store>(
@@ -127,26 +139,7 @@ pub async fn deregister<S: Store>(
             ApiError::new(StatusCode::NOT_FOUND, Reason::WorkerNotFound, "The worker is not registered.").with("worker_id", worker_id),
         );
     }
-    // Give its leased workflow tasks back so live workers get them now, not after the lease.
-    // (Activity attempts are left to finish or expire: the worker may still report them.)
-    let mut recovered = 0;
-    for task_id in state.store.leased_tasks(&namespace, &worker_id, TaskKind::Workflow).await? {
-        let (id, owner) = (task_id.clone(), worker_id.clone());
-        match state
-            .store
-            .mutate_run(&namespace, RunLocator::Task(task_id), state.now(), move |run, cx| {
-                release_workflow_task(run, cx, &id, &owner)
-            })
-            .await
-        {
-            Ok(((), run)) => {
-                recovered += 1;
-                after_change(&state, &run);
-            }
-            Err(StoreError::Refused(_)) => {} // completed or re-leased meanwhile
-            Err(error) => return Err(error.into()),
-        }
-    }
+    let recovered = release_leased_workflow_tasks(&state, &namespace, &worker_id).await?;
     tracing::info!(namespace, worker_id, recovered, "worker deregistered");
     Ok(Json(json!({
         "worker_id": worker_id,
@@ -155,6 +148,50 @@ pub async fn deregister<S: Store>(
         "recovered_workflow_task_count": recovered,
         "recovered_activity_task_count": 0,
     })))
+}
+
+/// `POST /worker/registrations/{id}/deregister` with the registration's `registration_token`:
+/// the registration goes only if the token is still its own, and a retry (a lost reply) gets
+/// the same receipt for `receipt_retention_seconds`.
+pub async fn deregister_fenced<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(worker_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    wire::refuse_unknown_fields(&body, &[&["registration_token"]], "", "fenced deregistrations")?;
+    let token = Fields::new(&body).req_str("registration_token", 64)?;
+    let (receipt, replayed) = state.store.deregister_fenced(&namespace, &worker_id, &token, state.now()).await?;
+    if !replayed {
+        let recovered = release_leased_workflow_tasks(&state, &namespace, &worker_id).await?;
+        tracing::info!(namespace, worker_id, recovered, "worker deregistered (fenced)");
+    }
+    Ok(Json(receipt))
+}
+
+/// Gives a departed worker's leased workflow tasks back so live workers get them now, not
+/// after the lease. (Activity attempts are left to finish or expire: the worker may still
+/// report them.)
+async fn release_leased_workflow_tasks<S: Store>(state: &Shared<S>, namespace: &str, worker_id: &str) -> ApiResult<usize> {
+    let mut recovered = 0;
+    for task_id in state.store.leased_tasks(namespace, worker_id, TaskKind::Workflow).await? {
+        let (id, owner) = (task_id.clone(), worker_id.to_string());
+        match state
+            .store
+            .mutate_run(namespace, RunLocator::Task(task_id), state.now(), move |run, cx| {
+                release_workflow_task(run, cx, &id, &owner)
+            })
+            .await
+        {
+            Ok(((), run)) => {
+                recovered += 1;
+                after_change(state, &run);
+            }
+            Err(StoreError::Refused(_)) => {} // completed or re-leased meanwhile
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(recovered)
 }
 
 // ------------------------------------------------------------------------------------------

@@ -555,10 +555,16 @@ pub fn assert_python_sdk_accepts_cluster_info(info: &Value, minor: u32) {
         .expect("command list")
         .iter()
         .all(Value::is_string));
-    // Fencing is not advertised; if it were it would need a registration token.
-    if let Some(fencing) = capabilities.get("worker_deregistration_fencing") {
-        assert_ne!(fencing["supported"], true, "fencing advertised without registration tokens");
+    // Fenced deregistration: when advertised, the exact contract the Python worker validates
+    // (anything else stops it from starting).
+    if let Some(fencing) = capabilities.get("worker_deregistration_fencing").filter(|f| f["supported"] == true) {
+        assert_eq!(fencing["schema"], "durable-workflow.v2.worker-deregistration.v1");
+        assert_eq!(fencing["endpoint"], "/worker/registrations/{workerId}/deregister");
+        assert!(fencing["receipt_retention_seconds"].as_i64().is_some_and(|s| s > 0));
     }
+    // Sticky execution and query-task authority are objects / booleans the SDKs test exactly.
+    assert_eq!(capabilities["sticky_execution"]["supported"], true);
+    assert_eq!(capabilities["query_task_authority"], true);
 
     let auth = &info["auth_composition_contract"];
     assert!(auth.is_object());

@@ -138,10 +138,33 @@ async fn session_activities_run_only_on_the_holder_until_it_is_gone() {
     // A heartbeat renews the session and says so.
     let beat = h.heartbeat_activity(&one).await.ok(200);
     assert_eq!(beat["worker_session"]["lease_owner"], "first");
+    // The ownership check cooperative workers make carries the attempt's and the session's state.
+    let status_of = |task: &Value| {
+        let path = format!("/api/worker/activity-tasks/{}/status", task["task_id"].as_str().unwrap());
+        let body = json!({"activity_attempt_id": task["activity_attempt_id"], "lease_owner": task["lease_owner"]});
+        let h = &h;
+        async move { h.wpost(&path, body).await }
+    };
+    let status = status_of(&one).await.ok(200);
+    assert_eq!(
+        (status["task_status"].clone(), status["attempt_status"].clone()),
+        (json!("leased"), json!("running"))
+    );
+    assert_eq!(status["activity_status"], "running");
+    assert_eq!(status["worker_session"]["lease_owner"], "first");
     h.complete_activity(&one, AVRO_NULL).await.ok(200);
+    let done = status_of(&one).await.ok(200);
+    assert_eq!(
+        (
+            done["can_continue"].clone(),
+            done["attempt_status"].clone(),
+            done["activity_status"].clone()
+        ),
+        (json!(false), json!("closed"), json!("closed"))
+    );
     assert_eq!(h.poll_activity("second", "q", 1).await, Value::Null, "held by first");
     let two = h.next_activity_task("first", "q").await;
-    assert_eq!(two["activity_type"], "step-2");
+    assert_ne!(two["activity_type"], one["activity_type"], "the other step");
     // The holder goes away: its session is taken over by the next capable worker.
     send(h.worker(Method::DELETE, "/api/worker/registrations/first")).await.ok(200);
     h.fail_activity(&two, "lost").await;
@@ -159,4 +182,35 @@ async fn session_activities_run_only_on_the_holder_until_it_is_gone() {
         described["session"]["fence"].as_u64().unwrap() >= 2,
         "a new holder, a new fence: {described}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_deregistration_needs_the_current_token_and_answers_retries_alike() {
+    let h = Harness::start().await;
+    let info = send(h.bare(Method::GET, "/api/cluster/info")).await.ok(200);
+    let fencing = &info["worker_protocol"]["server_capabilities"]["worker_deregistration_fencing"];
+    assert_eq!(fencing["supported"], true);
+    assert_eq!(fencing["schema"], "durable-workflow.v2.worker-deregistration.v1");
+    assert_eq!(fencing["endpoint"], "/worker/registrations/{workerId}/deregister");
+    assert!(fencing["receipt_retention_seconds"].as_i64().unwrap() > 0);
+
+    let first = h.register("leaving", "q").await["registration_token"].as_str().unwrap().to_string();
+    assert!(
+        first.len() == 32 && first.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        "{first}"
+    );
+    let (_, task) = h.started_and_leased("fenced-wf", "leaving", "q").await; // registers again: a new token
+    let current = h.register("leaving", "q").await["registration_token"].as_str().unwrap().to_string();
+    assert_ne!(first, current, "every registration rotates the token");
+    let deregister = |token: &str| h.wpost("/api/worker/registrations/leaving/deregister", json!({"registration_token": token}));
+    deregister(&first).await.err(409, "worker_registration_lost_authority");
+    let receipt = deregister(&current).await.ok(200);
+    assert_eq!(receipt["worker_id"], "leaving");
+    assert_eq!(receipt["outcome"], "deregistered");
+    assert_eq!(receipt["registration_token"], json!(current));
+    assert_eq!(receipt["recovered_workflow_task_count"], 1, "its leased task is handed back");
+    assert_eq!(deregister(&current).await.ok(200), receipt, "a retry gets the same receipt");
+    deregister(&first).await.err(404, "worker_registration_token_not_found");
+    h.register("staying", "q").await;
+    assert_eq!(h.poll_workflow("staying", "q", 2).await["task_id"], task["task_id"]);
 }

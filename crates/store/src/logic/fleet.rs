@@ -98,6 +98,68 @@ pub(crate) async fn deregister_worker<T: Tx>(tx: &mut T, namespace: &str, worker
     Ok(tx.execute(sql, &args![namespace, worker_id]).await? > 0)
 }
 
+/// How long a fenced deregistration's receipt is kept for a retried request.
+pub const DEREGISTRATION_RECEIPT_RETENTION_MS: i64 = 600_000;
+
+/// A fenced deregistration (`registration_token`): removes the registration only if the token
+/// is the current registration's, and records the receipt in the same transaction, so a retry
+/// after a lost reply gets the same receipt back. Answers `(receipt, replayed)`.
+pub(crate) async fn deregister_fenced<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    worker_id: &str,
+    token: &str,
+    now: Millis,
+) -> StoreResult<(Value, bool)> {
+    let earlier = tx
+        .query_opt(
+            "SELECT receipt FROM worker_deregistrations WHERE namespace = $1 AND worker_id = $2 AND registration_token = $3 AND created_at > $4",
+            &args![namespace, worker_id, token, now - DEREGISTRATION_RECEIPT_RETENTION_MS],
+        )
+        .await?;
+    if let Some(row) = earlier {
+        return Ok((serde_json::from_str(row.str(0)?)?, true));
+    }
+    let row = tx.query_opt(LOCK_WORKER.sql(tx.dialect()), &args![namespace, worker_id]).await?;
+    let Some(worker) = row.as_ref().map(worker_of).transpose()? else {
+        return Err(
+            Refusal::new(Reason::WorkerRegistrationTokenNotFound, "No registration holds this token.")
+                .with("worker_id", worker_id)
+                .into(),
+        );
+    };
+    if worker.document.get("registration_token").and_then(Value::as_str) != Some(token) {
+        return Err(Refusal::new(
+            Reason::WorkerRegistrationLostAuthority,
+            "The worker registered again since this token was issued; the token no longer holds the registration.",
+        )
+        .with("worker_id", worker_id)
+        .into());
+    }
+    let leased = leased_tasks(tx, namespace, worker_id, TaskKind::Workflow).await?;
+    deregister_worker(tx, namespace, worker_id).await?;
+    let receipt = serde_json::json!({
+        "worker_id": worker_id,
+        "registration_token": token,
+        "outcome": "deregistered",
+        "deregistered": true,
+        "recovered_workflow_task_count": leased.len(),
+        "recovered_activity_task_count": 0,
+    });
+    let text = receipt.to_string();
+    tx.execute(
+        "INSERT INTO worker_deregistrations (namespace, worker_id, registration_token, receipt, created_at) VALUES ($1, $2, $3, $4, $5)",
+        &args![namespace, worker_id, token, text.as_str(), now],
+    )
+    .await?;
+    tx.execute(
+        "DELETE FROM worker_deregistrations WHERE created_at <= $1",
+        &args![now - DEREGISTRATION_RECEIPT_RETENTION_MS],
+    )
+    .await?;
+    Ok((receipt, false))
+}
+
 pub(crate) async fn leased_tasks<T: Tx>(tx: &mut T, namespace: &str, owner: &str, kind: TaskKind) -> StoreResult<Vec<TaskId>> {
     let sql = "SELECT task_id FROM tasks WHERE namespace = $1 AND lease_owner = $2 AND kind = $3 AND status = 'leased'";
     let rows = tx.query(sql, &args![namespace, owner, kind.as_str()]).await?;

@@ -684,6 +684,10 @@ impl FleetStore for PostgresStore {
         in_transaction!(self, |tx| sessions::session_step(tx, namespace, session_id, worker_id, step, now))
     }
 
+    async fn deregister_fenced(&self, namespace: &str, worker_id: &str, token: &str, now: Millis) -> StoreResult<(Value, bool)> {
+        in_transaction!(self, |tx| fleet::deregister_fenced(tx, namespace, worker_id, token, now))
+    }
+
     async fn get_session(&self, namespace: &str, session_id: &str) -> StoreResult<Option<WorkerSession>> {
         let client = self.pool.get().await?;
         sessions::get_session(&mut self.on(&client), namespace, session_id).await

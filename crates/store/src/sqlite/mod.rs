@@ -628,6 +628,13 @@ impl FleetStore for SqliteStore {
             .await
     }
 
+    async fn deregister_fenced(&self, namespace: &str, worker_id: &str, token: &str, now: Millis) -> StoreResult<(Value, bool)> {
+        let (namespace, worker_id, token) = (namespace.to_string(), worker_id.to_string(), token.to_string());
+        self.writer
+            .write_tx(move |tx| drive(fleet::deregister_fenced(tx, &namespace, &worker_id, &token, now)))
+            .await
+    }
+
     async fn get_session(&self, namespace: &str, session_id: &str) -> StoreResult<Option<WorkerSession>> {
         let (namespace, session_id) = (namespace.to_string(), session_id.to_string());
         self.read_tx(move |tx| drive(sessions::get_session(tx, &namespace, &session_id)))

@@ -353,6 +353,21 @@ CREATE TABLE worker_sessions (
 ALTER TABLE tasks ADD COLUMN session_id TEXT;
 "#,
     ),
+    (
+        18,
+        r#"
+-- Receipts of fenced worker deregistrations, kept for a while so that a retried request gets
+-- the same answer.
+CREATE TABLE worker_deregistrations (
+    namespace          TEXT NOT NULL,
+    worker_id          TEXT NOT NULL,
+    registration_token TEXT NOT NULL,
+    receipt            TEXT NOT NULL,
+    created_at         INTEGER NOT NULL,
+    PRIMARY KEY (namespace, worker_id, registration_token)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -332,6 +332,37 @@ pub async fn worker_sessions_are_acquired_renewed_and_closed<S: Store>(store: S)
     assert_eq!(reason(missing), Reason::SessionNotFound);
 }
 
+/// A fenced deregistration removes the registration only for its current token, in the same
+/// transaction as its receipt, which a retry gets back.
+pub async fn fenced_deregistrations_keep_their_receipt<S: Store>(store: S) {
+    let mut registered = worker("w", "q");
+    registered.document.insert("registration_token".into(), json!("t-current"));
+    store.register_worker(registered).await.unwrap();
+    assert_eq!(
+        reason(store.deregister_fenced("default", "w", "t-old", NOW).await),
+        Reason::WorkerRegistrationLostAuthority
+    );
+    assert!(
+        store.get_worker("default", "w").await.unwrap().is_some(),
+        "a refused token removes nothing"
+    );
+    let (receipt, replayed) = store.deregister_fenced("default", "w", "t-current", NOW).await.unwrap();
+    assert!(!replayed);
+    assert_eq!(receipt["outcome"], "deregistered");
+    assert!(store.get_worker("default", "w").await.unwrap().is_none());
+    let (again, replayed) = store.deregister_fenced("default", "w", "t-current", NOW + 1_000).await.unwrap();
+    assert!(replayed);
+    assert_eq!(again, receipt);
+    let expired = store
+        .deregister_fenced("default", "w", "t-current", NOW + DEREGISTRATION_RECEIPT_RETENTION_MS + 1)
+        .await;
+    assert_eq!(
+        reason(expired),
+        Reason::WorkerRegistrationTokenNotFound,
+        "receipts are kept for a while only"
+    );
+}
+
 pub async fn a_refused_transition_writes_nothing<S: Store>(store: S) {
     let run = started(&store, "refused", "q").await;
     let before_history = all_history(&store, &run).await;
@@ -1093,6 +1124,7 @@ macro_rules! store_suite {
             claims_respect_queue_type_and_availability,
             claims_hold_a_sticky_task_for_its_owner,
             worker_sessions_are_acquired_renewed_and_closed,
+            fenced_deregistrations_keep_their_receipt,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
             deadlines_are_reported_when_due,
