@@ -751,12 +751,14 @@ impl RunState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::transitions::{start_run, StartRun};
     use crate::SequentialIds;
 
-    fn new_run() -> RunState {
+    /// Run 1 of instance `wf` (run id `run`, queue `q`), started at 1 000 ms: the fixture of
+    /// the engine's unit tests.
+    pub(crate) fn new_run() -> RunState {
         let limits = Limits::default();
         let mut ids = SequentialIds::new("id");
         let mut cx = Cx::new(1_000, &mut ids, &limits);

@@ -129,34 +129,14 @@ pub fn record_sticky_claim(run: &mut RunState, now: Millis, claim: Option<Sticky
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transitions::{lease_workflow_task, start_run, StartRun};
-    use crate::{Cx, Limits, Payload, SequentialIds};
+    use crate::transitions::lease_workflow_task;
+    use crate::{Cx, Limits, SequentialIds};
 
-    const NOW: Millis = 1_000_000;
+    // When `new_run` starts its run.
+    const NOW: Millis = 1_000;
 
     fn started() -> RunState {
-        let limits = Limits::default();
-        let mut ids = SequentialIds::new("id");
-        let mut cx = Cx::new(NOW, &mut ids, &limits);
-        start_run(
-            &mut cx,
-            StartRun {
-                namespace: "default".into(),
-                workflow_id: "wf".into(),
-                run_id: "run".into(),
-                workflow_type: "t".into(),
-                task_queue: "q".into(),
-                input: Payload::avro("in"),
-                execution_timeout_seconds: None,
-                run_timeout_seconds: None,
-                business_key: None,
-                memo: Map::new(),
-                search_attributes: Map::new(),
-                command_id: "start".into(),
-                contract: None,
-                compatibility: None,
-            },
-        )
+        crate::run::tests::new_run()
     }
 
     fn claim(worker: &str, ttl_seconds: i64) -> StickyClaim {

@@ -232,6 +232,15 @@ async fn a_retained_page_token_fetches_only_what_is_new() {
     assert_eq!(full["history_events"][0], first["history_events"][0]);
 }
 
+/// The first event of `kind` in `events`.
+fn first_of(events: &[Value], kind: &str) -> Value {
+    events
+        .iter()
+        .find(|e| e["event_type"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+        .clone()
+}
+
 fn page_token(after: u64) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(after.to_string())
@@ -309,13 +318,7 @@ async fn the_fields_the_sdks_replay_are_recorded_on_their_events() {
     .await
     .ok(200);
     let events = h.history("replayed-fields", start["run_id"].as_str().unwrap()).await;
-    let find = |kind: &str| {
-        events
-            .iter()
-            .find(|e| e["event_type"] == kind)
-            .unwrap_or_else(|| panic!("no {kind}"))
-            .clone()
-    };
+    let find = |kind: &str| first_of(&events, kind);
     let scheduled = find("ActivityScheduled");
     assert_eq!(scheduled["payload"]["cancellation_policy"], "abandon");
     assert_eq!(scheduled["payload"]["worker_session"], session, "recorded exactly as sent");
@@ -338,13 +341,7 @@ async fn the_fields_the_sdks_replay_are_recorded_on_their_events() {
     .await
     .ok(200);
     let events = h.history("replayed-fields", start["run_id"].as_str().unwrap()).await;
-    let find = |kind: &str| {
-        events
-            .iter()
-            .find(|e| e["event_type"] == kind)
-            .unwrap_or_else(|| panic!("no {kind}"))
-            .clone()
-    };
+    let find = |kind: &str| first_of(&events, kind);
     assert_eq!(
         find("ConditionWaitSatisfied")["payload"]["condition_wait_occurrence_id"],
         "rust:condition-wait:0"
