@@ -1,16 +1,17 @@
-"""The worker plane's authority routes through the published Python SDK: a worker that
-requires query-task authority (`Worker(require_query_task_authority=True)`) starts against
-Capstan and answers queries while checking its lease at
-`GET /worker/query-tasks/{id}/status` (it drops a query whose authority it cannot confirm).
+"""The worker plane through the published Python SDK: a worker that requires query-task
+authority (`Worker(require_query_task_authority=True)`) starts against Capstan and answers
+queries while checking its lease at `GET /worker/query-tasks/{id}/status` (it drops a query
+whose authority it cannot confirm); activities with non-default cancellation policies replay
+(the SDK compares the recorded policy with the code's and fails the task on a mismatch).
 """
 from __future__ import annotations
 
 import asyncio
 import time
 
-from durable_workflow import workflow
+from durable_workflow import activity, workflow
 
-from capstan_harness import make_client, run_async, unique, wait_result
+from capstan_harness import fetch_history, make_client, run_async, unique, wait_result
 
 
 @workflow.defn(name="plane.counter")
@@ -57,5 +58,42 @@ def test_a_worker_requiring_query_task_authority_answers_queries(server_url, wor
                     await asyncio.sleep(0.2)
                 await handle.signal("stop", [])
                 assert await wait_result(handle, timeout=30, workers=[worker]) == 3
+
+    run_async(main(), timeout=90)
+
+
+@activity.defn(name="plane.echo")
+async def plane_echo(value: str) -> str:
+    return value
+
+
+@workflow.defn(name="plane.policies")
+class PoliciesWorkflow:
+    """Activities with each non-default cancellation policy, one after another: every later
+    task replays the earlier steps, whose recorded policy the SDK compares with the code's."""
+
+    def run(self, ctx, value):
+        first = yield ctx.schedule_activity("plane.echo", [value], cancellation_policy="wait_cancellation_completed")
+        second = yield ctx.schedule_activity(
+            "plane.echo", [first], cancellation_policy="abandon", schedule_to_close_timeout=60,
+        )
+        third = yield ctx.schedule_activity("plane.echo", [second], cancellation_policy="try_cancel")
+        return third
+
+
+def test_activity_cancellation_policies_are_recorded_and_replay(server_url, worker_url, run_worker):
+    queue = unique("plane-policies")
+    workflow_id = unique("plane-policies")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[PoliciesWorkflow], activities=[plane_echo],
+                              capabilities=["cooperative_cancellation"]) as worker:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(workflow_type="plane.policies", task_queue=queue,
+                                                     workflow_id=workflow_id, input=["kept"])
+                assert await wait_result(handle, timeout=30, workers=[worker]) == "kept"
+                history = await fetch_history(client, workflow_id, handle.run_id)
+                policies = [e["payload"].get("cancellation_policy") for e in history if e["event_type"] == "ActivityScheduled"]
+                assert policies == ["wait_cancellation_completed", "abandon", "try_cancel"], policies
 
     run_async(main(), timeout=90)
