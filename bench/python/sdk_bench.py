@@ -12,6 +12,14 @@ Workloads (the same as capstan-bench):
 * ``w1``:  a workflow calling one activity that echoes its string input
   (``--payload-bytes``, 1 KiB by default) and returning the activity's result.
 * ``w10``: ten sequential echo activities, each fed the previous result.
+* ``wN`` with ``--steps K``: K sequential echo activities (a history that grows
+  with K, for measuring replay and history transfer per step).
+
+``--sticky-cache N`` gives every SDK ``Worker`` ``sticky_cache_capacity=N``
+(sticky execution; 0, the default, is off). The worker processes count the
+bytes of every HTTP response body they receive from the server and the
+workflow-task polls and history-page fetches they make; the report gives them
+per activity step (``bytes_served_per_step``) next to the server's CPU per step.
 
 Every result is checked against the input. The report is one JSON object with
 the same fields as ``capstan-bench --json`` (``workflows_per_s``,
@@ -74,7 +82,63 @@ def definitions():
                 value = yield ctx.schedule_activity(ECHO, [value], start_to_close_timeout=60)
             return value
 
-    return [W1, W10], [echo]
+    @workflow.defn(name="bench.wN")
+    class WN:
+        def run(self, ctx, value, steps):
+            for _ in range(steps):
+                value = yield ctx.schedule_activity(ECHO, [value], start_to_close_timeout=60)
+            return value
+
+    return [W1, W10, WN], [echo]
+
+
+# ── What the worker receives: response body bytes and request counts, by kind ──
+
+def _request_kind(path: str) -> str:
+    if path.endswith("/worker/workflow-tasks/poll"):
+        return "workflow_poll"
+    if path.startswith("/api/worker/workflow-tasks/") and path.endswith("/history"):
+        return "history_fetch"
+    if path.endswith("/worker/activity-tasks/poll"):
+        return "activity_poll"
+    return "other"
+
+
+def count_responses(client, stats: dict) -> None:
+    """Wrap the transport of the SDK client's ``httpx.AsyncClient`` so every response body is counted.
+
+    ``stats[kind] = [requests, body bytes]``; bytes are as received (before any decoding)."""
+    import httpx
+
+    class CountingStream(httpx.AsyncByteStream):
+        def __init__(self, inner, entry: list) -> None:
+            self.inner, self.entry = inner, entry
+
+        async def __aiter__(self):
+            async for chunk in self.inner:
+                self.entry[1] += len(chunk)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class CountingTransport(httpx.AsyncBaseTransport):
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        async def handle_async_request(self, request):
+            response = await self.inner.handle_async_request(request)
+            entry = stats.setdefault(_request_kind(request.url.path), [0, 0])
+            entry[0] += 1
+            response.stream = CountingStream(response.stream, entry)
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    http = client._http  # the SDK's one httpx.AsyncClient (Client.__init__)
+    http._transport = CountingTransport(http._transport)
+    http._mounts = {pattern: CountingTransport(t) if t is not None else None for pattern, t in http._mounts.items()}
 
 
 # ── Worker process ──
@@ -87,7 +151,9 @@ async def worker_main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    stats: dict = {}
     async with Client(args.server, namespace="default") as client:
+        count_responses(client, stats)
         workers = [
             Worker(
                 client,
@@ -98,6 +164,7 @@ async def worker_main(args: argparse.Namespace) -> int:
                 poll_timeout=args.poll_timeout,
                 max_concurrent_workflow_tasks=args.max_concurrent_tasks,
                 max_concurrent_activity_tasks=args.max_concurrent_tasks,
+                sticky_cache_capacity=args.sticky_cache,
                 shutdown_timeout=5.0,
             )
             for i in range(args.workers)
@@ -108,6 +175,8 @@ async def worker_main(args: argparse.Namespace) -> int:
             done = getattr(worker, "_registration_done", None)
             if done is not None:
                 await asyncio.wait_for(done.wait(), timeout=30)
+        for entry in stats.values():  # count from READY on: registration is not part of the run
+            entry[0] = entry[1] = 0
         print("READY", flush=True)
         stopper = asyncio.create_task(stop.wait())
         finished, _ = await asyncio.wait([stopper, *runs], return_when=asyncio.FIRST_COMPLETED)
@@ -120,6 +189,11 @@ async def worker_main(args: argparse.Namespace) -> int:
                 run.cancel()
             with contextlib.suppress(BaseException):
                 await run
+        sticky: dict = {}
+        for worker in workers:
+            for name, value in worker.sticky_cache_metrics().items():
+                sticky[name] = sticky.get(name, 0) + value
+        print("STATS " + json.dumps({"responses": stats, "sticky_cache": sticky}), flush=True)
         if failed:
             print(f"worker stopped with {failed[0].exception()!r}", file=sys.stderr)
             return 1
@@ -181,7 +255,7 @@ def start_workers(args: argparse.Namespace, url: str, queue: str) -> list[subpro
             sys.executable, os.path.abspath(__file__), "--worker-mode",
             "--server", url, "--task-queue", queue, "--workers", str(args.workers),
             "--max-concurrent-tasks", str(args.max_concurrent_tasks),
-            "--poll-timeout", str(args.poll_timeout),
+            "--poll-timeout", str(args.poll_timeout), "--sticky-cache", str(args.sticky_cache),
         ]
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
     for proc in procs:
@@ -193,16 +267,22 @@ def start_workers(args: argparse.Namespace, url: str, queue: str) -> list[subpro
     return procs
 
 
-def stop_workers(procs: list[subprocess.Popen]) -> None:
+def stop_workers(procs: list[subprocess.Popen]) -> list[dict]:
+    """Stop the worker processes; return the STATS each printed on the way out."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+    reports = []
     for proc in procs:
         try:
-            proc.wait(timeout=15)
+            output, _ = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            output, _ = proc.communicate()
+        for line in (output or "").splitlines():
+            if line.startswith("STATS "):
+                reports.append(json.loads(line[len("STATS "):]))
+    return reports
 
 
 async def drive(args: argparse.Namespace, url: str, queue: str) -> dict:
@@ -210,6 +290,8 @@ async def drive(args: argparse.Namespace, url: str, queue: str) -> dict:
 
     payload = "x" * args.payload_bytes
     workflow_type = f"bench.{args.workload}"
+    extra_input = [args.steps] if args.workload == "wN" else []
+    first_run: list[str] = []
     semaphore = asyncio.Semaphore(args.concurrency)
     latencies: list[float] = []
     problems: list[str] = []
@@ -229,7 +311,8 @@ async def drive(args: argparse.Namespace, url: str, queue: str) -> dict:
                 began = time.perf_counter()
                 try:
                     handle = await client.start_workflow(
-                        workflow_type=workflow_type, task_queue=queue, workflow_id=workflow_id, input=[payload],
+                        workflow_type=workflow_type, task_queue=queue, workflow_id=workflow_id,
+                        input=[payload, *extra_input],
                     )
                     result = await handle.result(poll_interval=args.result_poll_interval, timeout=args.result_timeout)
                 except Exception as error:  # noqa: BLE001 - every failure is a reported problem
@@ -239,6 +322,8 @@ async def drive(args: argparse.Namespace, url: str, queue: str) -> dict:
                     problems.append(f"{workflow_id}: unexpected result {str(result)[:60]!r}")
                     return
                 latencies.append((time.perf_counter() - began) * 1000.0)
+                if index == 0 and handle.run_id:
+                    first_run.extend([workflow_id, handle.run_id])
 
         await asyncio.gather(*(one(i) for i in range(args.workflows)))
         elapsed = time.perf_counter() - begin
@@ -253,12 +338,34 @@ async def drive(args: argparse.Namespace, url: str, queue: str) -> dict:
             "p99": procstats.percentile(latencies, 0.99),
         },
         "problems": problems,
+        "first_run": first_run,
     }
+
+
+async def count_history(url: str, first_run: list[str]) -> int | None:
+    """Events in one completed run's history (all pages); fetched after the measurement."""
+    from durable_workflow import Client
+
+    if len(first_run) != 2:
+        return None
+    with contextlib.suppress(Exception):
+        events, token = 0, None
+        async with Client(url, namespace="default") as client:
+            for _ in range(1000):
+                page = await client.get_history(*first_run, page_size=1000, next_page_token=token)
+                events += len(page.get("events") or page.get("history_events") or [])
+                token = page.get("next_page_token")
+                if not token:
+                    return events
+    return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["w1", "w10"], default="w1")
+    parser.add_argument("--workload", choices=["w1", "w10", "wN"], default="w1")
+    parser.add_argument("--steps", type=int, help="wN: sequential echo activities per workflow")
+    parser.add_argument("--sticky-cache", type=int, default=0, metavar="N",
+                        help="sticky_cache_capacity of every SDK Worker (0 = sticky execution off)")
     parser.add_argument("--server", help="Server origin to drive; without it a capstan serve is spawned")
     parser.add_argument("--spawn", default=os.path.join(REPO_ROOT, "target/release/capstan"),
                         help="capstan binary to spawn when --server is absent")
@@ -279,6 +386,8 @@ def main() -> int:
     parser.add_argument("--worker-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--task-queue", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.workload == "wN" and (args.steps is None or args.steps < 1):
+        parser.error("--workload wN needs --steps K (K >= 1)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     if args.worker_mode:
@@ -298,6 +407,7 @@ def main() -> int:
     sampler = procstats.RssSampler(server.proc.pid) if server else None
     queue = f"sdk-bench-{uuid.uuid4().hex[:8]}"
     workers: list[subprocess.Popen] = []
+    worker_reports: list[dict] = []
     try:
         workers = start_workers(args, url, queue)
         server_cpu_before = procstats.cpu_seconds(server.proc.pid) if server else 0.0
@@ -308,14 +418,27 @@ def main() -> int:
         worker_cpu = sum(procstats.cpu_seconds(p.pid) for p in workers) - worker_cpu_before
         server_cpu = procstats.cpu_seconds(server.proc.pid) - server_cpu_before if server else None
         peak_rss = sampler.stop() if sampler else None
+        history_events = asyncio.run(count_history(url, outcome["first_run"]))
     finally:
-        stop_workers(workers)
+        worker_reports = stop_workers(workers)
         if server:
             server.close()
 
     completed = outcome["completed"]
     per_workflow = max(completed, 1)
-    activities = completed * (1 if args.workload == "w1" else 10)
+    steps = {"w1": 1, "w10": 10}.get(args.workload, args.steps)
+    activities = completed * steps
+    per_step = max(activities, 1)
+    responses: dict = {}
+    sticky: dict = {}
+    for worker_report in worker_reports:
+        for kind, (requests, body_bytes) in worker_report["responses"].items():
+            entry = responses.setdefault(kind, {"requests": 0, "bytes": 0})
+            entry["requests"] += requests
+            entry["bytes"] += body_bytes
+        for name, value in worker_report["sticky_cache"].items():
+            sticky[name] = sticky.get(name, 0) + value
+    served = sum(entry["bytes"] for entry in responses.values())
     report = {
         "workload": args.workload,
         "driver": "python-sdk durable-workflow " + _sdk_version(),
@@ -324,6 +447,8 @@ def main() -> int:
         "started": outcome["started"],
         "completed": completed,
         "concurrency": args.concurrency,
+        "steps": steps,
+        "sticky_cache_capacity": args.sticky_cache,
         "worker_processes": args.worker_processes,
         "workers": args.workers,
         "payload_bytes": args.payload_bytes,
@@ -336,6 +461,12 @@ def main() -> int:
         "server_peak_rss_mib": peak_rss,
         "worker_cpu_s_per_workflow": worker_cpu / per_workflow,
         "client_cpu_s_per_workflow": client_cpu / per_workflow,
+        "server_cpu_ms_per_step": server_cpu * 1000.0 / per_step if server_cpu is not None else None,
+        "worker_cpu_ms_per_step": worker_cpu * 1000.0 / per_step,
+        "bytes_served_per_step": served / per_step if len(worker_reports) == len(workers) else None,
+        "history_events_per_workflow": history_events,
+        "worker_responses": responses,
+        "sticky_cache": sticky,
         "verification_problems": len(outcome["problems"]),
     }
     for problem in outcome["problems"][:10]:
