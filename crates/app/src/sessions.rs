@@ -24,33 +24,35 @@ pub async fn heartbeat<V: Services>(
     step(services, namespace, session_id, worker_id, SessionStep::Heartbeat(lease_seconds)).await
 }
 
-/// The holder closes the session: it is over for good.
-pub async fn close<V: Services>(services: &V, namespace: &str, session_id: &str, worker_id: &str) -> AppResult<SessionAnswer> {
-    step(services, namespace, session_id, worker_id, SessionStep::Close).await
+/// The holder closes the session, saying why: it is over for good.
+pub async fn close<V: Services>(
+    services: &V,
+    namespace: &str,
+    session_id: &str,
+    worker_id: &str,
+    reason: Option<String>,
+) -> AppResult<SessionAnswer> {
+    step(services, namespace, session_id, worker_id, SessionStep::Close(reason)).await
 }
 
-/// An activity attempt's heartbeat renews the session it runs in; `None` when the activity
-/// has no session.
+/// An activity attempt's heartbeat renews the session it runs in: answers what the
+/// heartbeat reply carries (`worker_session`), or `None` when the activity has no session.
 pub async fn renew_for_activity<V: Services>(
     services: &V,
     run: &RunState,
     task_id: &TaskId,
     worker_id: &str,
-) -> AppResult<Option<SessionAnswer>> {
+) -> AppResult<Option<serde_json::Value>> {
     let Some(requirement) = session_of_task(run, task_id) else {
         return Ok(None);
     };
-    heartbeat(services, &run.namespace, &requirement.options.session_id, worker_id, None)
-        .await
-        .map(Some)
+    let answer = heartbeat(services, &run.namespace, &requirement.options.session_id, worker_id, None).await?;
+    Ok(Some(answer.session.task_view(&requirement.as_sent)))
 }
 
 /// The session an activity task runs in, if its activity asked for one.
 pub fn session_of_task<'r>(run: &'r RunState, task_id: &TaskId) -> Option<&'r SessionRequirement> {
-    match &run.tasks.get(task_id)?.detail {
-        TaskDetail::Activity { execution_id, .. } => run.activities.get(execution_id)?.worker_session.as_ref(),
-        _ => None,
-    }
+    run.session_of(run.tasks.get(task_id)?)
 }
 
 async fn step<V: Services>(

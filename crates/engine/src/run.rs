@@ -620,6 +620,14 @@ impl RunState {
     /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
     /// task: creates one if none exists, otherwise remembers to create one when the leased task
     /// ends. A signal gets its own resume task so its arguments reach the worker with it.
+    /// The worker session an activity task must run in, if its activity asked for one.
+    pub fn session_of(&self, task: &Task) -> Option<&SessionRequirement> {
+        match &task.detail {
+            TaskDetail::Activity { execution_id, .. } => self.activities.get(execution_id)?.worker_session.as_ref(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn want_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> Option<TaskId> {
         if self.is_closed() {
             return None;

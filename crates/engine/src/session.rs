@@ -82,6 +82,9 @@ pub struct WorkerSession {
     pub lease_expires_at: Millis,
     pub ttl_expires_at: Millis,
     pub closed_at: Option<Millis>,
+    /// Why its holder closed it (`worker_shutdown`, …), as the holder said.
+    #[serde(default)]
+    pub close_reason: Option<String>,
     pub last_heartbeat_at: Millis,
     pub created_at: Millis,
     pub updated_at: Millis,
@@ -162,6 +165,7 @@ impl WorkerSession {
             "lease_expires_at": iso8601(self.lease_expires_at),
             "ttl_expires_at": iso8601(self.ttl_expires_at),
             "closed_at": self.closed_at.map(iso8601),
+            "close_reason": self.close_reason,
             "failure_reason": self.failure_reason,
             "lease_seconds": o.lease_seconds,
             "ttl_seconds": o.ttl_seconds,
@@ -241,6 +245,7 @@ pub fn acquire_session(
                 lease_expires_at: now + options.lease_seconds * 1000,
                 ttl_expires_at: now + options.ttl_seconds * 1000,
                 closed_at: None,
+                close_reason: None,
                 last_heartbeat_at: now,
                 created_at: now,
                 updated_at: now,
@@ -315,8 +320,13 @@ pub fn heartbeat_session(
     Ok(session)
 }
 
-/// The holder closes the session; closing it again is answered `already_closed`.
-pub fn close_session(mut session: WorkerSession, worker_id: &str, now: Millis) -> Result<(WorkerSession, &'static str), Refusal> {
+/// The holder closes the session, saying why; closing it again is answered `already_closed`.
+pub fn close_session(
+    mut session: WorkerSession,
+    worker_id: &str,
+    reason: Option<String>,
+    now: Millis,
+) -> Result<(WorkerSession, &'static str), Refusal> {
     if session.lease_owner != worker_id {
         return Err(session.refused(Reason::SessionOwnerMismatch, "Another worker holds the session."));
     }
@@ -325,6 +335,7 @@ pub fn close_session(mut session: WorkerSession, worker_id: &str, now: Millis) -
     }
     session.status = SessionStatus::Closed;
     session.closed_at = Some(now);
+    session.close_reason = reason;
     session.updated_at = now;
     Ok((session, "closed"))
 }
@@ -416,9 +427,10 @@ mod tests {
         assert_eq!(session.failure_reason.as_deref(), Some("ttl_expired"));
         let refused = acquire_session(Some(session), "ns", SessionOptions::new("s"), &claimant("a"), None, NOW + 1_800_001).unwrap_err();
         assert_eq!(refused.reason, Reason::SessionReacquireDisallowed);
-        let (closed, outcome) = close_session(created("a"), "a", NOW + 1).unwrap();
+        let (closed, outcome) = close_session(created("a"), "a", Some("worker_shutdown".into()), NOW + 1).unwrap();
         assert_eq!((outcome, closed.status), ("closed", SessionStatus::Closed));
-        assert_eq!(close_session(closed.clone(), "a", NOW + 2).unwrap().1, "already_closed");
+        assert_eq!(closed.snapshot()["close_reason"], "worker_shutdown", "the holder's reason is kept");
+        assert_eq!(close_session(closed.clone(), "a", None, NOW + 2).unwrap().1, "already_closed");
         let refused = acquire_session(Some(closed), "ns", SessionOptions::new("s"), &claimant("a"), None, NOW + 3).unwrap_err();
         assert_eq!(refused.reason, Reason::SessionClosed);
     }

@@ -184,14 +184,6 @@ pub(crate) fn sticky_free(task: &str, owner: &str, now: &str) -> String {
     )
 }
 
-/// The worker session an activity task must run in, if its activity asked for one.
-pub(crate) fn task_session<'r>(run: &'r RunState, task: &Task) -> Option<&'r SessionRequirement> {
-    match &task.detail {
-        TaskDetail::Activity { execution_id, .. } => run.activities.get(execution_id)?.worker_session.as_ref(),
-        _ => None,
-    }
-}
-
 /// The claim condition of worker sessions: a session activity is not offered while its session
 /// is closed, past its TTL, held by another registered worker inside its lease, or lapsed but
 /// not to be taken over. Whether this poller may have it is decided by admission in the claim

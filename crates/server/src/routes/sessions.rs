@@ -79,13 +79,8 @@ pub async fn close<S: Store>(
     wire::refuse_unknown_fields(&body, &[&["worker_id", "reason"]], "", "session closes")?;
     let worker = worker_id(&body)?;
     let reason = Fields::new(&body).opt_str("reason", 255)?;
-    let done = sessions::close(&*state, &namespace, &session_id, &worker).await.map_err(refused)?;
-    tracing::info!(
-        namespace,
-        session_id,
-        worker,
-        reason = reason.as_deref().unwrap_or(""),
-        "worker session closed"
-    );
+    let done = sessions::close(&*state, &namespace, &session_id, &worker, reason)
+        .await
+        .map_err(refused)?;
     Ok(answer(done, StatusCode::OK))
 }

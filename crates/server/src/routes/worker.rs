@@ -754,10 +754,7 @@ pub async fn heartbeat_activity_task<S: Store>(
     // A session activity's heartbeat renews its session; one the worker no longer holds ends
     // the activity's right to go on.
     let session = match capstan_app::sessions::renew_for_activity(&*state, &run, &TaskId(task_id.clone()), &owner_echo).await {
-        Ok(renewed) => renewed.map(|answer| {
-            let requirement = capstan_app::sessions::session_of_task(&run, &TaskId(task_id.clone())).expect("renewed");
-            answer.session.task_view(&requirement.as_sent)
-        }),
+        Ok(view) => view,
         Err(error) => {
             let mut error = activity_refused(error, &task_id, &attempt_id);
             error.fields.insert("can_continue".into(), json!(false));

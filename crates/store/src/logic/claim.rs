@@ -59,7 +59,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
     // A session activity runs only on the session's holder: admitted (the session created,
     // renewed or taken over) in this transaction, or left for a worker that may run it.
     if poller.kind == TaskKind::Activity {
-        let requirement = run.tasks.get(&task_id).and_then(|task| task_session(&run, task)).cloned();
+        let requirement = run.tasks.get(&task_id).and_then(|task| run.session_of(task)).cloned();
         if let Some(requirement) = requirement {
             let admitted = super::sessions::admit_activity(tx, &run.namespace, &requirement, &task_id, poller.owner, now).await?;
             if admitted.is_none() {

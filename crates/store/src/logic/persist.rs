@@ -160,7 +160,7 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
                 compatibility,
                 sticky.map(|(owner, _)| owner),
                 sticky.map(|(_, until)| until),
-                task_session(run, task).map(|s| s.options.session_id.as_str()),
+                run.session_of(task).map(|s| s.options.session_id.as_str()),
             ]
             .into(),
         });

@@ -27,7 +27,8 @@ pub enum SessionStep {
     Acquire(SessionOptions),
     /// Renew the lease (`lease_seconds`, else the session's own).
     Heartbeat(Option<i64>),
-    Close,
+    /// Close it, with the holder's reason.
+    Close(Option<String>),
 }
 
 /// What a step did: the session after it, and its outcome (`created`, `reused`,
@@ -119,8 +120,8 @@ pub(crate) async fn session_step<T: Tx>(
             session: heartbeat_session(existing.ok_or_else(|| not_found(session_id))?, worker_id, lease_seconds, now)?,
             outcome: "heartbeat_recorded",
         },
-        SessionStep::Close => {
-            let (session, outcome) = close_session(existing.ok_or_else(|| not_found(session_id))?, worker_id, now)?;
+        SessionStep::Close(reason) => {
+            let (session, outcome) = close_session(existing.ok_or_else(|| not_found(session_id))?, worker_id, reason, now)?;
             SessionAnswer { session, outcome }
         }
     };

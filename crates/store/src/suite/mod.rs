@@ -320,15 +320,16 @@ pub async fn worker_sessions_are_acquired_renewed_and_closed<S: Store>(store: S)
         .await;
     assert_eq!(reason(late), Reason::SessionOwnerMismatch);
     let closed = store
-        .session_step("default", "s", "rival", SessionStep::Close, NOW + 20_001)
+        .session_step("default", "s", "rival", SessionStep::Close(Some("done".into())), NOW + 20_001)
         .await
         .unwrap();
     assert_eq!(closed.outcome, "closed");
+    let stored = store.get_session("default", "s").await.unwrap().unwrap();
     assert_eq!(
-        store.get_session("default", "s").await.unwrap().unwrap().status,
-        SessionStatus::Closed
+        (stored.status, stored.close_reason.as_deref()),
+        (SessionStatus::Closed, Some("done"))
     );
-    let missing = store.session_step("default", "nope", "rival", SessionStep::Close, NOW).await;
+    let missing = store.session_step("default", "nope", "rival", SessionStep::Close(None), NOW).await;
     assert_eq!(reason(missing), Reason::SessionNotFound);
 }
 
