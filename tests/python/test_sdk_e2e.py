@@ -1034,7 +1034,7 @@ def test_cooperative_cancellation_interrupts_a_running_activity(server_url, work
 
     async def main():
         async with run_worker(worker_url, queue, workflows=[CooperativeActivityWorkflow],
-                              activities=[greet, slow_activity], capabilities=["cooperative_cancellation"]):
+                              activities=[greet, slow_activity], capabilities=["cooperative_cancellation"]) as worker:
             async with make_client(server_url) as client:
                 handle = await client.start_workflow(
                     workflow_type="e2e.cooperative-activity", task_queue=queue, workflow_id=workflow_id, input=[],
@@ -1047,9 +1047,25 @@ def test_cooperative_cancellation_interrupts_a_running_activity(server_url, work
                     await handle.result(timeout=15, poll_interval=0.2)
                 elapsed = time.monotonic() - started
                 events = await fetch_history(client, workflow_id, handle.run_id)
-        return elapsed, events
+                # The stopped attempt's worker acknowledges the stop receipt its /status carried.
+                slow = payload_of([e for e in events_of(events, "ActivityStarted") if payload_of(e)["sequence"] == 2][0])
+                deadline = time.monotonic() + 20
+                while True:
+                    status = await worker.client.activity_task_status(
+                        task_id=slow["task_id"], activity_attempt_id=slow["activity_attempt_id"], lease_owner=worker.name,
+                    )
+                    if status["cancellation_acknowledgement"]["callback_state"] == "stopped":
+                        break
+                    assert time.monotonic() < deadline, status
+                    await asyncio.sleep(0.2)
+        return elapsed, events, status
 
-    elapsed, events = run_async(main(), timeout=90)
+    elapsed, events, status = run_async(main(), timeout=90)
+    assert (status["can_continue"], status["cancel_requested"], status["reason"]) == (False, True, "activity_cancelled")
+    receipt = status["cancellation_acknowledgement"]
+    (cancelled,) = events_of(events, "ActivityCancelled")
+    assert receipt["cancellation_history_event_id"] == cancelled["id"], (receipt, cancelled)
+    assert receipt["history_event_id"] and receipt["received_after_deadline"] is False, receipt
     assert elapsed < 15, "the run waited for the interrupted activity"
     assert_history_invariants(events, terminal="WorkflowCancelled")
     assert [payload_of(e)["sequence"] for e in events_of(events, "ActivityCompleted")] == [1]

@@ -97,3 +97,45 @@ def test_activity_cancellation_policies_are_recorded_and_replay(server_url, work
                 assert policies == ["wait_cancellation_completed", "abandon", "try_cancel"], policies
 
     run_async(main(), timeout=90)
+
+
+@activity.defn(name="plane.outlast")
+async def plane_outlast(seconds: float) -> str:
+    """Runs well past the server's activity lease without a single heartbeat."""
+    await asyncio.sleep(seconds)
+    return "outlasted"
+
+
+@workflow.defn(name="plane.outlast")
+class OutlastWorkflow:
+    def run(self, ctx, seconds):
+        return (yield ctx.schedule_activity(
+            "plane.outlast", [seconds], start_to_close_timeout=120, heartbeat_timeout=60,
+            retry_policy={"max_attempts": 1},
+        ))
+
+
+def test_activity_lease_renewal_keeps_a_silent_attempt_alive(server_factory, run_worker):
+    """With a 2 s activity lease, an attempt that runs 7 s without heartbeating survives only
+    because the SDK renews its lease (`/renew-lease`, advertised as activity_lease_renewal):
+    without renewals the lease expires, the only attempt fails as lease_expired and so does
+    the workflow. The renewals record nothing in history."""
+    server = server_factory.create("--activity-task-lease-seconds", "2")
+    queue = unique("plane-renew")
+    workflow_id = unique("plane-renew")
+
+    async def main():
+        async with make_client(server.url) as client:
+            info = await client.get_cluster_info()
+            assert info["worker_protocol"]["server_capabilities"]["activity_lease_renewal"] is True
+        async with run_worker(server.url, queue, workflows=[OutlastWorkflow], activities=[plane_outlast]) as worker:
+            async with make_client(server.url) as client:
+                handle = await client.start_workflow(workflow_type="plane.outlast", task_queue=queue,
+                                                     workflow_id=workflow_id, input=[7])
+                assert await wait_result(handle, timeout=60, workers=[worker]) == "outlasted"
+                history = await fetch_history(client, workflow_id, handle.run_id)
+                kinds = [e["event_type"] for e in history]
+                assert "ActivityHeartbeatRecorded" not in kinds, kinds
+                assert kinds.count("ActivityStarted") == 1, kinds
+
+    run_async(main(), timeout=90)

@@ -175,6 +175,55 @@ pub async fn heartbeat_activity<V: Services>(
     Ok(done)
 }
 
+/// Renews an activity attempt's lease without recording progress. A lease less than a third
+/// used is confirmed from the run as it stands (a read); an older one is extended (a write).
+/// `now` is when the request arrived, the instant its reply's `server_time` names.
+pub async fn renew_activity_lease<V: Services>(
+    services: &V,
+    lease: AttemptLease,
+    lease_ms: i64,
+    now: Millis,
+) -> AppResult<(ActivityLeaseGrant, RunState)> {
+    let store = services.store();
+    if let Some(run) = store.load_run(&lease.namespace, RunLocator::Task(lease.task_id.clone())).await? {
+        let held = confirm_activity_lease(&run, now, &lease.task_id, &lease.attempt_id, &lease.owner, lease_ms)?;
+        if let Some(grant) = held {
+            return Ok((grant, run));
+        }
+    }
+    let AttemptLease {
+        namespace,
+        task_id,
+        attempt_id,
+        owner,
+    } = lease;
+    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
+        capstan_engine::renew_activity_lease(run, cx, task_id, &attempt_id, &owner, lease_ms)
+    })
+    .await?;
+    Ok(done)
+}
+
+/// Records that the worker of an attempt a cooperative cancellation stopped has stopped its
+/// callback (`request_id` names the cancellation); a repeat gets the first receipt.
+pub async fn acknowledge_activity_cancellation<V: Services>(
+    services: &V,
+    lease: AttemptLease,
+    request_id: String,
+) -> AppResult<(StopReceipt, RunState)> {
+    let AttemptLease {
+        namespace,
+        task_id,
+        attempt_id,
+        owner,
+    } = lease;
+    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
+        capstan_engine::acknowledge_activity_cancellation(run, cx, task_id, &attempt_id, &owner, &request_id)
+    })
+    .await?;
+    Ok(done)
+}
+
 /// Runs `transition` on the run that owns `task_id`, now: every report is a transition on
 /// the run its lease names.
 async fn on_task<V: Services, T, F>(services: &V, namespace: &str, task_id: &TaskId, transition: F) -> Result<(T, RunState), StoreError>

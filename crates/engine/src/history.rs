@@ -53,6 +53,7 @@ event_types!(
     ActivityFailed,
     ActivityTimedOut,
     ActivityCancelled,
+    ActivityCancellationAcknowledged,
     TimerScheduled,
     TimerFired,
     TimerCancelled,

@@ -10,6 +10,7 @@
 //! The store feeds it: load a [`RunState`], call one transition, persist the [`Effects`] it
 //! produced in one transaction — or nothing at all when the transition returns a [`Refusal`].
 
+pub mod activity_stop;
 mod canonical;
 pub mod command;
 pub mod contract;
@@ -31,6 +32,7 @@ pub mod timefmt;
 mod transitions;
 pub mod visibility;
 
+pub use activity_stop::{acknowledge_activity_cancellation, stopped_attempt, StopAcknowledgement, StopReceipt, StoppedAttempt};
 pub use command::*;
 pub use contract::CommandContract;
 pub use history::{chain_hash, verify_chain, verify_chain_from, EventType, HistoryEvent, GENESIS_HASH};

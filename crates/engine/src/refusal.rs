@@ -74,6 +74,8 @@ reasons! {
     UpdateRejected => "update_rejected",
     StaleValidation => "stale_update_validation_completion",
     CancellationRequestMismatch => "cancellation_request_mismatch",
+    ActivityNotCancelled => "activity_not_cancelled",
+    ActivityCancelled => "activity_cancelled",
     CancellationDeliveryMismatch => "cancellation_delivery_mismatch",
     CancellationDeliverySequenceMismatch => "cancellation_delivery_sequence_mismatch",
     CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",

@@ -359,6 +359,9 @@ pub struct RunState {
     /// the run makes no progress until an operator closes the incident.
     #[serde(default)]
     pub integrity_incident: Option<String>,
+    /// Running attempts a cooperative cancellation stopped, with their workers' stop receipts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stopped_attempts: BTreeMap<ActivityAttemptId, crate::activity_stop::StoppedAttempt>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at

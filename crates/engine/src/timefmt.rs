@@ -4,8 +4,13 @@ use crate::Millis;
 
 /// `2026-01-01T00:00:05.000000Z` — microsecond precision, UTC, as DW writes timestamps.
 pub fn iso8601(ms: Millis) -> String {
-    let secs = ms.div_euclid(1000);
-    let micros = ms.rem_euclid(1000) * 1000;
+    iso8601_micros(ms * 1000)
+}
+
+/// The same form for an instant in microseconds since the epoch.
+pub fn iso8601_micros(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);

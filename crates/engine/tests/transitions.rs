@@ -1037,6 +1037,80 @@ fn heartbeats_move_the_heartbeat_deadline_not_start_to_close_and_details_reach_t
 }
 
 #[test]
+fn lease_renewals_keep_a_silent_attempt_alive_past_its_first_lease_and_record_nothing() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(Some(retry(1)))]).unwrap();
+    let (task, attempt) = sim.lease_activity("w");
+    let first_expiry = sim.run.tasks[&task].lease().unwrap().expires_at;
+    let events = sim.history.len();
+
+    sim.advance(10_000); // a sixth of the term: the held grant is confirmed as it stands
+    let held = confirm_activity_lease(&sim.run, sim.now, &task, &attempt, "w", LEASE_MS)
+        .unwrap()
+        .expect("a fresh lease needs no write");
+    assert_eq!((held.lease.expires_at, held.extended), (first_expiry, false));
+
+    sim.advance(30_000); // two thirds of the term: due for extension
+    assert_eq!(
+        confirm_activity_lease(&sim.run, sim.now, &task, &attempt, "w", LEASE_MS).unwrap(),
+        None
+    );
+    let renewed = sim
+        .apply(|run, cx| renew_activity_lease(run, cx, &task, &attempt, "w", LEASE_MS))
+        .unwrap();
+    assert_eq!(
+        (renewed.lease.expires_at, renewed.extended, renewed.attempt_number),
+        (sim.now + LEASE_MS, true, 1)
+    );
+    assert_eq!(renewed.last_heartbeat_at, None, "a renewal is not a heartbeat");
+
+    sim.advance(45_000); // past the first lease: the renewed one holds
+    assert!(sim.now > first_expiry);
+    assert!(sim.run.tasks[&task].lease().is_some(), "still leased to its worker");
+    assert_eq!(sim.history.len(), events, "renewals record nothing in history");
+    sim.apply(|run, cx| complete_activity(run, cx, &task, &attempt, "w", Payload::avro("done")))
+        .unwrap();
+    assert_eq!(sim.count(EventType::ActivityCompleted), 1);
+}
+
+#[test]
+fn a_lease_renewal_moves_neither_the_heartbeat_deadline_nor_an_expired_lease() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![heartbeating_activity(1, 60)]).unwrap(); // heartbeat 3 s
+    let (task, attempt) = sim.lease_activity("w");
+    let started = sim.now;
+    sim.advance(2_000);
+    let renewed = sim
+        .apply(|run, cx| renew_activity_lease(run, cx, &task, &attempt, "w", LEASE_MS))
+        .unwrap();
+    assert_eq!(renewed.heartbeat_deadline_at, Some(started + 3_000));
+    // The wrong worker and a made-up attempt are refused; nothing is granted to them.
+    let intruder = sim
+        .apply(|run, cx| renew_activity_lease(run, cx, &task, &attempt, "intruder", LEASE_MS))
+        .unwrap_err();
+    assert_eq!(intruder.reason, Reason::LeaseOwnerMismatch);
+    let stranger = ActivityAttemptId("no-such-attempt".into());
+    let unknown = sim
+        .apply(|run, cx| renew_activity_lease(run, cx, &task, &stranger, "w", LEASE_MS))
+        .unwrap_err();
+    assert_eq!(unknown.reason, Reason::AttemptNotFound);
+    sim.advance(1_500); // 3.5 s without a heartbeat: renewals did not keep the attempt alive
+    let timed_out = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::ActivityTimedOut)
+        .expect("the heartbeat timeout fired despite the renewal");
+    assert_eq!(timed_out.payload["timeout_kind"], json!("heartbeat"));
+    let late = sim
+        .apply(|run, cx| renew_activity_lease(run, cx, &task, &attempt, "w", LEASE_MS))
+        .unwrap_err();
+    assert!(
+        matches!(late.reason, Reason::AttemptClosed | Reason::RunClosed | Reason::LeaseExpired),
+        "{late:?}"
+    );
+}
+
+#[test]
 fn a_missed_heartbeat_times_the_attempt_out() {
     let mut sim = Sim::start();
     let schedule = heartbeating_activity(1, 60);

@@ -118,6 +118,8 @@ pub struct AppState<S: Store> {
     scheduler_kick: tokio::sync::Notify,
     /// Build-id drain intents per (namespace, queue), read at most once a second per queue.
     rollouts: std::sync::Mutex<RolloutCache>,
+    /// The last `server_time` stamped on a reply, in microseconds.
+    last_server_time_us: std::sync::atomic::AtomicI64,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -170,6 +172,19 @@ impl<S: Store> AppState<S> {
     pub fn new_id(&self) -> String {
         self.config.sources.new_id()
     }
+
+    /// The `server_time` a worker reply carries, in microseconds: the clock's time, but strictly
+    /// later than any stamp this process gave before. SDKs refuse a lease renewal whose
+    /// `server_time` does not move forward, and two renewals can land in one millisecond.
+    pub fn server_time_us(&self) -> i64 {
+        use std::sync::atomic::Ordering;
+        let now_us = self.now() * 1000;
+        let previous = self
+            .last_server_time_us
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| Some(now_us.max(last + 1)))
+            .expect("the update always yields a value");
+        now_us.max(previous + 1)
+    }
 }
 
 /// Builds the application router for `store`.
@@ -183,6 +198,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         clock_kick: tokio::sync::Notify::new(),
         scheduler_kick: tokio::sync::Notify::new(),
         rollouts: Default::default(),
+        last_server_time_us: Default::default(),
     });
     (routes::router(state.clone()), state)
 }

@@ -247,6 +247,22 @@ pub fn summary(row: &RunSummary) -> Value {
 }
 
 /// The task object of an activity poll.
+/// The retry policy an activity task carries: the workflow's, when it gave one, with the
+/// heartbeat timeout in it (lease-renewing SDKs read the heartbeat interval there).
+fn retry_policy_of(execution: &ActivityExecution) -> Value {
+    let mut policy = match execution.retry_policy_given {
+        true => execution.retry_policy.to_json(),
+        false => json!({}),
+    };
+    if let (Some(hb), Some(map)) = (execution.timeouts.heartbeat_seconds, policy.as_object_mut()) {
+        map.insert("heartbeat_timeout".into(), json!(hb));
+    }
+    match policy.as_object().is_some_and(|m| m.is_empty()) {
+        true => Value::Null,
+        false => policy,
+    }
+}
+
 pub fn activity_task(run: &RunState, task: &Task) -> Value {
     let TaskDetail::Activity {
         execution_id,
@@ -282,10 +298,8 @@ pub fn activity_task(run: &RunState, task: &Task) -> Value {
     put("lease_expires_at", opt_time(lease.map(|l| l.expires_at)));
     put("fence", json!(task.fence));
     if let Some(execution) = execution {
-        if execution.retry_policy_given {
-            put("retry_policy", execution.retry_policy.to_json());
-        }
         let t = &execution.timeouts;
+        put("retry_policy", retry_policy_of(execution));
         let mut deadlines = Map::new();
         let (started_at, last_heartbeat_at) = match &task.detail {
             TaskDetail::Activity {

@@ -2,6 +2,10 @@
 //! endpoint, its success shape and its error paths, against a real server on a loopback port.
 //! Every error is checked for its status, its `reason`, and the DW error shape.
 
+#[path = "http_api/activity_lease.rs"]
+mod activity_lease;
+#[path = "http_api/activity_stop.rs"]
+mod activity_stop;
 mod common;
 #[path = "http_api/sessions.rs"]
 mod sessions;

@@ -56,6 +56,39 @@ impl Sim {
         Ok(())
     }
 
+    /// A granted lease renewal is the lease the run holds for that worker, live, and it
+    /// recorded nothing: the run's history head is where it was.
+    pub(crate) fn check_lease_grant(
+        &mut self,
+        task_id: &TaskId,
+        grant: &ActivityLeaseGrant,
+        run: &RunState,
+        before: Option<(u64, String)>,
+        now: Millis,
+    ) -> Result<(), Failure> {
+        let held = run.tasks.get(task_id).and_then(|t| t.lease());
+        if held != Some(&grant.lease) {
+            return Err(self.fail(format!("renewal of {task_id} granted {:?}, the run holds {held:?}", grant.lease)));
+        }
+        if grant.lease.expires_at <= now {
+            return Err(self.fail(format!("renewal of {task_id} granted an expired lease")));
+        }
+        if before != Some((run.last_sequence, run.last_hash.clone())) {
+            return Err(self.fail(format!("renewing the lease of {task_id} changed its run's history")));
+        }
+        Ok(())
+    }
+
+    /// The history head of the run that owns `task_id`.
+    pub(crate) async fn task_run_head(&mut self, task_id: &TaskId) -> Result<Option<(u64, String)>, Failure> {
+        let run = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Task(task_id.clone()))
+            .await
+            .map_err(|e| self.fail(format!("load: {e}")))?;
+        Ok(run.map(|r| (r.last_sequence, r.last_hash)))
+    }
+
     /// A session activity is leased only by its session's holder, inside the session's lease.
     pub(crate) async fn check_session_holder(&mut self, task: &Task, run: &RunState, owner: &str) -> Result<(), Failure> {
         let Some(requirement) = capstan_app::sessions::session_of_task(run, &task.id) else {

@@ -106,6 +106,8 @@ pub struct Report {
     /// Session activity attempts leased, and worker retirements.
     pub session_attempts: usize,
     pub workers_retired: usize,
+    /// Activity lease renewals granted.
+    pub lease_renewals: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -165,6 +167,11 @@ enum Delivery {
         owner: String,
     },
     HeartbeatActivity {
+        task_id: TaskId,
+        attempt_id: ActivityAttemptId,
+        owner: String,
+    },
+    RenewActivityLease {
         task_id: TaskId,
         attempt_id: ActivityAttemptId,
         owner: String,
@@ -759,6 +766,13 @@ impl Sim {
         if faulty && self.rng.random_bool(0.2) {
             self.inflight.push(Delivery::HeartbeatActivity {
                 task_id: task.id.clone(),
+                attempt_id: attempt_id.clone(),
+                owner: owner.clone(),
+            });
+        }
+        if faulty && self.rng.random_bool(0.2) {
+            self.inflight.push(Delivery::RenewActivityLease {
+                task_id: task.id.clone(),
                 attempt_id,
                 owner,
             });
@@ -859,6 +873,20 @@ impl Sim {
                 let result = reports::heartbeat_activity(&self.app, lease, ACTIVITY_LEASE_MS, Some(details)).await;
                 if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
+                }
+            }
+            Delivery::RenewActivityLease {
+                task_id,
+                attempt_id,
+                owner,
+            } => {
+                self.trace(|| format!("{owner} renews the lease of activity task {task_id}"));
+                let before = self.task_run_head(&task_id).await?;
+                let lease = attempt_lease(task_id.clone(), attempt_id, owner.clone());
+                let result = reports::renew_activity_lease(&self.app, lease, ACTIVITY_LEASE_MS, now).await;
+                if let Some((grant, run)) = self.declined(result)? {
+                    self.check_lease_grant(&task_id, &grant, &run, before, now)?;
+                    self.report.lease_renewals += 1;
                 }
             }
             Delivery::AnswerQuery { query_id, owner, attempt } => {
@@ -1390,6 +1418,7 @@ pub struct Totals {
     pub replay_modes: [usize; 3],
     pub session_attempts: usize,
     pub workers_retired: usize,
+    pub lease_renewals: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1414,6 +1443,7 @@ impl Totals {
         }
         self.session_attempts += report.session_attempts;
         self.workers_retired += report.workers_retired;
+        self.lease_renewals += report.lease_renewals;
         for (reason, count) in &report.refusals {
             *self.refusals.entry(reason.clone()).or_default() += count;
         }
@@ -1422,7 +1452,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1442,6 +1472,7 @@ impl Totals {
             self.replay_modes[2],
             self.session_attempts,
             self.workers_retired,
+            self.lease_renewals,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

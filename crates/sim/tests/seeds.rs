@@ -31,7 +31,8 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && totals.queries > 0
             && totals.children > 0
             && totals.continued > 0
-            && totals.scheduled > 0,
+            && totals.scheduled > 0
+            && totals.lease_renewals > 0,
         "{}",
         totals.summary()
     );

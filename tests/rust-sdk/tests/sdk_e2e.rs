@@ -6,11 +6,15 @@
 //! stopping the worker through the SDK's clean shutdown path, which ends with
 //! `DELETE /api/worker/registrations/{id}`.
 
+#[path = "sdk_e2e/cluster.rs"]
+mod cluster;
 #[path = "sdk_e2e/sessions.rs"]
 mod sessions;
 #[path = "sdk_e2e/sticky.rs"]
 mod sticky;
 mod support;
+#[path = "sdk_e2e/worker_plane.rs"]
+mod worker_plane;
 
 use std::{
     collections::BTreeSet,

@@ -158,7 +158,7 @@ fn lease_activity_attempt(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, own
 }
 
 /// Checks that `(attempt_id, owner)` holds the live lease of activity task `task_id`.
-fn check_activity_lease<'r>(
+pub(super) fn check_activity_lease<'r>(
     run: &'r RunState,
     now: Millis,
     task_id: &TaskId,
@@ -520,19 +520,7 @@ pub fn heartbeat_activity(
         TaskDetail::Activity { started_at, .. } => *started_at,
         _ => None,
     };
-    let start_to_close = execution
-        .timeouts
-        .start_to_close_seconds
-        .map(|s| started_at.unwrap_or(now) + s * 1000);
-    task.deadline_at = [
-        Some(lease.expires_at),
-        start_to_close,
-        execution.timeouts.heartbeat_seconds.map(|s| now + s * 1000),
-        execution.schedule_to_close_deadline,
-    ]
-    .into_iter()
-    .flatten()
-    .min();
+    task.deadline_at = super::activity_lease::attempt_deadline(&execution, started_at.unwrap_or(now), now, lease.expires_at);
     let attempt_number = match &mut task.detail {
         TaskDetail::Activity {
             last_heartbeat_at,

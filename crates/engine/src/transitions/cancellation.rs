@@ -223,13 +223,42 @@ fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
     }
     let activities: Vec<ActivityExecution> = run.activities.values().filter(|a| a.step == step).cloned().collect();
     for activity in activities {
+        let running = running_attempt(run, &activity.task_id);
         run.activities.remove(&activity.id);
         run.close_task(cx, &activity.task_id, TaskClosure::Cancelled);
         let payload = events::activity_cancelled(events::Cancelled::Delivered(&activity));
         run.append(cx, EventType::ActivityCancelled, payload, None, None);
+        // A running attempt's worker gets a stop receipt to acknowledge.
+        if let (Some((attempt_id, lease_owner)), Some(request)) = (running, run.cancellation.clone()) {
+            let cancellation_event_id = cx.effects.events.last().expect("appended").id.clone();
+            let stopped = crate::activity_stop::StoppedAttempt {
+                task_id: activity.task_id.clone(),
+                execution_id: activity.id.clone(),
+                lease_owner,
+                request_id: request.request_id,
+                cleanup_deadline_at: request.cleanup_deadline_at,
+                cancellation_event_id,
+                acknowledgement: None,
+            };
+            run.stopped_attempts.insert(attempt_id, stopped);
+        }
     }
     run.condition_waits.retain(|w| w.step != step);
     run.signal_waits.retain(|w| w.step != step);
+}
+
+/// The attempt running in an activity task, and its holder.
+fn running_attempt(run: &RunState, task_id: &TaskId) -> Option<(ActivityAttemptId, String)> {
+    let task = run.tasks.get(task_id)?;
+    match (&task.detail, task.lease()) {
+        (
+            TaskDetail::Activity {
+                attempt_id: Some(attempt), ..
+            },
+            Some(lease),
+        ) => Some((attempt.clone(), lease.owner.clone())),
+        _ => None,
+    }
 }
 
 /// The leased workflow task may read history up to now: cancellation events recorded during

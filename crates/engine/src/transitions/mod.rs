@@ -38,6 +38,7 @@ fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
 }
 
 mod activity;
+mod activity_lease;
 mod cancellation;
 mod children;
 mod close;
@@ -50,6 +51,7 @@ mod start;
 mod workflow_task;
 
 pub use activity::*;
+pub use activity_lease::*;
 pub use cancellation::*;
 pub use children::*;
 use close::*;

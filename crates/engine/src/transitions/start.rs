@@ -95,6 +95,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         ledger: BTreeMap::new(),
         ledger_head: crate::history::GENESIS_HASH.to_string(),
         integrity_incident: None,
+        stopped_attempts: BTreeMap::new(),
     }
 }
 

@@ -199,8 +199,11 @@ pub async fn activity_status<S: Store>(
         ) if current.as_str() == attempt_id && lease.owner == owner && lease.expires_at > now => Some(lease.expires_at),
         _ => None,
     });
+    // An attempt a delivered cancellation stopped: its holder gets the stop receipt.
+    let stopped = stopped_attempt(&run, &id, &ActivityAttemptId(attempt_id.clone())).filter(|s| s.lease_owner == owner);
     let reason = match (live, run.is_closed()) {
         (Some(_), _) => None,
+        (None, _) if stopped.is_some() => Some(Reason::ActivityCancelled.as_str()),
         (None, true) => Some(match run.closed_reason {
             Some(ClosedReason::Cancelled) => "run_cancelled",
             Some(ClosedReason::Terminated) => "run_terminated",
@@ -227,14 +230,69 @@ pub async fn activity_status<S: Store>(
         "activity_attempt_id": attempt_id,
         "lease_owner": owner,
         "can_continue": live.is_some(),
-        "cancel_requested": live.is_none() && run.is_closed(),
+        "cancel_requested": live.is_none() && (run.is_closed() || stopped.is_some()),
         "heartbeat_recorded": false,
         "reason": reason,
         "lease_expires_at": live.map(render::time),
         "run_status": run.status.as_str(),
     });
+    if let Some(stopped) = stopped {
+        reply["cancellation_acknowledgement"] = stopped.receipt_view();
+    }
     if let Some(session) = super::worker::session_view(&state, &run, &id).await? {
         reply["worker_session"] = session;
     }
     Ok(Json(reply))
+}
+
+/// The fields an acknowledgement takes (both SDKs send exactly these).
+const ACKNOWLEDGEMENT_FIELDS: &[&str] = &["activity_attempt_id", "lease_owner", "request_id"];
+
+/// `POST /worker/activity-tasks/{task}/acknowledge-cancellation`: the worker of an attempt a
+/// cooperative cancellation stopped says its callback has stopped. Accepted after the attempt
+/// (and its run) ended, which is when it comes; a repeat gets the first receipt.
+pub async fn acknowledge<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    crate::wire::refuse_unknown_fields(&body, &[ACKNOWLEDGEMENT_FIELDS], "", "activity cancellation acknowledgements")?;
+    let f = Fields::new(&body);
+    let attempt_id = ActivityAttemptId(f.req_str("activity_attempt_id", 255)?);
+    let owner = f.req_str("lease_owner", 255)?;
+    let request_id = f.req_str("request_id", 255)?;
+    let lease = capstan_app::reports::AttemptLease {
+        namespace: namespace.clone(),
+        task_id: TaskId(task_id.clone()),
+        attempt_id: attempt_id.clone(),
+        owner: owner.clone(),
+    };
+    let (receipt, run) = capstan_app::reports::acknowledge_activity_cancellation(&*state, lease, request_id.clone())
+        .await
+        .map_err(|e| {
+            let mut error: ApiError = e.into();
+            error.fields.entry("task_id").or_insert_with(|| json!(task_id));
+            error.fields.entry("activity_attempt_id").or_insert_with(|| json!(attempt_id));
+            error.fields.insert("acknowledged".into(), json!(false));
+            error
+        })?;
+    let ack = &receipt.acknowledgement;
+    if !receipt.duplicate {
+        tracing::info!(namespace, workflow_id = %run.workflow_id, task_id, activity_attempt_id = %attempt_id,
+            in_history = ack.in_history, "activity callback stop acknowledged");
+    }
+    Ok(Json(json!({
+        "task_id": task_id,
+        "activity_attempt_id": attempt_id,
+        "lease_owner": owner,
+        "request_id": request_id,
+        "acknowledged": true,
+        "duplicate": receipt.duplicate,
+        "reason": null,
+        "heartbeat_recorded": false,
+        "history_event_id": ack.id,
+        "recorded_in_history": ack.in_history,
+        "received_after_deadline": ack.received_after_deadline,
+    })))
 }

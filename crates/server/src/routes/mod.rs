@@ -1,5 +1,6 @@
 //! The route table and the plane middleware (auth → role → version → namespace, in DW's order).
 
+mod activity_lease;
 mod bridge;
 mod cancellation;
 mod control;
@@ -69,6 +70,14 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             post(cancellation::deliver::<S>),
         )
         .route("/worker/activity-tasks/:task_id/status", post(cancellation::activity_status::<S>))
+        .route(
+            "/worker/activity-tasks/:task_id/renew-lease",
+            post(activity_lease::renew_lease::<S>),
+        )
+        .route(
+            "/worker/activity-tasks/:task_id/acknowledge-cancellation",
+            post(cancellation::acknowledge::<S>),
+        )
         .route("/worker/update-validation-tasks/poll", post(validation::poll::<S>))
         .route("/worker/update-validation-tasks/:task_id/approve", post(validation::approve::<S>))
         .route("/worker/update-validation-tasks/:task_id/reject", post(validation::reject::<S>))

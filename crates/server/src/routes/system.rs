@@ -58,6 +58,7 @@ pub fn server_capabilities() -> Value {
         "update_validation_tasks": true,
         "cooperative_cancellation": true,
         "query_task_authority": true,
+        "activity_lease_renewal": true,
         "worker_deregistration_fencing": {
             "supported": true,
             "schema": "durable-workflow.v2.worker-deregistration.v1",

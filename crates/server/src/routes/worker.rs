@@ -461,7 +461,9 @@ pub async fn poll_activity_task<S: Store>(
             if let Some(session) = session_view(&state, &run, &task.id).await? {
                 rendered["worker_session"] = session;
             }
-            Ok(Json(json!({"task": rendered})))
+            // Lease-renewing SDKs count the claim's lease from this instant.
+            let server_time = capstan_engine::timefmt::iso8601_micros(state.server_time_us());
+            Ok(Json(json!({"task": rendered, "server_time": server_time})))
         }
         None => Ok(empty_poll()),
     }
@@ -652,7 +654,7 @@ fn workflow_lease(namespace: &str, task_id: &str, claim: &WorkflowLeaseClaim) ->
     }
 }
 
-fn attempt_lease(namespace: &str, task_id: &str, attempt_id: &ActivityAttemptId, owner: String) -> reports::AttemptLease {
+pub(super) fn attempt_lease(namespace: &str, task_id: &str, attempt_id: &ActivityAttemptId, owner: String) -> reports::AttemptLease {
     reports::AttemptLease {
         namespace: namespace.to_string(),
         task_id: TaskId(task_id.to_string()),
@@ -664,7 +666,7 @@ fn attempt_lease(namespace: &str, task_id: &str, attempt_id: &ActivityAttemptId,
 // ------------------------------------------------------------------------------------------
 // Activity task reports
 
-fn activity_claim(body: &Map<String, Value>) -> ApiResult<(ActivityAttemptId, String)> {
+pub(super) fn activity_claim(body: &Map<String, Value>) -> ApiResult<(ActivityAttemptId, String)> {
     let f = Fields::new(body);
     let attempt = f
         .opt_str("activity_attempt_id", 255)?
@@ -674,7 +676,7 @@ fn activity_claim(body: &Map<String, Value>) -> ApiResult<(ActivityAttemptId, St
     Ok((ActivityAttemptId(attempt), f.req_str("lease_owner", 255)?))
 }
 
-fn activity_refused(error: impl Into<ApiError>, task_id: &str, attempt_id: &ActivityAttemptId) -> ApiError {
+pub(super) fn activity_refused(error: impl Into<ApiError>, task_id: &str, attempt_id: &ActivityAttemptId) -> ApiError {
     let mut error = refused(error, task_id);
     error.fields.entry("activity_attempt_id").or_insert_with(|| json!(attempt_id));
     if matches!(error.reason, Reason::RunCancelled | Reason::RunTerminated | Reason::RunClosed) {

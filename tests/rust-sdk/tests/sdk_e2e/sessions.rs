@@ -2,7 +2,7 @@
 //! does, with its outcome checked.
 
 use super::*;
-use durable_workflow::{Uuid, WorkerSessionOptions};
+use durable_workflow::{Uuid, Worker, WorkerSessionOptions};
 use std::collections::HashMap;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -97,4 +97,73 @@ async fn session_activities_share_their_holder_and_the_session_closes_at_shutdow
     }
     // Shutdown closes the session it held (a refused close fails the shutdown).
     running.shutdown().await;
+}
+
+/// A session worker that records which worker ran each session step.
+fn session_step_worker(client: &Client, queue: &str, worker_id: &str) -> Worker {
+    let mut worker = new_worker(client, queue)
+        .worker_id(worker_id.to_string())
+        .worker_sessions(true)
+        .capabilities(["cache:e2e"]);
+    let holder = worker_id.to_string();
+    worker.register_typed_activity("e2e.session-step", move |ctx, _step: u32| {
+        let holder = holder.clone();
+        async move {
+            ctx.worker_session().expect("the task carries its session");
+            Ok(holder)
+        }
+    });
+    worker.register_typed_workflow("e2e.session-steps", |ctx, session_id: String| async move {
+        let options = WorkerSessionOptions::new(&session_id)
+            .requirements(["cache:e2e"])
+            .lease_seconds(3)
+            .allow_reacquire_after_failure(true);
+        let first: String = ctx
+            .activity("e2e.session-step", json!(1))
+            .in_worker_session(options.clone())
+            .typed()
+            .await?;
+        ctx.wait_signal("go").await?;
+        let second: String = ctx
+            .activity("e2e.session-step", json!(2))
+            .in_worker_session(options)
+            .typed()
+            .await?;
+        Ok(vec![first, second])
+    });
+    worker
+        .declare_workflow_signals("e2e.session-steps", &["go"])
+        .expect("declare signals");
+    worker
+}
+
+/// The session's holder crashes (its loop dropped mid-flight: no deregistration, no close)
+/// between two session steps: once the session's lease runs out, the other worker reacquires
+/// it (`allow_reacquire_after_failure`) and runs the next step; every step ran on whoever held
+/// the session at the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_holders_session_is_reacquired_by_another_worker() {
+    let server = CapstanServer::spawn().await;
+    let client = server.client();
+    let queue = unique("session-handoff-q");
+    let (holder_id, rival_id) = (unique("holder"), unique("rival"));
+    let holder = super::support::IsolatedWorker::start(session_step_worker(&client, &queue, &holder_id));
+    let session_id = unique("session");
+    let workflow_id = unique("session-handoff");
+    let handle = start(&client, "e2e.session-steps", &queue, &workflow_id, json!(session_id)).await;
+    let run_id = run_id_of(&handle).await;
+    server
+        .wait_for_history_event(&workflow_id, &run_id, "SignalWaitOpened", RESULT_TIMEOUT)
+        .await;
+    let mut rival = RunningWorker::start(session_step_worker(&client, &queue, &rival_id));
+    holder.crash();
+    within(CALL_TIMEOUT, "signal", handle.signal("go", json!([])))
+        .await
+        .expect("signal");
+    let result = rival
+        .result(&handle)
+        .await
+        .unwrap_or_else(|error| panic!("session workflow did not complete: {error} ({error:?})"));
+    assert_eq!(result, json!([holder_id, rival_id]));
+    rival.shutdown().await;
 }

@@ -72,6 +72,18 @@ fn capstan_binary() -> PathBuf {
         .join(format!("capstan{}", std::env::consts::EXE_SUFFIX))
 }
 
+fn spawn_serve(binary: &Path, serve_args: &[String], log: File) -> Child {
+    let log_err = log.try_clone().expect("clone server log handle");
+    Command::new(binary)
+        .arg("serve")
+        .args(serve_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(log_err))
+        .spawn()
+        .unwrap_or_else(|error| panic!("spawn {}: {error}", binary.display()))
+}
+
 fn free_loopback_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
     listener.local_addr().expect("read the ephemeral port").port()
@@ -82,6 +94,8 @@ pub struct CapstanServer {
     child: Child,
     base_url: String,
     log_path: PathBuf,
+    /// What `restart` runs again: the `capstan serve` arguments after the subcommand.
+    serve_args: Vec<String>,
     // Held for its Drop: removes the data directory and log after the process is gone.
     _root: tempfile::TempDir,
 }
@@ -89,6 +103,11 @@ pub struct CapstanServer {
 impl CapstanServer {
     /// Spawn a server on a free port and wait until `GET /api/health` is 200.
     pub async fn spawn() -> Self {
+        Self::spawn_with(&[]).await
+    }
+
+    /// [`CapstanServer::spawn`] with extra `capstan serve` arguments.
+    pub async fn spawn_with(extra_args: &[&str]) -> Self {
         let binary = capstan_binary();
         assert!(
             binary.is_file(),
@@ -113,26 +132,19 @@ impl CapstanServer {
             std::fs::create_dir_all(&data_dir).expect("create data directory");
             let log_path = root.path().join("capstan.log");
             let log = File::create(&log_path).expect("create server log file");
-            let log_err = log.try_clone().expect("clone server log handle");
 
             let port = free_loopback_port();
             let listen = format!("127.0.0.1:{port}");
-            let child = Command::new(&binary)
-                .arg("serve")
-                .arg("--listen")
-                .arg(&listen)
-                .arg("--data-dir")
-                .arg(&data_dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(log))
-                .stderr(Stdio::from(log_err))
-                .spawn()
-                .unwrap_or_else(|error| panic!("spawn {}: {error}", binary.display()));
+            let mut serve_args = vec!["--listen".to_string(), listen.clone(), "--data-dir".to_string()];
+            serve_args.push(data_dir.to_string_lossy().into_owned());
+            serve_args.extend(extra_args.iter().map(|a| a.to_string()));
+            let child = spawn_serve(&binary, &serve_args, log);
 
             let mut server = CapstanServer {
                 child,
                 base_url: format!("http://{listen}"),
                 log_path,
+                serve_args,
                 _root: root,
             };
             match server.wait_until_healthy(&http).await {
@@ -145,6 +157,24 @@ impl CapstanServer {
             }
         }
         panic!("capstan server did not become healthy: {last_failure}");
+    }
+
+    /// Kills the server (SIGKILL: no shutdown of any kind) and starts it again on the same
+    /// port and data directory, waiting until it is healthy.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log_path)
+            .expect("reopen server log");
+        self.child = spawn_serve(&capstan_binary(), &self.serve_args, log);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("build health-check HTTP client");
+        if let Err(failure) = self.wait_until_healthy(&http).await {
+            panic!("capstan did not come back after a restart: {failure}");
+        }
     }
 
     async fn wait_until_healthy(&mut self, http: &reqwest::Client) -> Result<(), String> {
@@ -309,6 +339,39 @@ pub fn result_options(timeout: Duration) -> WorkflowResultOptions {
     WorkflowResultOptions {
         poll_interval: Duration::from_millis(200),
         timeout,
+    }
+}
+
+/// An SDK worker on a runtime of its own, so that it can be crashed: shutting the runtime
+/// down drops every task the worker spawned (pollers, heartbeats, activities) mid-flight,
+/// with nothing deregistered or closed. The server learns of it only from leases running out.
+pub struct IsolatedWorker {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl IsolatedWorker {
+    pub fn start(worker: Worker) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("build the worker's runtime");
+        runtime.spawn(async move { worker.run_until(std::future::pending::<()>()).await });
+        Self { runtime: Some(runtime) }
+    }
+
+    pub fn crash(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for IsolatedWorker {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
