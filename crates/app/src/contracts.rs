@@ -24,15 +24,16 @@ pub async fn registered<S: Store>(store: &S, namespace: &str, queue: &str, workf
 /// The registered contract a command on the run at `locator` falls back to, only needed when the
 /// run recorded none at its start (see `capstan_engine::admission_contract`).
 pub async fn fallback_for<S: Store>(store: &S, namespace: &str, locator: &RunLocator) -> StoreResult<Fallback> {
-    match store.load_run(namespace, locator.clone()).await? {
-        Some(RunState {
-            contract: None,
-            task_queue,
-            workflow_type,
-            ..
-        }) => {
-            let contract = registered(store, namespace, &task_queue, &workflow_type).await?;
-            Ok(Fallback(contract.map(|c| (workflow_type, c))))
+    let run = store.load_run(namespace, locator.clone()).await?;
+    fallback_of(store, namespace, run.as_ref()).await
+}
+
+/// [`fallback_for`] the run the caller already loaded.
+pub async fn fallback_of<S: Store>(store: &S, namespace: &str, run: Option<&RunState>) -> StoreResult<Fallback> {
+    match run {
+        Some(run) if run.contract.is_none() => {
+            let contract = registered(store, namespace, &run.task_queue, &run.workflow_type).await?;
+            Ok(Fallback(contract.map(|c| (run.workflow_type.clone(), c))))
         }
         _ => Ok(Fallback(None)),
     }

@@ -72,7 +72,9 @@ where
         None => false,
     };
     let current = store.load_run(namespace, locator.clone()).await.map_err(AppError::from)?;
-    let fallback = contracts::fallback_for(store, namespace, &locator).await.map_err(AppError::from)?;
+    let fallback = contracts::fallback_of(store, namespace, current.as_ref())
+        .await
+        .map_err(AppError::from)?;
     let wanted = target.run_id.clone();
     let verdict = match current {
         Some(run) if !decided && !run.is_closed() && check_target(&run, wanted.as_deref()).is_ok() => {

@@ -1366,6 +1366,53 @@ fn deliver_at(sim: &mut Sim, sequence: u32, call_kind: &str) -> Result<Cancellat
 }
 
 #[test]
+fn a_delivery_that_stops_a_running_attempt_leaves_a_receipt_acknowledged_once() {
+    let mut sim = Sim::start();
+    sim.complete_workflow("w", vec![activity(None), activity(None)]).unwrap();
+    let (stopped, attempt) = sim.lease_activity("a");
+    let (_, untouched) = sim.lease_activity("a");
+    sim.apply(|run, cx| request_cancellation(run, cx, Some("stop".into()), 60, "req-1".into()))
+        .unwrap();
+    deliver_at(&mut sim, 1, "activity").unwrap();
+    let cancelled_id = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::ActivityCancelled)
+        .unwrap()
+        .id
+        .clone();
+    let receipt = stopped_attempt(&sim.run, &stopped, &attempt).expect("a receipt for the stopped attempt");
+    assert_eq!((receipt.lease_owner.as_str(), receipt.request_id.as_str()), ("a", "req-1"));
+    assert_eq!(receipt.cancellation_event_id, cancelled_id);
+    assert_eq!(receipt.receipt_view()["callback_state"], json!("unknown"));
+
+    // Only the holder, for this request, and only for an attempt a cancellation stopped.
+    let ack = |owner: &'static str, request: &'static str, attempt: ActivityAttemptId, task: TaskId| {
+        move |run: &mut RunState, cx: &mut Cx| acknowledge_activity_cancellation(run, cx, &task, &attempt, owner, request)
+    };
+    let refused = sim.apply(ack("b", "req-1", attempt.clone(), stopped.clone())).unwrap_err();
+    assert_eq!(refused.reason, Reason::LeaseOwnerMismatch);
+    let refused = sim.apply(ack("a", "req-2", attempt.clone(), stopped.clone())).unwrap_err();
+    assert_eq!(refused.reason, Reason::CancellationRequestMismatch);
+    let running_task = sim.run.activities.values().next().unwrap().task_id.clone();
+    let refused = sim.apply(ack("a", "req-1", untouched, running_task)).unwrap_err();
+    assert_eq!(refused.reason, Reason::ActivityNotCancelled);
+
+    let events = sim.history.len();
+    let first = sim.apply(ack("a", "req-1", attempt.clone(), stopped.clone())).unwrap();
+    assert!(!first.duplicate && first.acknowledgement.in_history);
+    assert_eq!(sim.history.len(), events + 1);
+    let recorded = sim.history.last().unwrap();
+    assert_eq!(recorded.event_type, EventType::ActivityCancellationAcknowledged);
+    assert_eq!(recorded.id.as_str(), first.acknowledgement.id);
+    assert_eq!(recorded.payload["cancellation_history_event_id"], json!(cancelled_id));
+    let again = sim.apply(ack("a", "req-1", attempt.clone(), stopped.clone())).unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.acknowledgement, first.acknowledgement);
+    assert_eq!(sim.history.len(), events + 1, "a repeat records nothing");
+}
+
+#[test]
 fn cancellation_reaches_only_calls_not_settled_before_the_request() {
     // Two activities; the first completes before the request, the second after it.
     let mut sim = Sim::start();

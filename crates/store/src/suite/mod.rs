@@ -286,6 +286,65 @@ pub async fn claims_hold_a_sticky_task_for_its_owner<S: Store>(store: S) {
     ));
 }
 
+fn session_activity(session_id: &str, allow_reacquire: bool) -> WorkflowCommand {
+    let mut options = SessionOptions::new(session_id);
+    options.lease_seconds = 5;
+    options.allow_reacquire_after_failure = allow_reacquire;
+    let WorkflowCommand::ScheduleActivity(mut schedule) = activity() else {
+        unreachable!("activity() schedules an activity")
+    };
+    schedule.worker_session = Some(SessionRequirement {
+        options,
+        as_sent: Map::new(),
+    });
+    WorkflowCommand::ScheduleActivity(schedule)
+}
+
+/// A session activity is offered only to a worker that may hold its session: not to a rival
+/// while the holder's lease lasts, and after the lease lapsed only if the session may be
+/// reacquired (`allow_reacquire_after_failure`).
+pub async fn claims_offer_a_session_activity_only_to_who_may_hold_the_session<S: Store>(store: S) {
+    for who in ["holder", "rival"] {
+        let mut registered = worker(who, "q");
+        registered.document.insert("capabilities".into(), json!(["worker_sessions"]));
+        store.register_worker(registered).await.unwrap();
+    }
+    let claim_as = |owner: &'static str, at: Millis| store.claim_task("default", TaskKind::Activity, "q", &[], owner, 60_000, at, None);
+    let lapsed = NOW + 5_000 + 1;
+    for (session_id, allow_reacquire) in [("kept", false), ("open", true)] {
+        started(&store, session_id, "q").await;
+        complete_next(
+            &store,
+            "q",
+            vec![
+                session_activity(session_id, allow_reacquire),
+                session_activity(session_id, allow_reacquire),
+            ],
+        )
+        .await;
+        let (first, _) = claim_as("holder", NOW).await.unwrap().expect("the holder creates the session");
+        assert!(
+            claim_as("rival", NOW + 1).await.unwrap().is_none(),
+            "{session_id}: held by its holder"
+        );
+        let taken = claim_as("rival", lapsed).await.unwrap();
+        match allow_reacquire {
+            false => assert!(taken.is_none(), "a session that may not be reacquired stays its holder's"),
+            true => assert_ne!(taken.expect("reacquired after the lease lapsed").0.id, first.id),
+        }
+        let session = store.get_session("default", session_id).await.unwrap().unwrap();
+        let expected = if allow_reacquire { "rival" } else { "holder" };
+        assert_eq!(session.lease_owner, expected, "{session_id}");
+        // Leave nothing claimable behind for the next round.
+        store
+            .mutate_run("default", RunLocator::Current(WorkflowId(session_id.into())), lapsed, |run, cx| {
+                close_by_command(run, cx, CloseCommand::Terminate, None, "t".into()).map(|_| ())
+            })
+            .await
+            .unwrap();
+    }
+}
+
 /// A worker session's steps each lock, decide and write the session once; a refused step
 /// writes nothing; the stored session reads back.
 pub async fn worker_sessions_are_acquired_renewed_and_closed<S: Store>(store: S) {
@@ -1125,6 +1184,7 @@ macro_rules! store_suite {
             claims_respect_queue_type_and_availability,
             claims_hold_a_sticky_task_for_its_owner,
             worker_sessions_are_acquired_renewed_and_closed,
+            claims_offer_a_session_activity_only_to_who_may_hold_the_session,
             fenced_deregistrations_keep_their_receipt,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
