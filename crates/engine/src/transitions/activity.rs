@@ -482,8 +482,9 @@ pub struct ActivityHeartbeat {
     pub reason: Option<&'static str>,
 }
 
-/// Extends an attempt's lease and heartbeat deadline. On a closed run it answers "stop" instead
-/// of refusing, so the worker abandons the attempt.
+/// Extends an attempt's lease and heartbeat deadline. On a closed run, and to the holder of an
+/// attempt a delivered cancellation stopped, it answers "stop" instead of refusing, so the
+/// worker abandons the attempt.
 pub fn heartbeat_activity(
     run: &mut RunState,
     cx: &mut Cx,
@@ -504,6 +505,14 @@ pub fn heartbeat_activity(
             cancel_requested: true,
             can_continue: false,
             reason: Some(reason),
+        });
+    }
+    if crate::activity_stop::stopped_attempt(run, task_id, attempt_id).is_some_and(|s| s.lease_owner == owner) {
+        return Ok(ActivityHeartbeat {
+            lease: None,
+            cancel_requested: true,
+            can_continue: false,
+            reason: Some(Reason::ActivityCancelled.as_str()),
         });
     }
     let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();

@@ -105,6 +105,13 @@ async fn a_stopped_attempts_receipt_is_acknowledged_once_in_history() {
     assert!(receipt["cleanup_deadline_at"].is_string());
     // Another worker asking about the attempt gets no receipt.
     assert!(status(&h, &activity, "w2").await.get("cancellation_acknowledgement").is_none());
+    // A heartbeat from the holder is told to stop (it records nothing).
+    let beat = h.heartbeat_activity(&activity).await.ok(200);
+    assert_eq!(
+        (beat["cancel_requested"].clone(), beat["can_continue"].clone(), beat["heartbeat_recorded"].clone()),
+        (json!(true), json!(false), json!(false))
+    );
+    assert_eq!(beat["reason"], "activity_cancelled");
 
     // Refusals record nothing: another owner, another request, a field the route does not take.
     acknowledge(&h, &activity, "w2", &request_id).await.err(409, "lease_owner_mismatch");
