@@ -354,6 +354,19 @@ class CooperativeActivityWorkflow:
             return {"greeting": greeting, "cleaned_up": True}
 
 
+@workflow.defn(name="e2e.cooperative-waiting-activity")
+class CooperativeWaitingActivityWorkflow:
+    """Like e2e.cooperative-activity, but the slow activity's policy waits for its stop."""
+
+    def run(self, ctx):
+        greeting = yield ctx.schedule_activity("e2e.greet", ["Ada"])
+        try:
+            yield ctx.schedule_activity("e2e.slow", [20], cancellation_policy="wait_cancellation_completed")
+            return "not cancelled"
+        except WorkflowCancelled:
+            return {"greeting": greeting, "cleaned_up": True}
+
+
 @workflow.defn(name="e2e.cooperative-cleanup")
 class CooperativeCleanupWorkflow:
     """Waits on a long timer; a delivered cancellation runs a shielded cleanup timer."""
@@ -1072,6 +1085,39 @@ def test_cooperative_cancellation_interrupts_a_running_activity(server_url, work
     assert [payload_of(e)["sequence"] for e in events_of(events, "ActivityCancelled")] == [2]
     (delivered,) = events_of(events, "CooperativeCancellationDelivered")
     assert (payload_of(delivered)["sequence"], payload_of(delivered)["call_kind"]) == (2, "activity")
+
+
+def test_a_cancellation_waits_for_the_stop_of_a_wait_cancellation_completed_activity(server_url, worker_url, run_worker):
+    """An activity scheduled with `wait_cancellation_completed`: the first delivery at it is
+    deferred (its attempt is cancelled, the workflow claim released); the activity's worker
+    stops the callback and acknowledges; only then is the cancellation delivered to workflow
+    code, which cleans up, and the run ends cancelled."""
+    queue = unique("e2e-coop-wait")
+    workflow_id = unique("coop-wait")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CooperativeWaitingActivityWorkflow],
+                              activities=[greet, slow_activity], capabilities=["cooperative_cancellation"]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.cooperative-waiting-activity", task_queue=queue, workflow_id=workflow_id, input=[],
+                )
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: len(events_of(evs, "ActivityStarted")) >= 2, what="slow activity started")
+                await handle.request_cancellation(reason="stop", cleanup_timeout_seconds=60)
+                with pytest.raises(WorkflowCancelled):
+                    await handle.result(timeout=30, poll_interval=0.2)
+                return await fetch_history(client, workflow_id, handle.run_id)
+
+    events = run_async(main(), timeout=90)
+    assert_history_invariants(events, terminal="WorkflowCancelled")
+    kinds = [e["event_type"] for e in events]
+    order = [k for k in kinds if k in ("ActivityCancelled", "ActivityCancellationAcknowledged",
+                                       "CooperativeCancellationDelivered", "WorkflowCancelled")]
+    assert order == ["ActivityCancelled", "ActivityCancellationAcknowledged",
+                     "CooperativeCancellationDelivered", "WorkflowCancelled"], kinds
+    (scheduled,) = [e for e in events_of(events, "ActivityScheduled") if payload_of(e)["sequence"] == 2]
+    assert payload_of(scheduled)["cancellation_policy"] == "wait_cancellation_completed"
 
 
 def test_terminate_waiting_workflow(server_url, worker_url, run_worker):

@@ -204,6 +204,26 @@ pub async fn renew_activity_lease<V: Services>(
     Ok(done)
 }
 
+/// Delivers the run's cooperative cancellation at one authored call, on the workflow task's
+/// lease; a call whose activities must stop first defers it and releases the lease.
+pub async fn deliver_cancellation<V: Services>(
+    services: &V,
+    lease: WorkflowLease,
+    delivery: DeliveryRequest,
+) -> AppResult<(DeliveryOutcome, RunState)> {
+    let WorkflowLease {
+        namespace,
+        task_id,
+        owner,
+        attempt,
+    } = lease;
+    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
+        capstan_engine::deliver_cancellation(run, cx, task_id, &owner, attempt, delivery)
+    })
+    .await?;
+    Ok(done)
+}
+
 /// Records that the worker of an attempt a cooperative cancellation stopped has stopped its
 /// callback (`request_id` names the cancellation); a repeat gets the first receipt.
 pub async fn acknowledge_activity_cancellation<V: Services>(

@@ -136,10 +136,27 @@ pub fn acknowledge_activity_cancellation(
         received_after_deadline,
     };
     run.stopped_attempts.get_mut(attempt_id).expect("found above").acknowledgement = Some(acknowledgement.clone());
+    wake_a_waiting_delivery(run, cx);
     Ok(StopReceipt {
         acknowledgement,
         duplicate: false,
     })
+}
+
+/// A delivery deferred for stopped attempts (`wait_cancellation_completed`) goes on once every
+/// one of them has been acknowledged, before the cleanup deadline: the run gets a workflow task
+/// and its worker delivers again at the same call.
+fn wake_a_waiting_delivery(run: &mut RunState, cx: &mut Cx) {
+    let Some(request) = &run.cancellation else { return };
+    let ready = request.delivery.is_none()
+        && cx.now < request.cleanup_deadline_at
+        && request
+            .awaiting
+            .as_ref()
+            .is_some_and(|awaiting| crate::transitions::stops_acknowledged(run, awaiting));
+    if ready {
+        run.want_workflow_task(cx, None);
+    }
 }
 
 fn acknowledged_event(stopped: &StoppedAttempt, attempt_id: &ActivityAttemptId, received_after_deadline: bool) -> Map<String, Value> {

@@ -76,6 +76,8 @@ reasons! {
     CancellationRequestMismatch => "cancellation_request_mismatch",
     ActivityNotCancelled => "activity_not_cancelled",
     ActivityCancelled => "activity_cancelled",
+    CancellationWaitBoundaryMismatch => "cancellation_wait_boundary_mismatch",
+    CancellationWaitingForActivity => "cancellation_waiting_for_activity",
     CancellationDeliveryMismatch => "cancellation_delivery_mismatch",
     CancellationDeliverySequenceMismatch => "cancellation_delivery_sequence_mismatch",
     CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",

@@ -378,6 +378,22 @@ pub struct CancellationRequest {
     #[serde(default)]
     pub resolved_after_request: BTreeSet<u32>,
     pub delivery: Option<CancellationDelivery>,
+    /// A delivery deferred until the attempts it stopped have stopped (activities with
+    /// `wait_cancellation_completed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting: Option<AwaitedStops>,
+}
+
+/// A delivery waiting for the workers of the attempts it stopped to acknowledge their stop:
+/// the call it was made at (a later delivery must name the same one) and the attempts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitedStops {
+    pub sequence: u32,
+    pub call_kind: String,
+    pub sequence_span: u32,
+    pub operation_sequence: Option<u32>,
+    pub operation_sequence_span: u32,
+    pub attempts: Vec<ActivityAttemptId>,
 }
 
 /// Where the cancellation reached workflow code: the authored call it interrupts.

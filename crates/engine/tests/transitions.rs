@@ -134,6 +134,13 @@ fn activity(retry: Option<RetryPolicy>) -> WorkflowCommand {
     })
 }
 
+fn timer_command(delay_seconds: i64) -> WorkflowCommand {
+    WorkflowCommand::StartTimer {
+        delay_seconds,
+        tags: Map::new(),
+    }
+}
+
 fn complete(blob: &str) -> WorkflowCommand {
     WorkflowCommand::CompleteWorkflow {
         result: Payload::avro(blob),
@@ -1348,6 +1355,13 @@ fn a_rejected_update_is_recorded_without_a_task() {
 
 /// Delivers the run's cancellation request at `sequence` on a fresh lease.
 fn deliver_at(sim: &mut Sim, sequence: u32, call_kind: &str) -> Result<CancellationDelivery, Refusal> {
+    match deliver_or_wait_at(sim, sequence, call_kind)? {
+        DeliveryOutcome::Delivered(done) => Ok(done),
+        DeliveryOutcome::WaitingForActivities => panic!("the delivery was deferred"),
+    }
+}
+
+fn deliver_or_wait_at(sim: &mut Sim, sequence: u32, call_kind: &str) -> Result<DeliveryOutcome, Refusal> {
     let leased = sim.run.workflow_task.clone().and_then(|id| {
         let task = &sim.run.tasks[&id];
         task.lease().map(|lease| (id.clone(), lease.fence))
@@ -1410,6 +1424,97 @@ fn a_delivery_that_stops_a_running_attempt_leaves_a_receipt_acknowledged_once() 
     assert!(again.duplicate);
     assert_eq!(again.acknowledgement, first.acknowledgement);
     assert_eq!(sim.history.len(), events + 1, "a repeat records nothing");
+}
+
+#[test]
+fn a_call_whose_activity_waits_for_its_stop_is_delivered_after_the_stop_is_acknowledged() {
+    let mut sim = Sim::start();
+    let WorkflowCommand::ScheduleActivity(mut waiting) = activity(None) else {
+        unreachable!()
+    };
+    waiting.cancellation_policy = Some(ActivityCancellationPolicy::WaitCancellationCompleted);
+    sim.complete_workflow("w", vec![WorkflowCommand::ScheduleActivity(waiting), timer_command(3600)])
+        .unwrap();
+    let (stopped, attempt) = sim.lease_activity("a");
+    sim.apply(|run, cx| request_cancellation(run, cx, Some("stop".into()), 60, "req-1".into()))
+        .unwrap();
+
+    // The first delivery stops the attempt, records no delivery and releases the claim.
+    assert_eq!(
+        deliver_or_wait_at(&mut sim, 1, "activity").unwrap(),
+        DeliveryOutcome::WaitingForActivities
+    );
+    assert_eq!(sim.count(EventType::ActivityCancelled), 1);
+    assert_eq!(sim.count(EventType::CooperativeCancellationDelivered), 0);
+    assert!(
+        sim.run.workflow_task.is_none(),
+        "the claim was released and nothing replaces it yet"
+    );
+    assert!(stopped_attempt(&sim.run, &stopped, &attempt).is_some());
+
+    // A signal brings a task early: delivering elsewhere is refused, here it still waits.
+    sim.apply(|run, cx| signal(run, cx, "poke", Payload::avro("x"), "sig".into()))
+        .unwrap();
+    assert_eq!(
+        deliver_or_wait_at(&mut sim, 2, "timer").unwrap_err().reason,
+        Reason::CancellationWaitBoundaryMismatch
+    );
+    assert_eq!(
+        deliver_or_wait_at(&mut sim, 1, "activity").unwrap(),
+        DeliveryOutcome::WaitingForActivities
+    );
+    assert!(sim.run.workflow_task.is_none());
+
+    // The worker acknowledges its stop: a new task, on which the same delivery goes through.
+    sim.apply(|run, cx| acknowledge_activity_cancellation(run, cx, &stopped, &attempt, "a", "req-1"))
+        .unwrap();
+    assert!(sim.run.workflow_task.is_some(), "the acknowledgement wakes the run");
+    let done = deliver_at(&mut sim, 1, "activity").expect("delivered after the stop");
+    assert_eq!((done.sequence, done.call_kind.as_str()), (1, "activity"));
+    let order: Vec<EventType> = sim
+        .history
+        .iter()
+        .map(|e| e.event_type)
+        .filter(|t| {
+            matches!(
+                t,
+                EventType::ActivityCancelled | EventType::ActivityCancellationAcknowledged | EventType::CooperativeCancellationDelivered
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            EventType::ActivityCancelled,
+            EventType::ActivityCancellationAcknowledged,
+            EventType::CooperativeCancellationDelivered
+        ]
+    );
+}
+
+#[test]
+fn an_abandoned_activity_keeps_running_past_the_delivery_until_the_run_closes() {
+    let mut sim = Sim::start();
+    let WorkflowCommand::ScheduleActivity(mut abandoned) = activity(None) else {
+        unreachable!()
+    };
+    abandoned.cancellation_policy = Some(ActivityCancellationPolicy::Abandon);
+    sim.complete_workflow("w", vec![WorkflowCommand::ScheduleActivity(abandoned)])
+        .unwrap();
+    let (task, attempt) = sim.lease_activity("a");
+    sim.apply(|run, cx| request_cancellation(run, cx, None, 60, "req-1".into()))
+        .unwrap();
+    deliver_at(&mut sim, 1, "activity").expect("delivered at once");
+    assert_eq!(sim.count(EventType::ActivityCancelled), 0, "the activity was not stopped");
+    let beat = sim
+        .apply(|run, cx| heartbeat_activity(run, cx, &task, &attempt, "a", LEASE_MS, None))
+        .unwrap();
+    assert!(beat.can_continue && !beat.cancel_requested);
+    // Its result still lands while the run is open: one terminal fact for the call.
+    sim.apply(|run, cx| complete_activity(run, cx, &task, &attempt, "a", Payload::avro("late")))
+        .unwrap();
+    assert_eq!(sim.count(EventType::ActivityCompleted), 1);
+    assert_eq!(sim.count(EventType::ActivityCancelled), 0);
 }
 
 #[test]

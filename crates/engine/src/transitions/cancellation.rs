@@ -39,6 +39,7 @@ pub fn request_cancellation(
         cleanup_deadline_at: deadline,
         resolved_after_request: Default::default(),
         delivery: None,
+        awaiting: None,
     };
     run.cancellation = Some(request.clone());
     let deadline_task = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::CancellationDeadline);
@@ -107,7 +108,7 @@ pub fn deliver_cancellation(
     owner: &str,
     attempt: u64,
     delivery: DeliveryRequest,
-) -> Result<CancellationDelivery, Refusal> {
+) -> Result<DeliveryOutcome, Refusal> {
     check_workflow_lease(run, cx.now, task_id, owner, attempt)?;
     let refuse = |reason, message: &str| Refusal::new(reason, message).with("task_id", task_id.as_str());
     let Some(request) = run.cancellation.clone() else {
@@ -146,7 +147,7 @@ pub fn deliver_cancellation(
             && done.operation_sequence == delivery.operation_sequence
             && done.operation_sequence_span == delivery.operation_sequence_span;
         return if same {
-            Ok(done.clone())
+            Ok(DeliveryOutcome::Delivered(done.clone()))
         } else {
             Err(refuse(
                 Reason::CancellationDeliveryMismatch,
@@ -186,6 +187,51 @@ pub fn deliver_cancellation(
             "That call settled before the cancellation was requested.",
         ));
     }
+    if let Some(awaiting) = &request.awaiting {
+        let same_call = awaiting.sequence == delivery.sequence
+            && awaiting.call_kind == delivery.call_kind
+            && awaiting.sequence_span == delivery.sequence_span
+            && awaiting.operation_sequence == delivery.operation_sequence
+            && awaiting.operation_sequence_span == delivery.operation_sequence_span;
+        if !same_call {
+            return Err(refuse(
+                Reason::CancellationWaitBoundaryMismatch,
+                "The delivery waits at another call; deliver it there.",
+            )
+            .with("sequence", awaiting.sequence));
+        }
+        if !stops_acknowledged(run, awaiting) {
+            release_claim(run, cx, task_id);
+            return Ok(DeliveryOutcome::WaitingForActivities);
+        }
+    } else {
+        let waits: Vec<ActivityExecution> = (base..base + span)
+            .flat_map(|step| run.activities.values().filter(move |a| a.step == step))
+            .filter(|a| a.cancellation_policy == Some(ActivityCancellationPolicy::WaitCancellationCompleted))
+            .filter(|a| running_attempt(run, &a.task_id).is_some())
+            .cloned()
+            .collect();
+        if !waits.is_empty() {
+            let attempts = waits
+                .iter()
+                .filter_map(|a| running_attempt(run, &a.task_id))
+                .map(|(attempt, _)| attempt)
+                .collect();
+            for activity in &waits {
+                stop_activity(run, cx, activity);
+            }
+            run.cancellation.as_mut().expect("checked").awaiting = Some(AwaitedStops {
+                sequence: delivery.sequence,
+                call_kind: delivery.call_kind,
+                sequence_span: delivery.sequence_span,
+                operation_sequence: delivery.operation_sequence,
+                operation_sequence_span: delivery.operation_sequence_span,
+                attempts,
+            });
+            release_claim(run, cx, task_id);
+            return Ok(DeliveryOutcome::WaitingForActivities);
+        }
+    }
     for step in base..base + span {
         interrupt_step(run, cx, step);
     }
@@ -205,9 +251,40 @@ pub fn deliver_cancellation(
         Some(task_id),
         Some(&request.request_id),
     );
-    run.cancellation.as_mut().expect("checked").delivery = Some(done.clone());
+    let request = run.cancellation.as_mut().expect("checked");
+    request.delivery = Some(done.clone());
+    request.awaiting = None;
     extend_leased_history(run, cx);
-    Ok(done)
+    Ok(DeliveryOutcome::Delivered(done))
+}
+
+/// What a delivery came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeliveryOutcome {
+    Delivered(CancellationDelivery),
+    /// Activities at the call must stop first (`wait_cancellation_completed`): their attempts
+    /// were cancelled, the worker's claim was released, and the run gets a new workflow task
+    /// once every stopped attempt's worker has acknowledged its stop (or the cleanup deadline
+    /// closes the run).
+    WaitingForActivities,
+}
+
+/// Every attempt a deferred delivery waits for has been acknowledged as stopped.
+pub(crate) fn stops_acknowledged(run: &RunState, awaiting: &AwaitedStops) -> bool {
+    awaiting
+        .attempts
+        .iter()
+        .all(|attempt| run.stopped_attempts.get(attempt).is_some_and(|s| s.acknowledgement.is_some()))
+}
+
+/// Ends the workflow task without a completion: its worker goes back to polling, and the next
+/// task comes when what the delivery waits for has happened.
+fn release_claim(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) {
+    run.close_task(cx, task_id, TaskClosure::Completed);
+    if run.status == RunStatus::Running {
+        run.status = RunStatus::Waiting;
+    }
+    run.record_deferred_signals(cx);
 }
 
 /// Ends what an interrupted step was waiting for.
@@ -221,30 +298,42 @@ fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
             run.append(cx, EventType::TimerCancelled, payload, None, None);
         }
     }
-    let activities: Vec<ActivityExecution> = run.activities.values().filter(|a| a.step == step).cloned().collect();
+    // An `abandon` activity is left running: the workflow stops waiting for it, the activity
+    // does not stop (until the run closes, which ends every task of the run).
+    let activities: Vec<ActivityExecution> = run
+        .activities
+        .values()
+        .filter(|a| a.step == step && a.cancellation_policy != Some(ActivityCancellationPolicy::Abandon))
+        .cloned()
+        .collect();
     for activity in activities {
-        let running = running_attempt(run, &activity.task_id);
-        run.activities.remove(&activity.id);
-        run.close_task(cx, &activity.task_id, TaskClosure::Cancelled);
-        let payload = events::activity_cancelled(events::Cancelled::Delivered(&activity));
-        run.append(cx, EventType::ActivityCancelled, payload, None, None);
-        // A running attempt's worker gets a stop receipt to acknowledge.
-        if let (Some((attempt_id, lease_owner)), Some(request)) = (running, run.cancellation.clone()) {
-            let cancellation_event_id = cx.effects.events.last().expect("appended").id.clone();
-            let stopped = crate::activity_stop::StoppedAttempt {
-                task_id: activity.task_id.clone(),
-                execution_id: activity.id.clone(),
-                lease_owner,
-                request_id: request.request_id,
-                cleanup_deadline_at: request.cleanup_deadline_at,
-                cancellation_event_id,
-                acknowledgement: None,
-            };
-            run.stopped_attempts.insert(attempt_id, stopped);
-        }
+        stop_activity(run, cx, &activity);
     }
     run.condition_waits.retain(|w| w.step != step);
     run.signal_waits.retain(|w| w.step != step);
+}
+
+/// Cancels an activity at an interrupted call (`ActivityCancelled`); a running attempt's worker
+/// gets a stop receipt to acknowledge.
+fn stop_activity(run: &mut RunState, cx: &mut Cx, activity: &ActivityExecution) {
+    let running = running_attempt(run, &activity.task_id);
+    run.activities.remove(&activity.id);
+    run.close_task(cx, &activity.task_id, TaskClosure::Cancelled);
+    let payload = events::activity_cancelled(events::Cancelled::Delivered(activity));
+    run.append(cx, EventType::ActivityCancelled, payload, None, None);
+    if let (Some((attempt_id, lease_owner)), Some(request)) = (running, run.cancellation.clone()) {
+        let cancellation_event_id = cx.effects.events.last().expect("appended").id.clone();
+        let stopped = crate::activity_stop::StoppedAttempt {
+            task_id: activity.task_id.clone(),
+            execution_id: activity.id.clone(),
+            lease_owner,
+            request_id: request.request_id,
+            cleanup_deadline_at: request.cleanup_deadline_at,
+            cancellation_event_id,
+            acknowledgement: None,
+        };
+        run.stopped_attempts.insert(attempt_id, stopped);
+    }
 }
 
 /// The attempt running in an activity task, and its holder.

@@ -143,12 +143,13 @@ pub async fn deliver<S: Store>(
         operation_sequence: f.opt_int("operation_sequence", 1, max)?.map(|o| o as u32),
         operation_sequence_span: f.opt_int("operation_sequence_span", 1, 1000)?.unwrap_or(1) as u32,
     };
-    let id = TaskId(task_id.clone());
-    let (done, run) = state
-        .store
-        .mutate_run(&namespace, RunLocator::Task(id.clone()), state.now(), move |run, cx| {
-            deliver_cancellation(run, cx, &id, &owner, attempt, delivery)
-        })
+    let lease = capstan_app::reports::WorkflowLease {
+        namespace: namespace.clone(),
+        task_id: TaskId(task_id.clone()),
+        owner,
+        attempt,
+    };
+    let (outcome, run) = capstan_app::reports::deliver_cancellation(&*state, lease, delivery)
         .await
         .map_err(|e| {
             let mut error = ApiError::from(e);
@@ -158,6 +159,20 @@ pub async fn deliver<S: Store>(
             error
         })?;
     after_change(&state, &run);
+    let done = match outcome {
+        DeliveryOutcome::Delivered(done) => done,
+        // DW's "claim released" reply: the worker neither completes nor fails the task; the
+        // run's next task comes once the stopped activities' workers have acknowledged.
+        DeliveryOutcome::WaitingForActivities => {
+            return Ok(Json(json!({
+                "delivered": false,
+                "reason": Reason::CancellationWaitingForActivity.as_str(),
+                "claim_released": true,
+                "task_id": task_id,
+                "workflow_run_id": run.run_id,
+            })))
+        }
+    };
     Ok(Json(json!({
         "delivered": true,
         "task_id": task_id,

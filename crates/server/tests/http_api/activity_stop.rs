@@ -108,7 +108,11 @@ async fn a_stopped_attempts_receipt_is_acknowledged_once_in_history() {
     // A heartbeat from the holder is told to stop (it records nothing).
     let beat = h.heartbeat_activity(&activity).await.ok(200);
     assert_eq!(
-        (beat["cancel_requested"].clone(), beat["can_continue"].clone(), beat["heartbeat_recorded"].clone()),
+        (
+            beat["cancel_requested"].clone(),
+            beat["can_continue"].clone(),
+            beat["heartbeat_recorded"].clone()
+        ),
         (json!(true), json!(false), json!(false))
     );
     assert_eq!(beat["reason"], "activity_cancelled");

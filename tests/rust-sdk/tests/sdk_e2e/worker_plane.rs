@@ -3,6 +3,7 @@
 //! server advertises it and then checks every activity poll, renewal and heartbeat reply.
 
 use super::*;
+use durable_workflow::CancellationPolicy;
 
 /// With a 2 s activity lease, an attempt that runs 7 s without a heartbeat completes on its
 /// only attempt because the worker renews its lease; without renewals the lease expires and
@@ -48,6 +49,44 @@ async fn a_silent_activity_outlives_its_lease_by_renewing_it() {
 /// malformed acknowledgement would stop the whole worker), and the run ends cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cooperative_worker_acknowledges_the_stop_of_an_interrupted_activity() {
+    let events = cancel_a_running_activity(None).await;
+    let count = |kind: &str| events.iter().filter(|e| e["event_type"] == kind).count();
+    assert_eq!((count("ActivityCancelled"), count("CooperativeCancellationDelivered")), (1, 1));
+}
+
+/// The same with `wait_cancellation_completed`: the delivery is deferred (the claim released)
+/// until the activity's worker has acknowledged its stop, and the history says so in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_cancellation_completed_activity_is_stopped_before_the_delivery() {
+    let events = cancel_a_running_activity(Some(CancellationPolicy::WaitCancellationCompleted)).await;
+    let order: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["event_type"].as_str())
+        .filter(|kind| {
+            [
+                "ActivityCancelled",
+                "ActivityCancellationAcknowledged",
+                "CooperativeCancellationDelivered",
+                "WorkflowCancelled",
+            ]
+            .contains(kind)
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "ActivityCancelled",
+            "ActivityCancellationAcknowledged",
+            "CooperativeCancellationDelivered",
+            "WorkflowCancelled"
+        ]
+    );
+}
+
+/// Runs a workflow whose activity blocks, requests a cooperative cancellation while it runs,
+/// waits for the run to end cancelled and the activity's worker to acknowledge its stop, and
+/// returns the run's history. The worker must shut down cleanly afterwards.
+async fn cancel_a_running_activity(policy: Option<CancellationPolicy>) -> Vec<Value> {
     let server = CapstanServer::spawn().await;
     let client = server.client();
     let queue = unique("stop-q");
@@ -59,8 +98,12 @@ async fn a_cooperative_worker_acknowledges_the_stop_of_an_interrupted_activity()
         tokio::time::sleep(Duration::from_secs(60)).await;
         Ok(json!("not stopped"))
     });
-    worker.register_workflow("e2e.stoppable", |ctx, _input| async move {
-        match ctx.activity("e2e.blocked", json!([])).await {
+    worker.register_workflow("e2e.stoppable", move |ctx, _input| async move {
+        let mut options = ActivityOptions::new();
+        if let Some(policy) = policy {
+            options = options.cancellation_policy(policy);
+        }
+        match ctx.activity_with_options("e2e.blocked", options, json!([])).await {
             Ok(value) => Ok(json!({"activity": value})),
             Err(Error::CooperativeCancellationRequested(_)) => Ok(json!("cleaned up")),
             Err(other) => Err(other),
@@ -113,4 +156,5 @@ async fn a_cooperative_worker_acknowledges_the_stop_of_an_interrupted_activity()
     );
     // The worker is still alive and shuts down cleanly.
     running.shutdown().await;
+    events
 }
