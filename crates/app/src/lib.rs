@@ -13,11 +13,13 @@
 //! - [`polls`]: a worker's poll for a task (one look; the caller long-polls).
 //! - [`queries`]: putting a query to a worker.
 //! - [`reports`]: workflow task and activity reports from workers.
+//! - [`cancellation`]: cooperative cancellation (request, delivery, activity stop receipts).
 //! - [`sessions`]: worker sessions (acquire, renew, close; renewal by activity heartbeats).
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
 
+pub mod cancellation;
 pub mod contracts;
 pub mod control;
 pub mod duties;

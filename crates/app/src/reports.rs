@@ -58,7 +58,11 @@ pub async fn complete_workflow_task<V: Services>(
             capstan_engine::check_sticky_claim(run, &owner, claim)?;
         }
         let receipt = capstan_engine::complete_workflow_task(run, cx, task_id, &owner, attempt, commands)?;
-        capstan_engine::record_sticky_claim(run, cx.now, sticky);
+        // A repeated completion is answered from its receipt and changes nothing, the affinity
+        // included (its task rows were written with the first one's).
+        if !receipt.retained {
+            capstan_engine::record_sticky_claim(run, cx.now, sticky);
+        }
         Ok(receipt)
     })
     .await?;
@@ -199,46 +203,6 @@ pub async fn renew_activity_lease<V: Services>(
     } = lease;
     let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
         capstan_engine::renew_activity_lease(run, cx, task_id, &attempt_id, &owner, lease_ms)
-    })
-    .await?;
-    Ok(done)
-}
-
-/// Delivers the run's cooperative cancellation at one authored call, on the workflow task's
-/// lease; a call whose activities must stop first defers it and releases the lease.
-pub async fn deliver_cancellation<V: Services>(
-    services: &V,
-    lease: WorkflowLease,
-    delivery: DeliveryRequest,
-) -> AppResult<(DeliveryOutcome, RunState)> {
-    let WorkflowLease {
-        namespace,
-        task_id,
-        owner,
-        attempt,
-    } = lease;
-    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
-        capstan_engine::deliver_cancellation(run, cx, task_id, &owner, attempt, delivery)
-    })
-    .await?;
-    Ok(done)
-}
-
-/// Records that the worker of an attempt a cooperative cancellation stopped has stopped its
-/// callback (`request_id` names the cancellation); a repeat gets the first receipt.
-pub async fn acknowledge_activity_cancellation<V: Services>(
-    services: &V,
-    lease: AttemptLease,
-    request_id: String,
-) -> AppResult<(StopReceipt, RunState)> {
-    let AttemptLease {
-        namespace,
-        task_id,
-        attempt_id,
-        owner,
-    } = lease;
-    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
-        capstan_engine::acknowledge_activity_cancellation(run, cx, task_id, &attempt_id, &owner, &request_id)
     })
     .await?;
     Ok(done)

@@ -48,8 +48,8 @@ impl Sim {
                 .min(task.available_at.max(task.created_at) + capstan_engine::sticky::STICKY_HOLD_MS);
             if self.now < held_until && !self.retired.contains(&affinity.worker_id) {
                 return Err(self.fail(format!(
-                    "workflow task {} of a run held for {} went to {owner} before its hold ran out",
-                    task.id, affinity.worker_id
+                    "workflow task {} of {} held for {} until {held_until} went to {owner} before its hold ran out (created {}, available {}, affinity {affinity:?})",
+                    task.id, run.workflow_id, affinity.worker_id, task.created_at, task.available_at
                 )));
             }
         }
@@ -172,9 +172,11 @@ impl Sim {
         for (index, event) in events.iter().enumerate() {
             let id = |key: &str| event.payload.get(key).and_then(Value::as_str).unwrap_or("").to_string();
             let key = match event.event_type {
-                EventType::ActivityCompleted | EventType::ActivityFailed | EventType::ActivityTimedOut => {
+                EventType::ActivityCompleted | EventType::ActivityFailed | EventType::ActivityTimedOut | EventType::ActivityCancelled => {
                     Some(format!("activity {}", id("activity_execution_id")))
                 }
+                EventType::ActivityCancellationAcknowledged => Some(format!("stop of attempt {}", id("activity_attempt_id"))),
+                EventType::CooperativeCancellationDelivered => Some("cancellation delivery".to_string()),
                 EventType::TimerFired => Some(format!("timer {}", id("timer_id"))),
                 EventType::ChildRunCompleted | EventType::ChildRunFailed | EventType::ChildRunCancelled | EventType::ChildRunTerminated => {
                     Some(format!("child {}", id("child_call_id")))

@@ -18,6 +18,7 @@
 //! ids minted (a [`SeededIds`] mint and a [`ManualClock`] are the sources of the store and the
 //! use cases). A failing seed replays exactly with `capstan-sim --seed N`.
 
+mod cancellation;
 mod checks;
 mod program;
 
@@ -108,6 +109,9 @@ pub struct Report {
     pub workers_retired: usize,
     /// Activity lease renewals granted.
     pub lease_renewals: usize,
+    /// Cooperative cancellations requested, delivered, deferred (a call waited for its
+    /// activities to stop) and stops acknowledged.
+    pub cancellations: [usize; 4],
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -175,6 +179,13 @@ enum Delivery {
         task_id: TaskId,
         attempt_id: ActivityAttemptId,
         owner: String,
+    },
+    /// The worker of an attempt a delivered cancellation stopped says it has stopped.
+    AcknowledgeStop {
+        task_id: TaskId,
+        attempt_id: ActivityAttemptId,
+        owner: String,
+        request_id: String,
     },
     AnswerQuery {
         query_id: String,
@@ -409,7 +420,11 @@ impl Sim {
                 }
                 42..=53 => self.deliver_inflight().await?,
                 54..=64 => self.advance_clock().await?,
-                65..=70 => self.send_signal().await?,
+                65..=69 => self.send_signal().await?,
+                70 => match self.random_started_workflow() {
+                    Some(workflow_id) => self.request_cooperative_cancellation(&workflow_id).await?,
+                    None => self.advance_clock().await?,
+                },
                 71..=75 => self.send_update().await?,
                 76..=78 => self.send_query().await?,
                 79..=81 => {
@@ -583,7 +598,10 @@ impl Sim {
     async fn register_workers(&mut self) -> Result<(), Failure> {
         for n in 0..WORKERS {
             let mut document = Map::new();
-            document.insert("capabilities".into(), json!(["query_tasks", "sticky_execution", "worker_sessions"]));
+            document.insert(
+                "capabilities".into(),
+                json!(["query_tasks", "sticky_execution", "worker_sessions", "cooperative_cancellation"]),
+            );
             let worker = capstan_store::WorkerRecord {
                 namespace: NAMESPACE.into(),
                 worker_id: format!("worker-{n}"),
@@ -683,6 +701,15 @@ impl Sim {
         self.note_fence(&task)?;
         self.check_replay_mode(&task, &run, &owner)?;
         self.acknowledge(&run);
+        if !self.deliver_requested_cancellation(&task, &run, &owner).await? {
+            return Ok(true);
+        }
+        let run = self
+            .store()
+            .load_run(NAMESPACE, RunLocator::Task(task.id.clone()))
+            .await
+            .map_err(|e| self.fail(format!("load: {e}")))?
+            .ok_or_else(|| self.fail(format!("the run of task {} is gone", task.id)))?;
         let history = self
             .store()
             .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
@@ -776,6 +803,13 @@ impl Sim {
                 attempt_id,
                 owner,
             });
+        }
+        // A client loses patience with a running activity: the run is asked to stop while the
+        // attempt runs, so the delivery stops (or waits for) a live attempt.
+        if faulty && self.rng.random_bool(0.08) {
+            self.request_cooperative_cancellation(run.workflow_id.as_str()).await?;
+            self.inflight.push(report);
+            return Ok(true);
         }
         self.hand_over(report, faulty).await?;
         Ok(true)
@@ -887,6 +921,22 @@ impl Sim {
                 if let Some((grant, run)) = self.declined(result)? {
                     self.check_lease_grant(&task_id, &grant, &run, before, now)?;
                     self.report.lease_renewals += 1;
+                }
+            }
+            Delivery::AcknowledgeStop {
+                task_id,
+                attempt_id,
+                owner,
+                request_id,
+            } => {
+                self.trace(|| format!("{owner} acknowledges the stop of activity task {task_id}"));
+                let lease = attempt_lease(task_id, attempt_id, owner);
+                let result = capstan_app::cancellation::acknowledge_stop(&self.app, lease, request_id).await;
+                if let Some((receipt, run)) = self.declined(result)? {
+                    if !receipt.duplicate {
+                        self.report.cancellations[3] += 1;
+                    }
+                    self.acknowledge(&run);
                 }
             }
             Delivery::AnswerQuery { query_id, owner, attempt } => {
@@ -1097,6 +1147,22 @@ impl Sim {
         Ok(())
     }
 
+    /// A client asks a workflow to stop cooperatively: the run stays open until a worker
+    /// delivers the request at a call and the workflow's cleanup ends it, or the cleanup
+    /// deadline does.
+    async fn request_cooperative_cancellation(&mut self, workflow_id: &str) -> Result<(), Failure> {
+        self.trace(|| format!("cooperative cancellation requested for {workflow_id}"));
+        let cleanup_seconds = self.rng.random_range(20..=120);
+        let result = capstan_app::cancellation::request(&self.app, target(workflow_id), Some("simulated".into()), cleanup_seconds).await;
+        if let Some((outcome, run)) = self.declined(result)? {
+            if !outcome.duplicate {
+                self.report.cancellations[0] += 1;
+            }
+            self.acknowledge(&run);
+        }
+        Ok(())
+    }
+
     /// A client cancels or terminates a workflow: its children are terminated by their
     /// parent-close policy, its open calls end, a dispatched declared action becomes
     /// `outcome_unknown`.
@@ -1104,6 +1170,9 @@ impl Sim {
         let Some(workflow_id) = self.random_started_workflow() else {
             return self.advance_clock().await;
         };
+        if self.rng.random_bool(0.4) {
+            return self.request_cooperative_cancellation(&workflow_id).await;
+        }
         let kind = if self.rng.random_bool(0.5) {
             CloseCommand::Cancel
         } else {
@@ -1419,6 +1488,7 @@ pub struct Totals {
     pub session_attempts: usize,
     pub workers_retired: usize,
     pub lease_renewals: usize,
+    pub cancellations: [usize; 4],
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1444,6 +1514,9 @@ impl Totals {
         self.session_attempts += report.session_attempts;
         self.workers_retired += report.workers_retired;
         self.lease_renewals += report.lease_renewals;
+        for (total, seen) in self.cancellations.iter_mut().zip(report.cancellations) {
+            *total += seen;
+        }
         for (reason, count) in &report.refusals {
             *self.refusals.entry(reason.clone()).or_default() += count;
         }
@@ -1452,7 +1525,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1473,6 +1546,10 @@ impl Totals {
             self.session_attempts,
             self.workers_retired,
             self.lease_renewals,
+            self.cancellations[0],
+            self.cancellations[1],
+            self.cancellations[2],
+            self.cancellations[3],
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

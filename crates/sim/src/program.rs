@@ -58,6 +58,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
     {
         return Vec::new();
     }
+    let cancellation_delivered = history.iter().any(|e| e.event_type == EventType::CooperativeCancellationDelivered);
     let update_id = |e: &HistoryEvent| e.payload.get("update_id").and_then(Value::as_str).unwrap_or("").to_string();
     let settled: BTreeSet<String> = history
         .iter()
@@ -72,6 +73,13 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
             result: Payload::avro(PAYLOAD),
         })
         .collect();
+    // A delivered cancellation ends the program: its cleanup is to finish.
+    if cancellation_delivered {
+        commands.push(WorkflowCommand::CompleteWorkflow {
+            result: Payload::avro(PAYLOAD),
+        });
+        return commands;
+    }
     let run_number = history
         .iter()
         .find(|e| e.event_type == EventType::WorkflowStarted)
@@ -111,7 +119,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                         heartbeat_seconds: None,
                     },
                     tags: Map::new(),
-                    cancellation_policy: None,
+                    cancellation_policy: cancellation_policy_of(workflow_id),
                     worker_session: (*step == Step::SessionActivity).then(|| session_of(workflow_id)),
                 })
             }
@@ -179,6 +187,17 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         }
     });
     commands
+}
+
+/// The cancellation policy of a workflow's activities: each policy has its share of the
+/// instances (by the id's last character, so every replay decides the same).
+pub(crate) fn cancellation_policy_of(workflow_id: &str) -> Option<ActivityCancellationPolicy> {
+    match workflow_id.bytes().last().unwrap_or(0) % 4 {
+        0 => Some(ActivityCancellationPolicy::WaitCancellationCompleted),
+        1 => Some(ActivityCancellationPolicy::Abandon),
+        2 => Some(ActivityCancellationPolicy::TryCancel),
+        _ => None,
+    }
 }
 
 /// The worker session a workflow's session activities run in: one per instance, long-lived

@@ -13,13 +13,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use capstan_app::control::check_target;
 use capstan_engine::*;
 use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
 
-/// The worker capability of runtimes that take cancellation requests.
-pub const CAPABILITY: &str = "cooperative_cancellation";
 const CLEANUP_TIMEOUT_DEFAULT_SECONDS: i64 = 600;
 const CLEANUP_TIMEOUT_MAX_SECONDS: i64 = 3600;
 
@@ -64,44 +61,12 @@ async fn request_impl<S: Store>(
         .opt_int("cleanup_timeout_seconds", 1, CLEANUP_TIMEOUT_MAX_SECONDS)
         .map_err(fail)?
         .unwrap_or(CLEANUP_TIMEOUT_DEFAULT_SECONDS);
-    let locator = RunLocator::Current(WorkflowId(workflow_id.clone()));
-    let wanted = run_id.map(RunId);
-    // A worker that cannot take the request must not be holding the run's workflow task: it
-    // would complete it without ever delivering the request.
-    if let Some(run) = state.store.load_run(&namespace, locator.clone()).await? {
-        let holder = run
-            .workflow_task
-            .as_ref()
-            .and_then(|id| run.tasks.get(id))
-            .and_then(|task| task.lease())
-            .map(|lease| lease.owner.clone());
-        if let (None, Some(owner)) = (&run.cancellation, holder) {
-            let capable = state
-                .store
-                .get_worker(&namespace, &owner)
-                .await?
-                .and_then(|w| w.document.get("capabilities").cloned())
-                .and_then(|c| c.as_array().map(|c| c.iter().any(|c| c == CAPABILITY)))
-                .unwrap_or(false);
-            if !capable {
-                return Err(fail(
-                    ApiError::new(
-                        StatusCode::CONFLICT,
-                        Reason::ActiveClaimCancellationNotSupported,
-                        "The worker holding the run's workflow task does not support cooperative cancellation.",
-                    )
-                    .with("task_id", run.workflow_task.as_ref().map(|t| t.as_str().to_string())),
-                ));
-            }
-        }
-    }
-    let command_id = CommandId(state.new_id());
-    let (outcome, run) = state
-        .store
-        .mutate_run(&namespace, locator, state.now(), move |run, cx| {
-            check_target(run, wanted.as_ref().map(RunId::as_str))?;
-            request_cancellation(run, cx, reason, timeout, command_id)
-        })
+    let target = capstan_app::control::Target {
+        namespace: namespace.clone(),
+        workflow_id: workflow_id.clone(),
+        run_id,
+    };
+    let (outcome, run) = capstan_app::cancellation::request(&*state, target, reason, timeout)
         .await
         .map_err(|e| fail(e.into()))?;
     let status = if outcome.duplicate {
@@ -149,15 +114,13 @@ pub async fn deliver<S: Store>(
         owner,
         attempt,
     };
-    let (outcome, run) = capstan_app::reports::deliver_cancellation(&*state, lease, delivery)
-        .await
-        .map_err(|e| {
-            let mut error = ApiError::from(e);
-            error.fields.insert("task_id".into(), json!(task_id));
-            error.fields.insert("workflow_task_attempt".into(), json!(attempt));
-            error.fields.entry("delivered").or_insert(json!(false));
-            error
-        })?;
+    let (outcome, run) = capstan_app::cancellation::deliver(&*state, lease, delivery).await.map_err(|e| {
+        let mut error = ApiError::from(e);
+        error.fields.insert("task_id".into(), json!(task_id));
+        error.fields.insert("workflow_task_attempt".into(), json!(attempt));
+        error.fields.entry("delivered").or_insert(json!(false));
+        error
+    })?;
     after_change(&state, &run);
     let done = match outcome {
         DeliveryOutcome::Delivered(done) => done,
@@ -283,7 +246,7 @@ pub async fn acknowledge<S: Store>(
         attempt_id: attempt_id.clone(),
         owner: owner.clone(),
     };
-    let (receipt, run) = capstan_app::reports::acknowledge_activity_cancellation(&*state, lease, request_id.clone())
+    let (receipt, run) = capstan_app::cancellation::acknowledge_stop(&*state, lease, request_id.clone())
         .await
         .map_err(|e| {
             let mut error: ApiError = e.into();

@@ -91,6 +91,15 @@ async fn a_claimed_run_goes_back_to_its_worker_and_others_wait() {
     let described = h.describe("sticky-route").await;
     assert_eq!(described["sticky"]["worker_id"], "owner");
     assert_eq!(described["sticky"]["metrics"]["miss"], 2, "the claim's counters are kept");
+    // The same completion again is answered from its receipt and changes nothing: neither a
+    // longer claim nor none at all replaces the affinity.
+    for repeat in [claim(&first, "b1", 3600), Value::Null] {
+        let again = complete_claiming(&h, &first, json!([{"type": "open_signal_wait", "signal_name": "go"}]), repeat)
+            .await
+            .ok(200);
+        assert_eq!(again["retained"], true);
+        assert_eq!(h.describe("sticky-route").await["sticky"], described["sticky"]);
+    }
 
     signal(&h, "sticky-route").await;
     // The other worker is not offered the held task…
