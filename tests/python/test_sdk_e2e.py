@@ -367,6 +367,32 @@ class CooperativeWaitingActivityWorkflow:
             return {"greeting": greeting, "cleaned_up": True}
 
 
+@workflow.defn(name="e2e.cancellable-child")
+class CancellableChildWorkflow:
+    """Waits on a long timer; a delivered cancellation ends it after a short cleanup timer."""
+
+    def run(self, ctx):
+        try:
+            yield ctx.start_timer(300)
+            return "child not cancelled"
+        except WorkflowCancelled:
+            with ctx.cancellation_shield():
+                yield ctx.start_timer(1)
+            return "child cleaned up"
+
+
+@workflow.defn(name="e2e.cancelling-parent")
+class CancellingParentWorkflow:
+    """Waits on a child whose cancellation policy it was given."""
+
+    def run(self, ctx, policy):
+        try:
+            yield ctx.start_child_workflow("e2e.cancellable-child", [], cancellation_policy=policy)
+            return "parent not cancelled"
+        except WorkflowCancelled:
+            return "parent cleaned up"
+
+
 @workflow.defn(name="e2e.cooperative-cleanup")
 class CooperativeCleanupWorkflow:
     """Waits on a long timer; a delivered cancellation runs a shielded cleanup timer."""
@@ -1118,6 +1144,50 @@ def test_a_cancellation_waits_for_the_stop_of_a_wait_cancellation_completed_acti
                      "CooperativeCancellationDelivered", "WorkflowCancelled"], kinds
     (scheduled,) = [e for e in events_of(events, "ActivityScheduled") if payload_of(e)["sequence"] == 2]
     assert payload_of(scheduled)["cancellation_policy"] == "wait_cancellation_completed"
+
+
+@pytest.mark.parametrize("policy", ["try_cancel", "wait_cancellation_completed"])
+def test_a_cancellation_delivered_at_a_child_call_asks_the_child_to_cancel(server_url, worker_url, run_worker, policy):
+    """A cancellation delivered at a child call whose policy is try_cancel or
+    wait_cancellation_completed asks the child to cancel too (`ChildCancellationRequested`; the
+    child runs its own cleanup and ends cancelled). With wait_cancellation_completed the
+    parent's delivery waits for the child's end (`ChildRunCancelled` before the delivery)."""
+    queue = unique("e2e-coop-child")
+    workflow_id = unique("coop-parent")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[CancellingParentWorkflow, CancellableChildWorkflow],
+                              capabilities=["cooperative_cancellation"]):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="e2e.cancelling-parent", task_queue=queue, workflow_id=workflow_id, input=[policy],
+                )
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: len(events_of(evs, "ChildRunStarted")) >= 1, what="child started")
+                await handle.request_cancellation(reason="stop", cleanup_timeout_seconds=60)
+                with pytest.raises(WorkflowCancelled):
+                    await handle.result(timeout=30, poll_interval=0.2)
+                parent = await fetch_history(client, workflow_id, handle.run_id)
+                (started,) = events_of(parent, "ChildRunStarted")
+                child_id = payload_of(started)["child_workflow_instance_id"]
+                child = client.get_workflow_handle(child_id)
+                with pytest.raises(WorkflowCancelled):
+                    await child.result(timeout=30, poll_interval=0.2)
+                child_events = await fetch_history(client, child_id, payload_of(started)["child_workflow_run_id"])
+                return parent, child_events
+
+    parent, child = run_async(main(), timeout=90)
+    assert_history_invariants(parent, terminal="WorkflowCancelled")
+    assert_history_invariants(child, terminal="WorkflowCancelled")
+    kinds = [e["event_type"] for e in parent]
+    (asked,) = events_of(parent, "ChildCancellationRequested")
+    assert payload_of(asked)["cancellation_policy"] == policy
+    assert [e["event_type"] for e in child].count("CooperativeCancellationRequested") == 1
+    delivered = kinds.index("CooperativeCancellationDelivered")
+    if policy == "wait_cancellation_completed":
+        assert kinds.index("ChildRunCancelled") < kinds.index("ChildCancellationResolved") < delivered, kinds
+    else:
+        assert kinds.index("ChildCancellationRequested") < delivered, kinds
 
 
 def test_terminate_waiting_workflow(server_url, worker_url, run_worker):

@@ -77,6 +77,8 @@ event_types!(
     ChildRunFailed,
     ChildRunCancelled,
     ChildRunTerminated,
+    ChildCancellationRequested,
+    ChildCancellationResolved,
     ParentClosePolicyApplied,
     CooperativeCancellationRequested,
     CooperativeCancellationDelivered,

@@ -78,6 +78,7 @@ reasons! {
     ActivityCancelled => "activity_cancelled",
     CancellationWaitBoundaryMismatch => "cancellation_wait_boundary_mismatch",
     CancellationWaitingForActivity => "cancellation_waiting_for_activity",
+    CancellationWaitingForChild => "cancellation_waiting_for_child",
     CancellationDeliveryMismatch => "cancellation_delivery_mismatch",
     CancellationDeliverySequenceMismatch => "cancellation_delivery_sequence_mismatch",
     CancellationDeliveryShapeMismatch => "cancellation_delivery_shape_mismatch",

@@ -394,6 +394,9 @@ pub struct AwaitedStops {
     pub operation_sequence: Option<u32>,
     pub operation_sequence_span: u32,
     pub attempts: Vec<ActivityAttemptId>,
+    /// Calls whose child workflows were asked to cancel and must end first, with the child.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<(u32, WorkflowId, RunId)>,
 }
 
 /// Where the cancellation reached workflow code: the authored call it interrupts.
@@ -501,6 +504,20 @@ pub struct Effects {
     pub checkpoints: Vec<LedgerCheckpoint>,
     /// Children to close because this run closed (parent-close policy).
     pub close_children: Vec<(WorkflowId, crate::transitions::CloseCommand)>,
+    /// Children to ask for a cooperative cancellation (their call's `cancellation_policy`), in
+    /// the same transaction.
+    pub cancel_children: Vec<ChildCancellation>,
+}
+
+/// A cooperative cancellation a parent's delivery asks of a child run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildCancellation {
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    /// The child's request id (minted by the parent's transition, recorded on both sides).
+    pub request_id: CommandId,
+    pub cleanup_timeout_seconds: i64,
+    pub reason: Option<String>,
 }
 
 /// The inputs every transition shares: the time, the id source, the limits, and the effects it

@@ -1357,7 +1357,7 @@ fn a_rejected_update_is_recorded_without_a_task() {
 fn deliver_at(sim: &mut Sim, sequence: u32, call_kind: &str) -> Result<CancellationDelivery, Refusal> {
     match deliver_or_wait_at(sim, sequence, call_kind)? {
         DeliveryOutcome::Delivered(done) => Ok(done),
-        DeliveryOutcome::WaitingForActivities => panic!("the delivery was deferred"),
+        DeliveryOutcome::Waiting(reason) => panic!("the delivery was deferred ({reason:?})"),
     }
 }
 
@@ -1442,7 +1442,7 @@ fn a_call_whose_activity_waits_for_its_stop_is_delivered_after_the_stop_is_ackno
     // The first delivery stops the attempt, records no delivery and releases the claim.
     assert_eq!(
         deliver_or_wait_at(&mut sim, 1, "activity").unwrap(),
-        DeliveryOutcome::WaitingForActivities
+        DeliveryOutcome::Waiting(Reason::CancellationWaitingForActivity)
     );
     assert_eq!(sim.count(EventType::ActivityCancelled), 1);
     assert_eq!(sim.count(EventType::CooperativeCancellationDelivered), 0);
@@ -1461,7 +1461,7 @@ fn a_call_whose_activity_waits_for_its_stop_is_delivered_after_the_stop_is_ackno
     );
     assert_eq!(
         deliver_or_wait_at(&mut sim, 1, "activity").unwrap(),
-        DeliveryOutcome::WaitingForActivities
+        DeliveryOutcome::Waiting(Reason::CancellationWaitingForActivity)
     );
     assert!(sim.run.workflow_task.is_none());
 
@@ -1515,6 +1515,92 @@ fn an_abandoned_activity_keeps_running_past_the_delivery_until_the_run_closes() 
         .unwrap();
     assert_eq!(sim.count(EventType::ActivityCompleted), 1);
     assert_eq!(sim.count(EventType::ActivityCancelled), 0);
+}
+
+#[test]
+fn a_delivery_at_a_waiting_child_call_asks_the_child_and_waits_for_its_end() {
+    let mut parent = Sim::start();
+    let (task, fence) = parent.lease_workflow("w");
+    let child = StartChild {
+        workflow_type: "child".into(),
+        arguments: Payload::avro("child-args"),
+        queue: None,
+        workflow_id: None,
+        parent_close_policy: "terminate".into(),
+        cancellation_policy: "wait_cancellation_completed".into(),
+        execution_timeout_seconds: None,
+        run_timeout_seconds: None,
+        retry_policy: None,
+        tags: Map::new(),
+    };
+    let limits = parent.limits.clone();
+    let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
+    complete_workflow_task(
+        &mut parent.run,
+        &mut cx,
+        &task,
+        "w",
+        fence,
+        vec![WorkflowCommand::StartChildWorkflow(child)],
+    )
+    .unwrap();
+    let (child_run, _) = cx.effects.children_started.first().cloned().expect("a child run");
+    parent
+        .apply(|run, cx| request_cancellation(run, cx, None, 60, "req-1".into()))
+        .unwrap();
+
+    // The delivery asks the child to cancel, in the same transaction, and waits for it.
+    let (task, fence) = parent.lease_workflow("w");
+    let request_id = "req-1".to_string();
+    let delivery = DeliveryRequest {
+        request_id: request_id.clone(),
+        sequence: 1,
+        call_kind: "child".into(),
+        sequence_span: 1,
+        operation_sequence: None,
+        operation_sequence_span: 1,
+    };
+    let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
+    let outcome = deliver_cancellation(&mut parent.run, &mut cx, &task, "w", fence, delivery).unwrap();
+    assert_eq!(outcome, DeliveryOutcome::Waiting(Reason::CancellationWaitingForChild));
+    let asked = cx.effects.cancel_children.clone();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].workflow_id, child_run.workflow_id);
+    let requested = cx
+        .effects
+        .events
+        .iter()
+        .find(|e| e.event_type == EventType::ChildCancellationRequested)
+        .unwrap();
+    assert_eq!(requested.payload["child_request_id"], json!(asked[0].request_id));
+    assert!(parent.run.workflow_task.is_none(), "the claim was released");
+
+    // The child ends cancelled; the parent hears of it, and the same delivery goes through.
+    let notice = ChildOutcome {
+        parent: child_run.parent.clone().unwrap(),
+        child_workflow_id: child_run.workflow_id.clone(),
+        child_run_id: child_run.run_id.clone(),
+        status: RunStatus::Cancelled,
+        closed_reason: Some(ClosedReason::Cancelled),
+        output: None,
+        failure: None,
+        closed_at: parent.now,
+        retry: None,
+    };
+    assert!(parent.apply(|run, cx| resolve_child(run, cx, &notice)).unwrap());
+    let done = deliver_at(&mut parent, 1, "child").expect("delivered once the child ended");
+    assert_eq!(done.call_kind, "child");
+    let order: Vec<&str> = parent
+        .history
+        .iter()
+        .map(|e| e.event_type.as_str())
+        .filter(|t| t.starts_with("ChildRun") || t.starts_with("ChildCancellation") || *t == "CooperativeCancellationDelivered")
+        .collect();
+    // (The events before it were applied outside the Sim's history, and checked above.)
+    assert_eq!(
+        order,
+        ["ChildRunCancelled", "ChildCancellationResolved", "CooperativeCancellationDelivered"]
+    );
 }
 
 #[test]

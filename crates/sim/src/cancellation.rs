@@ -65,7 +65,7 @@ impl Sim {
                 self.report.cancellations[1] += 1;
                 Ok(true)
             }
-            DeliveryOutcome::WaitingForActivities => {
+            DeliveryOutcome::Waiting(_) => {
                 self.report.cancellations[2] += 1;
                 if run.workflow_task.as_ref() == Some(&task.id) {
                     return Err(self.fail(format!("a deferred delivery left task {} leased", task.id)));

@@ -162,7 +162,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                     queue: None,
                     workflow_id: Some(format!("{workflow_id}-r{run_number}-child-{child}")),
                     parent_close_policy: "terminate".into(),
-                    cancellation_policy: "abandon".into(),
+                    cancellation_policy: cancellation_policy_of(workflow_id).map_or("abandon", |p| p.as_str()).into(),
                     execution_timeout_seconds: None,
                     run_timeout_seconds: None,
                     retry_policy: None,

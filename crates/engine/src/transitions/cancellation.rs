@@ -200,9 +200,26 @@ pub fn deliver_cancellation(
             )
             .with("sequence", awaiting.sequence));
         }
-        if !stops_acknowledged(run, awaiting) {
+        if let Some(waiting) = still_waiting(run, awaiting) {
             release_claim(run, cx, task_id);
-            return Ok(DeliveryOutcome::WaitingForActivities);
+            return Ok(DeliveryOutcome::Waiting(waiting));
+        }
+        for (step, workflow_id, run_id) in awaiting.children.clone() {
+            let payload = obj!(
+                "sequence" => step,
+                "cancellation_policy" => "wait_cancellation_completed",
+                "parent_request_id" => request.request_id,
+                "child_workflow_instance_id" => workflow_id,
+                "child_workflow_run_id" => run_id,
+                "reason" => "child_closed",
+            );
+            run.append(
+                cx,
+                EventType::ChildCancellationResolved,
+                payload,
+                Some(task_id),
+                Some(&request.request_id),
+            );
         }
     } else {
         let waits: Vec<ActivityExecution> = (base..base + span)
@@ -211,7 +228,8 @@ pub fn deliver_cancellation(
             .filter(|a| running_attempt(run, &a.task_id).is_some())
             .cloned()
             .collect();
-        if !waits.is_empty() {
+        let children = ask_children_to_cancel(run, cx, base..base + span, &request, task_id);
+        if !waits.is_empty() || !children.is_empty() {
             let attempts = waits
                 .iter()
                 .filter_map(|a| running_attempt(run, &a.task_id))
@@ -220,16 +238,19 @@ pub fn deliver_cancellation(
             for activity in &waits {
                 stop_activity(run, cx, activity);
             }
-            run.cancellation.as_mut().expect("checked").awaiting = Some(AwaitedStops {
+            let awaiting = AwaitedStops {
                 sequence: delivery.sequence,
                 call_kind: delivery.call_kind,
                 sequence_span: delivery.sequence_span,
                 operation_sequence: delivery.operation_sequence,
                 operation_sequence_span: delivery.operation_sequence_span,
                 attempts,
-            });
+                children,
+            };
+            let waiting = still_waiting(run, &awaiting).expect("something to wait for");
+            run.cancellation.as_mut().expect("checked").awaiting = Some(awaiting);
             release_claim(run, cx, task_id);
-            return Ok(DeliveryOutcome::WaitingForActivities);
+            return Ok(DeliveryOutcome::Waiting(waiting));
         }
     }
     for step in base..base + span {
@@ -262,11 +283,73 @@ pub fn deliver_cancellation(
 #[derive(Clone, Debug, PartialEq)]
 pub enum DeliveryOutcome {
     Delivered(CancellationDelivery),
-    /// Activities at the call must stop first (`wait_cancellation_completed`): their attempts
-    /// were cancelled, the worker's claim was released, and the run gets a new workflow task
-    /// once every stopped attempt's worker has acknowledged its stop (or the cleanup deadline
-    /// closes the run).
-    WaitingForActivities,
+    /// What is at the call must end first (`wait_cancellation_completed`): its activities'
+    /// attempts were cancelled and its children asked to cancel, the worker's claim was
+    /// released, and the run gets a new workflow task once every stopped attempt's worker has
+    /// acknowledged its stop and every child has closed (or the cleanup deadline closes the
+    /// run). The reason says which it waits for (`cancellation_waiting_for_activity|child`).
+    Waiting(Reason),
+}
+
+/// What a deferred delivery still waits for, if anything.
+fn still_waiting(run: &RunState, awaiting: &AwaitedStops) -> Option<Reason> {
+    if !stops_acknowledged(run, awaiting) {
+        return Some(Reason::CancellationWaitingForActivity);
+    }
+    if awaiting.children.iter().any(|(step, _, _)| run.children.contains_key(step)) {
+        return Some(Reason::CancellationWaitingForChild);
+    }
+    None
+}
+
+/// Children at the interrupted calls whose `cancellation_policy` asks for it are asked to cancel
+/// (cooperatively, in the same transaction: `ChildCancellationRequested` here, the request on
+/// the child). Answers those the delivery must wait for (`wait_cancellation_completed`).
+fn ask_children_to_cancel(
+    run: &mut RunState,
+    cx: &mut Cx,
+    steps: std::ops::Range<u32>,
+    request: &CancellationRequest,
+    task_id: &TaskId,
+) -> Vec<(u32, WorkflowId, RunId)> {
+    let children: Vec<(u32, ChildLink)> = steps
+        .filter_map(|step| run.children.get(&step).map(|link| (step, link.clone())))
+        .filter(|(_, link)| matches!(link.cancellation_policy.as_str(), "try_cancel" | "wait_cancellation_completed"))
+        .collect();
+    let mut waits = Vec::new();
+    for (step, link) in children {
+        let child_request: CommandId = cx.id();
+        let timeout_seconds = ((request.cleanup_deadline_at - cx.now) / 1000).max(1);
+        let payload = obj!(
+            "sequence" => step,
+            "cancellation_policy" => link.cancellation_policy,
+            "parent_request_id" => request.request_id,
+            "root_request_id" => request.request_id,
+            "cleanup_deadline_at" => iso8601(request.cleanup_deadline_at),
+            "child_workflow_instance_id" => link.workflow_id,
+            "child_workflow_run_id" => link.run_id,
+            "child_request_id" => child_request,
+            "child_cleanup_deadline_at" => iso8601(cx.now + timeout_seconds * 1000),
+        );
+        run.append(
+            cx,
+            EventType::ChildCancellationRequested,
+            payload,
+            Some(task_id),
+            Some(&request.request_id),
+        );
+        cx.effects.cancel_children.push(ChildCancellation {
+            workflow_id: link.workflow_id.clone(),
+            run_id: link.run_id.clone(),
+            request_id: child_request,
+            cleanup_timeout_seconds: timeout_seconds,
+            reason: Some("parent cancellation delivered at the child's call".into()),
+        });
+        if link.cancellation_policy == "wait_cancellation_completed" {
+            waits.push((step, link.workflow_id, link.run_id));
+        }
+    }
+    waits
 }
 
 /// Every attempt a deferred delivery waits for has been acknowledged as stopped.

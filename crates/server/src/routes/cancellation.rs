@@ -126,10 +126,10 @@ pub async fn deliver<S: Store>(
         DeliveryOutcome::Delivered(done) => done,
         // DW's "claim released" reply: the worker neither completes nor fails the task; the
         // run's next task comes once the stopped activities' workers have acknowledged.
-        DeliveryOutcome::WaitingForActivities => {
+        DeliveryOutcome::Waiting(reason) => {
             return Ok(Json(json!({
                 "delivered": false,
-                "reason": Reason::CancellationWaitingForActivity.as_str(),
+                "reason": reason.as_str(),
                 "claim_released": true,
                 "task_id": task_id,
                 "workflow_run_id": run.run_id,

@@ -280,6 +280,9 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
                 }
             }
         }
+        for request in &effects.cancel_children {
+            cancel_child(tx, effects, request, env).await?;
+        }
         for (child_id, command) in &effects.close_children {
             let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![child_id.as_str()]).await?;
             let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
@@ -307,6 +310,36 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
         }
         Ok(())
     })
+}
+
+/// Asks a child instance's current run for a cooperative cancellation, in the parent's
+/// transaction (the parent's delivery reached the child's call). A closed child, or one
+/// already asked, is left as it is.
+async fn cancel_child<T: Tx>(tx: &mut T, effects: &Effects, request: &ChildCancellation, env: &Env) -> StoreResult<()> {
+    let current = tx
+        .query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![request.workflow_id.as_str()])
+        .await?;
+    let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
+        return Ok(());
+    };
+    let Some(mut child) = lock_run(tx, &run_id, false).await? else {
+        return Ok(());
+    };
+    if child.is_closed() || child.cancellation.is_some() {
+        return Ok(());
+    }
+    let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    request_cancellation(
+        &mut child,
+        &mut cx,
+        request.reason.clone(),
+        request.cleanup_timeout_seconds,
+        request.request_id.clone(),
+    )?;
+    let child_effects = cx.effects;
+    persist(tx, &child, &child_effects, false, env).await
 }
 
 /// A new instance's row, as a start writes it.
