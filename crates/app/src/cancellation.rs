@@ -83,17 +83,9 @@ pub async fn deliver<V: Services>(services: &V, lease: WorkflowLease, delivery: 
 /// Records that the worker of an attempt a delivery stopped has stopped its callback
 /// (`request_id` names the cancellation); a repeat gets the first receipt.
 pub async fn acknowledge_stop<V: Services>(services: &V, lease: AttemptLease, request_id: String) -> AppResult<(StopReceipt, RunState)> {
-    let AttemptLease {
-        namespace,
-        task_id,
-        attempt_id,
-        owner,
-    } = lease;
-    let done = services
-        .store()
-        .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
-            acknowledge_activity_cancellation(run, cx, &task_id, &attempt_id, &owner, &request_id)
-        })
-        .await?;
+    let done = crate::reports::on_attempt(services, lease, move |run, cx, task_id, attempt_id, owner| {
+        acknowledge_activity_cancellation(run, cx, task_id, attempt_id, owner, &request_id)
+    })
+    .await?;
     Ok(done)
 }

@@ -166,14 +166,8 @@ pub async fn heartbeat_activity<V: Services>(
     lease_ms: i64,
     details: Option<Value>,
 ) -> AppResult<(ActivityHeartbeat, RunState)> {
-    let AttemptLease {
-        namespace,
-        task_id,
-        attempt_id,
-        owner,
-    } = lease;
-    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
-        capstan_engine::heartbeat_activity(run, cx, task_id, &attempt_id, &owner, lease_ms, details)
+    let done = on_attempt(services, lease, move |run, cx, task_id, attempt_id, owner| {
+        capstan_engine::heartbeat_activity(run, cx, task_id, attempt_id, owner, lease_ms, details)
     })
     .await?;
     Ok(done)
@@ -195,17 +189,30 @@ pub async fn renew_activity_lease<V: Services>(
             return Ok((grant, run));
         }
     }
+    let done = on_attempt(services, lease, move |run, cx, task_id, attempt_id, owner| {
+        capstan_engine::renew_activity_lease(run, cx, task_id, attempt_id, owner, lease_ms)
+    })
+    .await?;
+    Ok(done)
+}
+
+/// Runs `transition` on the run that owns the attempt `lease` names, with the lease's task,
+/// attempt and owner.
+pub(crate) async fn on_attempt<V: Services, T, F>(services: &V, lease: AttemptLease, transition: F) -> Result<(T, RunState), StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut RunState, &mut Cx, &TaskId, &ActivityAttemptId, &str) -> Result<T, Refusal> + Send + 'static,
+{
     let AttemptLease {
         namespace,
         task_id,
         attempt_id,
         owner,
     } = lease;
-    let done = on_task(services, &namespace, &task_id, move |run, cx, task_id| {
-        capstan_engine::renew_activity_lease(run, cx, task_id, &attempt_id, &owner, lease_ms)
+    on_task(services, &namespace, &task_id, move |run, cx, task_id| {
+        transition(run, cx, task_id, &attempt_id, &owner)
     })
-    .await?;
-    Ok(done)
+    .await
 }
 
 /// Runs `transition` on the run that owns `task_id`, now: every report is a transition on

@@ -113,16 +113,7 @@ fn lease_activity_attempt(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, own
     let attempt_id: ActivityAttemptId = cx.id();
     let attempt_number = execution.attempt_count + 1;
     let expires_at = now + lease_ms;
-    let t = &execution.timeouts;
-    let deadline = [
-        Some(expires_at),
-        t.start_to_close_seconds.map(|s| now + s * 1000),
-        t.heartbeat_seconds.map(|s| now + s * 1000),
-        execution.schedule_to_close_deadline,
-    ]
-    .into_iter()
-    .flatten()
-    .min();
+    let deadline = super::activity_lease::attempt_deadline(&execution, now, now, expires_at);
     let task = run.task_mut(cx, task_id).expect("checked");
     task.fence = attempt_number as u64;
     task.state = TaskState::Leased(Lease {

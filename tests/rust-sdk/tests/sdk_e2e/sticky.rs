@@ -28,31 +28,12 @@ async fn a_sticky_worker_is_confirmed_and_replays_from_its_cache() {
     let server = CapstanServer::spawn().await;
     let client = server.client();
     let queue = unique("sticky-q");
-    let mut worker = new_worker(&client, &queue)
-        .build_id("capstan-sticky-v1")
-        .sticky_cache(StickyCacheOptions::new(16).ttl(Duration::from_secs(60)))
-        .expect("sticky options");
-    worker.register_workflow("e2e.sticky", |ctx, _| async move {
-        let value = ctx.side_effect(|| 42)?;
-        ctx.wait_signal("first").await?;
-        ctx.wait_signal("second").await?;
-        Ok(json!({"recorded_value": value}))
-    });
-    worker
-        .declare_workflow_signals("e2e.sticky", &["first", "second"])
-        .expect("declare signals");
-    within(CALL_TIMEOUT, "register", worker.register())
-        .await
-        .unwrap_or_else(|error| panic!("sticky registration refused: {error} ({error:?})"));
+    let worker = sticky_worker(&client, &queue).await;
     let workflow_id = unique("sticky");
     let handle = start(&client, "e2e.sticky", &queue, &workflow_id, json!([])).await;
     drive_until_waiting(&worker, &handle).await;
     for name in ["first", "second"] {
-        within(CALL_TIMEOUT, "signal", handle.signal(name, json!([])))
-            .await
-            .expect("signal");
-        within(CALL_TIMEOUT, "run_once", worker.run_once()).await.expect("worker step");
-        drive_until_waiting(&worker, &handle).await;
+        signal_and_drive(&worker, &handle, name).await;
     }
     let result = within(RESULT_TIMEOUT, "result", handle.result(result_options(RESULT_TIMEOUT)))
         .await
