@@ -512,8 +512,8 @@ pub struct Effects {
 /// A cooperative cancellation a parent's delivery asks of a child run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChildCancellation {
+    /// The child instance: its current run is asked (a retried child has moved on).
     pub workflow_id: WorkflowId,
-    pub run_id: RunId,
     /// The child's request id (minted by the parent's transition, recorded on both sides).
     pub request_id: CommandId,
     pub cleanup_timeout_seconds: i64,

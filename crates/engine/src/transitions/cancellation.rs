@@ -340,7 +340,6 @@ fn ask_children_to_cancel(
         );
         cx.effects.cancel_children.push(ChildCancellation {
             workflow_id: link.workflow_id.clone(),
-            run_id: link.run_id.clone(),
             request_id: child_request,
             cleanup_timeout_seconds: timeout_seconds,
             reason: Some("parent cancellation delivered at the child's call".into()),

@@ -236,16 +236,9 @@ pub async fn acknowledge<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     crate::wire::refuse_unknown_fields(&body, &[ACKNOWLEDGEMENT_FIELDS], "", "activity cancellation acknowledgements")?;
-    let f = Fields::new(&body);
-    let attempt_id = ActivityAttemptId(f.req_str("activity_attempt_id", 255)?);
-    let owner = f.req_str("lease_owner", 255)?;
-    let request_id = f.req_str("request_id", 255)?;
-    let lease = capstan_app::reports::AttemptLease {
-        namespace: namespace.clone(),
-        task_id: TaskId(task_id.clone()),
-        attempt_id: attempt_id.clone(),
-        owner: owner.clone(),
-    };
+    let (attempt_id, owner) = super::worker::activity_claim(&body)?;
+    let request_id = Fields::new(&body).req_str("request_id", 255)?;
+    let lease = super::worker::attempt_lease(&namespace, &task_id, &attempt_id, owner.clone());
     let (receipt, run) = capstan_app::cancellation::acknowledge_stop(&*state, lease, request_id.clone())
         .await
         .map_err(|e| {
