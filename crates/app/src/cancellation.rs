@@ -35,9 +35,7 @@ pub async fn request<V: Services>(
             let capable = store
                 .get_worker(&target.namespace, &owner)
                 .await?
-                .and_then(|w| w.document.get("capabilities").cloned())
-                .and_then(|c| c.as_array().map(|c| c.iter().any(|c| c == CAPABILITY)))
-                .unwrap_or(false);
+                .is_some_and(|w| w.has_capability(CAPABILITY));
             if !capable {
                 return Err(Refusal::new(
                     Reason::ActiveClaimCancellationNotSupported,

@@ -15,6 +15,7 @@
 //! - [`reports`]: workflow task and activity reports from workers.
 //! - [`cancellation`]: cooperative cancellation (request, delivery, activity stop receipts).
 //! - [`sessions`]: worker sessions (acquire, renew, close; renewal by activity heartbeats).
+//! - [`local_activities`]: prepared local activities (admission, supervision, outcomes).
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
@@ -24,6 +25,7 @@ pub mod contracts;
 pub mod control;
 pub mod duties;
 pub mod ledger;
+pub mod local_activities;
 pub mod polls;
 pub mod queries;
 pub mod reports;

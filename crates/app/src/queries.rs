@@ -6,7 +6,6 @@ use crate::{AppError, AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
 use capstan_store::{RunLocator, WorkerRecord};
-use serde_json::Value;
 
 /// A worker that has not heartbeated for this long is not counted on to answer.
 pub const WORKER_FRESH_MS: i64 = 180_000;
@@ -24,12 +23,7 @@ pub struct QueryRequest {
 
 /// Whether a registration answers queries and is alive at `now`.
 pub fn answers_queries(worker: &WorkerRecord, now: Millis) -> bool {
-    let capable = worker
-        .document
-        .get("capabilities")
-        .and_then(Value::as_array)
-        .is_some_and(|c| c.iter().any(|c| c == "query_tasks"));
-    capable && now - worker.last_heartbeat_at <= WORKER_FRESH_MS
+    worker.has_capability("query_tasks") && now - worker.last_heartbeat_at <= WORKER_FRESH_MS
 }
 
 /// Puts a query to the run's queue: the run must exist and a live worker there must answer

@@ -75,11 +75,7 @@ async fn check_sticky_registration<V: Services>(services: &V, lease: &WorkflowLe
     let worker = services.store().get_worker(&lease.namespace, &lease.owner).await?.ok_or_else(|| {
         Refusal::new(Reason::WorkerNotRegistered, "Register the worker before claiming runs.").with("worker_id", lease.owner.clone())
     })?;
-    let declared = worker
-        .document
-        .get("capabilities")
-        .and_then(Value::as_array)
-        .is_some_and(|caps| caps.iter().any(|c| c == "sticky_execution"));
+    let declared = worker.has_capability("sticky_execution");
     if !declared {
         return Err(Refusal::new(
             Reason::WorkerCapabilityNotSupported,

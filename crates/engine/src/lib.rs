@@ -18,6 +18,7 @@ pub mod history;
 pub mod ids;
 pub mod ledger;
 pub mod limits;
+pub mod local_activity;
 pub mod memo;
 pub mod payload;
 pub mod query;
@@ -39,6 +40,7 @@ pub use history::{chain_hash, verify_chain, verify_chain_from, EventType, Histor
 pub use ids::*;
 pub use ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode};
 pub use limits::Limits;
+pub use local_activity::*;
 pub use memo::{MemoBase, MemoCodec, MergedMemo};
 pub use payload::Payload;
 pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};

@@ -362,6 +362,16 @@ pub struct RunState {
     /// Running attempts a cooperative cancellation stopped, with their workers' stop receipts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stopped_attempts: BTreeMap<ActivityAttemptId, crate::activity_stop::StoppedAttempt>,
+    /// Prepared local activities still open (an attempt running, or a retry pending), by step.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prepared_locals: BTreeMap<u32, crate::local_activity::PreparedLocal>,
+    /// Receipts of ended prepared local attempts, newest last and bounded like
+    /// `closed_receipts`: a repeated outcome or recovery is answered with its receipt.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub local_receipts: VecDeque<crate::local_activity::LocalReceipt>,
+    /// Checkpoints of commands committed ahead of prepared calls (bounded), for repeats.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub local_checkpoints: VecDeque<crate::local_activity::LocalCheckpoint>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -409,6 +419,9 @@ pub struct CancellationDelivery {
     pub operation_sequence_span: u32,
     #[serde(default)]
     pub delivered_at: Millis,
+    /// The `CooperativeCancellationDelivered` event (cleanup calls name it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_event_id: Option<EventId>,
 }
 
 fn first_document_version() -> u32 {
@@ -579,7 +592,7 @@ impl RunState {
         payload: Map<String, Value>,
         task_id: Option<&TaskId>,
         command_id: Option<&CommandId>,
-    ) {
+    ) -> EventId {
         let mut event = HistoryEvent {
             id: cx.id(),
             sequence: self.last_sequence + 1,
@@ -607,11 +620,13 @@ impl RunState {
         self.last_hash = event.hash.clone();
         self.last_progress_at = cx.now;
         let resolved = self.selections.observe(event.id.as_str(), event.event_type, &event.payload);
+        let id = event.id.clone();
         cx.effects.events.push(event);
         // The winner of a selection is named right after the event that settled it.
         if let Some(resolved) = resolved {
             self.append(cx, EventType::SelectionResolved, resolved, None, None);
         }
+        id
     }
 
     pub(crate) fn put_task(&mut self, cx: &mut Cx, task: Task) {
@@ -726,6 +741,9 @@ impl RunState {
 
     fn create_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> TaskId {
         let queue = self.task_queue.clone();
+        // The worker replays up to the prepared local call whose retry is pending: no task
+        // before the retry is due.
+        let due = self.prepared_locals.values().filter_map(|l| l.retry_due_at).min();
         let id = self.new_task(
             cx,
             TaskKind::Workflow,
@@ -736,9 +754,26 @@ impl RunState {
                 replay_mode: None,
             },
         );
+        if let Some(due) = due.filter(|due| *due > cx.now) {
+            self.task_mut(cx, &id).expect("just created").available_at = due;
+        }
         self.workflow_task = Some(id.clone());
         self.workflow_task_wanted = false;
         id
+    }
+
+    /// The leased workflow task may read history up to now: events recorded during its lease
+    /// (a cancellation request, a prepared local activity's) are what its worker reloads
+    /// history to see.
+    pub(crate) fn extend_leased_history(&mut self, cx: &mut Cx) {
+        let last = self.last_sequence;
+        if let Some(id) = self.workflow_task.clone() {
+            if self.tasks.get(&id).is_some_and(|t| !t.is_ready()) {
+                if let Some(TaskDetail::Workflow { history_snapshot, .. }) = self.task_mut(cx, &id).map(|t| &mut t.detail) {
+                    *history_snapshot = last;
+                }
+            }
+        }
     }
 
     /// After a workflow task ends without closing the run: start the next one if anything is

@@ -169,7 +169,7 @@ impl<'a> Fields<'a> {
 }
 
 /// The parallel-group and selection fields copied from a step command onto its events.
-const TAG_FIELDS: &[&str] = &[
+pub(crate) const TAG_FIELDS: &[&str] = &[
     "parallel_group_id",
     "parallel_group_kind",
     "parallel_group_base_sequence",
@@ -184,7 +184,7 @@ const TAG_FIELDS: &[&str] = &[
     "selection_member_kind",
 ];
 
-fn step_tags(command: &Map<String, Value>) -> StepTags {
+pub(crate) fn step_tags(command: &Map<String, Value>) -> StepTags {
     TAG_FIELDS
         .iter()
         .filter_map(|k| command.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())))
@@ -451,7 +451,7 @@ const COMMAND_FIELDS: &[(&str, bool, &[&str])] = &[
 ];
 
 /// The fields of a retry policy, on every command that takes one.
-const RETRY_POLICY_FIELDS: &[&str] = &["max_attempts", "backoff_seconds", "non_retryable_error_types"];
+pub(crate) const RETRY_POLICY_FIELDS: &[&str] = &["max_attempts", "backoff_seconds", "non_retryable_error_types"];
 
 /// The fields of one attempt in a `record_local_activity`.
 const LOCAL_ATTEMPT_FIELDS: &[&str] = &[
@@ -861,7 +861,12 @@ fn parse_local_activity(map: &Map<String, Value>, index: usize, limits: &Limits,
 }
 
 fn parse_retry_policy(policy: &Map<String, Value>, index: usize, max_delay: i64) -> ApiResult<RetryPolicy> {
-    let f = Fields::nested(policy, format!("commands.{index}.retry_policy."));
+    parse_retry_policy_at(policy, &format!("commands.{index}.retry_policy"), max_delay)
+}
+
+/// A retry policy at field path `at`.
+pub(crate) fn parse_retry_policy_at(policy: &Map<String, Value>, at: &str, max_delay: i64) -> ApiResult<RetryPolicy> {
+    let f = Fields::nested(policy, format!("{at}."));
     let backoff_seconds = match policy.get("backoff_seconds") {
         None | Some(Value::Null) => vec![],
         Some(Value::Array(items)) => items
@@ -870,19 +875,17 @@ fn parse_retry_policy(policy: &Map<String, Value>, index: usize, max_delay: i64)
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
                 ApiError::validation(
-                    &format!("commands.{index}.retry_policy.backoff_seconds"),
+                    &format!("{at}.backoff_seconds"),
                     "backoff_seconds must be a list of non-negative integers.",
                 )
             })?,
-        Some(Value::Number(n)) => vec![n.as_i64().filter(|s| *s >= 0).ok_or_else(|| {
-            ApiError::validation(
-                &format!("commands.{index}.retry_policy.backoff_seconds"),
-                "backoff_seconds must be non-negative.",
-            )
-        })?],
+        Some(Value::Number(n)) => vec![n
+            .as_i64()
+            .filter(|s| *s >= 0)
+            .ok_or_else(|| ApiError::validation(&format!("{at}.backoff_seconds"), "backoff_seconds must be non-negative."))?],
         Some(_) => {
             return Err(ApiError::validation(
-                &format!("commands.{index}.retry_policy.backoff_seconds"),
+                &format!("{at}.backoff_seconds"),
                 "backoff_seconds must be a list of integers.",
             ))
         }

@@ -190,6 +190,16 @@ pub struct WorkerRecord {
     pub last_heartbeat_at: Millis,
 }
 
+impl WorkerRecord {
+    /// Whether the registration listed `capability` among its `capabilities`.
+    pub fn has_capability(&self, capability: &str) -> bool {
+        self.document
+            .get("capabilities")
+            .and_then(Value::as_array)
+            .is_some_and(|caps| caps.iter().any(|c| c == capability))
+    }
+}
+
 /// Puts checkpoints in chain order: from the one no other checkpoint precedes, following
 /// `prev_hash` links (writes of one transaction share a timestamp, so time cannot order them).
 /// Checkpoints off the chain (a fork) follow at the end in recorded order.

@@ -46,7 +46,7 @@ pub fn request_cancellation(
     run.task_mut(cx, &deadline_task).expect("just created").deadline_at = Some(deadline);
     // A worker holding the lease learns of the request from its heartbeat and reloads history:
     // it must see the request event.
-    extend_leased_history(run, cx);
+    run.extend_leased_history(cx);
     run.want_workflow_task(cx, None);
     Ok(CancellationOutcome { duplicate: false, request })
 }
@@ -263,19 +263,24 @@ pub fn deliver_cancellation(
         operation_sequence: delivery.operation_sequence,
         operation_sequence_span: delivery.operation_sequence_span,
         delivered_at: cx.now,
+        delivery_event_id: None,
     };
     let payload = events::cooperative_cancellation_delivered(run, &request.request_id, &done);
-    run.append(
+    let event_id = run.append(
         cx,
         EventType::CooperativeCancellationDelivered,
         payload,
         Some(task_id),
         Some(&request.request_id),
     );
+    let done = CancellationDelivery {
+        delivery_event_id: Some(event_id),
+        ..done
+    };
     let request = run.cancellation.as_mut().expect("checked");
     request.delivery = Some(done.clone());
     request.awaiting = None;
-    extend_leased_history(run, cx);
+    run.extend_leased_history(cx);
     Ok(DeliveryOutcome::Delivered(done))
 }
 
@@ -429,19 +434,6 @@ fn running_attempt(run: &RunState, task_id: &TaskId) -> Option<(ActivityAttemptI
             Some(lease),
         ) => Some((attempt.clone(), lease.owner.clone())),
         _ => None,
-    }
-}
-
-/// The leased workflow task may read history up to now: cancellation events recorded during
-/// its lease are what its worker reloads history to see.
-fn extend_leased_history(run: &mut RunState, cx: &mut Cx) {
-    let last = run.last_sequence;
-    if let Some(id) = run.workflow_task.clone() {
-        if run.tasks.get(&id).is_some_and(|t| !t.is_ready()) {
-            if let Some(TaskDetail::Workflow { history_snapshot, .. }) = run.task_mut(cx, &id).map(|t| &mut t.detail) {
-                *history_snapshot = last;
-            }
-        }
     }
 }
 

@@ -6,6 +6,8 @@ use super::*;
 pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
     // Accepted signals are facts of this run even if no task will see them: before the close.
     run.record_deferred_signals(cx);
+    // No attempt of a prepared local activity runs on, nor is retried, once the run has closed.
+    run.prepared_locals.clear();
     run.status = status;
     run.closed_reason = Some(reason);
     run.closed_at = Some(cx.now);

@@ -47,6 +47,7 @@ mod control;
 mod deadline;
 mod events;
 mod ledger_steps;
+mod prepared_local;
 mod start;
 mod workflow_task;
 
@@ -60,5 +61,6 @@ pub use control::*;
 pub use deadline::*;
 use events::{AttemptRef, LocalActivityRef, LocalAttemptRef, NextAttempt, TimerWait, UpdateEnd, UpdateRef};
 pub use ledger_steps::*;
+pub use prepared_local::*;
 pub use start::*;
 pub use workflow_task::*;

@@ -96,6 +96,9 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         ledger_head: crate::history::GENESIS_HASH.to_string(),
         integrity_incident: None,
         stopped_attempts: BTreeMap::new(),
+        prepared_locals: BTreeMap::new(),
+        local_receipts: Default::default(),
+        local_checkpoints: Default::default(),
     }
 }
 

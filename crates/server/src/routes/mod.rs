@@ -7,6 +7,7 @@ mod control;
 mod duties;
 mod fleet;
 mod ledger;
+mod local_activities;
 mod namespaces;
 mod query;
 mod schedules;
@@ -77,6 +78,30 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route(
             "/worker/activity-tasks/:task_id/acknowledge-cancellation",
             post(cancellation::acknowledge::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/prepare",
+            post(local_activities::prepare::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/recover",
+            post(local_activities::recover::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/checkpoint",
+            post(local_activities::checkpoint::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/:attempt_id/control",
+            post(local_activities::control::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/:attempt_id/heartbeat",
+            post(local_activities::heartbeat::<S>),
+        )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/:attempt_id/outcome",
+            post(local_activities::outcome::<S>),
         )
         .route("/worker/update-validation-tasks/poll", post(validation::poll::<S>))
         .route("/worker/update-validation-tasks/:task_id/approve", post(validation::approve::<S>))

@@ -59,6 +59,7 @@ pub fn server_capabilities() -> Value {
         "cooperative_cancellation": true,
         "query_task_authority": true,
         "activity_lease_renewal": true,
+        "prepared_local_activities": true,
         "worker_deregistration_fencing": {
             "supported": true,
             "schema": "durable-workflow.v2.worker-deregistration.v1",

@@ -85,13 +85,7 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
             true,
         ));
     }
-    let capable = |w: &&capstan_store::WorkerRecord| {
-        w.document
-            .get("capabilities")
-            .and_then(Value::as_array)
-            .is_some_and(|c| c.iter().any(|c| c == CAPABILITY))
-    };
-    if !fresh.iter().any(|w| capable(&w)) {
+    if !fresh.iter().any(|w| w.has_capability(CAPABILITY)) {
         return Err(failure(
             StatusCode::CONFLICT,
             Reason::UpdateValidationCapabilityUnsupported,
@@ -248,12 +242,7 @@ pub async fn poll<S: Store>(
 
 /// A poll asking for validations needs a registration that advertised running validators.
 pub fn require_capability(worker: &capstan_store::WorkerRecord) -> ApiResult<()> {
-    let capable = worker
-        .document
-        .get("capabilities")
-        .and_then(Value::as_array)
-        .is_some_and(|c| c.iter().any(|c| c == CAPABILITY));
-    if capable {
+    if worker.has_capability(CAPABILITY) {
         return Ok(());
     }
     Err(ApiError::new(

@@ -24,7 +24,7 @@ pub(crate) fn after_change<S: Store>(state: &AppState<S>, _run: &RunState) {
 }
 
 /// A refused worker report: the DW body with `recorded: false` and the task identity.
-fn refused(error: impl Into<ApiError>, task_id: &str) -> ApiError {
+pub(super) fn refused(error: impl Into<ApiError>, task_id: &str) -> ApiError {
     let mut error: ApiError = error.into();
     if error.status.is_client_error() {
         error.fields.entry("task_id").or_insert_with(|| json!(task_id));
@@ -482,12 +482,12 @@ pub(crate) async fn session_view<S: Store>(state: &AppState<S>, run: &RunState, 
 // ------------------------------------------------------------------------------------------
 // Workflow task reports
 
-struct WorkflowLeaseClaim {
-    owner: String,
-    attempt: u64,
+pub(super) struct WorkflowLeaseClaim {
+    pub owner: String,
+    pub attempt: u64,
 }
 
-fn workflow_claim(body: &Map<String, Value>) -> ApiResult<WorkflowLeaseClaim> {
+pub(super) fn workflow_claim(body: &Map<String, Value>) -> ApiResult<WorkflowLeaseClaim> {
     let f = Fields::new(body);
     Ok(WorkflowLeaseClaim {
         owner: f.req_str("lease_owner", 255)?,
@@ -645,7 +645,7 @@ pub async fn fail_workflow_task<S: Store>(
     })))
 }
 
-fn workflow_lease(namespace: &str, task_id: &str, claim: &WorkflowLeaseClaim) -> reports::WorkflowLease {
+pub(super) fn workflow_lease(namespace: &str, task_id: &str, claim: &WorkflowLeaseClaim) -> reports::WorkflowLease {
     reports::WorkflowLease {
         namespace: namespace.to_string(),
         task_id: TaskId(task_id.to_string()),

@@ -138,6 +138,7 @@ mod tests {
             operation_sequence: None,
             operation_sequence_span: 1,
             delivered_at: 0,
+            delivery_event_id: None,
         };
         let one_call = cooperative_cancellation_delivered(&run, &"req-1".into(), &done);
         let mut keys: Vec<&str> = one_call.keys().map(String::as_str).collect();

@@ -1,0 +1,180 @@
+"""Prepared local activities end to end: SDK ``Worker``s (``durable-workflow==2.12.0``) that
+register ``prepared_local_activities`` (with ``cooperative_cancellation``) against a real
+``capstan serve``.
+
+With the capability negotiated the SDK never sends ``record_local_activity``: every
+``ctx.local_activity(...)`` goes through ``/worker/workflow-tasks/{task}/local-activities/…``.
+The server records the call's events one report at a time (``prepare`` → ``ActivityScheduled`` +
+``ActivityStarted``, ``heartbeat`` → ``ActivityHeartbeatRecorded``, ``outcome`` → the end) and
+owns retries (a failed attempt releases the workflow task; the retry comes on a new one when
+its backoff is due) and timeouts. The callbacks run in a spawned subprocess, so every activity
+here is a module-level function.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from durable_workflow import activity, workflow
+
+from capstan_harness import (
+    ControlPlane,
+    assert_history_invariants,
+    events_of,
+    fetch_history,
+    make_client,
+    payload_of,
+    run_async,
+    unique,
+    wait_result,
+)
+
+PREPARED = {"capabilities": ["cooperative_cancellation", "prepared_local_activities"]}
+
+
+@activity.defn(name="prepared.greet")
+def greet(name: str) -> str:
+    return f"hello {name}"
+
+
+@activity.defn(name="prepared.flaky")
+def flaky(marker_dir: str, failures: int) -> str:
+    """Fails its first `failures` attempts (counted in files: attempts run in fresh processes)."""
+    marker = Path(marker_dir)
+    seen = len(list(marker.iterdir()))
+    (marker / f"attempt-{seen + 1}").write_text(str(os.getpid()))
+    if seen < failures:
+        raise RuntimeError(f"attempt {seen + 1} fails on purpose")
+    return f"succeeded on attempt {seen + 1}"
+
+
+@activity.defn(name="prepared.beating")
+async def beating(beats: int) -> int:
+    for n in range(beats):
+        await activity.context().heartbeat({"n": n})
+    return beats
+
+
+@workflow.defn(name="prepared.sequence")
+class PreparedSequence:
+    """A side effect (checkpointed before the first call), then two local calls and a remote-free end."""
+
+    def run(self, ctx, name):
+        stamp = yield ctx.side_effect(lambda: "stamped")
+        first = yield ctx.local_activity("prepared.greet", [name], start_to_close_timeout=30)
+        second = yield ctx.local_activity("prepared.greet", [first], start_to_close_timeout=30)
+        return [stamp, first, second]
+
+
+@workflow.defn(name="prepared.retrying")
+class PreparedRetrying:
+    def run(self, ctx, marker_dir, failures):
+        return (yield ctx.local_activity(
+            "prepared.flaky", [marker_dir, failures], start_to_close_timeout=30,
+            retry_policy={"max_attempts": 5, "backoff_seconds": [1]},
+        ))
+
+
+@workflow.defn(name="prepared.beating")
+class PreparedBeating:
+    def run(self, ctx, beats):
+        return (yield ctx.local_activity("prepared.beating", [beats], start_to_close_timeout=30, heartbeat_timeout=10))
+
+
+def _step_events(events: list[dict], sequence: int) -> list[dict]:
+    return [e for e in events if payload_of(e).get("sequence") == sequence and str(e.get("event_type")).startswith("Activity")]
+
+
+def test_prepared_local_activities_record_each_step(server_url, worker_url, run_worker):
+    queue = unique("prepared")
+    workflow_id = unique("prepared-seq")
+
+    async def main():
+        async with ControlPlane(server_url) as control:
+            info = await control.cluster_info()
+            assert info["worker_protocol"]["server_capabilities"]["prepared_local_activities"] is True
+        # Before the feature, Worker.run() raised prepared_local_activity_not_supported here.
+        async with run_worker(worker_url, queue, workflows=[PreparedSequence], activities=[greet], **PREPARED) as w:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="prepared.sequence", task_queue=queue, workflow_id=workflow_id, input=["ada"],
+                )
+                result = await wait_result(handle, timeout=60, workers=[w])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, events
+
+    result, events = run_async(main(), timeout=90)
+    assert result == ["stamped", "hello ada", "hello hello ada"]
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    for sequence in (2, 3):
+        step = _step_events(events, sequence)
+        assert [e["event_type"] for e in step] == ["ActivityScheduled", "ActivityStarted", "ActivityCompleted"], step
+        for event in step:
+            payload = payload_of(event)
+            assert payload["execution_mode"] == "local" and payload["local_activity"] is True, payload
+            assert payload["activity_type"] == "prepared.greet"
+        started, completed = step[1], step[2]
+        assert payload_of(completed)["activity_attempt_id"] == payload_of(started)["activity_attempt_id"]
+        assert payload_of(completed)["local_outcome"]["report_fingerprint"]
+    # Nothing went through the inline path.
+    assert not [e for e in events if payload_of(e).get("attempts")], events
+
+
+def test_prepared_local_retry_is_owned_by_the_server(server_url, worker_url, run_worker, tmp_path):
+    queue = unique("prepared-retry")
+    workflow_id = unique("prepared-retry")
+    markers = tmp_path / "attempts"
+    markers.mkdir()
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[PreparedRetrying], activities=[flaky], **PREPARED) as w:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="prepared.retrying", task_queue=queue, workflow_id=workflow_id,
+                    input=[str(markers), 2],
+                )
+                started = time.monotonic()
+                result = await wait_result(handle, timeout=60, workers=[w])
+                took = time.monotonic() - started
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, took, events
+
+    result, took, events = run_async(main(), timeout=90)
+    assert result == "succeeded on attempt 3"
+    assert len(list(markers.iterdir())) == 3
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    step = _step_events(events, 1)
+    assert [e["event_type"] for e in step] == [
+        "ActivityScheduled",
+        "ActivityStarted", "ActivityRetryScheduled",
+        "ActivityStarted", "ActivityRetryScheduled",
+        "ActivityStarted", "ActivityCompleted",
+    ], [e["event_type"] for e in step]
+    retries = events_of(step, "ActivityRetryScheduled")
+    assert [payload_of(r)["retry_after_attempt"] for r in retries] == [1, 2]
+    assert all(payload_of(r)["retry_backoff_seconds"] == 1 for r in retries)
+    # Each retry came on a workflow task created for it, not before its backoff.
+    assert took >= 2.0, took
+    attempts = [payload_of(e)["attempt_number"] for e in events_of(step, "ActivityStarted")]
+    assert attempts == [1, 2, 3]
+
+
+def test_prepared_local_heartbeats_are_recorded(server_url, worker_url, run_worker):
+    queue = unique("prepared-beat")
+    workflow_id = unique("prepared-beat")
+
+    async def main():
+        async with run_worker(worker_url, queue, workflows=[PreparedBeating], activities=[beating], **PREPARED) as w:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="prepared.beating", task_queue=queue, workflow_id=workflow_id, input=[3],
+                )
+                result = await wait_result(handle, timeout=60, workers=[w])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, events
+
+    result, events = run_async(main(), timeout=90)
+    assert result == 3
+    beats = events_of(_step_events(events, 1), "ActivityHeartbeatRecorded")
+    assert [payload_of(b)["progress"]["details"]["n"] for b in beats] == [0, 1, 2], beats
