@@ -16,7 +16,8 @@ import os
 import time
 from pathlib import Path
 
-from durable_workflow import activity, workflow
+import pytest
+from durable_workflow import WorkflowCancelled, activity, workflow
 
 from capstan_harness import (
     ControlPlane,
@@ -27,10 +28,14 @@ from capstan_harness import (
     payload_of,
     run_async,
     unique,
+    wait_for_history,
     wait_result,
 )
 
 PREPARED = {"capabilities": ["cooperative_cancellation", "prepared_local_activities"]}
+WITH_POLICIES = {"capabilities": [
+    "cooperative_cancellation", "prepared_local_activities", "prepared_local_activity_cancellation_policies",
+]}
 
 
 @activity.defn(name="prepared.greet")
@@ -54,6 +59,24 @@ async def beating(beats: int) -> int:
     for n in range(beats):
         await activity.context().heartbeat({"n": n})
     return beats
+
+
+@activity.defn(name="prepared.slow")
+def slow(seconds: float) -> str:
+    time.sleep(seconds)
+    return "finished"
+
+
+@workflow.defn(name="prepared.cancellable")
+class PreparedCancellable:
+    """A long local call that a cooperative cancellation stops; `policy` is its cancellation policy."""
+
+    def run(self, ctx, policy):
+        try:
+            yield ctx.local_activity("prepared.slow", [30], start_to_close_timeout=60, cancellation_policy=policy)
+            return "not cancelled"
+        except WorkflowCancelled:
+            return "cleaned up"
 
 
 @workflow.defn(name="prepared.sequence")
@@ -178,3 +201,55 @@ def test_prepared_local_heartbeats_are_recorded(server_url, worker_url, run_work
     assert result == 3
     beats = events_of(_step_events(events, 1), "ActivityHeartbeatRecorded")
     assert [payload_of(b)["progress"]["details"]["n"] for b in beats] == [0, 1, 2], beats
+
+
+@pytest.mark.parametrize("policy", ["try_cancel", "wait_cancellation_completed"])
+def test_a_cancellation_stops_a_running_prepared_local_activity(server_url, worker_url, run_worker, policy):
+    """The attempt's supervision finds the request: the server records `ActivityCancelled` and
+    answers a stop with the request's context; the worker kills the callback process and
+    acknowledges (`ActivityCancellationAcknowledged`), then delivers the cancellation at the
+    local call — at once under `try_cancel`, after the acknowledgement under
+    `wait_cancellation_completed` — and the run ends cancelled long before the callback would
+    have finished."""
+    queue = unique("prepared-cancel")
+    workflow_id = unique("prepared-cancel")
+
+    async def main():
+        async with ControlPlane(server_url) as control:
+            info = await control.cluster_info()
+            advertised = info["worker_protocol"]["server_capabilities"]["prepared_local_activity_cancellation_policies"]
+            assert advertised == ["try_cancel", "wait_cancellation_completed"], advertised
+        async with run_worker(worker_url, queue, workflows=[PreparedCancellable], activities=[slow], **WITH_POLICIES):
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="prepared.cancellable", task_queue=queue, workflow_id=workflow_id, input=[policy],
+                )
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: len(events_of(evs, "ActivityStarted")) >= 1, what="local call started")
+                started = time.monotonic()
+                await handle.request_cancellation(reason="stop", cleanup_timeout_seconds=60)
+                with pytest.raises(WorkflowCancelled):
+                    await handle.result(timeout=25, poll_interval=0.2)
+                elapsed = time.monotonic() - started
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return elapsed, events
+
+    elapsed, events, = run_async(main(), timeout=90)
+    assert elapsed < 20, "the run waited for the stopped callback to finish by itself"
+    assert_history_invariants(events, terminal="WorkflowCancelled")
+    step = _step_events(events, 1)
+    kinds = [e["event_type"] for e in step]
+    assert kinds[:3] == ["ActivityScheduled", "ActivityStarted", "ActivityCancelled"], kinds
+    assert all(payload_of(e)["cancellation_policy"] == policy for e in step if e["event_type"] != "ActivityCancellationAcknowledged")
+    (requested,) = events_of(events, "CooperativeCancellationRequested")
+    (cancelled,) = events_of(events, "ActivityCancelled")
+    (acknowledged,) = events_of(events, "ActivityCancellationAcknowledged")
+    (delivered,) = events_of(events, "CooperativeCancellationDelivered")
+    assert payload_of(requested)["cancellation"]["schema"] == "durable-workflow.cancellation-context/v1"
+    assert cancelled["workflow_command_id"] == requested["workflow_command_id"]
+    assert (payload_of(delivered)["sequence"], payload_of(delivered)["call_kind"]) == (1, "local_activity")
+    order = [e["id"] for e in events]
+    if policy == "wait_cancellation_completed":
+        # Delivered only after the worker acknowledged the stop.
+        assert order.index(acknowledged["id"]) < order.index(delivered["id"])
+    assert not events_of(events, "ActivityCompleted")

@@ -82,10 +82,16 @@ pub async fn control<V: Services>(
         .load_run(&lease.namespace, RunLocator::Task(lease.task_id.clone()))
         .await?
     {
-        let (mut view, passed) = local_activity_status(&run, now, claim_of(&lease), &attempt_id)?;
-        if passed.is_none() && view.lease_expires_at - now >= lease_ms * 2 / 3 {
-            view.renewed = true;
-            return Ok((Supervised::Active(view), run));
+        let standing = local_activity_status(&run, now, claim_of(&lease), &attempt_id)?;
+        if standing.answerable(now, lease_ms) {
+            let answer = match standing.stopped {
+                Some(stop) => Supervised::Stopped(stop),
+                None => Supervised::Active(LocalSupervision {
+                    renewed: true,
+                    ..standing.view
+                }),
+            };
+            return Ok((answer, run));
         }
     }
     let done = on_claim(services, &lease, move |run, cx, claim| {

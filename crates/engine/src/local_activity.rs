@@ -72,6 +72,9 @@ pub struct PreparedAttempt {
     pub started_at: Millis,
     /// Moves with each recorded heartbeat when the call has a heartbeat timeout.
     pub heartbeat_deadline: Option<Millis>,
+    /// Set once a cooperative cancellation stopped the attempt: its `ActivityCancelled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<EventId>,
 }
 
 impl PreparedLocal {
@@ -155,6 +158,15 @@ pub struct LocalSupervision {
     pub cleanup: Option<CleanupView>,
     /// The `ActivityHeartbeatRecorded` event of a heartbeat.
     pub heartbeat_event_id: Option<EventId>,
+}
+
+/// A running attempt a cooperative cancellation stopped: its worker stops the callback and
+/// acknowledges the stop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalStop {
+    pub view: LocalSupervision,
+    pub request: crate::run::CancellationRequest,
+    pub cancellation_event_id: EventId,
 }
 
 /// How a worker says its callback ended.

@@ -394,6 +394,33 @@ pub struct CancellationRequest {
     pub awaiting: Option<AwaitedStops>,
 }
 
+/// The schema of the cancellation context both SDKs read from the request event and from a
+/// prepared local activity's stop.
+pub const CANCELLATION_CONTEXT_SCHEMA: &str = "durable-workflow.cancellation-context/v1";
+
+impl CancellationRequest {
+    /// The request's cancellation context (`durable-workflow.cancellation-context/v1`), as the
+    /// request event records it and a prepared local activity's stop repeats it: this run is
+    /// the root and only entry of the lineage. The requester is the control plane (callers are
+    /// not yet named principals).
+    pub fn context(&self, workflow_id: &WorkflowId, run_id: &RunId) -> Value {
+        serde_json::json!({
+            "schema": CANCELLATION_CONTEXT_SCHEMA,
+            "request_id": self.request_id,
+            "root_request_id": self.request_id,
+            "root_workflow_instance_id": workflow_id,
+            "root_workflow_run_id": run_id,
+            "parent_request_id": null,
+            "reason": self.reason,
+            "requester": {"type": "control_plane", "id": "request-cancellation"},
+            "source": "control_plane",
+            "requested_at": crate::timefmt::iso8601(self.requested_at),
+            "cleanup_deadline_at": crate::timefmt::iso8601(self.cleanup_deadline_at),
+            "lineage": [{"request_id": self.request_id, "workflow_instance_id": workflow_id, "workflow_run_id": run_id}],
+        })
+    }
+}
+
 /// A delivery waiting for the workers of the attempts it stopped to acknowledge their stop:
 /// the call it was made at (a later delivery must name the same one) and the attempts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -399,3 +399,93 @@ fn a_closing_run_drops_its_pending_local_retry() {
         .unwrap();
     assert!(sim.run.prepared_locals.is_empty());
 }
+
+fn request_cancellation_now(sim: &mut Sim) -> CancellationRequest {
+    sim.apply(|run, cx| request_cancellation(run, cx, Some("stop".into()), 60, "cmd-cancel".into()))
+        .unwrap()
+        .request
+}
+
+fn deliver_local(sim: &mut Sim, task: &TaskId, fence: u64, owner: &str) -> Result<DeliveryOutcome, Refusal> {
+    let delivery = DeliveryRequest {
+        request_id: "cmd-cancel".into(),
+        sequence: 1,
+        call_kind: "local_activity".into(),
+        sequence_span: 1,
+        operation_sequence: None,
+        operation_sequence_span: 1,
+    };
+    sim.apply(|run, cx| deliver_cancellation(run, cx, task, owner, fence, delivery))
+}
+
+#[test]
+fn a_cancellation_stops_the_running_attempt_at_its_next_supervision() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow(OWNER);
+    let admitted = prepare(&mut sim, &task, fence, 1, "n1", descriptor(None, None, None)).unwrap();
+    let attempt = admitted.attempt.attempt_id.clone();
+    let request = request_cancellation_now(&mut sim);
+    let Supervised::Stopped(stop) = sim
+        .apply(|run, cx| control_local_activity(run, cx, claim(&task, fence), &attempt, LEASE_MS))
+        .unwrap()
+    else {
+        panic!("stopped")
+    };
+    assert_eq!(stop.request.request_id, request.request_id);
+    let cancelled = sim.history.iter().find(|e| e.id == stop.cancellation_event_id).unwrap();
+    assert_eq!(cancelled.event_type, EventType::ActivityCancelled);
+    assert_eq!(cancelled.workflow_command_id.as_ref(), Some(&request.request_id));
+    // The request event carries the context the stop repeats.
+    let requested = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::CooperativeCancellationRequested)
+        .unwrap();
+    assert_eq!(
+        requested.payload["cancellation"],
+        stop.request.context(&sim.run.workflow_id, &sim.run.run_id)
+    );
+    // Asked again, the same stop, nothing recorded; its outcome is refused.
+    let events = sim.history.len();
+    let again = sim
+        .apply(|run, cx| control_local_activity(run, cx, claim(&task, fence), &attempt, LEASE_MS))
+        .unwrap();
+    assert!(matches!(again, Supervised::Stopped(ref s) if s.cancellation_event_id == stop.cancellation_event_id));
+    let late = report(&mut sim, &task, fence, &attempt, LocalReport::Completed(Payload::avro("r")), "x").unwrap_err();
+    assert_eq!(late.reason, Reason::ActivityCancelled);
+    assert_eq!(sim.history.len(), events);
+    // try_cancel: delivered at the call at once.
+    assert!(matches!(
+        deliver_local(&mut sim, &task, fence, OWNER).unwrap(),
+        DeliveryOutcome::Delivered(_)
+    ));
+    assert!(sim.run.prepared_locals.is_empty());
+}
+
+#[test]
+fn a_wait_cancellation_completed_call_is_delivered_after_the_stop_is_acknowledged() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow(OWNER);
+    let mut d = descriptor(None, None, None);
+    d.cancellation_policy = Some(ActivityCancellationPolicy::WaitCancellationCompleted);
+    let admitted = prepare(&mut sim, &task, fence, 1, "n1", d).unwrap();
+    let attempt = admitted.attempt.attempt_id.clone();
+    request_cancellation_now(&mut sim);
+    sim.apply(|run, cx| control_local_activity(run, cx, claim(&task, fence), &attempt, LEASE_MS))
+        .unwrap();
+    // Delivered before the worker acknowledged: deferred, the claim released.
+    let waiting = deliver_local(&mut sim, &task, fence, OWNER).unwrap();
+    assert_eq!(waiting, DeliveryOutcome::Waiting(Reason::CancellationWaitingForActivity));
+    assert!(sim.run.workflow_task.is_none());
+    // The acknowledgement (on the released claim's task) wakes the run.
+    let receipt = sim
+        .apply(|run, cx| acknowledge_activity_cancellation(run, cx, &task, &attempt, OWNER, "cmd-cancel"))
+        .unwrap();
+    assert!(!receipt.duplicate);
+    assert_eq!(sim.count(EventType::ActivityCancellationAcknowledged), 1);
+    let (task2, fence2) = sim.lease_workflow(OWNER);
+    assert!(matches!(
+        deliver_local(&mut sim, &task2, fence2, OWNER).unwrap(),
+        DeliveryOutcome::Delivered(_)
+    ));
+}

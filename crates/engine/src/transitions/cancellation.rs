@@ -30,8 +30,6 @@ pub fn request_cancellation(
     require_open(run)?;
     run.command_count += 1;
     let deadline = cx.now + cleanup_timeout_seconds * 1000;
-    let payload = events::cooperative_cancellation_requested(run, &command_id, reason.as_deref(), deadline);
-    run.append(cx, EventType::CooperativeCancellationRequested, payload, None, Some(&command_id));
     let request = CancellationRequest {
         request_id: command_id,
         reason,
@@ -41,6 +39,14 @@ pub fn request_cancellation(
         delivery: None,
         awaiting: None,
     };
+    let payload = events::cooperative_cancellation_requested(run, &request);
+    run.append(
+        cx,
+        EventType::CooperativeCancellationRequested,
+        payload,
+        None,
+        Some(&request.request_id),
+    );
     run.cancellation = Some(request.clone());
     let deadline_task = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::CancellationDeadline);
     run.task_mut(cx, &deadline_task).expect("just created").deadline_at = Some(deadline);
@@ -228,13 +234,15 @@ pub fn deliver_cancellation(
             .filter(|a| running_attempt(run, &a.task_id).is_some())
             .cloned()
             .collect();
+        let local_waits = stop_waiting_local_attempts(run, cx, base..base + span);
         let children = ask_children_to_cancel(run, cx, base..base + span, &request, task_id);
-        if !waits.is_empty() || !children.is_empty() {
-            let attempts = waits
+        if !waits.is_empty() || !local_waits.is_empty() || !children.is_empty() {
+            let mut attempts: Vec<ActivityAttemptId> = waits
                 .iter()
                 .filter_map(|a| running_attempt(run, &a.task_id))
                 .map(|(attempt, _)| attempt)
                 .collect();
+            attempts.extend(local_waits);
             for activity in &waits {
                 stop_activity(run, cx, activity);
             }
@@ -356,6 +364,26 @@ fn ask_children_to_cancel(
     waits
 }
 
+/// Prepared local attempts at the interrupted calls whose policy waits for their stop: stopped
+/// now if still running; answers those whose stop is not yet acknowledged.
+fn stop_waiting_local_attempts(run: &mut RunState, cx: &mut Cx, steps: std::ops::Range<u32>) -> Vec<ActivityAttemptId> {
+    let mut waiting = Vec::new();
+    for step in steps {
+        let Some(local) = run.prepared_locals.get(&step) else { continue };
+        if local.descriptor.cancellation_policy != Some(ActivityCancellationPolicy::WaitCancellationCompleted) {
+            continue;
+        }
+        let Some(attempt_id) = local.attempt.as_ref().map(|a| a.attempt_id.clone()) else {
+            continue;
+        };
+        stop_prepared_attempt(run, cx, step);
+        if run.stopped_attempts.get(&attempt_id).is_some_and(|s| s.acknowledgement.is_none()) {
+            waiting.push(attempt_id);
+        }
+    }
+    waiting
+}
+
 /// Every attempt a deferred delivery waits for has been acknowledged as stopped.
 pub(crate) fn stops_acknowledged(run: &RunState, awaiting: &AwaitedStops) -> bool {
     awaiting
@@ -395,6 +423,11 @@ fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
         .collect();
     for activity in activities {
         stop_activity(run, cx, &activity);
+    }
+    // A prepared local attempt still running at the call is stopped; the call is over.
+    if run.prepared_locals.contains_key(&step) {
+        stop_prepared_attempt(run, cx, step);
+        run.prepared_locals.remove(&step);
     }
     run.condition_waits.retain(|w| w.step != step);
     run.signal_waits.retain(|w| w.step != step);

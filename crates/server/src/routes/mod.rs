@@ -103,6 +103,10 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/worker/workflow-tasks/:task_id/local-activities/:attempt_id/outcome",
             post(local_activities::outcome::<S>),
         )
+        .route(
+            "/worker/workflow-tasks/:task_id/local-activities/:attempt_id/acknowledge-cancellation",
+            post(local_activities::acknowledge::<S>),
+        )
         .route("/worker/update-validation-tasks/poll", post(validation::poll::<S>))
         .route("/worker/update-validation-tasks/:task_id/approve", post(validation::approve::<S>))
         .route("/worker/update-validation-tasks/:task_id/reject", post(validation::reject::<S>))

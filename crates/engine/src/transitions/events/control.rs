@@ -67,17 +67,14 @@ pub(in crate::transitions) fn workflow_archived(run: &RunState, command_id: &Com
 }
 
 /// `CooperativeCancellationRequested`: the workflow has until `cleanup_deadline_at`.
-pub(in crate::transitions) fn cooperative_cancellation_requested(
-    run: &RunState,
-    command_id: &CommandId,
-    reason: Option<&str>,
-    cleanup_deadline_at: Millis,
-) -> Map<String, Value> {
-    let mut payload = command_identity(run, command_id);
+pub(in crate::transitions) fn cooperative_cancellation_requested(run: &RunState, request: &CancellationRequest) -> Map<String, Value> {
+    let mut payload = command_identity(run, &request.request_id);
     payload.extend(obj!(
         "command_type" => "request_cancellation",
-        "reason" => reason,
-        "cleanup_deadline_at" => iso8601(cleanup_deadline_at),
+        "reason" => request.reason,
+        "cleanup_deadline_at" => iso8601(request.cleanup_deadline_at),
+        // The context both SDKs compare a prepared local activity's stop with.
+        "cancellation" => request.context(&run.workflow_id, &run.run_id),
     ));
     payload
 }

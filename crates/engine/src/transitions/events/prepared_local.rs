@@ -289,3 +289,17 @@ pub(in crate::transitions) fn prepared_retry_scheduled(
     fields.extend(by.fields());
     attempt_event(local, attempt, fields)
 }
+
+/// `ActivityCancelled`: a cooperative cancellation stopped the running attempt.
+pub(in crate::transitions) fn prepared_cancelled(local: &PreparedLocal, attempt: &PreparedAttempt, failure_id: &str) -> Map<String, Value> {
+    attempt_event(
+        local,
+        attempt,
+        obj!(
+            "failure_id" => failure_id,
+            "message" => "Local activity cancelled: a cooperative cancellation was requested.",
+            "exception_type" => "ActivityCancelled",
+            "non_retryable" => true,
+        ),
+    )
+}

@@ -27,6 +27,9 @@ pub fn prepare_local_activity(
                 ));
             }
             if let Some(attempt) = &local.attempt {
+                if attempt.stopped_by.is_some() {
+                    return Err(refuse(Reason::ActivityCancelled, "A cooperative cancellation stopped this call."));
+                }
                 let same = attempt.worker_attempt_id == worker_attempt_id
                     && &attempt.task_id == claim.task_id
                     && attempt.task_attempt == claim.attempt;
@@ -102,6 +105,7 @@ fn start_attempt(
         lease_owner: claim.owner.to_string(),
         started_at: cx.now,
         heartbeat_deadline: local.descriptor.heartbeat_seconds.map(|s| cx.now + s * 1000),
+        stopped_by: None,
     };
     local.attempt = Some(attempt.clone());
     local.retry_due_at = None;
@@ -160,7 +164,7 @@ pub fn recover_local_activity(
             "No attempt of a prepared call at this sequence is unfinished.",
         ));
     };
-    let Some(original) = local.attempt.clone() else {
+    let Some(original) = local.attempt.clone().filter(|a| a.stopped_by.is_none()) else {
         return Err(refuse(
             Reason::LocalActivityNothingToRecover,
             "The call's last attempt has ended; its retry is pending.",

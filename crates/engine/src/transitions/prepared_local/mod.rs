@@ -13,6 +13,7 @@ mod supervision;
 
 pub use admission::*;
 pub use checkpoint::*;
+pub(super) use supervision::stop_prepared_attempt;
 pub use supervision::*;
 
 /// The workflow task claim a prepared operation comes on.

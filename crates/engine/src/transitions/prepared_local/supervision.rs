@@ -9,26 +9,48 @@ use super::*;
 pub enum Supervised {
     /// The attempt runs on.
     Active(LocalSupervision),
+    /// A cooperative cancellation stopped the attempt (`ActivityCancelled` recorded, the worker
+    /// acknowledges once the callback has stopped). Repeated calls are answered the same.
+    Stopped(Box<LocalStop>),
     /// The attempt was past a deadline (`timeout_kind`): its timeout (or retry) is recorded and
     /// the claim released; the worker stops the callback.
     Ended { timeout_kind: &'static str, record: LocalRecord },
 }
 
-/// The running attempt's standing, read without a change: the lease as it is (`renewed`
-/// false). A caller that finds the lease fresh and no deadline passed may answer from it.
+/// Where a running attempt stands, read without a change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalStanding {
+    /// The attempt's view, with the lease as it is (`renewed` false).
+    pub view: LocalSupervision,
+    /// The first deadline that has passed, as its timeout kind.
+    pub passed: Option<&'static str>,
+    /// A cancellation stopped it already (answered from the run as it stands).
+    pub stopped: Option<Box<LocalStop>>,
+    /// A cancellation request is pending and the attempt is not a cleanup call: the next
+    /// supervision stops it (a write).
+    pub stop_due: bool,
+}
+
+impl LocalStanding {
+    /// Nothing to record: the lease is fresh for `lease_ms` and nothing stops the attempt.
+    pub fn answerable(&self, now: Millis, lease_ms: i64) -> bool {
+        self.stopped.is_some() || (!self.stop_due && self.passed.is_none() && self.view.lease_expires_at - now >= lease_ms * 2 / 3)
+    }
+}
+
+/// The running attempt's standing under `claim`, read without a change.
 pub fn local_activity_status(
     run: &RunState,
     now: Millis,
     claim: LocalClaim,
     attempt_id: &ActivityAttemptId,
-) -> Result<(LocalSupervision, Option<&'static str>), Refusal> {
+) -> Result<LocalStanding, Refusal> {
     let lease_expires_at = check_claim(run, now, claim)?;
     let step = running_step(run, claim, attempt_id)?;
     let local = &run.prepared_locals[&step];
     let attempt = local.attempt.clone().expect("running");
     let cleanup = cleanup_view(run, &local.descriptor).ok().flatten();
     let deadlines = local.deadlines(&attempt, cleanup_deadline(&cleanup));
-    let passed = deadlines.passed(now);
     let view = LocalSupervision {
         execution_id: local.execution_id.clone(),
         attempt,
@@ -38,11 +60,81 @@ pub fn local_activity_status(
         cleanup,
         heartbeat_event_id: None,
     };
-    Ok((view, passed))
+    let request = run.cancellation.clone();
+    let stopped = match (&view.attempt.stopped_by, request.clone()) {
+        (Some(event_id), Some(request)) => Some(Box::new(LocalStop {
+            view: view.clone(),
+            request,
+            cancellation_event_id: event_id.clone(),
+        })),
+        _ => None,
+    };
+    let stop_due = stopped.is_none() && request.is_some() && local.descriptor.cleanup.is_none();
+    Ok(LocalStanding {
+        passed: deadlines.passed(now),
+        view,
+        stopped,
+        stop_due,
+    })
+}
+
+/// Stops a running prepared attempt for the run's cancellation request: `ActivityCancelled`,
+/// and a stop receipt its worker acknowledges (`crate::activity_stop`).
+pub(in crate::transitions) fn stop_prepared_attempt(run: &mut RunState, cx: &mut Cx, step: u32) -> Option<EventId> {
+    let request = run.cancellation.clone()?;
+    let local = run.prepared_locals.get(&step)?.clone();
+    let attempt = local.attempt.clone().filter(|a| a.stopped_by.is_none())?;
+    let failure_id: String = cx.ids.next_id();
+    let payload = events::prepared_cancelled(&local, &attempt, &failure_id);
+    let event_id = run.append(
+        cx,
+        EventType::ActivityCancelled,
+        payload,
+        Some(&attempt.task_id),
+        Some(&request.request_id),
+    );
+    if let Some(running) = run.prepared_locals.get_mut(&step).and_then(|l| l.attempt.as_mut()) {
+        running.stopped_by = Some(event_id.clone());
+    }
+    let stopped = crate::activity_stop::StoppedAttempt {
+        task_id: attempt.task_id.clone(),
+        execution_id: local.execution_id.clone(),
+        lease_owner: attempt.lease_owner.clone(),
+        request_id: request.request_id.clone(),
+        cleanup_deadline_at: request.cleanup_deadline_at,
+        cancellation_event_id: event_id.clone(),
+        acknowledgement: None,
+    };
+    run.stopped_attempts.insert(attempt.attempt_id.clone(), stopped);
+    run.extend_leased_history(cx);
+    Some(event_id)
+}
+
+/// What a supervision call answers when the standing decides it without the call's own work:
+/// a stop (recorded now if due) or an end past a deadline.
+fn settle(run: &mut RunState, cx: &mut Cx, claim: LocalClaim, standing: LocalStanding) -> Result<Supervised, LocalSupervision> {
+    if let Some(stop) = standing.stopped {
+        return Ok(Supervised::Stopped(stop));
+    }
+    if standing.stop_due {
+        let step = running_step(run, claim, &standing.view.attempt.attempt_id).expect("checked");
+        let event_id = stop_prepared_attempt(run, cx, step).expect("a running attempt and a request");
+        let mut view = standing.view;
+        view.attempt.stopped_by = Some(event_id.clone());
+        return Ok(Supervised::Stopped(Box::new(LocalStop {
+            view,
+            request: run.cancellation.clone().expect("checked"),
+            cancellation_event_id: event_id,
+        })));
+    }
+    if let Some(kind) = standing.passed {
+        return Ok(timed_out(run, cx, claim, &standing.view, kind));
+    }
+    Err(standing.view)
 }
 
 /// `control`: extends the claim's lease by `lease_ms` (the attempt holds the claim's lease;
-/// neither moves a deadline) — or ends an attempt past a deadline.
+/// neither moves a deadline) — or stops the attempt, or ends it past a deadline.
 pub fn control_local_activity(
     run: &mut RunState,
     cx: &mut Cx,
@@ -50,10 +142,11 @@ pub fn control_local_activity(
     attempt_id: &ActivityAttemptId,
     lease_ms: i64,
 ) -> Result<Supervised, Refusal> {
-    let (mut view, passed) = local_activity_status(run, cx.now, claim, attempt_id)?;
-    if let Some(kind) = passed {
-        return Ok(timed_out(run, cx, claim, &view, kind));
-    }
+    let standing = local_activity_status(run, cx.now, claim, attempt_id)?;
+    let mut view = match settle(run, cx, claim, standing) {
+        Ok(settled) => return Ok(settled),
+        Err(view) => view,
+    };
     let expires_at = cx.now + lease_ms;
     let task = run.task_mut(cx, claim.task_id).expect("checked");
     if let TaskState::Leased(lease) = &mut task.state {
@@ -74,10 +167,11 @@ pub fn heartbeat_local_activity(
     attempt_id: &ActivityAttemptId,
     progress: Option<&Map<String, Value>>,
 ) -> Result<Supervised, Refusal> {
-    let (mut view, passed) = local_activity_status(run, cx.now, claim, attempt_id)?;
-    if let Some(kind) = passed {
-        return Ok(timed_out(run, cx, claim, &view, kind));
-    }
+    let standing = local_activity_status(run, cx.now, claim, attempt_id)?;
+    let mut view = match settle(run, cx, claim, standing) {
+        Ok(settled) => return Ok(settled),
+        Err(view) => view,
+    };
     let step = running_step(run, claim, attempt_id)?;
     let local = run.prepared_locals.get_mut(&step).expect("running");
     if let (Some(seconds), Some(attempt)) = (local.descriptor.heartbeat_seconds, local.attempt.as_mut()) {
@@ -137,7 +231,14 @@ pub fn report_local_outcome(
             _ => Err(stale_attempt(attempt_id)),
         };
     }
-    let (_, passed) = local_activity_status(run, cx.now, claim, attempt_id)?;
+    let standing = local_activity_status(run, cx.now, claim, attempt_id)?;
+    if standing.stopped.is_some() {
+        return Err(
+            Refusal::new(Reason::ActivityCancelled, "A cooperative cancellation stopped this attempt.")
+                .with("activity_attempt_id", attempt_id.as_str()),
+        );
+    }
+    let passed = standing.passed;
     let step = running_step(run, claim, attempt_id)?;
     let end = match (passed, report) {
         (Some(kind), _) => LocalEnd::TimedOut(kind),

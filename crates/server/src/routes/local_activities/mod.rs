@@ -1,14 +1,15 @@
 //! `POST /worker/workflow-tasks/{task}/local-activities/…` (capability
 //! `prepared_local_activities`): the worker holding a workflow task asks before it runs a
 //! local activity (`prepare`), supervises the attempt (`{attempt}/control`, `{attempt}/heartbeat`),
-//! reports its end (`{attempt}/outcome`), recovers an attempt a lost claim left unfinished
+//! reports its end (`{attempt}/outcome`), acknowledges a cancellation's stop
+//! (`{attempt}/acknowledge-cancellation`), recovers an attempt a lost claim left unfinished
 //! (`recover`) and commits the authored commands before a call (`checkpoint`). Every reply
 //! carries `history_refresh_page_token`: the worker reloads history from the first event and
 //! replays on the same claim, finding the events just recorded.
 
 mod parse;
 
-use super::worker::{after_change, refused, workflow_claim, workflow_lease};
+use super::worker::{after_change, attempt_lease, refused, workflow_claim, workflow_lease};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
@@ -16,7 +17,7 @@ use crate::{render, wire, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use capstan_app::local_activities;
+use capstan_app::{cancellation, local_activities};
 use capstan_engine::*;
 use capstan_store::Store;
 use serde_json::{json, Map, Value};
@@ -180,6 +181,36 @@ pub async fn checkpoint<S: Store>(
     })))
 }
 
+/// `{attempt}/acknowledge-cancellation`: the worker has stopped the callback of an attempt a
+/// cooperative cancellation stopped; recorded once (`ActivityCancellationAcknowledged`).
+pub async fn acknowledge<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((task_id, attempt_id)): Path<(String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    parse::check_fields(&body, parse::ACKNOWLEDGE_FIELDS, "local activity stop acknowledgements")?;
+    let claim = workflow_claim(&body)?;
+    let request_id = wire::Fields::new(&body).req_str("request_id", 255)?;
+    let attempt_id = ActivityAttemptId(attempt_id);
+    let lease = attempt_lease(&namespace, &task_id, &attempt_id, claim.owner);
+    let (receipt, run) = cancellation::acknowledge_stop(&*state, lease, request_id)
+        .await
+        .map_err(|e| refused(e, &task_id))?;
+    if !receipt.duplicate {
+        after_change(&state, &run);
+    }
+    Ok(Json(json!({
+        "acknowledged": true,
+        "duplicate": receipt.duplicate,
+        "reason": null,
+        "history_event_id": receipt.acknowledgement.id,
+        "received_after_deadline": receipt.acknowledgement.received_after_deadline,
+        "workflow_task_id": task_id,
+        "activity_attempt_id": attempt_id,
+    })))
+}
+
 /// A running attempt's reply, or the refusal of one the server ended past a deadline.
 fn supervision_reply(
     task_id: &str,
@@ -202,6 +233,32 @@ fn supervision_reply(
                 ("heartbeat_history_event_id", json!(view.heartbeat_event_id)),
                 ("run_status", json!(run.status.as_str())),
                 ("task_status", json!("leased")),
+            ]));
+            Ok(Json(Value::Object(reply)))
+        }
+        Supervised::Stopped(stop) => {
+            let view = &stop.view;
+            let mut reply = identity(task_id, task_attempt, &view.execution_id, &view.attempt);
+            reply.extend(timing(view.lease_expires_at, &view.deadlines, &view.cleanup, server_time));
+            reply.extend(obj([
+                ("active", json!(false)),
+                ("renewed", json!(false)),
+                ("stop_required", json!(true)),
+                ("reason", json!("cancellation_requested")),
+                ("cancellation_request", stop.request.context(&run.workflow_id, &run.run_id)),
+                ("fenced", json!(true)),
+                ("cancellation_history_event_id", json!(stop.cancellation_event_id)),
+                ("heartbeat_recorded", json!(false)),
+                ("heartbeat_history_event_id", Value::Null),
+                ("run_status", json!(run.status.as_str())),
+                (
+                    "task_status",
+                    json!(if run.tasks.contains_key(&TaskId(task_id.to_string())) {
+                        "leased"
+                    } else {
+                        "completed"
+                    }),
+                ),
             ]));
             Ok(Json(Value::Object(reply)))
         }

@@ -17,6 +17,7 @@ pub const CHECKPOINT_FIELDS: &[&str] = &["checkpoint_id", "start_sequence", "com
 pub const CONTROL_FIELDS: &[&str] = &["renew_lease"];
 pub const HEARTBEAT_FIELDS: &[&str] = &["progress"];
 pub const OUTCOME_FIELDS: &[&str] = &["report"];
+pub const ACKNOWLEDGE_FIELDS: &[&str] = &["request_id"];
 
 /// The descriptor's own fields (besides the step tags).
 const DESCRIPTOR_FIELDS: &[&str] = &[
