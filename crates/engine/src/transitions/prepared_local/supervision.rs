@@ -3,6 +3,7 @@
 //! report that finds it so.
 
 use super::*;
+use std::ops::ControlFlow;
 
 /// What a supervision call came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,25 +113,25 @@ pub(in crate::transitions) fn stop_prepared_attempt(run: &mut RunState, cx: &mut
 
 /// What a supervision call answers when the standing decides it without the call's own work:
 /// a stop (recorded now if due) or an end past a deadline.
-fn settle(run: &mut RunState, cx: &mut Cx, claim: LocalClaim, standing: LocalStanding) -> Result<Supervised, LocalSupervision> {
+fn settle(run: &mut RunState, cx: &mut Cx, claim: LocalClaim, standing: LocalStanding) -> ControlFlow<Supervised, LocalSupervision> {
     if let Some(stop) = standing.stopped {
-        return Ok(Supervised::Stopped(stop));
+        return ControlFlow::Break(Supervised::Stopped(stop));
     }
     if standing.stop_due {
         let step = running_step(run, claim, &standing.view.attempt.attempt_id).expect("checked");
         let event_id = stop_prepared_attempt(run, cx, step).expect("a running attempt and a request");
         let mut view = standing.view;
         view.attempt.stopped_by = Some(event_id.clone());
-        return Ok(Supervised::Stopped(Box::new(LocalStop {
+        return ControlFlow::Break(Supervised::Stopped(Box::new(LocalStop {
             view,
             request: run.cancellation.clone().expect("checked"),
             cancellation_event_id: event_id,
         })));
     }
     if let Some(kind) = standing.passed {
-        return Ok(timed_out(run, cx, claim, &standing.view, kind));
+        return ControlFlow::Break(timed_out(run, cx, claim, &standing.view, kind));
     }
-    Err(standing.view)
+    ControlFlow::Continue(standing.view)
 }
 
 /// `control`: extends the claim's lease by `lease_ms` (the attempt holds the claim's lease;
@@ -144,8 +145,8 @@ pub fn control_local_activity(
 ) -> Result<Supervised, Refusal> {
     let standing = local_activity_status(run, cx.now, claim, attempt_id)?;
     let mut view = match settle(run, cx, claim, standing) {
-        Ok(settled) => return Ok(settled),
-        Err(view) => view,
+        ControlFlow::Break(settled) => return Ok(settled),
+        ControlFlow::Continue(view) => view,
     };
     let expires_at = cx.now + lease_ms;
     let task = run.task_mut(cx, claim.task_id).expect("checked");
@@ -169,8 +170,8 @@ pub fn heartbeat_local_activity(
 ) -> Result<Supervised, Refusal> {
     let standing = local_activity_status(run, cx.now, claim, attempt_id)?;
     let mut view = match settle(run, cx, claim, standing) {
-        Ok(settled) => return Ok(settled),
-        Err(view) => view,
+        ControlFlow::Break(settled) => return Ok(settled),
+        ControlFlow::Continue(view) => view,
     };
     let step = running_step(run, claim, attempt_id)?;
     let local = run.prepared_locals.get_mut(&step).expect("running");
