@@ -12,12 +12,16 @@ here is a module-level function.
 """
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from durable_workflow import WorkflowCancelled, activity, workflow
+from durable_workflow import Worker, WorkflowCancelled, activity, workflow
 
 from capstan_harness import (
     ControlPlane,
@@ -33,6 +37,9 @@ from capstan_harness import (
 )
 
 PREPARED = {"capabilities": ["cooperative_cancellation", "prepared_local_activities"]}
+WITH_GROUPS = {"capabilities": [
+    "cooperative_cancellation", "prepared_local_activities", "prepared_local_activity_groups",
+]}
 WITH_POLICIES = {"capabilities": [
     "cooperative_cancellation", "prepared_local_activities", "prepared_local_activity_cancellation_policies",
 ]}
@@ -77,6 +84,39 @@ class PreparedCancellable:
             return "not cancelled"
         except WorkflowCancelled:
             return "cleaned up"
+
+
+@activity.defn(name="prepared.hang-once")
+def hang_once(marker_dir: str) -> str:
+    """The first attempt hangs (its worker is killed meanwhile); a later one answers."""
+    marker = Path(marker_dir)
+    seen = len(list(marker.iterdir()))
+    (marker / f"attempt-{seen + 1}").write_text(str(os.getpid()))
+    if seen == 0:
+        time.sleep(60)
+    return f"answered on attempt {seen + 1}"
+
+
+@workflow.defn(name="prepared.recovering")
+class PreparedRecovering:
+    def run(self, ctx, marker_dir):
+        return (yield ctx.local_activity(
+            "prepared.hang-once", [marker_dir], start_to_close_timeout=120,
+            retry_policy={"max_attempts": 3, "backoff_seconds": [1]},
+        ))
+
+
+@workflow.defn(name="prepared.group")
+class PreparedGroup:
+    """A parallel list of two local calls and a queued activity, admitted at once."""
+
+    def run(self, ctx, name):
+        results = yield [
+            ctx.local_activity("prepared.greet", [name], start_to_close_timeout=30),
+            ctx.local_activity("prepared.greet", [name + "!"], start_to_close_timeout=30),
+            ctx.schedule_activity("prepared.greet", ["remote"], start_to_close_timeout=30),
+        ]
+        return list(results)
 
 
 @workflow.defn(name="prepared.sequence")
@@ -253,3 +293,108 @@ def test_a_cancellation_stops_a_running_prepared_local_activity(server_url, work
         # Delivered only after the worker acknowledged the stop.
         assert order.index(acknowledged["id"]) < order.index(delivered["id"])
     assert not events_of(events, "ActivityCompleted")
+
+
+def test_a_parallel_group_with_local_calls_is_admitted_at_once(server_url, worker_url, run_worker):
+    """Without groups the SDK abandons such a workflow task forever (a parallel list with an
+    unrecorded local call needs atomic admission); with `prepared_local_activity_groups` every
+    leaf takes its step in one `checkpoint-group`, then each local member is prepared and run."""
+    queue = unique("prepared-group")
+    workflow_id = unique("prepared-group")
+
+    async def main():
+        async with ControlPlane(server_url) as control:
+            info = await control.cluster_info()
+            assert info["worker_protocol"]["server_capabilities"]["prepared_local_activity_groups"] is True
+        async with run_worker(worker_url, queue, workflows=[PreparedGroup], activities=[greet], **WITH_GROUPS) as w:
+            async with make_client(server_url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="prepared.group", task_queue=queue, workflow_id=workflow_id, input=["ada"],
+                )
+                result = await wait_result(handle, timeout=60, workers=[w])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        return result, events
+
+    result, events = run_async(main(), timeout=90)
+    assert result == ["hello ada", "hello ada!", "hello remote"]
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    scheduled = events_of(events, "ActivityScheduled")
+    assert [payload_of(e)["sequence"] for e in scheduled] == [1, 2, 3]
+    assert all(payload_of(e).get("parallel_group_path") for e in scheduled)
+    local, remote = scheduled[:2], scheduled[2]
+    assert all(payload_of(e)["local_group_admission"]["checkpoint_id"] for e in local)
+    assert "execution_mode" not in payload_of(remote)
+    for sequence in (1, 2):
+        kinds = [e["event_type"] for e in _step_events(events, sequence)]
+        assert kinds == ["ActivityScheduled", "ActivityStarted", "ActivityCompleted"], kinds
+
+
+def spawn_worker(url: str, queue: str, worker_id: str, log_path: Path) -> subprocess.Popen:
+    """This module as a prepared-capable worker process (its own process group, so a SIGKILL
+    takes its callback processes with it)."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, __file__, url, queue, worker_id], cwd=Path(__file__).parent,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
+def test_an_attempt_whose_worker_was_killed_is_recovered_by_the_next_claim(server_factory, run_worker, tmp_path):
+    """SIGKILL the worker while its local callback runs: its workflow task lease runs out, a
+    second worker's replay finds the unfinished attempt and `recover`s it (the server records a
+    retry, `local_recovery` naming both claims), and the retry runs on the second worker."""
+    server = server_factory.create("--workflow-task-lease-seconds", "3")
+    queue = unique("prepared-crash")
+    workflow_id = unique("prepared-crash")
+    markers = tmp_path / "attempts"
+    markers.mkdir()
+    victim_id = unique("prepared-victim")
+    log = tmp_path / "victim.log"
+
+    async def main():
+        victim = spawn_worker(server.url, queue, victim_id, log)
+        try:
+            async with make_client(server.url) as client:
+                handle = await client.start_workflow(
+                    workflow_type="prepared.recovering", task_queue=queue, workflow_id=workflow_id,
+                    input=[str(markers)],
+                )
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: len(events_of(evs, "ActivityStarted")) >= 1,
+                                       what=f"the first attempt started (victim log {log})", timeout=30)
+                deadline = time.monotonic() + 30
+                while not any(markers.iterdir()):  # its callback is running, not just admitted
+                    assert time.monotonic() < deadline, f"the first callback never ran (victim log {log})"
+                    await asyncio.sleep(0.05)
+                os.killpg(victim.pid, signal.SIGKILL)
+                victim.wait(timeout=10)
+                async with run_worker(server.url, queue, workflows=[PreparedRecovering], activities=[hang_once],
+                                      **PREPARED) as survivor:
+                    result = await wait_result(handle, timeout=60, workers=[survivor])
+                events = await fetch_history(client, workflow_id, handle.run_id)
+        finally:
+            if victim.poll() is None:
+                os.killpg(victim.pid, signal.SIGKILL)
+        return survivor.name, result, events
+
+    survivor, result, events = run_async(main(), timeout=120)
+    assert result == "answered on attempt 2"
+    assert_history_invariants(events, terminal="WorkflowCompleted")
+    kinds = [e["event_type"] for e in _step_events(events, 1)]
+    assert kinds == ["ActivityScheduled", "ActivityStarted", "ActivityRetryScheduled", "ActivityStarted",
+                     "ActivityCompleted"], kinds
+    (retry,) = events_of(events, "ActivityRetryScheduled")
+    recovery = payload_of(retry)["local_recovery"]
+    assert (recovery["original_lease_owner"], recovery["lease_owner"]) == (victim_id, survivor), recovery
+    assert recovery["callback_stop_state"] == "unknown"
+
+
+async def _serve(url: str, queue: str, worker_id: str) -> None:
+    async with make_client(url) as client:
+        worker = Worker(client, task_queue=queue, workflows=[PreparedRecovering], activities=[hang_once],
+                        worker_id=worker_id, poll_timeout=10.0, **PREPARED)
+        await worker.run()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(*sys.argv[1:4]))

@@ -67,6 +67,31 @@ pub async fn checkpoint<V: Services>(
     Ok(done)
 }
 
+/// Admits a parallel group with local members at once, on the claim.
+pub async fn checkpoint_group<V: Services>(
+    services: &V,
+    lease: WorkflowLease,
+    checkpoint_id: String,
+    start_sequence: u32,
+    members: Vec<GroupMember>,
+) -> AppResult<(CheckpointReceipt, RunState)> {
+    require_capability(services, &lease).await?;
+    let actions = if members
+        .iter()
+        .any(|m| matches!(m, GroupMember::Command(WorkflowCommand::ScheduleActivity(_))))
+    {
+        Some(crate::reports::action_catalog(services, &lease.namespace).await?).filter(|catalog| !catalog.is_empty())
+    } else {
+        None
+    };
+    let done = on_claim(services, &lease, move |run, cx, claim| {
+        cx.actions = actions;
+        checkpoint_local_group(run, cx, claim, &checkpoint_id, start_sequence, members)
+    })
+    .await?;
+    Ok(done)
+}
+
 /// Supervises a running attempt and keeps its claim's lease for `lease_ms`. A lease less than a
 /// third used is confirmed from the run as it stands (a read: workers supervise about once a
 /// second); an older one is extended, and an attempt past a deadline ended (writes).

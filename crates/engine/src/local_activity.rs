@@ -232,6 +232,18 @@ pub struct LocalCheckpoint {
     pub lease_owner: String,
     pub start_sequence: u32,
     pub next_sequence: u32,
+    /// A group checkpoint's local members: their steps and execution ids, in authored order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locals: Vec<(u32, ActivityExecutionId)>,
+}
+
+/// One leaf of a parallel group admitted at once (`checkpoint-group`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GroupMember {
+    /// A prepared local call: recorded as scheduled; each attempt is prepared afterwards.
+    Local(LocalDescriptor),
+    /// An activity, a timer or a child, as a completion would carry it.
+    Command(crate::command::WorkflowCommand),
 }
 
 /// What `checkpoint` answers.

@@ -489,3 +489,71 @@ fn a_wait_cancellation_completed_call_is_delivered_after_the_stop_is_acknowledge
         DeliveryOutcome::Delivered(_)
     ));
 }
+
+fn grouped(index: u64, mut d: LocalDescriptor) -> LocalDescriptor {
+    for (key, value) in [
+        ("parallel_group_id", serde_json::json!("parallel-calls:1:3")),
+        ("parallel_group_base_sequence", serde_json::json!(1)),
+        ("parallel_group_size", serde_json::json!(3)),
+        ("parallel_group_index", serde_json::json!(index)),
+        ("parallel_group_path", serde_json::json!([{"base": 1, "size": 3, "index": index}])),
+    ] {
+        d.tags.insert(key.into(), value);
+    }
+    d.fingerprint = format!("group-{index}");
+    d
+}
+
+#[test]
+fn a_group_checkpoint_admits_every_leaf_at_once_and_members_are_prepared_after() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow(OWNER);
+    let mut timer_tags = Map::new();
+    for (key, value) in [
+        ("parallel_group_id", serde_json::json!("parallel-calls:1:3")),
+        ("parallel_group_base_sequence", serde_json::json!(1)),
+        ("parallel_group_size", serde_json::json!(3)),
+        ("parallel_group_index", serde_json::json!(2)),
+    ] {
+        timer_tags.insert(key.into(), value);
+    }
+    let members = || {
+        vec![
+            GroupMember::Local(grouped(0, descriptor(None, None, None))),
+            GroupMember::Local(grouped(1, descriptor(None, None, None))),
+            GroupMember::Command(WorkflowCommand::StartTimer {
+                delay_seconds: 5,
+                tags: timer_tags.clone(),
+            }),
+        ]
+    };
+    let receipt = sim
+        .apply(|run, cx| checkpoint_local_group(run, cx, claim(&task, fence), "g1", 1, members()))
+        .unwrap();
+    assert_eq!(receipt.checkpoint.next_sequence, 4);
+    assert_eq!(receipt.checkpoint.locals.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(sim.count(EventType::ActivityScheduled), 2);
+    assert_eq!(sim.count(EventType::TimerScheduled), 1);
+    assert_eq!(sim.count(EventType::ActivityStarted), 0, "no attempt before its own prepare");
+    let again = sim
+        .apply(|run, cx| checkpoint_local_group(run, cx, claim(&task, fence), "g1", 1, members()))
+        .unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.checkpoint.locals, receipt.checkpoint.locals);
+    // Each member is prepared with its own descriptor, under the execution id the receipt named.
+    let first = prepare(&mut sim, &task, fence, 1, "n1", grouped(0, descriptor(None, None, None))).unwrap();
+    assert_eq!(first.execution_id, receipt.checkpoint.locals[0].1);
+    assert_eq!(first.attempt.number, 1);
+    let wrong = prepare(&mut sim, &task, fence, 2, "n2", grouped(0, descriptor(None, None, None))).unwrap_err();
+    assert_eq!(wrong.reason, Reason::LocalActivityPreparationMismatch);
+    // A group without a local member is a completion's business, not a checkpoint's.
+    let (task2, fence2) = (task.clone(), fence);
+    let timers_only = vec![GroupMember::Command(WorkflowCommand::StartTimer {
+        delay_seconds: 5,
+        tags: Map::new(),
+    })];
+    let refused = sim
+        .apply(|run, cx| checkpoint_local_group(run, cx, claim(&task2, fence2), "g2", 4, timers_only))
+        .unwrap_err();
+    assert_eq!(refused.reason, Reason::InvalidCommands);
+}

@@ -238,6 +238,11 @@ pub fn parse_commands(list: Option<&Value>, limits: &Limits) -> ApiResult<Vec<Wo
     Ok(commands)
 }
 
+/// One command of a list, at `commands.{index}`.
+pub(crate) fn parse_command_at(map: &Map<String, Value>, index: usize, limits: &Limits) -> ApiResult<WorkflowCommand> {
+    parse_command(map, index, limits)
+}
+
 fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> ApiResult<WorkflowCommand> {
     let f = Fields::nested(map, format!("commands.{index}."));
     let kind = f.req_str("type", 64)?;

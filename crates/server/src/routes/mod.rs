@@ -92,6 +92,10 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             post(local_activities::checkpoint::<S>),
         )
         .route(
+            "/worker/workflow-tasks/:task_id/local-activities/checkpoint-group",
+            post(local_activities::checkpoint_group::<S>),
+        )
+        .route(
             "/worker/workflow-tasks/:task_id/local-activities/:attempt_id/control",
             post(local_activities::control::<S>),
         )

@@ -60,6 +60,7 @@ pub fn server_capabilities() -> Value {
         "query_task_authority": true,
         "activity_lease_renewal": true,
         "prepared_local_activities": true,
+        "prepared_local_activity_groups": true,
         "prepared_local_activity_cancellation_policies": ["try_cancel", "wait_cancellation_completed"],
         "worker_deregistration_fencing": {
             "supported": true,

@@ -159,6 +159,28 @@ pub(in crate::transitions) fn prepared_scheduled(local: &PreparedLocal, task_id:
     base(local, fields)
 }
 
+/// `ActivityScheduled` of a local member of a group admitted at once: as a prepared call's,
+/// naming the group checkpoint instead of a preparation.
+pub(in crate::transitions) fn prepared_group_scheduled(
+    local: &PreparedLocal,
+    task_id: &TaskId,
+    task_attempt: u64,
+    checkpoint_id: &str,
+) -> Map<String, Value> {
+    let mut payload = prepared_scheduled(local, task_id, task_attempt);
+    payload.remove("local_preparation");
+    payload.insert(
+        "local_group_admission".into(),
+        json!({
+            "version": 1,
+            "descriptor_fingerprint": local.descriptor.fingerprint,
+            "checkpoint_id": checkpoint_id,
+            "workflow_task_attempt": task_attempt,
+        }),
+    );
+    payload
+}
+
 /// `ActivityStarted`: an attempt admitted under a workflow task's lease.
 pub(in crate::transitions) fn prepared_started(
     local: &PreparedLocal,

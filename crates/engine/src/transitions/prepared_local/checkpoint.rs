@@ -1,5 +1,8 @@
 //! `checkpoint`: authored commands that come before a prepared call (side effects, version
 //! markers, memo and search-attribute upserts) are committed on the claim, which stays leased.
+//! `checkpoint-group`: a parallel group with local members is admitted at once — every leaf
+//! takes its step and its opening event in one transaction; the local members' attempts are
+//! prepared afterwards, one `prepare` each.
 
 use super::*;
 
@@ -59,14 +62,118 @@ pub fn checkpoint_local_prefix(
         lease_owner: claim.owner.to_string(),
         start_sequence,
         next_sequence: run.next_step,
+        locals: Vec::new(),
     };
+    Ok(remember_checkpoint(run, cx, checkpoint))
+}
+
+fn remember_checkpoint(run: &mut RunState, cx: &mut Cx, checkpoint: LocalCheckpoint) -> CheckpointReceipt {
     run.local_checkpoints.push_back(checkpoint.clone());
     while run.local_checkpoints.len() > cx.limits.closed_task_receipts_max {
         run.local_checkpoints.pop_front();
     }
     run.extend_leased_history(cx);
-    Ok(CheckpointReceipt {
+    CheckpointReceipt {
         duplicate: false,
         checkpoint,
-    })
+    }
+}
+
+/// The leaves a group checkpoint may hold besides local calls.
+pub fn group_admits(command: &WorkflowCommand) -> bool {
+    matches!(
+        command,
+        WorkflowCommand::ScheduleActivity(_) | WorkflowCommand::StartTimer { .. } | WorkflowCommand::StartChildWorkflow(_)
+    )
+}
+
+/// Most leaves one group checkpoint admits (the SDKs' bound).
+pub const GROUP_MEMBERS_MAX: usize = 100;
+
+/// Admits a parallel group from the run's next step, `start_sequence`: every leaf in authored
+/// order takes its step; a local member is recorded as scheduled (`ActivityScheduled`, no
+/// attempt yet) under the execution id the receipt names; the others as a completion records
+/// them. The same `checkpoint_id` on the same claim is answered as the first time.
+pub fn checkpoint_local_group(
+    run: &mut RunState,
+    cx: &mut Cx,
+    claim: LocalClaim,
+    checkpoint_id: &str,
+    start_sequence: u32,
+    members: Vec<GroupMember>,
+) -> Result<CheckpointReceipt, Refusal> {
+    let mismatch = |message: &str| Refusal::new(Reason::LocalActivityCheckpointMismatch, message).with("checkpoint_id", checkpoint_id);
+    if let Some(first) = run.local_checkpoints.iter().find(|c| c.checkpoint_id == checkpoint_id) {
+        let same = &first.task_id == claim.task_id
+            && first.task_attempt == claim.attempt
+            && first.lease_owner == claim.owner
+            && first.start_sequence == start_sequence
+            && first.next_sequence - first.start_sequence == members.len() as u32;
+        return match same {
+            true => Ok(CheckpointReceipt {
+                duplicate: true,
+                checkpoint: first.clone(),
+            }),
+            false => Err(mismatch(
+                "This checkpoint_id was committed with other commands or on another claim.",
+            )),
+        };
+    }
+    check_claim(run, cx.now, claim)?;
+    if start_sequence != run.next_step {
+        return Err(mismatch("A checkpoint starts at the run's next step.").with("next_sequence", run.next_step));
+    }
+    let locals = members.iter().filter(|m| matches!(m, GroupMember::Local(_))).count();
+    if locals == 0 || members.len() > GROUP_MEMBERS_MAX {
+        return Err(invalid(format!(
+            "A group checkpoint holds 1 to {GROUP_MEMBERS_MAX} leaves, at least one of them a local call."
+        )));
+    }
+    let commands: Vec<WorkflowCommand> = members
+        .iter()
+        .filter_map(|m| match m {
+            GroupMember::Command(command) => Some(command.clone()),
+            GroupMember::Local(_) => None,
+        })
+        .collect();
+    if !commands.iter().all(group_admits) {
+        return Err(invalid("A group's other leaves are activities, timers and child workflows."));
+    }
+    if !commands.is_empty() {
+        validate_commands(run, cx, &commands)?;
+    }
+    let mut admitted = Vec::new();
+    for member in members {
+        match member {
+            GroupMember::Command(command) => apply_command(run, cx, claim.task_id, command)?,
+            GroupMember::Local(descriptor) => {
+                let step = run.next_step;
+                run.next_step += 1;
+                run.steps.insert(step, StepKind::Activity(descriptor.activity_type.clone()));
+                let local = PreparedLocal {
+                    execution_id: cx.id(),
+                    step,
+                    descriptor,
+                    scheduled_at: cx.now,
+                    attempt_count: 0,
+                    attempt: None,
+                    retry_due_at: None,
+                };
+                let payload = events::prepared_group_scheduled(&local, claim.task_id, claim.attempt, checkpoint_id);
+                run.append(cx, EventType::ActivityScheduled, payload, Some(claim.task_id), None);
+                admitted.push((step, local.execution_id.clone()));
+                run.prepared_locals.insert(step, local);
+            }
+        }
+    }
+    let checkpoint = LocalCheckpoint {
+        checkpoint_id: checkpoint_id.to_string(),
+        task_id: claim.task_id.clone(),
+        task_attempt: claim.attempt,
+        lease_owner: claim.owner.to_string(),
+        start_sequence,
+        next_sequence: run.next_step,
+        locals: admitted,
+    };
+    Ok(remember_checkpoint(run, cx, checkpoint))
 }

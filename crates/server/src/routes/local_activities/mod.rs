@@ -3,7 +3,8 @@
 //! local activity (`prepare`), supervises the attempt (`{attempt}/control`, `{attempt}/heartbeat`),
 //! reports its end (`{attempt}/outcome`), acknowledges a cancellation's stop
 //! (`{attempt}/acknowledge-cancellation`), recovers an attempt a lost claim left unfinished
-//! (`recover`) and commits the authored commands before a call (`checkpoint`). Every reply
+//! (`recover`), commits the authored commands before a call (`checkpoint`) and admits a
+//! parallel group with local members at once (`checkpoint-group`). Every reply
 //! carries `history_refresh_page_token`: the worker reloads history from the first event and
 //! replays on the same claim, finding the events just recorded.
 
@@ -165,20 +166,7 @@ pub async fn checkpoint<S: Store>(
     if !receipt.duplicate {
         after_change(&state, &run);
     }
-    let c = &receipt.checkpoint;
-    Ok(Json(json!({
-        "checkpointed": true,
-        "duplicate": receipt.duplicate,
-        "checkpoint_id": c.checkpoint_id,
-        "task_id": task_id,
-        "workflow_run_id": run.run_id,
-        "workflow_task_attempt": c.task_attempt,
-        "lease_owner": c.lease_owner,
-        "start_sequence": c.start_sequence,
-        "next_sequence": c.next_sequence,
-        "reason": null,
-        "history_refresh_page_token": render::page_token(0),
-    })))
+    Ok(Json(Value::Object(checkpoint_reply(&task_id, &receipt, &run))))
 }
 
 /// `{attempt}/acknowledge-cancellation`: the worker has stopped the callback of an attempt a
@@ -209,6 +197,63 @@ pub async fn acknowledge<S: Store>(
         "workflow_task_id": task_id,
         "activity_attempt_id": attempt_id,
     })))
+}
+
+/// `checkpoint-group`: a parallel group with local members admitted at once; the reply names
+/// each local member's execution id.
+pub async fn checkpoint_group<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(task_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    parse::check_fields(&body, parse::CHECKPOINT_FIELDS, "local activity group checkpoints")?;
+    let claim = workflow_claim(&body)?;
+    let checkpoint_id = wire::Fields::new(&body).req_str("checkpoint_id", 255)?;
+    let start = parse::sequence(&body, "start_sequence")?;
+    let members = parse::group_members(&body, &state.config.limits)?;
+    if !members
+        .iter()
+        .all(|m| matches!(m, GroupMember::Local(_)) || matches!(m, GroupMember::Command(c) if group_admits(c)))
+    {
+        return Err(ApiError::validation(
+            "commands",
+            "A group's leaves are prepare_local_activity, schedule_activity, start_timer and start_child_workflow.",
+        ));
+    }
+    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let (receipt, run) = local_activities::checkpoint_group(&*state, lease, checkpoint_id, start, members)
+        .await
+        .map_err(|e| refused(e, &task_id))?;
+    if !receipt.duplicate {
+        after_change(&state, &run);
+    }
+    let mut reply = checkpoint_reply(&task_id, &receipt, &run);
+    let locals: Vec<Value> = receipt
+        .checkpoint
+        .locals
+        .iter()
+        .map(|(sequence, execution_id)| json!({"sequence": sequence, "activity_execution_id": execution_id}))
+        .collect();
+    reply.insert("local_activities".into(), json!(locals));
+    Ok(Json(Value::Object(reply)))
+}
+
+fn checkpoint_reply(task_id: &str, receipt: &CheckpointReceipt, run: &RunState) -> Map<String, Value> {
+    let c = &receipt.checkpoint;
+    obj([
+        ("checkpointed", json!(true)),
+        ("duplicate", json!(receipt.duplicate)),
+        ("checkpoint_id", json!(c.checkpoint_id)),
+        ("task_id", json!(task_id)),
+        ("workflow_run_id", json!(run.run_id)),
+        ("workflow_task_attempt", json!(c.task_attempt)),
+        ("lease_owner", json!(c.lease_owner)),
+        ("start_sequence", json!(c.start_sequence)),
+        ("next_sequence", json!(c.next_sequence)),
+        ("reason", Value::Null),
+        ("history_refresh_page_token", json!(render::page_token(0))),
+    ])
 }
 
 /// A running attempt's reply, or the refusal of one the server ended past a deadline.

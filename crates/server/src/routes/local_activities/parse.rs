@@ -54,15 +54,41 @@ pub fn descriptor(body: &Map<String, Value>, limits: &Limits) -> ApiResult<Local
     let Some(Value::Object(map)) = body.get("descriptor") else {
         return Err(ApiError::validation("descriptor", "descriptor must describe the local call."));
     };
-    wire::refuse_unknown_fields(
-        map,
-        &[DESCRIPTOR_FIELDS, wire::TAG_FIELDS],
-        "descriptor.",
-        "local activity descriptors",
-    )?;
-    let f = Fields::nested(map, "descriptor.".into());
-    if f.req_str("type", 64)? != "record_local_activity" {
-        return Err(ApiError::validation("descriptor.type", "descriptor.type is record_local_activity."));
+    descriptor_at(map, "descriptor", "record_local_activity", limits)
+}
+
+/// `commands[]` of a group checkpoint: a local member (`prepare_local_activity`: its descriptor,
+/// as its later `prepare` repeats it), or an activity, timer or child as a completion carries it.
+pub fn group_members(body: &Map<String, Value>, limits: &Limits) -> ApiResult<Vec<GroupMember>> {
+    let Some(Value::Array(items)) = body.get("commands") else {
+        return Err(ApiError::validation("commands", "commands must list the group's leaves."));
+    };
+    let mut members = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let Value::Object(map) = item else {
+            return Err(ApiError::validation(
+                &format!("commands.{index}"),
+                "Each command must be an object.",
+            ));
+        };
+        members.push(match map.get("type").and_then(Value::as_str) {
+            Some("prepare_local_activity") => {
+                GroupMember::Local(descriptor_at(map, &format!("commands.{index}"), "prepare_local_activity", limits)?)
+            }
+            _ => GroupMember::Command(wire::parse_command_at(map, index, limits)?),
+        });
+    }
+    Ok(members)
+}
+
+/// A local call's descriptor at field path `at`, whose `type` is `kind`. Its fingerprint is
+/// taken as a `record_local_activity`: a group member's later `prepare` sends it so.
+fn descriptor_at(map: &Map<String, Value>, at: &str, kind: &str, limits: &Limits) -> ApiResult<LocalDescriptor> {
+    let prefix = format!("{at}.");
+    wire::refuse_unknown_fields(map, &[DESCRIPTOR_FIELDS, wire::TAG_FIELDS], &prefix, "local activity descriptors")?;
+    let f = Fields::nested(map, prefix.clone());
+    if f.req_str("type", 64)? != kind {
+        return Err(ApiError::validation(&format!("{at}.type"), format!("{at}.type is {kind}.")));
     }
     if f.opt_str("execution_mode", 32)?.is_some_and(|mode| mode != "local") {
         return Err(ApiError::validation(
@@ -72,14 +98,17 @@ pub fn descriptor(body: &Map<String, Value>, limits: &Limits) -> ApiResult<Local
     }
     let activity_type = f.req_str("activity_type", 255)?.trim().to_string();
     if activity_type.is_empty() {
-        return Err(ApiError::validation("descriptor.activity_type", "activity_type must not be blank."));
+        return Err(ApiError::validation(
+            &format!("{at}.activity_type"),
+            "activity_type must not be blank.",
+        ));
     }
     let arguments = f
         .opt_payload("arguments", limits)?
         .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
     if f.opt_str("payload_codec", 64)?.is_some_and(|codec| codec != arguments.codec) {
         return Err(ApiError::validation(
-            "descriptor.payload_codec",
+            &format!("{at}.payload_codec"),
             "payload_codec must be the arguments' codec.",
         ));
     }
@@ -101,7 +130,7 @@ pub fn descriptor(body: &Map<String, Value>, limits: &Limits) -> ApiResult<Local
                 .filter(|p| *p != ActivityCancellationPolicy::Abandon)
                 .ok_or_else(|| {
                     ApiError::validation(
-                        "descriptor.cancellation_policy",
+                        &format!("{at}.cancellation_policy"),
                         "A local call's cancellation_policy is try_cancel or wait_cancellation_completed.",
                     )
                 })?,
@@ -116,25 +145,29 @@ pub fn descriptor(body: &Map<String, Value>, limits: &Limits) -> ApiResult<Local
         start_to_close_seconds: timeout("start_to_close_timeout")?,
         schedule_to_close_seconds: timeout("schedule_to_close_timeout")?,
         heartbeat_seconds: timeout("heartbeat_timeout")?,
-        cleanup: cleanup(&f)?,
+        cleanup: cleanup(&f, at)?,
         tags: wire::step_tags(map),
-        fingerprint: fingerprint(&Value::Object(map.clone())),
+        fingerprint: {
+            let mut as_prepared = map.clone();
+            as_prepared.insert("type".into(), Value::from("record_local_activity"));
+            fingerprint(&Value::Object(as_prepared))
+        },
     })
 }
 
 /// `descriptor.cancellation_cleanup`: a cleanup call's authority. Scoped cleanups are not
 /// served (cancellation scopes are not advertised): `scope_id` is refused, not dropped.
-fn cleanup(f: &Fields) -> ApiResult<Option<CleanupAuthority>> {
+fn cleanup(f: &Fields, at: &str) -> ApiResult<Option<CleanupAuthority>> {
     let Some(map) = f.opt_object("cancellation_cleanup")? else {
         return Ok(None);
     };
     wire::refuse_unknown_fields(
         map,
         &[&["request_id", "delivery_history_event_id"]],
-        "descriptor.cancellation_cleanup.",
+        &format!("{at}.cancellation_cleanup."),
         "cleanup authorities",
     )?;
-    let c = Fields::nested(map, "descriptor.cancellation_cleanup.".into());
+    let c = Fields::nested(map, format!("{at}.cancellation_cleanup."));
     Ok(Some(CleanupAuthority {
         request_id: c.req_str("request_id", 255)?,
         delivery_history_event_id: c.req_str("delivery_history_event_id", 255)?,
