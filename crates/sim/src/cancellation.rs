@@ -86,9 +86,11 @@ fn open_call(run: &RunState) -> Option<(u32, &'static str)> {
         .map(|t| (t.step, "timer"));
     let signals = run.signal_waits.iter().map(|w| (w.step, "signal"));
     let children = run.children.keys().map(|step| (*step, "child"));
+    let locals = run.prepared_locals.keys().map(|step| (*step, "local_activity"));
     activities
         .chain(timers)
         .chain(signals)
         .chain(children)
+        .chain(locals)
         .max_by_key(|(step, _)| *step)
 }

@@ -212,6 +212,25 @@ impl Sim {
                 *terminal.entry(key).or_default() += 1;
             }
         }
+        // A prepared local attempt ends once: a result, a failure, a timeout, a retry or a stop.
+        let mut attempt_ends: BTreeMap<&str, usize> = BTreeMap::new();
+        for event in &events {
+            let ends = matches!(
+                event.event_type,
+                EventType::ActivityCompleted
+                    | EventType::ActivityFailed
+                    | EventType::ActivityTimedOut
+                    | EventType::ActivityCancelled
+                    | EventType::ActivityRetryScheduled
+            );
+            let local = event.payload.get("execution_mode").and_then(Value::as_str) == Some("local");
+            if let (true, true, Some(attempt)) = (ends, local, event.payload.get("activity_attempt_id").and_then(Value::as_str)) {
+                *attempt_ends.entry(attempt).or_default() += 1;
+            }
+        }
+        if let Some((attempt, count)) = attempt_ends.iter().find(|(_, count)| **count > 1) {
+            return Err(self.fail(format!("{run_id}: local attempt {attempt} ended {count} times")));
+        }
         if workflow_terminal > 1 {
             return Err(self.fail(format!("{run_id}: {workflow_terminal} terminal workflow events")));
         }

@@ -20,6 +20,7 @@
 
 mod cancellation;
 mod checks;
+mod local;
 mod program;
 
 use capstan_app::{control, duties, ledger, polls, queries, reports, AppError, Services};
@@ -112,6 +113,9 @@ pub struct Report {
     /// Cooperative cancellations requested, delivered, deferred (a call waited for its
     /// activities to stop) and stops acknowledged.
     pub cancellations: [usize; 4],
+    /// Prepared local attempts admitted, retried by the server, recovered after a lost claim,
+    /// stopped by a cancellation.
+    pub local_attempts: [usize; 4],
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -145,6 +149,8 @@ enum Step {
     Signal(usize),
     /// Starts a child workflow and waits for it to close.
     Child,
+    /// A prepared local activity: admitted, run and reported on the workflow task's claim.
+    LocalActivity,
     /// Ends this run's part of the program: the next run of the instance does the rest.
     ContinueAsNew,
 }
@@ -535,7 +541,8 @@ impl Sim {
         let mut signals = 0;
         let mut continued = false;
         let program: Vec<Step> = (0..length)
-            .map(|_| match self.rng.random_range(0..13) {
+            .map(|_| match self.rng.random_range(0..15) {
+                13..=14 => Step::LocalActivity,
                 0..=2 => Step::Activity(PLAIN),
                 3..=4 => Step::Activity(DECLARED),
                 5..=6 => Step::Timer(self.rng.random_range(1..=5)),
@@ -600,7 +607,13 @@ impl Sim {
             let mut document = Map::new();
             document.insert(
                 "capabilities".into(),
-                json!(["query_tasks", "sticky_execution", "worker_sessions", "cooperative_cancellation"]),
+                json!([
+                    "query_tasks",
+                    "sticky_execution",
+                    "worker_sessions",
+                    "cooperative_cancellation",
+                    "prepared_local_activities"
+                ]),
             );
             let worker = capstan_store::WorkerRecord {
                 namespace: NAMESPACE.into(),
@@ -704,19 +717,30 @@ impl Sim {
         if !self.deliver_requested_cancellation(&task, &run, &owner).await? {
             return Ok(true);
         }
-        let run = self
-            .store()
-            .load_run(NAMESPACE, RunLocator::Task(task.id.clone()))
-            .await
-            .map_err(|e| self.fail(format!("load: {e}")))?
-            .ok_or_else(|| self.fail(format!("the run of task {} is gone", task.id)))?;
-        let history = self
-            .store()
-            .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
-            .await
-            .map_err(|e| self.fail(format!("history: {e}")))?;
-        let program = self.program_for(run.workflow_id.as_str(), &run.workflow_type);
-        let commands = decide(run.workflow_id.as_str(), &program, &history);
+        // Replays up to the next commands; a prepared local call on the way is run on the claim
+        // and the replay goes on from the history it recorded (a released or abandoned claim
+        // ends the task here).
+        let mut local_calls = 0;
+        let (run, commands) = loop {
+            let run = self
+                .store()
+                .load_run(NAMESPACE, RunLocator::Task(task.id.clone()))
+                .await
+                .map_err(|e| self.fail(format!("load: {e}")))?
+                .ok_or_else(|| self.fail(format!("the run of task {} is gone", task.id)))?;
+            let history = self
+                .store()
+                .history(&run.run_id, 0, run.last_sequence, run.last_sequence as usize + 1)
+                .await
+                .map_err(|e| self.fail(format!("history: {e}")))?;
+            let program = self.program_for(run.workflow_id.as_str(), &run.workflow_type);
+            let (commands, local) = decide(run.workflow_id.as_str(), &program, &history);
+            let Some(call) = local else { break (run, commands) };
+            local_calls += 1;
+            if local_calls > 4 || !self.run_local_call(&task, &run, &owner, call, faulty).await? {
+                return Ok(true);
+            }
+        };
         for command in &commands {
             if let WorkflowCommand::StartChildWorkflow(child) = command {
                 // The child may come to exist: it must then finish too.
@@ -1489,6 +1513,7 @@ pub struct Totals {
     pub workers_retired: usize,
     pub lease_renewals: usize,
     pub cancellations: [usize; 4],
+    pub local_attempts: [usize; 4],
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1514,6 +1539,9 @@ impl Totals {
         self.session_attempts += report.session_attempts;
         self.workers_retired += report.workers_retired;
         self.lease_renewals += report.lease_renewals;
+        for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
+            *total += seen;
+        }
         for (total, seen) in self.cancellations.iter_mut().zip(report.cancellations) {
             *total += seen;
         }
@@ -1525,7 +1553,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1550,6 +1578,10 @@ impl Totals {
             self.cancellations[1],
             self.cancellations[2],
             self.cancellations[3],
+            self.local_attempts[0],
+            self.local_attempts[1],
+            self.local_attempts[2],
+            self.local_attempts[3],
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

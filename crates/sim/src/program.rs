@@ -31,22 +31,64 @@ pub(crate) fn progress(k: usize, opened: usize, closed: usize) -> Progress {
     }
 }
 
+/// A prepared local call the replay stopped at: its step (`None`: the run's next one) and
+/// whether an attempt of it was left unfinished by a lost claim (then it is recovered first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LocalCall {
+    pub sequence: Option<u32>,
+    pub recover: bool,
+}
+
+fn is_local(event: &HistoryEvent) -> bool {
+    event.payload.get("execution_mode").and_then(Value::as_str) == Some("local")
+}
+
+/// Where the k-th prepared local call stands in history (k counted from 1).
+fn local_call(history: &[HistoryEvent], k: usize) -> LocalCall {
+    let scheduled = history
+        .iter()
+        .filter(|e| is_local(e) && e.event_type == EventType::ActivityScheduled)
+        .nth(k - 1)
+        .and_then(|e| e.payload.get("sequence").and_then(Value::as_u64));
+    let last = history
+        .iter()
+        .rev()
+        .find(|e| is_local(e) && scheduled.is_some() && e.payload.get("sequence").and_then(Value::as_u64) == scheduled);
+    let recover = last.is_some_and(|e| matches!(e.event_type, EventType::ActivityStarted | EventType::ActivityHeartbeatRecorded));
+    LocalCall {
+        sequence: scheduled.map(|s| s as u32),
+        recover,
+    }
+}
+
 /// The simulated SDK: replays a program against the history and answers the next commands
-/// (see [`progress`]). Run N of an instance runs the N-th part of the program (parts end at
-/// `ContinueAsNew`). Accepted updates are settled first, as an SDK runs update handlers.
-pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> Vec<WorkflowCommand> {
-    let count = |types: &[EventType]| history.iter().filter(|e| types.contains(&e.event_type)).count();
-    let activities_scheduled = count(&[EventType::ActivityScheduled]);
-    let activities_resolved = count(&[EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut]);
-    let timers_scheduled = count(&[EventType::TimerScheduled]);
-    let timers_fired = count(&[EventType::TimerFired]);
-    let children_scheduled = count(&[EventType::ChildWorkflowScheduled]);
-    let children_closed = count(&[
-        EventType::ChildRunCompleted,
-        EventType::ChildRunFailed,
-        EventType::ChildRunCancelled,
-        EventType::ChildRunTerminated,
-    ]);
+/// (see [`progress`]), or the prepared local call it stopped at. Run N of an instance runs the
+/// N-th part of the program (parts end at `ContinueAsNew`). Accepted updates are settled
+/// first, as an SDK runs update handlers.
+pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> (Vec<WorkflowCommand>, Option<LocalCall>) {
+    let count = |types: &[EventType], local: bool| {
+        history
+            .iter()
+            .filter(|e| types.contains(&e.event_type) && is_local(e) == local)
+            .count()
+    };
+    let ends = [EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut];
+    let activities_scheduled = count(&[EventType::ActivityScheduled], false);
+    let activities_resolved = count(&ends, false);
+    let locals_scheduled = count(&[EventType::ActivityScheduled], true);
+    let locals_resolved = count(&ends, true);
+    let timers_scheduled = count(&[EventType::TimerScheduled], false);
+    let timers_fired = count(&[EventType::TimerFired], false);
+    let children_scheduled = count(&[EventType::ChildWorkflowScheduled], false);
+    let children_closed = count(
+        &[
+            EventType::ChildRunCompleted,
+            EventType::ChildRunFailed,
+            EventType::ChildRunCancelled,
+            EventType::ChildRunTerminated,
+        ],
+        false,
+    );
     let has = |event_type: EventType, name: &str| {
         history
             .iter()
@@ -56,7 +98,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         .iter()
         .any(|e| e.event_type.as_str().starts_with("Workflow") && e.event_type != EventType::WorkflowStarted)
     {
-        return Vec::new();
+        return (Vec::new(), None);
     }
     let cancellation_delivered = history.iter().any(|e| e.event_type == EventType::CooperativeCancellationDelivered);
     let update_id = |e: &HistoryEvent| e.payload.get("update_id").and_then(Value::as_str).unwrap_or("").to_string();
@@ -78,7 +120,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         commands.push(WorkflowCommand::CompleteWorkflow {
             result: Payload::avro(PAYLOAD),
         });
-        return commands;
+        return (commands, None);
     }
     let run_number = history
         .iter()
@@ -89,7 +131,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
     let parts: Vec<&[Step]> = program.split(|s| *s == Step::ContinueAsNew).collect();
     let part = parts.get(run_number - 1).copied().unwrap_or(&[]);
     let last_part = run_number >= parts.len();
-    let (mut activity, mut timer, mut child) = (0, 0, 0);
+    let (mut activity, mut timer, mut child, mut local) = (0, 0, 0, 0);
     for step in part {
         let next = match step {
             Step::Activity(_) | Step::SessionActivity => {
@@ -100,7 +142,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                 activity += 1;
                 match progress(activity, activities_scheduled, activities_resolved) {
                     Progress::Done => continue,
-                    Progress::Waiting => return commands,
+                    Progress::Waiting => return (commands, None),
                     Progress::Next => {}
                 }
                 WorkflowCommand::ScheduleActivity(ScheduleActivity {
@@ -127,7 +169,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                 timer += 1;
                 match progress(timer, timers_scheduled, timers_fired) {
                     Progress::Done => continue,
-                    Progress::Waiting => return commands,
+                    Progress::Waiting => return (commands, None),
                     Progress::Next => {}
                 }
                 WorkflowCommand::StartTimer {
@@ -141,7 +183,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                     continue;
                 }
                 if has(EventType::SignalWaitOpened, &name) {
-                    return commands;
+                    return (commands, None);
                 }
                 WorkflowCommand::OpenSignalWait {
                     signal_name: name,
@@ -153,7 +195,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                 child += 1;
                 match progress(child, children_scheduled, children_closed) {
                     Progress::Done => continue,
-                    Progress::Waiting => return commands,
+                    Progress::Waiting => return (commands, None),
                     Progress::Next => {}
                 }
                 WorkflowCommand::StartChildWorkflow(StartChild {
@@ -169,10 +211,24 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                     tags: Map::new(),
                 })
             }
+            Step::LocalActivity => {
+                local += 1;
+                match progress(local, locals_scheduled, locals_resolved) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return (commands, Some(local_call(history, local))),
+                    Progress::Next => {
+                        let next = LocalCall {
+                            sequence: None,
+                            recover: false,
+                        };
+                        return (commands, Some(next));
+                    }
+                }
+            }
             Step::ContinueAsNew => unreachable!("parts are split at ContinueAsNew"),
         };
         commands.push(next);
-        return commands;
+        return (commands, None);
     }
     commands.push(if last_part {
         WorkflowCommand::CompleteWorkflow {
@@ -186,7 +242,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
             tags: Map::new(),
         }
     });
-    commands
+    (commands, None)
 }
 
 /// The cancellation policy of a workflow's activities: each policy has its share of the
@@ -211,5 +267,27 @@ pub(crate) fn session_of(workflow_id: &str) -> SessionRequirement {
     SessionRequirement {
         options,
         as_sent: as_sent.as_object().cloned().unwrap_or_default(),
+    }
+}
+
+/// What a workflow's prepared local calls look like: retried twice, a 10 s start-to-close
+/// budget, the instance's cancellation policy (`abandon` is not one a local call may have).
+pub(crate) fn local_descriptor(workflow_id: &str) -> LocalDescriptor {
+    let cancellation_policy = cancellation_policy_of(workflow_id).filter(|p| *p != ActivityCancellationPolicy::Abandon);
+    LocalDescriptor {
+        activity_type: PLAIN.into(),
+        arguments: Payload::avro(PAYLOAD),
+        retry_policy: Some(RetryPolicy {
+            max_attempts: Some(3),
+            backoff_seconds: vec![1],
+            non_retryable_error_types: vec![],
+        }),
+        cancellation_policy,
+        start_to_close_seconds: Some(10),
+        schedule_to_close_seconds: None,
+        heartbeat_seconds: None,
+        cleanup: None,
+        tags: Map::new(),
+        fingerprint: format!("sim-local-{}", cancellation_policy.map_or("none", |p| p.as_str())),
     }
 }
