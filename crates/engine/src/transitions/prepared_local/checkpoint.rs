@@ -27,23 +27,10 @@ pub fn checkpoint_local_prefix(
     start_sequence: u32,
     commands: Vec<WorkflowCommand>,
 ) -> Result<CheckpointReceipt, Refusal> {
-    let mismatch = |message: &str| Refusal::new(Reason::LocalActivityCheckpointMismatch, message).with("checkpoint_id", checkpoint_id);
-    if let Some(first) = run.local_checkpoints.iter().find(|c| c.checkpoint_id == checkpoint_id) {
-        let same = &first.task_id == claim.task_id
-            && first.task_attempt == claim.attempt
-            && first.lease_owner == claim.owner
-            && first.start_sequence == start_sequence
-            && first.next_sequence - first.start_sequence == commands.len() as u32;
-        return match same {
-            true => Ok(CheckpointReceipt {
-                duplicate: true,
-                checkpoint: first.clone(),
-            }),
-            false => Err(mismatch(
-                "This checkpoint_id was committed with other commands or on another claim.",
-            )),
-        };
+    if let Some(answer) = repeated(run, claim, checkpoint_id, start_sequence, commands.len()) {
+        return answer;
     }
+    let mismatch = |message: &str| Refusal::new(Reason::LocalActivityCheckpointMismatch, message).with("checkpoint_id", checkpoint_id);
     check_claim(run, cx.now, claim)?;
     if start_sequence != run.next_step {
         return Err(mismatch("A checkpoint starts at the run's next step.").with("next_sequence", run.next_step));
@@ -65,6 +52,34 @@ pub fn checkpoint_local_prefix(
         locals: Vec::new(),
     };
     Ok(remember_checkpoint(run, cx, checkpoint))
+}
+
+/// A checkpoint id seen before: the first receipt for the same request on the same claim,
+/// a refusal for anything else.
+fn repeated(
+    run: &RunState,
+    claim: LocalClaim,
+    checkpoint_id: &str,
+    start_sequence: u32,
+    size: usize,
+) -> Option<Result<CheckpointReceipt, Refusal>> {
+    let first = run.local_checkpoints.iter().find(|c| c.checkpoint_id == checkpoint_id)?;
+    let same = &first.task_id == claim.task_id
+        && first.task_attempt == claim.attempt
+        && first.lease_owner == claim.owner
+        && first.start_sequence == start_sequence
+        && first.next_sequence - first.start_sequence == size as u32;
+    Some(match same {
+        true => Ok(CheckpointReceipt {
+            duplicate: true,
+            checkpoint: first.clone(),
+        }),
+        false => Err(Refusal::new(
+            Reason::LocalActivityCheckpointMismatch,
+            "This checkpoint_id was committed with other commands or on another claim.",
+        )
+        .with("checkpoint_id", checkpoint_id)),
+    })
 }
 
 fn remember_checkpoint(run: &mut RunState, cx: &mut Cx, checkpoint: LocalCheckpoint) -> CheckpointReceipt {
@@ -102,23 +117,10 @@ pub fn checkpoint_local_group(
     start_sequence: u32,
     members: Vec<GroupMember>,
 ) -> Result<CheckpointReceipt, Refusal> {
-    let mismatch = |message: &str| Refusal::new(Reason::LocalActivityCheckpointMismatch, message).with("checkpoint_id", checkpoint_id);
-    if let Some(first) = run.local_checkpoints.iter().find(|c| c.checkpoint_id == checkpoint_id) {
-        let same = &first.task_id == claim.task_id
-            && first.task_attempt == claim.attempt
-            && first.lease_owner == claim.owner
-            && first.start_sequence == start_sequence
-            && first.next_sequence - first.start_sequence == members.len() as u32;
-        return match same {
-            true => Ok(CheckpointReceipt {
-                duplicate: true,
-                checkpoint: first.clone(),
-            }),
-            false => Err(mismatch(
-                "This checkpoint_id was committed with other commands or on another claim.",
-            )),
-        };
+    if let Some(answer) = repeated(run, claim, checkpoint_id, start_sequence, members.len()) {
+        return answer;
     }
+    let mismatch = |message: &str| Refusal::new(Reason::LocalActivityCheckpointMismatch, message).with("checkpoint_id", checkpoint_id);
     check_claim(run, cx.now, claim)?;
     if start_sequence != run.next_step {
         return Err(mismatch("A checkpoint starts at the run's next step.").with("next_sequence", run.next_step));

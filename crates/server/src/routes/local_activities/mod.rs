@@ -62,37 +62,52 @@ pub async fn prepare<S: Store>(
 }
 
 pub async fn control<S: Store>(
-    State(state): State<Shared<S>>,
-    Extension(Namespace(namespace)): Extension<Namespace>,
-    Path((task_id, attempt_id)): Path<(String, String)>,
-    JsonObject(body): JsonObject,
+    state: State<Shared<S>>,
+    namespace: Extension<Namespace>,
+    path: Path<(String, String)>,
+    body: JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let server_time = state.now();
-    parse::check_fields(&body, parse::CONTROL_FIELDS, "local activity supervision")?;
-    let claim = workflow_claim(&body)?;
-    let lease = workflow_lease(&namespace, &task_id, &claim);
-    let lease_ms = state.config.workflow_task_lease_ms;
-    let (supervised, run) = local_activities::control(&*state, lease, ActivityAttemptId(attempt_id.clone()), lease_ms)
-        .await
-        .map_err(|e| refused(e, &task_id))?;
-    after_change(&state, &run);
-    supervision_reply(&task_id, claim.attempt, &attempt_id, supervised, &run, server_time)
+    supervise(state, namespace, path, body, Supervision::Control).await
 }
 
 pub async fn heartbeat<S: Store>(
+    state: State<Shared<S>>,
+    namespace: Extension<Namespace>,
+    path: Path<(String, String)>,
+    body: JsonObject,
+) -> ApiResult<Json<Value>> {
+    supervise(state, namespace, path, body, Supervision::Heartbeat).await
+}
+
+/// The two supervision calls: `control` renews the claim, `heartbeat` records progress.
+enum Supervision {
+    Control,
+    Heartbeat,
+}
+
+async fn supervise<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path((task_id, attempt_id)): Path<(String, String)>,
     JsonObject(body): JsonObject,
+    kind: Supervision,
 ) -> ApiResult<Json<Value>> {
     let server_time = state.now();
-    parse::check_fields(&body, parse::HEARTBEAT_FIELDS, "local activity heartbeats")?;
     let claim = workflow_claim(&body)?;
-    let progress = parse::progress(&body)?;
     let lease = workflow_lease(&namespace, &task_id, &claim);
-    let (supervised, run) = local_activities::heartbeat(&*state, lease, ActivityAttemptId(attempt_id.clone()), progress)
-        .await
-        .map_err(|e| refused(e, &task_id))?;
+    let attempt = ActivityAttemptId(attempt_id.clone());
+    let supervised = match kind {
+        Supervision::Control => {
+            parse::check_fields(&body, parse::CONTROL_FIELDS, "local activity supervision")?;
+            local_activities::control(&*state, lease, attempt, state.config.workflow_task_lease_ms).await
+        }
+        Supervision::Heartbeat => {
+            parse::check_fields(&body, parse::HEARTBEAT_FIELDS, "local activity heartbeats")?;
+            let progress = parse::progress(&body)?;
+            local_activities::heartbeat(&*state, lease, attempt, progress).await
+        }
+    };
+    let (supervised, run) = supervised.map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);
     supervision_reply(&task_id, claim.attempt, &attempt_id, supervised, &run, server_time)
 }
