@@ -284,60 +284,54 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
             cancel_child(tx, effects, request, env).await?;
         }
         for (child_id, command) in &effects.close_children {
-            let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![child_id.as_str()]).await?;
-            let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
-                continue;
-            };
-            let Some(mut child) = lock_run(tx, &run_id, false).await? else {
-                continue;
-            };
-            if child.is_closed() {
-                continue;
-            }
-            let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
-            let mut ids = env.ids();
-            let mut cx = Cx::new(now, &mut ids, &env.limits);
             let command_id = CommandId(env.new_id());
-            close_by_command(
-                &mut child,
-                &mut cx,
-                *command,
-                Some("parent closed (parent-close policy)".into()),
-                command_id,
-            )?;
-            let child_effects = cx.effects;
-            persist(tx, &child, &child_effects, false, env).await?;
+            on_open_child(tx, effects, child_id, env, |child, cx| {
+                let reason = Some("parent closed (parent-close policy)".into());
+                close_by_command(child, cx, *command, reason, command_id).map(drop)
+            })
+            .await?;
         }
         Ok(())
     })
 }
 
 /// Asks a child instance's current run for a cooperative cancellation, in the parent's
-/// transaction (the parent's delivery reached the child's call). A closed child, or one
-/// already asked, is left as it is.
+/// transaction (the parent's delivery reached the child's call). A child already asked is left
+/// as it is.
 async fn cancel_child<T: Tx>(tx: &mut T, effects: &Effects, request: &ChildCancellation, env: &Env) -> StoreResult<()> {
-    let current = tx
-        .query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![request.workflow_id.as_str()])
-        .await?;
+    on_open_child(tx, effects, &request.workflow_id, env, |child, cx| {
+        if child.cancellation.is_some() {
+            return Ok(());
+        }
+        let (reason, timeout) = (request.reason.clone(), request.cleanup_timeout_seconds);
+        request_cancellation(child, cx, reason, timeout, request.request_id.clone()).map(drop)
+    })
+    .await
+}
+
+/// Runs `transition` on a child instance's current run, if it is still open, in the parent's
+/// transaction and at the parent's time; persists what it changed.
+async fn on_open_child<T: Tx>(
+    tx: &mut T,
+    effects: &Effects,
+    child_id: &WorkflowId,
+    env: &Env,
+    transition: impl FnOnce(&mut RunState, &mut Cx) -> Result<(), Refusal>,
+) -> StoreResult<()> {
+    let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![child_id.as_str()]).await?;
     let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
         return Ok(());
     };
     let Some(mut child) = lock_run(tx, &run_id, false).await? else {
         return Ok(());
     };
-    if child.is_closed() || child.cancellation.is_some() {
+    if child.is_closed() {
         return Ok(());
     }
     let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
     let mut ids = env.ids();
     let mut cx = Cx::new(now, &mut ids, &env.limits);
-    request_cancellation(
-        &mut child,
-        &mut cx,
-        request.reason.clone(),
-        request.cleanup_timeout_seconds,
-        request.request_id.clone(),
-    )?;
+    transition(&mut child, &mut cx)?;
     let child_effects = cx.effects;
     persist(tx, &child, &child_effects, false, env).await
 }

@@ -483,6 +483,71 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     assert_eq!(page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [3, 4]);
 }
 
+/// A parent's cancellation delivered at a child call (policy `try_cancel`) asks the child's
+/// current run in the same transaction; a parent closed with the `terminate` policy ends it.
+pub async fn children_follow_a_parents_delivery_and_close_in_its_transaction<S: Store>(store: S) {
+    started(&store, "parent", "pq").await;
+    let child = |id: &str| {
+        WorkflowCommand::StartChildWorkflow(StartChild {
+            workflow_type: "suite.child".into(),
+            arguments: Payload::avro("args"),
+            queue: Some("cq".into()),
+            workflow_id: Some(id.into()),
+            parent_close_policy: "terminate".into(),
+            cancellation_policy: "try_cancel".into(),
+            execution_timeout_seconds: None,
+            run_timeout_seconds: None,
+            retry_policy: None,
+            tags: Map::new(),
+        })
+    };
+    complete_next(&store, "pq", vec![child("child-1"), child("child-2")]).await;
+    let current = |id: &'static str| RunLocator::Current(WorkflowId(id.into()));
+    store
+        .mutate_run("default", current("parent"), NOW, |run, cx| {
+            request_cancellation(run, cx, Some("stop".into()), 60, "cmd-cancel".into())
+        })
+        .await
+        .unwrap();
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "pq", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("the parent's task");
+    let (id, fence) = (task.id.clone(), task.fence);
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            let delivery = DeliveryRequest {
+                request_id: "cmd-cancel".into(),
+                sequence: 1,
+                call_kind: "child".into(),
+                sequence_span: 1,
+                operation_sequence: None,
+                operation_sequence_span: 1,
+            };
+            deliver_cancellation(run, cx, &id, "w", fence, delivery)
+        })
+        .await
+        .unwrap();
+    let asked = store.load_run("default", current("child-1")).await.unwrap().unwrap();
+    let request = asked.cancellation.clone().expect("the child was asked in the parent's transaction");
+    let history = all_history(&store, &asked).await;
+    assert!(history.iter().any(|e| e.event_type == EventType::CooperativeCancellationRequested));
+    assert_eq!(request.cleanup_deadline_at, NOW + 60_000);
+    let untouched = store.load_run("default", current("child-2")).await.unwrap().unwrap();
+    assert!(untouched.cancellation.is_none(), "only the call the delivery reached");
+    store
+        .mutate_run("default", current("parent"), NOW, |run, cx| {
+            close_by_command(run, cx, CloseCommand::Terminate, None, "cmd-t".into())
+        })
+        .await
+        .unwrap();
+    for id in ["child-1", "child-2"] {
+        let closed = store.load_run("default", current(id)).await.unwrap().unwrap();
+        assert_eq!(closed.status, RunStatus::Terminated, "{id} follows its parent-close policy");
+    }
+}
+
 pub async fn deadlines_are_reported_when_due<S: Store>(store: S) {
     started(&store, "timers", "q").await;
     complete_next(&store, "q", vec![timer(5)]).await;
@@ -1188,6 +1253,7 @@ macro_rules! store_suite {
             fenced_deregistrations_keep_their_receipt,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
+            children_follow_a_parents_delivery_and_close_in_its_transaction,
             deadlines_are_reported_when_due,
             an_expired_duty_claim_passes_on_with_a_higher_fence,
             keyed_commands_are_idempotent,
