@@ -46,7 +46,21 @@ pub async fn renew_for_activity<V: Services>(
     let Some(requirement) = session_of_task(run, task_id) else {
         return Ok(None);
     };
-    let answer = heartbeat(services, &run.namespace, &requirement.options.session_id, worker_id, None).await?;
+    // A session lease less than a third used is confirmed as it stands (a read): renewals and
+    // heartbeats come every few seconds, and each would otherwise write the session row.
+    let session_id = &requirement.options.session_id;
+    if let Some(session) = services.store().get_session(&run.namespace, session_id).await? {
+        let now = services.now();
+        let lease_ms = session.options.lease_seconds * 1000;
+        let fresh = session.status == SessionStatus::Active
+            && session.lease_owner == worker_id
+            && session.lease_expires_at - now >= lease_ms * 2 / 3
+            && now < session.ttl_expires_at;
+        if fresh {
+            return Ok(Some(session.task_view(&requirement.as_sent)));
+        }
+    }
+    let answer = heartbeat(services, &run.namespace, session_id, worker_id, None).await?;
     Ok(Some(answer.session.task_view(&requirement.as_sent)))
 }
 

@@ -214,3 +214,38 @@ async fn a_fenced_deregistration_needs_the_current_token_and_answers_retries_ali
     h.register("staying", "q").await;
     assert_eq!(h.poll_workflow("staying", "q", 2).await["task_id"], task["task_id"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_activitys_lease_renewal_renews_its_session_only_when_a_third_is_used() {
+    let h = Harness::start().await;
+    register_capable(&h, "wf-worker", "q").await;
+    register_capable(&h, "holder", "q").await;
+    h.start_workflow("session-renewal", "q").await;
+    let task = h.next_workflow_task("wf-worker", "q").await;
+    let mut session = options("s-renew");
+    session["lease_seconds"] = json!(3);
+    let activity = json!({"type": "schedule_activity", "activity_type": "step", "worker_session": session});
+    h.complete_workflow_task(&task, json!([activity])).await.ok(200);
+    let leased = h.next_activity_task("holder", "q").await;
+    let granted = leased["worker_session"]["lease_expires_at"].clone();
+    let renew = || {
+        let path = format!("/api/worker/activity-tasks/{}/renew-lease", leased["task_id"].as_str().unwrap());
+        let body = json!({"activity_attempt_id": leased["activity_attempt_id"], "lease_owner": "holder"});
+        let h = &h;
+        async move { h.wpost(&path, body).await.ok(200) }
+    };
+    // Fresh: confirmed as it stands.
+    let fresh = renew().await;
+    assert_eq!(fresh["worker_session"]["lease_owner"], "holder");
+    assert_eq!(
+        fresh["worker_session"]["lease_expires_at"], granted,
+        "a fresh session lease is not rewritten"
+    );
+    // Over a third used: renewed.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let later = renew().await;
+    assert!(
+        later["worker_session"]["lease_expires_at"].as_str() > granted.as_str(),
+        "{later} after {granted}"
+    );
+}
