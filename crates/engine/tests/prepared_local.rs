@@ -557,3 +557,33 @@ fn a_group_checkpoint_admits_every_leaf_at_once_and_members_are_prepared_after()
         .unwrap_err();
     assert_eq!(refused.reason, Reason::InvalidCommands);
 }
+
+#[test]
+fn a_stop_never_acknowledged_leaves_the_run_to_its_cleanup_deadline() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow(OWNER);
+    let mut d = descriptor(None, None, None);
+    d.cancellation_policy = Some(ActivityCancellationPolicy::WaitCancellationCompleted);
+    let admitted = prepare(&mut sim, &task, fence, 1, "n1", d).unwrap();
+    request_cancellation_now(&mut sim);
+    sim.apply(|run, cx| control_local_activity(run, cx, claim(&task, fence), &admitted.attempt.attempt_id, LEASE_MS))
+        .unwrap();
+    assert_eq!(
+        deliver_local(&mut sim, &task, fence, OWNER).unwrap(),
+        DeliveryOutcome::Waiting(Reason::CancellationWaitingForActivity)
+    );
+    // The worker never acknowledges: no workflow task comes, and the cleanup deadline (60 s)
+    // closes the run as cancelled.
+    sim.advance(30_000);
+    assert!(sim.run.workflow_task.is_none() && !sim.run.is_closed());
+    sim.advance(30_001);
+    assert_eq!(sim.run.status, RunStatus::Cancelled);
+    assert!(sim.run.prepared_locals.is_empty());
+    // A late acknowledgement is still taken, in the run document (nothing follows the close).
+    let events = sim.history.len();
+    let late = sim
+        .apply(|run, cx| acknowledge_activity_cancellation(run, cx, &task, &admitted.attempt.attempt_id, OWNER, "cmd-cancel"))
+        .unwrap();
+    assert!(late.acknowledgement.received_after_deadline && !late.acknowledgement.in_history);
+    assert_eq!(sim.history.len(), events);
+}
