@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 enum Workload {
     /// DW Standard Workflow v1: one echo activity, payload in and out.
     W1,
-    /// Ten sequential echo activities.
+    /// Ten sequential echo activities (`--steps N`: N of them).
     W10,
     /// One durable 1 s timer.
     Timer,
@@ -71,6 +71,9 @@ struct Args {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Sequential activities of a `w10` workflow (W-N): how server cost grows with history.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
     /// Declare the workloads' activity type (`echo`) a consequential action with this recovery
     /// mode first (e.g. `non_atomic`), so every dispatch is ledgered: the ledger's cost.
     #[arg(long)]
@@ -83,6 +86,8 @@ const CONTROL_HEADERS: [(&str, &str); 2] = [("X-Durable-Workflow-Control-Plane-V
 struct Api {
     http: Client,
     base: String,
+    /// Bytes of every worker-plane response body read (what the server served workers).
+    served: AtomicU64,
 }
 
 impl Api {
@@ -93,7 +98,9 @@ impl Api {
         }
         let response = request.send().await?;
         let status = response.status().as_u16();
-        Ok((status, response.json().await.unwrap_or(Value::Null)))
+        let body = response.bytes().await?;
+        self.served.fetch_add(body.len() as u64, Ordering::Relaxed);
+        Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
     }
 
     async fn control(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow_lite::Result<(u16, Value)> {
@@ -134,8 +141,7 @@ fn count(events: &[Value], event_type: &str) -> usize {
 }
 
 /// Decides the next commands of a workflow task from its history, per workload.
-fn decide(workload: Workload, task: &Value) -> Vec<Value> {
-    let events = history_events(task);
+fn decide(workload: Workload, steps: usize, task: &Value, events: &[Value]) -> Vec<Value> {
     let input = task["arguments"].clone();
     let last_result = events
         .iter()
@@ -145,7 +151,7 @@ fn decide(workload: Workload, task: &Value) -> Vec<Value> {
     let activity = |arguments: Value| json!({"type": "schedule_activity", "activity_type": "echo", "arguments": arguments, "start_to_close_timeout": 60});
     match workload {
         Workload::W1 | Workload::W10 => {
-            let needed = if workload == Workload::W1 { 1 } else { 10 };
+            let needed = if workload == Workload::W1 { 1 } else { steps };
             let done = count(events, "ActivityCompleted");
             let scheduled = count(events, "ActivityScheduled");
             if done >= needed {
@@ -189,7 +195,28 @@ async fn register(api: &Api, worker_id: &str, queue: &str) {
     assert!(status < 300, "register failed: {status} {body}");
 }
 
-async fn workflow_worker(api: Arc<Api>, ledger: Arc<Ledger>, workload: Workload, index: usize, queue: String) {
+/// The whole history of a polled workflow task: the inline page, then every further page (as a
+/// worker replaying from the first event fetches them).
+async fn full_history(api: &Api, worker_id: &str, task: &Value) -> Vec<Value> {
+    let mut events = history_events(task).to_vec();
+    let mut token = task["next_history_page_token"].clone();
+    while let Some(next) = token.as_str() {
+        let path = format!("/worker/workflow-tasks/{}/history", task["task_id"].as_str().unwrap_or_default());
+        let body = json!({"next_history_page_token": next, "lease_owner": worker_id,
+                          "workflow_task_attempt": task["workflow_task_attempt"], "history_page_size": 1000});
+        let (status, page) = api.worker(&path, body).await.expect("history page");
+        assert_eq!(status, 200, "history page refused: {page}");
+        events.extend(history_events_of(&page).iter().cloned());
+        token = page["next_history_page_token"].clone();
+    }
+    events
+}
+
+fn history_events_of(page: &Value) -> &[Value] {
+    page["history_events"].as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+async fn workflow_worker(api: Arc<Api>, ledger: Arc<Ledger>, workload: Workload, steps: usize, index: usize, queue: String) {
     let worker_id = format!("bench-wf-{index}");
     register(&api, &worker_id, &queue).await;
     let mut polls = 0u64;
@@ -203,10 +230,10 @@ async fn workflow_worker(api: Arc<Api>, ledger: Arc<Ledger>, workload: Workload,
         if task.is_null() {
             continue;
         }
-        assert!(task["next_history_page_token"].is_null(), "bench histories fit one page");
         let task_id = task["task_id"].as_str().expect("task_id").to_string();
         let attempt = task["workflow_task_attempt"].clone();
-        let commands = decide(workload, task);
+        let events = full_history(&api, &worker_id, task).await;
+        let commands = decide(workload, steps, task, &events);
         let finishing = commands.iter().any(|c| c["type"] == "complete_workflow");
         let (path, request) = if commands.is_empty() {
             (
@@ -297,7 +324,7 @@ async fn idle_polls(api: Arc<Api>, args: &Args, queue: &str) -> Value {
     json!({"idle_polls": args.idle_polls, "health_p50_ms": percentile(&latencies, 0.5), "health_p99_ms": percentile(&latencies, 0.99)})
 }
 
-async fn verify(api: &Api, workflow_ids: &[String], expected_blob: &str, workload: Workload, histories: bool) -> usize {
+async fn verify(api: &Api, workflow_ids: &[String], expected_blob: &str, workload: Workload, steps: usize, histories: bool) -> usize {
     let mut problems = 0;
     for id in workflow_ids {
         let (status, describe) = api
@@ -332,7 +359,7 @@ async fn verify(api: &Api, workflow_ids: &[String], expected_blob: &str, workloa
             }
             let activities = match workload {
                 Workload::W1 => 1,
-                Workload::W10 => 10,
+                Workload::W10 => steps,
                 _ => 0,
             };
             if count(&events, "ActivityCompleted") != activities || count(&events, "WorkflowCompleted") != 1 {
@@ -362,7 +389,11 @@ async fn main() {
         .timeout(Duration::from_secs(120))
         .build()
         .expect("http client");
-    let api = Arc::new(Api { http, base: base.clone() });
+    let api = Arc::new(Api {
+        http,
+        base: base.clone(),
+        served: AtomicU64::new(0),
+    });
     let queue = format!("bench-{}", std::process::id());
     if let Some(mode) = &args.declare_action {
         let mut request = api
@@ -504,6 +535,7 @@ async fn main() {
             api.clone(),
             ledger.clone(),
             args.workload,
+            args.steps,
             i,
             queue.clone(),
         )));
@@ -566,7 +598,8 @@ async fn main() {
         Workload::W1 | Workload::W10 => ledger.expected_result.clone(),
         _ => input_blob.clone(),
     };
-    let problems = verify(&api, &ids, &expected_output, args.workload, args.verify_histories).await;
+    let served = api.served.load(Ordering::Relaxed);
+    let problems = verify(&api, &ids, &expected_output, args.workload, args.steps, args.verify_histories).await;
     let mut latencies = ledger.latencies_us.lock().unwrap().clone();
     latencies.sort_unstable();
     let completed = ledger.completed.load(Ordering::Relaxed);
@@ -584,6 +617,9 @@ async fn main() {
         "activities_per_s": ledger.activities.load(Ordering::Relaxed) as f64 / elapsed,
         "latency_ms": {"p50": percentile(&latencies, 0.5), "p90": percentile(&latencies, 0.9), "p99": percentile(&latencies, 0.99)},
         "server_cpu_s_per_workflow": cpu.map(|c| c / completed.max(1) as f64),
+        "steps": if args.workload == Workload::W10 { args.steps } else { 1 },
+        "server_cpu_ms_per_step": cpu.map(|c| c * 1000.0 / ledger.activities.load(Ordering::Relaxed).max(1) as f64),
+        "worker_bytes_served_per_step": served / ledger.activities.load(Ordering::Relaxed).max(1),
         "server_peak_rss_mib": rss,
         "verification_problems": problems,
     });

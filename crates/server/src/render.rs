@@ -2,7 +2,7 @@
 
 use capstan_engine::timefmt::iso8601;
 use capstan_engine::*;
-use capstan_store::RunSummary;
+use capstan_store::{RunSummary, StoredEvent};
 use serde_json::{json, Map, Value};
 
 pub fn time(ms: Millis) -> Value {
@@ -31,6 +31,65 @@ pub fn worker_event(namespace: &str, event: &HistoryEvent) -> Value {
         "prev_hash": event.prev_hash,
         "hash": event.hash,
     })
+}
+
+/// Worker-plane history events as one JSON array, written from what the store holds: each
+/// payload goes out as the JSON text it was written as, so serving a page parses and renders
+/// nothing again (the members are those of [`worker_event`]).
+pub fn worker_events_json(namespace: &str, events: &[StoredEvent]) -> String {
+    let room: usize = events.iter().map(|e| e.payload.len() + 400).sum();
+    let mut out: Vec<u8> = Vec::with_capacity(room + 2);
+    out.push(b'[');
+    for (index, event) in events.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        let member = |out: &mut Vec<u8>, key: &str, value: Option<&str>| {
+            out.extend_from_slice(key.as_bytes());
+            match value {
+                Some(text) => serde_json::to_writer(&mut *out, text).expect("a string serializes"),
+                None => out.extend_from_slice(b"null"),
+            }
+        };
+        member(&mut out, "{\"id\":", Some(&event.id));
+        out.extend_from_slice(format!(",\"sequence\":{}", event.sequence).as_bytes());
+        member(&mut out, ",\"event_type\":", Some(&event.event_type));
+        member(&mut out, ",\"namespace\":", Some(namespace));
+        out.extend_from_slice(b",\"payload\":");
+        out.extend_from_slice(event.payload.as_bytes());
+        member(&mut out, ",\"workflow_task_id\":", event.workflow_task_id.as_deref());
+        member(&mut out, ",\"workflow_command_id\":", event.workflow_command_id.as_deref());
+        member(&mut out, ",\"recorded_at\":", Some(&iso8601(event.recorded_at)));
+        member(&mut out, ",\"prev_hash\":", Some(&event.prev_hash));
+        member(&mut out, ",\"hash\":", Some(&event.hash));
+        out.push(b'}');
+    }
+    out.push(b']');
+    String::from_utf8(out).expect("JSON text of UTF-8 strings")
+}
+
+/// `object` written out with one more member whose value is JSON text written already.
+pub fn with_raw_member(object: &Value, key: &str, raw: &str) -> String {
+    let mut text = object.to_string();
+    debug_assert!(text.ends_with('}'), "an object");
+    text.pop();
+    if text.len() > 1 {
+        text.push(',');
+    }
+    text.push_str(&Value::from(key).to_string());
+    text.push(':');
+    text.push_str(raw);
+    text.push('}');
+    text
+}
+
+/// A JSON body written by hand (it holds a history page), sent as it is.
+pub struct RawJson(pub String);
+
+impl axum::response::IntoResponse for RawJson {
+    fn into_response(self) -> axum::response::Response {
+        ([(axum::http::header::CONTENT_TYPE, "application/json")], self.0).into_response()
+    }
 }
 
 /// History event as the control plane shows it.
@@ -335,7 +394,8 @@ pub fn activity_task(run: &RunState, task: &Task) -> Value {
 }
 
 /// The task object of a workflow poll, with the first history page.
-pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_token: Option<String>) -> Value {
+/// A leased workflow task, without its history page (the caller adds `history_events`).
+pub fn workflow_task(run: &RunState, task: &Task, next_token: Option<String>) -> Value {
     let TaskDetail::Workflow {
         resume,
         history_snapshot,
@@ -345,7 +405,6 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
         return Value::Null;
     };
     let lease = task.lease();
-    let history: Vec<Value> = events.iter().map(|e| worker_event(&run.namespace, e)).collect();
     let mut body = json!({
         "task_kind": "workflow",
         "task_id": task.id,
@@ -363,7 +422,6 @@ pub fn workflow_task(run: &RunState, task: &Task, events: &[HistoryEvent], next_
         "last_history_sequence": history_snapshot,
         "total_history_events": history_snapshot,
         "next_history_page_token": next_token,
-        "history_events": history,
         "workflow_wait_kind": Value::Null,
         "resume_source_kind": Value::Null,
         "resume_source_id": Value::Null,
@@ -497,4 +555,53 @@ pub fn run_entries(run: &RunState) -> Vec<Map<String, Value>> {
             m
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events written from their stored text are exactly the events rendered from the engine's.
+    #[test]
+    fn stored_events_render_as_the_engine_events_do() {
+        let mut payload = Map::new();
+        payload.insert("sequence".into(), json!(1));
+        payload.insert("note".into(), json!("quote \" backslash \\ and ünïcode"));
+        let events: Vec<HistoryEvent> = (1..=2)
+            .map(|n| HistoryEvent {
+                id: EventId(format!("ev-{n}")),
+                sequence: n,
+                event_type: EventType::ActivityScheduled,
+                payload: payload.clone(),
+                workflow_task_id: (n == 1).then(|| TaskId("task-1".into())),
+                workflow_command_id: None,
+                recorded_at: 1_800_000_000_123,
+                prev_hash: "0".repeat(64),
+                hash: "a".repeat(64),
+            })
+            .collect();
+        let stored: Vec<StoredEvent> = events
+            .iter()
+            .map(|e| StoredEvent {
+                id: e.id.as_str().to_string(),
+                sequence: e.sequence,
+                event_type: e.event_type.as_str().to_string(),
+                payload: serde_json::to_string(&e.payload).unwrap(),
+                workflow_task_id: e.workflow_task_id.as_ref().map(|t| t.as_str().to_string()),
+                workflow_command_id: None,
+                recorded_at: e.recorded_at,
+                prev_hash: e.prev_hash.clone(),
+                hash: e.hash.clone(),
+            })
+            .collect();
+        let written: Value = serde_json::from_str(&worker_events_json("default", &stored)).unwrap();
+        let rendered: Vec<Value> = events.iter().map(|e| worker_event("default", e)).collect();
+        assert_eq!(written, Value::Array(rendered));
+        assert_eq!(worker_events_json("default", &[]), "[]");
+        let object = json!({"a": 1});
+        let with: Value = serde_json::from_str(&with_raw_member(&object, "h", "[1]")).unwrap();
+        assert_eq!(with, json!({"a": 1, "h": [1]}));
+        let empty: Value = serde_json::from_str(&with_raw_member(&json!({}), "h", "[]")).unwrap();
+        assert_eq!(empty, json!({"h": []}));
+    }
 }

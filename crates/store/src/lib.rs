@@ -456,6 +456,22 @@ pub struct LedgerFilter {
 }
 
 /// One row of a workflow list.
+/// A history event as it is stored: its payload is the JSON text written with it (the same
+/// bytes `serde_json` gives for the event's payload map), so history can be served without
+/// parsing and rendering it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub id: String,
+    pub sequence: u64,
+    pub event_type: String,
+    pub payload: String,
+    pub workflow_task_id: Option<String>,
+    pub workflow_command_id: Option<String>,
+    pub recorded_at: Millis,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSummary {
     pub namespace: String,
@@ -604,6 +620,16 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Events with `after < sequence <= upto`, at most `limit`, in order.
     fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> impl Future<Output = StoreResult<Vec<HistoryEvent>>> + Send;
+
+    /// The same events as stored ([`StoredEvent`]): served without being parsed and rendered
+    /// again.
+    fn stored_history(
+        &self,
+        run_id: &RunId,
+        after: u64,
+        upto: u64,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<StoredEvent>>> + Send;
 
     /// Runs newest first; returns the page and whether more follow.
     fn list_runs(

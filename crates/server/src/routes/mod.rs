@@ -30,7 +30,7 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use capstan_engine::Reason;
 use capstan_store::Store;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The namespace a request addresses, resolved by the plane middleware.
 #[derive(Clone, Debug)]
@@ -232,8 +232,37 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
-        .layer(tower_http::compression::CompressionLayer::new())
+        .layer(middleware::from_fn(mark_loopback))
+        .layer(tower_http::compression::CompressionLayer::new().compress_when(Compressible))
         .with_state(state)
+}
+
+/// A response to a client on this machine: compressing it costs the server CPU and saves no
+/// time (a loopback copy is faster than gzip), so it goes out as it is.
+#[derive(Clone, Copy)]
+struct Loopback;
+
+async fn mark_loopback(request: Request, next: Next) -> Response {
+    let local = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .is_some_and(|peer| peer.0.ip().is_loopback());
+    let mut response = next.run(request).await;
+    if local {
+        response.extensions_mut().insert(Loopback);
+    }
+    response
+}
+
+/// What is compressed for a client that accepts it: what the default rule would compress
+/// (bodies over 32 bytes, not images or event streams), sent to another machine.
+#[derive(Clone, Copy)]
+struct Compressible;
+
+impl tower_http::compression::Predicate for Compressible {
+    fn should_compress<B: axum::body::HttpBody>(&self, response: &axum::http::Response<B>) -> bool {
+        response.extensions().get::<Loopback>().is_none() && tower_http::compression::DefaultPredicate::new().should_compress(response)
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -368,7 +397,9 @@ async fn worker_plane<S: Store>(State(state): State<Shared<S>>, mut request: Req
 }
 
 /// Every worker-plane body carries `protocol_version` and `server_capabilities`; every response
-/// carries the protocol header.
+/// carries the protocol header. The two members are written into the object as it came from
+/// the handler, without parsing it again: a poll's body holds a whole history page, and no
+/// worker-plane handler writes either member itself.
 async fn decorate_worker_response(response: Response) -> Response {
     let (mut parts, body) = response.into_parts();
     parts.headers.insert(
@@ -378,16 +409,36 @@ async fn decorate_worker_response(response: Response) -> Response {
     let Ok(bytes) = axum::body::to_bytes(body, crate::body::BODY_BYTES_MAX * 2).await else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "response too large").into_response();
     };
-    let body = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(mut map)) => {
-            map.entry("protocol_version").or_insert_with(|| json!(WORKER_PROTOCOL_VERSION));
-            map.entry("server_capabilities").or_insert_with(system::server_capabilities);
-            axum::body::Body::from(Value::Object(map).to_string())
-        }
-        _ => axum::body::Body::from(bytes),
+    let body = match decorated(&bytes) {
+        Some(decorated) => axum::body::Body::from(decorated),
+        None => axum::body::Body::from(bytes),
     };
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     Response::from_parts(parts, body)
+}
+
+/// A JSON object body with the worker-plane members first; `None` for anything else.
+fn decorated(body: &[u8]) -> Option<Vec<u8>> {
+    static MEMBERS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let members = MEMBERS.get_or_init(|| {
+        let object = json!({
+            "protocol_version": WORKER_PROTOCOL_VERSION,
+            "server_capabilities": system::server_capabilities(),
+        })
+        .to_string();
+        // The members without the braces around them.
+        object[1..object.len() - 1].to_string()
+    });
+    let rest = body.strip_prefix(b"{")?;
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut out = Vec::with_capacity(body.len() + members.len() + 2);
+    out.push(b'{');
+    out.extend_from_slice(members.as_bytes());
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Some(out)
 }
 
 /// The namespace routes: the control plane's auth and version checks, without requiring the
@@ -431,4 +482,44 @@ async fn control_plane<S: Store>(State(state): State<Shared<S>>, mut request: Re
         HeaderValue::from_static(CONTROL_PLANE_VERSION),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Map, Value};
+
+    fn members(body: &[u8]) -> Map<String, Value> {
+        let text = String::from_utf8(decorated(body).expect("an object")).unwrap();
+        assert_eq!(text.matches("\"protocol_version\":").count(), 1, "{text}");
+        serde_json::from_str(&text).expect("still JSON")
+    }
+
+    #[test]
+    fn worker_bodies_get_the_protocol_members_without_a_reparse() {
+        let empty = members(b"{}");
+        assert_eq!(empty.len(), 2);
+        assert_eq!(empty["protocol_version"], WORKER_PROTOCOL_VERSION);
+        assert_eq!(empty["server_capabilities"], system::server_capabilities());
+        let task = members(br#"{"task":{"history_events":[{"sequence":1}]},"poll_status":"leased"}"#);
+        assert_eq!(task["task"]["history_events"][0]["sequence"], 1);
+        assert_eq!(task["poll_status"], "leased");
+        assert!(decorated(b"[1,2]").is_none() && decorated(b"").is_none());
+    }
+
+    #[test]
+    fn responses_to_loopback_clients_are_not_compressed() {
+        use tower_http::compression::Predicate;
+        let large = || {
+            axum::http::Response::builder()
+                .header(axum::http::header::CONTENT_TYPE, "application/json")
+                .header(axum::http::header::CONTENT_LENGTH, "4096")
+                .body(axum::body::Body::from(vec![b' '; 4096]))
+                .unwrap()
+        };
+        assert!(Compressible.should_compress(&large()), "another machine gets gzip");
+        let mut local = large();
+        local.extensions_mut().insert(Loopback);
+        assert!(!Compressible.should_compress(&local));
+    }
 }

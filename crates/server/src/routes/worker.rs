@@ -411,11 +411,11 @@ pub async fn poll_workflow_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let kinds = poll_kinds(&body)?;
     let mut request = poll_request(&state, &namespace, &body).await?;
     if let Some(drained) = hold_if_draining(&state, &mut request).await? {
-        return Ok(drained);
+        return Ok(drained.into_response());
     }
     if kinds.update_validation {
         validation::require_capability(&request.worker)?;
@@ -428,11 +428,10 @@ pub async fn poll_workflow_task<S: Store>(
             .map(|leased| Leased::Workflow(Box::new(leased)))
     };
     let (task, run) = match leased {
-        None => return Ok(empty_poll()),
+        None => return Ok(empty_poll().into_response()),
         Some(Leased::Validation(task)) => {
-            return Ok(Json(
-                json!({"task": validation::render_task(&state, &task).await?, "poll_status": "leased"}),
-            ));
+            let reply = json!({"task": validation::render_task(&state, &task).await?, "poll_status": "leased"});
+            return Ok(Json(reply).into_response());
         }
         Some(Leased::Workflow(leased)) => *leased,
     };
@@ -440,10 +439,16 @@ pub async fn poll_workflow_task<S: Store>(
         TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,
         _ => 0,
     };
-    let events = state.store.history(&run.run_id, 0, snapshot, request.history_page_size).await?;
+    let events = state
+        .store
+        .stored_history(&run.run_id, 0, snapshot, request.history_page_size)
+        .await?;
     let last = events.last().map(|e| e.sequence).unwrap_or(0);
     let next = (last < snapshot).then(|| render::page_token(last));
-    Ok(Json(json!({"task": render::workflow_task(&run, &task, &events, next)})))
+    let task = render::workflow_task(&run, &task, next);
+    let history = render::worker_events_json(&run.namespace, &events);
+    let task = render::with_raw_member(&task, "history_events", &history);
+    Ok(render::RawJson(format!("{{\"task\":{task}}}")).into_response())
 }
 
 pub async fn poll_activity_task<S: Store>(
@@ -500,7 +505,7 @@ pub async fn workflow_task_history<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path(task_id): Path<String>,
     JsonObject(body): JsonObject,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<render::RawJson> {
     let claim = workflow_claim(&body)?;
     let f = Fields::new(&body);
     let token = f.req_str("next_history_page_token", 64)?;
@@ -529,17 +534,17 @@ pub async fn workflow_task_history<S: Store>(
             "The history page token is not valid for this task.",
         )
     })?;
-    let events = state.store.history(&run.run_id, after, snapshot, page_size).await?;
+    let events = state.store.stored_history(&run.run_id, after, snapshot, page_size).await?;
     let last = events.last().map(|e| e.sequence).unwrap_or(after);
     let next = (last < snapshot).then(|| render::page_token(last));
-    let history: Vec<Value> = events.iter().map(|e| render::worker_event(&namespace, e)).collect();
-    Ok(Json(json!({
+    let page = json!({
         "task_id": task_id,
         "workflow_task_attempt": claim.attempt,
-        "history_events": history,
         "total_history_events": snapshot,
         "next_history_page_token": next,
-    })))
+    });
+    let history = render::worker_events_json(&namespace, &events);
+    Ok(render::RawJson(render::with_raw_member(&page, "history_events", &history)))
 }
 
 pub async fn heartbeat_workflow_task<S: Store>(

@@ -102,6 +102,34 @@ async fn locate<T: Tx>(
 
 /// Events `after < sequence <= upto` of a run, in order, at most `limit`.
 pub(crate) async fn history<T: Tx>(tx: &mut T, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {
+    let stored = stored_history(tx, run_id, after, upto, limit).await?;
+    stored
+        .into_iter()
+        .map(|event| {
+            Ok(HistoryEvent {
+                event_type: EventType::parse(&event.event_type)
+                    .ok_or_else(|| StoreError::Storage(format!("unknown stored event type {}", event.event_type)))?,
+                payload: serde_json::from_str(&event.payload)?,
+                sequence: event.sequence,
+                id: EventId(event.id),
+                workflow_task_id: event.workflow_task_id.map(TaskId),
+                workflow_command_id: event.workflow_command_id.map(CommandId),
+                recorded_at: event.recorded_at,
+                prev_hash: event.prev_hash,
+                hash: event.hash,
+            })
+        })
+        .collect()
+}
+
+/// The same events as stored: the payload as the JSON text it was written as.
+pub(crate) async fn stored_history<T: Tx>(
+    tx: &mut T,
+    run_id: &RunId,
+    after: u64,
+    upto: u64,
+    limit: usize,
+) -> StoreResult<Vec<StoredEvent>> {
     let sql = "SELECT sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash
                FROM history_events WHERE run_id = $1 AND sequence > $2 AND sequence <= $3 ORDER BY sequence LIMIT $4";
     let bound = |n: u64| n.min(i64::MAX as u64) as i64;
@@ -109,15 +137,13 @@ pub(crate) async fn history<T: Tx>(tx: &mut T, run_id: &RunId, after: u64, upto:
     let rows = tx.query(sql, &args).await?;
     rows.iter()
         .map(|row| {
-            let event_type = row.str(2)?;
-            Ok(HistoryEvent {
+            Ok(StoredEvent {
                 sequence: row.int(0)? as u64,
-                id: EventId(row.text(1)?),
-                event_type: EventType::parse(event_type)
-                    .ok_or_else(|| StoreError::Storage(format!("unknown stored event type {event_type}")))?,
-                payload: serde_json::from_str(row.str(3)?)?,
-                workflow_task_id: row.opt_str(4)?.map(|t| TaskId(t.to_string())),
-                workflow_command_id: row.opt_str(5)?.map(|c| CommandId(c.to_string())),
+                id: row.text(1)?,
+                event_type: row.text(2)?,
+                payload: row.text(3)?,
+                workflow_task_id: row.opt_str(4)?.map(str::to_string),
+                workflow_command_id: row.opt_str(5)?.map(str::to_string),
                 recorded_at: row.int(6)?,
                 prev_hash: row.text(7)?,
                 hash: row.text(8)?,

@@ -443,6 +443,11 @@ impl RunStore for PostgresStore {
         runs::history(&mut self.on(&client), run_id, after, upto, limit).await
     }
 
+    async fn stored_history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
+        let client = self.pool.get().await?;
+        runs::stored_history(&mut self.on(&client), run_id, after, upto, limit).await
+    }
+
     async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
         let client = self.pool.get().await?;
         let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![Box::new(namespace.to_string())];

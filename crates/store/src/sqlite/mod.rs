@@ -343,6 +343,12 @@ impl RunStore for SqliteStore {
         self.read_tx(move |tx| drive(runs::history(tx, &run_id, after, upto, limit))).await
     }
 
+    async fn stored_history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
+        let run_id = run_id.clone();
+        self.read_tx(move |tx| drive(runs::stored_history(tx, &run_id, after, upto, limit)))
+            .await
+    }
+
     async fn list_runs(&self, namespace: &str, filter: ListFilter, offset: usize, limit: usize) -> StoreResult<(Vec<RunSummary>, bool)> {
         let namespace = namespace.to_string();
         self.read(move |conn| {

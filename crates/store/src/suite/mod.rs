@@ -481,6 +481,23 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     // Paging reads contiguous slices.
     let page = store.history(&run.run_id, 2, run_after.last_sequence, 2).await.unwrap();
     assert_eq!(page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [3, 4]);
+    // The stored form is the same events, each payload the JSON text of its map.
+    let stored = store.stored_history(&run.run_id, 0, run_after.last_sequence, 100).await.unwrap();
+    assert_eq!(stored.len(), history.len());
+    for (raw, event) in stored.iter().zip(&history) {
+        assert_eq!(
+            (raw.sequence, raw.id.as_str(), raw.event_type.as_str(), raw.hash.as_str()),
+            (event.sequence, event.id.as_str(), event.event_type.as_str(), event.hash.as_str())
+        );
+        assert_eq!(raw.payload, serde_json::to_string(&event.payload).unwrap());
+        assert_eq!(raw.workflow_task_id.as_deref(), event.workflow_task_id.as_ref().map(|t| t.as_str()));
+        assert_eq!(
+            (raw.recorded_at, raw.prev_hash.as_str()),
+            (event.recorded_at, event.prev_hash.as_str())
+        );
+    }
+    let stored_page = store.stored_history(&run.run_id, 2, run_after.last_sequence, 2).await.unwrap();
+    assert_eq!(stored_page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [3, 4]);
 }
 
 /// A parent's cancellation delivered at a child call (policy `try_cancel`) asks the child's
