@@ -29,7 +29,6 @@ pub async fn prepare<S: Store>(
     Path(task_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let server_time = state.now();
     parse::check_fields(&body, parse::PREPARE_FIELDS, "local activity preparations")?;
     let claim = workflow_claim(&body)?;
     let sequence = parse::sequence(&body, "sequence")?;
@@ -39,6 +38,9 @@ pub async fn prepare<S: Store>(
     let (admission, run) = local_activities::prepare(&*state, lease, sequence, nonce, descriptor)
         .await
         .map_err(|e| refused(e, &task_id))?;
+    // Read after the transition: the deadlines it set count from its own instant, and the SDK
+    // checks each against `server_time` plus its timeout.
+    let server_time = state.now();
     if !admission.duplicate {
         after_change(&state, &run);
     }
@@ -92,7 +94,6 @@ async fn supervise<S: Store>(
     JsonObject(body): JsonObject,
     kind: Supervision,
 ) -> ApiResult<Json<Value>> {
-    let server_time = state.now();
     let claim = workflow_claim(&body)?;
     let lease = workflow_lease(&namespace, &task_id, &claim);
     let attempt = ActivityAttemptId(attempt_id.clone());
@@ -108,6 +109,8 @@ async fn supervise<S: Store>(
         }
     };
     let (supervised, run) = supervised.map_err(|e| refused(e, &task_id))?;
+    // After the transition, as for `prepare`: a heartbeat's new deadline counts from it.
+    let server_time = state.now();
     after_change(&state, &run);
     supervision_reply(&task_id, claim.attempt, &attempt_id, supervised, &run, server_time)
 }
