@@ -3,8 +3,8 @@
 //! task's lease, and reports how it ended; the server records each step and owns retries and
 //! timeouts. Every use case names the workflow task claim it comes on.
 
-use crate::reports::WorkflowLease;
-use crate::{search_attributes, AppResult, Services};
+use crate::reports::{admit_commands, WorkflowLease};
+use crate::{AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
 use capstan_store::{RunLocator, StoreError};
@@ -53,11 +53,7 @@ pub async fn checkpoint<V: Services>(
     commands: Vec<WorkflowCommand>,
 ) -> AppResult<(CheckpointReceipt, RunState)> {
     require_capability(services, &lease).await?;
-    for command in &commands {
-        if let WorkflowCommand::UpsertSearchAttributes { attributes, .. } = command {
-            search_attributes::check_defined(services, &lease.namespace, "commands.upsert_search_attributes", attributes).await?;
-        }
-    }
+    admit_commands(services, &lease.namespace, &commands).await?;
     let memo = services.memo_codec();
     let done = on_claim(services, &lease, move |run, cx, claim| {
         cx.memo = memo;
@@ -76,14 +72,13 @@ pub async fn checkpoint_group<V: Services>(
     members: Vec<GroupMember>,
 ) -> AppResult<(CheckpointReceipt, RunState)> {
     require_capability(services, &lease).await?;
-    let actions = if members
-        .iter()
-        .any(|m| matches!(m, GroupMember::Command(WorkflowCommand::ScheduleActivity(_))))
-    {
-        Some(crate::reports::action_catalog(services, &lease.namespace).await?).filter(|catalog| !catalog.is_empty())
-    } else {
-        None
-    };
+    let mut commands: Vec<&WorkflowCommand> = Vec::new();
+    for member in &members {
+        if let GroupMember::Command(command) = member {
+            commands.push(command);
+        }
+    }
+    let actions = admit_commands(services, &lease.namespace, commands).await?;
     let done = on_claim(services, &lease, move |run, cx, claim| {
         cx.actions = actions;
         checkpoint_local_group(run, cx, claim, &checkpoint_id, start_sequence, members)
@@ -92,7 +87,8 @@ pub async fn checkpoint_group<V: Services>(
     Ok(done)
 }
 
-/// Supervises a running attempt and keeps its claim's lease for `lease_ms`. A lease less than a
+/// Supervises a running attempt and keeps its claim's lease for `lease_ms` (0: the worker did
+/// not ask for a renewal); answers also whether anything was written. A lease less than a
 /// third used is confirmed from the run as it stands (a read: workers supervise about once a
 /// second); an older one is extended, and an attempt past a deadline ended (writes).
 pub async fn control<V: Services>(
@@ -100,7 +96,7 @@ pub async fn control<V: Services>(
     lease: WorkflowLease,
     attempt_id: ActivityAttemptId,
     lease_ms: i64,
-) -> AppResult<(Supervised, RunState)> {
+) -> AppResult<(Supervised, RunState, bool)> {
     let now = services.now();
     if let Some(run) = services
         .store()
@@ -112,18 +108,18 @@ pub async fn control<V: Services>(
             let answer = match standing.stopped {
                 Some(stop) => Supervised::Stopped(stop),
                 None => Supervised::Active(LocalSupervision {
-                    renewed: true,
+                    renewed: lease_ms > 0,
                     ..standing.view
                 }),
             };
-            return Ok((answer, run));
+            return Ok((answer, run, false));
         }
     }
-    let done = on_claim(services, &lease, move |run, cx, claim| {
+    let (supervised, run) = on_claim(services, &lease, move |run, cx, claim| {
         control_local_activity(run, cx, claim, &attempt_id, lease_ms)
     })
     .await?;
-    Ok(done)
+    Ok((supervised, run, true))
 }
 
 /// Records a running attempt's progress.
@@ -150,6 +146,21 @@ pub async fn outcome<V: Services>(
 ) -> AppResult<(LocalRecordReceipt, RunState)> {
     let done = on_claim(services, &lease, move |run, cx, claim| {
         report_local_outcome(run, cx, claim, &attempt_id, &report, &fingerprint)
+    })
+    .await?;
+    Ok(done)
+}
+
+/// Records that the worker stopped the callback of an attempt a cancellation stopped (a repeat
+/// gets the first receipt).
+pub async fn acknowledge_stop<V: Services>(
+    services: &V,
+    lease: WorkflowLease,
+    attempt_id: ActivityAttemptId,
+    request_id: String,
+) -> AppResult<(StopReceipt, RunState)> {
+    let done = on_claim(services, &lease, move |run, cx, claim| {
+        acknowledge_local_stop(run, cx, claim, &attempt_id, &request_id)
     })
     .await?;
     Ok(done)

@@ -38,17 +38,7 @@ pub async fn complete_workflow_task<V: Services>(
     if let Some(claim) = &sticky {
         check_sticky_registration(services, &lease, claim).await?;
     }
-    for command in &commands {
-        if let WorkflowCommand::UpsertSearchAttributes { attributes, .. } = command {
-            search_attributes::check_defined(services, &lease.namespace, "commands.upsert_search_attributes", attributes).await?;
-        }
-    }
-    // Read the definitions only when activities are scheduled.
-    let actions = if commands.iter().any(|c| matches!(c, WorkflowCommand::ScheduleActivity(_))) {
-        Some(action_catalog(services, &lease.namespace).await?).filter(|catalog| !catalog.is_empty())
-    } else {
-        None
-    };
+    let actions = admit_commands(services, &lease.namespace, &commands).await?;
     let memo = services.memo_codec();
     let WorkflowLease { owner, attempt, .. } = lease.clone();
     let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
@@ -67,6 +57,30 @@ pub async fn complete_workflow_task<V: Services>(
     })
     .await?;
     Ok(done)
+}
+
+/// What applying `commands` needs read first: their upserted search attributes are checked
+/// against the namespace's schema, and the action definitions are read when they schedule
+/// activities (scheduling a declared action pins its definition).
+pub(crate) async fn admit_commands<'c, V: Services>(
+    services: &V,
+    namespace: &str,
+    commands: impl IntoIterator<Item = &'c WorkflowCommand>,
+) -> AppResult<Option<Arc<BTreeMap<String, ActionDefinition>>>> {
+    let mut schedules = false;
+    for command in commands {
+        match command {
+            WorkflowCommand::UpsertSearchAttributes { attributes, .. } => {
+                search_attributes::check_defined(services, namespace, "commands.upsert_search_attributes", attributes).await?;
+            }
+            WorkflowCommand::ScheduleActivity(_) => schedules = true,
+            _ => {}
+        }
+    }
+    if !schedules {
+        return Ok(None);
+    }
+    Ok(Some(action_catalog(services, namespace).await?).filter(|catalog| !catalog.is_empty()))
 }
 
 /// A sticky claim comes from a worker that registered the `sticky_execution` capability, for

@@ -25,6 +25,10 @@ pub struct StoppedAttempt {
     pub cancellation_event_id: EventId,
     #[serde(default)]
     pub acknowledgement: Option<StopAcknowledgement>,
+    /// For a prepared local attempt: the `workflow_task_attempt` of the claim it ran under (its
+    /// acknowledgement names that claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_task_attempt: Option<u64>,
 }
 
 /// The worker's word that the attempt's callback has stopped.
@@ -46,6 +50,27 @@ pub struct StopReceipt {
 }
 
 impl StoppedAttempt {
+    /// The receipt of an attempt `request` stopped (`ActivityCancelled` `cancellation_event_id`),
+    /// held by `lease_owner` under task `task_id`, before its worker has acknowledged it.
+    pub fn stopped_by(
+        request: &crate::run::CancellationRequest,
+        task_id: TaskId,
+        execution_id: ActivityExecutionId,
+        lease_owner: String,
+        cancellation_event_id: EventId,
+    ) -> Self {
+        Self {
+            task_id,
+            execution_id,
+            lease_owner,
+            request_id: request.request_id.clone(),
+            cleanup_deadline_at: request.cleanup_deadline_at,
+            cancellation_event_id,
+            acknowledgement: None,
+            workflow_task_attempt: None,
+        }
+    }
+
     /// The receipt a `/status` reply carries for this attempt (DW's `cancellation_acknowledgement`).
     pub fn receipt_view(&self) -> Value {
         let mut view = json!({

@@ -308,6 +308,27 @@ impl RetryPolicy {
         self.max_attempts.is_none_or(|max| attempt_number <= max)
     }
 
+    /// Whether the policy lists `exception_type` among the failures never retried.
+    pub fn never_retries(&self, exception_type: Option<&str>) -> bool {
+        exception_type.is_some_and(|t| self.non_retryable_error_types.iter().any(|n| n == t))
+    }
+
+    /// The retry after attempt `attempt_number` ended at `now`: when it is due and its backoff in
+    /// seconds — unless the end was not `retryable`, the policy has no attempt left, or the retry
+    /// would start at or past `deadline` (schedule-to-close).
+    pub fn retry_after(
+        &self,
+        attempt_number: u32,
+        retryable: bool,
+        now: crate::Millis,
+        deadline: Option<crate::Millis>,
+    ) -> Option<(crate::Millis, i64)> {
+        let backoff_seconds = self.backoff_after(attempt_number);
+        let due = now + backoff_seconds * 1000;
+        let allowed = retryable && self.allows_attempt(attempt_number + 1) && deadline.is_none_or(|deadline| due < deadline);
+        allowed.then_some((due, backoff_seconds))
+    }
+
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "max_attempts": self.max_attempts,

@@ -75,6 +75,16 @@ pub struct PreparedAttempt {
     /// Set once a cooperative cancellation stopped the attempt: its `ActivityCancelled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<EventId>,
+    /// The last heartbeat recorded: a heartbeat with the same progress records nothing new.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<RecordedHeartbeat>,
+}
+
+/// A heartbeat in history: its `ActivityHeartbeatRecorded` and the progress it carried.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedHeartbeat {
+    pub event_id: EventId,
+    pub progress: Option<Map<String, Value>>,
 }
 
 impl PreparedLocal {

@@ -789,6 +789,16 @@ impl RunState {
         id
     }
 
+    /// Ends workflow task `task_id` without a completion (its worker goes back to polling) and
+    /// records the signals its lease held back; the next task comes when something wants it.
+    pub(crate) fn release_workflow_task(&mut self, cx: &mut Cx, task_id: &TaskId) {
+        self.close_task(cx, task_id, TaskClosure::Completed);
+        if self.status == RunStatus::Running {
+            self.status = RunStatus::Waiting;
+        }
+        self.record_deferred_signals(cx);
+    }
+
     /// The leased workflow task may read history up to now: events recorded during its lease
     /// (a cancellation request, a prepared local activity's) are what its worker reloads
     /// history to see.

@@ -337,6 +337,17 @@ fn heartbeats_record_progress_and_move_only_the_heartbeat_deadline() {
         .find(|e| Some(&e.id) == view.heartbeat_event_id.as_ref())
         .unwrap();
     assert_eq!(beat.payload["progress"]["details"]["n"], 1);
+    // The same progress again moves the deadline and records nothing new.
+    sim.now += 5_000;
+    let Supervised::Active(again) = sim
+        .apply(|run, cx| heartbeat_local_activity(run, cx, claim(&task, fence), &attempt, Some(&progress)))
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(again.heartbeat_event_id, view.heartbeat_event_id);
+    assert_eq!(again.deadlines.heartbeat, Some(sim.now + 10_000));
+    assert_eq!(sim.count(EventType::ActivityHeartbeatRecorded), 1);
     sim.now += 10_000;
     let ended = sim
         .apply(|run, cx| heartbeat_local_activity(run, cx, claim(&task, fence), &attempt, None))
@@ -477,6 +488,16 @@ fn a_wait_cancellation_completed_call_is_delivered_after_the_stop_is_acknowledge
     let waiting = deliver_local(&mut sim, &task, fence, OWNER).unwrap();
     assert_eq!(waiting, DeliveryOutcome::Waiting(Reason::CancellationWaitingForActivity));
     assert!(sim.run.workflow_task.is_none());
+    // An acknowledgement names the claim the attempt ran under, attempt included.
+    let wrong = LocalClaim {
+        task_id: &task,
+        owner: OWNER,
+        attempt: fence + 1,
+    };
+    let refused = sim
+        .apply(|run, cx| acknowledge_local_stop(run, cx, wrong, &attempt, "cmd-cancel"))
+        .unwrap_err();
+    assert_eq!(refused.reason, Reason::WorkflowTaskAttemptMismatch);
     // The acknowledgement (on the released claim's task) wakes the run.
     let receipt = sim
         .apply(|run, cx| acknowledge_activity_cancellation(run, cx, &task, &attempt, OWNER, "cmd-cancel"))

@@ -57,6 +57,7 @@ impl Sim {
                 attempt_id,
                 owner: stopped.lease_owner,
                 request_id: stopped.request_id.to_string(),
+                fence: stopped.workflow_task_attempt,
             };
             self.hand_over(ack, true).await?;
         }

@@ -186,12 +186,14 @@ enum Delivery {
         attempt_id: ActivityAttemptId,
         owner: String,
     },
-    /// The worker of an attempt a delivered cancellation stopped says it has stopped.
+    /// The worker of an attempt a delivered cancellation stopped says it has stopped; a
+    /// prepared local attempt's names its workflow task claim (`fence`).
     AcknowledgeStop {
         task_id: TaskId,
         attempt_id: ActivityAttemptId,
         owner: String,
         request_id: String,
+        fence: Option<u64>,
     },
     AnswerQuery {
         query_id: String,
@@ -952,10 +954,24 @@ impl Sim {
                 attempt_id,
                 owner,
                 request_id,
+                fence,
             } => {
-                self.trace(|| format!("{owner} acknowledges the stop of activity task {task_id}"));
-                let lease = attempt_lease(task_id, attempt_id, owner);
-                let result = capstan_app::cancellation::acknowledge_stop(&self.app, lease, request_id).await;
+                self.trace(|| format!("{owner} acknowledges the stop of attempt {attempt_id} (task {task_id})"));
+                let result = match fence {
+                    Some(attempt) => {
+                        let lease = reports::WorkflowLease {
+                            namespace: NAMESPACE.into(),
+                            task_id,
+                            owner,
+                            attempt,
+                        };
+                        capstan_app::local_activities::acknowledge_stop(&self.app, lease, attempt_id, request_id).await
+                    }
+                    None => {
+                        let lease = attempt_lease(task_id, attempt_id, owner);
+                        capstan_app::cancellation::acknowledge_stop(&self.app, lease, request_id).await
+                    }
+                };
                 if let Some((receipt, run)) = self.declined(result)? {
                     if !receipt.duplicate {
                         self.report.cancellations[3] += 1;

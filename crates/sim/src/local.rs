@@ -68,7 +68,7 @@ impl Sim {
         if faulty && self.rng.random_bool(0.5) {
             let result = local_activities::control(&self.app, lease.clone(), attempt_id.clone(), WORKFLOW_LEASE_MS).await;
             match self.declined(result)? {
-                Some((Supervised::Stopped(stop), run)) => {
+                Some((Supervised::Stopped(stop), run, _)) => {
                     self.acknowledge(&run);
                     self.report.local_attempts[3] += 1;
                     let ack = Delivery::AcknowledgeStop {
@@ -76,15 +76,16 @@ impl Sim {
                         attempt_id,
                         owner: owner.to_string(),
                         request_id: stop.request.request_id.to_string(),
+                        fence: Some(task.fence),
                     };
                     self.hand_over(ack, faulty).await?;
                     return Ok(false);
                 }
-                Some((Supervised::Ended { .. }, run)) => {
+                Some((Supervised::Ended { .. }, run, _)) => {
                     self.acknowledge(&run);
                     return Ok(false);
                 }
-                Some((Supervised::Active(_), _)) => {}
+                Some((Supervised::Active(_), _, _)) => {}
                 None => return Ok(false),
             }
         }

@@ -354,11 +354,7 @@ pub fn fail_activity(
     }
     let task = check_activity_lease(run, cx.now, task_id, attempt_id, owner)?.clone();
     let execution = execution_of(run, &task).expect("leased activity has an execution").clone();
-    let non_retryable = failure.non_retryable
-        || failure
-            .failure_type
-            .as_ref()
-            .is_some_and(|t| execution.retry_policy.non_retryable_error_types.contains(t));
+    let non_retryable = failure.non_retryable || execution.retry_policy.never_retries(failure.failure_type.as_deref());
     let outcome = end_attempt(run, cx, &task, &execution, AttemptEnd::Failed { failure, non_retryable });
     activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::FailActivity, outcome.clone());
     Ok(outcome)
@@ -380,16 +376,14 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
     if let Some(receipt) = ledger_outcome_unknown(run, cx, task, execution, reason) {
         return receipt;
     }
-    let now = cx.now;
     let attempt_number = execution.attempt_count;
-    let backoff_ms = execution.retry_policy.backoff_after(attempt_number) * 1000;
-    let retry_at = now + backoff_ms;
     let (retryable, closure) = match &end {
         AttemptEnd::Failed { non_retryable, .. } => (!non_retryable, TaskClosure::Failed),
         AttemptEnd::TimedOut { timeout_kind } => (*timeout_kind != "schedule_to_close", TaskClosure::TimedOut),
     };
-    let within_deadline = execution.schedule_to_close_deadline.is_none_or(|deadline| retry_at < deadline);
-    let will_retry = retryable && within_deadline && execution.retry_policy.allows_attempt(attempt_number + 1);
+    let retry = execution
+        .retry_policy
+        .retry_after(attempt_number, retryable, cx.now, execution.schedule_to_close_deadline);
     run.close_task(cx, &task.id, closure);
     let attempt_id = match &task.detail {
         TaskDetail::Activity { attempt_id, .. } => attempt_id.clone(),
@@ -400,7 +394,7 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
         attempt_id: attempt_id.as_ref(),
         number: attempt_number,
     };
-    if will_retry {
+    if let Some((retry_at, backoff_seconds)) = retry {
         let retry_task = run.new_task(
             cx,
             TaskKind::Activity,
@@ -425,7 +419,7 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
             next: NextAttempt {
                 task_id: &retry_task,
                 available_at: retry_at,
-                backoff_seconds: backoff_ms / 1000,
+                backoff_seconds,
             },
             retry_of_task_id: &task.id,
         });

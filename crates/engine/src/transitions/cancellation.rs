@@ -207,7 +207,7 @@ pub fn deliver_cancellation(
             .with("sequence", awaiting.sequence));
         }
         if let Some(waiting) = still_waiting(run, awaiting) {
-            release_claim(run, cx, task_id);
+            run.release_workflow_task(cx, task_id);
             return Ok(DeliveryOutcome::Waiting(waiting));
         }
         for (step, workflow_id, run_id) in awaiting.children.clone() {
@@ -257,7 +257,7 @@ pub fn deliver_cancellation(
             };
             let waiting = still_waiting(run, &awaiting).expect("something to wait for");
             run.cancellation.as_mut().expect("checked").awaiting = Some(awaiting);
-            release_claim(run, cx, task_id);
+            run.release_workflow_task(cx, task_id);
             return Ok(DeliveryOutcome::Waiting(waiting));
         }
     }
@@ -392,16 +392,6 @@ pub(crate) fn stops_acknowledged(run: &RunState, awaiting: &AwaitedStops) -> boo
         .all(|attempt| run.stopped_attempts.get(attempt).is_some_and(|s| s.acknowledgement.is_some()))
 }
 
-/// Ends the workflow task without a completion: its worker goes back to polling, and the next
-/// task comes when what the delivery waits for has happened.
-fn release_claim(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) {
-    run.close_task(cx, task_id, TaskClosure::Completed);
-    if run.status == RunStatus::Running {
-        run.status = RunStatus::Waiting;
-    }
-    run.record_deferred_signals(cx);
-}
-
 /// Ends what an interrupted step was waiting for.
 fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
     let timers: Vec<TimerState> = run.timers.values().filter(|t| t.step == step).cloned().collect();
@@ -443,15 +433,13 @@ fn stop_activity(run: &mut RunState, cx: &mut Cx, activity: &ActivityExecution) 
     run.append(cx, EventType::ActivityCancelled, payload, None, None);
     if let (Some((attempt_id, lease_owner)), Some(request)) = (running, run.cancellation.clone()) {
         let cancellation_event_id = cx.effects.events.last().expect("appended").id.clone();
-        let stopped = crate::activity_stop::StoppedAttempt {
-            task_id: activity.task_id.clone(),
-            execution_id: activity.id.clone(),
+        let stopped = crate::activity_stop::StoppedAttempt::stopped_by(
+            &request,
+            activity.task_id.clone(),
+            activity.id.clone(),
             lease_owner,
-            request_id: request.request_id,
-            cleanup_deadline_at: request.cleanup_deadline_at,
             cancellation_event_id,
-            acknowledgement: None,
-        };
+        );
         run.stopped_attempts.insert(attempt_id, stopped);
     }
 }

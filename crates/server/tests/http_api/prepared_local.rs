@@ -141,6 +141,15 @@ async fn a_prepared_local_activity_is_recorded_one_report_at_a_time() {
     assert_eq!(control["heartbeat_recorded"], false);
     assert_eq!(control["start_to_close_deadline_at"], admitted["start_to_close_deadline_at"]);
     assert!(control["workflow_lease_expires_at"].is_string());
+    // Without `renew_lease` nothing is extended, and the reply says so.
+    let unrenewed = op(&h, &task, "w1", &format!("{attempt}/control"), json!({"renew_lease": false}))
+        .await
+        .ok(200);
+    assert_eq!(
+        (unrenewed["active"].clone(), unrenewed["renewed"].clone()),
+        (json!(true), json!(false))
+    );
+    assert_eq!(unrenewed["lease_expires_at"], control["lease_expires_at"]);
     let beat = op(
         &h,
         &task,

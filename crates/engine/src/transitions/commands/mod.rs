@@ -37,6 +37,11 @@ struct At<'t> {
 fn take_step(run: &mut RunState, command: &WorkflowCommand) -> Result<Option<u32>, Refusal> {
     let kind = command.step_kind().expect("only step commands take steps");
     let tags = command.tags().expect("step commands have tags");
+    take_step_of(run, kind, tags)
+}
+
+/// [`take_step`] for a step of `kind` tagged `tags` (a prepared local call has no command).
+pub(in crate::transitions) fn take_step_of(run: &mut RunState, kind: StepKind, tags: &StepTags) -> Result<Option<u32>, Refusal> {
     let base = tags.get("parallel_group_base_sequence").and_then(Value::as_u64);
     let index = tags.get("parallel_group_index").and_then(Value::as_u64);
     if let (Some(base), Some(index)) = (base, index) {

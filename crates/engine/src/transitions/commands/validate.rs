@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// Refuses what would record more than `new_events` past the history limit.
+pub(in crate::transitions) fn ensure_history_room(run: &RunState, cx: &Cx, new_events: u64) -> Result<(), Refusal> {
+    if run.last_sequence + new_events > cx.limits.history_events_max {
+        return Err(Refusal::new(Reason::StructuralLimitExceeded, "The run's history is full.")
+            .with("limit_kind", "history_events")
+            .with("current_value", run.last_sequence)
+            .with("configured_limit", cx.limits.history_events_max));
+    }
+    Ok(())
+}
+
 pub(in crate::transitions) fn validate_commands(run: &RunState, cx: &Cx, commands: &[WorkflowCommand]) -> Result<(), Refusal> {
     if commands.is_empty() {
         return Err(invalid("A workflow task completion needs at least one command."));
@@ -25,13 +36,7 @@ pub(in crate::transitions) fn validate_commands(run: &RunState, cx: &Cx, command
             _ => 0,
         })
         .sum();
-    let events_after = run.last_sequence + 3 * commands.len() as u64 + local_events as u64;
-    if events_after > cx.limits.history_events_max {
-        return Err(Refusal::new(Reason::StructuralLimitExceeded, "The run's history is full.")
-            .with("limit_kind", "history_events")
-            .with("current_value", run.last_sequence)
-            .with("configured_limit", cx.limits.history_events_max));
-    }
+    ensure_history_room(run, cx, 3 * commands.len() as u64 + local_events as u64)?;
     let new_activities = commands
         .iter()
         .filter(|c| matches!(c, WorkflowCommand::ScheduleActivity(_)))

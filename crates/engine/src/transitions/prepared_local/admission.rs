@@ -62,23 +62,7 @@ pub fn prepare_local_activity(
             )
             .with("next_sequence", run.next_step));
         }
-        None => {
-            run.next_step += 1;
-            run.steps.insert(sequence, StepKind::Activity(descriptor.activity_type.clone()));
-            let local = PreparedLocal {
-                execution_id: cx.id(),
-                step: sequence,
-                descriptor,
-                scheduled_at: cx.now,
-                attempt_count: 0,
-                attempt: None,
-                retry_due_at: None,
-            };
-            let payload = events::prepared_scheduled(&local, claim.task_id, claim.attempt);
-            run.append(cx, EventType::ActivityScheduled, payload, Some(claim.task_id), None);
-            run.prepared_locals.insert(sequence, local);
-            sequence
-        }
+        None => schedule_call(run, cx, claim, descriptor, None)?.0,
     };
     let attempt = start_attempt(run, cx, step, claim, worker_attempt_id, lease_expires_at);
     let local = &run.prepared_locals[&step];
@@ -106,6 +90,7 @@ fn start_attempt(
         started_at: cx.now,
         heartbeat_deadline: local.descriptor.heartbeat_seconds.map(|s| cx.now + s * 1000),
         stopped_by: None,
+        last_heartbeat: None,
     };
     local.attempt = Some(attempt.clone());
     local.retry_due_at = None;
@@ -184,8 +169,8 @@ pub fn recover_local_activity(
     }
     let cleanup = cleanup_view(run, &local.descriptor).ok().flatten();
     let end = match local.deadlines(&original, cleanup_deadline(&cleanup)).passed(cx.now) {
-        Some(kind) => LocalEnd::TimedOut(kind),
-        None => LocalEnd::Failed {
+        Some(kind) => PreparedFailure::TimedOut { kind },
+        None => PreparedFailure::Failed {
             message: "The workflow task claim the local activity ran under was lost; the callback's outcome is unknown.",
             exception_type: Some("LocalActivityClaimLost"),
             non_retryable: false,
@@ -197,6 +182,6 @@ pub fn recover_local_activity(
         owner: claim.owner,
         original: &original,
     };
-    let record = end_attempt(run, cx, sequence, end, by, false);
+    let record = end_attempt(run, cx, sequence, LocalEnd::Ended(end), by, false);
     Ok(LocalRecordReceipt { duplicate: false, record })
 }

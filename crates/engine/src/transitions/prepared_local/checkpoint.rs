@@ -148,24 +148,7 @@ pub fn checkpoint_local_group(
     for member in members {
         match member {
             GroupMember::Command(command) => apply_command(run, cx, claim.task_id, command)?,
-            GroupMember::Local(descriptor) => {
-                let step = run.next_step;
-                run.next_step += 1;
-                run.steps.insert(step, StepKind::Activity(descriptor.activity_type.clone()));
-                let local = PreparedLocal {
-                    execution_id: cx.id(),
-                    step,
-                    descriptor,
-                    scheduled_at: cx.now,
-                    attempt_count: 0,
-                    attempt: None,
-                    retry_due_at: None,
-                };
-                let payload = events::prepared_group_scheduled(&local, claim.task_id, claim.attempt, checkpoint_id);
-                run.append(cx, EventType::ActivityScheduled, payload, Some(claim.task_id), None);
-                admitted.push((step, local.execution_id.clone()));
-                run.prepared_locals.insert(step, local);
-            }
+            GroupMember::Local(descriptor) => admitted.push(schedule_call(run, cx, claim, descriptor, Some(checkpoint_id))?),
         }
     }
     let checkpoint = LocalCheckpoint {

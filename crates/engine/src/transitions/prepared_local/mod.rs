@@ -89,19 +89,52 @@ fn cleanup_view(run: &RunState, descriptor: &LocalDescriptor) -> Result<Option<C
     }
 }
 
+/// Records a new prepared call at the run's next step (`ActivityScheduled`, no attempt yet),
+/// from a `prepare` or as a member of the group `checkpoint-group` admits. The step is taken
+/// as a command's is (its parallel-group tags must name it); answers it and the call's id.
+fn schedule_call(
+    run: &mut RunState,
+    cx: &mut Cx,
+    claim: LocalClaim,
+    descriptor: LocalDescriptor,
+    group_checkpoint: Option<&str>,
+) -> Result<(u32, ActivityExecutionId), Refusal> {
+    // Scheduled and started: the two events a call opens with.
+    ensure_history_room(run, cx, 2)?;
+    let kind = StepKind::Activity(descriptor.activity_type.clone());
+    let Some(step) = take_step_of(run, kind, &descriptor.tags)? else {
+        return Err(Refusal::new(
+            Reason::LocalActivityPreparationMismatch,
+            "Another call is recorded at this sequence.",
+        ));
+    };
+    let local = PreparedLocal {
+        execution_id: cx.id(),
+        step,
+        descriptor,
+        scheduled_at: cx.now,
+        attempt_count: 0,
+        attempt: None,
+        retry_due_at: None,
+    };
+    let payload = match group_checkpoint {
+        Some(checkpoint_id) => events::prepared_group_scheduled(&local, claim.task_id, claim.attempt, checkpoint_id),
+        None => events::prepared_scheduled(&local, claim.task_id, claim.attempt),
+    };
+    run.append(cx, EventType::ActivityScheduled, payload, Some(claim.task_id), None);
+    let execution_id = local.execution_id.clone();
+    run.prepared_locals.insert(step, local);
+    Ok((step, execution_id))
+}
+
 fn cleanup_deadline(cleanup: &Option<CleanupView>) -> Option<Millis> {
     cleanup.as_ref().map(|c| c.cleanup_deadline_at)
 }
 
-/// How an attempt ends.
+/// How an attempt ends: its result, or a failure or timeout the retry policy decides on.
 enum LocalEnd<'a> {
     Completed(&'a Payload),
-    Failed {
-        message: &'a str,
-        exception_type: Option<&'a str>,
-        non_retryable: bool,
-    },
-    TimedOut(&'static str),
+    Ended(PreparedFailure<'a>),
 }
 
 /// Ends the running attempt of `step`: its result, or a failure that the retry policy turns into
@@ -127,16 +160,7 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, step: u32, end: LocalEnd, by: Pr
                 release,
             );
         }
-        LocalEnd::Failed {
-            message,
-            exception_type,
-            non_retryable,
-        } => PreparedFailure::Failed {
-            message,
-            exception_type,
-            non_retryable,
-        },
-        LocalEnd::TimedOut(kind) => PreparedFailure::TimedOut { kind },
+        LocalEnd::Ended(failure) => failure,
     };
     let failure_id: String = cx.ids.next_id();
     if let Some((due, backoff_seconds)) = retry_after(&local, &attempt, &failure, cx.now) {
@@ -151,7 +175,6 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, step: u32, end: LocalEnd, by: Pr
         };
         let payload = events::prepared_retry_scheduled(&local, &attempt, &failure, &failure_id, retry, &by);
         let event_id = run.append(cx, EventType::ActivityRetryScheduled, payload, Some(&claim_task), None);
-        run.record_deferred_signals(cx);
         return finish(
             run,
             cx,
@@ -172,8 +195,8 @@ fn end_attempt(run: &mut RunState, cx: &mut Cx, step: u32, end: LocalEnd, by: Pr
     finish(run, cx, &local, &attempt, (event_id, event_type), &by, None, release)
 }
 
-/// When a failed attempt is retried: never after a non-retryable failure, an exhausted policy
-/// or a schedule-to-close timeout, nor when the retry would start past schedule-to-close.
+/// When a failed attempt is retried: never after a non-retryable failure or a schedule-to-close
+/// timeout; otherwise as the policy says ([`RetryPolicy::retry_after`]).
 fn retry_after(local: &PreparedLocal, attempt: &PreparedAttempt, failure: &PreparedFailure, now: Millis) -> Option<(Millis, i64)> {
     let policy = local.retry_policy();
     let retryable = match failure {
@@ -181,27 +204,16 @@ fn retry_after(local: &PreparedLocal, attempt: &PreparedAttempt, failure: &Prepa
             exception_type,
             non_retryable,
             ..
-        } => !non_retryable && !exception_type.is_some_and(|t| policy.non_retryable_error_types.iter().any(|n| n == t)),
+        } => !non_retryable && !policy.never_retries(*exception_type),
         PreparedFailure::TimedOut { kind } => *kind != "schedule_to_close",
     };
-    if !retryable || !policy.allows_attempt(attempt.number + 1) {
-        return None;
-    }
-    let backoff_seconds = policy.backoff_after(attempt.number);
-    let due = now + backoff_seconds * 1000;
-    if local.schedule_to_close_deadline().is_some_and(|deadline| due >= deadline) {
-        return None;
-    }
-    Some((due, backoff_seconds))
+    policy.retry_after(attempt.number, retryable, now, local.schedule_to_close_deadline())
 }
 
 /// Ends workflow task `task_id` without a completion (its worker stops replaying) and asks for
-/// the next one; answers it.
+/// the next one; answers it (held until a pending retry is due).
 fn release_claim(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> Option<TaskId> {
-    run.close_task(cx, task_id, TaskClosure::Completed);
-    if run.status == RunStatus::Running {
-        run.status = RunStatus::Waiting;
-    }
+    run.release_workflow_task(cx, task_id);
     run.workflow_task_wanted = true;
     run.follow_up_workflow_task(cx)
 }
@@ -241,7 +253,6 @@ fn finish(
     };
     if release {
         release_claim(run, cx, task_id);
-        run.record_deferred_signals(cx);
     } else {
         run.extend_leased_history(cx);
     }

@@ -98,13 +98,14 @@ pub(in crate::transitions) fn stop_prepared_attempt(run: &mut RunState, cx: &mut
         running.stopped_by = Some(event_id.clone());
     }
     let stopped = crate::activity_stop::StoppedAttempt {
-        task_id: attempt.task_id.clone(),
-        execution_id: local.execution_id.clone(),
-        lease_owner: attempt.lease_owner.clone(),
-        request_id: request.request_id.clone(),
-        cleanup_deadline_at: request.cleanup_deadline_at,
-        cancellation_event_id: event_id.clone(),
-        acknowledgement: None,
+        workflow_task_attempt: Some(attempt.task_attempt),
+        ..crate::activity_stop::StoppedAttempt::stopped_by(
+            &request,
+            attempt.task_id.clone(),
+            local.execution_id.clone(),
+            attempt.lease_owner.clone(),
+            event_id.clone(),
+        )
     };
     run.stopped_attempts.insert(attempt.attempt_id.clone(), stopped);
     run.extend_leased_history(cx);
@@ -135,7 +136,8 @@ fn settle(run: &mut RunState, cx: &mut Cx, claim: LocalClaim, standing: LocalSta
 }
 
 /// `control`: extends the claim's lease by `lease_ms` (the attempt holds the claim's lease;
-/// neither moves a deadline) — or stops the attempt, or ends it past a deadline.
+/// neither moves a deadline; 0 renews nothing) — or stops the attempt, or ends it past a
+/// deadline.
 pub fn control_local_activity(
     run: &mut RunState,
     cx: &mut Cx,
@@ -155,12 +157,13 @@ pub fn control_local_activity(
         view.lease_expires_at = lease.expires_at;
     }
     task.deadline_at = Some(view.lease_expires_at);
-    view.renewed = true;
+    view.renewed = lease_ms > 0;
     Ok(Supervised::Active(view))
 }
 
-/// `heartbeat`: records the callback's progress (`ActivityHeartbeatRecorded`) and moves the
-/// heartbeat deadline of a call that has a heartbeat timeout; renews no lease.
+/// `heartbeat`: records the callback's progress (`ActivityHeartbeatRecorded`, once per new
+/// progress, as an activity's heartbeats are) and moves the heartbeat deadline of a call that
+/// has a heartbeat timeout; renews no lease.
 pub fn heartbeat_local_activity(
     run: &mut RunState,
     cx: &mut Cx,
@@ -175,14 +178,34 @@ pub fn heartbeat_local_activity(
     };
     let step = running_step(run, claim, attempt_id)?;
     let local = run.prepared_locals.get_mut(&step).expect("running");
-    if let (Some(seconds), Some(attempt)) = (local.descriptor.heartbeat_seconds, local.attempt.as_mut()) {
+    let heartbeat_seconds = local.descriptor.heartbeat_seconds;
+    let attempt = local.attempt.as_mut().expect("running");
+    if let Some(seconds) = heartbeat_seconds {
         attempt.heartbeat_deadline = Some(cx.now + seconds * 1000);
     }
-    let local = local.clone();
+    let repeated = attempt.last_heartbeat.as_ref().filter(|h| h.progress.as_ref() == progress);
+    let event_id = match repeated.map(|h| h.event_id.clone()) {
+        Some(event_id) => event_id,
+        None => {
+            let local = local.clone();
+            let attempt = local.attempt.clone().expect("running");
+            let payload = events::prepared_heartbeat(&local, &attempt, progress, cx.now);
+            let event_id = run.append(cx, EventType::ActivityHeartbeatRecorded, payload, Some(claim.task_id), None);
+            run.extend_leased_history(cx);
+            let running = run
+                .prepared_locals
+                .get_mut(&step)
+                .and_then(|l| l.attempt.as_mut())
+                .expect("running");
+            running.last_heartbeat = Some(RecordedHeartbeat {
+                event_id: event_id.clone(),
+                progress: progress.cloned(),
+            });
+            event_id
+        }
+    };
+    let local = &run.prepared_locals[&step];
     let attempt = local.attempt.clone().expect("running");
-    let payload = events::prepared_heartbeat(&local, &attempt, progress, cx.now);
-    let event_id = run.append(cx, EventType::ActivityHeartbeatRecorded, payload, Some(claim.task_id), None);
-    run.extend_leased_history(cx);
     view.deadlines = local.deadlines(&attempt, cleanup_deadline(&view.cleanup));
     view.attempt = attempt;
     view.heartbeat_event_id = Some(event_id);
@@ -196,7 +219,7 @@ fn timed_out(run: &mut RunState, cx: &mut Cx, claim: LocalClaim, view: &LocalSup
         owner: claim.owner,
     };
     let step = running_step(run, claim, &view.attempt.attempt_id).expect("checked");
-    let record = end_attempt(run, cx, step, LocalEnd::TimedOut(kind), by, true);
+    let record = end_attempt(run, cx, step, LocalEnd::Ended(PreparedFailure::TimedOut { kind }), by, true);
     Supervised::Ended {
         timeout_kind: kind,
         record,
@@ -242,7 +265,7 @@ pub fn report_local_outcome(
     let passed = standing.passed;
     let step = running_step(run, claim, attempt_id)?;
     let end = match (passed, report) {
-        (Some(kind), _) => LocalEnd::TimedOut(kind),
+        (Some(kind), _) => LocalEnd::Ended(PreparedFailure::TimedOut { kind }),
         (None, LocalReport::Completed(result)) => LocalEnd::Completed(result),
         (
             None,
@@ -251,11 +274,11 @@ pub fn report_local_outcome(
                 exception_type,
                 non_retryable,
             },
-        ) => LocalEnd::Failed {
+        ) => LocalEnd::Ended(PreparedFailure::Failed {
             message,
             exception_type: exception_type.as_deref(),
             non_retryable: *non_retryable,
-        },
+        }),
     };
     let by = Provenance::Outcome {
         fingerprint,
@@ -265,4 +288,26 @@ pub fn report_local_outcome(
     };
     let record = end_attempt(run, cx, step, end, by, false);
     Ok(LocalRecordReceipt { duplicate: false, record })
+}
+
+/// `acknowledge-cancellation` of a prepared attempt a cancellation stopped: named by the claim
+/// it ran under (owner and `workflow_task_attempt`, even once that claim has ended), recorded
+/// once as every stopped attempt's acknowledgement is.
+pub fn acknowledge_local_stop(
+    run: &mut RunState,
+    cx: &mut Cx,
+    claim: LocalClaim,
+    attempt_id: &ActivityAttemptId,
+    request_id: &str,
+) -> Result<crate::activity_stop::StopReceipt, Refusal> {
+    let fence = run.stopped_attempts.get(attempt_id).and_then(|s| s.workflow_task_attempt);
+    if let Some(fence) = fence.filter(|fence| *fence != claim.attempt) {
+        return Err(Refusal::new(
+            Reason::WorkflowTaskAttemptMismatch,
+            "The attempt ran under another attempt of this workflow task.",
+        )
+        .with("activity_attempt_id", attempt_id.as_str())
+        .with("current_attempt", fence));
+    }
+    crate::activity_stop::acknowledge_activity_cancellation(run, cx, claim.task_id, attempt_id, claim.owner, request_id)
 }

@@ -10,7 +10,7 @@
 
 mod parse;
 
-use super::worker::{after_change, attempt_lease, refused, workflow_claim, workflow_lease};
+use super::worker::{after_change, refused, workflow_claim, workflow_lease};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
@@ -18,7 +18,7 @@ use crate::{render, wire, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use capstan_app::{cancellation, local_activities};
+use capstan_app::local_activities;
 use capstan_engine::*;
 use capstan_store::Store;
 use serde_json::{json, Map, Value};
@@ -100,18 +100,23 @@ async fn supervise<S: Store>(
     let supervised = match kind {
         Supervision::Control => {
             parse::check_fields(&body, parse::CONTROL_FIELDS, "local activity supervision")?;
-            local_activities::control(&*state, lease, attempt, state.config.workflow_task_lease_ms).await
+            let renew = wire::Fields::new(&body).opt_bool("renew_lease")?.unwrap_or(true);
+            let lease_ms = if renew { state.config.workflow_task_lease_ms } else { 0 };
+            local_activities::control(&*state, lease, attempt, lease_ms).await
         }
         Supervision::Heartbeat => {
             parse::check_fields(&body, parse::HEARTBEAT_FIELDS, "local activity heartbeats")?;
             let progress = parse::progress(&body)?;
-            local_activities::heartbeat(&*state, lease, attempt, progress).await
+            let beat = local_activities::heartbeat(&*state, lease, attempt, progress).await;
+            beat.map(|(supervised, run)| (supervised, run, true))
         }
     };
-    let (supervised, run) = supervised.map_err(|e| refused(e, &task_id))?;
+    let (supervised, run, written) = supervised.map_err(|e| refused(e, &task_id))?;
     // After the transition, as for `prepare`: a heartbeat's new deadline counts from it.
     let server_time = state.now();
-    after_change(&state, &run);
+    if written {
+        after_change(&state, &run);
+    }
     supervision_reply(&task_id, claim.attempt, &attempt_id, supervised, &run, server_time)
 }
 
@@ -199,8 +204,8 @@ pub async fn acknowledge<S: Store>(
     let claim = workflow_claim(&body)?;
     let request_id = wire::Fields::new(&body).req_str("request_id", 255)?;
     let attempt_id = ActivityAttemptId(attempt_id);
-    let lease = attempt_lease(&namespace, &task_id, &attempt_id, claim.owner);
-    let (receipt, run) = cancellation::acknowledge_stop(&*state, lease, request_id)
+    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let (receipt, run) = local_activities::acknowledge_stop(&*state, lease, attempt_id.clone(), request_id)
         .await
         .map_err(|e| refused(e, &task_id))?;
     if !receipt.duplicate {
