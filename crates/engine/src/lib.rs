@@ -27,6 +27,7 @@ pub mod run;
 pub mod schedule;
 pub mod selection;
 pub mod session;
+pub mod step_log;
 pub mod sticky;
 pub mod task;
 pub mod timefmt;

@@ -14,7 +14,8 @@ pub struct Limits {
     pub pending_activities_max: usize,
     /// Open timers per run.
     pub pending_timers_max: usize,
-    /// Receipts of closed tasks kept per run so an identical retried report gets its original answer.
+    /// Receipts kept in the run document per kind (prepared local attempts and checkpoints) so an
+    /// identical retried report gets its original answer. Worker task receipts live on task rows.
     pub closed_task_receipts_max: usize,
     /// Longest delay a workflow may ask for (timers, waits, retry backoff), in seconds.
     pub delay_seconds_max: i64,

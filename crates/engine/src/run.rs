@@ -229,7 +229,8 @@ pub struct Receipt {
 
 /// The version of the [`RunState`] document this build writes. Raise it when a change to the
 /// document would be misread by an older build, so that build refuses the run instead.
-pub const RUN_DOCUMENT_VERSION: u32 = 1;
+/// Version 2: steps as runs of one kind (`step_log`), worker task receipts on task rows.
+pub const RUN_DOCUMENT_VERSION: u32 = 2;
 
 /// Refuses a run document this build cannot read: one written by a newer build (or carrying a
 /// version no build writes). The store calls it on every document it loads.
@@ -300,7 +301,7 @@ pub struct RunState {
     /// Next workflow step sequence to hand out (steps start at 1).
     pub next_step: u32,
     /// What each recorded step was, by step sequence.
-    pub steps: BTreeMap<u32, StepKind>,
+    pub steps: crate::step_log::StepLog,
     /// Control-plane commands applied to this run (the receipts' `command_sequence`).
     pub command_count: u32,
 
@@ -322,6 +323,11 @@ pub struct RunState {
     pub timers: BTreeMap<TimerId, TimerState>,
     pub condition_waits: Vec<ConditionWait>,
     pub signal_waits: Vec<SignalWait>,
+    /// Receipts of closed tasks this transition may be asked about again: the store loads the
+    /// receipt of the task a report names with the run (it is kept on the task's row, see
+    /// [`Effects::receipts`]), and a transition adds the ones it records. Documents written before
+    /// receipts moved to task rows still carry theirs; they are read, never written back.
+    #[serde(default, skip_serializing)]
     pub closed_receipts: VecDeque<ClosedTaskReceipt>,
     /// Accepted updates waiting for their dedicated workflow task, oldest first.
     #[serde(default)]
@@ -547,6 +553,9 @@ pub struct Effects {
     /// Children to ask for a cooperative cancellation (their call's `cancellation_policy`), in
     /// the same transaction.
     pub cancel_children: Vec<ChildCancellation>,
+    /// Receipts of tasks this transition closed on a worker's report, for the store to keep
+    /// with each task's row (a retried report is answered from it).
+    pub receipts: Vec<ClosedTaskReceipt>,
 }
 
 /// A cooperative cancellation a parent's delivery asks of a child run.
@@ -835,14 +844,18 @@ impl RunState {
         None
     }
 
-    pub(crate) fn remember_receipt(&mut self, cx: &Cx, receipt: ClosedTaskReceipt) {
+    /// Keeps a closed task's receipt: in the run for the rest of this transition, and in the
+    /// effects, which the store writes on the task's row (not in the run document, which
+    /// would otherwise carry up to `closed_task_receipts_max` of them through every write).
+    pub(crate) fn remember_receipt(&mut self, cx: &mut Cx, receipt: ClosedTaskReceipt) {
+        cx.effects.receipts.push(receipt.clone());
         self.closed_receipts.push_back(receipt);
         while self.closed_receipts.len() > cx.limits.closed_task_receipts_max {
             self.closed_receipts.pop_front();
         }
     }
 
-    pub(crate) fn find_receipt(&self, task_id: &TaskId) -> Option<&ClosedTaskReceipt> {
+    pub fn find_receipt(&self, task_id: &TaskId) -> Option<&ClosedTaskReceipt> {
         self.closed_receipts.iter().rev().find(|r| &r.task_id == task_id)
     }
 

@@ -4,6 +4,7 @@ use capstan_engine::timefmt::iso8601;
 use capstan_engine::*;
 use capstan_store::{RunSummary, StoredEvent};
 use serde_json::{json, Map, Value};
+use std::io::Write as _;
 
 pub fn time(ms: Millis) -> Value {
     json!(iso8601(ms))
@@ -52,14 +53,17 @@ pub fn worker_events_json(namespace: &str, events: &[StoredEvent]) -> String {
             }
         };
         member(&mut out, "{\"id\":", Some(&event.id));
-        out.extend_from_slice(format!(",\"sequence\":{}", event.sequence).as_bytes());
+        write!(out, ",\"sequence\":{}", event.sequence).expect("writing to a Vec");
         member(&mut out, ",\"event_type\":", Some(&event.event_type));
         member(&mut out, ",\"namespace\":", Some(namespace));
         out.extend_from_slice(b",\"payload\":");
         out.extend_from_slice(event.payload.as_bytes());
         member(&mut out, ",\"workflow_task_id\":", event.workflow_task_id.as_deref());
         member(&mut out, ",\"workflow_command_id\":", event.workflow_command_id.as_deref());
-        member(&mut out, ",\"recorded_at\":", Some(&iso8601(event.recorded_at)));
+        // Digits and punctuation only: nothing to escape.
+        out.extend_from_slice(b",\"recorded_at\":\"");
+        out.extend_from_slice(iso8601(event.recorded_at).as_bytes());
+        out.push(b'"');
         member(&mut out, ",\"prev_hash\":", Some(&event.prev_hash));
         member(&mut out, ",\"hash\":", Some(&event.hash));
         out.push(b'}');

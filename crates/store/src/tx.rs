@@ -145,6 +145,25 @@ impl Row {
         self.str(index).map(str::to_string)
     }
 
+    /// Moves a text column out of the row (no copy); the cell is left NULL.
+    pub fn take_text(&mut self, index: usize) -> StoreResult<String> {
+        match self.0.get_mut(index) {
+            Some(Cell::Text(text)) => Ok(std::mem::take(text)),
+            Some(other) => Err(StoreError::Storage(format!(
+                "result column {index}: expected text, found {other:?}"
+            ))),
+            None => Err(StoreError::Storage(format!("result column {index} is missing"))),
+        }
+    }
+
+    /// [`take_text`](Self::take_text) for a column that may be NULL.
+    pub fn take_opt_text(&mut self, index: usize) -> StoreResult<Option<String>> {
+        match self.0.get(index) {
+            Some(Cell::Null) => Ok(None),
+            _ => self.take_text(index).map(Some),
+        }
+    }
+
     pub fn opt_int(&self, index: usize) -> StoreResult<Option<i64>> {
         match self.cell(index)? {
             Cell::Null => Ok(None),

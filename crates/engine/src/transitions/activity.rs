@@ -227,7 +227,7 @@ fn activity_run_closed_refusal(run: &RunState) -> Refusal {
 
 fn activity_receipt(
     run: &mut RunState,
-    cx: &Cx,
+    cx: &mut Cx,
     task: &Task,
     owner: &str,
     attempt_id: &ActivityAttemptId,

@@ -71,7 +71,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         last_sequence: 0,
         last_hash: String::new(),
         next_step: 1,
-        steps: BTreeMap::new(),
+        steps: Default::default(),
         command_count: 1,
         tasks: BTreeMap::new(),
         workflow_task: None,

@@ -21,6 +21,7 @@ const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, 
          lease_expires_at = excluded.lease_expires_at, fence = excluded.fence,
          sticky_owner = excluded.sticky_owner, sticky_until = excluded.sticky_until";
 const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1";
+const KEEP_RECEIPT: &str = "UPDATE tasks SET receipt = $2 WHERE task_id = $1";
 /// A task created and closed within one transition never had a row: record it closed.
 const INSERT_CLOSED_TASK: &str =
     "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
@@ -74,6 +75,7 @@ pub(crate) fn persist<'a, T: Tx>(
         }
         write_rows(tx, run, effects, (!insert_run).then_some(state.as_str())).await?;
         close_tasks(tx, run, effects).await?;
+        keep_receipts(tx, effects).await?;
         if let Some(successor) = &effects.successor {
             // Continue-as-new: the next run is born in the same transaction and becomes current.
             let (next, next_effects) = successor.as_ref();
@@ -184,6 +186,15 @@ async fn close_tasks<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) -> St
             let args = args![task_id.as_str(), &run.namespace, run.run_id.as_str(), closure.as_str()];
             tx.execute(INSERT_CLOSED_TASK, &args).await?;
         }
+    }
+    Ok(())
+}
+
+/// Each report receipt on its task's row, where the next report naming that task finds it.
+async fn keep_receipts<T: Tx>(tx: &mut T, effects: &Effects) -> StoreResult<()> {
+    for receipt in &effects.receipts {
+        let text = serde_json::to_string(receipt)?;
+        tx.execute(KEEP_RECEIPT, &args![receipt.task_id.as_str(), text.as_str()]).await?;
     }
     Ok(())
 }

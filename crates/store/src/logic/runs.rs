@@ -15,8 +15,9 @@ const LOCK_RUN_OR_SKIP: Locking = locking!(
     "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1",
     "FOR UPDATE SKIP LOCKED"
 );
+// A report names its task: the task's receipt (if it closed) comes along, see `state_of`.
 const LOCK_RUN_OF_TASK: Locking = locking!(
-    "SELECT r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
     "FOR UPDATE OF r"
 );
 const LOCK_NAMED_RUN: Locking = locking!(
@@ -38,11 +39,22 @@ const INSERT_RECEIPT: &str =
 const LOCK_DUTY_FENCE: Locking = locking!("SELECT duty_fence FROM tasks WHERE task_id = $1", "FOR UPDATE");
 const RELEASE_DUTY: &str = "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1";
 
+/// The run of a row `(state, namespace, workflow_id, run_id[, receipt])`. A receipt column
+/// holds the named task's receipt, kept on its row when a report closed it: the engine answers
+/// a retried report from `closed_receipts`.
 fn state_of(row: Option<crate::tx::Row>) -> StoreResult<Option<RunState>> {
-    match row {
-        Some(row) => Ok(Some(read_run(row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?)?)),
-        None => Ok(None),
+    let Some(row) = row else { return Ok(None) };
+    let mut run = read_run(row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?)?;
+    if row.0.len() > 4 {
+        if let Some(text) = row.opt_str(4)? {
+            let receipt: ClosedTaskReceipt = serde_json::from_str(text)
+                .map_err(|e| StoreError::Storage(format!("a task receipt of run {} does not parse: {e}", run.run_id.as_str())))?;
+            if run.find_receipt(&receipt.task_id).is_none() {
+                run.closed_receipts.push_back(receipt);
+            }
+        }
     }
+    Ok(Some(run))
 }
 
 /// A stored run document, or [`StoreError::CorruptRun`] naming the run when it does not parse
@@ -56,8 +68,10 @@ pub(crate) fn read_run(document: &str, namespace: &str, workflow_id: &str, run_i
             detail,
         })
     };
-    let run: RunState = serde_json::from_str(document).map_err(|e| unreadable(format!("the run document does not parse: {e}")))?;
+    let mut run: RunState = serde_json::from_str(document).map_err(|e| unreadable(format!("the run document does not parse: {e}")))?;
     check_document_version(&run).map_err(unreadable)?;
+    // Whatever version it was read from, it is written back in this build's form.
+    run.document_version = RUN_DOCUMENT_VERSION;
     Ok(run)
 }
 
@@ -135,18 +149,18 @@ pub(crate) async fn stored_history<T: Tx>(
     let bound = |n: u64| n.min(i64::MAX as u64) as i64;
     let args = args![run_id.as_str(), bound(after), bound(upto), limit as i64];
     let rows = tx.query(sql, &args).await?;
-    rows.iter()
-        .map(|row| {
+    rows.into_iter()
+        .map(|mut row| {
             Ok(StoredEvent {
                 sequence: row.int(0)? as u64,
-                id: row.text(1)?,
-                event_type: row.text(2)?,
-                payload: row.text(3)?,
-                workflow_task_id: row.opt_str(4)?.map(str::to_string),
-                workflow_command_id: row.opt_str(5)?.map(str::to_string),
+                id: row.take_text(1)?,
+                event_type: row.take_text(2)?,
+                payload: row.take_text(3)?,
+                workflow_task_id: row.take_opt_text(4)?,
+                workflow_command_id: row.take_opt_text(5)?,
                 recorded_at: row.int(6)?,
-                prev_hash: row.text(7)?,
-                hash: row.text(8)?,
+                prev_hash: row.take_text(7)?,
+                hash: row.take_text(8)?,
             })
         })
         .collect()

@@ -368,6 +368,14 @@ CREATE TABLE worker_deregistrations (
 );
 "#,
     ),
+    (
+        19,
+        r#"
+-- The receipt a worker's report got when it closed the task: a retried report is answered
+-- from it (it used to ride in the run document).
+ALTER TABLE tasks ADD COLUMN receipt TEXT;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

@@ -50,13 +50,22 @@ impl<'c> SqliteTx<'c> {
                         ValueRef::Null => Cell::Null,
                         ValueRef::Integer(value) => Cell::Int(value),
                         ValueRef::Real(value) => Cell::Real(value),
-                        ValueRef::Text(bytes) | ValueRef::Blob(bytes) => Cell::Text(String::from_utf8_lossy(bytes).into_owned()),
+                        ValueRef::Text(bytes) | ValueRef::Blob(bytes) => Cell::Text(text_of(bytes)),
                     })
                 })
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             out.push(Row(cells));
         }
         Ok(out)
+    }
+}
+
+/// A text cell. Capstan writes only UTF-8, so the strict check (much faster than the lossy
+/// one) nearly always succeeds; bytes another writer left behind are still read, lossily.
+fn text_of(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
     }
 }
 

@@ -500,6 +500,61 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     assert_eq!(stored_page.iter().map(|e| e.sequence).collect::<Vec<_>>(), [3, 4]);
 }
 
+/// A report's receipt is kept on its task's row, not in the run document: a retried report is
+/// answered from it (retained, nothing written) after other transitions rewrote the run, and
+/// a different report on the closed task is refused.
+pub async fn a_retried_report_is_answered_from_its_tasks_receipt<S: Store>(store: S) {
+    let run = started(&store, "receipt", "q").await;
+    let task = run.workflow_task.clone().unwrap();
+    let complete = |owner: &'static str| {
+        let task = task.clone();
+        move |run: &mut RunState, cx: &mut Cx| complete_workflow_task(run, cx, &task, owner, 1, vec![timer(60)])
+    };
+    store
+        .claim_task("default", TaskKind::Workflow, "q", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a workflow task");
+    let (first, after_first) = store
+        .mutate_run("default", RunLocator::Task(task.clone()), NOW, complete("w"))
+        .await
+        .unwrap();
+    assert!(!first.retained);
+    // Later transitions rewrite the document; none of them carries the receipt along.
+    for n in 0..3 {
+        store
+            .mutate_run("default", RunLocator::Current(run.workflow_id.clone()), NOW, move |run, cx| {
+                signal(run, cx, "s", Payload::avro("x"), format!("c{n}").into())
+            })
+            .await
+            .unwrap();
+    }
+    let by_run = store
+        .load_run("default", RunLocator::Current(run.workflow_id.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(by_run.closed_receipts.is_empty(), "the document carries no receipts");
+    let history_before = all_history(&store, &by_run).await;
+    let (again, _) = store
+        .mutate_run("default", RunLocator::Task(task.clone()), NOW, complete("w"))
+        .await
+        .unwrap();
+    assert!(again.retained);
+    assert_eq!(again.created_task_ids, first.created_task_ids);
+    assert_eq!(again.run_status, first.run_status);
+    assert_eq!(
+        all_history(&store, &by_run).await,
+        history_before,
+        "a retained answer writes nothing"
+    );
+    let other = store
+        .mutate_run("default", RunLocator::Task(task.clone()), NOW, complete("someone-else"))
+        .await;
+    assert!(matches!(other, Err(StoreError::Refused(_))), "another owner's report is refused");
+    assert_eq!(after_first.last_sequence + 3, by_run.last_sequence);
+}
+
 /// A parent's cancellation delivered at a child call (policy `try_cancel`) asks the child's
 /// current run in the same transaction; a parent closed with the `terminate` policy ends it.
 pub async fn children_follow_a_parents_delivery_and_close_in_its_transaction<S: Store>(store: S) {
@@ -1270,6 +1325,7 @@ macro_rules! store_suite {
             fenced_deregistrations_keep_their_receipt,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
+            a_retried_report_is_answered_from_its_tasks_receipt,
             children_follow_a_parents_delivery_and_close_in_its_transaction,
             deadlines_are_reported_when_due,
             an_expired_duty_claim_passes_on_with_a_higher_fence,
