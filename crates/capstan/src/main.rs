@@ -156,6 +156,10 @@ struct ServeArgs {
     /// are at most this old; older ones are skipped (and counted in the schedule's history).
     #[arg(long, env = "CAPSTAN_SCHEDULE_CATCHUP_WINDOW_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(i64).range(0..=86400))]
     schedule_catchup_window_seconds: i64,
+    /// Memory for rendered history events served to workers that replay from the first event
+    /// (least recently used runs leave first; 0 turns it off).
+    #[arg(long, env = "CAPSTAN_HISTORY_CACHE_MIB", default_value_t = 32, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    history_cache_mib: u64,
     /// Log format.
     #[arg(long, env = "CAPSTAN_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -306,6 +310,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
         activity_task_lease_ms: args.activity_task_lease_seconds * 1000,
         duty_lease_ms: args.duty_lease_seconds * 1000,
         schedule_catchup_window_ms: args.schedule_catchup_window_seconds * 1000,
+        history_cache_bytes: (args.history_cache_mib as usize) << 20,
         ..ServerConfig::default()
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;

@@ -1,6 +1,6 @@
 //! The state of one workflow run, and the bookkeeping every transition shares.
 
-use crate::command::{ActivityCancellationPolicy, ActivityTimeouts, RetryPolicy, SessionRequirement, StepKind, StepTags, WorkflowFailure};
+use crate::command::{ActivityCancellationPolicy, ActivityTimeouts, RetryPolicy, SessionRequirement, StepTags, WorkflowFailure};
 use crate::contract::CommandContract;
 use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
 use crate::ids::*;

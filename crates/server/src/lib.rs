@@ -13,6 +13,7 @@ mod canonical;
 mod clock;
 pub mod error;
 pub mod fuzzing;
+mod history_cache;
 mod hub;
 pub mod integrity;
 mod render;
@@ -84,6 +85,8 @@ pub struct ServerConfig {
     pub schedule_catchup_window_ms: i64,
     /// Where time and new ids come from (the store is given the same).
     pub sources: capstan_store::Sources,
+    /// Bytes of rendered history events kept in memory for worker history pages.
+    pub history_cache_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             atomic_actions: AtomicActions::default(),
             schedule_catchup_window_ms: 60_000,
             sources: capstan_store::Sources::system(),
+            history_cache_bytes: 32 << 20,
         }
     }
 }
@@ -120,6 +124,8 @@ pub struct AppState<S: Store> {
     rollouts: std::sync::Mutex<RolloutCache>,
     /// The last `server_time` stamped on a reply, in microseconds.
     last_server_time_us: std::sync::atomic::AtomicI64,
+    /// Rendered history events for worker history pages.
+    pub(crate) history: history_cache::HistoryCache,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -189,9 +195,11 @@ impl<S: Store> AppState<S> {
 
 /// Builds the application router for `store`.
 pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
+    let history = history_cache::HistoryCache::new(config.history_cache_bytes);
     let state = Arc::new(AppState {
         store,
         config,
+        history,
         hub: hub::WakeHub::default(),
         query_answers: hub::KeyedWakeups::default(),
         poll_requests: hub::KeyedLocks::default(),

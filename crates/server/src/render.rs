@@ -34,41 +34,32 @@ pub fn worker_event(namespace: &str, event: &HistoryEvent) -> Value {
     })
 }
 
-/// Worker-plane history events as one JSON array, written from what the store holds: each
-/// payload goes out as the JSON text it was written as, so serving a page parses and renders
-/// nothing again (the members are those of [`worker_event`]).
-pub fn worker_events_json(namespace: &str, events: &[StoredEvent]) -> String {
-    let room: usize = events.iter().map(|e| e.payload.len() + 400).sum();
-    let mut out: Vec<u8> = Vec::with_capacity(room + 2);
-    out.push(b'[');
-    for (index, event) in events.iter().enumerate() {
-        if index > 0 {
-            out.push(b',');
+/// One history event as the worker plane shows it, written from its stored text (the payload
+/// is spliced in as stored, not parsed and re-serialized).
+pub fn worker_event_json(namespace: &str, event: &StoredEvent) -> String {
+    let mut out: Vec<u8> = Vec::with_capacity(event.payload.len() + 400);
+    let member = |out: &mut Vec<u8>, key: &str, value: Option<&str>| {
+        out.extend_from_slice(key.as_bytes());
+        match value {
+            Some(text) => serde_json::to_writer(&mut *out, text).expect("a string serializes"),
+            None => out.extend_from_slice(b"null"),
         }
-        let member = |out: &mut Vec<u8>, key: &str, value: Option<&str>| {
-            out.extend_from_slice(key.as_bytes());
-            match value {
-                Some(text) => serde_json::to_writer(&mut *out, text).expect("a string serializes"),
-                None => out.extend_from_slice(b"null"),
-            }
-        };
-        member(&mut out, "{\"id\":", Some(&event.id));
-        write!(out, ",\"sequence\":{}", event.sequence).expect("writing to a Vec");
-        member(&mut out, ",\"event_type\":", Some(&event.event_type));
-        member(&mut out, ",\"namespace\":", Some(namespace));
-        out.extend_from_slice(b",\"payload\":");
-        out.extend_from_slice(event.payload.as_bytes());
-        member(&mut out, ",\"workflow_task_id\":", event.workflow_task_id.as_deref());
-        member(&mut out, ",\"workflow_command_id\":", event.workflow_command_id.as_deref());
-        // Digits and punctuation only: nothing to escape.
-        out.extend_from_slice(b",\"recorded_at\":\"");
-        out.extend_from_slice(iso8601(event.recorded_at).as_bytes());
-        out.push(b'"');
-        member(&mut out, ",\"prev_hash\":", Some(&event.prev_hash));
-        member(&mut out, ",\"hash\":", Some(&event.hash));
-        out.push(b'}');
-    }
-    out.push(b']');
+    };
+    member(&mut out, "{\"id\":", Some(&event.id));
+    write!(out, ",\"sequence\":{}", event.sequence).expect("writing to a Vec");
+    member(&mut out, ",\"event_type\":", Some(&event.event_type));
+    member(&mut out, ",\"namespace\":", Some(namespace));
+    out.extend_from_slice(b",\"payload\":");
+    out.extend_from_slice(event.payload.as_bytes());
+    member(&mut out, ",\"workflow_task_id\":", event.workflow_task_id.as_deref());
+    member(&mut out, ",\"workflow_command_id\":", event.workflow_command_id.as_deref());
+    // Digits and punctuation only: nothing to escape.
+    out.extend_from_slice(b",\"recorded_at\":\"");
+    out.extend_from_slice(iso8601(event.recorded_at).as_bytes());
+    out.push(b'"');
+    member(&mut out, ",\"prev_hash\":", Some(&event.prev_hash));
+    member(&mut out, ",\"hash\":", Some(&event.hash));
+    out.push(b'}');
     String::from_utf8(out).expect("JSON text of UTF-8 strings")
 }
 
@@ -598,10 +589,10 @@ mod tests {
                 hash: e.hash.clone(),
             })
             .collect();
-        let written: Value = serde_json::from_str(&worker_events_json("default", &stored)).unwrap();
-        let rendered: Vec<Value> = events.iter().map(|e| worker_event("default", e)).collect();
-        assert_eq!(written, Value::Array(rendered));
-        assert_eq!(worker_events_json("default", &[]), "[]");
+        for (raw, event) in stored.iter().zip(&events) {
+            let written: Value = serde_json::from_str(&worker_event_json("default", raw)).unwrap();
+            assert_eq!(written, worker_event("default", event));
+        }
         let object = json!({"a": 1});
         let with: Value = serde_json::from_str(&with_raw_member(&object, "h", "[1]")).unwrap();
         assert_eq!(with, json!({"a": 1, "h": [1]}));

@@ -439,15 +439,14 @@ pub async fn poll_workflow_task<S: Store>(
         TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,
         _ => 0,
     };
-    let events = state
-        .store
-        .stored_history(&run.run_id, 0, snapshot, request.history_page_size)
+    let page = state
+        .history
+        .page(&state.store, &run.namespace, &run.run_id, 0, snapshot, request.history_page_size)
         .await?;
-    let last = events.last().map(|e| e.sequence).unwrap_or(0);
+    let last = page.last.unwrap_or(0);
     let next = (last < snapshot).then(|| render::page_token(last));
     let task = render::workflow_task(&run, &task, next);
-    let history = render::worker_events_json(&run.namespace, &events);
-    let task = render::with_raw_member(&task, "history_events", &history);
+    let task = render::with_raw_member(&task, "history_events", &page.json);
     Ok(render::RawJson(format!("{{\"task\":{task}}}")).into_response())
 }
 
@@ -534,8 +533,11 @@ pub async fn workflow_task_history<S: Store>(
             "The history page token is not valid for this task.",
         )
     })?;
-    let events = state.store.stored_history(&run.run_id, after, snapshot, page_size).await?;
-    let last = events.last().map(|e| e.sequence).unwrap_or(after);
+    let events = state
+        .history
+        .page(&state.store, &namespace, &run.run_id, after, snapshot, page_size)
+        .await?;
+    let last = events.last.unwrap_or(after);
     let next = (last < snapshot).then(|| render::page_token(last));
     let page = json!({
         "task_id": task_id,
@@ -543,8 +545,7 @@ pub async fn workflow_task_history<S: Store>(
         "total_history_events": snapshot,
         "next_history_page_token": next,
     });
-    let history = render::worker_events_json(&namespace, &events);
-    Ok(render::RawJson(render::with_raw_member(&page, "history_events", &history)))
+    Ok(render::RawJson(render::with_raw_member(&page, "history_events", &events.json)))
 }
 
 pub async fn heartbeat_workflow_task<S: Store>(
