@@ -22,6 +22,9 @@ enum Workload {
     W1,
     /// Ten sequential echo activities (`--steps N`: N of them).
     W10,
+    /// Ten echo local activities (`--steps N`: N), run by the workflow worker and recorded with
+    /// `record_local_activity` in the task's completion, as the SDKs record theirs.
+    Local,
     /// One durable 1 s timer.
     Timer,
     /// Wait for a signal sent by the client right after the start.
@@ -180,6 +183,16 @@ fn decide(workload: Workload, steps: usize, task: &Value, events: &[Value]) -> V
                 vec![]
             }
         }
+        Workload::Local => {
+            let record = json!({
+                "type": "record_local_activity", "activity_type": "echo", "execution_mode": "local",
+                "arguments": input, "outcome": "completed", "result": input,
+                "attempts": [{"attempt_number": 1, "outcome": "completed", "duration_ms": 0}],
+            });
+            let mut commands = vec![record; steps];
+            commands.push(json!({"type": "complete_workflow", "result": input}));
+            commands
+        }
         Workload::IdlePolls | Workload::Open => vec![],
     }
 }
@@ -248,6 +261,9 @@ async fn workflow_worker(api: Arc<Api>, ledger: Arc<Ledger>, workload: Workload,
         };
         let (status, response) = api.worker(&path, request).await.expect("report");
         assert!(status == 200, "workflow task report refused: {status} {response}");
+        if workload == Workload::Local {
+            ledger.activities.fetch_add(steps as u64, Ordering::Relaxed);
+        }
         if finishing {
             let workflow_id = task["workflow_id"].as_str().unwrap_or_default().to_string();
             let finished = ledger.started.lock().unwrap().remove(&workflow_id);
@@ -359,7 +375,7 @@ async fn verify(api: &Api, workflow_ids: &[String], expected_blob: &str, workloa
             }
             let activities = match workload {
                 Workload::W1 => 1,
-                Workload::W10 => steps,
+                Workload::W10 | Workload::Local => steps,
                 _ => 0,
             };
             if count(&events, "ActivityCompleted") != activities || count(&events, "WorkflowCompleted") != 1 {
@@ -617,7 +633,7 @@ async fn main() {
         "activities_per_s": ledger.activities.load(Ordering::Relaxed) as f64 / elapsed,
         "latency_ms": {"p50": percentile(&latencies, 0.5), "p90": percentile(&latencies, 0.9), "p99": percentile(&latencies, 0.99)},
         "server_cpu_s_per_workflow": cpu.map(|c| c / completed.max(1) as f64),
-        "steps": if args.workload == Workload::W10 { args.steps } else { 1 },
+        "steps": if matches!(args.workload, Workload::W10 | Workload::Local) { args.steps } else { 1 },
         "server_cpu_ms_per_step": cpu.map(|c| c * 1000.0 / ledger.activities.load(Ordering::Relaxed).max(1) as f64),
         "worker_bytes_served_per_step": served / ledger.activities.load(Ordering::Relaxed).max(1),
         "server_peak_rss_mib": rss,
