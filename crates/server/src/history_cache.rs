@@ -131,8 +131,9 @@ impl HistoryCache {
         }
     }
 
-    /// Bytes of rendered events held (for tests and diagnostics).
-    pub fn bytes(&self) -> usize {
+    /// Bytes of rendered events held.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
         self.inner.lock().expect("history cache").bytes
     }
 }
