@@ -108,19 +108,26 @@ impl HistoryCache {
     /// Appends events `from+1 ..` to the run's cached prefix if it ends at `from`, then trims
     /// the cache to its budget.
     fn keep(&self, run_id: &RunId, from: u64, rendered: &[Arc<str>]) {
-        let added: usize = rendered.iter().map(|text| text.len()).sum();
-        // One run may take at most a quarter of the budget, so a huge history cannot flush
-        // every other run.
         if self.budget == 0 || rendered.is_empty() {
             return;
         }
+        let added: usize = rendered.iter().map(|text| text.len()).sum();
         let mut runs = self.inner.lock().expect("history cache");
-        let cached = runs.by_run.entry(run_id.as_str().to_string()).or_default();
-        if cached.events.len() as u64 != from || cached.bytes + added > self.budget / 4 {
+        let held = runs
+            .by_run
+            .get(run_id.as_str())
+            .map_or((0, 0), |c| (c.events.len() as u64, c.bytes));
+        // One run may take at most a quarter of the budget, so a huge history cannot flush
+        // every other run.
+        if held.0 != from || held.1 + added > self.budget / 4 {
             return;
         }
+        runs.tick += 1;
+        let tick = runs.tick;
+        let cached = runs.by_run.entry(run_id.as_str().to_string()).or_default();
         cached.events.extend(rendered.iter().cloned());
         cached.bytes += added;
+        cached.used = tick;
         runs.bytes += added;
         while runs.bytes > self.budget {
             let Some(oldest) = runs.by_run.iter().min_by_key(|(_, c)| c.used).map(|(id, _)| id.clone()) else {
@@ -129,6 +136,12 @@ impl HistoryCache {
             let evicted = runs.by_run.remove(&oldest).map(|c| c.bytes).unwrap_or(0);
             runs.bytes -= evicted;
         }
+    }
+
+    /// Whether any of the run's events are held.
+    #[cfg(test)]
+    fn holds(&self, run_id: &RunId) -> bool {
+        self.inner.lock().expect("history cache").by_run.contains_key(run_id.as_str())
     }
 
     /// Bytes of rendered events held.
@@ -171,10 +184,14 @@ mod tests {
     const NOW: i64 = 1_800_000_000_000;
 
     async fn run_with_signals(store: &SqliteStore, signals: usize) -> RunId {
+        run_of(store, "cached", signals).await
+    }
+
+    async fn run_of(store: &SqliteStore, workflow_id: &str, signals: usize) -> RunId {
         let start = StartRun {
             namespace: "default".into(),
-            workflow_id: WorkflowId("cached".into()),
-            run_id: RunId("run-cached".into()),
+            workflow_id: WorkflowId(workflow_id.into()),
+            run_id: RunId(format!("run-{workflow_id}")),
             workflow_type: "t".into(),
             task_queue: "q".into(),
             input: Payload::avro("in"),
@@ -183,21 +200,28 @@ mod tests {
             business_key: None,
             memo: Map::new(),
             search_attributes: Map::new(),
-            command_id: CommandId("start".into()),
+            command_id: CommandId(format!("start-{workflow_id}")),
             contract: None,
             compatibility: None,
         };
         let (_, run) = store.start_workflow(start, DuplicatePolicy::Fail, NOW).await.unwrap();
-        add_signals(store, 0, signals).await;
+        add_signals_to(store, workflow_id, 0, signals).await;
         run.run_id
     }
 
     async fn add_signals(store: &SqliteStore, from: usize, count: usize) {
+        add_signals_to(store, "cached", from, count).await;
+    }
+
+    async fn add_signals_to(store: &SqliteStore, workflow_id: &str, from: usize, count: usize) {
         for n in from..from + count {
             store
-                .mutate_run("default", RunLocator::Current(WorkflowId("cached".into())), NOW, move |run, cx| {
-                    capstan_engine::signal(run, cx, "s", Payload::avro("x"), CommandId(format!("sig-{n}")))
-                })
+                .mutate_run(
+                    "default",
+                    RunLocator::Current(WorkflowId(workflow_id.into())),
+                    NOW,
+                    move |run, cx| capstan_engine::signal(run, cx, "s", Payload::avro("x"), CommandId(format!("sig-{n}"))),
+                )
                 .await
                 .unwrap();
         }
@@ -253,5 +277,36 @@ mod tests {
         let page = small.page(&store, "default", &run_id, 0, 21, 500).await.unwrap();
         assert_eq!(events(&page).len(), 21);
         assert!(small.bytes() <= 1024, "{}", small.bytes());
+    }
+
+    #[tokio::test]
+    async fn the_least_recently_used_run_leaves_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("c.db"), Limits::default(), NOW).unwrap();
+        let runs = [
+            run_of(&store, "a", 4).await,
+            run_of(&store, "b", 4).await,
+            run_of(&store, "c", 4).await,
+        ];
+        let one_run = {
+            let probe = HistoryCache::new(1 << 20);
+            probe.page(&store, "default", &runs[0], 0, 5, 500).await.unwrap();
+            probe.bytes()
+        };
+        // Room for four and a half runs (so one run stays under a quarter of the budget).
+        let cache = HistoryCache::new(one_run * 4 + one_run / 2);
+        for run in &runs {
+            cache.page(&store, "default", run, 0, 5, 500).await.unwrap();
+        }
+        assert!(runs.iter().all(|run| cache.holds(run)), "three runs fit");
+        // Touch a; a fourth run still fits, a fifth does not: b, the least recently used, leaves.
+        cache.page(&store, "default", &runs[0], 0, 5, 500).await.unwrap();
+        let more = [run_of(&store, "d", 4).await, run_of(&store, "e", 4).await];
+        for run in &more {
+            cache.page(&store, "default", run, 0, 5, 500).await.unwrap();
+        }
+        assert!(cache.bytes() <= one_run * 4 + one_run / 2);
+        assert!(!cache.holds(&runs[1]), "b was the least recently used");
+        assert!(cache.holds(&runs[0]) && cache.holds(&more[1]), "a was touched, e was just read");
     }
 }

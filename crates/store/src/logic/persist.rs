@@ -20,7 +20,8 @@ const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, 
          deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
          lease_expires_at = excluded.lease_expires_at, fence = excluded.fence,
          sticky_owner = excluded.sticky_owner, sticky_until = excluded.sticky_until";
-const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL WHERE task_id = $1";
+/// `$3`: the receipt of the report that closed the task, if one did.
+const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL, receipt = COALESCE($3, receipt) WHERE task_id = $1";
 const KEEP_RECEIPT: &str = "UPDATE tasks SET receipt = $2 WHERE task_id = $1";
 /// A task created and closed within one transition never had a row: record it closed.
 const INSERT_CLOSED_TASK: &str =
@@ -75,7 +76,6 @@ pub(crate) fn persist<'a, T: Tx>(
         }
         write_rows(tx, run, effects, (!insert_run).then_some(state.as_str())).await?;
         close_tasks(tx, run, effects).await?;
-        keep_receipts(tx, effects).await?;
         if let Some(successor) = &effects.successor {
             // Continue-as-new: the next run is born in the same transaction and becomes current.
             let (next, next_effects) = successor.as_ref();
@@ -137,7 +137,7 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
             // Touched but no longer open in the run: the row must not look open.
             statements.push(Statement {
                 sql: CLOSE_TASK,
-                args: args![task_id.as_str(), "cancelled"].into(),
+                args: args![task_id.as_str(), "cancelled", None::<&str>].into(),
             });
             continue;
         };
@@ -180,21 +180,29 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
     Ok(())
 }
 
+/// Closes the tasks that left the open set, each with the receipt of the report that closed
+/// it (kept on its row, where the next report naming the task finds it), in one statement.
 async fn close_tasks<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) -> StoreResult<()> {
+    let mut receipts = effects
+        .receipts
+        .iter()
+        .map(|receipt| Ok((&receipt.task_id, serde_json::to_string(receipt)?)))
+        .collect::<StoreResult<Vec<_>>>()?;
     for (task_id, closure) in &effects.closed_tasks {
-        if tx.execute(CLOSE_TASK, &args![task_id.as_str(), closure.as_str()]).await? == 0 {
+        let receipt = receipts
+            .iter()
+            .position(|(id, _)| *id == task_id)
+            .map(|at| receipts.swap_remove(at).1);
+        let args = args![task_id.as_str(), closure.as_str(), receipt.as_deref()];
+        if tx.execute(CLOSE_TASK, &args).await? == 0 {
             let args = args![task_id.as_str(), &run.namespace, run.run_id.as_str(), closure.as_str()];
             tx.execute(INSERT_CLOSED_TASK, &args).await?;
+            receipts.extend(receipt.map(|text| (task_id, text)));
         }
     }
-    Ok(())
-}
-
-/// Each report receipt on its task's row, where the next report naming that task finds it.
-async fn keep_receipts<T: Tx>(tx: &mut T, effects: &Effects) -> StoreResult<()> {
-    for receipt in &effects.receipts {
-        let text = serde_json::to_string(receipt)?;
-        tx.execute(KEEP_RECEIPT, &args![receipt.task_id.as_str(), text.as_str()]).await?;
+    // A receipt of a task that closed some other way (none today) still lands on its row.
+    for (task_id, text) in receipts {
+        tx.execute(KEEP_RECEIPT, &args![task_id.as_str(), text.as_str()]).await?;
     }
     Ok(())
 }
