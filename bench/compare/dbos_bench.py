@@ -10,6 +10,10 @@ pragmas: rollback journal, SQLite's default synchronous=FULL). The "activity" is
 There is no server process to measure, so the CPU and RSS columns are those of
 this whole process after launch (DBOS runtime, step execution and the load
 driver), reported as ``server_*`` for the table; read them with that in mind.
+
+``--database-url postgres://…`` puts the system database on PostgreSQL instead
+(the ``dbos-pg`` row; the database must be empty, ``run.sh`` creates a fresh one
+per run); the PostgreSQL server's own CPU is then measured by ``run.sh``.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--max-seconds", type=float, help="start no workflow after this many seconds")
+    parser.add_argument("--database-url", help="PostgreSQL system database (default: an SQLite file)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     common.exit_cleanly_on_sigterm()
@@ -43,7 +48,7 @@ def main() -> int:
     data = tempfile.mkdtemp(prefix="capstan-compare-dbos-")
     DBOS(config={
         "name": "capstan-compare",
-        "system_database_url": f"sqlite:///{os.path.join(data, 'dbos.sqlite')}",
+        "system_database_url": args.database_url or f"sqlite:///{os.path.join(data, 'dbos.sqlite')}",
         "log_level": "WARNING",
     })
     logging.getLogger("dbos").setLevel(logging.WARNING)
@@ -89,7 +94,8 @@ def main() -> int:
     result = common.report(
         workload=args.workload,
         driver=f"dbos {version('dbos')} (in-process, @DBOS.step)",
-        server="none: DBOS library in the driver process, SQLite system database",
+        server="none: DBOS library in the driver process, "
+        + ("PostgreSQL system database" if args.database_url else "SQLite system database"),
         workflows=args.workflows, concurrency=args.concurrency, payload_bytes=args.payload_bytes,
         outcome=outcome, server_cpu=cpu, peak_rss=peak,
         extra={"cpu_and_rss_are": "the whole driver process (DBOS runs in-process)"},

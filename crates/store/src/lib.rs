@@ -647,12 +647,21 @@ pub trait RunStore: Send + Sync + 'static {
     fn runs_of(&self, namespace: &str, workflow_id: &WorkflowId) -> impl Future<Output = StoreResult<Vec<RunSummary>>> + Send;
 }
 
+/// What is ready on a queue for a poll: a task of one of its types (`matching`), or of any type
+/// (`any`; a poll that cannot take what is ready passes its wake-up on to another poller).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    pub any: bool,
+    pub matching: bool,
+}
+
 /// Tasks: claims and ready-queue wake-ups, query and validation tasks, remembered polls.
 pub trait TaskStore: Send + Sync + 'static {
     /// Open tasks of `kind` currently leased to `owner`.
     fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> impl Future<Output = StoreResult<Vec<TaskId>>> + Send;
 
-    /// Whether a poll of this shape could lease something right now (a read, no writer trip).
+    /// Whether a poll of this shape could lease something right now, and whether anything at
+    /// all is ready on the queue (a read, no writer trip).
     fn has_ready_task(
         &self,
         namespace: &str,
@@ -660,7 +669,7 @@ pub trait TaskStore: Send + Sync + 'static {
         queue: &str,
         types: &[String],
         now: Millis,
-    ) -> impl Future<Output = StoreResult<bool>> + Send;
+    ) -> impl Future<Output = StoreResult<Readiness>> + Send;
 
     /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports, and in
     /// the same transaction remembers it under the poll's `poll_request_id`, if any.

@@ -46,7 +46,8 @@ mod imp {
     /// tokio's `Notify` as the pieces use it: `notify_waiters` completes every [`Notified`]
     /// made before the call (tokio counts the calls and each `Notified` remembers the count it
     /// was made at, enabled or not) and none made after; it stores no permit. `notify_one` is
-    /// not used.
+    /// modelled as `notify_waiters`: what is checked here (a map entry lives exactly as long as
+    /// its subscriptions) does not depend on how many a wake-up reaches.
     #[derive(Default)]
     pub struct Notify {
         calls: Mutex<u64>,
@@ -61,6 +62,10 @@ mod imp {
         pub fn notify_waiters(&self) {
             *super::lock(self.calls.lock()) += 1;
             self.changed.notify_all();
+        }
+
+        pub fn notify_one(&self) {
+            self.notify_waiters();
         }
 
         pub fn notified(&self) -> Notified<'_> {

@@ -72,6 +72,20 @@ impl<K: Hash + Eq + Clone> WakeMap<K> {
         }
     }
 
+    /// Wakes one subscriber of `key` (tokio's `notify_one`: the longest waiting; a subscriber
+    /// that leaves without taking the wake-up passes it on; with none waiting, the next to wait
+    /// is woken at once). Nobody subscribed: nothing to wake, nothing kept.
+    fn wake_one<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let notify = lock(self.entries.lock()).get(key).map(|e| e.notify.clone());
+        if let Some(notify) = notify {
+            notify.notify_one();
+        }
+    }
+
     fn forget<Q>(&self, key: &Q)
     where
         K: Borrow<Q>,
@@ -147,6 +161,12 @@ impl<Kind: Copy + Hash + Eq> WakeHub<Kind> {
     /// Wakes every poller subscribed to the queue now; nobody subscribed, nothing kept.
     pub fn wake(&self, namespace: &str, kind: Kind, queue: &str) {
         self.queues.wake(&(namespace.to_string(), kind, queue.to_string()));
+    }
+
+    /// Wakes one poller of the queue: for an announcement of new work, which that poller takes
+    /// or hands on (the server's long-poll loop).
+    pub fn wake_one(&self, namespace: &str, kind: Kind, queue: &str) {
+        self.queues.wake_one(&(namespace.to_string(), kind, queue.to_string()));
     }
 
     /// How many queues have an entry: those with a live subscription.

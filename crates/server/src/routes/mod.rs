@@ -8,6 +8,7 @@ mod duties;
 mod fleet;
 mod ledger;
 mod local_activities;
+pub(crate) mod long_poll;
 mod namespaces;
 mod query;
 mod schedules;

@@ -2,7 +2,8 @@
 //! registered the `query_tasks` capability leases it, replays the committed history and answers.
 //! Nothing here writes history.
 
-use super::worker::{poll_request, wait_for_work, PollRequest};
+use super::long_poll::{wait_for_work, Look};
+use super::worker::{poll_request, PollRequest};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
@@ -167,10 +168,14 @@ async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request
             .store
             .claim_query_task(namespace, &request.queue, QueryKind::Query, owner, QUERY_LEASE_MS, state.now())
             .await?;
-        if let Some(task) = &claimed {
-            tracing::info!(namespace, workflow_id = %task.workflow_id, query_task_id = %task.id, attempt = task.attempt, "query task leased");
-        }
-        Ok(claimed)
+        // Any poller of the queue may take any of its query tasks: none claimed, none ready.
+        Ok(match claimed {
+            Some(task) => {
+                tracing::info!(namespace, workflow_id = %task.workflow_id, query_task_id = %task.id, attempt = task.attempt, "query task leased");
+                Look::Found(task)
+            }
+            None => Look::Idle,
+        })
     })
     .await
 }

@@ -6,7 +6,8 @@
 //! serves clients that ask for validations alone.
 
 use super::query::replay_snapshot;
-use super::worker::{poll_request, wait_for_work};
+use super::long_poll::{wait_for_work, Look};
+use super::worker::poll_request;
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
@@ -233,7 +234,15 @@ pub async fn poll<S: Store>(
     require_capability(&request.worker)?;
     let notify = state.hub.channel(&namespace, TaskKind::Workflow, &request.queue);
     let owner = request.worker.worker_id.as_str();
-    let found = wait_for_work(&notify, request.wait_ms, || claim(&state, &namespace, &request.queue, owner)).await?;
+    // A validation poller shares the workflow queue's wake-ups; what else is ready there it
+    // cannot tell, so it hands on what it does not use.
+    let found = wait_for_work(&notify, request.wait_ms, || async {
+        Ok(match claim(&state, &namespace, &request.queue, owner).await? {
+            Some(task) => Look::Found(task),
+            None => Look::Missed,
+        })
+    })
+    .await?;
     match found {
         Some(task) => Ok(Json(json!({"task": render_task(&state, &task).await?, "poll_status": "leased"}))),
         None => Ok(Json(json!({"task": null, "poll_status": "empty"}))),

@@ -1,5 +1,6 @@
 //! The worker plane: registration, long polls, and fenced task reports.
 
+use super::long_poll::{wait_for_work, Look};
 use super::{validation, Namespace};
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
@@ -242,7 +243,18 @@ async fn long_poll_with_wait<S: Store>(
     kind: TaskKind,
     wait_ms: i64,
 ) -> ApiResult<Option<(Task, RunState)>> {
-    let poll = polls::Poll {
+    let poll = poll_of(state, namespace, request, kind);
+    let _turn = turn(state, &poll).await;
+    if let Some(recalled) = polls::recall(state, &poll).await? {
+        return Ok(Some(recalled));
+    }
+    let notify = state.hub.channel(namespace, kind, &request.queue);
+    let poll = &poll;
+    wait_for_work(&notify, wait_ms, || async move { Ok(polls::claim(state, poll).await?.into()) }).await
+}
+
+fn poll_of<S: Store>(state: &AppState<S>, namespace: &str, request: &PollRequest, kind: TaskKind) -> polls::Poll {
+    polls::Poll {
         namespace: namespace.to_string(),
         worker: request.worker.clone(),
         kind,
@@ -251,31 +263,31 @@ async fn long_poll_with_wait<S: Store>(
             TaskKind::Workflow => state.config.workflow_task_lease_ms,
             _ => state.config.activity_task_lease_ms,
         },
-    };
-    // A concurrent duplicate of this poll (a client retry) waits for the first to answer, then
-    // gets the same lease from the memo.
-    let _turn = match poll.key() {
-        Some(key) => Some(
-            state
-                .poll_requests
-                .lock(&format!(
-                    "{}|{}|{}|{}|{}",
-                    key.namespace,
-                    key.task_queue,
-                    key.worker_id,
-                    key.kind.as_str(),
-                    key.poll_request_id
-                ))
-                .await,
-        ),
-        None => None,
-    };
-    if let Some(recalled) = polls::recall(state, &poll).await? {
-        return Ok(Some(recalled));
     }
-    let notify = state.hub.channel(namespace, kind, &request.queue);
-    let poll = &poll;
-    wait_for_work(&notify, wait_ms, || async move { Ok(polls::claim(state, poll).await?) }).await
+}
+
+/// A concurrent duplicate of a poll (a client retry) waits for the first to answer, then gets
+/// the same lease from the memo.
+async fn turn<S: Store>(state: &AppState<S>, poll: &polls::Poll) -> Option<capstan_sync::KeyedGuard> {
+    let key = poll.key()?;
+    let name = format!(
+        "{}|{}|{}|{}|{}",
+        key.namespace,
+        key.task_queue,
+        key.worker_id,
+        key.kind.as_str(),
+        key.poll_request_id
+    );
+    Some(state.poll_requests.lock(&name).await)
+}
+
+/// One look of a poll: a retried poll's earlier lease, else a claim.
+async fn look_for_task<S: Store>(state: &AppState<S>, poll: &polls::Poll) -> ApiResult<Look<(Task, RunState)>> {
+    let _turn = turn(state, poll).await;
+    if let Some(recalled) = polls::recall(state, poll).await? {
+        return Ok(Look::Found(recalled));
+    }
+    Ok(polls::claim(state, poll).await?.into())
 }
 
 enum Leased {
@@ -299,48 +311,24 @@ async fn multiplexed_poll<S: Store>(
     }
     let notify = state.hub.channel(namespace, TaskKind::Workflow, &request.queue);
     let owner = request.worker.worker_id.as_str();
+    let poll = &poll_of(state, namespace, request, TaskKind::Workflow);
     wait_for_work(&notify, request.wait_ms, || async move {
         if let Some(task) = validation::claim(state, namespace, &request.queue, owner).await? {
-            return Ok(Some(Leased::Validation(Box::new(task))));
+            return Ok(Look::Found(Leased::Validation(Box::new(task))));
         }
-        if kinds.workflow {
-            if let Some(leased) = long_poll_with_wait(state, namespace, request, TaskKind::Workflow, 0).await? {
-                return Ok(Some(Leased::Workflow(Box::new(leased))));
-            }
+        if !kinds.workflow {
+            // Whether workflow work it does not take is ready, this poll cannot tell: hand on.
+            return Ok(Look::Missed);
         }
-        Ok(None)
+        Ok(match look_for_task(state, poll).await? {
+            Look::Found(leased) => Look::Found(Leased::Workflow(Box::new(leased))),
+            Look::Missed => Look::Missed,
+            Look::Idle => Look::Idle,
+        })
     })
     .await
 }
 
-/// The long-poll loop: try, and until `wait_ms` is spent, try again whenever the queue is woken
-/// (or at least every second, which also finds tasks whose backoff ran out).
-pub(crate) async fn wait_for_work<T, F, Fut>(notify: &tokio::sync::Notify, wait_ms: i64, mut attempt: F) -> ApiResult<Option<T>>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ApiResult<Option<T>>>,
-{
-    // A transport wait, not a domain time: measured on the monotonic clock.
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.max(0) as u64);
-    loop {
-        // Subscribe before looking, so a wake-up between the look and the wait is not lost.
-        let woken = notify.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        if let Some(found) = attempt().await? {
-            return Ok(Some(found));
-        }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        let recheck = left.clamp(Duration::from_millis(1), Duration::from_secs(1));
-        tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(recheck) => {}
-        }
-    }
-}
 
 /// A worker whose build-id cohort is draining gets no new work: its poll is held (so it does
 /// not spin) and answered empty with `poll_status: draining`. If the cohort is resumed while the

@@ -156,8 +156,10 @@ impl PostgresStore {
                      ORDER BY t.available_at, t.task_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
                 sticky_free("t", "$6", "$4")
             );
+            // Prepared once per connection: parsed and planned once, one round trip fewer.
+            let statement = tx.prepare_cached(&sql).await?;
             let row = tx
-                .query_opt(&sql, &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types), &owner])
+                .query_opt(&statement, &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types), &owner])
                 .await?;
             let Some(row) = row else { return Ok(None) };
             let task_id = TaskId(row.get(0));
@@ -528,16 +530,22 @@ impl TaskStore for PostgresStore {
         fleet::leased_tasks(&mut self.on(&client), namespace, owner, kind).await
     }
 
-    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
+    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<Readiness> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
-                   AND ($5::text[] IS NULL OR type_name = ANY($5)) LIMIT 1",
-                &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)],
+        let statement = client
+            .prepare_cached(
+                "SELECT EXISTS(SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4),
+                        EXISTS(SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4
+                                 AND ($5::text[] IS NULL OR type_name = ANY($5)))",
             )
             .await?;
-        Ok(row.is_some())
+        let row = client
+            .query_one(&statement, &[&namespace, &kind.as_str(), &queue, &now, &type_filter(types)])
+            .await?;
+        Ok(Readiness {
+            any: row.get(0),
+            matching: row.get(1),
+        })
     }
 
     async fn create_query_task(&self, task: QueryTask) -> StoreResult<()> {
@@ -621,8 +629,8 @@ impl DutyStore for PostgresStore {
 
     async fn claim_due_tasks(&self, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
         let client = self.pool.get().await?;
-        let rows = client
-            .query(
+        let statement = client
+            .prepare_cached(
                 "UPDATE tasks SET duty_owner = $1, duty_fence = duty_fence + 1, duty_expires_at = $3
                  WHERE task_id IN (
                      SELECT task_id FROM tasks
@@ -630,9 +638,9 @@ impl DutyStore for PostgresStore {
                        AND (duty_expires_at IS NULL OR duty_expires_at <= $2)
                      ORDER BY deadline_at LIMIT $4 FOR UPDATE SKIP LOCKED)
                  RETURNING namespace, task_id, duty_fence",
-                &[&node, &now, &(now + hold_ms), &(limit as i64)],
             )
             .await?;
+        let rows = client.query(&statement, &[&node, &now, &(now + hold_ms), &(limit as i64)]).await?;
         Ok(rows
             .iter()
             .map(|r| DueTask {

@@ -414,16 +414,17 @@ impl TaskStore for SqliteStore {
             .await
     }
 
-    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<bool> {
+    async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<Readiness> {
         let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
         self.read(move |conn| {
-            let sql = format!(
-                "SELECT EXISTS(SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{})",
-                type_filter(&types, 5)
-            );
+            const READY: &str = "SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4";
+            let sql = format!("SELECT EXISTS({READY}), EXISTS({READY}{})", type_filter(&types, 5));
             let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
             values.extend(types.into_iter().map(rusqlite::types::Value::from));
-            Ok(conn.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values), |r| r.get(0))?)
+            let (any, matching) = conn
+                .prepare_cached(&sql)?
+                .query_row(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(Readiness { any, matching })
         })
         .await
     }

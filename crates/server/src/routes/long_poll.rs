@@ -1,0 +1,177 @@
+//! The long-poll wait: look for work, and wait for a wake-up or the re-check between looks.
+
+use crate::error::ApiResult;
+use capstan_app::polls;
+use capstan_engine::{RunState, Task};
+use std::time::Duration;
+
+/// One look of a long poll.
+pub(crate) enum Look<T> {
+    Found(T),
+    /// Work is (or may be) ready on the queue that this look did not take.
+    Missed,
+    /// Nothing is ready on the queue.
+    Idle,
+}
+
+impl From<polls::Claim> for Look<(Task, RunState)> {
+    fn from(claim: polls::Claim) -> Self {
+        match claim {
+            polls::Claim::Leased(leased) => Look::Found(*leased),
+            polls::Claim::Missed => Look::Missed,
+            polls::Claim::Idle => Look::Idle,
+        }
+    }
+}
+
+/// The long-poll loop: look, and until `wait_ms` is spent, look again whenever the queue is
+/// woken (or at least every second, which also finds tasks whose backoff ran out).
+///
+/// An announcement of new work wakes one waiting poller, not all of them (a herd racing for one
+/// task cost a claim transaction per poller, all but one in vain). So the wake-up must not die
+/// with a poller that cannot use it: one that takes work hands it on (more may be ready, and one
+/// announcement may stand for several tasks); one that finds work it cannot take hands it on
+/// once per poll, which walks it through the waiting pollers to one that can; one that finds the
+/// queue empty keeps it. A wake-up that still goes astray costs the one-second re-check.
+pub(crate) async fn wait_for_work<T, F, Fut>(notify: &tokio::sync::Notify, wait_ms: i64, mut look: F) -> ApiResult<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ApiResult<Look<T>>>,
+{
+    // A transport wait, not a domain time: measured on the monotonic clock.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms.max(0) as u64);
+    let (mut by_announcement, mut handed_on) = (false, false);
+    loop {
+        // Subscribe before looking, so a wake-up between the look and the wait is not lost.
+        let woken = notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        match look().await? {
+            Look::Found(found) => {
+                if by_announcement {
+                    notify.notify_one();
+                }
+                return Ok(Some(found));
+            }
+            Look::Missed if by_announcement && !handed_on => {
+                notify.notify_one();
+                handed_on = true;
+            }
+            Look::Missed | Look::Idle => {}
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let recheck = left.clamp(Duration::from_millis(1), Duration::from_secs(1));
+        by_announcement = tokio::select! {
+            _ = &mut woken => true,
+            _ = tokio::time::sleep(recheck) => false,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Pollers on a plain `Notify`, in paused time: a look that needed the one-second re-check
+    //! shows as a second of time passed.
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+    use tokio::time::Instant;
+
+    /// A queue as the pollers see it: ready tasks and every look counted.
+    #[derive(Default)]
+    struct Queue {
+        ready: AtomicUsize,
+        looks: AtomicUsize,
+    }
+
+    impl Queue {
+        /// A poller that can take the queue's tasks.
+        fn take(&self) -> Look<()> {
+            self.looks.fetch_add(1, Ordering::SeqCst);
+            let taken = self.ready.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if taken.is_ok() {
+                Look::Found(())
+            } else {
+                Look::Idle
+            }
+        }
+
+        /// A poller that cannot (another type, build or sticky worker).
+        fn cannot_take(&self) -> Look<()> {
+            self.looks.fetch_add(1, Ordering::SeqCst);
+            if self.ready.load(Ordering::SeqCst) > 0 {
+                Look::Missed
+            } else {
+                Look::Idle
+            }
+        }
+    }
+
+    fn poller(notify: &Arc<Notify>, queue: &Arc<Queue>, can_take: bool) -> tokio::task::JoinHandle<Option<Duration>> {
+        let (notify, queue) = (notify.clone(), queue.clone());
+        tokio::spawn(async move {
+            let began = Instant::now();
+            let look = || {
+                let queue = queue.clone();
+                async move { Ok(if can_take { queue.take() } else { queue.cannot_take() }) }
+            };
+            let found = wait_for_work(&notify, 60_000, look).await.unwrap();
+            found.map(|()| began.elapsed())
+        })
+    }
+
+    /// Lets every spawned poller run until it waits, without letting paused time move on.
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_announcement_wakes_one_poller_not_the_herd() {
+        let (notify, queue) = (Arc::new(Notify::new()), Arc::new(Queue::default()));
+        let pollers: Vec<_> = (0..8).map(|_| poller(&notify, &queue, true)).collect();
+        settle().await;
+        assert_eq!(queue.looks.load(Ordering::SeqCst), 8, "each looked once on arrival");
+        queue.ready.store(1, Ordering::SeqCst);
+        notify.notify_one();
+        settle().await;
+        // The taker looked, and handed on to one more, which found the queue empty and kept it.
+        assert_eq!(queue.looks.load(Ordering::SeqCst), 8 + 2);
+        let finished = pollers.iter().filter(|p| p.is_finished()).count();
+        assert_eq!(finished, 1);
+        pollers.into_iter().for_each(|p| p.abort());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_up_walks_on_to_a_poller_that_can_take_the_work() {
+        let (notify, queue) = (Arc::new(Notify::new()), Arc::new(Queue::default()));
+        // The longest waiting, and so the first woken, cannot take the work.
+        let others: Vec<_> = (0..3).map(|_| poller(&notify, &queue, false)).collect();
+        settle().await;
+        let taker = poller(&notify, &queue, true);
+        settle().await;
+        queue.ready.store(1, Ordering::SeqCst);
+        notify.notify_one();
+        let waited = taker.await.unwrap().expect("the work reached the poller that can take it");
+        assert!(waited < Duration::from_secs(1), "without waiting for the re-check ({waited:?})");
+        others.into_iter().for_each(|p| p.abort());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_announcement_for_several_tasks_reaches_as_many_pollers() {
+        let (notify, queue) = (Arc::new(Notify::new()), Arc::new(Queue::default()));
+        let pollers: Vec<_> = (0..4).map(|_| poller(&notify, &queue, true)).collect();
+        settle().await;
+        queue.ready.store(4, Ordering::SeqCst);
+        notify.notify_one();
+        for poller in pollers {
+            let waited = poller.await.unwrap().expect("a task for every poller");
+            assert!(waited < Duration::from_secs(1), "handed on, not re-checked ({waited:?})");
+        }
+    }
+}
