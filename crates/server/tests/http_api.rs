@@ -213,6 +213,24 @@ async fn unknown_namespace_is_404_after_the_version_check() {
     )
     .await
     .err(400, "missing_protocol_version");
+    // Polls and task reports look the namespace up only when refused; the error is the same.
+    for (path, body) in [
+        ("/api/worker/workflow-tasks/poll", json!({"worker_id": "w", "task_queue": "q", "timeout_seconds": 0})),
+        ("/api/worker/activity-tasks/poll", json!({"worker_id": "w", "task_queue": "q", "timeout_seconds": 0})),
+        ("/api/worker/workflow-tasks/t-1/complete", json!({"lease_owner": "w", "workflow_task_attempt": 1, "commands": []})),
+        ("/api/worker/activity-tasks/t-1/complete", json!({"lease_owner": "w", "activity_attempt_id": "a"})),
+        ("/api/worker/activity-tasks/t-1/heartbeat", json!({"not_a_field": true})),
+    ] {
+        let body = send(
+            h.bare(Method::POST, path)
+                .header(PROTOCOL_HEADER, "1.20")
+                .header("X-Namespace", "nowhere")
+                .json(&body),
+        )
+        .await
+        .err(404, "namespace_not_found");
+        assert_eq!(body["namespace"], "nowhere", "{path}");
+    }
     // The namespace is lower-cased; no header at all means `default`.
     send(
         h.bare(Method::GET, "/api/workflows")

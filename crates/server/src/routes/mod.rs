@@ -381,20 +381,46 @@ fn version_error(reason: Reason, message: &str, supported: &str, requested: Opti
 async fn worker_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
     let namespace = namespace_of(&request);
     let headers = request.headers().clone();
+    let deferred = success_proves_namespace(request.uri().path());
     let checked = async {
         state.config.auth.require(&headers, &[Role::Worker])?;
         check_worker_version(&headers)?;
+        if deferred {
+            return Ok(());
+        }
         require_namespace(&state, &namespace).await
     }
     .await;
     let response = match checked {
         Ok(()) => {
-            request.extensions_mut().insert(Namespace(namespace));
-            next.run(request).await
+            request.extensions_mut().insert(Namespace(namespace.clone()));
+            let response = next.run(request).await;
+            match require_namespace_if_refused(&state, &namespace, deferred, response.status()).await {
+                Err(error) => error.into_response(),
+                Ok(()) => response,
+            }
         }
         Err(error) => error.into_response(),
     };
     decorate_worker_response(response).await
+}
+
+/// Worker calls whose success already proves their namespace exists: a poll needs the worker's
+/// registration and a task report an open task, and a namespace is deleted only when it has no
+/// workflows, its registrations with it. These skip the namespace lookup (one read fewer on the
+/// hottest calls) unless they are refused, when it decides which error to give.
+fn success_proves_namespace(path: &str) -> bool {
+    path.ends_with("/workflow-tasks/poll")
+        || path.ends_with("/activity-tasks/poll")
+        || path.contains("/workflow-tasks/")
+        || path.contains("/activity-tasks/")
+}
+
+async fn require_namespace_if_refused<S: Store>(state: &AppState<S>, namespace: &str, deferred: bool, status: StatusCode) -> Result<(), ApiError> {
+    if deferred && !status.is_success() {
+        require_namespace(state, namespace).await?;
+    }
+    Ok(())
 }
 
 /// Every worker-plane body carries `protocol_version` and `server_capabilities`; every response
