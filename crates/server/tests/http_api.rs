@@ -215,10 +215,22 @@ async fn unknown_namespace_is_404_after_the_version_check() {
     .err(400, "missing_protocol_version");
     // Polls and task reports look the namespace up only when refused; the error is the same.
     for (path, body) in [
-        ("/api/worker/workflow-tasks/poll", json!({"worker_id": "w", "task_queue": "q", "timeout_seconds": 0})),
-        ("/api/worker/activity-tasks/poll", json!({"worker_id": "w", "task_queue": "q", "timeout_seconds": 0})),
-        ("/api/worker/workflow-tasks/t-1/complete", json!({"lease_owner": "w", "workflow_task_attempt": 1, "commands": []})),
-        ("/api/worker/activity-tasks/t-1/complete", json!({"lease_owner": "w", "activity_attempt_id": "a"})),
+        (
+            "/api/worker/workflow-tasks/poll",
+            json!({"worker_id": "w", "task_queue": "q", "timeout_seconds": 0}),
+        ),
+        (
+            "/api/worker/activity-tasks/poll",
+            json!({"worker_id": "w", "task_queue": "q", "timeout_seconds": 0}),
+        ),
+        (
+            "/api/worker/workflow-tasks/t-1/complete",
+            json!({"lease_owner": "w", "workflow_task_attempt": 1, "commands": []}),
+        ),
+        (
+            "/api/worker/activity-tasks/t-1/complete",
+            json!({"lease_owner": "w", "activity_attempt_id": "a"}),
+        ),
         ("/api/worker/activity-tasks/t-1/heartbeat", json!({"not_a_field": true})),
     ] {
         let body = send(

@@ -416,7 +416,12 @@ fn success_proves_namespace(path: &str) -> bool {
         || path.contains("/activity-tasks/")
 }
 
-async fn require_namespace_if_refused<S: Store>(state: &AppState<S>, namespace: &str, deferred: bool, status: StatusCode) -> Result<(), ApiError> {
+async fn require_namespace_if_refused<S: Store>(
+    state: &AppState<S>,
+    namespace: &str,
+    deferred: bool,
+    status: StatusCode,
+) -> Result<(), ApiError> {
     if deferred && !status.is_success() {
         require_namespace(state, namespace).await?;
     }

@@ -5,8 +5,8 @@
 //! workflow-task poll (`task_kinds: ["workflow", "update_validation"]`); the dedicated poll route
 //! serves clients that ask for validations alone.
 
-use super::query::replay_snapshot;
 use super::long_poll::{wait_for_work, Look};
+use super::query::replay_snapshot;
 use super::worker::poll_request;
 use super::Namespace;
 use crate::body::JsonObject;

@@ -329,7 +329,6 @@ async fn multiplexed_poll<S: Store>(
     .await
 }
 
-
 /// A worker whose build-id cohort is draining gets no new work: its poll is held (so it does
 /// not spin) and answered empty with `poll_status: draining`. If the cohort is resumed while the
 /// poll waits, the poll goes on normally.

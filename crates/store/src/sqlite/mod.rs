@@ -417,9 +417,11 @@ impl TaskStore for SqliteStore {
     async fn has_ready_task(&self, namespace: &str, kind: TaskKind, queue: &str, types: &[String], now: Millis) -> StoreResult<Readiness> {
         let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
         self.read(move |conn| {
-            const READY: &str = "SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4";
+            const READY: &str =
+                "SELECT 1 FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4";
             let sql = format!("SELECT EXISTS({READY}), EXISTS({READY}{})", type_filter(&types, 5));
-            let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
+            let mut values: Vec<rusqlite::types::Value> =
+                vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
             values.extend(types.into_iter().map(rusqlite::types::Value::from));
             let (any, matching) = conn
                 .prepare_cached(&sql)?

@@ -186,7 +186,13 @@ pub async fn a_claim_goes_to_exactly_one_poller<S: Store + Clone>(store: S) {
     let results = futures_join(claims.collect()).await;
     assert_eq!(results.iter().filter(|r| r.is_some()).count(), 1);
     let ready = store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW).await.unwrap();
-    assert_eq!(ready, Readiness { any: false, matching: false });
+    assert_eq!(
+        ready,
+        Readiness {
+            any: false,
+            matching: false
+        }
+    );
 }
 
 async fn futures_join<T: Send + 'static>(futures: Vec<impl std::future::Future<Output = T> + Send + 'static>) -> Vec<T> {
@@ -213,8 +219,14 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
     let other_type = vec!["not.this.type".to_string()];
     // Not this poll's type, but ready for another: a poll woken for it hands the wake-up on.
     assert_eq!(
-        store.has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW).await.unwrap(),
-        Readiness { any: true, matching: false }
+        store
+            .has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW)
+            .await
+            .unwrap(),
+        Readiness {
+            any: true,
+            matching: false
+        }
     );
     assert!(store
         .claim_task("default", TaskKind::Workflow, "q", &other_type, "w", 60_000, NOW, None)
@@ -223,7 +235,10 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
         .is_none());
     let this_type = vec!["suite.workflow".to_string()];
     assert_eq!(
-        store.has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW).await.unwrap(),
+        store
+            .has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW)
+            .await
+            .unwrap(),
         Readiness { any: true, matching: true }
     );
     let (task, run) = store
@@ -453,7 +468,13 @@ pub async fn a_refused_transition_writes_nothing<S: Store>(store: S) {
 pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     started(&store, "persist", "q").await;
     let run = complete_next(&store, "q", vec![activity()]).await;
-    assert!(store.has_ready_task("default", TaskKind::Activity, "q", &[], NOW).await.unwrap().matching);
+    assert!(
+        store
+            .has_ready_task("default", TaskKind::Activity, "q", &[], NOW)
+            .await
+            .unwrap()
+            .matching
+    );
     let (task, _) = store
         .claim_task("default", TaskKind::Activity, "q", &[], "w", 60_000, NOW, None)
         .await
@@ -473,7 +494,11 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
         .await
         .unwrap();
     assert!(
-        store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW).await.unwrap().matching,
+        store
+            .has_ready_task("default", TaskKind::Workflow, "q", &[], NOW)
+            .await
+            .unwrap()
+            .matching,
         "the result woke the workflow"
     );
     let history = all_history(&store, &run_after).await;
