@@ -97,6 +97,12 @@ fresh_database() { # NAME: drops and creates it
   "$psql_bin" "$postgres" -Atqc "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null &&
     "$psql_bin" "$postgres" -Atqc "CREATE DATABASE $1" >/dev/null
 }
+postgres_row() { # PEER-STATUS DATABASE -> "ok" with DATABASE made fresh, or why the row is skipped
+  local pre="$1"
+  [ "$pre" = ok ] && pre="$postgres_status"
+  [ "$pre" = ok ] && ! fresh_database "$2" && pre="failed: cannot create database $2"
+  echo "$pre"
+}
 drop_database() { "$psql_bin" "$postgres" -Atqc "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null 2>&1; }
 postgres_cpu_ticks() { # CPU of every process named postgres: utime+stime of the live ones (the server
   # and its backends), cutime+cstime for the backends that exited (counted in the postmaster's)
@@ -229,11 +235,8 @@ for workload in w1 w10; do
       --workflows "$((n * 10))" --concurrency "$concurrency" --payload-bytes "$payload" --json
   fi
   if wants capstan-pg; then
-    pre="$bench_status"
-    [ "$pre" = ok ] && pre="$postgres_status"
     database="capstan_compare_$workload"
-    [ "$pre" = ok ] && ! fresh_database "$database" && pre="failed: cannot create database $database"
-    record capstan-pg "$workload" "$pre" -- \
+    record capstan-pg "$workload" "$(postgres_row "$bench_status" "$database")" -- \
       "$out/bin/capstan-bench" --spawn "$out/bin/capstan" --server-args "--database $(database_url "$database")" "${common[@]}" --json
     [ "$postgres_status" = ok ] && drop_database "$database"
   fi
@@ -271,11 +274,8 @@ for workload in w1 w10; do
       "$PEERS/venv-dbos/bin/python" "$HERE/dbos_bench.py" "${common[@]}" --max-seconds "$max_seconds" --json
   fi
   if wants dbos-pg; then
-    pre="$(status dbos)"
-    [ "$pre" = ok ] && pre="$postgres_status"
     database="dbos_compare_$workload"
-    [ "$pre" = ok ] && ! fresh_database "$database" && pre="failed: cannot create database $database"
-    record dbos-pg "$workload" "$pre" -- \
+    record dbos-pg "$workload" "$(postgres_row "$(status dbos)" "$database")" -- \
       "$PEERS/venv-dbos/bin/python" "$HERE/dbos_bench.py" --database-url "$(database_url "$database")" \
       "${common[@]}" --max-seconds "$max_seconds" --json
     [ "$postgres_status" = ok ] && drop_database "$database"
