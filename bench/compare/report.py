@@ -12,6 +12,7 @@ BASELINES = [
     ("capstan-sdk-sticky", "Capstan via the Python SDK, sticky"),
     ("capstan-bench", "Capstan via capstan-bench"),
     ("capstan-pg", "Capstan on PostgreSQL via capstan-bench"),
+    ("capstan-local-pg", "Capstan on PostgreSQL via capstan-bench, local activities"),
 ]
 
 

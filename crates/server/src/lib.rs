@@ -118,7 +118,7 @@ pub struct AppState<S: Store> {
     hub: hub::WakeHub,
     query_answers: hub::KeyedWakeups,
     poll_requests: hub::KeyedLocks,
-    clock_kick: tokio::sync::Notify,
+    clock: clock::ClockAlarm,
     scheduler_kick: tokio::sync::Notify,
     /// Build-id drain intents per (namespace, queue), read at most once a second per queue.
     rollouts: std::sync::Mutex<RolloutCache>,
@@ -203,7 +203,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         hub: hub::WakeHub::default(),
         query_answers: hub::KeyedWakeups::default(),
         poll_requests: hub::KeyedLocks::default(),
-        clock_kick: tokio::sync::Notify::new(),
+        clock: Default::default(),
         scheduler_kick: tokio::sync::Notify::new(),
         rollouts: Default::default(),
         last_server_time_us: Default::default(),

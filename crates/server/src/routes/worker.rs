@@ -17,11 +17,16 @@ use std::time::Duration;
 
 use crate::body::JsonObject;
 
-/// After a change: nudge the clock (a new deadline may be earlier than the one it sleeps
-/// towards). Pollers are woken by the store's own announcements of tasks it made ready, sent
-/// after commit (`Store::wakeups`), which also cover tasks in other runs and on other nodes.
-pub(crate) fn after_change<S: Store>(state: &AppState<S>, _run: &RunState) {
-    state.clock_kick.notify_one();
+/// After a change to `run`: wake the clock if the run now has a deadline before the one the
+/// clock sleeps towards. (Runs changed by follow-on transitions, a child started or a parent
+/// told, are not seen here: a deadline of theirs that is under a second away waits at most
+/// the clock's one-second re-check.) Pollers are woken by the store's own announcements of
+/// tasks it made ready, sent after commit (`Store::wakeups`), which also cover tasks in other
+/// runs and on other nodes.
+pub(crate) fn after_change<S: Store>(state: &AppState<S>, run: &RunState) {
+    if let Some(earliest) = run.tasks.values().filter_map(|task| task.deadline_at).min() {
+        state.clock.deadline_set(earliest);
+    }
 }
 
 /// A refused worker report: the DW body with `recorded: false` and the task identity.
