@@ -704,9 +704,6 @@ impl RunState {
         id
     }
 
-    /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
-    /// task: creates one if none exists, otherwise remembers to create one when the leased task
-    /// ends. A signal gets its own resume task so its arguments reach the worker with it.
     /// The worker session an activity task must run in, if its activity asked for one.
     pub fn session_of(&self, task: &Task) -> Option<&SessionRequirement> {
         match &task.detail {
@@ -715,6 +712,9 @@ impl RunState {
         }
     }
 
+    /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
+    /// task: creates one if none exists, otherwise remembers to create one when the leased task
+    /// ends. A signal gets its own resume task so its arguments reach the worker with it.
     pub(crate) fn want_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> Option<TaskId> {
         if self.is_closed() {
             return None;
