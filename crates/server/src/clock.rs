@@ -5,6 +5,7 @@
 use crate::routes::after_change;
 use crate::AppState;
 use capstan_app::duties;
+use capstan_engine::RunState;
 use capstan_store::Store;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -43,9 +44,17 @@ impl Default for ClockAlarm {
 
 impl ClockAlarm {
     /// A change wrote `deadline`: wake the clock if it would sleep past it.
-    pub(crate) fn deadline_set(&self, deadline: i64) {
+    fn deadline_set(&self, deadline: i64) {
         if deadline < self.asleep_until.load(Ordering::SeqCst) {
             self.kick.notify_one();
+        }
+    }
+
+    /// A change to `run` committed: wake the clock if the run now has a deadline before the one
+    /// the clock sleeps towards.
+    pub(crate) fn run_changed(&self, run: &RunState) {
+        if let Some(earliest) = run.tasks.values().filter_map(|task| task.deadline_at).min() {
+            self.deadline_set(earliest);
         }
     }
 
@@ -185,6 +194,49 @@ mod tests {
     async fn a_deadline_after_the_clock_wakes_by_itself_does_not_kick_it() {
         let slept = slept_with(|alarm| alarm.deadline_set(60_000)).await;
         assert_eq!(slept, Duration::from_millis(1_000));
+    }
+
+    /// A run started at domain time 0, with a run timeout or without.
+    fn run_with_timeout(run_timeout_seconds: Option<i64>) -> RunState {
+        use capstan_engine::*;
+        let limits = Limits::default();
+        let mut ids = SequentialIds::new("id");
+        let mut cx = Cx::new(0, &mut ids, &limits);
+        let start = StartRun {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            run_id: "run".into(),
+            workflow_type: "t".into(),
+            task_queue: "q".into(),
+            input: Payload::avro("in"),
+            execution_timeout_seconds: None,
+            run_timeout_seconds,
+            business_key: None,
+            memo: Default::default(),
+            search_attributes: Default::default(),
+            command_id: "start".into(),
+            contract: None,
+            compatibility: None,
+        };
+        start_run(&mut cx, start)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_run_wakes_the_clock_only_for_a_deadline_before_its_wake_up() {
+        for (timeout, slept) in [(Some(1), 10), (Some(60), 5_000), (None, 5_000)] {
+            let alarm = Arc::new(ClockAlarm::default());
+            let sleeper = {
+                let alarm = alarm.clone();
+                tokio::spawn(async move {
+                    let began = Instant::now();
+                    alarm.sleep(5_000, 5_000).await;
+                    began.elapsed()
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            alarm.run_changed(&run_with_timeout(timeout));
+            assert_eq!(sleeper.await.unwrap(), Duration::from_millis(slept), "run timeout {timeout:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -24,9 +24,7 @@ use crate::body::JsonObject;
 /// tasks it made ready, sent after commit (`Store::wakeups`), which also cover tasks in other
 /// runs and on other nodes.
 pub(crate) fn after_change<S: Store>(state: &AppState<S>, run: &RunState) {
-    if let Some(earliest) = run.tasks.values().filter_map(|task| task.deadline_at).min() {
-        state.clock.deadline_set(earliest);
-    }
+    state.clock.run_changed(run);
 }
 
 /// A refused worker report: the DW body with `recorded: false` and the task identity.
