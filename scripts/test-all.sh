@@ -43,4 +43,5 @@ CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=
 # authority routes, against a two-node cluster on PostgreSQL (workers on one node, clients on
 # the other).
 CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py \
-  tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py -q
+  tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py \
+  tests/python/test_standalone_activities.py -q

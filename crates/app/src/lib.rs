@@ -14,6 +14,7 @@
 //! - [`queries`]: putting a query to a worker.
 //! - [`reports`]: workflow task and activity reports from workers.
 //! - [`cancellation`]: cooperative cancellation (request, delivery, activity stop receipts).
+//! - [`standalone`]: standalone activities (an activity started by a client, on a host run).
 //! - [`sessions`]: worker sessions (acquire, renew, close; renewal by activity heartbeats).
 //! - [`local_activities`]: prepared local activities (admission, supervision, outcomes).
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
@@ -31,6 +32,7 @@ pub mod queries;
 pub mod reports;
 pub mod search_attributes;
 pub mod sessions;
+pub mod standalone;
 pub mod updates;
 
 use capstan_engine::{Limits, MemoCodec, Millis, Reason, Refusal};

@@ -45,6 +45,7 @@ pub async fn put_query<V: Services>(services: &V, request: QueryRequest) -> AppR
             Some(run_id) => Refusal::new(Reason::RunNotFound, "Workflow run not found.").with("run_id", run_id.clone()),
             None => Refusal::new(Reason::InstanceNotFound, "Workflow not found."),
         })?;
+    require_workflow_code(&run)?;
     let now = services.now();
     let workers = store.queue_workers(&request.namespace, &run.task_queue).await?;
     if !workers.iter().any(|w| answers_queries(w, now)) {

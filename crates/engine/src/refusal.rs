@@ -58,6 +58,12 @@ reasons! {
     RunNotFound => "run_not_found",
     InstanceAlreadyStarted => "instance_already_started",
     WorkflowIdReservedInNamespace => "workflow_id_reserved_in_namespace",
+    /// A standalone activity id is taken in another namespace.
+    ActivityIdReservedInNamespace => "activity_id_reserved_in_namespace",
+    /// No standalone activity has this id (or the id names a workflow).
+    ActivityNotFound => "activity_not_found",
+    /// An update, query or cooperative cancellation sent to a standalone activity's host run.
+    ActivityHostRun => "activity_host_run",
     WorkflowDefinitionChanged => "workflow_definition_changed",
     WorkerNotRegistered => "worker_not_registered",
     TaskQueueMismatch => "task_queue_mismatch",

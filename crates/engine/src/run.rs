@@ -378,6 +378,9 @@ pub struct RunState {
     /// Checkpoints of commands committed ahead of prepared calls (bounded), for repeats.
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub local_checkpoints: VecDeque<crate::local_activity::LocalCheckpoint>,
+    /// Set on a standalone activity's host run only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standalone: Option<crate::standalone::StandaloneActivity>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -716,7 +719,8 @@ impl RunState {
     /// task: creates one if none exists, otherwise remembers to create one when the leased task
     /// ends. A signal gets its own resume task so its arguments reach the worker with it.
     pub(crate) fn want_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> Option<TaskId> {
-        if self.is_closed() {
+        // A standalone activity's host run has no workflow code to wake.
+        if self.is_closed() || self.standalone.is_some() {
             return None;
         }
         match self.workflow_task.clone() {

@@ -54,6 +54,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         Reason::TaskNotFound
         | Reason::AttemptNotFound
         | Reason::InstanceNotFound
+        | Reason::ActivityNotFound
         | Reason::RunNotFound
         | Reason::NamespaceNotFound
         | Reason::QueryTaskNotFound

@@ -116,6 +116,21 @@ impl<'a> Fields<'a> {
     }
 
     /// A payload: an envelope `{codec, blob}` or a bare blob string (Avro assumed).
+    /// The argument list at `key`; an empty one when absent.
+    pub fn arguments(&self, key: &str, limits: &Limits) -> ApiResult<Payload> {
+        Ok(self
+            .opt_payload(key, limits)?
+            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())))
+    }
+
+    /// `task_queue`, or DW's `default` when absent or empty.
+    pub fn task_queue(&self) -> ApiResult<String> {
+        Ok(self
+            .opt_str("task_queue", 255)?
+            .filter(|q| !q.is_empty())
+            .unwrap_or_else(|| "default".into()))
+    }
+
     pub fn opt_payload(&self, key: &str, limits: &Limits) -> ApiResult<Option<Payload>> {
         let payload = match self.map.get(key) {
             None | Some(Value::Null) => return Ok(None),
@@ -320,9 +335,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             tags,
         },
         "continue_as_new" => WorkflowCommand::ContinueAsNew {
-            arguments: f
-                .opt_payload("arguments", limits)?
-                .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+            arguments: f.arguments("arguments", limits)?,
             workflow_type: f.opt_str("workflow_type", 255)?,
             queue: f.opt_str("queue", 255)?,
             tags,
@@ -531,9 +544,7 @@ fn parse_schedule_activity(f: &Fields, index: usize, limits: &Limits, tags: Step
     )?;
     Ok(ScheduleActivity {
         activity_type: f.req_str("activity_type", 255)?,
-        arguments: f
-            .opt_payload("arguments", limits)?
-            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        arguments: f.arguments("arguments", limits)?,
         queue: f.opt_str("queue", 255)?,
         retry_policy: f
             .opt_object("retry_policy")?
@@ -641,9 +652,7 @@ fn parse_start_child(f: &Fields, index: usize, limits: &Limits, tags: StepTags) 
     }
     Ok(StartChild {
         workflow_type: f.req_str("workflow_type", 255)?,
-        arguments: f
-            .opt_payload("arguments", limits)?
-            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        arguments: f.arguments("arguments", limits)?,
         queue: f.opt_str("queue", 255)?,
         workflow_id,
         parent_close_policy: policy(
@@ -746,9 +755,7 @@ fn parse_local_activity(map: &Map<String, Value>, index: usize, limits: &Limits,
     if activity_type.is_empty() {
         return Err(ApiError::validation(&at("activity_type"), "activity_type must not be blank."));
     }
-    let arguments = f
-        .opt_payload("arguments", limits)?
-        .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
+    let arguments = f.arguments("arguments", limits)?;
     // Every local activity's events carry `execution_mode: local`; no other mode is a local one.
     if f.opt_str("execution_mode", 32)?.is_some_and(|mode| mode != "local") {
         return Err(ApiError::validation(

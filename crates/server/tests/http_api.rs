@@ -11,6 +11,8 @@ mod common;
 mod prepared_local;
 #[path = "http_api/sessions.rs"]
 mod sessions;
+#[path = "http_api/standalone.rs"]
+mod standalone;
 #[path = "http_api/sticky.rs"]
 mod sticky;
 

@@ -22,6 +22,7 @@ mod cancellation;
 mod checks;
 mod local;
 mod program;
+mod standalone;
 
 use capstan_app::{control, duties, ledger, polls, queries, reports, AppError, Services};
 use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
@@ -116,6 +117,8 @@ pub struct Report {
     /// Prepared local attempts admitted, retried by the server, recovered after a lost claim,
     /// stopped by a cancellation.
     pub local_attempts: [usize; 4],
+    /// Standalone activity runs started (first starts and restarts of a closed id).
+    pub standalone_started: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -241,6 +244,8 @@ struct Sim {
     /// The programs of the workflows the clients started (children and scheduled workflows
     /// run fixed programs of their type).
     programs: BTreeMap<String, Vec<Step>>,
+    /// The ids of the standalone activities clients started (a host run each, no program).
+    standalone: BTreeSet<String>,
     /// Every workflow instance that may exist: started, children asked for, scheduled.
     instances: BTreeSet<String>,
     /// Run id → workflow id, for every run seen.
@@ -298,6 +303,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         now: START,
         step: 0,
         programs: BTreeMap::new(),
+        standalone: BTreeSet::new(),
         instances: BTreeSet::new(),
         run_workflows: BTreeMap::new(),
         queries: BTreeMap::new(),
@@ -536,6 +542,9 @@ impl Sim {
     async fn start_workflow(&mut self) -> Result<(), Failure> {
         if self.programs.len() >= self.config.workflows {
             return self.advance_clock().await;
+        }
+        if self.rng.random_bool(0.2) {
+            return self.start_standalone_activity().await;
         }
         let index = self.programs.len();
         let workflow_id = format!("sim-{}-{index}", self.config.seed);
@@ -1530,6 +1539,7 @@ pub struct Totals {
     pub lease_renewals: usize,
     pub cancellations: [usize; 4],
     pub local_attempts: [usize; 4],
+    pub standalone: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1555,6 +1565,7 @@ impl Totals {
         self.session_attempts += report.session_attempts;
         self.workers_retired += report.workers_retired;
         self.lease_renewals += report.lease_renewals;
+        self.standalone += report.standalone_started;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1569,7 +1580,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1598,6 +1609,7 @@ impl Totals {
             self.local_attempts[1],
             self.local_attempts[2],
             self.local_attempts[3],
+            self.standalone,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

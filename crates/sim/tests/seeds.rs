@@ -34,7 +34,8 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && totals.scheduled > 0
             && totals.lease_renewals > 0
             && totals.cancellations.iter().all(|n| *n > 0)
-            && totals.local_attempts.iter().all(|n| *n > 0),
+            && totals.local_attempts.iter().all(|n| *n > 0)
+            && totals.standalone > 0,
         "{}",
         totals.summary()
     );

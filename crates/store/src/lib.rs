@@ -573,6 +573,10 @@ pub trait RunStore: Send + Sync + 'static {
         now: Millis,
     ) -> impl Future<Output = StoreResult<(StartOutcome, RunState)>> + Send;
 
+    /// Starts a standalone activity's host run: run 1 of a new id, or the next run of an id
+    /// whose last activity has ended.
+    fn start_standalone_activity(&self, start: StartStandaloneActivity, now: Millis) -> impl Future<Output = StoreResult<RunState>> + Send;
+
     /// Runs one engine transition on one run, atomically and durably.
     fn mutate_run<T, F>(
         &self,

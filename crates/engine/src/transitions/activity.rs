@@ -94,7 +94,12 @@ fn refuse_dispatch(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Act
         },
     );
     run.append(cx, EventType::ActivityFailed, payload, None, None);
-    run.want_workflow_task(cx, None);
+    let refused = Resolution::Failed {
+        message,
+        exception_type: Some(reason),
+        exception_class: None,
+    };
+    activity_resolved(run, cx, execution, refused);
 }
 
 fn lease_activity_attempt(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, owner: &str, lease_ms: i64) -> Result<Task, Refusal> {
@@ -328,7 +333,7 @@ pub fn complete_activity(
     }
     run.close_task(cx, task_id, TaskClosure::Completed);
     run.activities.remove(&execution.id);
-    let next = run.want_workflow_task(cx, None);
+    let next = activity_resolved(run, cx, &execution, Resolution::Completed(&result));
     let receipt = Receipt {
         run_status: run.status,
         created_task_ids: vec![],
@@ -449,7 +454,15 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
     };
     run.append(cx, event_type, payload, None, None);
     run.activities.remove(&execution.id);
-    let next = run.want_workflow_task(cx, None);
+    let resolution = match &end {
+        AttemptEnd::Failed { failure, .. } => Resolution::Failed {
+            message: &failure.message,
+            exception_type: failure.failure_type.as_deref(),
+            exception_class: failure.class.as_deref(),
+        },
+        AttemptEnd::TimedOut { timeout_kind } => Resolution::TimedOut { timeout_kind },
+    };
+    let next = activity_resolved(run, cx, execution, resolution);
     Receipt {
         run_status: run.status,
         created_task_ids: vec![],

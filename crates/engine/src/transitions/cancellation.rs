@@ -28,6 +28,7 @@ pub fn request_cancellation(
         });
     }
     require_open(run)?;
+    require_workflow_code(run)?;
     run.command_count += 1;
     let deadline = cx.now + cleanup_timeout_seconds * 1000;
     let request = CancellationRequest {

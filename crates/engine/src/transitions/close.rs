@@ -57,6 +57,13 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
     for id in open {
         run.close_task(cx, &id, TaskClosure::Cancelled);
     }
+    if let Some(standalone) = run.standalone.as_mut().filter(|s| s.outcome.is_none()) {
+        // Closed from outside (cancel, terminate) while its activity was open.
+        if let Some(execution) = run.activities.get(&standalone.execution_id) {
+            standalone.attempt_count = execution.attempt_count;
+        }
+        standalone.outcome = Some("cancelled".into());
+    }
     run.activities.clear();
     run.timers.clear();
     run.condition_waits.clear();

@@ -47,6 +47,7 @@ pub fn admit_signal(run: &RunState, signal_name: &str, registered: Option<&Comma
 /// anything is recorded.
 pub fn admit_update(run: &RunState, update_name: &str, registered: Option<&CommandContract>) -> Result<(), Refusal> {
     require_open(run)?;
+    require_workflow_code(run)?;
     match admission_contract(run, registered) {
         Some(contract) if !contract.admits_update(update_name) => Err(Refusal::new(
             Reason::UpdateRejected,
@@ -105,6 +106,7 @@ pub fn accept_update(
     command_id: CommandId,
 ) -> Result<(String, CommandReceipt), Refusal> {
     require_open(run)?;
+    require_workflow_code(run)?;
     let update_id: String = cx.ids.next_id();
     run.command_count += 1;
     let update = UpdateRef {

@@ -95,7 +95,7 @@ fn end_unstarted(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &Activ
     let payload = events::activity_timed_out(&failure_id, events::TimedOut::Unstarted { execution, timeout_kind });
     run.append(cx, EventType::ActivityTimedOut, payload, None, None);
     run.activities.remove(&execution.id);
-    run.want_workflow_task(cx, None);
+    activity_resolved(run, cx, execution, Resolution::TimedOut { timeout_kind });
 }
 
 fn fire_timer(run: &mut RunState, cx: &mut Cx, timer_id: &TimerId) {

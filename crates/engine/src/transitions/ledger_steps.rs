@@ -275,7 +275,7 @@ pub fn resolve_ledger_entry(
             });
             run.append(cx, EventType::ActivityCompleted, payload, None, None);
             run.activities.remove(&execution.id);
-            run.want_workflow_task(cx, None);
+            activity_resolved(run, cx, &execution, Resolution::Completed(&result));
         }
         LedgerDecision::EffectAbsent => {
             let retry_task = run.new_task(

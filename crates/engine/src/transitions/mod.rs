@@ -48,6 +48,7 @@ mod deadline;
 mod events;
 mod ledger_steps;
 mod prepared_local;
+mod standalone;
 mod start;
 mod workflow_task;
 
@@ -62,5 +63,7 @@ pub use deadline::*;
 use events::{AttemptRef, LocalActivityRef, LocalAttemptRef, NextAttempt, TimerWait, UpdateEnd, UpdateRef};
 pub use ledger_steps::*;
 pub use prepared_local::*;
+use standalone::{activity_resolved, Resolution};
+pub use standalone::{require_workflow_code, standalone_default_retry, start_standalone_activity, StartStandaloneActivity};
 pub use start::*;
 pub use workflow_task::*;

@@ -99,6 +99,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         prepared_locals: BTreeMap::new(),
         local_receipts: Default::default(),
         local_checkpoints: Default::default(),
+        standalone: None,
     }
 }
 

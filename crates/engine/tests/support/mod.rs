@@ -17,29 +17,32 @@ pub struct Sim {
 
 impl Sim {
     pub fn start() -> Self {
+        Self::starting(|cx| start_run(cx, start_fixture()))
+    }
+
+    /// A standalone activity's host run (`standalone.add` on queue `q`).
+    pub fn start_standalone(retry_policy: Option<RetryPolicy>, timeouts: ActivityTimeouts) -> Self {
+        let start = StartStandaloneActivity {
+            run: StartRun {
+                workflow_id: "act-1".into(),
+                execution_timeout_seconds: None,
+                run_timeout_seconds: None,
+                ..start_fixture()
+            },
+            activity_type: "standalone.add".into(),
+            activity_class: "AddActivity".into(),
+            retry_policy,
+            timeouts,
+        };
+        Self::starting(|cx| start_standalone_activity(cx, start, 1))
+    }
+
+    fn starting(start: impl FnOnce(&mut Cx) -> RunState) -> Self {
         let limits = Limits::default();
         let mut ids = SequentialIds::new("id");
         let now = 1_000_000;
         let mut cx = Cx::new(now, &mut ids, &limits);
-        let run = start_run(
-            &mut cx,
-            StartRun {
-                namespace: "default".into(),
-                workflow_id: "wf-1".into(),
-                run_id: "run-1".into(),
-                workflow_type: "greeter".into(),
-                task_queue: "q".into(),
-                input: Payload::avro("wwHioz3/VYAiNwwA"),
-                execution_timeout_seconds: Some(3600),
-                run_timeout_seconds: Some(600),
-                business_key: None,
-                memo: Map::new(),
-                search_attributes: Map::new(),
-                command_id: "cmd-start".into(),
-                contract: None,
-                compatibility: None,
-            },
-        );
+        let run = start(&mut cx);
         let history = cx.effects.events;
         Self {
             run,
@@ -119,6 +122,26 @@ impl Sim {
 
     pub fn count(&self, event_type: EventType) -> usize {
         self.history.iter().filter(|e| e.event_type == event_type).count()
+    }
+}
+
+/// The start of run `run-1` of `wf-1` (a `greeter` on queue `q`).
+pub fn start_fixture() -> StartRun {
+    StartRun {
+        namespace: "default".into(),
+        workflow_id: "wf-1".into(),
+        run_id: "run-1".into(),
+        workflow_type: "greeter".into(),
+        task_queue: "q".into(),
+        input: Payload::avro("wwHioz3/VYAiNwwA"),
+        execution_timeout_seconds: Some(3600),
+        run_timeout_seconds: Some(600),
+        business_key: None,
+        memo: Map::new(),
+        search_attributes: Map::new(),
+        command_id: "cmd-start".into(),
+        contract: None,
+        compatibility: None,
     }
 }
 

@@ -71,13 +71,8 @@ fn start_request(state: &AppState<impl Store>, namespace: &str, body: &Map<Strin
         namespace: namespace.to_string(),
         workflow_id,
         workflow_type,
-        task_queue: f
-            .opt_str("task_queue", 255)?
-            .filter(|q| !q.is_empty())
-            .unwrap_or_else(|| "default".into()),
-        input: f
-            .opt_payload("input", &state.config.limits)?
-            .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
+        task_queue: f.task_queue()?,
+        input: f.arguments("input", &state.config.limits)?,
         execution_timeout_seconds: f.opt_int("execution_timeout_seconds", 1, max)?,
         run_timeout_seconds: f.opt_int("run_timeout_seconds", 1, max)?,
         business_key: f.opt_str("business_key", 255)?,
@@ -200,6 +195,30 @@ pub async fn list<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
+    let filter = list_filter(&state, &namespace, &query).await?;
+    let ListPage { rows, next_page_token } = list_page(&state, &namespace, &query, filter).await?;
+    let workflows: Vec<Value> = rows.iter().map(render::summary).collect();
+    Ok(Json(json!({
+        "workflows": workflows,
+        "workflow_count": workflows.len(),
+        "next_page_token": next_page_token,
+    })))
+}
+
+/// One page of a run listing and the token of the next.
+pub(super) struct ListPage {
+    pub rows: Vec<RunSummary>,
+    pub next_page_token: Option<String>,
+}
+
+/// The page `query` asks for (`page_size`, `status`, `next_page_token`) of the runs `filter`
+/// selects, newest first.
+pub(super) async fn list_page<S: Store>(
+    state: &Shared<S>,
+    namespace: &str,
+    query: &HashMap<String, String>,
+    mut filter: ListFilter,
+) -> ApiResult<ListPage> {
     let page_size = match query.get("page_size") {
         None => 50,
         Some(raw) => raw
@@ -220,20 +239,14 @@ pub async fn list<S: Store>(
         Some(token) => parse_list_token(token)
             .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, Reason::InvalidPageToken, "The page token is not valid."))?,
     };
-    let mut filter = list_filter(&state, &namespace, &query).await?;
     filter.status_bucket = status_bucket;
     filter.after = after;
-    let (rows, more) = state.store.list_runs(&namespace, filter, offset, page_size).await?;
-    let workflows: Vec<Value> = rows.iter().map(render::summary).collect();
+    let (rows, more) = state.store.list_runs(namespace, filter, offset, page_size).await?;
     let next_page_token = match rows.last() {
         Some(last) if more => Some(list_token(last)),
         _ => None,
     };
-    Ok(Json(json!({
-        "workflows": workflows,
-        "workflow_count": workflows.len(),
-        "next_page_token": next_page_token,
-    })))
+    Ok(ListPage { rows, next_page_token })
 }
 
 /// `GET /api/workflow-counts`: current runs per status bucket under the list filters (without

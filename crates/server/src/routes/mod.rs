@@ -1,5 +1,6 @@
 //! The route table and the plane middleware (auth → role → version → namespace, in DW's order).
 
+mod activities;
 mod activity_lease;
 mod bridge;
 mod cancellation;
@@ -123,6 +124,8 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
 
     let control_plane = Router::new()
         .route("/workflows", post(control::start::<S>).get(control::list::<S>))
+        .route("/activities", post(activities::start::<S>).get(activities::list::<S>))
+        .route("/activities/:activity_id", get(activities::describe::<S>))
         .route("/workflows/:workflow_id", get(control::describe::<S>))
         .route("/workflows/:workflow_id/runs", get(control::runs::<S>))
         .route("/workflows/:workflow_id/runs/:run_id", get(control::describe_run::<S>))

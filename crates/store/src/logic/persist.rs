@@ -80,8 +80,7 @@ pub(crate) fn persist<'a, T: Tx>(
             // Continue-as-new: the next run is born in the same transaction and becomes current.
             let (next, next_effects) = successor.as_ref();
             persist(tx, next, next_effects, true, env).await?;
-            tx.execute(SET_CURRENT_RUN, &args![next.workflow_id.as_str(), next.run_id.as_str()])
-                .await?;
+            set_current_run(tx, next).await?;
         }
         follow_on(tx, effects, env).await
     })
@@ -359,4 +358,11 @@ async fn on_open_child<T: Tx>(
 pub(crate) async fn insert_instance<T: Tx>(tx: &mut T, run: &RunState, now: Millis) -> StoreResult<()> {
     let args = args![run.workflow_id.as_str(), &run.namespace, run.run_id.as_str(), now];
     tx.execute(INSERT_INSTANCE, &args).await.map(drop)
+}
+
+/// Makes `run` its instance's current run (a new run of an existing instance).
+pub(crate) async fn set_current_run<T: Tx>(tx: &mut T, run: &RunState) -> StoreResult<()> {
+    tx.execute(SET_CURRENT_RUN, &args![run.workflow_id.as_str(), run.run_id.as_str()])
+        .await?;
+    Ok(())
 }

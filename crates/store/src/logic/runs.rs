@@ -1,7 +1,7 @@
 //! Run transitions over one open transaction: find and lock the run, let the engine decide,
 //! persist what it decided. The same on both backends; the caller commits.
 
-use super::persist::{insert_instance, persist};
+use super::persist::{insert_instance, persist, set_current_run};
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
@@ -288,6 +288,72 @@ where
     persist(tx, &run, &effects, false, env).await?;
     tx.execute(RELEASE_DUTY, &args![due.task_id.as_str()]).await?;
     Ok((value, run))
+}
+
+/// Starts a standalone activity: run 1 of a new host instance, or the next run of a host
+/// instance whose current run has closed (DW reuses an activity id once its activity ended).
+pub(crate) async fn start_standalone_activity<T: Tx>(
+    tx: &mut T,
+    start: StartStandaloneActivity,
+    now: Millis,
+    env: &Env,
+) -> StoreResult<RunState> {
+    let activity_id = start.run.workflow_id.clone();
+    let existing = tx.query_opt(LOCK_INSTANCE.sql(tx.dialect()), &args![activity_id.as_str()]).await?;
+    let run_number = match existing {
+        None => 1,
+        Some(row) => {
+            let (namespace, run_id) = (row.text(0)?, row.text(1)?);
+            if namespace != start.run.namespace {
+                return Err(Refusal::new(
+                    Reason::ActivityIdReservedInNamespace,
+                    "This activity id is reserved in another namespace.",
+                )
+                .with("activity_id", activity_id.as_str())
+                .with("command_status", "rejected")
+                .with("rejection_reason", "activity_id_reserved_in_namespace")
+                .into());
+            }
+            let current = lock_run(tx, &run_id, false)
+                .await?
+                .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {run_id}")))?;
+            if current.standalone.is_none() {
+                return Err(
+                    activity_id_refusal(format!("The id [{activity_id}] belongs to a workflow, not a standalone activity.")).into(),
+                );
+            }
+            if !current.is_closed() {
+                return Err(activity_id_refusal(format!("Standalone activity [{activity_id}] is already running.")).into());
+            }
+            current.run_number + 1
+        }
+    };
+    let mut ids = env.ids();
+    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let run = capstan_engine::start_standalone_activity(&mut cx, start, run_number);
+    let effects = cx.effects;
+    if run_number == 1 {
+        match insert_instance(tx, &run, now).await {
+            // Another node started this id a moment ago.
+            Err(StoreError::Conflict { .. }) => {
+                return Err(activity_id_refusal(format!("Standalone activity [{activity_id}] is already running.")).into())
+            }
+            other => other?,
+        }
+    }
+    persist(tx, &run, &effects, true, env).await?;
+    if run_number > 1 {
+        set_current_run(tx, &run).await?;
+    }
+    Ok(run)
+}
+
+/// DW answers a taken activity id as a validation error on `activity_id` (422), not a 409.
+fn activity_id_refusal(message: String) -> Refusal {
+    let errors = serde_json::json!({ "activity_id": [message.clone()] });
+    Refusal::new(Reason::ValidationFailed, message)
+        .with("errors", errors.clone())
+        .with("validation_errors", errors)
 }
 
 /// Starts a new instance, or applies the duplicate-start rule to the one that exists.

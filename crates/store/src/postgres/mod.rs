@@ -422,6 +422,11 @@ impl RunStore for PostgresStore {
         self.guard(result).await
     }
 
+    async fn start_standalone_activity(&self, start: StartStandaloneActivity, now: Millis) -> StoreResult<RunState> {
+        let result = in_transaction!(self, |tx| runs::start_standalone_activity(tx, start, now, &self.env));
+        self.guard(result).await
+    }
+
     async fn retained_command(
         &self,
         namespace: &str,

@@ -256,6 +256,15 @@ impl RunStore for SqliteStore {
         self.guard(result).await
     }
 
+    async fn start_standalone_activity(&self, start: StartStandaloneActivity, now: Millis) -> StoreResult<RunState> {
+        let env = self.env.clone();
+        let result = self
+            .writer
+            .write_tx(move |tx| drive(runs::start_standalone_activity(tx, start, now, &env)))
+            .await;
+        self.guard(result).await
+    }
+
     async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
     where
         T: Send + 'static,

@@ -7,10 +7,12 @@
 mod actions;
 mod operators;
 mod schedules;
+mod standalone;
 
 pub use actions::*;
 pub use operators::*;
 pub use schedules::*;
+pub use standalone::*;
 
 use crate::*;
 use serde_json::json;
@@ -1344,6 +1346,8 @@ macro_rules! store_suite {
         $crate::store_suite!(@tests $make;
             start_then_load_by_every_locator,
             duplicate_starts_follow_the_policy,
+            standalone_activities_hold_their_id_until_they_end,
+            concurrent_starts_of_one_activity_id_start_it_once,
             a_claim_goes_to_exactly_one_poller,
             claims_respect_queue_type_and_availability,
             claims_hold_a_sticky_task_for_its_owner,

@@ -4,7 +4,7 @@ use super::*;
 
 /// Schedules an activity: its execution, its first task (on the atomic queue for an atomic
 /// declared action) and `ActivityScheduled`.
-pub(super) fn schedule_activity(run: &mut RunState, cx: &mut Cx, at: At, schedule: ScheduleActivity) {
+pub(in crate::transitions) fn schedule_activity(run: &mut RunState, cx: &mut Cx, at: At, schedule: ScheduleActivity) {
     let At { step, task: wt } = at;
     let now = cx.now;
     let execution_id: ActivityExecutionId = cx.id();

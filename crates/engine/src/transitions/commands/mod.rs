@@ -13,7 +13,7 @@ mod updates;
 mod validate;
 mod waits;
 
-use activities::*;
+pub(in crate::transitions) use activities::schedule_activity;
 use children::*;
 use closing::*;
 use local_activity::*;
@@ -27,9 +27,9 @@ use waits::*;
 /// Where a command applies: the step it took (0 for commands without one) and the workflow
 /// task whose completion carries it.
 #[derive(Clone, Copy)]
-struct At<'t> {
-    step: u32,
-    task: Option<&'t TaskId>,
+pub(in crate::transitions) struct At<'t> {
+    pub step: u32,
+    pub task: Option<&'t TaskId>,
 }
 
 /// Assigns the step sequence of a command, or `None` when it re-sends an already recorded

@@ -202,3 +202,22 @@ pub(in crate::transitions) fn workflow_terminated(
         message,
     )
 }
+
+/// `WorkflowFailed` of a standalone activity's host run: its activity's final failure.
+pub(in crate::transitions) fn host_run_failed(
+    failure_id: &str,
+    failure: &WorkflowFailure,
+    execution_id: &ActivityExecutionId,
+    timed_out: bool,
+) -> Map<String, Value> {
+    let mut payload = obj!(
+        "failure_id" => failure_id,
+        "source_kind" => "activity_execution",
+        "source_id" => execution_id,
+    );
+    payload.extend(application_failure(failure));
+    if timed_out {
+        payload.insert("failure_category".into(), json!("timeout"));
+    }
+    payload
+}

@@ -103,9 +103,7 @@ fn descriptor_at(map: &Map<String, Value>, at: &str, kind: &str, limits: &Limits
             "activity_type must not be blank.",
         ));
     }
-    let arguments = f
-        .opt_payload("arguments", limits)?
-        .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
+    let arguments = f.arguments("arguments", limits)?;
     if f.opt_str("payload_codec", 64)?.is_some_and(|codec| codec != arguments.codec) {
         return Err(ApiError::validation(
             &format!("{at}.payload_codec"),
