@@ -618,6 +618,9 @@ def assert_history_invariants(
         assert event_type(events[-1]) == terminal, f"terminal event is not the last event{where}: {types}"
 
     scheduled = {payload_of(e).get("activity_execution_id") for e in events_of(events, "ActivityScheduled")}
+    # A redriven run's copied completions (`reused_from_run_id`) were scheduled in the failed run.
+    scheduled |= {payload_of(e).get("activity_execution_id") for e in events_of(events, "ActivityCompleted")
+                  if payload_of(e).get("reused_from_run_id")}
     resolutions: dict[Any, list[str | None]] = defaultdict(list)
     for e in events_of(events, *ACTIVITY_RESOLUTION_TYPES):
         resolutions[payload_of(e).get("activity_execution_id")].append(event_type(e))

@@ -14,6 +14,7 @@
 //! - [`queries`]: putting a query to a worker.
 //! - [`reports`]: workflow task and activity reports from workers.
 //! - [`cancellation`]: cooperative cancellation (request, delivery, activity stop receipts).
+//! - [`redrive`]: a failed run resumed at its failed step.
 //! - [`standalone`]: standalone activities (an activity started by a client, on a host run).
 //! - [`sessions`]: worker sessions (acquire, renew, close; renewal by activity heartbeats).
 //! - [`local_activities`]: prepared local activities (admission, supervision, outcomes).
@@ -29,6 +30,7 @@ pub mod ledger;
 pub mod local_activities;
 pub mod polls;
 pub mod queries;
+pub mod redrive;
 pub mod reports;
 pub mod search_attributes;
 pub mod sessions;

@@ -64,6 +64,15 @@ reasons! {
     ActivityNotFound => "activity_not_found",
     /// An update, query or cooperative cancellation sent to a standalone activity's host run.
     ActivityHostRun => "activity_host_run",
+    // Redrive (DW's reasons).
+    RunNotFailed => "run_not_failed",
+    SourceRunNotCurrent => "source_run_not_current",
+    UnsupportedHistory => "unsupported_history",
+    UnsupportedLocalActivity => "unsupported_local_activity",
+    UnrecordedFailureBoundary => "unrecorded_failure_boundary",
+    InvalidFailedStep => "invalid_failed_step",
+    UnsupportedSourceLink => "unsupported_source_link_or_payload",
+    ExecutionDeadlineElapsed => "execution_deadline_elapsed",
     WorkflowDefinitionChanged => "workflow_definition_changed",
     WorkerNotRegistered => "worker_not_registered",
     TaskQueueMismatch => "task_queue_mismatch",

@@ -381,6 +381,12 @@ pub struct RunState {
     /// Set on a standalone activity's host run only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standalone: Option<crate::standalone::StandaloneActivity>,
+    /// This failed run was redriven: its successor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redriven_to: Option<crate::redrive::Redrive>,
+    /// This run redrives a failed one, resuming at its failed step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redriven_from: Option<crate::redrive::Redrive>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at

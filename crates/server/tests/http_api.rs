@@ -9,6 +9,8 @@ mod activity_stop;
 mod common;
 #[path = "http_api/prepared_local.rs"]
 mod prepared_local;
+#[path = "http_api/redrive.rs"]
+mod redrive;
 #[path = "http_api/sessions.rs"]
 mod sessions;
 #[path = "http_api/standalone.rs"]

@@ -8,6 +8,8 @@
 
 #[path = "sdk_e2e/cluster.rs"]
 mod cluster;
+#[path = "sdk_e2e/redrive.rs"]
+mod redrive;
 #[path = "sdk_e2e/sessions.rs"]
 mod sessions;
 #[path = "sdk_e2e/sticky.rs"]

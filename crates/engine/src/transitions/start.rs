@@ -100,6 +100,8 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         local_receipts: Default::default(),
         local_checkpoints: Default::default(),
         standalone: None,
+        redriven_to: None,
+        redriven_from: None,
     }
 }
 

@@ -12,6 +12,7 @@ mod local_activities;
 pub(crate) mod long_poll;
 mod namespaces;
 mod query;
+mod redrive;
 mod schedules;
 pub(crate) mod search_attributes;
 mod sessions;
@@ -155,6 +156,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/archive", post(control::archive::<S>))
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/redrive", post(redrive::redrive::<S>))
         .route("/workflows/:workflow_id/request-cancellation", post(cancellation::request::<S>))
         .route(
             "/workflows/:workflow_id/runs/:run_id/request-cancellation",

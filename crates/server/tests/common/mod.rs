@@ -444,6 +444,11 @@ impl Harness {
 
     /// The whole control-plane history of a run.
     pub async fn history(&self, workflow_id: &str, run_id: &str) -> Vec<Value> {
+        self.history_from(workflow_id, run_id, GENESIS_HASH).await
+    }
+
+    /// The history of a run whose chain continues another's (`origin`: that run's last hash).
+    pub async fn history_from(&self, workflow_id: &str, run_id: &str, origin: &str) -> Vec<Value> {
         let mut events = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -458,7 +463,7 @@ impl Harness {
                 _ => break,
             }
         }
-        assert_hash_chain(&events);
+        assert_hash_chain_from(&events, origin);
         events
     }
 
@@ -497,7 +502,11 @@ pub fn count_events(events: &[Value], event_type: &str) -> usize {
 /// `prev_hash` is the previous `hash`; hashes are 64 lowercase hex digits.
 #[track_caller]
 pub fn assert_hash_chain(events: &[Value]) {
-    let mut previous = GENESIS_HASH.to_string();
+    assert_hash_chain_from(events, GENESIS_HASH)
+}
+
+pub fn assert_hash_chain_from(events: &[Value], origin: &str) {
+    let mut previous = origin.to_string();
     for (index, event) in events.iter().enumerate() {
         assert_eq!(event["sequence"], (index + 1) as u64, "sequence gap at {index}: {event}");
         let prev = event["prev_hash"]

@@ -36,6 +36,11 @@ pub(in crate::transitions) fn workflow_started(run: &RunState) -> Map<String, Va
     if let Some(previous) = &run.continued_from_run_id {
         payload.insert("continued_from_run_id".into(), json!(previous));
     }
+    if let Some(redrive) = &run.redriven_from {
+        payload.insert("resume_step_sequence".into(), json!(redrive.resume_step_sequence));
+        payload.insert("recovery_kind".into(), json!("redrive"));
+        payload.insert("workflow_link_id".into(), json!(redrive.command_id));
+    }
     if let Some(contract) = &run.contract {
         payload.extend(contract.declared_fields());
     }
