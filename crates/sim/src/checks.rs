@@ -248,6 +248,20 @@ impl Sim {
                 return Err(self.fail(format!("{run_id}: closed with update {id} still accepted")));
             }
         }
+        // A redriven run copies the steps before its resume step and schedules none of them.
+        if let Some(redrive) = &run.redriven_from {
+            let resume = u64::from(redrive.resume_step_sequence);
+            let step = |e: &HistoryEvent| e.payload.get("sequence").and_then(Value::as_u64).unwrap_or(0);
+            let copied = events.iter().filter(|e| e.payload.contains_key("reused_from_run_id")).count() as u64;
+            let rerun = events
+                .iter()
+                .any(|e| e.event_type == EventType::ActivityScheduled && step(e) < resume);
+            if copied + 1 != resume || rerun {
+                return Err(self.fail(format!(
+                    "{run_id}: redriven at step {resume} with {copied} copied steps, rerun: {rerun}"
+                )));
+            }
+        }
         // No automatic retry of a step whose outcome is unknown.
         for execution in run.activities.values() {
             let started = events

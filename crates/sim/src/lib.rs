@@ -22,6 +22,7 @@ mod cancellation;
 mod checks;
 mod local;
 mod program;
+mod redrive;
 mod standalone;
 
 use capstan_app::{control, duties, ledger, polls, queries, reports, AppError, Services};
@@ -119,6 +120,8 @@ pub struct Report {
     pub local_attempts: [usize; 4],
     /// Standalone activity runs started (first starts and restarts of a closed id).
     pub standalone_started: usize,
+    /// Failed runs redriven.
+    pub redrives: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -156,6 +159,9 @@ enum Step {
     LocalActivity,
     /// Ends this run's part of the program: the next run of the instance does the rest.
     ContinueAsNew,
+    /// First step only: the workflow fails with its first activity that fails for good,
+    /// naming the failed step (so a client can redrive it). Such programs are plain activities.
+    FailWithActivity,
 }
 
 /// A report a worker holds and delivers later (or twice, or never).
@@ -446,6 +452,7 @@ impl Sim {
                 }
                 82..=87 => self.resolve_unknown().await?,
                 88..=93 => self.change_schedules().await?,
+                94 if self.rng.random_bool(0.5) => self.redrive_one().await?,
                 94 => self.close_workflow().await?,
                 95 => self.retire_worker().await?,
                 _ => self.restart().await?,
@@ -460,6 +467,8 @@ impl Sim {
     async fn calm_phase(&mut self) -> Result<(), Failure> {
         // Retired workers come back (a fleet is eventually whole again).
         self.register_workers().await?;
+        // Clients redrive what failed, now that the faults are fixed.
+        self.redrive_every_failed().await?;
         // Whatever workers still hold arrives now (late ones are refused).
         while !self.inflight.is_empty() {
             self.step += 1;
@@ -546,8 +555,12 @@ impl Sim {
         if self.rng.random_bool(0.2) {
             return self.start_standalone_activity().await;
         }
-        let index = self.programs.len();
-        let workflow_id = format!("sim-{}-{index}", self.config.seed);
+        if self.rng.random_bool(0.2) {
+            // A line of plain activities that fails with a failed one: a client may redrive it.
+            let steps = self.rng.random_range(2..=4);
+            let program = std::iter::once(Step::FailWithActivity).chain((0..steps).map(|_| Step::Activity(PLAIN)));
+            return self.start_program(program.collect()).await;
+        }
         let length = self.rng.random_range(1..=5);
         let mut signals = 0;
         let mut continued = false;
@@ -570,6 +583,13 @@ impl Sim {
                 }
             })
             .collect();
+        self.start_program(program).await
+    }
+
+    /// A client starts a workflow that runs `program`, sometimes twice (a lost response).
+    async fn start_program(&mut self, program: Vec<Step>) -> Result<(), Failure> {
+        let index = self.programs.len();
+        let workflow_id = format!("sim-{}-{index}", self.config.seed);
         self.trace(|| format!("start {workflow_id} {program:?}"));
         let start = control::StartRequest {
             namespace: NAMESPACE.into(),
@@ -1540,6 +1560,7 @@ pub struct Totals {
     pub cancellations: [usize; 4],
     pub local_attempts: [usize; 4],
     pub standalone: usize,
+    pub redrives: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1566,6 +1587,7 @@ impl Totals {
         self.workers_retired += report.workers_retired;
         self.lease_renewals += report.lease_renewals;
         self.standalone += report.standalone_started;
+        self.redrives += report.redrives;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1580,7 +1602,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1610,6 +1632,7 @@ impl Totals {
             self.local_attempts[2],
             self.local_attempts[3],
             self.standalone,
+            self.redrives,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

@@ -73,7 +73,12 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
             .count()
     };
     let ends = [EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut];
-    let activities_scheduled = count(&[EventType::ActivityScheduled], false);
+    // A redriven run's copied completions were scheduled in the run it redrives.
+    let reused = history
+        .iter()
+        .filter(|e| e.event_type == EventType::ActivityCompleted && e.payload.contains_key("reused_from_run_id"))
+        .count();
+    let activities_scheduled = count(&[EventType::ActivityScheduled], false) + reused;
     let activities_resolved = count(&ends, false);
     let locals_scheduled = count(&[EventType::ActivityScheduled], true);
     let locals_resolved = count(&ends, true);
@@ -122,6 +127,16 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         });
         return (commands, None);
     }
+    let strict = program.first() == Some(&Step::FailWithActivity);
+    if strict {
+        if let Some(failed) = history
+            .iter()
+            .find(|e| matches!(e.event_type, EventType::ActivityFailed | EventType::ActivityTimedOut) && !is_local(e))
+        {
+            commands.push(fail_with_step(failed));
+            return (commands, None);
+        }
+    }
     let run_number = history
         .iter()
         .find(|e| e.event_type == EventType::WorkflowStarted)
@@ -129,8 +144,11 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         .and_then(Value::as_u64)
         .unwrap_or(1) as usize;
     let parts: Vec<&[Step]> = program.split(|s| *s == Step::ContinueAsNew).collect();
-    let part = parts.get(run_number - 1).copied().unwrap_or(&[]);
-    let last_part = run_number >= parts.len();
+    // A strict program has one part: its later runs are redrives of the first.
+    let (part, last_part) = match strict {
+        true => (&program[1..], true),
+        false => (parts.get(run_number - 1).copied().unwrap_or(&[]), run_number >= parts.len()),
+    };
     let (mut activity, mut timer, mut child, mut local) = (0, 0, 0, 0);
     for step in part {
         let next = match step {
@@ -226,6 +244,7 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                 }
             }
             Step::ContinueAsNew => unreachable!("parts are split at ContinueAsNew"),
+            Step::FailWithActivity => unreachable!("only a program's first step"),
         };
         commands.push(next);
         return (commands, None);
@@ -243,6 +262,21 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         }
     });
     (commands, None)
+}
+
+/// A strict program's failure: the activity's, naming its step, as the SDKs send it when an
+/// activity failure escapes the workflow.
+fn fail_with_step(failed: &HistoryEvent) -> WorkflowCommand {
+    let text = |key: &str| failed.payload.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+    WorkflowCommand::FailWorkflow(WorkflowFailure {
+        message: format!("activity {} failed", text("activity_execution_id")),
+        exception_type: Some("ActivityFailed".into()),
+        boundary: Some(FailureBoundary {
+            failed_step_sequence: failed.payload.get("sequence").and_then(Value::as_i64).unwrap_or(0),
+            failed_activity_execution_id: text("activity_execution_id"),
+        }),
+        ..Default::default()
+    })
 }
 
 /// The cancellation policy of a workflow's activities: each policy has its share of the

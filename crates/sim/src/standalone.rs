@@ -70,7 +70,7 @@ impl Sim {
         Ok(())
     }
 
-    async fn current_run_of(&mut self, workflow_id: &str) -> Result<Option<RunState>, Failure> {
+    pub(crate) async fn current_run_of(&mut self, workflow_id: &str) -> Result<Option<RunState>, Failure> {
         self.store()
             .load_run(NAMESPACE, RunLocator::Current(WorkflowId(workflow_id.to_string())))
             .await
