@@ -116,11 +116,13 @@ class OutlastWorkflow:
 
 
 def test_activity_lease_renewal_keeps_a_silent_attempt_alive(server_factory, run_worker):
-    """With a 2 s activity lease, an attempt that runs 7 s without heartbeating survives only
+    """With a 4 s activity lease, an attempt that runs 10 s without heartbeating survives only
     because the SDK renews its lease (`/renew-lease`, advertised as activity_lease_renewal):
     without renewals the lease expires, the only attempt fails as lease_expired and so does
-    the workflow. The renewals record nothing in history."""
-    server = server_factory.create("--activity-task-lease-seconds", "2")
+    the workflow. The renewals record nothing in history. (The SDK renews when a third of its
+    grant has passed; a 2 s lease left under a second for a renewal's round trip, which a busy
+    two-core CI machine once missed.)"""
+    server = server_factory.create("--activity-task-lease-seconds", "4")
     queue = unique("plane-renew")
     workflow_id = unique("plane-renew")
 
@@ -131,7 +133,7 @@ def test_activity_lease_renewal_keeps_a_silent_attempt_alive(server_factory, run
         async with run_worker(server.url, queue, workflows=[OutlastWorkflow], activities=[plane_outlast]) as worker:
             async with make_client(server.url) as client:
                 handle = await client.start_workflow(workflow_type="plane.outlast", task_queue=queue,
-                                                     workflow_id=workflow_id, input=[7])
+                                                     workflow_id=workflow_id, input=[10])
                 assert await wait_result(handle, timeout=60, workers=[worker]) == "outlasted"
                 history = await fetch_history(client, workflow_id, handle.run_id)
                 kinds = [e["event_type"] for e in history]

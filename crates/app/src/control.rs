@@ -229,6 +229,14 @@ where
     if signal_name.is_empty() || signal_name.len() > 255 {
         return Err(AppError::invalid("signal_name", "The signal name must be 1 to 255 characters."));
     }
+    if signal_name == MESSAGE_STREAM_SIGNAL {
+        return Err(Refusal::new(
+            Reason::RuntimeReservedSignal,
+            "This signal name is reserved for message-stream deliveries; append to the stream instead.",
+        )
+        .with("signal_name", signal_name)
+        .into());
+    }
     let locator = target.locator();
     let key = keyed(
         "signal",

@@ -28,6 +28,7 @@ pub mod control;
 pub mod duties;
 pub mod ledger;
 pub mod local_activities;
+pub mod message_streams;
 pub mod polls;
 pub mod queries;
 pub mod redrive;

@@ -34,6 +34,7 @@ pub async fn complete_workflow_task<V: Services>(
     lease: WorkflowLease,
     commands: Vec<WorkflowCommand>,
     sticky: Option<StickyClaim>,
+    streams: StreamProgress,
 ) -> AppResult<(Receipt, RunState)> {
     if let Some(claim) = &sticky {
         check_sticky_registration(services, &lease, claim).await?;
@@ -47,7 +48,12 @@ pub async fn complete_workflow_task<V: Services>(
         if let Some(claim) = &sticky {
             capstan_engine::check_sticky_claim(run, &owner, claim)?;
         }
-        let receipt = capstan_engine::complete_workflow_task(run, cx, task_id, &owner, attempt, commands)?;
+        let claim = WorkflowClaim {
+            task_id,
+            owner: &owner,
+            attempt,
+        };
+        let receipt = capstan_engine::complete_workflow_task_with(run, cx, claim, commands, &streams)?;
         // A repeated completion is answered from its receipt and changes nothing, the affinity
         // included (its task rows were written with the first one's).
         if !receipt.retained {

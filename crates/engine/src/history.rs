@@ -58,6 +58,7 @@ event_types!(
     TimerFired,
     TimerCancelled,
     SignalReceived,
+    MessageCursorAdvanced,
     SignalWaitOpened,
     SignalApplied,
     ConditionWaitOpened,

@@ -20,6 +20,7 @@ pub mod ledger;
 pub mod limits;
 pub mod local_activity;
 pub mod memo;
+pub mod message_stream;
 pub mod payload;
 pub mod query;
 pub mod redrive;
@@ -45,6 +46,7 @@ pub use ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, Led
 pub use limits::Limits;
 pub use local_activity::*;
 pub use memo::{MemoBase, MemoCodec, MergedMemo};
+pub use message_stream::{MessageStream, StreamAppendReceipt, StreamProgress, MESSAGE_STREAM_SIGNAL};
 pub use payload::Payload;
 pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};
 pub use redrive::{redrive_plan, Redrive, RedrivePlan};

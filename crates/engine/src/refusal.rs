@@ -64,6 +64,17 @@ reasons! {
     ActivityNotFound => "activity_not_found",
     /// An update, query or cooperative cancellation sent to a standalone activity's host run.
     ActivityHostRun => "activity_host_run",
+    // Message streams (DW's reasons).
+    /// A message id reused on a stream for another payload.
+    MessageIdentityConflict => "message_identity_conflict",
+    /// A stream's delivered, unconsumed messages reached `MAX_UNCONSUMED`.
+    MessageStreamBacklogFull => "message_stream_backlog_full",
+    /// A completion's `message_stream_cursors`/`message_stream_waits` break the cursor rules.
+    InvalidMessageStreamProgress => "invalid_message_stream_progress",
+    /// The reserved message-stream signal sent through a signal route.
+    RuntimeReservedSignal => "runtime_reserved_signal",
+    /// No message stream of this name on the instance.
+    MessageStreamNotFound => "message_stream_not_found",
     // Redrive (DW's reasons).
     RunNotFailed => "run_not_failed",
     SourceRunNotCurrent => "source_run_not_current",

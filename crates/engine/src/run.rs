@@ -387,6 +387,9 @@ pub struct RunState {
     /// This run redrives a failed one, resuming at its failed step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redriven_from: Option<crate::redrive::Redrive>,
+    /// The instance's message streams (they move to the next run at continue-as-new).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub message_streams: crate::message_stream::MessageStreams,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at

@@ -56,6 +56,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InstanceNotFound
         | Reason::ActivityNotFound
         | Reason::RunNotFound
+        | Reason::MessageStreamNotFound
         | Reason::NamespaceNotFound
         | Reason::QueryTaskNotFound
         | Reason::UnknownSignal
@@ -80,7 +81,10 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InvalidQueryArguments
         | Reason::InvalidVisibilityQuery
         | Reason::InvalidScheduleSpec
-        | Reason::InvalidCronExpression => StatusCode::UNPROCESSABLE_ENTITY,
+        | Reason::InvalidCronExpression
+        | Reason::InvalidMessageStreamProgress
+        | Reason::RuntimeReservedSignal => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::MessageStreamBacklogFull => StatusCode::TOO_MANY_REQUESTS,
         Reason::InvalidJson
         | Reason::MissingProtocolVersion
         | Reason::UnsupportedProtocolVersion

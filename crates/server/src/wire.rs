@@ -950,6 +950,34 @@ pub fn parse_sticky_claim(body: &Map<String, Value>) -> ApiResult<Option<StickyC
     }))
 }
 
+/// `message_stream_cursors` (`{stream_name, through_position}`) and `message_stream_waits`
+/// (`{stream_name, after_position}`) of a workflow task completion.
+pub fn parse_stream_progress(body: &Map<String, Value>) -> ApiResult<StreamProgress> {
+    let list = |key: &str, position: &str| -> ApiResult<Vec<(String, u64)>> {
+        let Some(value) = body.get(key).filter(|v| !v.is_null()) else {
+            return Ok(Vec::new());
+        };
+        let Some(entries) = value.as_array() else {
+            return Err(ApiError::validation(key, "Must be a list."));
+        };
+        let mut parsed = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            let at = format!("{key}.{index}");
+            let Some(entry) = entry.as_object() else {
+                return Err(ApiError::validation(&at, "Each entry must be an object."));
+            };
+            refuse_unknown_fields(entry, &[&["stream_name", position]], &format!("{at}."), key)?;
+            let f = Fields::nested(entry, format!("{at}."));
+            parsed.push((f.req_str("stream_name", 128)?, f.req_int(position, 0, i64::MAX)? as u64));
+        }
+        Ok(parsed)
+    };
+    Ok(StreamProgress {
+        cursors: list("message_stream_cursors", "through_position")?,
+        waits: list("message_stream_waits", "after_position")?,
+    })
+}
+
 /// Workflow ids: `^[a-zA-Z0-9._:-]+$`, at most 128 characters.
 pub use capstan_app::control::valid_workflow_id;
 

@@ -912,7 +912,7 @@ impl Sim {
                     };
                     reports::fail_workflow_task(&self.app, lease, waiting).await
                 } else {
-                    reports::complete_workflow_task(&self.app, lease, commands, sticky).await
+                    reports::complete_workflow_task(&self.app, lease, commands, sticky, StreamProgress::default()).await
                 };
                 if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);

@@ -72,6 +72,17 @@ pub fn signal(
     command_id: CommandId,
 ) -> Result<CommandReceipt, Refusal> {
     require_open(run)?;
+    let signal_id = record_signal(run, cx, signal_name, arguments, command_id.clone());
+    Ok(CommandReceipt {
+        command_id,
+        command_sequence: run.command_count,
+        signal_id: Some(signal_id),
+    })
+}
+
+/// `SignalReceived` (deferred while a workflow task is leased) and a resume task carrying the
+/// signal: how every signal reaches workflow code, a message-stream delivery included.
+pub(super) fn record_signal(run: &mut RunState, cx: &mut Cx, signal_name: &str, arguments: Payload, command_id: CommandId) -> SignalId {
     let signal_id: SignalId = cx.id();
     run.command_count += 1;
     let payload = events::signal_received(run, &command_id, &signal_id, signal_name, &arguments);
@@ -87,14 +98,10 @@ pub fn signal(
         signal_id: signal_id.clone(),
         signal_name: signal_name.to_string(),
         arguments,
-        command_id: command_id.clone(),
+        command_id,
     };
     run.want_workflow_task(cx, Some(resume));
-    Ok(CommandReceipt {
-        command_id,
-        command_sequence: run.command_count,
-        signal_id: Some(signal_id),
-    })
+    signal_id
 }
 
 /// `UpdateAccepted`, and a dedicated workflow task that runs the update's handler.

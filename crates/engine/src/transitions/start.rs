@@ -102,6 +102,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         standalone: None,
         redriven_to: None,
         redriven_from: None,
+        message_streams: Default::default(),
     }
 }
 
@@ -159,5 +160,7 @@ pub(super) fn continued_run(
     run.ledger_head = previous.ledger_head.clone();
     run.memo_merged = previous.memo_merged.clone();
     run.parent = previous.parent.clone();
-    begin_run(run, cx)
+    let mut run = begin_run(run, cx);
+    super::message_stream::carry_streams_forward(&mut run, cx, previous);
+    run
 }

@@ -1,6 +1,7 @@
 //! Workflow tasks: lease, completion (the commands are applied in `commands`), failure, release, heartbeat.
 
 use super::*;
+use crate::message_stream::StreamProgress;
 
 /// Failure type the SDKs report when replay produced no new command: benign, nothing to retry.
 pub const WAITING_FOR_HISTORY_FAILURE: &str = "WorkflowTaskWaitingForHistory";
@@ -120,6 +121,30 @@ pub fn complete_workflow_task(
     attempt: u64,
     commands: Vec<WorkflowCommand>,
 ) -> Result<Receipt, Refusal> {
+    let claim = WorkflowClaim { task_id, owner, attempt };
+    complete_workflow_task_with(run, cx, claim, commands, &StreamProgress::default())
+}
+
+/// Who completes a workflow task: its id, the lease's owner and its attempt (the fence).
+#[derive(Clone, Copy, Debug)]
+pub struct WorkflowClaim<'a> {
+    pub task_id: &'a TaskId,
+    pub owner: &'a str,
+    pub attempt: u64,
+}
+
+/// [`complete_workflow_task`] with what the completion reports about its message streams
+/// (`message_stream_cursors`, `message_stream_waits`): checked with the commands, applied
+/// after the task's resume and before its commands, so a continue-as-new carries the
+/// advanced cursors.
+pub fn complete_workflow_task_with(
+    run: &mut RunState,
+    cx: &mut Cx,
+    claim: WorkflowClaim<'_>,
+    commands: Vec<WorkflowCommand>,
+    streams: &StreamProgress,
+) -> Result<Receipt, Refusal> {
+    let WorkflowClaim { task_id, owner, attempt } = claim;
     if let Some(receipt) = retained_receipt(run, task_id, owner, attempt, None, ReportKind::CompleteWorkflowTask) {
         return Ok(receipt);
     }
@@ -131,6 +156,7 @@ pub fn complete_workflow_task(
             .with("deadline_at", iso8601(deadline)));
     }
     validate_commands(run, cx, &commands)?;
+    super::message_stream::check_stream_progress(run, streams)?;
 
     let resume = match &task.detail {
         TaskDetail::Workflow { resume, .. } => resume.clone(),
@@ -151,6 +177,7 @@ pub fn complete_workflow_task(
         }
         _ => {}
     }
+    super::message_stream::apply_stream_progress(run, cx, task_id, streams);
 
     let mut created = Vec::new();
     let tasks_before: std::collections::BTreeSet<TaskId> = run.tasks.keys().cloned().collect();
@@ -169,6 +196,8 @@ pub fn complete_workflow_task(
         run.status = RunStatus::Waiting;
         run.follow_up_workflow_task(cx);
     }
+    super::message_stream::deliver_held_messages(run, cx);
+    super::message_stream::offer_unconsumed_messages(run, cx, streams);
     for id in run.tasks.keys() {
         if !tasks_before.contains(id) {
             created.push(id.clone());

@@ -10,6 +10,7 @@ mod fleet;
 mod ledger;
 mod local_activities;
 pub(crate) mod long_poll;
+mod message_streams;
 mod namespaces;
 mod query;
 mod redrive;
@@ -157,6 +158,15 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/redrive", post(redrive::redrive::<S>))
+        .route("/workflows/:workflow_id/message-streams", get(message_streams::list::<S>))
+        .route(
+            "/workflows/:workflow_id/message-streams/:stream_name",
+            get(message_streams::describe::<S>),
+        )
+        .route(
+            "/workflows/:workflow_id/message-streams/:stream_name/messages",
+            post(message_streams::append::<S>),
+        )
         .route("/workflows/:workflow_id/request-cancellation", post(cancellation::request::<S>))
         .route(
             "/workflows/:workflow_id/runs/:run_id/request-cancellation",

@@ -566,9 +566,15 @@ pub async fn heartbeat_workflow_task<S: Store>(
     Ok(Json(reply))
 }
 
-/// What a workflow task completion may carry. Message-stream cursors and waits are not served
-/// yet: a completion that carries them is refused, naming the field, not half-applied.
-const COMPLETION_FIELDS: &[&str] = &["lease_owner", "workflow_task_attempt", "commands", "sticky_cache"];
+/// What a workflow task completion may carry.
+const COMPLETION_FIELDS: &[&str] = &[
+    "lease_owner",
+    "workflow_task_attempt",
+    "commands",
+    "sticky_cache",
+    "message_stream_cursors",
+    "message_stream_waits",
+];
 
 pub async fn complete_workflow_task<S: Store>(
     State(state): State<Shared<S>>,
@@ -579,14 +585,14 @@ pub async fn complete_workflow_task<S: Store>(
     let claim = workflow_claim(&body)?;
     let parsed = wire::refuse_unknown_fields(&body, &[COMPLETION_FIELDS], "", "workflow task completions")
         .and_then(|()| wire::parse_commands(body.get("commands"), &state.config.limits))
-        .and_then(|commands| Ok((commands, wire::parse_sticky_claim(&body)?)));
-    let (commands, sticky) = parsed.map_err(|mut e| {
+        .and_then(|commands| Ok((commands, wire::parse_sticky_claim(&body)?, wire::parse_stream_progress(&body)?)));
+    let (commands, sticky, streams) = parsed.map_err(|mut e| {
         e.fields.insert("task_id".into(), json!(task_id));
         e.fields.insert("workflow_task_attempt".into(), json!(claim.attempt));
         e
     })?;
     let lease = workflow_lease(&namespace, &task_id, &claim);
-    let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands, sticky)
+    let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands, sticky, streams)
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);

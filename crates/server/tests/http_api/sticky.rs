@@ -290,11 +290,11 @@ async fn a_field_capstan_neither_honours_nor_records_is_refused_by_name() {
             &format!("/api/worker/workflow-tasks/{}/complete", task["task_id"].as_str().unwrap()),
             json!({"lease_owner": "w", "workflow_task_attempt": task["workflow_task_attempt"],
                    "commands": [{"type": "start_timer", "delay_seconds": 1}],
-                   "message_stream_waits": [{"stream_name": "inbox", "after_position": 0}]}),
+                   "message_stream_waits": [{"stream_name": "inbox", "after_position": 0, "surprise": 1}]}),
         )
         .await
         .err(422, "validation_failed");
-    assert!(streams["errors"].get("message_stream_waits").is_some(), "{streams}");
+    assert!(streams["errors"].get("message_stream_waits.0.surprise").is_some(), "{streams}");
     // A null carries nothing and passes; nothing refused was recorded.
     assert_eq!(h.history("strict-fields", start["run_id"].as_str().unwrap()).await.len(), 2);
     h.complete_workflow_task(

@@ -37,6 +37,7 @@ pub(super) fn continue_as_new(
     // The successor is built with its own effects; its events belong to its own run.
     let (successor, successor_effects) = {
         let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
+        next.memo = cx.memo;
         let successor = continued_run(&mut next, run, arguments, workflow_type, queue);
         (successor, next.effects)
     };
