@@ -153,6 +153,7 @@ impl Sim {
         if let Err(sequence) = verify_chain_from(&run.chain_origin, &events) {
             return Err(self.fail(format!("{run_id}: the history chain breaks at event {sequence}")));
         }
+        self.check_messages(&run, &events)?;
         // No acknowledged write lost (across restarts too).
         if let Some((sequence, hash)) = self.acked.get(run_id) {
             match events.get((*sequence as usize).wrapping_sub(1)) {

@@ -24,6 +24,7 @@ mod local;
 mod program;
 mod redrive;
 mod standalone;
+mod streams;
 
 use capstan_app::{control, duties, ledger, polls, queries, reports, AppError, Services};
 use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
@@ -120,6 +121,10 @@ pub struct Report {
     pub local_attempts: [usize; 4],
     /// Standalone activity runs started (first starts and restarts of a closed id).
     pub standalone_started: usize,
+    /// Stream messages ingested, retried appends answered from their receipt, reused ids refused.
+    pub messages_ingested: usize,
+    pub message_retries: usize,
+    pub message_conflicts: usize,
     /// Failed runs redriven.
     pub redrives: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
@@ -252,6 +257,8 @@ struct Sim {
     programs: BTreeMap<String, Vec<Step>>,
     /// The ids of the standalone activities clients started (a host run each, no program).
     standalone: BTreeSet<String>,
+    /// The stream messages clients know were ingested.
+    ingested: streams::Ingested,
     /// Every workflow instance that may exist: started, children asked for, scheduled.
     instances: BTreeSet<String>,
     /// Run id → workflow id, for every run seen.
@@ -310,6 +317,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         step: 0,
         programs: BTreeMap::new(),
         standalone: BTreeSet::new(),
+        ingested: Default::default(),
         instances: BTreeSet::new(),
         run_workflows: BTreeMap::new(),
         queries: BTreeMap::new(),
@@ -440,6 +448,7 @@ impl Sim {
                 }
                 42..=53 => self.deliver_inflight().await?,
                 54..=64 => self.advance_clock().await?,
+                65..=69 if self.rng.random_bool(0.3) => self.append_message().await?,
                 65..=69 => self.send_signal().await?,
                 70 => match self.random_started_workflow() {
                     Some(workflow_id) => self.request_cooperative_cancellation(&workflow_id).await?,
@@ -1561,6 +1570,8 @@ pub struct Totals {
     pub local_attempts: [usize; 4],
     pub standalone: usize,
     pub redrives: usize,
+    /// Stream messages ingested / retries answered from the receipt / reused ids refused.
+    pub messages: [usize; 3],
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1588,6 +1599,9 @@ impl Totals {
         self.lease_renewals += report.lease_renewals;
         self.standalone += report.standalone_started;
         self.redrives += report.redrives;
+        self.messages[0] += report.messages_ingested;
+        self.messages[1] += report.message_retries;
+        self.messages[2] += report.message_conflicts;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1602,7 +1616,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1633,6 +1647,9 @@ impl Totals {
             self.local_attempts[3],
             self.standalone,
             self.redrives,
+            self.messages[0],
+            self.messages[1],
+            self.messages[2],
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }
