@@ -44,4 +44,5 @@ CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=
 # the other).
 CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py \
   tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py \
-  tests/python/test_standalone_activities.py tests/python/test_redrive.py tests/python/test_message_streams.py -q
+  tests/python/test_standalone_activities.py tests/python/test_redrive.py tests/python/test_message_streams.py \
+  tests/python/test_workflow_streams.py -q

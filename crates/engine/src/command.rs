@@ -32,6 +32,8 @@ pub enum WorkflowCommand {
     RecordSideEffect {
         result: Payload,
         tags: StepTags,
+        /// A workflow output stream directive riding on the side effect.
+        stream: Option<crate::workflow_stream::StreamDirective>,
     },
     RecordVersionMarker {
         change_id: String,

@@ -36,6 +36,7 @@ pub mod task;
 pub mod timefmt;
 mod transitions;
 pub mod visibility;
+pub mod workflow_stream;
 
 pub use activity_stop::{acknowledge_activity_cancellation, stopped_attempt, StopAcknowledgement, StopReceipt, StoppedAttempt};
 pub use command::*;

@@ -75,6 +75,15 @@ reasons! {
     RuntimeReservedSignal => "runtime_reserved_signal",
     /// No message stream of this name on the instance.
     MessageStreamNotFound => "message_stream_not_found",
+    // Workflow output streams (DW's reasons).
+    /// A worker's stream directive breaks its identity or key rules.
+    InvalidWorkflowStreamCommand => "invalid_workflow_stream_command",
+    /// An append met the stream's pending-item cap (items before it were kept).
+    StreamFull => "stream_full",
+    StreamClosed => "stream_closed",
+    StreamErrored => "stream_errored",
+    StreamNotFound => "stream_not_found",
+    InvalidStreamName => "invalid_stream_name",
     // Redrive (DW's reasons).
     RunNotFailed => "run_not_failed",
     SourceRunNotCurrent => "source_run_not_current",

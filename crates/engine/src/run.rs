@@ -568,6 +568,8 @@ pub struct Effects {
     /// Receipts of tasks this transition closed on a worker's report, for the store to keep
     /// with each task's row (a retried report is answered from it).
     pub receipts: Vec<ClosedTaskReceipt>,
+    /// Workflow output stream directives, applied by the store in the same transaction.
+    pub stream_ops: Vec<crate::workflow_stream::StreamOp>,
 }
 
 /// A cooperative cancellation a parent's delivery asks of a child run.

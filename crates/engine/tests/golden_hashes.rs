@@ -300,6 +300,7 @@ fn an_activity_timer_and_repair_run_ends_at_its_known_head() {
             WorkflowCommand::RecordSideEffect {
                 result: Payload::avro("c2lkZQ=="),
                 tags: Map::new(),
+                stream: None,
             },
             WorkflowCommand::RecordVersionMarker {
                 change_id: "v2-pricing".into(),

@@ -371,6 +371,7 @@ fn a_checkpoint_commits_the_prefix_on_the_claim_once() {
     let side_effect = || WorkflowCommand::RecordSideEffect {
         result: Payload::avro("se"),
         tags: Map::new(),
+        stream: None,
     };
     let first = sim
         .apply(|run, cx| checkpoint_local_prefix(run, cx, claim(&task, fence), "cp1", 1, vec![side_effect()]))

@@ -100,6 +100,10 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                     tracing::warn!(namespace = %namespace.name, %error, "clock: retention pass failed");
                 }
             }
+            // Closed output streams past their own retention go with their items.
+            if let Err(error) = state.store.expire_streams(now).await {
+                tracing::warn!(%error, "clock: stream retention failed");
+            }
         }
         if due == BATCH {
             continue;

@@ -57,6 +57,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::ActivityNotFound
         | Reason::RunNotFound
         | Reason::MessageStreamNotFound
+        | Reason::StreamNotFound
         | Reason::NamespaceNotFound
         | Reason::QueryTaskNotFound
         | Reason::UnknownSignal
@@ -83,8 +84,10 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InvalidScheduleSpec
         | Reason::InvalidCronExpression
         | Reason::InvalidMessageStreamProgress
-        | Reason::RuntimeReservedSignal => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::MessageStreamBacklogFull => StatusCode::TOO_MANY_REQUESTS,
+        | Reason::RuntimeReservedSignal
+        | Reason::InvalidWorkflowStreamCommand => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::MessageStreamBacklogFull | Reason::StreamFull => StatusCode::TOO_MANY_REQUESTS,
+        Reason::InvalidStreamName => StatusCode::BAD_REQUEST,
         Reason::InvalidJson
         | Reason::MissingProtocolVersion
         | Reason::UnsupportedProtocolVersion

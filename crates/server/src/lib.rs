@@ -21,6 +21,7 @@ mod routes;
 mod scheduler;
 mod ui;
 mod wire;
+mod wire_streams;
 
 use axum::Router;
 use capstan_engine::Limits;
@@ -117,6 +118,8 @@ pub struct AppState<S: Store> {
     pub config: ServerConfig,
     hub: hub::WakeHub,
     query_answers: hub::KeyedWakeups,
+    /// Readers waiting on a workflow output stream, by `{run_id}/{stream}`.
+    stream_appends: hub::KeyedWakeups,
     poll_requests: hub::KeyedLocks,
     clock: clock::ClockAlarm,
     scheduler_kick: tokio::sync::Notify,
@@ -202,6 +205,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         history,
         hub: hub::WakeHub::default(),
         query_answers: hub::KeyedWakeups::default(),
+        stream_appends: hub::KeyedWakeups::default(),
         poll_requests: hub::KeyedLocks::default(),
         clock: Default::default(),
         scheduler_kick: tokio::sync::Notify::new(),

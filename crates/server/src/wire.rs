@@ -282,18 +282,12 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             timeout_seconds: f.opt_int("timeout_seconds", 0, max_delay)?,
             tags,
         },
-        // Workflow output streams ride on side effects; without stream storage the items would
-        // be dropped silently, so the command is refused instead.
-        "record_side_effect" if map.get("workflow_stream").is_some_and(|v| !v.is_null()) => {
-            return Err(invalid_commands(
-                "Workflow output streams (record_side_effect.workflow_stream) are not supported by this server.",
-            ))
-        }
         "record_side_effect" => WorkflowCommand::RecordSideEffect {
             result: f
                 .opt_payload("result", limits)?
                 .ok_or_else(|| ApiError::validation(&format!("commands.{index}.result"), "The result field is required."))?,
             tags,
+            stream: crate::wire_streams::parse_directive(map, index, limits)?,
         },
         "record_version_marker" => WorkflowCommand::RecordVersionMarker {
             change_id: f.req_str("change_id", 255)?,

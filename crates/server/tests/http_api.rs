@@ -17,6 +17,8 @@ mod sessions;
 mod standalone;
 #[path = "http_api/sticky.rs"]
 mod sticky;
+#[path = "http_api/workflow_streams.rs"]
+mod workflow_streams;
 
 use capstan_server::ServerConfig;
 use common::*;
@@ -3412,8 +3414,9 @@ async fn features_without_server_support_are_refused_not_dropped() {
     let body = h.complete_workflow_task(&task, json!([nexus])).await.err(409, "invalid_commands");
     assert_eq!(body["recorded"], false);
     let stream = json!({"type": "record_side_effect", "result": env(AVRO_NULL),
-        "workflow_stream": {"operation": "append", "stream_name": "out", "items": []}});
-    h.complete_workflow_task(&task, json!([stream])).await.err(409, "invalid_commands");
+        "workflow_stream": {"operation": "append", "stream_name": "out", "items": [], "command_identity": "x", "command_ordinal": 0}});
+    let refused = h.complete_workflow_task(&task, json!([stream])).await.err(422, "validation_failed");
+    assert!(refused["errors"].get("commands.0.workflow_stream.items").is_some(), "{refused}");
     // The task is still leased and completes normally afterwards.
     h.complete_workflow_task(&task, json!([{"type": "complete_workflow", "result": env(AVRO_NULL)}]))
         .await

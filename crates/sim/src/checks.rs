@@ -154,6 +154,7 @@ impl Sim {
             return Err(self.fail(format!("{run_id}: the history chain breaks at event {sequence}")));
         }
         self.check_messages(&run, &events)?;
+        self.check_output_stream(&run, &events).await?;
         // No acknowledged write lost (across restarts too).
         if let Some((sequence, hash)) = self.acked.get(run_id) {
             match events.get((*sequence as usize).wrapping_sub(1)) {

@@ -31,7 +31,7 @@ use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
 use capstan_engine::*;
 use capstan_store::prelude::*;
 use capstan_store::{CommandKey, DuplicatePolicy, LedgerFilter, ManualClock, RunLocator, SeededIds, Sources, SqliteStore, StoreError};
-use program::{decide, pick};
+use program::{command_identity, decide, pick};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -123,6 +123,8 @@ pub struct Report {
     pub standalone_started: usize,
     /// Stream messages ingested, retried appends answered from their receipt, reused ids refused.
     pub messages_ingested: usize,
+    /// Output-stream items checked against their side effects (counted at every check).
+    pub stream_items: usize,
     pub message_retries: usize,
     pub message_conflicts: usize,
     /// Failed runs redriven.
@@ -164,6 +166,9 @@ enum Step {
     LocalActivity,
     /// Ends this run's part of the program: the next run of the instance does the rest.
     ContinueAsNew,
+    /// Appends two items to the run's output stream `out` (a `record_side_effect` directive);
+    /// it does not wait, so it rides with the next step's command.
+    Stream,
     /// First step only: the workflow fails with its first activity that fails for good,
     /// naming the failed step (so a client can redrive it). Such programs are plain activities.
     FailWithActivity,
@@ -585,7 +590,7 @@ impl Sim {
                 }
                 9..=10 => Step::Child,
                 11 => Step::SessionActivity,
-                _ if continued => Step::Activity(PLAIN),
+                _ if continued => Step::Stream,
                 _ => {
                     continued = true;
                     Step::ContinueAsNew
@@ -774,7 +779,8 @@ impl Sim {
                 .await
                 .map_err(|e| self.fail(format!("history: {e}")))?;
             let program = self.program_for(run.workflow_id.as_str(), &run.workflow_type);
-            let (commands, local) = decide(run.workflow_id.as_str(), &program, &history);
+            let identity = command_identity(&task);
+            let (commands, local) = decide(run.workflow_id.as_str(), &program, &history, &identity);
             let Some(call) = local else { break (run, commands) };
             local_calls += 1;
             if local_calls > 4 || !self.run_local_call(&task, &run, &owner, call, faulty).await? {
@@ -1572,6 +1578,7 @@ pub struct Totals {
     pub redrives: usize,
     /// Stream messages ingested / retries answered from the receipt / reused ids refused.
     pub messages: [usize; 3],
+    pub stream_items: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1602,6 +1609,7 @@ impl Totals {
         self.messages[0] += report.messages_ingested;
         self.messages[1] += report.message_retries;
         self.messages[2] += report.message_conflicts;
+        self.stream_items += report.stream_items;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1616,7 +1624,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1650,6 +1658,7 @@ impl Totals {
             self.messages[0],
             self.messages[1],
             self.messages[2],
+            self.stream_items,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

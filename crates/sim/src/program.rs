@@ -65,7 +65,12 @@ fn local_call(history: &[HistoryEvent], k: usize) -> LocalCall {
 /// (see [`progress`]), or the prepared local call it stopped at. Run N of an instance runs the
 /// N-th part of the program (parts end at `ContinueAsNew`). Accepted updates are settled
 /// first, as an SDK runs update handlers.
-pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEvent]) -> (Vec<WorkflowCommand>, Option<LocalCall>) {
+pub(crate) fn decide(
+    workflow_id: &str,
+    program: &[Step],
+    history: &[HistoryEvent],
+    identity: &str,
+) -> (Vec<WorkflowCommand>, Option<LocalCall>) {
     let count = |types: &[EventType], local: bool| {
         history
             .iter()
@@ -149,7 +154,8 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         true => (&program[1..], true),
         false => (parts.get(run_number - 1).copied().unwrap_or(&[]), run_number >= parts.len()),
     };
-    let (mut activity, mut timer, mut child, mut local) = (0, 0, 0, 0);
+    let side_effects = count(&[EventType::SideEffectRecorded], false);
+    let (mut activity, mut timer, mut child, mut local, mut stream) = (0, 0, 0, 0, 0);
     for step in part {
         let next = match step {
             Step::Activity(_) | Step::SessionActivity => {
@@ -243,6 +249,13 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
                     }
                 }
             }
+            Step::Stream => {
+                stream += 1;
+                if stream > side_effects {
+                    commands.push(stream_append(identity, stream as u64 - 1));
+                }
+                continue;
+            }
             Step::ContinueAsNew => unreachable!("parts are split at ContinueAsNew"),
             Step::FailWithActivity => unreachable!("only a program's first step"),
         };
@@ -262,6 +275,43 @@ pub(crate) fn decide(workflow_id: &str, program: &[Step], history: &[HistoryEven
         }
     });
     (commands, None)
+}
+
+/// The command identity a task's stream directives carry, as the SDKs take it from the poll:
+/// the command that caused the task, else the task's id.
+pub(crate) fn command_identity(task: &Task) -> String {
+    match &task.detail {
+        TaskDetail::Workflow {
+            resume: Some(ResumeContext::Signal { command_id, .. } | ResumeContext::Update { command_id, .. }),
+            ..
+        } => command_id.as_str().to_string(),
+        _ => task.id.as_str().to_string(),
+    }
+}
+
+/// Two items for the run's output stream `out`, keyed as the SDKs key them.
+fn stream_append(identity: &str, ordinal: u64) -> WorkflowCommand {
+    use capstan_engine::workflow_stream::{StreamDirective, StreamItemInput, StreamOperation};
+    let item = |index: usize| StreamItemInput {
+        payload: Some(Payload::avro(PAYLOAD)),
+        payload_reference: None,
+        item_type: None,
+        content_type: None,
+        idempotency_key: Some(format!("dw-stream:{identity}:{ordinal}:{index}")),
+    };
+    WorkflowCommand::RecordSideEffect {
+        result: Payload::avro(PAYLOAD),
+        tags: Map::new(),
+        stream: Some(StreamDirective {
+            stream_name: "out".into(),
+            command_identity: identity.into(),
+            command_ordinal: ordinal,
+            operation: StreamOperation::Append {
+                items: vec![item(0), item(1)],
+                max_pending_items: None,
+            },
+        }),
+    }
 }
 
 /// A strict program's failure: the activity's, naming its step, as the SDKs send it when an

@@ -152,3 +152,29 @@ impl Sim {
         Ok(())
     }
 }
+
+impl Sim {
+    /// A run's output stream holds exactly the items of its recorded stream side effects: two
+    /// per side effect, offsets from 0 without a gap (a directive lands with its side effect,
+    /// once, or not at all).
+    pub(crate) async fn check_output_stream(&mut self, run: &RunState, events: &[HistoryEvent]) -> Result<(), Failure> {
+        let side_effects = events.iter().filter(|e| e.event_type == EventType::SideEffectRecorded).count() as i64;
+        let streams = self
+            .store()
+            .list_streams(NAMESPACE, run.workflow_id.as_str(), run.run_id.as_str())
+            .await
+            .map_err(|e| self.fail(format!("streams: {e}")))?;
+        let last_offset = streams.iter().find(|s| s.stream_name == "out").map_or(-1, |s| s.last_offset);
+        let items = streams.iter().find(|s| s.stream_name == "out").map_or(0, |s| s.total_items as i64);
+        if last_offset + 1 != 2 * side_effects || items != 2 * side_effects {
+            return Err(self.fail(format!(
+                "{}: {side_effects} stream side effects but the stream's last offset is {last_offset} ({items} items)",
+                run.run_id
+            )));
+        }
+        if side_effects > 0 {
+            self.report.stream_items += 2 * side_effects as usize;
+        }
+        Ok(())
+    }
+}

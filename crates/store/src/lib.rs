@@ -29,10 +29,11 @@ pub use postgres::PostgresStore;
 /// The store traits, for code that calls a concrete store's methods (`use
 /// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.
 pub mod prelude {
-    pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, RunStore, ScheduleStore, Store, TaskStore};
+    pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, RunStore, ScheduleStore, Store, StreamStore, TaskStore};
 }
 pub use logic::fleet::DEREGISTRATION_RECEIPT_RETENTION_MS;
 pub use logic::sessions::{SessionAnswer, SessionStep};
+pub use logic::streams::{StoredStreamItem, StreamAppend, StreamState, StreamTarget};
 pub use schedules::{BACKFILL_MAX, FIRE_BATCH};
 pub(crate) use sources::Env;
 pub use sources::{Clock, IdMint, ManualClock, MintedIds, RandomIds, SeededIds, Sources, SystemClock};
@@ -558,9 +559,51 @@ pub enum KeyedReceipt<T> {
 /// The contract between the server and a storage backend. Every method is cancel-safe in the
 /// sense that dropping the future never leaves a partial change; a dropped write may still
 /// commit, exactly like a lost HTTP response, and callers rely on idempotency for that.
-pub trait Store: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore {}
+pub trait Store: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore {}
 
-impl<T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore> Store for T {}
+impl<T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore> Store for T {}
+
+/// Workflow output streams through the control plane (a worker's directives are applied by
+/// its completion's transaction). Every call names a run that must exist (`instance_not_found`).
+pub trait StreamStore: Send + Sync + 'static {
+    /// Appends items (a known idempotency key reuses its offset); stops at the pending-item cap
+    /// and keeps what came before it (`StreamAppend::full`). Opens the stream if new; refuses a
+    /// closed (`stream_closed`) or errored (`stream_errored`) one.
+    fn append_stream_items(
+        &self,
+        target: StreamTarget,
+        items: Vec<capstan_engine::workflow_stream::StreamItemInput>,
+        max_pending_items: Option<u64>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<StreamAppend>> + Send;
+
+    /// Closes or errors a stream (`stream_not_found` if it never opened); a terminal stream is
+    /// answered as it stands.
+    fn finish_stream(
+        &self,
+        target: StreamTarget,
+        error_reason: Option<String>,
+        retention_seconds: Option<i64>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<StreamState>> + Send;
+
+    /// The run's streams, by name.
+    fn list_streams(&self, namespace: &str, workflow_id: &str, run_id: &str) -> impl Future<Output = StoreResult<Vec<StreamState>>> + Send;
+
+    /// Items from offset `from`, at most `max`, with the stream (`stream_not_found`).
+    fn read_stream(
+        &self,
+        target: StreamTarget,
+        from: u64,
+        max: u64,
+    ) -> impl Future<Output = StoreResult<(StreamState, Vec<StoredStreamItem>)>> + Send;
+
+    /// A reader reached `next_offset`; at the head, the stream's pending count drops to 0.
+    fn stream_caught_up(&self, target: StreamTarget, next_offset: u64) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Deletes closed streams past their retention, with their items.
+    fn expire_streams(&self, now: Millis) -> impl Future<Output = StoreResult<u64>> + Send;
+}
 
 /// Runs: start, transitions (plain and keyed), reads, listings.
 pub trait RunStore: Send + Sync + 'static {

@@ -19,6 +19,8 @@ mod sticky;
 mod support;
 #[path = "sdk_e2e/worker_plane.rs"]
 mod worker_plane;
+#[path = "sdk_e2e/workflow_streams.rs"]
+mod workflow_streams;
 
 use std::{
     collections::BTreeSet,

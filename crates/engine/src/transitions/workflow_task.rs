@@ -157,6 +157,15 @@ pub fn complete_workflow_task_with(
     }
     validate_commands(run, cx, &commands)?;
     super::message_stream::check_stream_progress(run, streams)?;
+    let identity = task_command_identity(&task);
+    for command in &commands {
+        if let WorkflowCommand::RecordSideEffect {
+            stream: Some(directive), ..
+        } = command
+        {
+            directive.check(&identity)?;
+        }
+    }
 
     let resume = match &task.detail {
         TaskDetail::Workflow { resume, .. } => resume.clone(),
@@ -221,6 +230,18 @@ pub fn complete_workflow_task_with(
         },
     );
     Ok(receipt)
+}
+
+/// The command identity a task's stream directives carry: the command that caused the task
+/// (its signal or update), else the task's own id, as the poll rendered it.
+fn task_command_identity(task: &Task) -> String {
+    match &task.detail {
+        TaskDetail::Workflow {
+            resume: Some(ResumeContext::Signal { command_id, .. } | ResumeContext::Update { command_id, .. }),
+            ..
+        } => command_id.as_str().to_string(),
+        _ => task.id.as_str().to_string(),
+    }
 }
 
 /// Step 2 of a completion: the signal that caused this task is applied to the wait it resolves.

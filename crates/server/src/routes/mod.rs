@@ -21,6 +21,7 @@ mod system;
 mod update;
 mod validation;
 pub(crate) mod worker;
+mod workflow_streams;
 pub(crate) use worker::after_change;
 
 use crate::auth::Role;
@@ -158,6 +159,19 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/cancel", post(control::cancel::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/cancel", post(control::cancel_run::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/redrive", post(redrive::redrive::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/streams", get(workflow_streams::list::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/streams/:stream_name",
+            get(workflow_streams::get::<S>),
+        )
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/streams/:stream_name/items",
+            get(workflow_streams::items::<S>).post(workflow_streams::append::<S>),
+        )
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/streams/:stream_name/close",
+            post(workflow_streams::close::<S>),
+        )
         .route("/workflows/:workflow_id/message-streams", get(message_streams::list::<S>))
         .route(
             "/workflows/:workflow_id/message-streams/:stream_name",

@@ -592,10 +592,22 @@ pub async fn complete_workflow_task<S: Store>(
         e
     })?;
     let lease = workflow_lease(&namespace, &task_id, &claim);
+    let stream_names: Vec<String> = commands
+        .iter()
+        .filter_map(|c| match c {
+            WorkflowCommand::RecordSideEffect { stream: Some(d), .. } => Some(d.stream_name.clone()),
+            _ => None,
+        })
+        .collect();
     let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands, sticky, streams)
         .await
         .map_err(|e| refused(e, &task_id))?;
     after_change(&state, &run);
+    for name in &stream_names {
+        state
+            .stream_appends
+            .wake(&super::workflow_streams::wake_key(run.run_id.as_str(), name));
+    }
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, fence = claim.attempt,
         run_status = run.status.as_str(), retained = receipt.retained, "workflow task completed");
     Ok(Json(json!({

@@ -14,6 +14,7 @@ pub(crate) mod persist;
 pub(crate) mod queries;
 pub(crate) mod runs;
 pub(crate) mod sessions;
+pub(crate) mod streams;
 
 use crate::StoreResult;
 use std::future::Future;

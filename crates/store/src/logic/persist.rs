@@ -71,6 +71,7 @@ pub(crate) fn persist<'a, T: Tx>(
             tx.execute(INSERT_RUN, &args).await?;
         }
         persist_ledger(tx, run, effects).await?;
+        super::streams::apply_stream_ops(tx, run, &effects.stream_ops).await?;
         if touches_search_attributes(effects, insert_run) {
             write_search_attributes(tx, run).await?;
         }

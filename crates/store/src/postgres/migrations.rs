@@ -376,4 +376,35 @@ END
 $$;
 "#,
     ),
+    (
+        21,
+        r#"
+-- Workflow output streams: one row per (run, stream) with its counters, one row per item
+-- (`item` is its JSON). Idempotency keys are unique per stream.
+CREATE TABLE workflow_streams (
+    run_id            TEXT NOT NULL,
+    stream_name       TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    last_offset       BIGINT NOT NULL,
+    total_items       BIGINT NOT NULL,
+    pending_items     BIGINT NOT NULL,
+    error_reason      TEXT,
+    opened_at         BIGINT NOT NULL,
+    last_appended_at  BIGINT,
+    closed_at         BIGINT,
+    retention_seconds BIGINT,
+    PRIMARY KEY (run_id, stream_name)
+);
+CREATE TABLE workflow_stream_items (
+    run_id          TEXT NOT NULL,
+    stream_name     TEXT NOT NULL,
+    item_offset     BIGINT NOT NULL,
+    idempotency_key TEXT,
+    item            TEXT NOT NULL,
+    PRIMARY KEY (run_id, stream_name, item_offset)
+);
+CREATE UNIQUE INDEX workflow_stream_items_by_key ON workflow_stream_items (run_id, stream_name, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+"#,
+    ),
 ];

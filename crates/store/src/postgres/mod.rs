@@ -14,11 +14,12 @@
 mod migrations;
 mod tx;
 
-use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions};
+use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
 use capstan_engine::schedule::Schedule;
+use capstan_engine::workflow_stream::StreamItemInput;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Transaction};
 use futures_util::StreamExt;
 use migrations::MIGRATIONS;
@@ -910,6 +911,54 @@ impl ScheduleStore for PostgresStore {
     ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
         let client = self.pool.get().await?;
         schedules::schedule_history(&mut self.on(&client), namespace, schedule_id, after_sequence, limit).await
+    }
+}
+
+impl StreamStore for PostgresStore {
+    async fn append_stream_items(
+        &self,
+        target: StreamTarget,
+        items: Vec<StreamItemInput>,
+        max_pending_items: Option<u64>,
+        now: Millis,
+    ) -> StoreResult<StreamAppend> {
+        in_transaction!(self, |tx| streams::client_append(tx, &target, &items, max_pending_items, now))
+    }
+
+    async fn finish_stream(
+        &self,
+        target: StreamTarget,
+        error_reason: Option<String>,
+        retention_seconds: Option<i64>,
+        now: Millis,
+    ) -> StoreResult<StreamState> {
+        in_transaction!(self, |tx| streams::client_finish(
+            tx,
+            &target,
+            error_reason.as_deref(),
+            retention_seconds,
+            now
+        ))
+    }
+
+    async fn list_streams(&self, namespace: &str, workflow_id: &str, run_id: &str) -> StoreResult<Vec<StreamState>> {
+        let client = self.pool.get().await?;
+        streams::list(&mut self.on(&client), namespace, workflow_id, run_id).await
+    }
+
+    async fn read_stream(&self, target: StreamTarget, from: u64, max: u64) -> StoreResult<(StreamState, Vec<StoredStreamItem>)> {
+        let client = self.pool.get().await?;
+        streams::read(&mut self.on(&client), &target, from, max).await
+    }
+
+    async fn stream_caught_up(&self, target: StreamTarget, next_offset: u64) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        streams::caught_up(&mut self.on(&client), &target, next_offset).await
+    }
+
+    async fn expire_streams(&self, now: Millis) -> StoreResult<u64> {
+        let client = self.pool.get().await?;
+        streams::expire(&mut self.on(&client), now).await
     }
 }
 

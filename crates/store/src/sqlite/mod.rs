@@ -7,11 +7,12 @@ mod writer;
 
 pub(crate) use writer::note_io_failure;
 
-use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions};
+use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
 use capstan_engine::schedule::Schedule;
+use capstan_engine::workflow_stream::StreamItemInput;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -926,6 +927,52 @@ impl ScheduleStore for SqliteStore {
         let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
         self.read_tx(move |tx| drive(schedules::schedule_history(tx, &namespace, &schedule_id, after_sequence, limit)))
             .await
+    }
+}
+
+impl StreamStore for SqliteStore {
+    async fn append_stream_items(
+        &self,
+        target: StreamTarget,
+        items: Vec<StreamItemInput>,
+        max_pending_items: Option<u64>,
+        now: Millis,
+    ) -> StoreResult<StreamAppend> {
+        self.writer
+            .write_tx(move |tx| drive(streams::client_append(tx, &target, &items, max_pending_items, now)))
+            .await
+    }
+
+    async fn finish_stream(
+        &self,
+        target: StreamTarget,
+        error_reason: Option<String>,
+        retention_seconds: Option<i64>,
+        now: Millis,
+    ) -> StoreResult<StreamState> {
+        self.writer
+            .write_tx(move |tx| drive(streams::client_finish(tx, &target, error_reason.as_deref(), retention_seconds, now)))
+            .await
+    }
+
+    async fn list_streams(&self, namespace: &str, workflow_id: &str, run_id: &str) -> StoreResult<Vec<StreamState>> {
+        let (namespace, workflow_id, run_id) = (namespace.to_string(), workflow_id.to_string(), run_id.to_string());
+        self.read_tx(move |tx| drive(streams::list(tx, &namespace, &workflow_id, &run_id)))
+            .await
+    }
+
+    async fn read_stream(&self, target: StreamTarget, from: u64, max: u64) -> StoreResult<(StreamState, Vec<StoredStreamItem>)> {
+        self.read_tx(move |tx| drive(streams::read(tx, &target, from, max))).await
+    }
+
+    async fn stream_caught_up(&self, target: StreamTarget, next_offset: u64) -> StoreResult<()> {
+        self.writer
+            .write_tx(move |tx| drive(streams::caught_up(tx, &target, next_offset)))
+            .await
+    }
+
+    async fn expire_streams(&self, now: Millis) -> StoreResult<u64> {
+        self.writer.write_tx(move |tx| drive(streams::expire(tx, now))).await
     }
 }
 

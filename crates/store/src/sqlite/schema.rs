@@ -376,6 +376,37 @@ CREATE TABLE worker_deregistrations (
 ALTER TABLE tasks ADD COLUMN receipt TEXT;
 "#,
     ),
+    (
+        20,
+        r#"
+-- Workflow output streams: one row per (run, stream) with its counters, one row per item
+-- (`item` is its JSON). Idempotency keys are unique per stream.
+CREATE TABLE workflow_streams (
+    run_id            TEXT NOT NULL,
+    stream_name       TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    last_offset       INTEGER NOT NULL,
+    total_items       INTEGER NOT NULL,
+    pending_items     INTEGER NOT NULL,
+    error_reason      TEXT,
+    opened_at         INTEGER NOT NULL,
+    last_appended_at  INTEGER,
+    closed_at         INTEGER,
+    retention_seconds INTEGER,
+    PRIMARY KEY (run_id, stream_name)
+);
+CREATE TABLE workflow_stream_items (
+    run_id          TEXT NOT NULL,
+    stream_name     TEXT NOT NULL,
+    item_offset     INTEGER NOT NULL,
+    idempotency_key TEXT,
+    item            TEXT NOT NULL,
+    PRIMARY KEY (run_id, stream_name, item_offset)
+);
+CREATE UNIQUE INDEX workflow_stream_items_by_key ON workflow_stream_items (run_id, stream_name, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

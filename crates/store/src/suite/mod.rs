@@ -8,11 +8,13 @@ mod actions;
 mod operators;
 mod schedules;
 mod standalone;
+mod streams;
 
 pub use actions::*;
 pub use operators::*;
 pub use schedules::*;
 pub use standalone::*;
+pub use streams::*;
 
 use crate::*;
 use serde_json::json;
@@ -1347,6 +1349,7 @@ macro_rules! store_suite {
             start_then_load_by_every_locator,
             duplicate_starts_follow_the_policy,
             standalone_activities_hold_their_id_until_they_end,
+            workflow_streams_append_read_close_and_expire,
             concurrent_starts_of_one_activity_id_start_it_once,
             a_claim_goes_to_exactly_one_poller,
             claims_respect_queue_type_and_availability,

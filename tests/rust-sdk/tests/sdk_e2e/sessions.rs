@@ -147,7 +147,10 @@ async fn a_crashed_holders_session_is_reacquired_by_another_worker() {
     let client = server.client();
     let queue = unique("session-handoff-q");
     let (holder_id, rival_id) = (unique("holder"), unique("rival"));
-    let holder = super::support::IsolatedWorker::start(session_step_worker(&client, &queue, &holder_id));
+    // The holder gets a client of its own: a pooled connection opened on its runtime dies with
+    // it, and a shared pool would hand that dead connection to the rival ("dispatch task gone").
+    let holder_client = server.client();
+    let holder = super::support::IsolatedWorker::start(session_step_worker(&holder_client, &queue, &holder_id));
     let session_id = unique("session");
     let workflow_id = unique("session-handoff");
     let handle = start(&client, "e2e.session-steps", &queue, &workflow_id, json!(session_id)).await;

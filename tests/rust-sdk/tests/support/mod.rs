@@ -345,6 +345,7 @@ pub fn result_options(timeout: Duration) -> WorkflowResultOptions {
 /// An SDK worker on a runtime of its own, so that it can be crashed: shutting the runtime
 /// down drops every task the worker spawned (pollers, heartbeats, activities) mid-flight,
 /// with nothing deregistered or closed. The server learns of it only from leases running out.
+/// Give it a `Client` of its own: connections its runtime opened die with the runtime.
 pub struct IsolatedWorker {
     runtime: Option<tokio::runtime::Runtime>,
 }

@@ -106,7 +106,7 @@ pub(super) fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, c
             timeout_seconds,
             tags,
         } => open_signal_wait(run, cx, at, signal_name, timeout_seconds, tags),
-        WorkflowCommand::RecordSideEffect { result, tags } => record_side_effect(run, cx, at, result, tags),
+        WorkflowCommand::RecordSideEffect { result, tags, stream } => record_side_effect(run, cx, at, result, tags, stream),
         WorkflowCommand::RecordVersionMarker {
             change_id,
             version,

@@ -5,10 +5,24 @@ use super::*;
 use std::ops::RangeInclusive;
 
 /// `SideEffectRecorded`.
-pub(super) fn record_side_effect(run: &mut RunState, cx: &mut Cx, at: At, result: Payload, tags: StepTags) {
+pub(super) fn record_side_effect(
+    run: &mut RunState,
+    cx: &mut Cx,
+    at: At,
+    result: Payload,
+    tags: StepTags,
+    stream: Option<crate::workflow_stream::StreamDirective>,
+) {
     let At { step, task: wt } = at;
     let payload = events::side_effect_recorded(step, &result, &tags);
     run.append(cx, EventType::SideEffectRecorded, payload, wt, None);
+    // The directive is applied by the store in this transaction (its items are rows of their
+    // own); a refusal there refuses the whole completion.
+    if let Some(directive) = stream {
+        cx.effects
+            .stream_ops
+            .push(crate::workflow_stream::StreamOp { directive, at: cx.now });
+    }
 }
 
 /// `VersionMarkerRecorded` (validation already checked that `supported` holds `version`).
