@@ -31,6 +31,8 @@ pub struct StartRequest {
     /// The build the run is pinned to; `None`: the queue's promoted build, if any.
     pub build_id: Option<String>,
     pub duplicate_policy: DuplicatePolicy,
+    /// The caller's trace context (the run's origin).
+    pub origin_trace: Option<TraceContext>,
 }
 
 pub struct Started {
@@ -94,6 +96,7 @@ pub async fn start<V: Services>(services: &V, request: StartRequest) -> AppResul
         search_attributes: request.search_attributes,
         contract,
         compatibility,
+        origin_trace: request.origin_trace,
     };
     let (outcome, run) = services
         .store()

@@ -50,6 +50,7 @@ pub async fn start_activity<V: Services>(services: &V, request: StartActivityReq
         command_id: CommandId(services.new_id()),
         contract: None,
         compatibility: None,
+        origin_trace: None,
     };
     let start = StartStandaloneActivity {
         run: host,

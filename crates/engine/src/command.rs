@@ -80,6 +80,8 @@ pub enum WorkflowCommand {
         workflow_type: Option<String>,
         queue: Option<String>,
         tags: StepTags,
+        /// The issuing task's trace context: the next run's origin (else the current one's).
+        observability_context: Option<crate::trace::TraceContext>,
     },
 }
 
@@ -228,6 +230,8 @@ pub struct StartChild {
     /// Server-side retries of a failed child run (`max_attempts: None` means one attempt).
     pub retry_policy: Option<RetryPolicy>,
     pub tags: StepTags,
+    /// The parent task's trace context: the child run's origin.
+    pub observability_context: Option<crate::trace::TraceContext>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

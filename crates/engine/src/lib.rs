@@ -34,6 +34,7 @@ pub mod step_log;
 pub mod sticky;
 pub mod task;
 pub mod timefmt;
+pub mod trace;
 mod transitions;
 pub mod visibility;
 pub mod workflow_stream;
@@ -58,6 +59,7 @@ pub use session::{AcquireOutcome, SessionClaimant, SessionOptions, SessionStatus
 pub use standalone::{StandaloneActivity, STANDALONE_ACTIVITY_TYPE};
 pub use sticky::{check_sticky_claim, record_sticky_claim, ReplayMode, StickyAffinity, StickyClaim};
 pub use task::*;
+pub use trace::TraceContext;
 pub use transitions::*;
 
 /// Milliseconds since the Unix epoch. Time is always an input to the engine.

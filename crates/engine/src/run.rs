@@ -387,6 +387,11 @@ pub struct RunState {
     /// This run redrives a failed one, resuming at its failed step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redriven_from: Option<crate::redrive::Redrive>,
+    /// The trace context that started this run (a start, a child start, a continue-as-new),
+    /// rendered on every task of the run as its `observability_context`. An older build drops
+    /// it on rewrite, which loses telemetry only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_trace: Option<crate::trace::TraceContext>,
     /// The instance's message streams (they move to the next run at continue-as-new).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub message_streams: crate::message_stream::MessageStreams,
@@ -921,6 +926,7 @@ pub(crate) mod tests {
             command_id: "start".into(),
             contract: None,
             compatibility: None,
+            origin_trace: None,
         };
         start_run(&mut cx, start)
     }

@@ -251,6 +251,7 @@ fn start(workflow_id: &str) -> StartRun {
         command_id: "cmd-start".into(),
         contract: None,
         compatibility: None,
+        origin_trace: None,
     }
 }
 
@@ -433,6 +434,7 @@ fn a_run_with_signals_updates_a_retried_child_and_a_terminate_ends_at_its_known_
                     non_retryable_error_types: vec![],
                 }),
                 tags: Map::new(),
+                observability_context: None,
             }),
             local_activity(),
         ],
@@ -538,6 +540,7 @@ fn a_continued_run_cancelled_cooperatively_ends_at_its_known_head() {
             workflow_type: None,
             queue: Some("orders-v2".into()),
             tags: tags(json!({"reason": "history too long"})),
+            observability_context: None,
         }],
     );
     let (next, next_effects) = *effects.successor.expect("a successor run");

@@ -69,6 +69,7 @@ impl World {
                 command_id: "start".into(),
                 contract: None,
                 compatibility: None,
+                origin_trace: None,
             },
         );
         let history = cx.effects.events;

@@ -245,6 +245,7 @@ fn a_continued_run_gets_a_cursor_checkpoint_then_only_the_unconsumed_messages() 
         workflow_type: None,
         queue: None,
         tags: StepTags::default(),
+        observability_context: None,
     };
     let (task_id, fence) = sim.lease_workflow("w");
     let mut successor = None;

@@ -460,6 +460,7 @@ fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
         workflow_type: None,
         queue: None,
         tags: Map::new(),
+        observability_context: None,
     };
     let limits = sim.limits.clone();
     let mut cx = Cx::new(sim.now, &mut sim.ids, &limits);
@@ -691,6 +692,7 @@ fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
             .as_object()
             .unwrap()
             .clone(),
+        observability_context: None,
     };
     let limits = parent.limits.clone();
     let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
@@ -780,6 +782,7 @@ fn a_closing_parent_ends_children_by_their_policy() {
             run_timeout_seconds: None,
             retry_policy: None,
             tags: Map::new(),
+            observability_context: None,
         })
     };
     parent
@@ -1151,6 +1154,7 @@ fn the_contract_is_recorded_on_workflow_started_and_carried_by_continue_as_new()
             command_id: "start".into(),
             contract: Some(contract.clone()),
             compatibility: None,
+            origin_trace: None,
         },
     );
     let started = cx
@@ -1375,6 +1379,7 @@ fn a_delivery_at_a_waiting_child_call_asks_the_child_and_waits_for_its_end() {
         run_timeout_seconds: None,
         retry_policy: None,
         tags: Map::new(),
+        observability_context: None,
     };
     let limits = parent.limits.clone();
     let mut cx = Cx::new(parent.now, &mut parent.ids, &limits);
@@ -1532,6 +1537,7 @@ fn parent_with_child(policy: RetryPolicy) -> (Sim, Sim) {
         run_timeout_seconds: Some(60),
         retry_policy: Some(policy),
         tags: Map::new(),
+        observability_context: None,
     };
     let (task, fence) = parent.lease_workflow("w");
     let limits = parent.limits.clone();

@@ -221,6 +221,7 @@ mod tests {
             command_id: "start".into(),
             contract: None,
             compatibility: None,
+            origin_trace: None,
         };
         start_run(&mut cx, start)
     }

@@ -203,6 +203,7 @@ mod tests {
             command_id: CommandId(format!("start-{workflow_id}")),
             contract: None,
             compatibility: None,
+            origin_trace: None,
         };
         let (_, run) = store.start_workflow(start, DuplicatePolicy::Fail, NOW).await.unwrap();
         add_signals_to(store, workflow_id, 0, signals).await;

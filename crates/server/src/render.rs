@@ -388,7 +388,14 @@ pub fn activity_task(run: &RunState, task: &Task) -> Value {
             put("last_heartbeat_details", details.clone());
         }
     }
+    put("observability_context", trace_context(run));
     Value::Object(body)
+}
+
+/// The run's origin trace context as tasks carry it (`observability_context`; absent when the
+/// run has none: an SDK reads a null as a malformed context).
+pub fn trace_context(run: &RunState) -> Value {
+    run.origin_trace.as_ref().map_or(Value::Null, TraceContext::envelope)
 }
 
 /// The task object of a workflow poll, with the first history page.
@@ -461,6 +468,9 @@ pub fn workflow_task(run: &RunState, task: &Task, next_token: Option<String>) ->
     }
     if let Some(request) = &run.cancellation {
         body["cancellation_request"] = cancellation_request(request);
+    }
+    if let Some(origin) = &run.origin_trace {
+        body["observability_context"] = origin.envelope();
     }
     body
 }

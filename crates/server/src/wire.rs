@@ -131,6 +131,16 @@ impl<'a> Fields<'a> {
             .unwrap_or_else(|| "default".into()))
     }
 
+    /// An `observability_context` envelope (see `capstan_engine::trace`), checked strictly.
+    pub fn opt_trace(&self, key: &str) -> ApiResult<Option<TraceContext>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => TraceContext::parse(value)
+                .map(Some)
+                .map_err(|problem| ApiError::validation(&self.name(key), format!("The trace context {problem}."))),
+        }
+    }
+
     pub fn opt_payload(&self, key: &str, limits: &Limits) -> ApiResult<Option<Payload>> {
         let payload = match self.map.get(key) {
             None | Some(Value::Null) => return Ok(None),
@@ -333,6 +343,7 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
             workflow_type: f.opt_str("workflow_type", 255)?,
             queue: f.opt_str("queue", 255)?,
             tags,
+            observability_context: f.opt_trace("observability_context")?,
         },
         "fail_workflow" => WorkflowCommand::FailWorkflow(WorkflowFailure {
             boundary: parse_failure_boundary(&f, index)?,
@@ -418,7 +429,11 @@ const COMMAND_FIELDS: &[(&str, bool, &[&str])] = &[
             "failed_activity_execution_id",
         ],
     ),
-    ("continue_as_new", true, &["arguments", "workflow_type", "queue"]),
+    (
+        "continue_as_new",
+        true,
+        &["arguments", "workflow_type", "queue", "observability_context"],
+    ),
     (
         "start_child_workflow",
         true,
@@ -432,6 +447,7 @@ const COMMAND_FIELDS: &[(&str, bool, &[&str])] = &[
             "execution_timeout_seconds",
             "run_timeout_seconds",
             "retry_policy",
+            "observability_context",
         ],
     ),
     ("complete_update", false, &["update_id", "result"]),
@@ -662,6 +678,7 @@ fn parse_start_child(f: &Fields, index: usize, limits: &Limits, tags: StepTags) 
             .transpose()?
             .filter(|p| p.max_attempts.is_some() || !p.backoff_seconds.is_empty() || !p.non_retryable_error_types.is_empty()),
         tags,
+        observability_context: f.opt_trace("observability_context")?,
     })
 }
 

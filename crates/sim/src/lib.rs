@@ -618,6 +618,7 @@ impl Sim {
             search_attributes: Map::new(),
             build_id: None,
             duplicate_policy: DuplicatePolicy::Fail,
+            origin_trace: None,
         };
         self.programs.insert(workflow_id.clone(), program);
         self.instances.insert(workflow_id.clone());

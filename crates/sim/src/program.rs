@@ -233,6 +233,7 @@ pub(crate) fn decide(
                     run_timeout_seconds: None,
                     retry_policy: None,
                     tags: Map::new(),
+                    observability_context: None,
                 })
             }
             Step::LocalActivity => {
@@ -272,6 +273,7 @@ pub(crate) fn decide(
             workflow_type: None,
             queue: None,
             tags: Map::new(),
+            observability_context: None,
         }
     });
     (commands, None)

@@ -109,6 +109,7 @@ async fn start_one<T: Tx>(
         command_id: CommandId(env.new_id()),
         contract: None,
         compatibility: None,
+        origin_trace: None,
     };
     match start_instance(tx, start, now, env).await {
         Ok(()) => {

@@ -40,6 +40,7 @@ pub(super) fn retry_failed_child(run: &mut RunState, cx: &mut Cx) {
             command_id: next_cx.id(),
             contract: run.contract.clone(),
             compatibility: run.compatibility.clone(),
+            origin_trace: run.origin_trace.clone(),
         };
         let mut next = blank_run(&next_cx, start, run.run_number + 1, run.execution_deadline_at);
         next.parent = Some(ParentLink {

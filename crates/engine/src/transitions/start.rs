@@ -22,6 +22,8 @@ pub struct StartRun {
     /// The worker build the run is pinned to: only workers of this build id get its workflow
     /// tasks (None: any worker of the queue).
     pub compatibility: Option<String>,
+    /// The caller's trace context: the run's origin (see `crate::trace`).
+    pub origin_trace: Option<crate::trace::TraceContext>,
 }
 
 /// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
@@ -103,6 +105,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         redriven_to: None,
         redriven_from: None,
         message_streams: Default::default(),
+        origin_trace: start.origin_trace,
     }
 }
 
@@ -121,13 +124,22 @@ pub(super) fn begin_run(mut run: RunState, cx: &mut Cx) -> RunState {
 
 /// The next run of a continued instance: same id, run number + 1, new input, the execution
 /// deadline carried over, a fresh run deadline, and a history chain that continues the old one.
-pub(super) fn continued_run(
-    cx: &mut Cx,
-    previous: &RunState,
-    arguments: Payload,
-    workflow_type: Option<String>,
-    queue: Option<String>,
-) -> RunState {
+/// What a continue-as-new asks of the next run.
+pub(super) struct NextRun {
+    pub arguments: Payload,
+    pub workflow_type: Option<String>,
+    pub queue: Option<String>,
+    /// The issuing task's trace context (else the run keeps its predecessor's origin).
+    pub origin_trace: Option<crate::trace::TraceContext>,
+}
+
+pub(super) fn continued_run(cx: &mut Cx, previous: &RunState, next: NextRun) -> RunState {
+    let NextRun {
+        arguments,
+        workflow_type,
+        queue,
+        origin_trace,
+    } = next;
     let start = StartRun {
         namespace: previous.namespace.clone(),
         workflow_id: previous.workflow_id.clone(),
@@ -145,6 +157,7 @@ pub(super) fn continued_run(
         command_id: cx.id(),
         contract: None,
         compatibility: None,
+        origin_trace: origin_trace.or_else(|| previous.origin_trace.clone()),
     };
     // The contract belongs to a workflow type on a queue; a run that moves to another has none.
     // So does the build pin: the same code keeps its build.

@@ -142,6 +142,7 @@ pub fn start_fixture() -> StartRun {
         command_id: "cmd-start".into(),
         contract: None,
         compatibility: None,
+        origin_trace: None,
     }
 }
 

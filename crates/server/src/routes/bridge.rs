@@ -168,6 +168,7 @@ async fn start_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &
                 search_attributes: Map::new(),
                 build_id: None,
                 duplicate_policy: DuplicatePolicy::Fail,
+                origin_trace: None,
             };
             control::start(&**state, request).await.map_err(ApiError::from)
         }

@@ -84,6 +84,7 @@ fn start_request(state: &AppState<impl Store>, namespace: &str, body: &Map<Strin
             None => f.opt_str("compatibility", 255)?,
         },
         duplicate_policy,
+        origin_trace: f.opt_trace("observability_context")?,
     })
 }
 
@@ -415,6 +416,8 @@ pub(crate) async fn signal_impl<S: Store>(
     let f = Fields::new(&body);
     let input = f.opt_payload("input", &state.config.limits).map_err(fail)?;
     let request_id = f.opt_str("request_id", 255).map_err(fail)?.filter(|s| !s.is_empty());
+    // A signal's carrier is checked; it is not linked to the task that delivers it yet.
+    f.opt_trace("observability_context").map_err(fail)?;
     let request = control::SignalRequest {
         target: target(&namespace, &workflow_id, run_id),
         signal_name: signal_name.clone(),
@@ -485,6 +488,9 @@ async fn close_impl<S: Store>(
     };
     let operation = request.operation();
     let f = Fields::new(&body);
+    // A cancel's carrier is checked; it is not linked to the task that delivers it yet.
+    f.opt_trace("observability_context")
+        .map_err(|e| in_operation(e, operation, &workflow_id))?;
     request.reason = f.opt_str("reason", 1000).map_err(|e| in_operation(e, operation, &workflow_id))?;
     request.request_id = f
         .opt_str("request_id", 255)

@@ -208,7 +208,7 @@ async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> A
             "The query task is not leased.",
         ));
     };
-    Ok(json!({
+    let mut body = json!({
         "query_task_id": task.id,
         "query_task_attempt": task.attempt,
         "lease_owner": owner,
@@ -229,7 +229,11 @@ async fn render_query_task<S: Store>(state: &AppState<S>, task: &QueryTask) -> A
         "query_admitted_at": render::time(task.created_at),
         "query_deadline_at": render::time(task.deadline_at),
         "server_time": render::time(state.now()),
-    }))
+    });
+    if let Some(origin) = &run.origin_trace {
+        body["observability_context"] = origin.envelope();
+    }
+    Ok(body)
 }
 
 /// `GET /worker/query-tasks/{id}/status?lease_owner=&query_task_attempt=`: whether the caller

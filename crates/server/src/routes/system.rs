@@ -62,6 +62,17 @@ pub fn server_capabilities() -> Value {
         "prepared_local_activities": true,
         "prepared_local_activity_groups": true,
         "prepared_local_activity_cancellation_policies": ["try_cancel", "wait_cancellation_completed"],
+        // Exactly as both SDKs validate it (every key, value and JSON type).
+        "observability_context": {
+            "supported": true,
+            "schema": capstan_engine::trace::TRACE_CONTEXT_SCHEMA,
+            "version": capstan_engine::trace::TRACE_CONTEXT_VERSION,
+            "dispatch_schema": "durable-workflow.queue-trace",
+            "links_schema": "durable-workflow.trace-links",
+            "max_context_bytes": capstan_engine::trace::MAX_CONTEXT_BYTES,
+            "max_links": 32,
+            "max_links_bytes": 4096,
+        },
         "worker_deregistration_fencing": {
             "supported": true,
             "schema": "durable-workflow.v2.worker-deregistration.v1",

@@ -74,6 +74,8 @@ async fn run_update<S: Store>(
         .map_err(fail)?
         .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
     let request_id = f.opt_str("request_id", 255).map_err(fail)?.filter(|s| !s.is_empty());
+    // An update's carrier is checked; it is not linked to the task that delivers it yet.
+    f.opt_trace("observability_context").map_err(fail)?;
     let wait_for = match f.opt_str("wait_for", 32).map_err(fail)?.as_deref() {
         None | Some("completed") => "completed",
         Some("accepted") => "accepted",

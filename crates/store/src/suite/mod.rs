@@ -37,6 +37,7 @@ pub fn start_request(workflow_id: &str, queue: &str) -> StartRun {
         command_id: CommandId(format!("cmd-{workflow_id}")),
         contract: None,
         compatibility: None,
+        origin_trace: None,
     }
 }
 
@@ -602,6 +603,7 @@ pub async fn children_follow_a_parents_delivery_and_close_in_its_transaction<S: 
             run_timeout_seconds: None,
             retry_policy: None,
             tags: Map::new(),
+            observability_context: None,
         })
     };
     complete_next(&store, "pq", vec![child("child-1"), child("child-2")]).await;

@@ -38,6 +38,7 @@ pub(super) fn start_child_workflow(run: &mut RunState, cx: &mut Cx, at: At, chil
             command_id: next.id(),
             contract: None,
             compatibility: None,
+            origin_trace: child.observability_context.clone(),
         };
         let execution_deadline_at = start.execution_timeout_seconds.map(|s| next.now + s * 1000);
         let mut child_run = blank_run(&next, start, 1, execution_deadline_at);

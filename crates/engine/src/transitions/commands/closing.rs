@@ -23,22 +23,14 @@ pub(super) fn fail_workflow(run: &mut RunState, cx: &mut Cx, at: At, failure: Wo
 }
 
 /// Closes this run and builds the next run of the instance, whose chain continues this one.
-pub(super) fn continue_as_new(
-    run: &mut RunState,
-    cx: &mut Cx,
-    at: At,
-    arguments: Payload,
-    workflow_type: Option<String>,
-    queue: Option<String>,
-    tags: StepTags,
-) {
+pub(super) fn continue_as_new(run: &mut RunState, cx: &mut Cx, at: At, next_run: NextRun, tags: StepTags) {
     let At { step, task: wt } = at;
     close_run(run, cx, RunStatus::Completed, ClosedReason::Continued);
     // The successor is built with its own effects; its events belong to its own run.
     let (successor, successor_effects) = {
         let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
         next.memo = cx.memo;
-        let successor = continued_run(&mut next, run, arguments, workflow_type, queue);
+        let successor = continued_run(&mut next, run, next_run);
         (successor, next.effects)
     };
     let payload = events::workflow_continued_as_new(step, &successor, &tags);

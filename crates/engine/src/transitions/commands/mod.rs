@@ -135,7 +135,16 @@ pub(super) fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, c
             workflow_type,
             queue,
             tags,
-        } => continue_as_new(run, cx, at, arguments, workflow_type, queue, tags),
+            observability_context,
+        } => {
+            let next = NextRun {
+                arguments,
+                workflow_type,
+                queue,
+                origin_trace: observability_context,
+            };
+            continue_as_new(run, cx, at, next, tags)
+        }
     }
     Ok(())
 }

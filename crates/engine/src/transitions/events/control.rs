@@ -126,6 +126,7 @@ mod tests {
             command_id: "cmd-start".into(),
             contract: None,
             compatibility: None,
+            origin_trace: None,
         };
         let run = blank_run(&cx, start, 1, None);
         let mut done = CancellationDelivery {
