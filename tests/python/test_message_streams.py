@@ -80,6 +80,9 @@ def test_messages_are_ingested_once_and_received_in_order(server_url, worker_url
                     unknown = await http.post(f"/workflows/{unique('nobody')}/message-streams/inbox/messages",
                                               json={"message_id": "m-1"})
                     reserved = await http.post(f"/workflows/{workflow_id}/signal/{RESERVED}", json={})
+                    # The message id is the idempotency key; a request_id is not taken beside it.
+                    keyed = await http.post(f"/workflows/{workflow_id}/message-streams/inbox/messages",
+                                            json={"message_id": "m-9", "request_id": "r-1"})
                 for n, word in [(3, "three"), (4, "four"), (5, "five")]:
                     await handle.append_message("inbox", f"m-{n}", [word])
                 result = await wait_result(handle, timeout=60, workers=[worker])
@@ -89,9 +92,10 @@ def test_messages_are_ingested_once_and_received_in_order(server_url, worker_url
                     listed = await http.get(f"/workflows/{workflow_id}/message-streams")
                     closed = await http.post(f"/workflows/{workflow_id}/message-streams/inbox/messages",
                                              json={"message_id": "m-6"})
-        return first, second, retried, conflict, bad_id, unknown, reserved, result, history, described, listed, closed
+        return (first, second, retried, conflict, bad_id, unknown, reserved, keyed, result, history, described,
+                listed, closed)
 
-    (first, second, retried, conflict, bad_id, unknown, reserved, result, history, described, listed,
+    (first, second, retried, conflict, bad_id, unknown, reserved, keyed, result, history, described, listed,
      closed) = run_async(main(), timeout=120)
     assert (first["position"], second["position"]) == (1, 2), (first, second)
     assert first["accepted"] is True and first["duplicate"] is False and first["outcome"] == "accepted"
@@ -100,6 +104,7 @@ def test_messages_are_ingested_once_and_received_in_order(server_url, worker_url
     assert bad_id.status_code == 422 and bad_id.json()["reason"] == "validation_failed", bad_id.text
     assert unknown.status_code == 404 and unknown.json()["reason"] == "instance_not_found", unknown.text
     assert reserved.status_code == 422 and reserved.json()["reason"] == "runtime_reserved_signal", reserved.text
+    assert keyed.status_code == 422 and "request_id" in keyed.json()["errors"], keyed.text
     assert result == [[1, "m-1", ["one"]], [2, "m-2", ["two"]], [3, "m-3", ["three"]], [4, "m-4", ["four"]],
                       [5, "m-5", ["five"]]], result
     assert_history_invariants(history, terminal="WorkflowCompleted")

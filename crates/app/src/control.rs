@@ -42,11 +42,7 @@ pub struct Started {
 
 /// A workflow id a client may choose: 1 to 128 letters, digits, `.`, `_`, `:` and `-`.
 pub fn valid_workflow_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    capstan_engine::ids::valid_client_name(id, 128)
 }
 
 /// Starts a run: the request's bounds, its search attributes against the namespace's schema,
@@ -215,6 +211,9 @@ pub struct SignalRequest {
     pub signal_name: String,
     pub input: Payload,
     pub request_id: Option<String>,
+    /// The caller's trace context, recorded on `SignalReceived` (not part of the intent: a
+    /// retry from another span is the same signal).
+    pub trace: Option<TraceContext>,
 }
 
 /// Delivers a signal, if the run's contract declares it (or declares nothing).
@@ -228,6 +227,7 @@ where
         signal_name,
         input,
         request_id,
+        trace,
     } = request;
     if signal_name.is_empty() || signal_name.len() > 255 {
         return Err(AppError::invalid("signal_name", "The signal name must be 1 to 255 characters."));
@@ -250,6 +250,7 @@ where
     let command_id = CommandId(services.new_id());
     let wanted = target.run_id.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| {
+        cx.caller_trace = trace;
         check_target(run, wanted.as_deref())?;
         admit_signal(run, &signal_name, fallback.for_run(run))?;
         capstan_engine::signal(run, cx, &signal_name, input, command_id)
@@ -262,6 +263,8 @@ pub struct CloseRequest {
     pub kind: CloseCommand,
     pub reason: Option<String>,
     pub request_id: Option<String>,
+    /// The caller's trace context, recorded on the request event.
+    pub trace: Option<TraceContext>,
 }
 
 impl CloseRequest {
@@ -290,9 +293,16 @@ where
         ],
     );
     let command_id = CommandId(services.new_id());
-    let CloseRequest { target, kind, reason, .. } = request;
+    let CloseRequest {
+        target,
+        kind,
+        reason,
+        trace,
+        ..
+    } = request;
     let wanted = target.run_id.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| {
+        cx.caller_trace = trace;
         check_target(run, wanted.as_deref())?;
         close_by_command(run, cx, kind, reason, command_id)
     };

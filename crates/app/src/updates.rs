@@ -17,6 +17,8 @@ pub struct UpdateRequest {
     pub update_name: String,
     pub input: Payload,
     pub request_id: Option<String>,
+    /// The caller's trace context, recorded on `UpdateAccepted`.
+    pub trace: Option<TraceContext>,
 }
 
 /// A validating worker's answer.
@@ -48,6 +50,7 @@ where
         update_name,
         input,
         request_id,
+        trace,
     } = request;
     if update_name.is_empty() || update_name.len() > 255 {
         return Err(AppError::invalid("update_name", "The update name must be 1 to 255 characters.").into());
@@ -90,6 +93,7 @@ where
     };
     let name = update_name;
     let transition = move |run: &mut RunState, cx: &mut Cx| {
+        cx.caller_trace = trace;
         check_target(run, wanted.as_deref())?;
         admit_update(run, &name, fallback.for_run(run))?;
         match verdict {

@@ -87,3 +87,12 @@ impl IdSource for SequentialIds {
         id
     }
 }
+
+/// A client-chosen name (a workflow id, a message stream, a message id): 1 to `max` bytes of
+/// letters, digits, `.`, `_`, `:` and `-`, DW's one character class for them.
+pub fn valid_client_name(value: &str, max: usize) -> bool {
+    (1..=max).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}

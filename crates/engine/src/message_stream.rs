@@ -10,7 +10,7 @@
 //! Dedupe by `message_id` is not kept here (that would grow the run document without bound):
 //! an append is a keyed command, and its stored receipt answers a repeat.
 
-use crate::ids::{CommandId, RunId, SignalId};
+use crate::ids::{valid_client_name, CommandId, RunId, SignalId};
 use crate::payload::Payload;
 use crate::Millis;
 use serde::{Deserialize, Serialize};
@@ -34,21 +34,14 @@ pub const MAX_UNCONSUMED: usize = 1_000;
 /// Entries of `message_stream_cursors` or `message_stream_waits` in one completion.
 pub const MAX_PROGRESS_ENTRIES: usize = 100;
 
-fn valid_chars(value: &str, max: usize) -> bool {
-    (1..=max).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
-
 /// `^[A-Za-z0-9._:-]{1,128}$`, as both SDKs and DW check it.
 pub fn valid_stream_name(name: &str) -> bool {
-    valid_chars(name, 128)
+    valid_client_name(name, 128)
 }
 
 /// `^[A-Za-z0-9._:-]{1,191}$`.
 pub fn valid_message_id(id: &str) -> bool {
-    valid_chars(id, 191)
+    valid_client_name(id, 191)
 }
 
 /// The request id an append is keyed by: one per (stream, message id) of an instance.
@@ -124,12 +117,6 @@ pub struct StreamProgress {
     pub cursors: Vec<(String, u64)>,
     /// `message_stream_waits`: `(stream_name, after_position)`.
     pub waits: Vec<(String, u64)>,
-}
-
-impl StreamProgress {
-    pub fn is_empty(&self) -> bool {
-        self.cursors.is_empty() && self.waits.is_empty()
-    }
 }
 
 /// What an accepted append answers.

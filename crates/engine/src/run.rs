@@ -598,6 +598,9 @@ pub struct Cx<'a> {
     pub memo: Option<&'a dyn crate::memo::MemoCodec>,
     /// The namespace's action definitions, by activity type: scheduling pins them.
     pub actions: Option<std::sync::Arc<BTreeMap<String, ActionDefinition>>>,
+    /// The trace context of the client request this transition serves (a signal, an update, a
+    /// cancel): recorded on the event the request causes, as `observability_context`.
+    pub caller_trace: Option<crate::trace::TraceContext>,
     pub effects: Effects,
 }
 
@@ -609,6 +612,7 @@ impl<'a> Cx<'a> {
             limits,
             memo: None,
             actions: None,
+            caller_trace: None,
             effects: Effects::default(),
         }
     }

@@ -329,3 +329,18 @@ fn a_stream_backlog_is_bounded() {
     assert_eq!(refusal.reason, Reason::MessageStreamBacklogFull);
     assert_eq!(sim.run.message_streams["inbox"].last_position, MAX_UNCONSUMED as u64);
 }
+
+#[test]
+fn waits_on_streams_nothing_was_appended_to_open_them_only_within_the_bound() {
+    use capstan_engine::message_stream::MAX_STREAMS;
+    let mut sim = Sim::start();
+    for round in 0..2 {
+        let waits = StreamProgress {
+            cursors: vec![],
+            waits: (0..MAX_STREAMS).map(|n| (format!("s-{round}-{n}"), 0)).collect(),
+        };
+        complete_with(&mut sim, vec![timer_command(60)], waits).unwrap();
+        sim.advance(61_000);
+    }
+    assert_eq!(sim.run.message_streams.len(), MAX_STREAMS, "the second round found no room");
+}

@@ -1136,6 +1136,7 @@ impl Sim {
             signal_name: name,
             input: Payload::avro(PAYLOAD),
             request_id: None,
+            trace: None,
         };
         let result = control::signal(
             &self.app,
@@ -1272,6 +1273,7 @@ impl Sim {
                 kind,
                 reason: Some("simulated client".into()),
                 request_id: Some(request_id.clone()),
+                trace: None,
             };
             let render = |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id});
             answers.push(control::close(&self.app, request, render).await);

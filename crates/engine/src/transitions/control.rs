@@ -85,7 +85,8 @@ pub fn signal(
 pub(super) fn record_signal(run: &mut RunState, cx: &mut Cx, signal_name: &str, arguments: Payload, command_id: CommandId) -> SignalId {
     let signal_id: SignalId = cx.id();
     run.command_count += 1;
-    let payload = events::signal_received(run, &command_id, &signal_id, signal_name, &arguments);
+    let mut payload = events::signal_received(run, &command_id, &signal_id, signal_name, &arguments);
+    events::record_caller_trace(&mut payload, cx);
     if run.workflow_task_leased() {
         run.deferred_signals.push(DeferredSignal {
             payload,
@@ -121,7 +122,8 @@ pub fn accept_update(
         update_id: &update_id,
         update_name,
     };
-    let payload = events::update_accepted(run, &update, &arguments);
+    let mut payload = events::update_accepted(run, &update, &arguments);
+    events::record_caller_trace(&mut payload, cx);
     run.append(cx, EventType::UpdateAccepted, payload, None, Some(&command_id));
     run.updates.insert(
         update_id.clone(),
@@ -321,10 +323,11 @@ pub fn close_by_command(
     run.command_count += 1;
     let cmd = Some(&command_id);
     let reason = reason.as_deref();
-    let (request_type, request) = match kind {
+    let (request_type, mut request) = match kind {
         CloseCommand::Cancel => (EventType::CancelRequested, events::cancel_requested(run, &command_id, reason)),
         CloseCommand::Terminate => (EventType::TerminateRequested, events::terminate_requested(run, &command_id, reason)),
     };
+    events::record_caller_trace(&mut request, cx);
     run.append(cx, request_type, request, None, cmd);
     let (status, closed, verb) = match kind {
         CloseCommand::Cancel => (RunStatus::Cancelled, ClosedReason::Cancelled, "cancelled"),

@@ -195,14 +195,16 @@ pub fn check_stream_progress(run: &RunState, progress: &StreamProgress) -> Resul
             );
         }
         if *through > cursor {
-            let delivered_here = |position: u64| {
-                stream.is_some_and(|s| {
-                    s.unconsumed
-                        .iter()
-                        .any(|m| m.position == position && m.run_id.as_ref() == Some(&run.run_id))
-                })
-            };
-            if let Some(missing) = (cursor + 1..=*through).find(|p| !delivered_here(*p)) {
+            // The unconsumed messages are the positions right above the cursor, in order.
+            let consumed = stream
+                .iter()
+                .flat_map(|s| s.unconsumed.iter())
+                .take_while(|m| m.position <= *through);
+            let not_here = consumed
+                .filter(|m| m.run_id.as_ref() != Some(&run.run_id))
+                .map(|m| m.position)
+                .next();
+            if let Some(missing) = not_here {
                 return Err(invalid_progress(
                     "message_stream_cursors",
                     name,
@@ -250,6 +252,10 @@ pub(super) fn apply_stream_progress(run: &mut RunState, cx: &mut Cx, task_id: &T
         run.append(cx, EventType::MessageCursorAdvanced, payload, Some(task_id), None);
     }
     for (name, after) in &progress.waits {
+        // A wait on a stream nothing was appended to yet opens it, within the streams' bound.
+        if !run.message_streams.contains_key(name) && run.message_streams.len() >= MAX_STREAMS {
+            continue;
+        }
         let run_id = run.run_id.clone();
         let stream = run.message_streams.entry(name.clone()).or_default();
         if stream.last_position <= *after {

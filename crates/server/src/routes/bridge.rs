@@ -224,6 +224,7 @@ async fn signal_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: 
                 signal_name,
                 input,
                 request_id: Some(format!("bridge:{}:{}", event.adapter, event.key)),
+                trace: None,
             };
             let render = |_: &capstan_engine::CommandReceipt, run: &capstan_engine::RunState| json!({"run_id": run.run_id});
             control::signal(&**state, request, render).await.map_err(ApiError::from)

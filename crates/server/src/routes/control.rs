@@ -416,13 +416,13 @@ pub(crate) async fn signal_impl<S: Store>(
     let f = Fields::new(&body);
     let input = f.opt_payload("input", &state.config.limits).map_err(fail)?;
     let request_id = f.opt_str("request_id", 255).map_err(fail)?.filter(|s| !s.is_empty());
-    // A signal's carrier is checked; it is not linked to the task that delivers it yet.
-    f.opt_trace("observability_context").map_err(fail)?;
+    let trace = f.opt_trace("observability_context").map_err(fail)?;
     let request = control::SignalRequest {
         target: target(&namespace, &workflow_id, run_id),
         signal_name: signal_name.clone(),
         input: input.unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
         request_id: request_id.clone(),
+        trace,
     };
     let receipt_body = {
         let (workflow_id, signal_name) = (workflow_id.clone(), signal_name.clone());
@@ -485,11 +485,12 @@ async fn close_impl<S: Store>(
         kind,
         reason: None,
         request_id: None,
+        trace: None,
     };
     let operation = request.operation();
     let f = Fields::new(&body);
-    // A cancel's carrier is checked; it is not linked to the task that delivers it yet.
-    f.opt_trace("observability_context")
+    request.trace = f
+        .opt_trace("observability_context")
         .map_err(|e| in_operation(e, operation, &workflow_id))?;
     request.reason = f.opt_str("reason", 1000).map_err(|e| in_operation(e, operation, &workflow_id))?;
     request.request_id = f

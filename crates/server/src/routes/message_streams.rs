@@ -28,12 +28,11 @@ pub async fn append<S: Store>(
         error.fields.entry("workflow_id").or_insert_with(|| json!(workflow_id));
         error
     };
-    let parsed =
-        wire::refuse_unknown_fields(&body, &[&["message_id", "input", "request_id"]], "", "message stream appends").and_then(|()| {
-            let f = Fields::new(&body);
-            f.opt_str("request_id", 255)?;
-            Ok((f.req_str("message_id", 191)?, f.opt_payload("input", &state.config.limits)?))
-        });
+    // The message id is the append's idempotency key: no `request_id` beside it.
+    let parsed = wire::refuse_unknown_fields(&body, &[&["message_id", "input"]], "", "message stream appends").and_then(|()| {
+        let f = Fields::new(&body);
+        Ok((f.req_str("message_id", 191)?, f.opt_payload("input", &state.config.limits)?))
+    });
     let (message_id, input) = parsed.map_err(in_operation)?;
     let request = AppendRequest {
         namespace: namespace.clone(),

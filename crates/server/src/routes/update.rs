@@ -74,8 +74,7 @@ async fn run_update<S: Store>(
         .map_err(fail)?
         .unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob()));
     let request_id = f.opt_str("request_id", 255).map_err(fail)?.filter(|s| !s.is_empty());
-    // An update's carrier is checked; it is not linked to the task that delivers it yet.
-    f.opt_trace("observability_context").map_err(fail)?;
+    let trace = f.opt_trace("observability_context").map_err(fail)?;
     let wait_for = match f.opt_str("wait_for", 32).map_err(fail)?.as_deref() {
         None | Some("completed") => "completed",
         Some("accepted") => "accepted",
@@ -106,6 +105,7 @@ async fn run_update<S: Store>(
         update_name: update_name.clone(),
         input: arguments.clone(),
         request_id: request_id.clone(),
+        trace,
     };
     // An update with a declared validator is put to a worker first (see `validation`).
     let validate = |run: RunState| {

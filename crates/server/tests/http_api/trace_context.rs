@@ -98,3 +98,46 @@ async fn malformed_carriers_are_refused_by_name() {
     let refused = h.complete_workflow_task(&task, timer).await.err(422, "validation_failed");
     assert!(refused["errors"].get("commands.0.observability_context").is_some(), "{refused}");
 }
+
+#[tokio::test]
+async fn a_signal_update_or_cancel_carrier_is_recorded_on_the_event_it_causes() {
+    let h = Harness::start().await;
+    let workflow_id = unique("trace-cmd");
+    let (start, task) = h.started_and_leased(&workflow_id, "w", "q").await;
+    let run_id = start["run_id"].as_str().unwrap().to_string();
+    h.complete_workflow_task(&task, json!([{"type": "start_timer", "delay_seconds": 3600}]))
+        .await
+        .ok(200);
+    h.cpost(
+        &format!("/api/workflows/{workflow_id}/signal/go"),
+        json!({"observability_context": carrier(CHILD)}),
+    )
+    .await
+    .ok(202);
+    h.cpost(
+        &format!("/api/workflows/{workflow_id}/cancel"),
+        json!({"observability_context": carrier(NEXT)}),
+    )
+    .await
+    .ok(200);
+    let history = h.history(&workflow_id, &run_id).await;
+    let recorded = |event_type: &str| {
+        history
+            .iter()
+            .find(|e| e["event_type"] == event_type)
+            .map(|e| e["payload"]["observability_context"].clone())
+            .unwrap_or_else(|| panic!("no {event_type}"))
+    };
+    assert_eq!(recorded("SignalReceived"), carrier(CHILD));
+    assert_eq!(recorded("CancelRequested"), carrier(NEXT));
+    let mut bad = carrier(CHILD);
+    bad["version"] = json!(2);
+    let refused = h
+        .cpost(
+            &format!("/api/workflows/{}/signal/go", unique("nobody")),
+            json!({"observability_context": bad}),
+        )
+        .await
+        .err(422, "validation_failed");
+    assert!(refused["errors"].get("observability_context").is_some(), "{refused}");
+}

@@ -95,9 +95,19 @@ fn state_of(row: &Row, stream_name: &str) -> StoreResult<StreamState> {
     })
 }
 
-async fn locked<T: Tx>(tx: &mut T, run_id: &str, stream_name: &str) -> StoreResult<Option<StreamState>> {
-    let row = tx.query_opt(LOCK_STREAM.sql(tx.dialect()), &args![run_id, stream_name]).await?;
+/// The stream's row, locked for the rest of the transaction when `lock` (PostgreSQL).
+async fn stream_row<T: Tx>(tx: &mut T, run_id: &str, stream_name: &str, lock: bool) -> StoreResult<Option<StreamState>> {
+    let sql = if lock {
+        LOCK_STREAM.sql(tx.dialect())
+    } else {
+        LOCK_STREAM.unlocked()
+    };
+    let row = tx.query_opt(sql, &args![run_id, stream_name]).await?;
     row.map(|row| state_of(&row, stream_name)).transpose()
+}
+
+async fn locked<T: Tx>(tx: &mut T, run_id: &str, stream_name: &str) -> StoreResult<Option<StreamState>> {
+    stream_row(tx, run_id, stream_name, true).await
 }
 
 async fn save<T: Tx>(tx: &mut T, run_id: &str, stream: &StreamState) -> StoreResult<()> {
@@ -273,18 +283,19 @@ pub(crate) async fn apply_stream_ops<T: Tx>(tx: &mut T, run: &RunState, ops: &[S
 }
 
 /// The run a control-plane request names must exist (`instance_not_found`, as DW answers).
-pub(crate) async fn require_run<T: Tx>(tx: &mut T, target: &StreamTarget) -> StoreResult<()> {
-    let found = tx
-        .query_opt(RUN_EXISTS, &args![&target.run_id, &target.namespace, &target.workflow_id])
-        .await?;
-    match found {
+async fn require_run<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str, run_id: &str) -> StoreResult<()> {
+    match tx.query_opt(RUN_EXISTS, &args![run_id, namespace, workflow_id]).await? {
         Some(_) => Ok(()),
         None => Err(StoreError::Refused(
             Refusal::new(Reason::InstanceNotFound, "Workflow run not found.")
-                .with("workflow_id", target.workflow_id.clone())
-                .with("run_id", target.run_id.clone()),
+                .with("workflow_id", workflow_id)
+                .with("run_id", run_id),
         )),
     }
+}
+
+async fn require_target<T: Tx>(tx: &mut T, target: &StreamTarget) -> StoreResult<()> {
+    require_run(tx, &target.namespace, &target.workflow_id, &target.run_id).await
 }
 
 pub(crate) async fn client_append<T: Tx>(
@@ -294,7 +305,7 @@ pub(crate) async fn client_append<T: Tx>(
     max_pending: Option<u64>,
     now: Millis,
 ) -> StoreResult<StreamAppend> {
-    require_run(tx, target).await?;
+    require_target(tx, target).await?;
     let origin = Origin {
         kind: "client",
         reference: None,
@@ -309,18 +320,12 @@ pub(crate) async fn client_finish<T: Tx>(
     retention_seconds: Option<i64>,
     now: Millis,
 ) -> StoreResult<StreamState> {
-    require_run(tx, target).await?;
+    require_target(tx, target).await?;
     finish(tx, &target.run_id, &target.stream_name, error_reason, retention_seconds, now).await
 }
 
 pub(crate) async fn list<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str, run_id: &str) -> StoreResult<Vec<StreamState>> {
-    let target = StreamTarget {
-        namespace: namespace.into(),
-        workflow_id: workflow_id.into(),
-        run_id: run_id.into(),
-        stream_name: String::new(),
-    };
-    require_run(tx, &target).await?;
+    require_run(tx, namespace, workflow_id, run_id).await?;
     let rows = tx.query(LIST_STREAMS, &args![run_id]).await?;
     rows.iter().map(|row| state_of(row, row.str(9)?)).collect()
 }
@@ -332,8 +337,8 @@ pub(crate) async fn read<T: Tx>(
     from: u64,
     max: u64,
 ) -> StoreResult<(StreamState, Vec<StoredStreamItem>)> {
-    require_run(tx, target).await?;
-    let stream = locked_unlocked(tx, &target.run_id, &target.stream_name)
+    require_target(tx, target).await?;
+    let stream = stream_row(tx, &target.run_id, &target.stream_name, false)
         .await?
         .ok_or_else(|| refused(Reason::StreamNotFound, "No stream of this name on the run.", &target.stream_name))?;
     let rows = tx
@@ -350,11 +355,6 @@ pub(crate) async fn read<T: Tx>(
         })
         .collect::<StoreResult<Vec<_>>>()?;
     Ok((stream, items))
-}
-
-async fn locked_unlocked<T: Tx>(tx: &mut T, run_id: &str, stream_name: &str) -> StoreResult<Option<StreamState>> {
-    let row = tx.query_opt(LOCK_STREAM.unlocked(), &args![run_id, stream_name]).await?;
-    row.map(|row| state_of(&row, stream_name)).transpose()
 }
 
 /// A reader reached `next_offset`: if that is the stream's head, nothing is pending any more

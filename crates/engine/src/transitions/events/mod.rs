@@ -65,3 +65,12 @@ fn application_failure(failure: &WorkflowFailure) -> Map<String, Value> {
         "exception" => failure.exception,
     )
 }
+
+/// Adds the caller's trace context to the event a client request caused (`SignalReceived`,
+/// `UpdateAccepted`, `CancelRequested`/`TerminateRequested`): recorded, like a header, so the
+/// request's trace can be found from history. The SDKs ignore the field on replay.
+pub(in crate::transitions) fn record_caller_trace(payload: &mut Map<String, Value>, cx: &Cx) {
+    if let Some(trace) = &cx.caller_trace {
+        payload.insert("observability_context".into(), trace.envelope());
+    }
+}
