@@ -7,6 +7,7 @@ mod cli;
 mod ops;
 mod owner;
 
+use capstan_server::telemetry::{OtlpSettings, Telemetry};
 use capstan_server::{AuthConfig, ServerConfig};
 use capstan_store::{PostgresStore, SqliteStore};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -315,6 +316,10 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;
     config.limits.history_events_max = args.max_history_events;
+    if let Some(otlp) = OtlpSettings::from_env(|name| std::env::var(name).ok()) {
+        config.telemetry = Telemetry::otlp(&otlp).map_err(Stopped::Refused)?;
+        tracing::info!(endpoint = %otlp.traces_endpoint, service = %otlp.service_name, "exporting the server's spans over OTLP");
+    }
     let now = config.sources.now_ms();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await

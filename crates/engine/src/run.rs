@@ -392,6 +392,11 @@ pub struct RunState {
     /// it on rewrite, which loses telemetry only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin_trace: Option<crate::trace::TraceContext>,
+    /// Trace contexts of the signals, updates and cancellations recorded in history and not yet
+    /// seen by a completed workflow task: the next workflow task links them (`command` links).
+    /// At most [`crate::trace::MAX_LINKS`], newest kept. Telemetry only, like `origin_trace`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command_traces: Vec<crate::trace::CommandTrace>,
     /// The instance's message streams (they move to the next run at continue-as-new).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub message_streams: crate::message_stream::MessageStreams,
@@ -668,6 +673,9 @@ impl RunState {
             hash: String::new(),
         };
         event.hash = chain_hash(&event.prev_hash, &event.canonical_json());
+        if let (Some(command_id), Some(carrier)) = (command_id, event.payload.get("observability_context")) {
+            crate::trace::note_command_trace(&mut self.command_traces, command_id, event.sequence, carrier);
+        }
         if let Some(request) = self.cancellation.as_mut().filter(|r| r.delivery.is_none()) {
             if event.event_type.resolves_step() {
                 if let Some(step) = event.payload.get("sequence").and_then(Value::as_u64) {

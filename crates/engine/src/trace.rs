@@ -14,6 +14,90 @@ pub const MAX_CONTEXT_BYTES: usize = 4096;
 pub const MAX_TRACEPARENT: usize = 256;
 pub const MAX_TRACESTATE: usize = 512;
 pub const MAX_BAGGAGE: usize = 2048;
+/// `observability_links`: its schema, and the bounds past which an SDK discards every link.
+pub const LINKS_SCHEMA: &str = "durable-workflow.trace-links";
+pub const MAX_LINKS: usize = 32;
+pub const MAX_LINKS_BYTES: usize = 4096;
+/// `dispatch_observability_context`: the context of the server's own span for a task.
+pub const DISPATCH_SCHEMA: &str = "durable-workflow.queue-trace";
+
+/// The trace context a signal, update or cancellation arrived with, by the command that
+/// recorded it and that event's sequence: the workflow task that first delivers the event
+/// links it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandTrace {
+    pub command_id: crate::ids::CommandId,
+    pub sequence: u64,
+    pub context: TraceContext,
+}
+
+/// Keeps `carrier` (an event's recorded `observability_context`) for the next workflow task's
+/// links; the oldest go past [`MAX_LINKS`].
+pub fn note_command_trace(traces: &mut Vec<CommandTrace>, command_id: &crate::ids::CommandId, sequence: u64, carrier: &Value) {
+    let Ok(context) = TraceContext::parse(carrier) else {
+        return;
+    };
+    traces.push(CommandTrace {
+        command_id: command_id.clone(),
+        sequence,
+        context,
+    });
+    if traces.len() > MAX_LINKS {
+        traces.remove(0);
+    }
+}
+
+/// Where a task's links point: the task and run they were rendered for.
+pub struct LinkTarget<'a> {
+    pub task_id: &'a str,
+    pub run_id: &'a str,
+    pub namespace: &'a str,
+}
+
+/// `observability_links` for a workflow task whose history ends at `snapshot`: one `command`
+/// link per trace recorded up to there, newest kept within the SDKs' bounds (one entry past
+/// them and an SDK drops them all). `None` when there is nothing to link.
+pub fn command_links(target: &LinkTarget<'_>, traces: &[CommandTrace], snapshot: u64) -> Option<Value> {
+    let links: Vec<Value> = traces
+        .iter()
+        .filter(|trace| trace.sequence <= snapshot)
+        .map(|trace| json!({"kind": "command", "command_id": trace.command_id, "context": trace.context.link_envelope()}))
+        .collect();
+    let mut start = links.len().saturating_sub(MAX_LINKS);
+    loop {
+        if start >= links.len() {
+            return None;
+        }
+        let body = json!({
+            "schema": LINKS_SCHEMA,
+            "version": TRACE_CONTEXT_VERSION,
+            "task_id": target.task_id,
+            "run_id": target.run_id,
+            "namespace": target.namespace,
+            "links": links[start..],
+        });
+        if dw_json_size(&body) <= MAX_LINKS_BYTES {
+            return Some(body);
+        }
+        start += 1;
+    }
+}
+
+/// The traceparent of the server's dispatch span for one lease of a task: in the trace of
+/// `parent`, with a span id derived from the task id and the lease's fence, so every node
+/// names the same span for the same lease without storing it.
+pub fn dispatch_traceparent(parent: &TraceContext, task_id: &str, fence: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let trace_id = parent.trace_id();
+    let digest = Sha256::digest(format!("capstan.task.dispatch\0{task_id}\0{fence}").as_bytes());
+    let mut span = [0u8; 8];
+    span.copy_from_slice(&digest[..8]);
+    if span == [0u8; 8] {
+        span[7] = 1;
+    }
+    let span_id: String = span.iter().map(|b| format!("{b:02x}")).collect();
+    format!("00-{trace_id}-{span_id}-{}", parent.flags())
+}
 
 /// A run's origin carrier.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +121,31 @@ impl TraceContext {
             carrier.insert("baggage".into(), json!(baggage));
         }
         json!({"schema": TRACE_CONTEXT_SCHEMA, "version": TRACE_CONTEXT_VERSION, "carrier": carrier})
+    }
+
+    /// The envelope a link or a dispatch context carries: without baggage (an SDK discards a
+    /// link context that has any).
+    pub fn link_envelope(&self) -> Value {
+        TraceContext {
+            baggage: None,
+            ..self.clone()
+        }
+        .envelope()
+    }
+
+    /// The 32-hex trace id of a checked traceparent.
+    pub fn trace_id(&self) -> &str {
+        &self.traceparent[3..35]
+    }
+
+    /// The 16-hex parent span id of a checked traceparent.
+    pub fn span_id(&self) -> &str {
+        &self.traceparent[36..52]
+    }
+
+    /// The 2-hex trace flags of a checked traceparent.
+    pub fn flags(&self) -> &str {
+        &self.traceparent[53..55]
     }
 
     /// Reads an envelope, or says what is wrong with it.
@@ -142,5 +251,62 @@ mod tests {
         heavy["carrier"]["baggage"] = json!("/".repeat(2048));
         assert!(TraceContext::parse(&heavy).is_err());
         assert_eq!(dw_json_size(&json!("é/")), 2 + 6 + 2);
+    }
+
+    fn trace(i: u64, tracestate: &str) -> CommandTrace {
+        CommandTrace {
+            command_id: format!("cmd-{i}").into(),
+            sequence: i,
+            context: TraceContext {
+                traceparent: PARENT.into(),
+                tracestate: Some(tracestate.into()),
+                baggage: Some("user=alice".into()),
+            },
+        }
+    }
+
+    #[test]
+    fn command_links_hold_only_delivered_events_and_keep_the_newest_within_both_bounds() {
+        let target = LinkTarget {
+            task_id: "task",
+            run_id: "run",
+            namespace: "default",
+        };
+        let few: Vec<CommandTrace> = (1..=3).map(|i| trace(i, "k=v")).collect();
+        let links = command_links(&target, &few, 2).expect("two delivered");
+        assert_eq!(links["links"].as_array().unwrap().len(), 2);
+        assert_eq!(links["links"][1]["command_id"], "cmd-2");
+        assert!(links["links"][0]["context"]["carrier"].get("baggage").is_none());
+        assert_eq!(command_links(&target, &few, 0), None);
+
+        let mut many = Vec::new();
+        for i in 1..=40 {
+            note_command_trace(&mut many, &format!("cmd-{i}").into(), i, &trace(i, "k=v").context.envelope());
+        }
+        assert_eq!(many.len(), MAX_LINKS);
+        assert_eq!(many[0].sequence, 9, "the oldest go first");
+        let wide: Vec<CommandTrace> = (1..=32).map(|i| trace(i, &"s".repeat(400))).collect();
+        let links = command_links(&target, &wide, 32).expect("some fit");
+        let kept = links["links"].as_array().unwrap();
+        assert!(kept.len() < 32 && dw_json_size(&links) <= MAX_LINKS_BYTES, "{}", kept.len());
+        assert_eq!(kept.last().unwrap()["command_id"], "cmd-32");
+    }
+
+    #[test]
+    fn a_dispatch_span_id_names_one_lease_in_its_parents_trace() {
+        let parent = TraceContext::parse(&json!({"schema": TRACE_CONTEXT_SCHEMA, "version": 1,
+                                                  "carrier": {"traceparent": PARENT}}))
+        .unwrap();
+        let first = dispatch_traceparent(&parent, "task-1", 1);
+        assert!(valid_traceparent(&first), "{first}");
+        assert_eq!(&first[3..35], parent.trace_id());
+        assert_eq!(
+            first,
+            dispatch_traceparent(&parent, "task-1", 1),
+            "every node derives the same span"
+        );
+        assert_ne!(first, dispatch_traceparent(&parent, "task-1", 2), "a redelivery is another span");
+        assert_ne!(first, dispatch_traceparent(&parent, "task-2", 1));
+        assert_ne!(&first[36..52], parent.span_id());
     }
 }

@@ -19,6 +19,7 @@ pub mod integrity;
 mod render;
 mod routes;
 mod scheduler;
+pub mod telemetry;
 mod ui;
 mod wire;
 mod wire_streams;
@@ -88,6 +89,8 @@ pub struct ServerConfig {
     pub sources: capstan_store::Sources,
     /// Bytes of rendered history events kept in memory for worker history pages.
     pub history_cache_bytes: usize,
+    /// The server's own spans (OTLP), when configured.
+    pub telemetry: telemetry::Telemetry,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +108,7 @@ impl Default for ServerConfig {
             schedule_catchup_window_ms: 60_000,
             sources: capstan_store::Sources::system(),
             history_cache_bytes: 32 << 20,
+            telemetry: telemetry::Telemetry::default(),
         }
     }
 }
@@ -244,5 +248,8 @@ pub async fn serve<S: Store>(
     if let Some(executor) = executor {
         executor.abort();
     }
+    // Sends the spans still buffered (the exporter blocks on its own thread).
+    let telemetry = state.config.telemetry.clone();
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     result
 }

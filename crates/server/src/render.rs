@@ -472,6 +472,14 @@ pub fn workflow_task(run: &RunState, task: &Task, next_token: Option<String>) ->
     if let Some(origin) = &run.origin_trace {
         body["observability_context"] = origin.envelope();
     }
+    let target = trace::LinkTarget {
+        task_id: task.id.as_str(),
+        run_id: run.run_id.as_str(),
+        namespace: &run.namespace,
+    };
+    if let Some(links) = trace::command_links(&target, &run.command_traces, *history_snapshot) {
+        body["observability_links"] = links;
+    }
     body
 }
 

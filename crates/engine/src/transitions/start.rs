@@ -106,6 +106,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         redriven_from: None,
         message_streams: Default::default(),
         origin_trace: start.origin_trace,
+        command_traces: Vec::new(),
     }
 }
 

@@ -194,6 +194,9 @@ pub fn complete_workflow_task_with(
         apply_command(run, cx, task_id, command)?;
     }
     run.close_task(cx, task_id, TaskClosure::Completed);
+    if let TaskDetail::Workflow { history_snapshot, .. } = &task.detail {
+        run.command_traces.retain(|trace| trace.sequence > *history_snapshot);
+    }
     run.record_deferred_signals(cx);
     if let Some(update @ ResumeContext::Update { update_id, .. }) = &resume {
         // The worker did not settle the update this task was for: offer it again.

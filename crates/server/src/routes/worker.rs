@@ -435,8 +435,11 @@ pub async fn poll_workflow_task<S: Store>(
         .await?;
     let last = page.last.unwrap_or(0);
     let next = (last < snapshot).then(|| render::page_token(last));
-    let task = render::workflow_task(&run, &task, next);
-    let task = render::with_raw_member(&task, "history_events", &page.json);
+    let mut rendered = render::workflow_task(&run, &task, next);
+    if let Some(dispatch) = state.config.telemetry.dispatched(&run, &task, state.now()) {
+        rendered["dispatch_observability_context"] = dispatch;
+    }
+    let task = render::with_raw_member(&rendered, "history_events", &page.json);
     Ok(render::RawJson(format!("{{\"task\":{task}}}")).into_response())
 }
 
@@ -452,6 +455,9 @@ pub async fn poll_activity_task<S: Store>(
     match long_poll(&state, &namespace, &request, TaskKind::Activity).await? {
         Some((task, run)) => {
             let mut rendered = render::activity_task(&run, &task);
+            if let Some(dispatch) = state.config.telemetry.dispatched(&run, &task, state.now()) {
+                rendered["dispatch_observability_context"] = dispatch;
+            }
             if let Some(session) = session_view(&state, &run, &task.id).await? {
                 rendered["worker_session"] = session;
             }

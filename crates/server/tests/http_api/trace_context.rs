@@ -141,3 +141,93 @@ async fn a_signal_update_or_cancel_carrier_is_recorded_on_the_event_it_causes() 
         .err(422, "validation_failed");
     assert!(refused["errors"].get("observability_context").is_some(), "{refused}");
 }
+
+#[tokio::test]
+async fn the_workflow_task_that_delivers_a_signal_or_update_links_its_carrier_once() {
+    let h = Harness::start().await;
+    let queue = unique("links-q");
+    let workflow_id = unique("links");
+    let (start, task) = h.started_and_leased(&workflow_id, "links-w", &queue).await;
+    assert!(task.get("observability_links").is_none(), "{task}");
+    // Sent while the first task is leased: recorded (and linked) when that lease ends.
+    let mut with_baggage = carrier(CHILD);
+    with_baggage["carrier"]["baggage"] = json!("user=alice");
+    h.cpost(
+        &format!("/api/workflows/{workflow_id}/signal/go"),
+        json!({"observability_context": with_baggage}),
+    )
+    .await
+    .ok(202);
+    h.complete_workflow_task(&task, json!([{"type": "start_timer", "delay_seconds": 3600}]))
+        .await
+        .ok(200);
+    let next = h.next_workflow_task("links-w", &queue).await;
+    let history = h.history(&workflow_id, start["run_id"].as_str().unwrap()).await;
+    let signal = history.iter().find(|e| e["event_type"] == "SignalReceived").expect("signal");
+    let links = &next["observability_links"];
+    assert_eq!(
+        *links,
+        json!({"schema": "durable-workflow.trace-links", "version": 1, "task_id": next["task_id"],
+               "run_id": start["run_id"], "namespace": "default",
+               "links": [{"kind": "command", "command_id": signal["workflow_command_id"],
+                          "context": carrier(CHILD)}]}),
+        "baggage never rides on a link"
+    );
+    h.complete_workflow_task(&next, json!([{"type": "start_timer", "delay_seconds": 3600}]))
+        .await
+        .ok(200);
+    // A second signal: the next task links it alone, the first one was seen.
+    h.cpost(
+        &format!("/api/workflows/{workflow_id}/signal/again"),
+        json!({"observability_context": carrier(NEXT)}),
+    )
+    .await
+    .ok(202);
+    let third = h.next_workflow_task("links-w", &queue).await;
+    let links = third["observability_links"]["links"].as_array().expect("links");
+    assert_eq!(links.len(), 1, "{third}");
+    assert_eq!(links[0]["context"], carrier(NEXT));
+    // A failed task is offered again with the same links.
+    let failed_report = h
+        .wpost(
+            &format!("/api/worker/workflow-tasks/{}/fail", third["task_id"].as_str().unwrap()),
+            json!({"lease_owner": third["lease_owner"], "workflow_task_attempt": third["workflow_task_attempt"],
+               "failure": {"message": "boom", "type": "RuntimeError"}}),
+        )
+        .await;
+    assert!(failed_report.status.is_success(), "{}", failed_report.body);
+    let retried = wait_for("the retried task", Duration::from_secs(30), || async {
+        let task = h.poll_workflow("links-w", &queue, 2).await;
+        task.is_object().then_some(task)
+    })
+    .await;
+    assert_eq!(retried["observability_links"]["links"], json!(links), "{retried}");
+}
+
+#[tokio::test]
+async fn links_stay_within_the_bounds_past_which_an_sdk_drops_them_all() {
+    let h = Harness::start().await;
+    let queue = unique("links-bound-q");
+    let workflow_id = unique("links-bound");
+    let (_, task) = h.started_and_leased(&workflow_id, "links-bound-w", &queue).await;
+    h.complete_workflow_task(&task, json!([{"type": "start_timer", "delay_seconds": 3600}]))
+        .await
+        .ok(200);
+    for i in 0..40 {
+        let mut context = carrier(PARENT);
+        context["carrier"]["tracestate"] = json!(format!("k{i}=v"));
+        h.cpost(
+            &format!("/api/workflows/{workflow_id}/signal/s{i}"),
+            json!({"observability_context": context}),
+        )
+        .await
+        .ok(202);
+    }
+    let next = h.next_workflow_task("links-bound-w", &queue).await;
+    let links = next["observability_links"]["links"].as_array().expect("links");
+    assert!(!links.is_empty() && links.len() <= 32, "{}", links.len());
+    let size = capstan_engine::trace::dw_json_size(&next["observability_links"]);
+    assert!(size <= 4096, "{size}");
+    // The newest are kept.
+    assert_eq!(links.last().unwrap()["context"]["carrier"]["tracestate"], "k39=v");
+}
