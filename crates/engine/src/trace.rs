@@ -95,7 +95,7 @@ pub fn dispatch_traceparent(parent: &TraceContext, task_id: &str, fence: u64) ->
     if span == [0u8; 8] {
         span[7] = 1;
     }
-    let span_id: String = span.iter().map(|b| format!("{b:02x}")).collect();
+    let span_id = hex::encode(span);
     format!("00-{trace_id}-{span_id}-{}", parent.flags())
 }
 

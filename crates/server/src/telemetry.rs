@@ -8,7 +8,7 @@
 //! must name a span that exists.
 
 use capstan_engine::trace::{self, TraceContext, DISPATCH_SCHEMA, TRACE_CONTEXT_VERSION};
-use capstan_engine::{Millis, RunState, Task, TaskKind};
+use capstan_engine::{Millis, RunState, Task};
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId, TraceState, Tracer as _, TracerProvider as _,
 };
@@ -87,10 +87,6 @@ impl Telemetry {
         })
     }
 
-    pub fn exporting(&self) -> bool {
-        self.exporter.is_some()
-    }
-
     /// Sends what is still buffered; called once when the server stops.
     pub fn shutdown(&self) {
         if let Some(exporter) = &self.exporter {
@@ -126,11 +122,6 @@ impl Telemetry {
             tracestate: parent.tracestate.clone(),
             baggage: None,
         };
-        let kind = match task.kind {
-            TaskKind::Workflow => "workflow",
-            TaskKind::Activity => "activity",
-            _ => "other",
-        };
         let mut span = exporter
             .tracer
             .span_builder("capstan.task.dispatch")
@@ -139,7 +130,7 @@ impl Telemetry {
             .with_start_time(instant(task.available_at.max(task.created_at).min(leased_at)))
             .with_attributes([
                 KeyValue::new("durable.task_id", task.id.as_str().to_string()),
-                KeyValue::new("durable.task_kind", kind),
+                KeyValue::new("durable.task_kind", task.kind.as_str()),
                 KeyValue::new("durable.task_attempt", task.fence as i64),
                 KeyValue::new("durable.task_queue", task.queue.clone()),
                 KeyValue::new("durable.namespace", run.namespace.clone()),

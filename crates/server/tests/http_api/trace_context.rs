@@ -162,6 +162,10 @@ async fn the_workflow_task_that_delivers_a_signal_or_update_links_its_carrier_on
         .await
         .ok(200);
     let next = h.next_workflow_task("links-w", &queue).await;
+    assert!(
+        next.get("dispatch_observability_context").is_none(),
+        "no OTLP endpoint, no span: a dispatch context would name nothing"
+    );
     let history = h.history(&workflow_id, start["run_id"].as_str().unwrap()).await;
     let signal = history.iter().find(|e| e["event_type"] == "SignalReceived").expect("signal");
     let links = &next["observability_links"];
