@@ -244,7 +244,7 @@ where
     let key = keyed(
         "signal",
         request_id,
-        &[&signal_name, &input.codec, &input.blob, target.run_id.as_deref().unwrap_or("")],
+        &[&signal_name, &input.codec, input.identity(), target.run_id.as_deref().unwrap_or("")],
     );
     let fallback = contracts::fallback_for(services.store(), &target.namespace, &locator).await?;
     let command_id = CommandId(services.new_id());

@@ -26,6 +26,7 @@ pub mod cancellation;
 pub mod contracts;
 pub mod control;
 pub mod duties;
+pub mod external_payloads;
 pub mod ledger;
 pub mod local_activities;
 pub mod message_streams;

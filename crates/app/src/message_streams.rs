@@ -45,7 +45,7 @@ pub async fn append<V: Services>(services: &V, request: AppendRequest) -> AppRes
             "A message_id is 1 to 191 characters of letters, digits, '.', '_', ':' and '-'.",
         ));
     }
-    let (codec, blob) = request.input.as_ref().map_or(("", ""), |p| (p.codec.as_str(), p.blob.as_str()));
+    let (codec, blob) = request.input.as_ref().map_or(("", ""), |p| (p.codec.as_str(), p.identity()));
     let key = CommandKey {
         command_type: APPEND_COMMAND_TYPE.into(),
         request_id: append_request_id(&request.stream_name, &request.message_id),

@@ -152,7 +152,7 @@ pub struct AttemptLease {
 
 /// Records an attempt's result.
 pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, result: Payload) -> AppResult<(Receipt, RunState)> {
-    let evidence = json!({"report": "completed", "result_hash": ledger::digest(&result.blob), "lease_owner": lease.owner});
+    let evidence = json!({"report": "completed", "result_hash": ledger::digest(result.identity()), "lease_owner": lease.owner});
     let memo = services.memo_codec();
     let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {

@@ -61,7 +61,7 @@ where
     let locator = RunLocator::Current(workflow_id.clone());
     let key = request_id.filter(|r| !r.is_empty()).map(|request_id| CommandKey {
         command_type: "update".into(),
-        intent_hash: intent_hash(&[&update_name, &input.codec, &input.blob, target.run_id.as_deref().unwrap_or("")]),
+        intent_hash: intent_hash(&[&update_name, &input.codec, input.identity(), target.run_id.as_deref().unwrap_or("")]),
         request_id,
     });
     let command_id = CommandId(services.new_id());

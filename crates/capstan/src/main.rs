@@ -146,6 +146,18 @@ struct ServeArgs {
     /// Largest payload blob accepted, in bytes.
     #[arg(long, env = "CAPSTAN_MAX_PAYLOAD_BYTES", default_value_t = 2 * 1024 * 1024)]
     max_payload_bytes: usize,
+    /// Where a namespace's `local` external payload storage keeps objects when its policy names
+    /// no directory (one directory per namespace below; default: DATA_DIR/external-payloads).
+    /// Nodes sharing a PostgreSQL database need a shared directory here, or an `s3` policy.
+    #[arg(long, env = "CAPSTAN_EXTERNAL_PAYLOAD_DIR")]
+    external_payload_dir: Option<PathBuf>,
+    /// Largest payload the external payload transport takes, in bytes.
+    #[arg(long, env = "CAPSTAN_MAX_EXTERNAL_PAYLOAD_BYTES", default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024 * 1024))]
+    max_external_payload_bytes: u64,
+    /// Payloads above this size go to external storage, for a namespace that has it and whose
+    /// policy sets no threshold of its own.
+    #[arg(long, env = "CAPSTAN_EXTERNAL_PAYLOAD_THRESHOLD_BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    external_payload_threshold_bytes: u64,
     /// Most history events one run may hold.
     #[arg(long, env = "CAPSTAN_MAX_HISTORY_EVENTS", default_value_t = 50_000)]
     max_history_events: u64,
@@ -316,6 +328,12 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;
     config.limits.history_events_max = args.max_history_events;
+    config.payloads.default_root = args
+        .external_payload_dir
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("external-payloads"));
+    config.payloads.max_bytes = args.max_external_payload_bytes;
+    config.payloads.default_threshold_bytes = args.external_payload_threshold_bytes.min(args.max_external_payload_bytes);
     if let Some(otlp) = OtlpSettings::from_env(|name| std::env::var(name).ok()) {
         config.telemetry = Telemetry::otlp(&otlp).map_err(Stopped::Refused)?;
         tracing::info!(endpoint = %otlp.traces_endpoint, service = %otlp.service_name, "exporting the server's spans over OTLP");

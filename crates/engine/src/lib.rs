@@ -49,7 +49,7 @@ pub use limits::Limits;
 pub use local_activity::*;
 pub use memo::{MemoBase, MemoCodec, MergedMemo};
 pub use message_stream::{MessageStream, StreamAppendReceipt, StreamProgress, MESSAGE_STREAM_SIGNAL};
-pub use payload::Payload;
+pub use payload::{Payload, PayloadReference};
 pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};
 pub use redrive::{redrive_plan, Redrive, RedrivePlan};
 pub use refusal::{Reason, Refusal};

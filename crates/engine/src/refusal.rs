@@ -84,6 +84,23 @@ reasons! {
     StreamErrored => "stream_errored",
     StreamNotFound => "stream_not_found",
     InvalidStreamName => "invalid_stream_name",
+    // External payload storage (the SDKs' reasons).
+    /// No uploaded payload of this reference id in the namespace, or its bytes are gone.
+    ExternalPayloadNotFound => "external_payload_not_found",
+    /// The namespace's object store cannot be reached, or the namespace has no usable storage.
+    ExternalPayloadUnavailable => "external_payload_unavailable",
+    /// The bytes do not match their declared or recorded size, SHA-256 or codec.
+    ExternalPayloadIntegrityMismatch => "external_payload_integrity_mismatch",
+    /// An upload above the transport's byte limit.
+    ExternalPayloadOversized => "external_payload_oversized",
+    /// An upload's codec, or a storage setting, that the server does not serve.
+    ExternalPayloadUnsupported => "external_payload_unsupported",
+    /// `POST /storage/test` on a namespace without a storage policy.
+    ExternalStorageNotConfigured => "external_storage_not_configured",
+    /// `POST /storage/test` on a namespace whose policy is disabled.
+    ExternalStorageDisabled => "external_storage_disabled",
+    /// The policy's (or the requested) driver cannot be served.
+    StorageDriverUnavailable => "storage_driver_unavailable",
     // Redrive (DW's reasons).
     RunNotFailed => "run_not_failed",
     SourceRunNotCurrent => "source_run_not_current",

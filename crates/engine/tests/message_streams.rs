@@ -13,10 +13,7 @@ fn append(sim: &mut Sim, stream: &str, message_id: &str) -> Result<StreamAppendR
     let append = AppendStreamMessage {
         stream_name: stream.into(),
         message_id: message_id.into(),
-        input: Some(Payload {
-            codec: "json".into(),
-            blob: format!("[\"{message_id}\"]"),
-        }),
+        input: Some(Payload::inline("json", format!("[\"{message_id}\"]"))),
         command_id,
     };
     sim.apply(|run, cx| append_stream_message(run, cx, append))

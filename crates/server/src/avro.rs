@@ -170,6 +170,10 @@ fn valid_memo_key(key: &str) -> bool {
 }
 
 fn decode(payload: &Payload) -> Result<AvroValue, String> {
+    if payload.reference.is_some() {
+        // Memos and the values the server itself reads stay inline.
+        return Err("it is stored externally; the server reads only inline payloads here".into());
+    }
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(&payload.blob)
         .map_err(|e| format!("blob is not base64: {e}"))?;

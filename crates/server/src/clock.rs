@@ -100,6 +100,14 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                     tracing::warn!(namespace = %namespace.name, %error, "clock: retention pass failed");
                 }
             }
+            // Uploaded payloads nothing uses (their instances removed, or never referenced).
+            match crate::payload_storage::collect_unused(&state).await {
+                Ok(collected) if collected.deleted > 0 => {
+                    tracing::info!(deleted = collected.deleted, "clock: unused external payloads deleted")
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "clock: external payload collection failed"),
+            }
             // Closed output streams past their own retention go with their items.
             if let Err(error) = state.store.expire_streams(now).await {
                 tracing::warn!(%error, "clock: stream retention failed");

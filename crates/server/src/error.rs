@@ -72,7 +72,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::UpdateValidationTaskNotFound
         | Reason::SessionNotFound
         | Reason::WorkerRegistrationTokenNotFound
-        | Reason::RejectedUnknownQuery => StatusCode::NOT_FOUND,
+        | Reason::RejectedUnknownQuery
+        | Reason::ExternalPayloadNotFound => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved
         | Reason::UnknownSearchAttribute
@@ -100,7 +101,12 @@ pub fn status_of(reason: Reason) -> StatusCode {
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Reason::PayloadTooLarge | Reason::ExternalPayloadOversized => StatusCode::PAYLOAD_TOO_LARGE,
+        Reason::ExternalPayloadUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::ExternalPayloadUnsupported
+        | Reason::ExternalStorageNotConfigured
+        | Reason::ExternalStorageDisabled
+        | Reason::StorageDriverUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
         Reason::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::StoredRecordCorrupt | Reason::RunDocumentCorrupt => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,

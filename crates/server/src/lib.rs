@@ -16,6 +16,7 @@ pub mod fuzzing;
 mod history_cache;
 mod hub;
 pub mod integrity;
+mod payload_storage;
 mod render;
 mod routes;
 mod scheduler;
@@ -47,12 +48,7 @@ pub fn decode_envelope(envelope: &serde_json::Value) -> Option<serde_json::Value
         .get("codec")
         .and_then(|c| c.as_str())
         .unwrap_or(capstan_engine::payload::AVRO_CODEC);
-    avro::AVRO_MEMO
-        .to_json(&capstan_engine::Payload {
-            codec: codec.to_string(),
-            blob: blob.to_string(),
-        })
-        .ok()
+    avro::AVRO_MEMO.to_json(&capstan_engine::Payload::inline(codec, blob)).ok()
 }
 pub use capstan_store::{AtomicAction, AtomicActions, AtomicTransaction, STACK_BYTES};
 
@@ -91,6 +87,8 @@ pub struct ServerConfig {
     pub history_cache_bytes: usize,
     /// The server's own spans (OTLP), when configured.
     pub telemetry: telemetry::Telemetry,
+    /// The external payload transport: its limits and where `local` storage defaults to.
+    pub payloads: capstan_app::external_payloads::PayloadSettings,
 }
 
 impl Default for ServerConfig {
@@ -109,6 +107,7 @@ impl Default for ServerConfig {
             sources: capstan_store::Sources::system(),
             history_cache_bytes: 32 << 20,
             telemetry: telemetry::Telemetry::default(),
+            payloads: Default::default(),
         }
     }
 }
@@ -133,6 +132,8 @@ pub struct AppState<S: Store> {
     last_server_time_us: std::sync::atomic::AtomicI64,
     /// Rendered history events for worker history pages.
     pub(crate) history: history_cache::HistoryCache,
+    /// Each namespace's object store, kept while its policy stays the same.
+    pub(crate) payload_stores: payload_storage::StoreCache,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -215,6 +216,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         scheduler_kick: tokio::sync::Notify::new(),
         rollouts: Default::default(),
         last_server_time_us: Default::default(),
+        payload_stores: Default::default(),
     });
     (routes::router(state.clone()), state)
 }

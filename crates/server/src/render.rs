@@ -15,7 +15,7 @@ pub fn opt_time(ms: Option<Millis>) -> Value {
 }
 
 pub fn envelope(payload: &Payload) -> Value {
-    json!({"codec": payload.codec, "blob": payload.blob})
+    payload.envelope()
 }
 
 /// History event as the worker plane shows it.
@@ -538,8 +538,8 @@ pub fn update_export(update_id: &str, update: &UpdateRecord) -> Value {
         "accepted_at": time(update.accepted_at),
         "closed_at": opt_time(update.closed_at),
         "payload_codec": update.arguments.codec,
-        "arguments": update.arguments.blob,
-        "result": update.result.as_ref().map(|r| r.blob.clone()),
+        "arguments": update.arguments.blob_value(),
+        "result": update.result.as_ref().map(Payload::blob_value),
         "failure_message": update.failure.as_ref().map(|f| f.message.clone()),
     })
 }

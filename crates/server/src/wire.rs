@@ -145,6 +145,13 @@ impl<'a> Fields<'a> {
         let payload = match self.map.get(key) {
             None | Some(Value::Null) => return Ok(None),
             Some(Value::String(blob)) => Payload::avro(blob.clone()),
+            Some(Value::Object(envelope))
+                if envelope.contains_key(payload::RUNTIME_REFERENCE_KEY) || envelope.contains_key(payload::DIRECT_REFERENCE_KEY) =>
+            {
+                let (codec, reference) = PayloadReference::parse(envelope)
+                    .map_err(|problem| ApiError::validation(&self.name(key), format!("The payload reference {problem}.")))?;
+                return Ok(Some(Payload::external(codec, reference)));
+            }
             Some(Value::Object(envelope)) => {
                 let codec = match envelope.get("codec") {
                     None | Some(Value::Null) => payload::AVRO_CODEC.to_string(),
@@ -154,10 +161,10 @@ impl<'a> Fields<'a> {
                 let Some(Value::String(blob)) = envelope.get("blob") else {
                     return Err(ApiError::validation(
                         &self.name(key),
-                        format!("The {key} envelope needs a string blob (external payloads are not supported)."),
+                        format!("The {key} envelope needs a string blob, or an external_payload or external_storage reference."),
                     ));
                 };
-                Payload { codec, blob: blob.clone() }
+                Payload::inline(codec, blob.clone())
             }
             Some(_) => {
                 return Err(ApiError::validation(

@@ -7,6 +7,8 @@ mod activity_lease;
 #[path = "http_api/activity_stop.rs"]
 mod activity_stop;
 mod common;
+#[path = "http_api/external_payloads.rs"]
+mod external_payloads;
 #[path = "http_api/prepared_local.rs"]
 mod prepared_local;
 #[path = "http_api/redrive.rs"]

@@ -55,10 +55,7 @@ impl Sim {
                 workflow_id: workflow_id.clone(),
                 stream_name: stream.into(),
                 message_id: message_id.clone(),
-                input: Some(Payload {
-                    codec: "json".into(),
-                    blob: body.clone(),
-                }),
+                input: Some(Payload::inline("json", body.clone())),
             };
             let answer = message_streams::append(&self.app, request).await;
             self.judge_append(&workflow_id, stream, &message_id, &body, answer)?;

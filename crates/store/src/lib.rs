@@ -29,7 +29,7 @@ pub use postgres::PostgresStore;
 /// The store traits, for code that calls a concrete store's methods (`use
 /// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.
 pub mod prelude {
-    pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, RunStore, ScheduleStore, Store, StreamStore, TaskStore};
+    pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, PayloadStore, RunStore, ScheduleStore, Store, StreamStore, TaskStore};
 }
 pub use logic::fleet::DEREGISTRATION_RECEIPT_RETENTION_MS;
 pub use logic::sessions::{SessionAnswer, SessionStep};
@@ -399,6 +399,37 @@ pub struct NamespaceRecord {
     pub status: String,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Where payloads above its threshold go (`PUT /namespaces/{name}/external-storage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_payload_storage: Option<ExternalStoragePolicy>,
+}
+
+/// A namespace's external payload storage policy, as an operator set it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExternalStoragePolicy {
+    /// `local`, `s3`, `gcs` or `azure`.
+    pub driver: String,
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold_bytes: Option<i64>,
+    /// Driver settings (`uri`, `bucket`, `prefix`, `region`, `endpoint`, …), without empty values.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub config: serde_json::Map<String, Value>,
+}
+
+/// A payload uploaded to the runtime transport: its identity and where its bytes are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternalPayloadRecord {
+    /// `ep_` and a ULID.
+    pub reference_id: String,
+    pub namespace: String,
+    pub codec: String,
+    pub size_bytes: i64,
+    /// Lower-case hex SHA-256 of the bytes.
+    pub sha256: String,
+    /// The object store's URI of the bytes (`file:///…`, `s3://bucket/key`).
+    pub location: String,
+    pub created_at: Millis,
 }
 
 /// Ledger figures for metrics.
@@ -420,6 +451,7 @@ pub(crate) fn namespace_from_row(name: String, description: Option<String>, crea
         status: "active".into(),
         created_at,
         updated_at: created_at,
+        external_payload_storage: None,
     })
 }
 
@@ -559,9 +591,45 @@ pub enum KeyedReceipt<T> {
 /// The contract between the server and a storage backend. Every method is cancel-safe in the
 /// sense that dropping the future never leaves a partial change; a dropped write may still
 /// commit, exactly like a lost HTTP response, and callers rely on idempotency for that.
-pub trait Store: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore {}
+pub trait Store:
+    RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore + PayloadStore
+{
+}
 
-impl<T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore> Store for T {}
+impl<T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore + PayloadStore> Store for T {}
+
+/// External payloads uploaded to the runtime transport, and namespaces' storage policies. Uses
+/// are recorded by the transactions that store state naming a reference; removing an instance
+/// (retention) drops its uses.
+pub trait PayloadStore: Send + Sync + 'static {
+    /// Records an uploaded payload (its bytes are already in the object store).
+    fn record_external_payload(&self, record: ExternalPayloadRecord) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// A payload of the namespace by reference id.
+    fn external_payload(
+        &self,
+        namespace: &str,
+        reference_id: &str,
+    ) -> impl Future<Output = StoreResult<Option<ExternalPayloadRecord>>> + Send;
+
+    /// Payloads created before `created_before` that no stored instance uses, oldest first.
+    fn unused_external_payloads(
+        &self,
+        created_before: Millis,
+        limit: i64,
+    ) -> impl Future<Output = StoreResult<Vec<ExternalPayloadRecord>>> + Send;
+
+    /// Deletes a payload's row if nothing uses it still; whether it did (then its bytes may go).
+    fn forget_unused_external_payload(&self, namespace: &str, reference_id: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Sets (or, with `None`, clears) a namespace's external storage policy.
+    fn set_namespace_external_storage(
+        &self,
+        name: &str,
+        policy: Option<ExternalStoragePolicy>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<NamespaceRecord>> + Send;
+}
 
 /// Workflow output streams through the control plane (a worker's directives are applied by
 /// its completion's transaction). Every call names a run that must exist (`instance_not_found`).

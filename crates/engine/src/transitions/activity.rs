@@ -272,7 +272,7 @@ pub fn complete_activity(
     match classify_ledgered_result(cx, &execution, &result) {
         None | Some(ResultClass::Conclusive) => {}
         Some(ResultClass::Unknown(mut reason)) => {
-            reason["result_hash"] = json!(crate::ledger::digest(&result.blob));
+            reason["result_hash"] = json!(crate::ledger::digest(result.identity()));
             if let Some(receipt) = ledger_outcome_unknown(run, cx, &task, &execution, reason) {
                 activity_receipt(run, cx, &task, owner, attempt_id, ReportKind::CompleteActivity, receipt.clone());
                 return Ok(receipt);
@@ -290,7 +290,7 @@ pub fn complete_activity(
                     run,
                     cx,
                     entry,
-                    obj!("result_hash" => crate::ledger::digest(&result.blob), "descriptor_status" => "failed"),
+                    obj!("result_hash" => crate::ledger::digest(result.identity()), "descriptor_status" => "failed"),
                 );
             }
             let failure = ActivityFailure {
@@ -324,7 +324,7 @@ pub fn complete_activity(
         },
         result: &result,
     });
-    let result_hash = crate::ledger::digest(&result.blob);
+    let result_hash = crate::ledger::digest(result.identity());
     run.append(cx, EventType::ActivityCompleted, payload, None, None);
     // A declared action's conclusive result closes its ledger entry in the same transaction.
     if let Some(mut entry) = execution.ledger_key.as_ref().and_then(|key| run.ledger.get(key)).cloned() {

@@ -28,7 +28,7 @@ pub(super) fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, ex
         recovery_mode: pin.recovery_mode,
         definition_hash: pin.definition_hash.clone(),
         definition_version: pin.version,
-        input_hash: crate::ledger::digest(&execution.arguments.blob),
+        input_hash: crate::ledger::digest(execution.arguments.identity()),
         access_context_hash: crate::ledger::digest(&format!("{}\n{}\n{}", run.namespace, owner, execution.queue)),
         // The provider's key: the activity execution id, stable across attempts.
         idempotency_key_hash: crate::ledger::digest(execution.id.as_str()),
@@ -146,7 +146,7 @@ pub(super) fn ledger_poll_again(
             run,
             cx,
             entry,
-            obj!("result_hash" => crate::ledger::digest(&result.blob), "poll_after_seconds" => interval_seconds),
+            obj!("result_hash" => crate::ledger::digest(result.identity()), "poll_after_seconds" => interval_seconds),
         );
     }
     run.close_task(cx, &task.id, TaskClosure::Completed);

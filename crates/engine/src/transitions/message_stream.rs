@@ -57,7 +57,7 @@ pub fn append_stream_message(run: &mut RunState, cx: &mut Cx, append: AppendStre
             "stream_name": stream_name,
             "message_id": message_id,
             "position": position,
-            "payload_envelope": {"codec": input.codec, "blob": input.blob},
+            "payload_envelope": input.envelope(),
         }]),
     )?;
     let mut message = StreamMessage {
@@ -140,10 +140,7 @@ fn encode(cx: &Cx, value: &Value) -> Result<Payload, Refusal> {
             .json_to_payload(value)
             .map_err(|e| Refusal::new(Reason::UnsupportedPayloadCodec, format!("cannot encode a stream delivery: {e}"))),
         // Without a payload codec (the simulator) deliveries are plain JSON.
-        None => Ok(Payload {
-            codec: "json".into(),
-            blob: value.to_string(),
-        }),
+        None => Ok(Payload::inline("json", value.to_string())),
     }
 }
 

@@ -267,7 +267,10 @@ pub async fn retention_pass<S: Store>(
         state.store.prune_instances(&namespace, ids.clone(), cutoff).await?;
         ids
     };
-    Ok(Json(
-        json!({"namespace": namespace, "retention_days": days, "pruned": removed.len(), "workflow_ids": removed}),
-    ))
+    // What the removed instances (or nothing, past its grace) named goes with them.
+    let collected = crate::payload_storage::collect_unused(&state).await?;
+    Ok(Json(json!({
+        "namespace": namespace, "retention_days": days, "pruned": removed.len(), "workflow_ids": removed,
+        "external_payloads_deleted": collected.deleted,
+    })))
 }

@@ -6,6 +6,7 @@ mod bridge;
 mod cancellation;
 mod control;
 mod duties;
+mod external_payloads;
 mod fleet;
 mod ledger;
 mod local_activities;
@@ -233,6 +234,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/schedules/:schedule_id/trigger", post(schedules::trigger::<S>))
         .route("/schedules/:schedule_id/backfill", post(schedules::backfill::<S>))
         .route("/schedules/:schedule_id/history", get(schedules::history::<S>))
+        .route("/storage/test", post(external_payloads::probe::<S>))
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
@@ -245,7 +247,17 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
                 .put(namespaces::update::<S>)
                 .delete(namespaces::delete::<S>),
         )
+        .route(
+            "/namespaces/:name/external-storage",
+            axum::routing::put(external_payloads::set_policy::<S>),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), namespace_plane::<S>));
+
+    // The runtime payload transport serves workers and clients alike, each with its own token.
+    let payload_plane = Router::new()
+        .route("/external-payloads/v1", post(external_payloads::upload::<S>))
+        .route("/external-payloads/v1/:reference_id", get(external_payloads::fetch::<S>))
+        .route_layer(middleware::from_fn_with_state(state.clone(), payload_plane::<S>));
 
     let api = Router::new()
         .route("/health", get(system::health::<S>))
@@ -253,7 +265,8 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/cluster/info", get(system::cluster_info::<S>))
         .merge(worker_plane)
         .merge(control_plane)
-        .merge(namespace_plane);
+        .merge(namespace_plane)
+        .merge(payload_plane);
 
     Router::new()
         .nest("/api", api)
@@ -520,6 +533,23 @@ async fn namespace_plane<S: Store>(State(state): State<Shared<S>>, request: Requ
         HeaderValue::from_static(CONTROL_PLANE_VERSION),
     );
     response
+}
+
+async fn payload_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
+    let namespace = namespace_of(&request);
+    let headers = request.headers().clone();
+    let checked = async {
+        state.config.auth.require(&headers, &[Role::Worker, Role::Operator, Role::Admin])?;
+        require_namespace(&state, &namespace).await
+    }
+    .await;
+    match checked {
+        Ok(()) => {
+            request.extensions_mut().insert(Namespace(namespace));
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    }
 }
 
 async fn control_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {

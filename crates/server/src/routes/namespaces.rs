@@ -18,13 +18,13 @@ use serde_json::{json, Value};
 const NAME_MAX: usize = 128;
 const RETENTION_DAYS_MAX: i64 = 365;
 
-fn namespace_json(record: &NamespaceRecord) -> Value {
+pub(super) fn namespace_json(record: &NamespaceRecord) -> Value {
     json!({
         "name": record.name,
         "description": record.description,
         "retention_days": record.retention_days,
         "status": record.status,
-        "external_payload_storage": null,
+        "external_payload_storage": crate::payload_storage::policy_json(record.external_payload_storage.as_ref()),
         "created_at": render::time(record.created_at),
         "updated_at": render::time(record.updated_at),
     })
@@ -75,6 +75,7 @@ pub async fn create<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap
         status: "active".into(),
         created_at: now,
         updated_at: now,
+        external_payload_storage: None,
     };
     let created = state.store.create_namespace(record).await?;
     tracing::info!(namespace = %name, "namespace created");

@@ -101,12 +101,21 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "default".into());
     let limits = &state.config.limits;
+    // A namespace that does not exist (yet) simply has no storage.
+    let storage = match state.payload_storage(&namespace).await {
+        Ok(storage) => storage,
+        Err(error) if error.reason == Reason::NamespaceNotFound => capstan_app::external_payloads::StorageState::NotConfigured,
+        Err(error) => return Err(error),
+    };
+    let external_payload_storage = crate::payload_storage::discovery_json(&storage, &state.config.payloads);
+    let mut capabilities = server_capabilities();
+    capabilities["runtime_external_payload_transport"] = json!(!external_payload_storage.is_null());
     Ok(Json(json!({
         "server_id": state.config.server_id,
         "server": "capstan",
         "version": env!("CARGO_PKG_VERSION"),
         "default_namespace": "default",
-        "namespace": {"name": namespace},
+        "namespace": {"name": namespace, "external_payload_storage": external_payload_storage},
         "supported_sdk_versions": {"python": ">=2.0", "rust": ">=4.0"},
         "capabilities": {
             "workflow_tasks": true, "activity_tasks": true, "signals": true, "queries": true, "updates": true,
@@ -137,7 +146,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
         },
         "worker_protocol": {
             "version": WORKER_PROTOCOL_VERSION,
-            "server_capabilities": server_capabilities(),
+            "server_capabilities": capabilities,
         },
         "auth_composition_contract": {
             "schema": "durable-workflow.v2.auth-composition.contract",

@@ -6,6 +6,7 @@ pub(crate) mod actions;
 pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod duties;
+pub(crate) mod external_payloads;
 pub(crate) mod fleet;
 pub(crate) mod integrity;
 pub(crate) mod ledger_reads;

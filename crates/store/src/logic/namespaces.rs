@@ -74,6 +74,21 @@ pub(crate) async fn update_namespace<T: Tx>(
     Ok(record)
 }
 
+pub(crate) async fn set_external_storage<T: Tx>(
+    tx: &mut T,
+    name: &str,
+    policy: Option<ExternalStoragePolicy>,
+    now: Millis,
+) -> StoreResult<NamespaceRecord> {
+    let mut record = locked(tx, name).await?;
+    record.external_payload_storage = policy;
+    record.updated_at = now;
+    let doc = serde_json::to_string(&record)?;
+    tx.execute("UPDATE namespaces SET doc = $2 WHERE name = $1", &args![name, doc.as_str()])
+        .await?;
+    Ok(record)
+}
+
 pub(crate) async fn delete_namespace<T: Tx>(tx: &mut T, name: &str) -> StoreResult<NamespaceRecord> {
     let record = locked(tx, name).await?;
     let count = tx

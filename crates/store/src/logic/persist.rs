@@ -3,6 +3,7 @@
 //! continue-as-new, and the follow-on transitions in other runs — all in the caller's
 //! transaction.
 
+use super::external_payloads;
 use super::runs::lock_run;
 use super::BoxedStep;
 use crate::rows::*;
@@ -71,6 +72,8 @@ pub(crate) fn persist<'a, T: Tx>(
             tx.execute(INSERT_RUN, &args).await?;
         }
         persist_ledger(tx, run, effects).await?;
+        // The run document keeps payloads it will hand out later (messages, updates, a child's input).
+        external_payloads::record_uses(tx, &run.namespace, run.workflow_id.as_str(), &[&state]).await?;
         super::streams::apply_stream_ops(tx, run, &effects.stream_ops).await?;
         if touches_search_attributes(effects, insert_run) {
             write_search_attributes(tx, run).await?;
@@ -99,6 +102,8 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
             serde_json::to_string(&event.payload)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let texts: Vec<&str> = payloads.iter().map(String::as_str).collect();
+    external_payloads::record_uses(tx, &run.namespace, run.workflow_id.as_str(), &texts).await?;
     let task_rows: Vec<_> = effects
         .touched_tasks
         .iter()

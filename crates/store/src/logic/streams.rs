@@ -191,7 +191,7 @@ pub(crate) async fn append<T: Tx>(
         }
         let offset = stream.last_offset + 1;
         let body = json!({
-            "payload": item.payload.as_ref().map(|p| json!({"codec": p.codec, "blob": p.blob})),
+            "payload": item.payload.as_ref().map(Payload::envelope),
             "payload_reference": item.payload_reference,
             "payload_codec": item.payload.as_ref().map(|p| p.codec.clone()).or_else(|| item.payload_reference.as_ref().map(|_| "avro".to_string())),
             "item_type": item.item_type,
@@ -202,6 +202,7 @@ pub(crate) async fn append<T: Tx>(
         })
         .to_string();
         let key = item.idempotency_key.as_deref().filter(|k| !k.is_empty());
+        super::external_payloads::record_uses_of_run(tx, run_id, &body).await?;
         tx.execute(INSERT_ITEM, &args![run_id, stream_name, offset, key, body.as_str()])
             .await?;
         stream.last_offset = offset;

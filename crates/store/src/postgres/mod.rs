@@ -14,7 +14,9 @@
 mod migrations;
 mod tx;
 
-use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams};
+use crate::logic::{
+    actions, admin, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
+};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
@@ -911,6 +913,37 @@ impl ScheduleStore for PostgresStore {
     ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
         let client = self.pool.get().await?;
         schedules::schedule_history(&mut self.on(&client), namespace, schedule_id, after_sequence, limit).await
+    }
+}
+
+impl PayloadStore for PostgresStore {
+    async fn record_external_payload(&self, record: ExternalPayloadRecord) -> StoreResult<()> {
+        let client = self.pool.get().await?;
+        external_payloads::insert(&mut self.on(&client), &record).await
+    }
+
+    async fn external_payload(&self, namespace: &str, reference_id: &str) -> StoreResult<Option<ExternalPayloadRecord>> {
+        let client = self.pool.get().await?;
+        external_payloads::find(&mut self.on(&client), namespace, reference_id).await
+    }
+
+    async fn unused_external_payloads(&self, created_before: Millis, limit: i64) -> StoreResult<Vec<ExternalPayloadRecord>> {
+        let client = self.pool.get().await?;
+        external_payloads::unused(&mut self.on(&client), created_before, limit).await
+    }
+
+    async fn forget_unused_external_payload(&self, namespace: &str, reference_id: &str) -> StoreResult<bool> {
+        let client = self.pool.get().await?;
+        external_payloads::forget_unused(&mut self.on(&client), namespace, reference_id).await
+    }
+
+    async fn set_namespace_external_storage(
+        &self,
+        name: &str,
+        policy: Option<ExternalStoragePolicy>,
+        now: Millis,
+    ) -> StoreResult<NamespaceRecord> {
+        in_transaction!(self, |tx| namespaces::set_external_storage(tx, name, policy, now))
     }
 }
 

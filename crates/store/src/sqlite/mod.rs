@@ -7,7 +7,9 @@ mod writer;
 
 pub(crate) use writer::note_io_failure;
 
-use crate::logic::{actions, admin, claim, duties, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams};
+use crate::logic::{
+    actions, admin, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
+};
 use crate::rows::*;
 use crate::schedules;
 use crate::*;
@@ -926,6 +928,42 @@ impl ScheduleStore for SqliteStore {
     ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
         let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
         self.read_tx(move |tx| drive(schedules::schedule_history(tx, &namespace, &schedule_id, after_sequence, limit)))
+            .await
+    }
+}
+
+impl PayloadStore for SqliteStore {
+    async fn record_external_payload(&self, record: ExternalPayloadRecord) -> StoreResult<()> {
+        self.writer.write_tx(move |tx| drive(external_payloads::insert(tx, &record))).await
+    }
+
+    async fn external_payload(&self, namespace: &str, reference_id: &str) -> StoreResult<Option<ExternalPayloadRecord>> {
+        let (namespace, reference_id) = (namespace.to_string(), reference_id.to_string());
+        self.read_tx(move |tx| drive(external_payloads::find(tx, &namespace, &reference_id)))
+            .await
+    }
+
+    async fn unused_external_payloads(&self, created_before: Millis, limit: i64) -> StoreResult<Vec<ExternalPayloadRecord>> {
+        self.read_tx(move |tx| drive(external_payloads::unused(tx, created_before, limit)))
+            .await
+    }
+
+    async fn forget_unused_external_payload(&self, namespace: &str, reference_id: &str) -> StoreResult<bool> {
+        let (namespace, reference_id) = (namespace.to_string(), reference_id.to_string());
+        self.writer
+            .write_tx(move |tx| drive(external_payloads::forget_unused(tx, &namespace, &reference_id)))
+            .await
+    }
+
+    async fn set_namespace_external_storage(
+        &self,
+        name: &str,
+        policy: Option<ExternalStoragePolicy>,
+        now: Millis,
+    ) -> StoreResult<NamespaceRecord> {
+        let name = name.to_string();
+        self.writer
+            .write_tx(move |tx| drive(namespaces::set_external_storage(tx, &name, policy, now)))
             .await
     }
 }

@@ -407,6 +407,31 @@ CREATE UNIQUE INDEX workflow_stream_items_by_key ON workflow_stream_items (run_i
     WHERE idempotency_key IS NOT NULL;
 "#,
     ),
+    (
+        21,
+        r#"
+-- External payload storage: one row per payload uploaded to the runtime transport (its bytes
+-- are in the namespace's object store at `location`), and which workflow instances' stored
+-- state names it. A payload no instance uses, past its grace period, is deleted with its bytes.
+CREATE TABLE external_payloads (
+    reference_id TEXT PRIMARY KEY,
+    namespace    TEXT NOT NULL,
+    codec        TEXT NOT NULL,
+    size_bytes   INTEGER NOT NULL,
+    sha256       TEXT NOT NULL,
+    location     TEXT NOT NULL,
+    created_at   INTEGER NOT NULL
+);
+CREATE INDEX external_payloads_by_age ON external_payloads (created_at);
+CREATE TABLE external_payload_uses (
+    reference_id TEXT NOT NULL,
+    namespace    TEXT NOT NULL,
+    workflow_id  TEXT NOT NULL,
+    PRIMARY KEY (reference_id, namespace, workflow_id)
+);
+CREATE INDEX external_payload_uses_by_workflow ON external_payload_uses (namespace, workflow_id);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

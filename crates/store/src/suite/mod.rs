@@ -5,12 +5,14 @@
 //! new backend gets every check by adding one line.
 
 mod actions;
+mod external_payloads;
 mod operators;
 mod schedules;
 mod standalone;
 mod streams;
 
 pub use actions::*;
+pub use external_payloads::*;
 pub use operators::*;
 pub use schedules::*;
 pub use standalone::*;
@@ -791,6 +793,7 @@ pub async fn namespaces_are_created_updated_and_deleted_when_empty<S: Store>(sto
         status: "active".into(),
         created_at: NOW,
         updated_at: NOW,
+        external_payload_storage: None,
     };
     let names = |list: Vec<NamespaceRecord>| list.into_iter().map(|n| n.name).collect::<Vec<_>>();
     assert_eq!(names(store.namespaces().await.unwrap()), ["default"]);
@@ -1352,6 +1355,8 @@ macro_rules! store_suite {
             duplicate_starts_follow_the_policy,
             standalone_activities_hold_their_id_until_they_end,
             workflow_streams_append_read_close_and_expire,
+            external_payloads_are_kept_while_an_instance_names_them,
+            namespace_storage_policies_are_set_and_cleared,
             concurrent_starts_of_one_activity_id_start_it_once,
             a_claim_goes_to_exactly_one_poller,
             claims_respect_queue_type_and_availability,

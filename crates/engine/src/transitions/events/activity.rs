@@ -391,7 +391,7 @@ pub(in crate::transitions) enum Completed<'a> {
 }
 
 fn result_fields(result: &Payload) -> Map<String, Value> {
-    obj!("result" => result.blob, "payload_codec" => result.codec)
+    obj!("result" => result.blob_value(), "payload_codec" => result.codec)
 }
 
 /// `ActivityCompleted`.

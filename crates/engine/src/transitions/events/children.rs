@@ -129,7 +129,11 @@ pub(in crate::transitions) fn child_run_completed(outcome: &ChildOutcome, link: 
         .output
         .clone()
         .unwrap_or_else(|| Payload::avro(crate::payload::AVRO_NULL_BLOB));
-    child_resolution(outcome, link, obj!("output" => output.blob, "payload_codec" => output.codec))
+    child_resolution(
+        outcome,
+        link,
+        obj!("output" => output.blob_value(), "payload_codec" => output.codec),
+    )
 }
 
 /// `ChildRunFailed`: a failed or timed-out child run.

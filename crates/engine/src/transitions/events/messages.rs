@@ -106,7 +106,7 @@ pub(in crate::transitions) fn update_completed(run: &RunState, update: &UpdateRe
             if let Some(step) = wait_step {
                 payload.insert("sequence".into(), json!(step));
             }
-            payload.insert("result".into(), json!(result.blob));
+            payload.insert("result".into(), result.blob_value());
             payload.insert("payload_codec".into(), json!(result.codec));
         }
         UpdateEnd::Failed(failure) => payload.extend(application_failure(failure)),

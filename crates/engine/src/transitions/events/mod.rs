@@ -37,7 +37,7 @@ pub(super) use timers::*;
 pub(super) use waits::*;
 
 fn payload_json(payload: &Payload) -> Value {
-    json!({"codec": payload.codec, "blob": payload.blob})
+    payload.envelope()
 }
 
 /// Adds the step tags the payload does not already have.

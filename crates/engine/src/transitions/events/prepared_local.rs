@@ -221,7 +221,7 @@ pub(in crate::transitions) fn prepared_completed(
     result: &Payload,
     by: &Provenance,
 ) -> Map<String, Value> {
-    let mut fields = obj!("result" => result.blob, "payload_codec" => result.codec);
+    let mut fields = obj!("result" => result.blob_value(), "payload_codec" => result.codec);
     fields.extend(by.fields());
     attempt_event(local, attempt, fields)
 }

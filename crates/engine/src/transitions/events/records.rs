@@ -6,7 +6,7 @@ use super::*;
 /// `SideEffectRecorded`.
 pub(in crate::transitions) fn side_effect_recorded(step: u32, result: &Payload, tags: &StepTags) -> Map<String, Value> {
     tagged(
-        obj!("sequence" => step, "result" => result.blob, "payload_codec" => result.codec),
+        obj!("sequence" => step, "result" => result.blob_value(), "payload_codec" => result.codec),
         tags,
     )
 }

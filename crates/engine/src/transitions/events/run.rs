@@ -61,7 +61,7 @@ pub(in crate::transitions) fn workflow_started(run: &RunState) -> Map<String, Va
 
 /// `WorkflowCompleted` with the workflow's result.
 pub(in crate::transitions) fn workflow_completed(result: &Payload) -> Map<String, Value> {
-    obj!("output" => result.blob, "payload_codec" => result.codec)
+    obj!("output" => result.blob_value(), "payload_codec" => result.codec)
 }
 
 /// `WorkflowFailed` of the workflow's own `fail_workflow`.

@@ -46,7 +46,7 @@ pub(in crate::transitions) fn signal_applied(
         "signal_name" => wait.signal_name,
         "signal_wait_id" => wait.id,
         "sequence" => wait.step,
-        "value" => arguments.blob,
+        "value" => arguments.blob_value(),
         "payload_codec" => arguments.codec,
     )
 }
