@@ -195,11 +195,7 @@ impl PayloadReference {
             DIRECT_REFERENCE_KEY if !text("uri").is_some_and(|uri| !uri.is_empty() && uri.len() <= 2048) => {
                 Err(format!("{key}.uri must be a string of 1 to 2048 characters"))
             }
-            DIRECT_REFERENCE_KEY
-                if reference
-                    .get("expires_at")
-                    .is_some_and(|v| v.as_str().is_none_or(str::is_empty)) =>
-            {
+            DIRECT_REFERENCE_KEY if reference.get("expires_at").is_some_and(|v| v.as_str().is_none_or(str::is_empty)) => {
                 Err(format!("{key}.expires_at must be an RFC 3339 time"))
             }
             _ => Ok((codec.to_string(), build(envelope[key].clone()))),

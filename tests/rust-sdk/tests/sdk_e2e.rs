@@ -8,6 +8,8 @@
 
 #[path = "sdk_e2e/cluster.rs"]
 mod cluster;
+#[path = "sdk_e2e/external_payloads.rs"]
+mod external_payloads;
 #[path = "sdk_e2e/message_streams.rs"]
 mod message_streams;
 #[path = "sdk_e2e/redrive.rs"]
