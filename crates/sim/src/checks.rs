@@ -122,7 +122,7 @@ impl Sim {
         for schedule_id in self.schedules.clone() {
             self.check_schedule(&schedule_id).await?;
         }
-        Ok(())
+        self.check_held_payloads().await
     }
 
     /// The guarantees of one run, from its stored state and history.

@@ -21,6 +21,7 @@
 mod cancellation;
 mod checks;
 mod local;
+mod payloads;
 mod program;
 mod redrive;
 mod standalone;
@@ -113,6 +114,8 @@ pub struct Report {
     pub workers_retired: usize,
     /// Activity lease renewals granted.
     pub lease_renewals: usize,
+    /// Uploaded payloads that nothing named, collected.
+    pub payloads_collected: usize,
     /// Cooperative cancellations requested, delivered, deferred (a call waited for its
     /// activities to stop) and stops acknowledged.
     pub cancellations: [usize; 4],
@@ -283,6 +286,8 @@ struct Sim {
     blocked: BTreeMap<String, usize>,
     /// Workers retired in the faulty phase (registered again when the calm phase begins).
     retired: BTreeSet<String>,
+    /// Payloads clients uploaded to the runtime transport.
+    uploads: payloads::Uploads,
     report: Report,
     digest: std::cell::Cell<u64>,
 }
@@ -334,6 +339,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         blocked: BTreeMap::new(),
         digest: std::cell::Cell::new(0),
         retired: BTreeSet::new(),
+        uploads: Default::default(),
     };
     sim.open()?;
     sim.store()
@@ -452,7 +458,8 @@ impl Sim {
                     self.poll_activity_task(true).await?;
                 }
                 42..=53 => self.deliver_inflight().await?,
-                54..=64 => self.advance_clock().await?,
+                54..=63 => self.advance_clock().await?,
+                64 => self.collect_payloads().await?,
                 65..=69 if self.rng.random_bool(0.3) => self.append_message().await?,
                 65..=69 => self.send_signal().await?,
                 70 => match self.random_started_workflow() {
@@ -610,7 +617,7 @@ impl Sim {
             workflow_id: Some(workflow_id.clone()),
             workflow_type: WORKFLOW_TYPE.into(),
             task_queue: QUEUE.into(),
-            input: Payload::avro(PAYLOAD),
+            input: self.start_input(&workflow_id).await?,
             execution_timeout_seconds: None,
             run_timeout_seconds: None,
             business_key: None,
@@ -1582,6 +1589,7 @@ pub struct Totals {
     /// Stream messages ingested / retries answered from the receipt / reused ids refused.
     pub messages: [usize; 3],
     pub stream_items: usize,
+    pub payloads_collected: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1613,6 +1621,7 @@ impl Totals {
         self.messages[1] += report.message_retries;
         self.messages[2] += report.message_conflicts;
         self.stream_items += report.stream_items;
+        self.payloads_collected += report.payloads_collected;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1627,7 +1636,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1662,6 +1671,7 @@ impl Totals {
             self.messages[1],
             self.messages[2],
             self.stream_items,
+            self.payloads_collected,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }
