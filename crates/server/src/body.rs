@@ -10,6 +10,16 @@ use serde_json::{Map, Value};
 /// further bounded by `Limits::payload_bytes_max`.
 pub const BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// The answer to a body over [`BODY_BYTES_MAX`].
+pub fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        Reason::PayloadTooLarge,
+        format!("The request body exceeds {BODY_BYTES_MAX} bytes."),
+    )
+    .with("limit_bytes", BODY_BYTES_MAX)
+}
+
 /// A JSON object body; an empty body reads as `{}`.
 pub struct JsonObject(pub Map<String, Value>);
 
@@ -18,14 +28,9 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, _state: &S) -> Result<Self, ApiError> {
-        let bytes = axum::body::to_bytes(request.into_body(), BODY_BYTES_MAX).await.map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                Reason::PayloadTooLarge,
-                format!("The request body exceeds {BODY_BYTES_MAX} bytes."),
-            )
-            .with("limit_bytes", BODY_BYTES_MAX)
-        })?;
+        let bytes = axum::body::to_bytes(request.into_body(), BODY_BYTES_MAX)
+            .await
+            .map_err(|_| too_large())?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(JsonObject(Map::new()));
         }

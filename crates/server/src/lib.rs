@@ -16,6 +16,7 @@ pub mod fuzzing;
 mod history_cache;
 mod hub;
 pub mod integrity;
+mod offload;
 mod payload_storage;
 mod render;
 mod routes;
@@ -134,6 +135,8 @@ pub struct AppState<S: Store> {
     pub(crate) history: history_cache::HistoryCache,
     /// Each namespace's object store, kept while its policy stays the same.
     pub(crate) payload_stores: payload_storage::StoreCache,
+    /// Each namespace's offload threshold, briefly cached (read on large request bodies).
+    pub(crate) offload_thresholds: offload::Thresholds,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -217,6 +220,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         rollouts: Default::default(),
         last_server_time_us: Default::default(),
         payload_stores: Default::default(),
+        offload_thresholds: Default::default(),
     });
     (routes::router(state.clone()), state)
 }

@@ -124,6 +124,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/worker/query-tasks/:task_id/status", get(query::query_task_status::<S>))
         .route("/worker/query-tasks/:task_id/complete", post(query::complete_query_task::<S>))
         .route("/worker/query-tasks/:task_id/fail", post(query::fail_query_task::<S>))
+        // Inner to the plane's layer: runs once the namespace is resolved.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::offload::offload_large_payloads::<S>,
+        ))
         .route_layer(middleware::from_fn_with_state(state.clone(), worker_plane::<S>));
 
     let control_plane = Router::new()
@@ -237,6 +242,10 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/storage/test", post(external_payloads::probe::<S>))
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::offload::offload_large_payloads::<S>,
+        ))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
 
     let namespace_plane = Router::new()

@@ -307,3 +307,65 @@ async fn policies_are_checked_probed_and_unused_uploads_collected() {
     assert_eq!(status, 404);
     assert_eq!(fetch(&h, &kept, &sha256(b"kept-payload-bytes")).await.status(), 200);
 }
+
+/// A DW Avro frame (the `Value` schema's header) with `n` bytes of body.
+fn large_frame(n: usize) -> String {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut bytes = engine.decode(AVRO_NULL).unwrap()[..10].to_vec();
+    bytes.extend(std::iter::repeat_n(7u8, n));
+    engine.encode(bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_payloads_above_the_threshold_are_offloaded_for_clients_that_did_not() {
+    let h = Harness::start().await;
+    let root = tempfile::tempdir().unwrap();
+    set_local_storage(&h, root.path(), 200).await;
+    let big = large_frame(600);
+    let small = large_frame(20);
+    let queue = unique("offload-q");
+    let workflow_id = unique("offload");
+    h.register("offload-w", &queue).await;
+    let memo = json!({"note": "x".repeat(300)});
+    h.start_workflow_with(
+        json!({"workflow_id": workflow_id, "workflow_type": "test.workflow", "task_queue": queue,
+        "input": env(&big), "memo": memo}),
+    )
+    .await
+    .ok(201);
+    let task = h.next_workflow_task("offload-w", &queue).await;
+    let reference = task["arguments"]["external_payload"].clone();
+    assert_eq!(task["arguments"]["codec"], "avro");
+    assert_eq!(reference["size_bytes"], big.len());
+    let fetched = fetch(&h, &reference, &sha256(big.as_bytes())).await;
+    assert_eq!(fetched.status(), 200);
+    assert_eq!(fetched.bytes().await.unwrap().as_ref(), big.as_bytes(), "the same blob comes back");
+    // A bare side-effect result and an activity's arguments; a small payload stays inline.
+    let commands = json!([
+        {"type": "record_side_effect", "result": big.clone()},
+        {"type": "schedule_activity", "activity_type": "a", "arguments": env(&small)},
+    ]);
+    h.complete_workflow_task(&task, commands).await.ok(200);
+    let history = h.history(&workflow_id, task["run_id"].as_str().unwrap()).await;
+    let side_effect = history
+        .iter()
+        .find(|e| e["event_type"] == "SideEffectRecorded")
+        .expect("side effect");
+    assert_eq!(
+        side_effect["payload"]["result"]["external_payload"]["sha256"],
+        sha256(big.as_bytes())
+    );
+    let activity = h.next_activity_task("offload-w", &queue).await;
+    assert_eq!(activity["arguments"], env(&small));
+    let text = serde_json::to_string(&history).unwrap();
+    assert!(!text.contains(&big), "the large blob is nowhere inline");
+    assert_eq!(
+        h.describe(&workflow_id).await["memo"],
+        memo,
+        "memos stay inline (the server reads them)"
+    );
+    // The blob was sent in two requests (start, completion): stored once by each.
+    let stored = std::fs::read_dir(root.path().join("runtime/default")).unwrap().count();
+    assert_eq!(stored, 2);
+}
