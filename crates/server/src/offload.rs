@@ -15,6 +15,7 @@ use crate::{AppState, Shared};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_LENGTH;
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use capstan_app::external_payloads::{self as payloads, Bytes, StorageState, UploadDeclaration};
@@ -62,6 +63,10 @@ pub async fn offload_large_payloads<S: Store>(State(state): State<Shared<S>>, re
 }
 
 async fn offload<S: Store>(state: &AppState<S>, request: Request) -> ApiResult<Request> {
+    // Reads and deletes carry no payloads.
+    if matches!(*request.method(), Method::GET | Method::HEAD | Method::DELETE) {
+        return Ok(request);
+    }
     let Some(Namespace(namespace)) = request.extensions().get::<Namespace>().cloned() else {
         return Ok(request);
     };
