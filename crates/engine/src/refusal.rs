@@ -101,6 +101,17 @@ reasons! {
     ExternalStorageDisabled => "external_storage_disabled",
     /// The policy's (or the requested) driver cannot be served.
     StorageDriverUnavailable => "storage_driver_unavailable",
+    // The Nexus service catalog (DW's reasons).
+    EndpointNotFound => "endpoint_not_found",
+    ServiceNotFound => "service_not_found",
+    OperationNotFound => "operation_not_found",
+    EndpointAlreadyExists => "endpoint_already_exists",
+    ServiceAlreadyExists => "service_already_exists",
+    OperationAlreadyExists => "operation_already_exists",
+    /// An endpoint is deleted only once it has no services.
+    EndpointHasServices => "endpoint_has_services",
+    /// A service is deleted only once it has no operations.
+    ServiceHasOperations => "service_has_operations",
     // Redrive (DW's reasons).
     RunNotFailed => "run_not_failed",
     SourceRunNotCurrent => "source_run_not_current",

@@ -73,7 +73,10 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::SessionNotFound
         | Reason::WorkerRegistrationTokenNotFound
         | Reason::RejectedUnknownQuery
-        | Reason::ExternalPayloadNotFound => StatusCode::NOT_FOUND,
+        | Reason::ExternalPayloadNotFound
+        | Reason::EndpointNotFound
+        | Reason::ServiceNotFound
+        | Reason::OperationNotFound => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved
         | Reason::UnknownSearchAttribute

@@ -13,6 +13,8 @@ mod external_payloads;
 mod prepared_local;
 #[path = "http_api/redrive.rs"]
 mod redrive;
+#[path = "http_api/service_catalog.rs"]
+mod service_catalog;
 #[path = "http_api/sessions.rs"]
 mod sessions;
 #[path = "http_api/standalone.rs"]

@@ -29,7 +29,9 @@ pub use postgres::PostgresStore;
 /// The store traits, for code that calls a concrete store's methods (`use
 /// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.
 pub mod prelude {
-    pub use crate::{AdminStore, DutyStore, FleetStore, LedgerStore, PayloadStore, RunStore, ScheduleStore, Store, StreamStore, TaskStore};
+    pub use crate::{
+        AdminStore, CatalogStore, DutyStore, FleetStore, LedgerStore, PayloadStore, RunStore, ScheduleStore, Store, StreamStore, TaskStore,
+    };
 }
 pub use logic::fleet::DEREGISTRATION_RECEIPT_RETENTION_MS;
 pub use logic::sessions::{SessionAnswer, SessionStep};
@@ -417,6 +419,86 @@ pub struct ExternalStoragePolicy {
     pub config: serde_json::Map<String, Value>,
 }
 
+/// Where a Nexus service catalog entry sits: an endpoint, a service of it, or an operation of
+/// that service. Names are stored as given (the HTTP layer lower-cases them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogKey {
+    pub namespace: String,
+    pub endpoint: String,
+    pub service: Option<String>,
+    /// Only with a service.
+    pub operation: Option<String>,
+}
+
+impl CatalogKey {
+    /// The entry one level up (none for an endpoint).
+    pub fn parent(&self) -> Option<CatalogKey> {
+        match (&self.service, &self.operation) {
+            (None, _) => None,
+            (Some(_), None) => Some(CatalogKey {
+                service: None,
+                ..self.clone()
+            }),
+            (Some(_), Some(_)) => Some(CatalogKey {
+                operation: None,
+                ..self.clone()
+            }),
+        }
+    }
+
+    fn named(&self, refusal: Refusal) -> Refusal {
+        let refusal = refusal
+            .with("namespace", self.namespace.clone())
+            .with("endpoint_name", self.endpoint.clone());
+        let refusal = match &self.service {
+            Some(service) => refusal.with("service_name", service.clone()),
+            None => refusal,
+        };
+        match &self.operation {
+            Some(operation) => refusal.with("operation_name", operation.clone()),
+            None => refusal,
+        }
+    }
+
+    /// The refusal for a key with no entry (its level's `…_not_found`).
+    pub fn missing(&self) -> Refusal {
+        let (reason, what) = match (&self.service, &self.operation) {
+            (None, _) => (Reason::EndpointNotFound, "endpoint"),
+            (Some(_), None) => (Reason::ServiceNotFound, "service"),
+            (Some(_), Some(_)) => (Reason::OperationNotFound, "operation"),
+        };
+        self.named(Refusal::new(reason, format!("No such service {what} in the namespace.")))
+    }
+
+    pub(crate) fn taken(&self) -> Refusal {
+        let (reason, what) = match (&self.service, &self.operation) {
+            (None, _) => (Reason::EndpointAlreadyExists, "endpoint"),
+            (Some(_), None) => (Reason::ServiceAlreadyExists, "service"),
+            (Some(_), Some(_)) => (Reason::OperationAlreadyExists, "operation"),
+        };
+        self.named(Refusal::new(reason, format!("The service {what} already exists.")))
+    }
+
+    pub(crate) fn has_children(&self, count: usize) -> Refusal {
+        let refusal = match self.service {
+            None => Refusal::new(Reason::EndpointHasServices, "Delete the endpoint's services first."),
+            Some(_) => Refusal::new(Reason::ServiceHasOperations, "Delete the service's operations first."),
+        };
+        self.named(refusal).with("count", count)
+    }
+}
+
+/// A Nexus service catalog entry: its key, id, and document (description, metadata, and for an
+/// operation its mode, handler binding and policies).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CatalogEntry {
+    pub key: CatalogKey,
+    pub id: String,
+    pub doc: Map<String, Value>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
 /// A payload uploaded to the runtime transport: its identity and where its bytes are.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExternalPayloadRecord {
@@ -592,11 +674,37 @@ pub enum KeyedReceipt<T> {
 /// sense that dropping the future never leaves a partial change; a dropped write may still
 /// commit, exactly like a lost HTTP response, and callers rely on idempotency for that.
 pub trait Store:
-    RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore + PayloadStore
+    RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore + PayloadStore + CatalogStore
 {
 }
 
-impl<T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore + PayloadStore> Store for T {}
+impl<T> Store for T where
+    T: RunStore + TaskStore + DutyStore + FleetStore + LedgerStore + ScheduleStore + AdminStore + StreamStore + PayloadStore + CatalogStore
+{
+}
+
+/// The Nexus service catalog (endpoints → services → operations, per namespace).
+pub trait CatalogStore: Send + Sync + 'static {
+    /// Creates an entry; its parent must exist (`endpoint_not_found`, `service_not_found`), its
+    /// key must be free (`…_already_exists`).
+    fn create_catalog_entry(&self, entry: CatalogEntry) -> impl Future<Output = StoreResult<CatalogEntry>> + Send;
+
+    /// Replaces an entry's document (`…_not_found`).
+    fn update_catalog_entry(
+        &self,
+        key: CatalogKey,
+        doc: Map<String, Value>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<CatalogEntry>> + Send;
+
+    fn catalog_entry(&self, key: CatalogKey) -> impl Future<Output = StoreResult<Option<CatalogEntry>>> + Send;
+
+    /// The entries directly below `parent` (`None`: the namespace's endpoints), by name.
+    fn catalog_children(&self, namespace: &str, parent: Option<CatalogKey>) -> impl Future<Output = StoreResult<Vec<CatalogEntry>>> + Send;
+
+    /// Deletes an entry with nothing below it (`endpoint_has_services`, `service_has_operations`).
+    fn delete_catalog_entry(&self, key: CatalogKey) -> impl Future<Output = StoreResult<CatalogEntry>> + Send;
+}
 
 /// External payloads uploaded to the runtime transport, and namespaces' storage policies. Uses
 /// are recorded by the transactions that store state naming a reference; removing an instance

@@ -17,6 +17,7 @@ mod query;
 mod redrive;
 mod schedules;
 pub(crate) mod search_attributes;
+mod service_catalog;
 mod sessions;
 mod system;
 mod update;
@@ -240,6 +241,36 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/schedules/:schedule_id/backfill", post(schedules::backfill::<S>))
         .route("/schedules/:schedule_id/history", get(schedules::history::<S>))
         .route("/storage/test", post(external_payloads::probe::<S>))
+        .route(
+            "/service-endpoints",
+            get(service_catalog::list_endpoints::<S>).post(service_catalog::create_endpoint::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint",
+            get(service_catalog::describe::<S>)
+                .put(service_catalog::update::<S>)
+                .delete(service_catalog::delete::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint/services",
+            get(service_catalog::list_children::<S>).post(service_catalog::create_child::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint/services/:service",
+            get(service_catalog::describe::<S>)
+                .put(service_catalog::update::<S>)
+                .delete(service_catalog::delete::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint/services/:service/operations",
+            get(service_catalog::list_children::<S>).post(service_catalog::create_child::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint/services/:service/operations/:operation",
+            get(service_catalog::describe::<S>)
+                .put(service_catalog::update::<S>)
+                .delete(service_catalog::delete::<S>),
+        )
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
         .route_layer(middleware::from_fn_with_state(

@@ -15,7 +15,7 @@ mod migrations;
 mod tx;
 
 use crate::logic::{
-    actions, admin, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
+    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
 };
 use crate::rows::*;
 use crate::schedules;
@@ -913,6 +913,30 @@ impl ScheduleStore for PostgresStore {
     ) -> StoreResult<Option<Vec<ScheduleEventRecord>>> {
         let client = self.pool.get().await?;
         schedules::schedule_history(&mut self.on(&client), namespace, schedule_id, after_sequence, limit).await
+    }
+}
+
+impl CatalogStore for PostgresStore {
+    async fn create_catalog_entry(&self, entry: CatalogEntry) -> StoreResult<CatalogEntry> {
+        in_transaction!(self, |tx| catalog::create(tx, entry))
+    }
+
+    async fn update_catalog_entry(&self, key: CatalogKey, doc: Map<String, Value>, now: Millis) -> StoreResult<CatalogEntry> {
+        in_transaction!(self, |tx| catalog::update(tx, &key, doc, now))
+    }
+
+    async fn catalog_entry(&self, key: CatalogKey) -> StoreResult<Option<CatalogEntry>> {
+        let client = self.pool.get().await?;
+        catalog::find(&mut self.on(&client), &key).await
+    }
+
+    async fn catalog_children(&self, namespace: &str, parent: Option<CatalogKey>) -> StoreResult<Vec<CatalogEntry>> {
+        let client = self.pool.get().await?;
+        catalog::children(&mut self.on(&client), namespace, parent.as_ref()).await
+    }
+
+    async fn delete_catalog_entry(&self, key: CatalogKey) -> StoreResult<CatalogEntry> {
+        in_transaction!(self, |tx| catalog::delete(tx, &key))
     }
 }
 

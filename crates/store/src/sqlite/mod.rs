@@ -8,7 +8,7 @@ mod writer;
 pub(crate) use writer::note_io_failure;
 
 use crate::logic::{
-    actions, admin, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
+    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
 };
 use crate::rows::*;
 use crate::schedules;
@@ -929,6 +929,30 @@ impl ScheduleStore for SqliteStore {
         let (namespace, schedule_id) = (namespace.to_string(), schedule_id.to_string());
         self.read_tx(move |tx| drive(schedules::schedule_history(tx, &namespace, &schedule_id, after_sequence, limit)))
             .await
+    }
+}
+
+impl CatalogStore for SqliteStore {
+    async fn create_catalog_entry(&self, entry: CatalogEntry) -> StoreResult<CatalogEntry> {
+        self.writer.write_tx(move |tx| drive(catalog::create(tx, entry))).await
+    }
+
+    async fn update_catalog_entry(&self, key: CatalogKey, doc: Map<String, Value>, now: Millis) -> StoreResult<CatalogEntry> {
+        self.writer.write_tx(move |tx| drive(catalog::update(tx, &key, doc, now))).await
+    }
+
+    async fn catalog_entry(&self, key: CatalogKey) -> StoreResult<Option<CatalogEntry>> {
+        self.read_tx(move |tx| drive(catalog::find(tx, &key))).await
+    }
+
+    async fn catalog_children(&self, namespace: &str, parent: Option<CatalogKey>) -> StoreResult<Vec<CatalogEntry>> {
+        let namespace = namespace.to_string();
+        self.read_tx(move |tx| drive(catalog::children(tx, &namespace, parent.as_ref())))
+            .await
+    }
+
+    async fn delete_catalog_entry(&self, key: CatalogKey) -> StoreResult<CatalogEntry> {
+        self.writer.write_tx(move |tx| drive(catalog::delete(tx, &key))).await
     }
 }
 

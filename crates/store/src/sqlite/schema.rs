@@ -432,6 +432,25 @@ CREATE TABLE external_payload_uses (
 CREATE INDEX external_payload_uses_by_workflow ON external_payload_uses (namespace, workflow_id);
 "#,
     ),
+    (
+        22,
+        r#"
+-- The Nexus service catalog of a namespace: endpoints, their services, and the services'
+-- operations, one row each ('' for the levels below the row's own). `doc` holds the entry's
+-- description, metadata and (operations) mode, handler binding and policies.
+CREATE TABLE service_catalog (
+    namespace      TEXT NOT NULL,
+    endpoint_name  TEXT NOT NULL,
+    service_name   TEXT NOT NULL,
+    operation_name TEXT NOT NULL,
+    entry_id       TEXT NOT NULL,
+    doc            TEXT NOT NULL,
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    PRIMARY KEY (namespace, endpoint_name, service_name, operation_name)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction.

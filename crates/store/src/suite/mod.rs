@@ -5,6 +5,7 @@
 //! new backend gets every check by adding one line.
 
 mod actions;
+mod catalog;
 mod external_payloads;
 mod operators;
 mod schedules;
@@ -12,6 +13,7 @@ mod standalone;
 mod streams;
 
 pub use actions::*;
+pub use catalog::*;
 pub use external_payloads::*;
 pub use operators::*;
 pub use schedules::*;
@@ -1356,6 +1358,7 @@ macro_rules! store_suite {
             standalone_activities_hold_their_id_until_they_end,
             workflow_streams_append_read_close_and_expire,
             external_payloads_are_kept_while_an_instance_names_them,
+            the_service_catalog_nests_endpoints_services_and_operations,
             namespace_storage_policies_are_set_and_cleared,
             concurrent_starts_of_one_activity_id_start_it_once,
             a_claim_goes_to_exactly_one_poller,
