@@ -134,6 +134,31 @@ pub struct UploadDeclaration {
     pub sha256: String,
 }
 
+/// The payload a stored upload stands for: `{codec, external_payload: {schema, reference_id,
+/// codec, size_bytes, sha256}}`, as the SDKs write it.
+pub fn reference_payload(record: &ExternalPayloadRecord) -> capstan_engine::Payload {
+    capstan_engine::Payload::external(
+        record.codec.clone(),
+        capstan_engine::PayloadReference::Runtime(reference_json(record)),
+    )
+}
+
+/// The reference object itself (what an upload answers with).
+pub fn reference_json(record: &ExternalPayloadRecord) -> serde_json::Value {
+    serde_json::json!({
+        "schema": capstan_engine::payload::RUNTIME_REFERENCE_SCHEMA,
+        "reference_id": record.reference_id,
+        "codec": record.codec,
+        "size_bytes": record.size_bytes,
+        "sha256": record.sha256,
+    })
+}
+
+/// An upload above the transport's limit.
+pub fn oversized(max_bytes: u64) -> Refusal {
+    Refusal::new(Reason::ExternalPayloadOversized, format!("The payload exceeds {max_bytes} bytes.")).with("limit_bytes", max_bytes)
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
@@ -155,12 +180,7 @@ pub async fn upload<S: Services>(
         .into());
     }
     if bytes.len() as u64 > settings.max_bytes {
-        return Err(Refusal::new(
-            Reason::ExternalPayloadOversized,
-            format!("The payload exceeds {} bytes.", settings.max_bytes),
-        )
-        .with("limit_bytes", settings.max_bytes)
-        .into());
+        return Err(oversized(settings.max_bytes).into());
     }
     if declared.size_bytes != bytes.len() as u64 {
         return Err(mismatch(

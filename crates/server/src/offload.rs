@@ -19,10 +19,9 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use capstan_app::external_payloads::{self as payloads, Bytes, StorageState, UploadDeclaration};
-use capstan_engine::payload::{RUNTIME_REFERENCE_KEY, RUNTIME_REFERENCE_SCHEMA};
 use capstan_payloads::BlobStore;
 use capstan_store::Store;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -31,26 +30,32 @@ const THRESHOLD_TTL_MS: i64 = 2_000;
 /// Keys whose values the server reads itself.
 const KEPT_INLINE: [&str; 3] = ["memo", "search_attributes", "visibility_labels"];
 
-/// Per namespace: the threshold (none: no usable storage) and when it was read.
+/// Where a namespace's large payloads go: its threshold and object store.
+type Target = Option<(u64, BlobStore)>;
+
+/// Per namespace: the offload target (none: no usable storage) and when it was read.
 #[derive(Default)]
-pub struct Thresholds(Mutex<HashMap<String, (Option<u64>, i64)>>);
+pub struct Thresholds(Mutex<HashMap<String, (Target, i64)>>);
 
 impl<S: Store> AppState<S> {
-    async fn offload_threshold(&self, namespace: &str) -> ApiResult<Option<u64>> {
+    async fn offload_target(&self, namespace: &str) -> ApiResult<Target> {
         let now = self.now();
-        if let Some((threshold, read_at)) = self.offload_thresholds.0.lock().expect("thresholds").get(namespace) {
+        if let Some((target, read_at)) = self.offload_thresholds.0.lock().expect("thresholds").get(namespace) {
             if now - read_at < THRESHOLD_TTL_MS {
-                return Ok(*threshold);
+                return Ok(target.clone());
             }
         }
         let storage = self.payload_storage(namespace).await?;
-        let threshold = matches!(storage, StorageState::Available(..)).then(|| storage.threshold_bytes(&self.config.payloads));
+        let target = match &storage {
+            StorageState::Available(_, store) => Some((storage.threshold_bytes(&self.config.payloads), store.clone())),
+            _ => None,
+        };
         self.offload_thresholds
             .0
             .lock()
             .expect("thresholds")
-            .insert(namespace.to_string(), (threshold, now));
-        Ok(threshold)
+            .insert(namespace.to_string(), (target.clone(), now));
+        Ok(target)
     }
 }
 
@@ -79,7 +84,7 @@ async fn offload<S: Store>(state: &AppState<S>, request: Request) -> ApiResult<R
     if declared_length.is_some_and(|length| length < 2) {
         return Ok(request);
     }
-    let Some(threshold) = state.offload_threshold(&namespace).await? else {
+    let Some((threshold, store)) = state.offload_target(&namespace).await? else {
         return Ok(request);
     };
     if declared_length.is_some_and(|length| length <= threshold) {
@@ -94,13 +99,9 @@ async fn offload<S: Store>(state: &AppState<S>, request: Request) -> ApiResult<R
         // Not JSON: the handler's extractor says so.
         return Ok(rebuilt(bytes, parts));
     };
-    let storage = state.payload_storage(&namespace).await?;
-    let StorageState::Available(_, store) = &storage else {
-        return Ok(rebuilt(bytes, parts));
-    };
     let mut offloader = Offloader {
         state,
-        store,
+        store: &store,
         namespace: &namespace,
         threshold,
         uploaded: HashMap::new(),
@@ -200,11 +201,7 @@ impl<S: Store> Offloader<'_, S> {
         let record = payloads::upload(self.state, &self.state.config.payloads, self.store, self.namespace, declared, bytes)
             .await
             .map_err(ApiError::from)?;
-        let reference = json!({
-            "codec": record.codec,
-            RUNTIME_REFERENCE_KEY: {"schema": RUNTIME_REFERENCE_SCHEMA, "reference_id": record.reference_id,
-                "codec": record.codec, "size_bytes": record.size_bytes, "sha256": record.sha256},
-        });
+        let reference = payloads::reference_payload(&record).envelope();
         self.uploaded.insert(blob.to_string(), reference.clone());
         Ok(reference)
     }

@@ -5,7 +5,6 @@
 
 use super::*;
 use capstan_app::external_payloads::{self as payloads, Bytes, FetchExpectation, PayloadSettings, UploadDeclaration};
-use capstan_engine::payload::RUNTIME_REFERENCE_SCHEMA;
 use capstan_payloads::BlobStore;
 use capstan_store::ExternalPayloadRecord;
 
@@ -47,10 +46,9 @@ impl Sim {
             return Ok(Payload::avro(PAYLOAD));
         }
         let record = self.upload(format!("{PAYLOAD}:{workflow_id}").into_bytes()).await?;
-        let reference = json!({"schema": RUNTIME_REFERENCE_SCHEMA, "reference_id": record.reference_id,
-            "codec": record.codec, "size_bytes": record.size_bytes, "sha256": record.sha256});
+        let payload = payloads::reference_payload(&record);
         self.uploads.held.insert(workflow_id.to_string(), record);
-        Ok(Payload::external("avro", PayloadReference::Runtime(reference)))
+        Ok(payload)
     }
 
     /// Sometimes an upload nothing will name; then a collection, and its checks.

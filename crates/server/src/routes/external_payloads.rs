@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_app::external_payloads::{self as payloads, FetchExpectation, StorageState, UploadDeclaration};
 use capstan_engine::Reason;
-use capstan_store::{ExternalPayloadRecord, ExternalStoragePolicy, Store};
+use capstan_store::{ExternalStoragePolicy, Store};
 use serde_json::{json, Map, Value};
 
 const CODEC_HEADER: &str = "x-durable-workflow-payload-codec";
@@ -62,16 +62,6 @@ fn sha256_header(headers: &HeaderMap) -> ApiResult<Option<String>> {
         .transpose()
 }
 
-fn reference_json(record: &ExternalPayloadRecord) -> Value {
-    json!({
-        "schema": capstan_engine::payload::RUNTIME_REFERENCE_SCHEMA,
-        "reference_id": record.reference_id,
-        "codec": record.codec,
-        "size_bytes": record.size_bytes,
-        "sha256": record.sha256,
-    })
-}
-
 /// `POST /external-payloads/v1`: the body's bytes, declared by codec, size and SHA-256 headers.
 pub async fn upload<S: Store>(
     State(state): State<Shared<S>>,
@@ -92,26 +82,17 @@ pub async fn upload<S: Store>(
     };
     let max = state.config.payloads.max_bytes;
     if declared.size_bytes > max {
-        return Err(oversized(max));
+        return Err(payloads::oversized(max).into());
     }
     let storage = state.payload_storage(&namespace).await?;
     let store = storage.store()?;
     let bytes = axum::body::to_bytes(request.into_body(), max as usize + 1)
         .await
-        .map_err(|_| oversized(max))?;
+        .map_err(|_| ApiError::from(payloads::oversized(max)))?;
     let record = payloads::upload(&*state, &state.config.payloads, store, &namespace, declared, bytes).await?;
     tracing::debug!(namespace = %namespace, reference_id = %record.reference_id, bytes = record.size_bytes, "external payload stored");
-    let body = json!({"schema": UPLOAD_SCHEMA, "transport_version": 1, "reference": reference_json(&record)});
+    let body = json!({"schema": UPLOAD_SCHEMA, "transport_version": 1, "reference": payloads::reference_json(&record)});
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-fn oversized(max: u64) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        Reason::ExternalPayloadOversized,
-        format!("The payload exceeds {max} bytes."),
-    )
-    .with("limit_bytes", max)
 }
 
 /// `GET /external-payloads/v1/{referenceId}`: the bytes, verified, with their reference headers.

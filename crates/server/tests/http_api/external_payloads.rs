@@ -151,6 +151,13 @@ async fn the_transport_is_advertised_with_usable_storage_and_serves_only_verifie
         .body(bytes.to_vec());
     let body = send(no_size).await.err(422, "validation_failed");
     assert!(body["errors"].to_string().contains("x-durable-workflow-payload-size"), "{body}");
+    // No completion context is advertised: an upload carrying one is refused by name, not ignored.
+    let completion = upload_request(&h, bytes, bytes.len(), &sha256(bytes)).header("X-Durable-Workflow-Payload-Completion", "{}");
+    let body = send(completion).await.err(422, "validation_failed");
+    assert!(
+        body["errors"].to_string().contains("x-durable-workflow-payload-completion"),
+        "{body}"
+    );
     let upper = upload_request(&h, bytes, bytes.len(), &sha256(bytes).to_uppercase());
     send(upper).await.err(422, "validation_failed");
 
