@@ -41,8 +41,8 @@ CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=
 .venv/bin/python -m pytest tests/python -q
 # The SDK suite once more, with sticky execution, worker sessions and the worker-plane
 # authority routes, against a two-node cluster on PostgreSQL (workers on one node, clients on
-# the other), external payload storage included.
+# the other), external payload storage and Nexus calls included.
 CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py \
   tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py \
   tests/python/test_standalone_activities.py tests/python/test_redrive.py tests/python/test_message_streams.py \
-  tests/python/test_workflow_streams.py tests/python/test_external_payloads.py -q
+  tests/python/test_workflow_streams.py tests/python/test_external_payloads.py tests/python/test_nexus.py -q

@@ -35,6 +35,7 @@ pub mod queries;
 pub mod redrive;
 pub mod reports;
 pub mod search_attributes;
+pub mod service_calls;
 pub mod sessions;
 pub mod standalone;
 pub mod updates;

@@ -6,8 +6,9 @@
 //! action is already `outcome_unknown` is attached to that ledger entry as evidence (the
 //! refusal stands): an operator deciding the outcome sees what the worker said, late.
 
-use crate::search_attributes;
-use crate::{AppResult, Services};
+use crate::{search_attributes, service_calls};
+use crate::{AppError, AppResult, Services};
+use capstan_engine::service_call::ServiceDirectory;
 use capstan_engine::*;
 use capstan_store::prelude::*;
 use capstan_store::{RunLocator, StoreError};
@@ -40,11 +41,46 @@ pub async fn complete_workflow_task<V: Services>(
         check_sticky_registration(services, &lease, claim).await?;
     }
     let actions = admit_commands(services, &lease.namespace, &commands).await?;
+    if !service_calls::calls_services(&commands) {
+        return apply_completion(services, lease, commands, sticky, streams, actions, None).await;
+    }
+    // A concurrent admission of a call's idempotency key (or a binding's instance id) rolls
+    // the completion back; applied again, it reads and joins what was admitted.
+    let mut attempt = 1;
+    loop {
+        let directory = service_calls::directory(services, &lease.namespace, &commands).await?;
+        let applied = apply_completion(
+            services,
+            lease.clone(),
+            commands.clone(),
+            sticky.clone(),
+            streams.clone(),
+            actions.clone(),
+            Some(directory),
+        )
+        .await;
+        match applied {
+            Err(AppError::Store(StoreError::Conflict { .. })) if attempt < service_calls::ADMISSION_ATTEMPTS => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+async fn apply_completion<V: Services>(
+    services: &V,
+    lease: WorkflowLease,
+    commands: Vec<WorkflowCommand>,
+    sticky: Option<StickyClaim>,
+    streams: StreamProgress,
+    actions: Option<Arc<BTreeMap<String, ActionDefinition>>>,
+    directory: Option<Arc<ServiceDirectory>>,
+) -> AppResult<(Receipt, RunState)> {
     let memo = services.memo_codec();
     let WorkflowLease { owner, attempt, .. } = lease.clone();
     let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
         cx.memo = memo;
         cx.actions = actions;
+        cx.services = directory;
         if let Some(claim) = &sticky {
             capstan_engine::check_sticky_claim(run, &owner, claim)?;
         }

@@ -55,6 +55,8 @@ pub enum WorkflowCommand {
     FailWorkflow(WorkflowFailure),
     /// Start a child workflow (a new instance) linked to this run.
     StartChildWorkflow(StartChild),
+    /// Call a Nexus service operation (see `crate::service_call`).
+    StartServiceOperation(crate::service_call::ServiceOperation),
     /// The result of an update's handler (no step of its own).
     CompleteUpdate {
         update_id: String,
@@ -107,6 +109,7 @@ impl WorkflowCommand {
             WorkflowCommand::ContinueAsNew { .. } => StepKind::ContinueAsNew,
             WorkflowCommand::UpsertMemo { .. } => StepKind::Memo,
             WorkflowCommand::StartChildWorkflow(child) => StepKind::ChildWorkflow(child.workflow_type.clone()),
+            WorkflowCommand::StartServiceOperation(_) => StepKind::ServiceCall,
             WorkflowCommand::CompleteWorkflow { .. }
             | WorkflowCommand::FailWorkflow(_)
             | WorkflowCommand::CompleteUpdate { .. }
@@ -128,6 +131,7 @@ impl WorkflowCommand {
             | WorkflowCommand::ContinueAsNew { tags, .. }
             | WorkflowCommand::UpsertMemo { tags, .. } => Some(tags),
             WorkflowCommand::StartChildWorkflow(child) => Some(&child.tags),
+            WorkflowCommand::StartServiceOperation(op) => Some(&op.tags),
             WorkflowCommand::CompleteWorkflow { .. }
             | WorkflowCommand::FailWorkflow(_)
             | WorkflowCommand::CompleteUpdate { .. }
@@ -213,6 +217,7 @@ pub enum StepKind {
     ContinueAsNew,
     Memo,
     ChildWorkflow(String),
+    ServiceCall,
 }
 
 #[derive(Clone, Debug, PartialEq)]

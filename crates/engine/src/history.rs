@@ -81,6 +81,10 @@ event_types!(
     ChildCancellationRequested,
     ChildCancellationResolved,
     ParentClosePolicyApplied,
+    ServiceCallStarted,
+    ServiceCallCompleted,
+    ServiceCallFailed,
+    ServiceCallCancelled,
     CooperativeCancellationRequested,
     CooperativeCancellationDelivered,
     SelectionResolved,
@@ -108,6 +112,9 @@ impl EventType {
                 | EventType::ChildRunFailed
                 | EventType::ChildRunCancelled
                 | EventType::ChildRunTerminated
+                | EventType::ServiceCallCompleted
+                | EventType::ServiceCallFailed
+                | EventType::ServiceCallCancelled
         )
     }
 

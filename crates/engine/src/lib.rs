@@ -28,6 +28,7 @@ pub mod refusal;
 pub mod run;
 pub mod schedule;
 pub mod selection;
+pub mod service_call;
 pub mod session;
 pub mod standalone;
 pub mod step_log;

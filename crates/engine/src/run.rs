@@ -400,6 +400,14 @@ pub struct RunState {
     /// The instance's message streams (they move to the next run at continue-as-new).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub message_streams: crate::message_stream::MessageStreams,
+    /// Service calls this run's steps wait on for completion, by step (`sync` calls waiting for
+    /// `completed`; see `crate::service_call`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub service_waits: BTreeMap<u32, crate::service_call::CallWait>,
+    /// The service calls this instance's run was started for (or linked to): its end settles
+    /// them. Carried to the next run at continue-as-new.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_call_ids: Vec<String>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -580,6 +588,17 @@ pub struct Effects {
     pub receipts: Vec<ClosedTaskReceipt>,
     /// Workflow output stream directives, applied by the store in the same transaction.
     pub stream_ops: Vec<crate::workflow_stream::StreamOp>,
+    /// Service calls admitted by this transition, for the store to insert (its unique key on
+    /// route and idempotency key refuses a concurrent second admission).
+    pub service_calls: Vec<crate::service_call::ServiceCallRecord>,
+    /// Runs started for service calls (in their target namespaces), each with its own effects.
+    pub service_runs_started: Vec<(RunState, Effects)>,
+    /// Existing runs a service call linked to (`return_existing_active`): the store marks them.
+    pub service_links: Vec<(RunId, String)>,
+    /// Caller steps that wait for a call's completion.
+    pub service_waiters: Vec<crate::service_call::ServiceWaiter>,
+    /// This run, linked to service calls, closed: they settle in the same transaction.
+    pub service_run_closed: Option<crate::service_call::LinkedRunClosed>,
 }
 
 /// A cooperative cancellation a parent's delivery asks of a child run.
@@ -606,6 +625,9 @@ pub struct Cx<'a> {
     /// The trace context of the client request this transition serves (a signal, an update, a
     /// cancel): recorded on the event the request causes, as `observability_context`.
     pub caller_trace: Option<crate::trace::TraceContext>,
+    /// The catalog routes and earlier calls a completion's `start_service_operation` commands
+    /// resolve against (read before the transition).
+    pub services: Option<std::sync::Arc<crate::service_call::ServiceDirectory>>,
     pub effects: Effects,
 }
 
@@ -618,6 +640,7 @@ impl<'a> Cx<'a> {
             memo: None,
             actions: None,
             caller_trace: None,
+            services: None,
             effects: Effects::default(),
         }
     }

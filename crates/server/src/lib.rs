@@ -24,6 +24,7 @@ mod scheduler;
 pub mod telemetry;
 mod ui;
 mod wire;
+mod wire_nexus;
 mod wire_streams;
 
 use axum::Router;

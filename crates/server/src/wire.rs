@@ -25,7 +25,7 @@ impl<'a> Fields<'a> {
         Self { map, prefix }
     }
 
-    fn name(&self, key: &str) -> String {
+    pub fn name(&self, key: &str) -> String {
         format!("{}{}", self.prefix, key)
     }
 
@@ -239,6 +239,7 @@ pub const SUPPORTED_COMMANDS: &[&str] = &[
     "complete_update",
     "fail_update",
     "start_child_workflow",
+    "start_service_operation",
     "record_local_activity",
     "cancel_selection_operation",
 ];
@@ -327,6 +328,9 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
                 .unwrap_or_else(|| Payload::avro(crate::avro::null_blob())),
         },
         "start_child_workflow" => WorkflowCommand::StartChildWorkflow(parse_start_child(&f, index, limits, tags)?),
+        "start_service_operation" => {
+            WorkflowCommand::StartServiceOperation(crate::wire_nexus::parse_service_operation(map, &f, index, limits, tags)?)
+        }
         "record_local_activity" => WorkflowCommand::RecordLocalActivity(parse_local_activity(map, index, limits, tags)?),
         "cancel_selection_operation" => WorkflowCommand::CancelSelectionOperation(parse_selection_cancel(map, &f, index, &tags)?),
         "complete_update" => WorkflowCommand::CompleteUpdate {
@@ -457,6 +461,7 @@ const COMMAND_FIELDS: &[(&str, bool, &[&str])] = &[
             "observability_context",
         ],
     ),
+    ("start_service_operation", true, crate::wire_nexus::SERVICE_OPERATION_FIELDS),
     ("complete_update", false, &["update_id", "result"]),
     (
         "fail_update",

@@ -13,6 +13,8 @@ mod external_payloads;
 mod prepared_local;
 #[path = "http_api/redrive.rs"]
 mod redrive;
+#[path = "http_api/service_calls.rs"]
+mod service_calls;
 #[path = "http_api/service_catalog.rs"]
 mod service_catalog;
 #[path = "http_api/sessions.rs"]
@@ -1572,7 +1574,6 @@ async fn completion_command_validation() {
     // 409 invalid_commands: semantically invalid.
     for commands in [
         json!([{"type": "teleport"}]),
-        json!([{"type": "start_service_operation", "service_name": "s"}]),
         json!([complete_workflow(AVRO_NULL), complete_workflow(AVRO_NULL)]),
         json!([complete_workflow(AVRO_NULL), {"type": "fail_workflow", "message": "x"}]),
         json!([complete_workflow(AVRO_NULL), {"type": "start_timer", "delay_seconds": 1}]),
@@ -3416,8 +3417,8 @@ async fn features_without_server_support_are_refused_not_dropped() {
     h.register("w1", "q").await;
     h.start_workflow("unsupported", "q").await;
     let task = h.next_workflow_task("w1", "q").await;
-    let nexus = json!({"type": "start_service_operation", "endpoint_name": "e", "service_name": "s", "operation_name": "o"});
-    let body = h.complete_workflow_task(&task, json!([nexus])).await.err(409, "invalid_commands");
+    let unknown = json!({"type": "start_nexus_magic", "endpoint_name": "e"});
+    let body = h.complete_workflow_task(&task, json!([unknown])).await.err(409, "invalid_commands");
     assert_eq!(body["recorded"], false);
     let stream = json!({"type": "record_side_effect", "result": env(AVRO_NULL),
         "workflow_stream": {"operation": "append", "stream_name": "out", "items": [], "command_identity": "x", "command_ordinal": 0}});

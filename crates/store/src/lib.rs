@@ -20,6 +20,7 @@ mod sqlite;
 mod tx;
 mod visibility_sql;
 
+use capstan_engine::service_call::{RouteKey, ServiceCallRecord};
 use capstan_engine::*;
 use serde_json::{Map, Value};
 use std::future::Future;
@@ -704,6 +705,25 @@ pub trait CatalogStore: Send + Sync + 'static {
 
     /// Deletes an entry with nothing below it (`endpoint_has_services`, `service_has_operations`).
     fn delete_catalog_entry(&self, key: CatalogKey) -> impl Future<Output = StoreResult<CatalogEntry>> + Send;
+
+    /// A Nexus service call by id.
+    fn service_call(&self, service_call_id: &str) -> impl Future<Output = StoreResult<Option<ServiceCallRecord>>> + Send;
+
+    /// The call admitted under a route and idempotency key, if any.
+    fn service_call_by_key(
+        &self,
+        route: RouteKey,
+        idempotency_key: &str,
+    ) -> impl Future<Output = StoreResult<Option<ServiceCallRecord>>> + Send;
+
+    /// The calls a caller instance made (one run of it, or all), oldest first, at most `limit`.
+    fn service_calls_of_caller(
+        &self,
+        caller_namespace: &str,
+        workflow_id: &str,
+        run_id: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<ServiceCallRecord>>> + Send;
 }
 
 /// External payloads uploaded to the runtime transport, and namespaces' storage policies. Uses

@@ -12,6 +12,8 @@ mod cluster;
 mod external_payloads;
 #[path = "sdk_e2e/message_streams.rs"]
 mod message_streams;
+#[path = "sdk_e2e/nexus.rs"]
+mod nexus;
 #[path = "sdk_e2e/redrive.rs"]
 mod redrive;
 #[path = "sdk_e2e/sessions.rs"]

@@ -27,6 +27,21 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
             });
         }
     }
+    // The service calls this run was started for settle with its end (not a continue-as-new:
+    // the next run carries them).
+    if reason != ClosedReason::Continued && !run.service_call_ids.is_empty() {
+        cx.effects.service_run_closed = Some(LinkedRunClosed {
+            service_call_ids: run.service_call_ids.clone(),
+            workflow_id: run.workflow_id.clone(),
+            run_id: run.run_id.clone(),
+            status,
+            closed_reason: Some(reason),
+            output: run.output.clone(),
+            failure: run.failure.clone(),
+            closed_at: cx.now,
+        });
+    }
+    run.service_waits.clear();
     // Parent-close policy: open children end with the parent unless abandoned. (A continued run
     // keeps them: they belong to the instance, not the run.)
     if reason != ClosedReason::Continued {

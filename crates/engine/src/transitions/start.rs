@@ -105,6 +105,8 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         redriven_to: None,
         redriven_from: None,
         message_streams: Default::default(),
+        service_waits: BTreeMap::new(),
+        service_call_ids: Vec::new(),
         origin_trace: start.origin_trace,
         command_traces: Vec::new(),
     }
@@ -174,6 +176,7 @@ pub(super) fn continued_run(cx: &mut Cx, previous: &RunState, next: NextRun) -> 
     run.ledger_head = previous.ledger_head.clone();
     run.memo_merged = previous.memo_merged.clone();
     run.parent = previous.parent.clone();
+    run.service_call_ids = previous.service_call_ids.clone();
     let mut run = begin_run(run, cx);
     super::message_stream::carry_streams_forward(&mut run, cx, previous);
     run

@@ -15,6 +15,7 @@ pub(crate) mod namespaces;
 pub(crate) mod persist;
 pub(crate) mod queries;
 pub(crate) mod runs;
+pub(crate) mod service_calls;
 pub(crate) mod sessions;
 pub(crate) mod streams;
 

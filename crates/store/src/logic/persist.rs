@@ -307,6 +307,7 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
         for request in &effects.cancel_children {
             cancel_child(tx, effects, request, env).await?;
         }
+        super::service_calls::write_admissions(tx, effects, env).await?;
         for (child_id, command) in &effects.close_children {
             let command_id = CommandId(env.new_id());
             on_open_child(tx, effects, child_id, env, |child, cx| {

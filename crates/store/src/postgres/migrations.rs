@@ -451,4 +451,36 @@ CREATE TABLE service_catalog (
 );
 "#,
     ),
+    (
+        24,
+        r#"
+-- Nexus service calls: one row per admitted call, unique per target route and idempotency
+-- key (a second admission of a key finds the first); `doc` is the engine's record (its
+-- surface). `service_call_waiters` are the caller steps waiting for a call's completion.
+CREATE TABLE service_calls (
+    service_call_id    TEXT PRIMARY KEY,
+    namespace          TEXT NOT NULL,
+    endpoint_name      TEXT NOT NULL,
+    service_name       TEXT NOT NULL,
+    operation_name     TEXT NOT NULL,
+    idempotency_key    TEXT NOT NULL,
+    caller_namespace   TEXT NOT NULL,
+    caller_workflow_id TEXT,
+    caller_run_id      TEXT,
+    linked_run_id      TEXT,
+    status             TEXT NOT NULL,
+    created_at         BIGINT NOT NULL,
+    updated_at         BIGINT NOT NULL,
+    doc                TEXT NOT NULL
+);
+CREATE UNIQUE INDEX service_calls_by_route_key ON service_calls (namespace, endpoint_name, service_name, operation_name, idempotency_key);
+CREATE INDEX service_calls_by_caller ON service_calls (caller_namespace, caller_workflow_id, created_at);
+CREATE TABLE service_call_waiters (
+    service_call_id TEXT NOT NULL,
+    caller_run_id   TEXT NOT NULL,
+    sequence        BIGINT NOT NULL,
+    PRIMARY KEY (service_call_id, caller_run_id, sequence)
+);
+"#,
+    ),
 ];

@@ -15,7 +15,8 @@ mod migrations;
 mod tx;
 
 use crate::logic::{
-    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
+    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, service_calls,
+    sessions, streams,
 };
 use crate::rows::*;
 use crate::schedules;
@@ -937,6 +938,27 @@ impl CatalogStore for PostgresStore {
 
     async fn delete_catalog_entry(&self, key: CatalogKey) -> StoreResult<CatalogEntry> {
         in_transaction!(self, |tx| catalog::delete(tx, &key))
+    }
+
+    async fn service_call(&self, service_call_id: &str) -> StoreResult<Option<ServiceCallRecord>> {
+        let client = self.pool.get().await?;
+        service_calls::find(&mut self.on(&client), service_call_id).await
+    }
+
+    async fn service_call_by_key(&self, route: RouteKey, idempotency_key: &str) -> StoreResult<Option<ServiceCallRecord>> {
+        let client = self.pool.get().await?;
+        service_calls::find_by_key(&mut self.on(&client), &route, idempotency_key).await
+    }
+
+    async fn service_calls_of_caller(
+        &self,
+        caller_namespace: &str,
+        workflow_id: &str,
+        run_id: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ServiceCallRecord>> {
+        let client = self.pool.get().await?;
+        service_calls::of_caller(&mut self.on(&client), caller_namespace, workflow_id, run_id, limit).await
     }
 }
 

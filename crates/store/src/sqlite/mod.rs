@@ -8,7 +8,8 @@ mod writer;
 pub(crate) use writer::note_io_failure;
 
 use crate::logic::{
-    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, sessions, streams,
+    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, service_calls,
+    sessions, streams,
 };
 use crate::rows::*;
 use crate::schedules;
@@ -953,6 +954,28 @@ impl CatalogStore for SqliteStore {
 
     async fn delete_catalog_entry(&self, key: CatalogKey) -> StoreResult<CatalogEntry> {
         self.writer.write_tx(move |tx| drive(catalog::delete(tx, &key))).await
+    }
+
+    async fn service_call(&self, service_call_id: &str) -> StoreResult<Option<ServiceCallRecord>> {
+        let id = service_call_id.to_string();
+        self.read_tx(move |tx| drive(service_calls::find(tx, &id))).await
+    }
+
+    async fn service_call_by_key(&self, route: RouteKey, idempotency_key: &str) -> StoreResult<Option<ServiceCallRecord>> {
+        let key = idempotency_key.to_string();
+        self.read_tx(move |tx| drive(service_calls::find_by_key(tx, &route, &key))).await
+    }
+
+    async fn service_calls_of_caller(
+        &self,
+        caller_namespace: &str,
+        workflow_id: &str,
+        run_id: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ServiceCallRecord>> {
+        let (namespace, workflow_id, run_id) = (caller_namespace.to_string(), workflow_id.to_string(), run_id.map(str::to_string));
+        self.read_tx(move |tx| drive(service_calls::of_caller(tx, &namespace, &workflow_id, run_id.as_deref(), limit)))
+            .await
     }
 }
 

@@ -9,6 +9,7 @@ mod catalog;
 mod external_payloads;
 mod operators;
 mod schedules;
+mod service_calls;
 mod standalone;
 mod streams;
 
@@ -17,6 +18,7 @@ pub use catalog::*;
 pub use external_payloads::*;
 pub use operators::*;
 pub use schedules::*;
+pub use service_calls::*;
 pub use standalone::*;
 pub use streams::*;
 
@@ -1359,6 +1361,7 @@ macro_rules! store_suite {
             workflow_streams_append_read_close_and_expire,
             external_payloads_are_kept_while_an_instance_names_them,
             the_service_catalog_nests_endpoints_services_and_operations,
+            service_calls_start_their_linked_run_and_settle_with_it,
             namespace_storage_policies_are_set_and_cleared,
             concurrent_starts_of_one_activity_id_start_it_once,
             a_claim_goes_to_exactly_one_poller,

@@ -121,6 +121,7 @@ pub(super) fn apply_command(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, c
         } => upsert_search_attributes(run, cx, at, attributes, attribute_types, tags),
         WorkflowCommand::UpsertMemo { entries, tags } => upsert_memo(run, cx, at, entries, tags)?,
         WorkflowCommand::StartChildWorkflow(child) => start_child_workflow(run, cx, at, child),
+        WorkflowCommand::StartServiceOperation(op) => super::start_service_operation(run, cx, at, op),
         WorkflowCommand::CompleteUpdate { update_id, result } => complete_update(run, cx, at, update_id, result)?,
         WorkflowCommand::FailUpdate { update_id, failure } => fail_update(run, cx, at, update_id, failure)?,
         // After a cooperative cancellation reached workflow code, however the code ends its

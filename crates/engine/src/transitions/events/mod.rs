@@ -48,6 +48,11 @@ fn extend(map: &mut Map<String, Value>, tags: &StepTags) {
 }
 
 /// `fields`, then the step tags they lack.
+/// [`tagged`] for rows built outside this module.
+pub(in crate::transitions) fn tagged_row(fields: Map<String, Value>, tags: &StepTags) -> Map<String, Value> {
+    tagged(fields, tags)
+}
+
 fn tagged(fields: Map<String, Value>, tags: &StepTags) -> Map<String, Value> {
     let mut payload = fields;
     extend(&mut payload, tags);

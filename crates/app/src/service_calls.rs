@@ -1,0 +1,135 @@
+//! Nexus service calls: what a completion's `start_service_operation` commands resolve against,
+//! read before the transition (the catalog operations they name, the calls already admitted
+//! under their idempotency keys, the instances their bindings name, whether the caller's
+//! search attributes fit the target namespace). The transition then admits each call in the
+//! completion's transaction (`capstan_engine::service_call`).
+
+use crate::{search_attributes, AppResult, Services};
+use capstan_engine::service_call::*;
+use capstan_engine::{WorkflowCommand, WorkflowId};
+use capstan_store::prelude::*;
+use capstan_store::{CatalogKey, RunLocator};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+/// The binding kinds DW's catalog accepts; only `start_workflow` is dispatched.
+pub const BINDING_KINDS: &[&str] = &[
+    "start_workflow",
+    "update_workflow",
+    "signal_workflow",
+    "query_workflow",
+    "activity_execution",
+    "invocable_http",
+];
+
+/// How many times a completion is applied again after a concurrent admission of the same
+/// idempotency key (or of a binding's instance id) refused it.
+pub const ADMISSION_ATTEMPTS: usize = 3;
+
+/// Whether a completion carries service calls.
+pub fn calls_services(commands: &[WorkflowCommand]) -> bool {
+    commands.iter().any(|c| matches!(c, WorkflowCommand::StartServiceOperation(_)))
+}
+
+/// Reads what the completion's service calls resolve against. `namespace` is the caller run's.
+pub async fn directory<V: Services>(services: &V, namespace: &str, commands: &[WorkflowCommand]) -> AppResult<Arc<ServiceDirectory>> {
+    let mut directory = ServiceDirectory::default();
+    for command in commands {
+        let WorkflowCommand::StartServiceOperation(op) = command else {
+            continue;
+        };
+        let target = op.target_namespace.as_deref().unwrap_or(namespace);
+        let route = RouteKey::new(target, &op.endpoint_name, &op.service_name, &op.operation_name);
+        if directory.routes.contains_key(&route) {
+            continue;
+        }
+        let resolved = resolve(services, &route).await?;
+        if let ServiceRoute::StartWorkflow(binding) = &resolved {
+            if let Some(instance_id) = &binding.workflow_instance_id {
+                let current = services
+                    .store()
+                    .load_run(target, RunLocator::Current(WorkflowId(instance_id.clone())))
+                    .await?;
+                if let Some(run) = current {
+                    let known = KnownInstance {
+                        open: !run.is_closed(),
+                        run_id: run.run_id,
+                    };
+                    directory.instances.insert(instance_id.clone(), known);
+                }
+            }
+            let attributes = binding.search_attributes.as_ref().or(op.object("search_attributes"));
+            if let Some(attributes) = attributes {
+                if let Err(error) = search_attributes::check_defined(services, target, "search_attributes", attributes).await {
+                    directory.attribute_problems.insert(route.clone(), error.to_string());
+                }
+            }
+        }
+        if let Some(key) = &op.idempotency_key {
+            if let Some(call) = services.store().service_call_by_key(route.clone(), key).await? {
+                directory.calls.insert((route.clone(), key.clone()), call);
+            }
+        }
+        directory.routes.insert(route, resolved);
+    }
+    Ok(Arc::new(directory))
+}
+
+/// The route of one catalog address: the first missing level, or the operation's binding.
+pub async fn resolve<V: Services>(services: &V, route: &RouteKey) -> AppResult<ServiceRoute> {
+    let mut key = CatalogKey {
+        namespace: route.namespace.clone(),
+        endpoint: route.endpoint.clone(),
+        service: None,
+        operation: None,
+    };
+    let store = services.store();
+    if store.catalog_entry(key.clone()).await?.is_none() {
+        return Ok(ServiceRoute::Missing(CatalogLevel::Endpoint));
+    }
+    key.service = Some(route.service.clone());
+    if store.catalog_entry(key.clone()).await?.is_none() {
+        return Ok(ServiceRoute::Missing(CatalogLevel::Service));
+    }
+    key.operation = Some(route.operation.clone());
+    let Some(operation) = store.catalog_entry(key).await? else {
+        return Ok(ServiceRoute::Missing(CatalogLevel::Operation));
+    };
+    Ok(route_of(&operation.doc))
+}
+
+/// An operation's catalog document as a route.
+pub fn route_of(doc: &Map<String, Value>) -> ServiceRoute {
+    let text = |map: &Map<String, Value>, keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| map.get(*k).and_then(Value::as_str).filter(|s| !s.trim().is_empty()))
+            .map(str::to_string)
+    };
+    let operation_mode = text(doc, &["operation_mode"]).and_then(|m| CallMode::parse(&m));
+    let kind = text(doc, &["handler_binding_kind"]).unwrap_or_default();
+    if kind != "start_workflow" {
+        return ServiceRoute::Unserved {
+            binding_kind: kind,
+            operation_mode,
+        };
+    }
+    let binding = doc.get("handler_binding").and_then(Value::as_object).cloned().unwrap_or_default();
+    let target_reference = text(doc, &["handler_target_reference"]);
+    let object = |key: &str| binding.get(key).and_then(Value::as_object).cloned();
+    let int = |key: &str| binding.get(key).and_then(Value::as_i64).filter(|n| *n > 0);
+    ServiceRoute::StartWorkflow(Box::new(StartWorkflowBinding {
+        workflow_type: text(&binding, &["workflow_type", "workflow_class", "type"])
+            .or(target_reference.clone())
+            .unwrap_or_default(),
+        workflow_instance_id: text(&binding, &["workflow_instance_id", "instance_id"]),
+        queue: text(&binding, &["queue", "task_queue"]),
+        operation_mode,
+        target_reference,
+        duplicate_start_policy: text(&binding, &["duplicate_start_policy"]),
+        business_key: text(&binding, &["business_key"]),
+        execution_timeout_seconds: int("execution_timeout_seconds"),
+        run_timeout_seconds: int("run_timeout_seconds"),
+        memo: object("memo"),
+        search_attributes: object("search_attributes"),
+    }))
+}

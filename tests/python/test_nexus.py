@@ -1,0 +1,143 @@
+"""Nexus service operations end to end with ``durable-workflow==2.12.0`` against a real
+``capstan serve`` (SQLite, or a two-node PostgreSQL cluster with CAPSTAN_TEST_BACKEND=postgres).
+
+A caller workflow calls operations registered in the service catalog whose ``start_workflow``
+bindings start handler workflows, in its own namespace and in another one:
+- ``ctx.call_nexus_service`` (sync, waits for completion) resumes with the handler run's result,
+  or raises ``NexusOperationFailed`` when the handler run fails;
+- ``ctx.start_nexus_operation`` (async, waits for acceptance) resumes as soon as the handler run
+  is started, with its ids, and its history never gets a second row at that step;
+- an operation missing from the catalog is a failure the workflow catches (``rejected_not_found``);
+- an idempotency key used twice starts one handler run.
+Each caller's history is replayed by the SDK on every task, so every row shape is replayed.
+"""
+from __future__ import annotations
+
+import httpx
+from durable_workflow import workflow
+from durable_workflow.errors import NexusOperationFailed
+
+from capstan_harness import (
+    CONTROL_HEADERS, fetch_history_raw, make_client, run_async, unique, wait_result,
+)
+
+
+@workflow.defn(name="nexus.invoice")
+class Invoice:
+    def run(self, ctx, amount):
+        return {"invoice": amount * 2}
+
+
+@workflow.defn(name="nexus.refuse")
+class Refuse:
+    def run(self, ctx, amount):
+        raise ValueError(f"cannot charge {amount}")
+
+
+@workflow.defn(name="nexus.caller")
+class Caller:
+    def run(self, ctx, amount, other_namespace, key):
+        done = yield ctx.call_nexus_service("billing", "invoicing", "create", [amount])
+        started = yield ctx.start_nexus_operation("billing", "invoicing", "create", [amount + 1])
+        failures = {}
+        try:
+            yield ctx.call_nexus_service("billing", "invoicing", "charge", [amount])
+        except NexusOperationFailed as failure:
+            failures["charge"] = [failure.status, failure.caller_observed_error_type, str(failure)]
+        try:
+            yield ctx.call_nexus_service("billing", "invoicing", "missing", [amount])
+        except NexusOperationFailed as failure:
+            failures["missing"] = [failure.status, failure.outcome, failure.reason]
+        remote = yield ctx.call_nexus_service("ledger", "books", "post", [amount], target_namespace=other_namespace)
+        first = yield ctx.start_nexus_operation("billing", "invoicing", "create", [7], idempotency_key=key)
+        again = yield ctx.start_nexus_operation("billing", "invoicing", "create", [7], idempotency_key=key)
+        return {
+            "done": done.result,
+            "started": [started.status, started.accepted],
+            "failures": failures,
+            "remote": remote.result,
+            "same_call": first.service_call_id == again.service_call_id,
+        }
+
+
+def register(http: httpx.Client, namespace: str, endpoint: str, service: str, operations: dict) -> None:
+    headers = {**CONTROL_HEADERS, "X-Namespace": namespace}
+    assert http.post("/service-endpoints", json={"endpoint_name": endpoint}, headers=headers).status_code == 201
+    created = http.post(f"/service-endpoints/{endpoint}/services", json={"service_name": service}, headers=headers)
+    assert created.status_code == 201, created.text
+    for name, binding in operations.items():
+        body = {
+            "operation_name": name,
+            "operation_mode": "sync",
+            "handler_binding_kind": "start_workflow",
+            "handler_binding": binding,
+        }
+        created = http.post(f"/service-endpoints/{endpoint}/services/{service}/operations", json=body, headers=headers)
+        assert created.status_code == 201, created.text
+
+
+def rows_at(history, sequence):
+    return [
+        event for event in history
+        if event["event_type"].startswith("ServiceCall") and event["payload"].get("sequence") == sequence
+    ]
+
+
+def test_workflows_call_operations_bound_to_workflows(server_url, worker_url, run_worker):
+    namespace = unique("nexus").lower()
+    other = unique("nexus-other").lower()
+    queue = unique("nexus-q")
+    workflow_id = unique("nexus-caller")
+    key = unique("nexus-key")
+
+    async def main():
+        async with make_client(server_url) as admin:
+            await admin.create_namespace(namespace)
+            await admin.create_namespace(other)
+        with httpx.Client(base_url=f"{server_url}/api", timeout=10) as http:
+            register(http, namespace, "billing", "invoicing", {
+                "create": {"workflow_type": "nexus.invoice", "queue": queue},
+                "charge": {"workflow_type": "nexus.refuse", "queue": queue},
+            })
+            register(http, other, "ledger", "books", {"post": {"workflow_type": "nexus.invoice", "queue": queue}})
+        workflows = {"workflows": [Caller, Invoice, Refuse]}
+        async with run_worker(worker_url, queue, namespace=namespace, **workflows):
+            async with run_worker(worker_url, queue, namespace=other, **workflows):
+                async with make_client(server_url, namespace=namespace) as client:
+                    handle = await client.start_workflow(
+                        workflow_type="nexus.caller", task_queue=queue, workflow_id=workflow_id,
+                        input=[21, other, key],
+                    )
+                    result = await wait_result(handle, timeout=90)
+                    run_id = (await handle.describe()).run_id
+        return result, run_id
+
+    result, run_id = run_async(main(), timeout=150)
+    assert result["done"] == {"invoice": 42}
+    assert result["started"] == ["started", True]
+    assert result["failures"]["charge"][0] == "failed"
+    assert result["failures"]["charge"][1] == "ValueError"
+    assert "cannot charge 21" in result["failures"]["charge"][2]
+    assert result["failures"]["missing"] == ["failed", "rejected_not_found", "operation_not_found"]
+    assert result["remote"] == {"invoice": 42}
+    assert result["same_call"] is True
+
+    history = run_async(fetch_history_raw(server_url, workflow_id, run_id, namespace=namespace), timeout=30)
+    types = lambda seq: [event["event_type"] for event in rows_at(history, seq)]  # noqa: E731
+    assert types(1) == ["ServiceCallStarted", "ServiceCallCompleted"]
+    assert types(2) == ["ServiceCallStarted"], "an async call never gets a second row"
+    assert types(3) == ["ServiceCallStarted", "ServiceCallFailed"]
+    assert types(4) == ["ServiceCallFailed"]
+    assert types(5) == ["ServiceCallStarted", "ServiceCallCompleted"]
+    assert types(6) == ["ServiceCallStarted"]
+    # The key's call, admitted at step 6, is answered as it stands: still running, or ended.
+    assert types(7) in (["ServiceCallStarted"], ["ServiceCallCompleted"])
+    started, completed = rows_at(history, 1)
+    assert started["payload"]["service_call_id"] == completed["payload"]["service_call_id"]
+    linked = started["payload"]["linked_workflow_instance_id"]
+    assert completed["payload"]["linked_workflow_instance_id"] == linked
+    remote = rows_at(history, 5)[0]["payload"]
+    assert remote["target_namespace"] == other and remote["service_call"]["caller_namespace"] == namespace
+    first, again = rows_at(history, 6)[0]["payload"], rows_at(history, 7)[0]["payload"]
+    assert first["linked_workflow_instance_id"] == again["linked_workflow_instance_id"]
+    assert again["service_call"]["idempotent_replay"] is True

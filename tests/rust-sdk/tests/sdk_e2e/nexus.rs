@@ -1,0 +1,94 @@
+//! The Rust SDK's Nexus calls against Capstan: `call_nexus_service` on an operation whose
+//! `start_workflow` binding starts a handler workflow resumes with the handler run's result;
+//! an async call resumes at admission; a missing operation is a typed failure at the call
+//! (`Error::NexusOperationFailed`), which the workflow catches. The Rust SDK sends the request
+//! as a `{codec, blob}` envelope with null `namespace` and `idempotency_key`, and checks every
+//! row of a call on replay (one identity across rows, its own caller ids, the request payload).
+
+use super::*;
+use durable_workflow::{NexusOperationMode, NexusServiceOptions, NexusWaitFor};
+
+async fn post(http: &reqwest::Client, server: &CapstanServer, path: &str, body: Value) {
+    let response = http
+        .post(format!("{}/api{path}", server.base_url()))
+        .header("X-Durable-Workflow-Control-Plane-Version", "2")
+        .json(&body)
+        .send()
+        .await
+        .expect("catalog request");
+    assert_eq!(response.status(), 201, "{path}: {}", response.text().await.unwrap_or_default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workflow_calls_an_operation_bound_to_a_workflow() {
+    let server = CapstanServer::spawn().await;
+    let http = reqwest::Client::new();
+    let queue = unique("nexus-q");
+    post(&http, &server, "/service-endpoints", json!({"endpoint_name": "billing"})).await;
+    post(
+        &http,
+        &server,
+        "/service-endpoints/billing/services",
+        json!({"service_name": "invoicing"}),
+    )
+    .await;
+    let operation = json!({"operation_name": "create", "operation_mode": "sync", "handler_binding_kind": "start_workflow",
+                           "handler_binding": {"workflow_type": "e2e.nexus-invoice", "queue": queue}});
+    post(
+        &http,
+        &server,
+        "/service-endpoints/billing/services/invoicing/operations",
+        operation,
+    )
+    .await;
+
+    let client = server.client();
+    let mut worker = new_worker(&client, &queue);
+    worker.register_workflow("e2e.nexus-invoice", |_ctx, input| async move {
+        let amount = input.get(0).and_then(Value::as_i64).unwrap_or_default();
+        Ok(json!({"invoice": amount * 2}))
+    });
+    worker.register_workflow("e2e.nexus-caller", |ctx, _input| async move {
+        let done = ctx.call_nexus_service("billing", "invoicing", "create", json!([21])).await?;
+        let options = NexusServiceOptions {
+            mode: NexusOperationMode::Async,
+            wait_for: NexusWaitFor::Accepted,
+            ..NexusServiceOptions::new()
+        };
+        let started = ctx
+            .call_nexus_service_with_options("billing", "invoicing", "create", options, json!([1]))
+            .await?;
+        let missing = match ctx.call_nexus_service("billing", "invoicing", "missing", json!([1])).await {
+            Err(durable_workflow::Error::NexusOperationFailed(failure)) => json!([failure.status, failure.exception_type]),
+            other => json!(format!("unexpected: {other:?}")),
+        };
+        Ok(json!({
+            "done": serde_json::to_value(&done.result).unwrap_or_default(),
+            "started": [started.status, started.linked_workflow_instance_id.is_some()],
+            "missing": missing,
+        }))
+    });
+    let mut running = RunningWorker::start(worker);
+
+    let workflow_id = unique("nexus-caller");
+    let handle = start(&client, "e2e.nexus-caller", &queue, &workflow_id, json!([])).await;
+    let result = running.result(&handle).await.expect("the caller completes");
+    assert_eq!(
+        result,
+        json!({"done": {"invoice": 42}, "started": ["started", true], "missing": ["failed", "operation_not_found"]})
+    );
+    let run_id = run_id_of(&handle).await;
+    let types = server.history_event_types(&workflow_id, &run_id).await;
+    let calls: Vec<&str> = types.iter().map(String::as_str).filter(|t| t.starts_with("ServiceCall")).collect();
+    assert_eq!(
+        calls,
+        [
+            "ServiceCallStarted",
+            "ServiceCallCompleted",
+            "ServiceCallStarted",
+            "ServiceCallFailed"
+        ],
+        "{types:?}"
+    );
+    running.shutdown().await;
+}
