@@ -141,3 +141,63 @@ def test_workflows_call_operations_bound_to_workflows(server_url, worker_url, ru
     first, again = rows_at(history, 6)[0]["payload"], rows_at(history, 7)[0]["payload"]
     assert first["linked_workflow_instance_id"] == again["linked_workflow_instance_id"]
     assert again["service_call"]["idempotent_replay"] is True
+
+    with httpx.Client(base_url=f"{server_url}/api", headers={**CONTROL_HEADERS, "X-Namespace": namespace}) as http:
+        listed = http.get(f"/workflows/{workflow_id}/nexus-operations").json()
+        # One call per admitted key: step 7 joined step 6's call.
+        assert listed["count"] == 6 and listed["caller_namespace"] == namespace, listed
+        assert {call["caller_workflow_run_id"] for call in listed["nexus_operations"]} == {run_id}
+        first_call = listed["nexus_operations"][0]
+        assert first_call["status"] == "completed" and first_call["response_payload"]["codec"] == "avro"
+        of_run = http.get(f"/workflows/{workflow_id}/runs/{run_id}/nexus-operations", params={"limit": 2}).json()
+        assert of_run["count"] == 2 and of_run["workflow_run_id"] == run_id
+
+
+def test_clients_execute_operations_through_the_catalog_route(server_url, worker_url, run_worker):
+    namespace = unique("nexus-client").lower()
+    queue = unique("nexus-client-q")
+    key = unique("client-key")
+
+    async def main():
+        async with make_client(server_url) as admin:
+            await admin.create_namespace(namespace)
+        with httpx.Client(base_url=f"{server_url}/api", timeout=10) as http:
+            register(http, namespace, "billing", "invoicing", {
+                "create": {"workflow_type": "nexus.invoice", "queue": queue},
+            })
+        async with run_worker(worker_url, queue, namespace=namespace, workflows=[Invoice]):
+            async with make_client(server_url, namespace=namespace) as client:
+                started = await client.execute_nexus_operation(
+                    "billing", "invoicing", "create", [4], idempotency_key=key, mode="async", wait_for="accepted",
+                )
+                again = await client.execute_nexus_operation(
+                    "billing", "invoicing", "create", [4], idempotency_key=key, mode="async", wait_for="accepted",
+                )
+                try:
+                    await client.execute_nexus_operation("billing", "invoicing", "missing", [4])
+                    missing = None
+                except NexusOperationFailed as failure:
+                    missing = [failure.status, failure.outcome, failure.reason]
+                refused = await client.execute_nexus_operation(
+                    "billing", "invoicing", "missing", [4], raise_on_failure=False,
+                )
+                linked = started.response_or_failure_surface["linked_workflow_instance_id"]
+                handle = client.get_workflow_handle(linked)
+                assert await wait_result(handle, timeout=60) == {"invoice": 8}
+        return started, again, missing, refused
+
+    started, again, missing, refused = run_async(main(), timeout=120)
+    assert started.accepted and started.status == "started" and started.service_call_id
+    assert again.service_call_id == started.service_call_id, "one call per idempotency key"
+    assert again.response_or_failure_surface["idempotent_replay"] is True
+    assert missing == ["failed", "rejected_not_found", "operation_not_found"]
+    assert refused.accepted is False and refused.is_failure
+
+    path = f"/service-endpoints/billing/services/invoicing/operations/create/service-calls/{started.service_call_id}"
+    with httpx.Client(base_url=f"{server_url}/api", headers={**CONTROL_HEADERS, "X-Namespace": namespace}) as http:
+        described = http.get(path)
+        assert described.status_code == 200, described.text
+        call = described.json()
+        assert call["found"] is True and call["status"] == "completed" and call["outcome"] == "completed"
+        unknown = http.get(path.replace(started.service_call_id, "01NOSUCHCALL0000000000000"))
+        assert unknown.status_code == 404 and unknown.json()["reason"] == "service_call_not_found"

@@ -6,9 +6,9 @@
 
 use crate::{search_attributes, AppResult, Services};
 use capstan_engine::service_call::*;
-use capstan_engine::{WorkflowCommand, WorkflowId};
+use capstan_engine::{RunId, WorkflowCommand, WorkflowId};
 use capstan_store::prelude::*;
-use capstan_store::{CatalogKey, RunLocator};
+use capstan_store::{CatalogKey, RunLocator, StoreError};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -35,44 +35,121 @@ pub fn calls_services(commands: &[WorkflowCommand]) -> bool {
 pub async fn directory<V: Services>(services: &V, namespace: &str, commands: &[WorkflowCommand]) -> AppResult<Arc<ServiceDirectory>> {
     let mut directory = ServiceDirectory::default();
     for command in commands {
-        let WorkflowCommand::StartServiceOperation(op) = command else {
-            continue;
-        };
-        let target = op.target_namespace.as_deref().unwrap_or(namespace);
-        let route = RouteKey::new(target, &op.endpoint_name, &op.service_name, &op.operation_name);
-        if directory.routes.contains_key(&route) {
-            continue;
+        if let WorkflowCommand::StartServiceOperation(op) = command {
+            read_for(services, &mut directory, namespace, op).await?;
         }
-        let resolved = resolve(services, &route).await?;
-        if let ServiceRoute::StartWorkflow(binding) = &resolved {
-            if let Some(instance_id) = &binding.workflow_instance_id {
-                let current = services
-                    .store()
-                    .load_run(target, RunLocator::Current(WorkflowId(instance_id.clone())))
-                    .await?;
-                if let Some(run) = current {
-                    let known = KnownInstance {
-                        open: !run.is_closed(),
-                        run_id: run.run_id,
-                    };
-                    directory.instances.insert(instance_id.clone(), known);
-                }
-            }
-            let attributes = binding.search_attributes.as_ref().or(op.object("search_attributes"));
-            if let Some(attributes) = attributes {
-                if let Err(error) = search_attributes::check_defined(services, target, "search_attributes", attributes).await {
-                    directory.attribute_problems.insert(route.clone(), error.to_string());
-                }
-            }
-        }
-        if let Some(key) = &op.idempotency_key {
-            if let Some(call) = services.store().service_call_by_key(route.clone(), key).await? {
-                directory.calls.insert((route.clone(), key.clone()), call);
-            }
-        }
-        directory.routes.insert(route, resolved);
     }
     Ok(Arc::new(directory))
+}
+
+/// Adds what `op` (made from `namespace`) resolves against to `directory`.
+async fn read_for<V: Services>(services: &V, directory: &mut ServiceDirectory, namespace: &str, op: &ServiceOperation) -> AppResult<()> {
+    let target = op.target_namespace.as_deref().unwrap_or(namespace);
+    let route = RouteKey::new(target, &op.endpoint_name, &op.service_name, &op.operation_name);
+    if let Some(key) = &op.idempotency_key {
+        if let Some(call) = services.store().service_call_by_key(route.clone(), key).await? {
+            directory.calls.insert((route.clone(), key.clone()), call);
+        }
+    }
+    if directory.routes.contains_key(&route) {
+        return Ok(());
+    }
+    let resolved = resolve(services, &route).await?;
+    if let ServiceRoute::StartWorkflow(binding) = &resolved {
+        if let Some(instance_id) = &binding.workflow_instance_id {
+            let current = services
+                .store()
+                .load_run(target, RunLocator::Current(WorkflowId(instance_id.clone())))
+                .await?;
+            if let Some(run) = current {
+                let known = KnownInstance {
+                    open: !run.is_closed(),
+                    run_id: run.run_id,
+                };
+                directory.instances.insert(instance_id.clone(), known);
+            }
+        }
+        let attributes = binding.search_attributes.as_ref().or(op.object("search_attributes"));
+        if let Some(attributes) = attributes {
+            if let Err(error) = search_attributes::check_defined(services, target, "search_attributes", attributes).await {
+                directory.attribute_problems.insert(route.clone(), error.to_string());
+            }
+        }
+    }
+    directory.routes.insert(route, resolved);
+    Ok(())
+}
+
+/// A client's execute request: `op` addressed to the request's namespace (the target), from
+/// `caller_namespace` (its body's, else the request's).
+pub struct DirectCall {
+    pub namespace: String,
+    pub op: ServiceOperation,
+    pub caller_workflow_id: Option<String>,
+    pub caller_run_id: Option<String>,
+}
+
+/// What an execute request admitted: whether the call was accepted, and its surface.
+pub struct Executed {
+    pub accepted: bool,
+    pub body: Map<String, Value>,
+}
+
+/// Admits a call made outside any run (DW's execute route): the same admission a workflow's
+/// command gets, recorded on the call's row instead of a history.
+pub async fn execute<V: Services>(services: &V, call: DirectCall) -> AppResult<Executed> {
+    let DirectCall {
+        namespace,
+        mut op,
+        caller_workflow_id,
+        caller_run_id,
+    } = call;
+    op.target_namespace = Some(namespace.clone());
+    let caller = Caller {
+        namespace: op.caller_namespace.clone().unwrap_or_else(|| namespace.clone()),
+        workflow_id: caller_workflow_id.map(WorkflowId),
+        run_id: caller_run_id.map(RunId),
+        origin_trace: op.observability_context.clone(),
+    };
+    let mut attempt = 1;
+    let admitted = loop {
+        let mut directory = ServiceDirectory::default();
+        read_for(services, &mut directory, &caller.namespace, &op).await?;
+        let directory = Arc::new(directory);
+        let (caller, op) = (caller.clone(), op.clone());
+        let admitted = services
+            .store()
+            .admit_service_calls(services.now(), move |cx| {
+                cx.services = Some(directory);
+                capstan_engine::admit_service_call(cx, &caller, 0, &op)
+            })
+            .await;
+        match admitted {
+            Err(StoreError::Conflict { .. }) if attempt < ADMISSION_ATTEMPTS => attempt += 1,
+            other => break other?,
+        }
+    };
+    let mut body = admitted
+        .row
+        .get("service_call")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    body.insert("id".into(), Value::String(admitted.service_call_id.clone()));
+    for key in ["message", "exception_type"] {
+        if let Some(value) = admitted.row.get(key) {
+            body.entry(key).or_insert(value.clone());
+        }
+    }
+    let accepted = body.get("accepted").and_then(Value::as_bool).unwrap_or(true);
+    if !accepted && !body.contains_key("reason") {
+        let reason = body
+            .get("outcome")
+            .cloned()
+            .unwrap_or(Value::String("service_operation_failed".into()));
+        body.insert("reason".into(), reason);
+    }
+    Ok(Executed { accepted, body })
 }
 
 /// The route of one catalog address: the first missing level, or the operation's binding.

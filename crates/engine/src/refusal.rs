@@ -105,6 +105,8 @@ reasons! {
     EndpointNotFound => "endpoint_not_found",
     ServiceNotFound => "service_not_found",
     OperationNotFound => "operation_not_found",
+    /// No service call of that id under the operation (DW's describe route).
+    ServiceCallNotFound => "service_call_not_found",
     EndpointAlreadyExists => "endpoint_already_exists",
     ServiceAlreadyExists => "service_already_exists",
     OperationAlreadyExists => "operation_already_exists",

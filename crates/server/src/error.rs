@@ -76,7 +76,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::ExternalPayloadNotFound
         | Reason::EndpointNotFound
         | Reason::ServiceNotFound
-        | Reason::OperationNotFound => StatusCode::NOT_FOUND,
+        | Reason::OperationNotFound
+        | Reason::ServiceCallNotFound => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved
         | Reason::UnknownSearchAttribute

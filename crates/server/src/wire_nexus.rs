@@ -58,6 +58,29 @@ fn catalog_name(f: &Fields, key: &str) -> ApiResult<String> {
     Ok(name)
 }
 
+/// The body of `POST …/operations/{o}/execute` (DW's client call; the names are the path's).
+pub const EXECUTE_FIELDS: &[&str] = &[
+    "arguments",
+    "payload_codec",
+    "metadata",
+    "caller_namespace",
+    "idempotency_key",
+    "mode_override",
+    "wait_for",
+    "wait_timeout_seconds",
+    "caller_workflow_instance_id",
+    "caller_workflow_run_id",
+    "target_workflow_instance_id",
+    "target_workflow_run_id",
+    "connection",
+    "queue",
+    "business_key",
+    "duplicate_start_policy",
+    "labels",
+    "memo",
+    "search_attributes",
+];
+
 /// `start_service_operation` at `commands.{index}`.
 pub fn parse_service_operation(
     map: &Map<String, Value>,
@@ -67,18 +90,32 @@ pub fn parse_service_operation(
     tags: StepTags,
 ) -> ApiResult<ServiceOperation> {
     let at = |key: &str| format!("commands.{index}.{key}");
+    parse_call(map, f, "request_payload", &at, limits, tags)
+}
+
+/// An execute request's body, with the path's names put in as `endpoint_name`,
+/// `service_name` and `operation_name`; `arguments` is its request payload.
+pub fn parse_execute(map: &Map<String, Value>, limits: &Limits) -> ApiResult<ServiceOperation> {
+    let f = Fields::new(map);
+    parse_call(map, &f, "arguments", &|key: &str| key.to_string(), limits, StepTags::new())
+}
+
+/// The fields both forms share; `payload_field` holds the request payload.
+fn parse_call(
+    map: &Map<String, Value>,
+    f: &Fields,
+    payload_field: &str,
+    at: &dyn Fn(&str) -> String,
+    limits: &Limits,
+    tags: StepTags,
+) -> ApiResult<ServiceOperation> {
     let payload_codec = f.opt_str("payload_codec", 64)?.filter(|c| !c.is_empty());
-    let request_payload = map
-        .get("request_payload")
-        .filter(|v| !v.is_null())
-        .cloned()
-        .ok_or_else(|| ApiError::validation(&at("request_payload"), "The request_payload field is required."))?;
+    let required = || ApiError::validation(&at(payload_field), format!("The {payload_field} field is required."));
+    let request_payload = map.get(payload_field).filter(|v| !v.is_null()).cloned().ok_or_else(required)?;
     let input = match (&request_payload, &payload_codec) {
-        // A bare blob is in the codec the command names.
-        (Value::String(blob), Some(codec)) => Payload::inline(codec.clone(), blob.clone()),
-        _ => f
-            .opt_payload("request_payload", limits)?
-            .ok_or_else(|| ApiError::validation(&at("request_payload"), "The request_payload field is required."))?,
+        // A bare blob is in the codec the command names (Avro blobs are checked as such).
+        (Value::String(blob), Some(codec)) if codec != capstan_engine::payload::AVRO_CODEC => Payload::inline(codec.clone(), blob.clone()),
+        _ => f.opt_payload(payload_field, limits)?.ok_or_else(required)?,
     };
     let mode = match f.opt_str("mode_override", 16)? {
         None => None,

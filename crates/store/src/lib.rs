@@ -706,6 +706,14 @@ pub trait CatalogStore: Send + Sync + 'static {
     /// Deletes an entry with nothing below it (`endpoint_has_services`, `service_has_operations`).
     fn delete_catalog_entry(&self, key: CatalogKey) -> impl Future<Output = StoreResult<CatalogEntry>> + Send;
 
+    /// Admits service calls made outside any run (a client's execute request): `admit` decides
+    /// with a `Cx` at `now`; the calls and linked runs it admitted are written atomically. A
+    /// concurrent admission of the same route and key is a `Conflict`.
+    fn admit_service_calls<T, F>(&self, now: Millis, admit: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Cx) -> T + Send + 'static;
+
     /// A Nexus service call by id.
     fn service_call(&self, service_call_id: &str) -> impl Future<Output = StoreResult<Option<ServiceCallRecord>>> + Send;
 

@@ -386,7 +386,7 @@ fn call_row(cx: &Cx, admission: &Admission, admitted: &Admitted, replay: bool) -
                     surface.insert(key.into(), value.clone());
                 }
             }
-            surface.insert("accepted".into(), json!(call.status != STATUS_FAILED));
+            surface.insert("accepted".into(), json!(call.status == STATUS_COMPLETED));
             if call.status == STATUS_COMPLETED {
                 response = call.response.clone();
             } else {

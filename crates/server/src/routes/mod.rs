@@ -17,6 +17,7 @@ mod query;
 mod redrive;
 mod schedules;
 pub(crate) mod search_attributes;
+mod service_calls;
 mod service_catalog;
 mod sessions;
 mod system;
@@ -270,6 +271,19 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             get(service_catalog::describe::<S>)
                 .put(service_catalog::update::<S>)
                 .delete(service_catalog::delete::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint/services/:service/operations/:operation/execute",
+            post(service_calls::execute::<S>),
+        )
+        .route(
+            "/service-endpoints/:endpoint/services/:service/operations/:operation/service-calls/:service_call_id",
+            get(service_calls::describe::<S>),
+        )
+        .route("/workflows/:workflow_id/nexus-operations", get(service_calls::of_workflow::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/nexus-operations",
+            get(service_calls::of_workflow::<S>),
         )
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))

@@ -96,3 +96,56 @@ async fn a_sync_call_starts_its_linked_run_and_gets_one_terminal_row() {
     assert_eq!(done["service_call"]["status"], "completed");
     assert!(done.get("exception_type").is_none(), "a completed row carries no error");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_execute_route_admits_calls_and_answers_refusals_with_409() {
+    let h = Harness::start().await;
+    let handlers = unique("handlers");
+    register_operation(&h, &handlers).await;
+    let execute = "/api/service-endpoints/billing/services/invoicing/operations/create/execute";
+    h.cpost(execute, json!({"arguments": EMPTY_ARGS, "colour": 1}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost(execute, json!({"arguments": EMPTY_ARGS, "caller_workflow_run_id": "x".repeat(27)}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost(execute, json!({})).await.err(422, "validation_failed");
+    let body = json!({"arguments": EMPTY_ARGS, "payload_codec": "avro", "idempotency_key": "k1", "mode_override": "async"});
+    let call = h.cpost(execute, body.clone()).await.ok(200);
+    assert_eq!((call["status"].as_str(), call["accepted"].as_bool()), (Some("started"), Some(true)));
+    let id = call["id"].as_str().unwrap().to_string();
+    assert_eq!(call["service_call_id"], id.as_str());
+    let again = h.cpost(execute, body).await.ok(200);
+    assert_eq!(
+        (again["id"].as_str(), again["idempotent_replay"].as_bool()),
+        (Some(id.as_str()), Some(true))
+    );
+
+    let missing = h
+        .cpost(
+            "/api/service-endpoints/billing/services/invoicing/operations/nope/execute",
+            json!({"arguments": EMPTY_ARGS}),
+        )
+        .await
+        .err(409, "operation_not_found");
+    assert_eq!(
+        (missing["status"].as_str(), missing["outcome"].as_str()),
+        (Some("failed"), Some("rejected_not_found"))
+    );
+
+    let described = h
+        .cget(&format!(
+            "/api/service-endpoints/billing/services/invoicing/operations/create/service-calls/{id}"
+        ))
+        .await
+        .ok(200);
+    assert_eq!(described["linked_workflow_instance_id"], call["linked_workflow_instance_id"]);
+    h.cget(&format!(
+        "/api/service-endpoints/billing/services/invoicing/operations/other/service-calls/{id}"
+    ))
+    .await
+    .err(404, "service_call_not_found");
+    h.cget("/api/workflows/someone/nexus-operations?limit=0")
+        .await
+        .err(422, "validation_failed");
+}

@@ -96,6 +96,19 @@ pub(crate) async fn of_caller<T: Tx>(
     tx.query(&sql, &args).await?.iter().map(record_of).collect()
 }
 
+/// Admits calls outside any run (the execute route): `admit` decides with a `Cx` at `now`,
+/// and what it admitted is written in this transaction.
+pub(crate) async fn admit_direct<T: Tx, R>(tx: &mut T, now: Millis, env: &Env, admit: impl FnOnce(&mut Cx) -> R) -> StoreResult<R> {
+    let (answer, effects) = {
+        let mut ids = env.ids();
+        let mut cx = Cx::new(now, &mut ids, &env.limits);
+        let answer = admit(&mut cx);
+        (answer, cx.effects)
+    };
+    write_admissions(tx, &effects, env).await?;
+    Ok(answer)
+}
+
 /// What a transition admitted: its calls, its waiting steps, and the existing runs it linked.
 pub(crate) fn write_admissions<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> BoxedStep<'a, ()> {
     Box::pin(async move {

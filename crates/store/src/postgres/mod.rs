@@ -940,6 +940,14 @@ impl CatalogStore for PostgresStore {
         in_transaction!(self, |tx| catalog::delete(tx, &key))
     }
 
+    async fn admit_service_calls<T, F>(&self, now: Millis, admit: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Cx) -> T + Send + 'static,
+    {
+        in_transaction!(self, |tx| service_calls::admit_direct(tx, now, &self.env, admit))
+    }
+
     async fn service_call(&self, service_call_id: &str) -> StoreResult<Option<ServiceCallRecord>> {
         let client = self.pool.get().await?;
         service_calls::find(&mut self.on(&client), service_call_id).await

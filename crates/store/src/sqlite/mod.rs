@@ -956,6 +956,17 @@ impl CatalogStore for SqliteStore {
         self.writer.write_tx(move |tx| drive(catalog::delete(tx, &key))).await
     }
 
+    async fn admit_service_calls<T, F>(&self, now: Millis, admit: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Cx) -> T + Send + 'static,
+    {
+        let env = self.env.clone();
+        self.writer
+            .write_tx(move |tx| drive(service_calls::admit_direct(tx, now, &env, admit)))
+            .await
+    }
+
     async fn service_call(&self, service_call_id: &str) -> StoreResult<Option<ServiceCallRecord>> {
         let id = service_call_id.to_string();
         self.read_tx(move |tx| drive(service_calls::find(tx, &id))).await

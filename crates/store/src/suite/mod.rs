@@ -1362,6 +1362,7 @@ macro_rules! store_suite {
             external_payloads_are_kept_while_an_instance_names_them,
             the_service_catalog_nests_endpoints_services_and_operations,
             service_calls_start_their_linked_run_and_settle_with_it,
+            direct_service_calls_are_admitted_with_their_linked_run,
             namespace_storage_policies_are_set_and_cleared,
             concurrent_starts_of_one_activity_id_start_it_once,
             a_claim_goes_to_exactly_one_poller,

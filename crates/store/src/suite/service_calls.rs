@@ -143,3 +143,32 @@ pub async fn service_calls_start_their_linked_run_and_settle_with_it<S: Store>(s
         assert!(run.workflow_task.is_some(), "{caller} is woken");
     }
 }
+
+pub async fn direct_service_calls_are_admitted_with_their_linked_run<S: Store>(store: S) {
+    let caller = Caller {
+        namespace: "default".into(),
+        workflow_id: None,
+        run_id: None,
+        origin_trace: None,
+    };
+    let admit = |key: &'static str, earlier: Option<ServiceCallRecord>| {
+        let caller = caller.clone();
+        move |cx: &mut Cx| {
+            cx.services = Some(directory(earlier));
+            admit_service_call(cx, &caller, 0, &operation(key))
+        }
+    };
+    let first = store.admit_service_calls(NOW, admit("direct-1", None)).await.expect("admitted");
+    assert!(first.running);
+    let call = store.service_call(&first.service_call_id).await.unwrap().expect("stored");
+    assert_eq!(
+        (call.caller_workflow_id.as_ref(), call.caller_namespace.as_str()),
+        (None, "default")
+    );
+    let linked = call.linked_workflow_id.clone().expect("a linked run");
+    assert!(store.load_run("other", RunLocator::Current(linked)).await.unwrap().is_some());
+    let refused = store.admit_service_calls(NOW, admit("direct-1", None)).await;
+    assert!(matches!(refused, Err(StoreError::Conflict { .. })), "the key is taken");
+    let joined = store.admit_service_calls(NOW, admit("direct-1", Some(call))).await.unwrap();
+    assert_eq!(joined.service_call_id, first.service_call_id);
+}
