@@ -21,7 +21,10 @@ impl Sim {
                 self.report.continued_as_new += 1;
             }
             if run.workflow_type == CHILD_TYPE && run.run_number == 1 {
-                self.report.children_started += 1;
+                match run.service_call_ids.is_empty() {
+                    true => self.report.children_started += 1,
+                    false => self.report.service_calls += 1,
+                }
             }
         }
         self.report.completed = self.run_workflows.values().collect::<BTreeSet<_>>().len();
@@ -154,6 +157,7 @@ impl Sim {
             return Err(self.fail(format!("{run_id}: the history chain breaks at event {sequence}")));
         }
         self.check_messages(&run, &events)?;
+        self.check_service_calls(run_id, &events)?;
         self.check_output_stream(&run, &events).await?;
         // No acknowledged write lost (across restarts too).
         if let Some((sequence, hash)) = self.acked.get(run_id) {

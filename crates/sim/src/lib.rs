@@ -21,6 +21,7 @@
 mod cancellation;
 mod checks;
 mod local;
+mod nexus;
 mod payloads;
 mod program;
 mod redrive;
@@ -31,7 +32,10 @@ use capstan_app::{control, duties, ledger, polls, queries, reports, AppError, Se
 use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{CommandKey, DuplicatePolicy, LedgerFilter, ManualClock, RunLocator, SeededIds, Sources, SqliteStore, StoreError};
+use capstan_store::{
+    CatalogEntry, CatalogKey, CommandKey, DuplicatePolicy, LedgerFilter, ManualClock, RunLocator, SeededIds, Sources, SqliteStore,
+    StoreError,
+};
 use program::{command_identity, decide, pick};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -116,6 +120,8 @@ pub struct Report {
     pub lease_renewals: usize,
     /// Uploaded payloads that nothing named, collected.
     pub payloads_collected: usize,
+    /// Runs started by Nexus calls (each call's linked run).
+    pub service_calls: usize,
     /// Cooperative cancellations requested, delivered, deferred (a call waited for its
     /// activities to stop) and stops acknowledged.
     pub cancellations: [usize; 4],
@@ -165,6 +171,9 @@ enum Step {
     Signal(usize),
     /// Starts a child workflow and waits for it to close.
     Child,
+    /// Calls the catalog operation bound to the child type: `Sync` waits for the linked run's
+    /// end, `Async` resumes at admission.
+    Nexus(capstan_engine::service_call::CallMode),
     /// A prepared local activity: admitted, run and reported on the workflow task's claim.
     LocalActivity,
     /// Ends this run's part of the program: the next run of the instance does the rest.
@@ -346,6 +355,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         .put_action_definition(NAMESPACE, DECLARED, RecoveryMode::NonAtomic, Map::new(), sim.now)
         .await
         .map_err(|e| sim.fail(format!("defining the action: {e}")))?;
+    sim.register_operation().await?;
     sim.register_workers().await?;
     sim.faulty_phase().await?;
     sim.calm_phase().await?;
@@ -595,7 +605,9 @@ impl Sim {
                     signals += 1;
                     Step::Signal(signals)
                 }
-                9..=10 => Step::Child,
+                9 => Step::Child,
+                10 if self.rng.random_bool(0.5) => Step::Nexus(capstan_engine::service_call::CallMode::Sync),
+                10 => Step::Nexus(capstan_engine::service_call::CallMode::Async),
                 11 => Step::SessionActivity,
                 _ if continued => Step::Stream,
                 _ => {
@@ -1590,6 +1602,7 @@ pub struct Totals {
     pub messages: [usize; 3],
     pub stream_items: usize,
     pub payloads_collected: usize,
+    pub service_calls: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1622,6 +1635,7 @@ impl Totals {
         self.messages[2] += report.message_conflicts;
         self.stream_items += report.stream_items;
         self.payloads_collected += report.payloads_collected;
+        self.service_calls += report.service_calls;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1636,7 +1650,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1672,6 +1686,7 @@ impl Totals {
             self.messages[2],
             self.stream_items,
             self.payloads_collected,
+            self.service_calls,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

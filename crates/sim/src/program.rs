@@ -155,7 +155,8 @@ pub(crate) fn decide(
         false => (parts.get(run_number - 1).copied().unwrap_or(&[]), run_number >= parts.len()),
     };
     let side_effects = count(&[EventType::SideEffectRecorded], false);
-    let (mut activity, mut timer, mut child, mut local, mut stream) = (0, 0, 0, 0, 0);
+    let (calls_admitted, calls_resolved) = crate::nexus::call_progress(history);
+    let (mut activity, mut timer, mut child, mut local, mut stream, mut calls) = (0, 0, 0, 0, 0, 0);
     for step in part {
         let next = match step {
             Step::Activity(_) | Step::SessionActivity => {
@@ -235,6 +236,15 @@ pub(crate) fn decide(
                     tags: Map::new(),
                     observability_context: None,
                 })
+            }
+            Step::Nexus(mode) => {
+                calls += 1;
+                match progress(calls, calls_admitted, calls_resolved) {
+                    Progress::Done => continue,
+                    Progress::Waiting => return (commands, None),
+                    Progress::Next => {}
+                }
+                crate::nexus::call(*mode)
             }
             Step::LocalActivity => {
                 local += 1;

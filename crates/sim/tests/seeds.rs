@@ -39,7 +39,8 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && totals.redrives > 0
             && totals.messages.iter().all(|n| *n > 0)
             && totals.stream_items > 0
-            && totals.payloads_collected > 0,
+            && totals.payloads_collected > 0
+            && totals.service_calls > 0,
         "{}",
         totals.summary()
     );
