@@ -13,6 +13,8 @@ Each caller's history is replayed by the SDK on every task, so every row shape i
 """
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from durable_workflow import workflow
 from durable_workflow.errors import NexusOperationFailed
@@ -32,6 +34,25 @@ class Invoice:
 class Refuse:
     def run(self, ctx, amount):
         raise ValueError(f"cannot charge {amount}")
+
+
+@workflow.defn(name="nexus.forever")
+class Forever:
+    def run(self, ctx, amount):
+        yield ctx.start_timer(3600)
+        return amount
+
+
+@workflow.defn(name="nexus.patient")
+class Patient:
+    """Waits on a call whose handler never ends; an operator cancels the call."""
+
+    def run(self, ctx):
+        try:
+            yield ctx.call_nexus_service("billing", "invoicing", "hang", [1])
+        except NexusOperationFailed as failure:
+            return [failure.status, failure.caller_observed_error_type, str(failure)]
+        return "completed"
 
 
 @workflow.defn(name="nexus.caller")
@@ -201,3 +222,36 @@ def test_clients_execute_operations_through_the_catalog_route(server_url, worker
         assert call["found"] is True and call["status"] == "completed" and call["outcome"] == "completed"
         unknown = http.get(path.replace(started.service_call_id, "01NOSUCHCALL0000000000000"))
         assert unknown.status_code == 404 and unknown.json()["reason"] == "service_call_not_found"
+
+
+def test_a_cancelled_call_fails_the_waiting_workflow_step(server_url, worker_url, run_worker):
+    namespace = unique("nexus-cancel").lower()
+    queue = unique("nexus-cancel-q")
+    workflow_id = unique("nexus-patient")
+    headers = {**CONTROL_HEADERS, "X-Namespace": namespace}
+
+    async def main():
+        async with make_client(server_url) as admin:
+            await admin.create_namespace(namespace)
+        with httpx.Client(base_url=f"{server_url}/api", timeout=10) as http:
+            register(http, namespace, "billing", "invoicing", {"hang": {"workflow_type": "nexus.forever", "queue": queue}})
+        async with run_worker(worker_url, queue, namespace=namespace, workflows=[Patient, Forever]):
+            async with make_client(server_url, namespace=namespace) as client:
+                handle = await client.start_workflow(workflow_type="nexus.patient", task_queue=queue, workflow_id=workflow_id)
+                async with httpx.AsyncClient(base_url=f"{server_url}/api", headers=headers) as http:
+                    call_id = None
+                    for _ in range(200):
+                        listed = (await http.get(f"/workflows/{workflow_id}/nexus-operations")).json()
+                        if listed["count"]:
+                            call_id = listed["nexus_operations"][0]["id"]
+                            break
+                        await asyncio.sleep(0.05)
+                    assert call_id, "the call was admitted"
+                    path = f"/service-endpoints/billing/services/invoicing/operations/hang/service-calls/{call_id}/cancel"
+                    cancelled = await http.post(path, json={"reason": "operator gave up"})
+                    assert cancelled.status_code == 200, cancelled.text
+                return await wait_result(handle, timeout=60)
+
+    status, error_type, message = run_async(main(), timeout=120)
+    assert (status, error_type) == ("cancelled", "service_call_cancelled")
+    assert "operator gave up" in message

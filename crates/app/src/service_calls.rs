@@ -210,3 +210,43 @@ pub fn route_of(doc: &Map<String, Value>) -> ServiceRoute {
         search_attributes: object("search_attributes"),
     }))
 }
+
+/// Cancels an open call of the operation at `route`: its waiting callers get their cancelled
+/// rows, and when the operation's `cancellation_policy` says `propagate_to_linked_workflow`,
+/// its linked instance is cancelled too. A call of another operation is not found.
+pub async fn cancel<V: Services>(
+    services: &V,
+    route: &RouteKey,
+    service_call_id: &str,
+    reason: Option<String>,
+) -> AppResult<ServiceCallRecord> {
+    let store = services.store();
+    let not_found = || {
+        StoreError::Refused(
+            capstan_engine::Refusal::new(
+                capstan_engine::Reason::ServiceCallNotFound,
+                "No service call of that id under this operation.",
+            )
+            .with("service_call_id", service_call_id),
+        )
+    };
+    let call = store.service_call(service_call_id).await?.filter(|c| c.route_key() == *route);
+    call.ok_or_else(not_found)?;
+    let operation = CatalogKey {
+        namespace: route.namespace.clone(),
+        endpoint: route.endpoint.clone(),
+        service: Some(route.service.clone()),
+        operation: Some(route.operation.clone()),
+    };
+    let propagate = store.catalog_entry(operation).await?.is_some_and(|entry| {
+        entry
+            .doc
+            .get("cancellation_policy")
+            .and_then(|policy| policy.get("propagate_to_linked_workflow"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    });
+    Ok(store
+        .cancel_service_call(service_call_id, reason, services.now(), propagate)
+        .await?)
+}

@@ -107,6 +107,8 @@ reasons! {
     OperationNotFound => "operation_not_found",
     /// No service call of that id under the operation (DW's describe route).
     ServiceCallNotFound => "service_call_not_found",
+    /// A cancellation of a service call that has already ended.
+    ServiceCallTerminal => "service_call_terminal",
     EndpointAlreadyExists => "endpoint_already_exists",
     ServiceAlreadyExists => "service_already_exists",
     OperationAlreadyExists => "operation_already_exists",

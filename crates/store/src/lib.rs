@@ -714,6 +714,17 @@ pub trait CatalogStore: Send + Sync + 'static {
         T: Send + 'static,
         F: FnOnce(&mut Cx) -> T + Send + 'static;
 
+    /// Cancels an open service call (its waiting callers get their cancelled rows; with
+    /// `propagate` its linked instance is cancelled too), atomically; `service_call_terminal`
+    /// if it already ended.
+    fn cancel_service_call(
+        &self,
+        service_call_id: &str,
+        reason: Option<String>,
+        now: Millis,
+        propagate: bool,
+    ) -> impl Future<Output = StoreResult<ServiceCallRecord>> + Send;
+
     /// A Nexus service call by id.
     fn service_call(&self, service_call_id: &str) -> impl Future<Output = StoreResult<Option<ServiceCallRecord>>> + Send;
 

@@ -70,7 +70,7 @@ pub use message_stream::{append_stream_message, check_stream_progress, note_stre
 pub use prepared_local::*;
 pub use redrive::{redrive, RedriveOutcome};
 use service_calls::start_service_operation;
-pub use service_calls::{admit_service_call, resolve_service_call, settle_call, AdmittedCall};
+pub use service_calls::{admit_service_call, cancelled_call, resolve_service_call, settle_call, AdmittedCall};
 use standalone::{activity_resolved, Resolution};
 pub use standalone::{require_workflow_code, standalone_default_retry, start_standalone_activity, StartStandaloneActivity};
 pub use start::*;

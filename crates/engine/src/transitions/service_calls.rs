@@ -517,6 +517,27 @@ pub fn settle_call(call: &mut ServiceCallRecord, closed: &LinkedRunClosed) {
     }
 }
 
+/// A cancellation of an open call, as the end its waiting callers hear: `cancelled`, with the
+/// reason (else DW's message) and `service_call_cancelled` as the error they observe.
+pub fn cancelled_call(call: &ServiceCallRecord, reason: Option<String>, now: Millis) -> LinkedRunClosed {
+    LinkedRunClosed {
+        service_call_ids: vec![call.service_call_id.clone()],
+        workflow_id: call.linked_workflow_id.clone().unwrap_or_else(|| WorkflowId(String::new())),
+        run_id: call.linked_run_id.clone().unwrap_or_else(|| RunId(String::new())),
+        status: RunStatus::Cancelled,
+        closed_reason: Some(ClosedReason::Cancelled),
+        output: None,
+        failure: Some(WorkflowFailure {
+            message: reason
+                .filter(|r| !r.trim().is_empty())
+                .unwrap_or_else(|| "Service operation cancelled.".into()),
+            exception_type: Some("service_call_cancelled".into()),
+            ..Default::default()
+        }),
+        closed_at: now,
+    }
+}
+
 /// A linked run closed: the caller step waiting for it gets its one terminal row (same
 /// identity as its Started row) and a workflow task. A caller that closed meanwhile, or no
 /// longer waits at that step, takes no note.

@@ -280,6 +280,10 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/service-endpoints/:endpoint/services/:service/operations/:operation/service-calls/:service_call_id",
             get(service_calls::describe::<S>),
         )
+        .route(
+            "/service-endpoints/:endpoint/services/:service/operations/:operation/service-calls/:service_call_id/cancel",
+            post(service_calls::cancel::<S>),
+        )
         .route("/workflows/:workflow_id/nexus-operations", get(service_calls::of_workflow::<S>))
         .route(
             "/workflows/:workflow_id/runs/:run_id/nexus-operations",

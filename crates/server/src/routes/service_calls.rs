@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_app::service_calls::{self, DirectCall};
-use capstan_engine::service_call::ServiceCallRecord;
+use capstan_engine::service_call::{RouteKey, ServiceCallRecord};
 use capstan_engine::{Reason, Refusal};
 use capstan_store::Store;
 use serde_json::{json, Value};
@@ -102,6 +102,24 @@ pub async fn describe<S: Store>(
     };
     let mut body = render_call(&call);
     body["found"] = json!(true);
+    Ok(Json(body))
+}
+
+/// `POST …/operations/{o}/service-calls/{id}/cancel {reason?}`: 200 with the cancelled call, 409
+/// `service_call_terminal` when it already ended.
+pub async fn cancel<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((endpoint, service, operation, id)): Path<(String, String, String, String)>,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    refuse_unknown_fields(&body, &[&["reason"]], "", "service call cancellations")?;
+    let reason = Fields::new(&body).opt_str("reason", 1000)?;
+    let route = RouteKey::new(&namespace, &endpoint, &service, &operation);
+    let call = service_calls::cancel(&*state, &route, &id, reason).await?;
+    tracing::info!(namespace, service_call_id = %id, "service call cancelled");
+    let mut body = render_call(&call);
+    body["outcome"] = json!("cancelled");
     Ok(Json(body))
 }
 

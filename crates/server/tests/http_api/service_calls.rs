@@ -149,3 +149,79 @@ async fn the_execute_route_admits_calls_and_answers_refusals_with_409() {
         .await
         .err(422, "validation_failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_reaches_its_waiting_caller_and_by_policy_its_linked_run() {
+    let h = Harness::start().await;
+    let handlers = unique("handlers");
+    register_operation(&h, &handlers).await;
+    let operation = json!({"operation_name": "charge", "operation_mode": "sync", "handler_binding_kind": "start_workflow",
+        "handler_binding": {"workflow_type": "test.handler", "queue": handlers},
+        "cancellation_policy": {"propagate_to_linked_workflow": true}});
+    h.cpost("/api/service-endpoints/billing/services/invoicing/operations", operation)
+        .await
+        .ok(201);
+    let caller = unique("caller");
+    let (start, task) = h.started_and_leased(&caller, "w1", &unique("callers")).await;
+    let run_id = start["run_id"].as_str().unwrap().to_string();
+    h.complete_workflow_task(&task, json!([call(json!({"operation_name": "charge"}))]))
+        .await
+        .ok(200);
+    let history = h.history(&caller, &run_id).await;
+    let started = &history.iter().find(|e| e["event_type"] == "ServiceCallStarted").unwrap()["payload"];
+    let id = started["service_call_id"].as_str().unwrap().to_string();
+    let linked = started["linked_workflow_instance_id"].as_str().unwrap().to_string();
+
+    let calls = "/api/service-endpoints/billing/services/invoicing/operations";
+    h.cpost(&format!("{calls}/create/service-calls/{id}/cancel"), json!({}))
+        .await
+        .err(404, "service_call_not_found");
+    h.cpost(&format!("{calls}/charge/service-calls/{id}/cancel"), json!({"why": "x"}))
+        .await
+        .err(422, "validation_failed");
+    let cancelled = h
+        .cpost(
+            &format!("{calls}/charge/service-calls/{id}/cancel"),
+            json!({"reason": "changed my mind"}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(
+        (cancelled["status"].as_str(), cancelled["outcome"].as_str()),
+        (Some("cancelled"), Some("cancelled"))
+    );
+    h.cpost(&format!("{calls}/charge/service-calls/{id}/cancel"), json!({}))
+        .await
+        .err(409, "service_call_terminal");
+
+    let history = h.history(&caller, &run_id).await;
+    let rows: Vec<_> = history.iter().filter(|e| e["event_type"] == "ServiceCallCancelled").collect();
+    assert_eq!(rows.len(), 1, "the waiting step hears of it once");
+    let row = &rows[0]["payload"];
+    assert_eq!(
+        (row["exception_type"].as_str(), row["message"].as_str()),
+        (Some("service_call_cancelled"), Some("changed my mind"))
+    );
+    assert_eq!(row["service_call"]["status"], "cancelled");
+    assert_eq!(
+        h.describe(&linked).await["status"],
+        "cancelled",
+        "the policy propagates to the linked run"
+    );
+    let queue = h.describe(&caller).await["task_queue"].as_str().unwrap().to_string();
+    let caller_task = h.next_workflow_task("w1", &queue).await;
+    assert_eq!(caller_task["workflow_id"], caller.as_str(), "the caller is woken");
+
+    // Without the policy, the call ends and its linked run goes on.
+    let execute = format!("{calls}/create/execute");
+    let direct = h
+        .cpost(&execute, json!({"arguments": EMPTY_ARGS, "mode_override": "async"}))
+        .await
+        .ok(200);
+    let direct_id = direct["id"].as_str().unwrap();
+    h.cpost(&format!("{calls}/create/service-calls/{direct_id}/cancel"), json!({}))
+        .await
+        .ok(200);
+    let linked = direct["linked_workflow_instance_id"].as_str().unwrap();
+    assert_eq!(h.describe(linked).await["status"], "pending");
+}

@@ -343,22 +343,35 @@ async fn on_open_child<T: Tx>(
     env: &Env,
     transition: impl FnOnce(&mut RunState, &mut Cx) -> Result<(), Refusal>,
 ) -> StoreResult<()> {
-    let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![child_id.as_str()]).await?;
+    let now = effects.events.last().map(|e| e.recorded_at);
+    on_open_instance(tx, child_id, now, env, transition).await
+}
+
+/// Runs `transition` on an instance's current run, if it is still open, at `now` (else the
+/// run's last progress); persists what it changed.
+pub(crate) async fn on_open_instance<T: Tx>(
+    tx: &mut T,
+    workflow_id: &WorkflowId,
+    now: Option<Millis>,
+    env: &Env,
+    transition: impl FnOnce(&mut RunState, &mut Cx) -> Result<(), Refusal>,
+) -> StoreResult<()> {
+    let current = tx.query_opt(CURRENT_RUN_ANY_NAMESPACE, &args![workflow_id.as_str()]).await?;
     let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
         return Ok(());
     };
-    let Some(mut child) = lock_run(tx, &run_id, false).await? else {
+    let Some(mut run) = lock_run(tx, &run_id, false).await? else {
         return Ok(());
     };
-    if child.is_closed() {
+    if run.is_closed() {
         return Ok(());
     }
-    let now = effects.events.last().map(|e| e.recorded_at).unwrap_or(child.last_progress_at);
+    let now = now.unwrap_or(run.last_progress_at);
     let mut ids = env.ids();
     let mut cx = Cx::new(now, &mut ids, &env.limits);
-    transition(&mut child, &mut cx)?;
-    let child_effects = cx.effects;
-    persist(tx, &child, &child_effects, false, env).await
+    transition(&mut run, &mut cx)?;
+    let run_effects = cx.effects;
+    persist(tx, &run, &run_effects, false, env).await
 }
 
 /// A new instance's row, as a start writes it.

@@ -137,6 +137,43 @@ pub(crate) fn write_admissions<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, e
     })
 }
 
+/// Cancels an open call: it ends `cancelled`, every caller step waiting on it gets its
+/// `ServiceCallCancelled` row, and with `propagate` (the operation's cancellation policy) its
+/// linked instance is cancelled too, all in this transaction.
+pub(crate) async fn cancel<T: Tx>(
+    tx: &mut T,
+    service_call_id: &str,
+    reason: Option<String>,
+    now: Millis,
+    propagate: bool,
+    env: &Env,
+) -> StoreResult<ServiceCallRecord> {
+    let call = find(tx, service_call_id).await?.ok_or_else(|| {
+        StoreError::Refused(
+            Refusal::new(Reason::ServiceCallNotFound, "No service call of that id.").with("service_call_id", service_call_id),
+        )
+    })?;
+    if call.is_terminal() {
+        let refusal = Refusal::new(Reason::ServiceCallTerminal, "The service call has already ended.")
+            .with("service_call_id", service_call_id)
+            .with("status", call.status.clone());
+        return Err(StoreError::Refused(refusal));
+    }
+    let closed = capstan_engine::cancelled_call(&call, reason.clone(), now);
+    settle(tx, &closed, env).await?;
+    if let (true, Some(linked)) = (propagate, &call.linked_workflow_id) {
+        let command_id = CommandId(env.new_id());
+        let why = Some(reason.unwrap_or_else(|| "service call cancelled".into()));
+        super::persist::on_open_instance(tx, linked, Some(now), env, |run, cx| {
+            close_by_command(run, cx, CloseCommand::Cancel, why, command_id).map(drop)
+        })
+        .await?;
+    }
+    find(tx, service_call_id)
+        .await?
+        .ok_or_else(|| StoreError::Storage(format!("service call {service_call_id} vanished")))
+}
+
 /// An existing run a call linked to: its end settles the call too. A run that closed
 /// meanwhile is a conflict (the admission is applied again and sees it closed).
 async fn link_run<T: Tx>(tx: &mut T, run_id: &RunId, service_call_id: &str, env: &Env) -> StoreResult<()> {
@@ -161,7 +198,8 @@ fn closed_meanwhile(run_id: &RunId) -> StoreError {
 /// gets its terminal row, in this transaction.
 async fn settle<T: Tx>(tx: &mut T, closed: &LinkedRunClosed, env: &Env) -> StoreResult<()> {
     for service_call_id in &closed.service_call_ids {
-        if let Some(mut call) = find(tx, service_call_id).await? {
+        // A call cancelled before its linked run closed keeps its cancellation.
+        if let Some(mut call) = find(tx, service_call_id).await?.filter(|c| !c.is_terminal()) {
             capstan_engine::settle_call(&mut call, closed);
             save(tx, &call).await?;
         }

@@ -948,6 +948,23 @@ impl CatalogStore for PostgresStore {
         in_transaction!(self, |tx| service_calls::admit_direct(tx, now, &self.env, admit))
     }
 
+    async fn cancel_service_call(
+        &self,
+        service_call_id: &str,
+        reason: Option<String>,
+        now: Millis,
+        propagate: bool,
+    ) -> StoreResult<ServiceCallRecord> {
+        in_transaction!(self, |tx| service_calls::cancel(
+            tx,
+            service_call_id,
+            reason,
+            now,
+            propagate,
+            &self.env
+        ))
+    }
+
     async fn service_call(&self, service_call_id: &str) -> StoreResult<Option<ServiceCallRecord>> {
         let client = self.pool.get().await?;
         service_calls::find(&mut self.on(&client), service_call_id).await

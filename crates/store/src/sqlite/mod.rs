@@ -967,6 +967,19 @@ impl CatalogStore for SqliteStore {
             .await
     }
 
+    async fn cancel_service_call(
+        &self,
+        service_call_id: &str,
+        reason: Option<String>,
+        now: Millis,
+        propagate: bool,
+    ) -> StoreResult<ServiceCallRecord> {
+        let (id, env) = (service_call_id.to_string(), self.env.clone());
+        self.writer
+            .write_tx(move |tx| drive(service_calls::cancel(tx, &id, reason, now, propagate, &env)))
+            .await
+    }
+
     async fn service_call(&self, service_call_id: &str) -> StoreResult<Option<ServiceCallRecord>> {
         let id = service_call_id.to_string();
         self.read_tx(move |tx| drive(service_calls::find(tx, &id))).await

@@ -171,4 +171,20 @@ pub async fn direct_service_calls_are_admitted_with_their_linked_run<S: Store>(s
     assert!(matches!(refused, Err(StoreError::Conflict { .. })), "the key is taken");
     let joined = store.admit_service_calls(NOW, admit("direct-1", Some(call))).await.unwrap();
     assert_eq!(joined.service_call_id, first.service_call_id);
+
+    // Cancelled once: it ends cancelled; a second cancellation is refused.
+    let cancelled = store
+        .cancel_service_call(&first.service_call_id, Some("stop".into()), NOW, false)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status, STATUS_CANCELLED);
+    assert_eq!(cancelled.surface["failure_message"], json!("stop"));
+    assert_eq!(
+        reason(store.cancel_service_call(&first.service_call_id, None, NOW, false).await),
+        Reason::ServiceCallTerminal
+    );
+    assert_eq!(
+        reason(store.cancel_service_call("no-such-call", None, NOW, false).await),
+        Reason::ServiceCallNotFound
+    );
 }
