@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from durable_workflow import workflow
-from durable_workflow.errors import NexusOperationFailed
+from durable_workflow.errors import NexusOperationFailed, WorkflowCancelled
 
 from capstan_harness import (
-    CONTROL_HEADERS, fetch_history_raw, make_client, run_async, unique, wait_result,
+    CONTROL_HEADERS, events_of, fetch_history_raw, make_client, payload_of, run_async, unique, wait_for_history,
+    wait_result,
 )
 
 
@@ -52,6 +54,16 @@ class Patient:
             yield ctx.call_nexus_service("billing", "invoicing", "hang", [1])
         except NexusOperationFailed as failure:
             return [failure.status, failure.caller_observed_error_type, str(failure)]
+        return "completed"
+
+
+@workflow.defn(name="nexus.cancellable")
+class Cancellable:
+    """Waits on a call whose handler never ends; the run's cooperative cancellation is
+    delivered at the call."""
+
+    def run(self, ctx):
+        yield ctx.call_nexus_service("billing", "invoicing", "hang", [1])
         return "completed"
 
 
@@ -255,3 +267,45 @@ def test_a_cancelled_call_fails_the_waiting_workflow_step(server_url, worker_url
     status, error_type, message = run_async(main(), timeout=120)
     assert (status, error_type) == ("cancelled", "service_call_cancelled")
     assert "operator gave up" in message
+
+
+def test_a_cooperative_cancellation_delivered_at_a_call_cancels_the_call_and_its_linked_run(
+    server_url, worker_url, run_worker,
+):
+    namespace = unique("nexus-coop").lower()
+    queue = unique("nexus-coop-q")
+    workflow_id = unique("nexus-cancellable")
+
+    async def main():
+        async with make_client(server_url) as admin:
+            await admin.create_namespace(namespace)
+        with httpx.Client(base_url=f"{server_url}/api", timeout=10) as http:
+            headers = {**CONTROL_HEADERS, "X-Namespace": namespace}
+            register(http, namespace, "billing", "invoicing", {"hang": {"workflow_type": "nexus.forever", "queue": queue}})
+            # The operation's policy cancels the linked run with the call.
+            policy = {"cancellation_policy": {"propagate_to_linked_workflow": True}}
+            updated = http.put("/service-endpoints/billing/services/invoicing/operations/hang", json=policy, headers=headers)
+            assert updated.status_code == 200, updated.text
+        async with run_worker(worker_url, queue, namespace=namespace, workflows=[Cancellable, Forever],
+                              capabilities=["cooperative_cancellation", "nexus_cooperative_cancellation"]):
+            async with make_client(server_url, namespace=namespace) as client:
+                handle = await client.start_workflow(workflow_type="nexus.cancellable", task_queue=queue,
+                                                     workflow_id=workflow_id)
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: bool(events_of(evs, "ServiceCallStarted")), what="ServiceCallStarted")
+                await handle.request_cancellation(reason="stop", cleanup_timeout_seconds=60)
+                with pytest.raises(WorkflowCancelled):
+                    await handle.result(timeout=30, poll_interval=0.2)
+                return handle.run_id
+
+    run_id = run_async(main(), timeout=120)
+    history = run_async(fetch_history_raw(server_url, workflow_id, run_id, namespace=namespace), timeout=30)
+    (delivered,) = events_of(history, "CooperativeCancellationDelivered")
+    assert payload_of(delivered)["call_kind"] == "service_operation" and payload_of(delivered)["sequence"] == 1
+    assert [e["event_type"] for e in history if e["event_type"].startswith("ServiceCall")] == ["ServiceCallStarted"]
+    assert history[-1]["event_type"] == "WorkflowCancelled"
+    linked = payload_of(events_of(history, "ServiceCallStarted")[0])["linked_workflow_instance_id"]
+    with httpx.Client(base_url=f"{server_url}/api", headers={**CONTROL_HEADERS, "X-Namespace": namespace}) as http:
+        (call,) = http.get(f"/workflows/{workflow_id}/nexus-operations").json()["nexus_operations"]
+        assert call["status"] == "cancelled"
+        assert http.get(f"/workflows/{linked}").json()["status"] == "cancelled"

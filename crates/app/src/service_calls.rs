@@ -238,14 +238,10 @@ pub async fn cancel<V: Services>(
         service: Some(route.service.clone()),
         operation: Some(route.operation.clone()),
     };
-    let propagate = store.catalog_entry(operation).await?.is_some_and(|entry| {
-        entry
-            .doc
-            .get("cancellation_policy")
-            .and_then(|policy| policy.get("propagate_to_linked_workflow"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-    });
+    let propagate = store
+        .catalog_entry(operation)
+        .await?
+        .is_some_and(|entry| capstan_store::cancellation_propagates(&entry.doc));
     Ok(store
         .cancel_service_call(service_call_id, reason, services.now(), propagate)
         .await?)

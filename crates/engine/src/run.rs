@@ -597,6 +597,8 @@ pub struct Effects {
     pub service_links: Vec<(RunId, String)>,
     /// Caller steps that wait for a call's completion.
     pub service_waiters: Vec<crate::service_call::ServiceWaiter>,
+    /// Service calls a delivered cooperative cancellation interrupted: the store cancels them.
+    pub service_cancels: Vec<String>,
     /// This run, linked to service calls, closed: they settle in the same transaction.
     pub service_run_closed: Option<crate::service_call::LinkedRunClosed>,
 }

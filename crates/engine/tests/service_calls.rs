@@ -238,3 +238,47 @@ fn a_key_already_admitted_joins_that_call_without_a_second_linked_run() {
     assert_eq!(row.payload["response_payload"], json!({"codec": "avro", "blob": "out"}));
     assert!(workflow_task_ready(&third));
 }
+
+#[test]
+fn a_cooperative_cancellation_delivered_at_a_waiting_call_cancels_it_without_a_row() {
+    let mut sim = Sim::start();
+    call(&mut sim, operation(CallMode::Sync, WaitFor::Completed, "create"), directory(None));
+    let call_id = sim.run.service_waits[&1].service_call_id.clone();
+    sim.apply(|run, cx| request_cancellation(run, cx, Some("stop".into()), 60, "req-1".into()))
+        .unwrap();
+    let (task, fence) = sim.lease_workflow("w");
+    let delivery = DeliveryRequest {
+        request_id: "req-1".into(),
+        sequence: 1,
+        call_kind: "service_operation".into(),
+        sequence_span: 1,
+        operation_sequence: None,
+        operation_sequence_span: 1,
+    };
+    let limits = sim.limits.clone();
+    let mut cx = Cx::new(sim.now, &mut sim.ids, &limits);
+    let outcome = deliver_cancellation(&mut sim.run, &mut cx, &task, "w", fence, delivery.clone()).unwrap();
+    assert!(matches!(outcome, DeliveryOutcome::Delivered(_)));
+    assert_eq!(cx.effects.service_cancels, vec![call_id]);
+    let types: Vec<_> = cx.effects.events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(
+        types,
+        ["CooperativeCancellationDelivered"],
+        "no row at the call: the delivery is its end"
+    );
+    assert!(sim.run.service_waits.is_empty());
+
+    // A call kind that does not fit the recorded step is refused.
+    let mut other = Sim::start();
+    other.complete_workflow("w", vec![timer_command(60)]).unwrap();
+    other
+        .apply(|run, cx| request_cancellation(run, cx, None, 60, "req-2".into()))
+        .unwrap();
+    let (task, fence) = other.lease_workflow("w");
+    let wrong = DeliveryRequest {
+        request_id: "req-2".into(),
+        ..delivery
+    };
+    let refused = other.apply(|run, cx| deliver_cancellation(run, cx, &task, "w", fence, wrong));
+    assert_eq!(refused.unwrap_err().reason, Reason::CancellationDeliveryShapeMismatch);
+}

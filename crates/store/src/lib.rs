@@ -35,6 +35,7 @@ pub mod prelude {
     };
 }
 pub use logic::fleet::DEREGISTRATION_RECEIPT_RETENTION_MS;
+pub use logic::service_calls::propagates as cancellation_propagates;
 pub use logic::sessions::{SessionAnswer, SessionStep};
 pub use logic::streams::{StoredStreamItem, StreamAppend, StreamState, StreamTarget};
 pub use schedules::{BACKFILL_MAX, FIRE_BATCH};

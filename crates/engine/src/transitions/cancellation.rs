@@ -78,6 +78,7 @@ const CALL_KINDS: &[&str] = &[
     "child",
     "parallel",
     "selection_handle",
+    "service_operation",
 ];
 
 fn call_kind_fits(kind: &str, step: &StepKind) -> bool {
@@ -87,6 +88,7 @@ fn call_kind_fits(kind: &str, step: &StepKind) -> bool {
         "condition" => matches!(step, StepKind::ConditionWait),
         "signal" => matches!(step, StepKind::SignalWait(_)),
         "child" => matches!(step, StepKind::ChildWorkflow(_)),
+        "service_operation" => matches!(step, StepKind::ServiceCall),
         _ => true,
     }
 }
@@ -97,6 +99,7 @@ fn step_is_open(run: &RunState, step: u32) -> bool {
         || run.condition_waits.iter().any(|w| w.step == step)
         || run.signal_waits.iter().any(|w| w.step == step)
         || run.children.contains_key(&step)
+        || run.service_waits.contains_key(&step)
 }
 
 pub(super) fn cancellation_delivered(run: &RunState) -> bool {
@@ -107,7 +110,7 @@ pub(super) fn cancellation_delivered(run: &RunState) -> bool {
 /// worker's live lease (`CooperativeCancellationDelivered`). The interrupted call ends: a
 /// pending timer is cancelled (`TimerCancelled`), a running activity too (`ActivityCancelled`),
 /// an open wait is dropped; a child keeps running. The same delivery again is answered as
-/// before; any other is refused.
+/// before; any other is refused. A waited-on service call is cancelled.
 pub fn deliver_cancellation(
     run: &mut RunState,
     cx: &mut Cx,
@@ -422,6 +425,11 @@ fn interrupt_step(run: &mut RunState, cx: &mut Cx, step: u32) {
     }
     run.condition_waits.retain(|w| w.step != step);
     run.signal_waits.retain(|w| w.step != step);
+    // A sync service call the workflow waited on is cancelled (the store ends the call and, by
+    // its operation's policy, its linked run); no row at the call: the delivery is its end.
+    if let Some(wait) = run.service_waits.remove(&step) {
+        cx.effects.service_cancels.push(wait.service_call_id);
+    }
 }
 
 /// Cancels an activity at an interrupted call (`ActivityCancelled`); a running attempt's worker

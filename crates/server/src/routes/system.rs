@@ -57,6 +57,9 @@ pub fn server_capabilities() -> Value {
         "workflow_memo_updates": {"supported": true},
         "update_validation_tasks": true,
         "cooperative_cancellation": true,
+        // Delivery at a waited-on Nexus call cancels the call (and, by policy, its linked run).
+        "nexus_cooperative_cancellation": true,
+        "nexus_cooperative_cancellation_binding_kinds": ["workflow_run"],
         "query_task_authority": true,
         "activity_lease_renewal": true,
         "prepared_local_activities": true,

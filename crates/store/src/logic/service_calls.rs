@@ -130,6 +130,10 @@ pub(crate) fn write_admissions<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, e
         for (run_id, service_call_id) in &effects.service_links {
             link_run(tx, run_id, service_call_id, env).await?;
         }
+        let now = effects.events.last().map(|e| e.recorded_at);
+        for service_call_id in &effects.service_cancels {
+            cancel_interrupted(tx, service_call_id, now, env).await?;
+        }
         if let Some(closed) = &effects.service_run_closed {
             settle(tx, closed, env).await?;
         }
@@ -172,6 +176,36 @@ pub(crate) async fn cancel<T: Tx>(
     find(tx, service_call_id)
         .await?
         .ok_or_else(|| StoreError::Storage(format!("service call {service_call_id} vanished")))
+}
+
+/// A call a caller's delivered cooperative cancellation interrupted: cancelled, by its
+/// operation's policy with its linked instance, unless it ended meanwhile.
+async fn cancel_interrupted<T: Tx>(tx: &mut T, service_call_id: &str, now: Option<Millis>, env: &Env) -> StoreResult<()> {
+    let Some(call) = find(tx, service_call_id).await?.filter(|c| !c.is_terminal()) else {
+        return Ok(());
+    };
+    let route = call.route_key();
+    let operation = CatalogKey {
+        namespace: route.namespace,
+        endpoint: route.endpoint,
+        service: Some(route.service),
+        operation: Some(route.operation),
+    };
+    let propagate = super::catalog::find(tx, &operation)
+        .await?
+        .is_some_and(|entry| propagates(&entry.doc));
+    let reason = Some("The caller's cooperative cancellation was delivered at the call.".to_string());
+    cancel(tx, service_call_id, reason, now.unwrap_or(call.updated_at), propagate, env)
+        .await
+        .map(drop)
+}
+
+/// Whether an operation's `cancellation_policy` cancels a call's linked run with the call.
+pub fn propagates(doc: &Map<String, Value>) -> bool {
+    doc.get("cancellation_policy")
+        .and_then(|policy| policy.get("propagate_to_linked_workflow"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
 }
 
 /// An existing run a call linked to: its end settles the call too. A run that closed

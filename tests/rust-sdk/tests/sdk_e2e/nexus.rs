@@ -92,3 +92,78 @@ async fn a_workflow_calls_an_operation_bound_to_a_workflow() {
     );
     running.shutdown().await;
 }
+
+/// A Rust worker that opts into `nexus_cooperative_cancellation` (checked against the server's
+/// advertised capability and binding kinds, and the registration's echo) has its run's
+/// cooperative cancellation delivered at a waiting call: the call is cancelled, the run ends
+/// cancelled, and the call's step records no row of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cooperative_cancellation_is_delivered_at_a_waiting_call() {
+    let server = CapstanServer::spawn().await;
+    let http = reqwest::Client::new();
+    let queue = unique("nexus-coop-q");
+    post(&http, &server, "/service-endpoints", json!({"endpoint_name": "billing"})).await;
+    post(
+        &http,
+        &server,
+        "/service-endpoints/billing/services",
+        json!({"service_name": "invoicing"}),
+    )
+    .await;
+    let operation = json!({"operation_name": "hang", "operation_mode": "sync", "handler_binding_kind": "start_workflow",
+                           "handler_binding": {"workflow_type": "e2e.nexus-hang", "queue": queue}});
+    post(
+        &http,
+        &server,
+        "/service-endpoints/billing/services/invoicing/operations",
+        operation,
+    )
+    .await;
+
+    let client = server.client();
+    let mut worker = new_worker(&client, &queue)
+        .cooperative_cancellation(true)
+        .nexus_cooperative_cancellation(true);
+    worker.register_workflow("e2e.nexus-hang", |ctx, _input| async move {
+        ctx.sleep(Duration::from_secs(3600)).await?;
+        Ok(json!("woke"))
+    });
+    worker.register_workflow("e2e.nexus-cancellable", |ctx, _input| async move {
+        match ctx.call_nexus_service("billing", "invoicing", "hang", json!([1])).await {
+            Ok(_) => Ok(json!("completed")),
+            Err(Error::CooperativeCancellationRequested(_)) => Ok(json!("cleaned up")),
+            Err(other) => Err(other),
+        }
+    });
+    let mut running = RunningWorker::start(worker);
+    let workflow_id = unique("nexus-cancellable");
+    let handle = start(&client, "e2e.nexus-cancellable", &queue, &workflow_id, json!([])).await;
+    let run_id = run_id_of(&handle).await;
+    server
+        .wait_for_history_event(&workflow_id, &run_id, "ServiceCallStarted", RESULT_TIMEOUT)
+        .await;
+    let options = durable_workflow::CooperativeCancellationOptions {
+        reason: Some("stop".to_string()),
+        cleanup_timeout_seconds: Some(60),
+    };
+    within(CALL_TIMEOUT, "request cancellation", handle.request_cancellation(options))
+        .await
+        .expect("request_cancellation");
+    match running.result(&handle).await {
+        Err(Error::WorkflowCancelled(_)) => {}
+        other => panic!("expected Error::WorkflowCancelled, got {other:?}"),
+    }
+    let events = server.history_events(&workflow_id, &run_id).await;
+    let delivered = events
+        .iter()
+        .find(|e| e["event_type"] == "CooperativeCancellationDelivered")
+        .expect("delivered");
+    assert_eq!(delivered["payload"]["call_kind"], "service_operation");
+    let calls: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["event_type"].as_str())
+        .filter(|t| t.starts_with("ServiceCall"))
+        .collect();
+    assert_eq!(calls, ["ServiceCallStarted"]);
+    running.shutdown().await;
+}
