@@ -8,7 +8,11 @@ bindings start handler workflows, in its own namespace and in another one:
 - ``ctx.start_nexus_operation`` (async, waits for acceptance) resumes as soon as the handler run
   is started, with its ids, and its history never gets a second row at that step;
 - an operation missing from the catalog is a failure the workflow catches (``rejected_not_found``);
-- an idempotency key used twice starts one handler run.
+- an idempotency key used twice starts one handler run;
+- ``Client.execute_nexus_operation`` admits calls through the catalog's execute route;
+- an operator's cancellation of a call, and a run's cooperative cancellation delivered at a
+  call (a worker opting into ``nexus_cooperative_cancellation``), end the waiting step;
+- a waiting call survives a server restart.
 Each caller's history is replayed by the SDK on every task, so every row shape is replayed.
 """
 from __future__ import annotations
@@ -65,6 +69,20 @@ class Cancellable:
     def run(self, ctx):
         yield ctx.call_nexus_service("billing", "invoicing", "hang", [1])
         return "completed"
+
+
+@workflow.defn(name="nexus.slow")
+class Slow:
+    def run(self, ctx, amount):
+        yield ctx.start_timer(3)
+        return {"slow": amount}
+
+
+@workflow.defn(name="nexus.waiter")
+class Waiter:
+    def run(self, ctx):
+        done = yield ctx.call_nexus_service("billing", "invoicing", "slow", [5])
+        return done.result
 
 
 @workflow.defn(name="nexus.caller")
@@ -309,3 +327,37 @@ def test_a_cooperative_cancellation_delivered_at_a_call_cancels_the_call_and_its
         (call,) = http.get(f"/workflows/{workflow_id}/nexus-operations").json()["nexus_operations"]
         assert call["status"] == "cancelled"
         assert http.get(f"/workflows/{linked}").json()["status"] == "cancelled"
+
+
+def test_a_waiting_call_survives_a_server_restart(server_factory, run_worker):
+    """The caller's wait (its run document and waiter row) and the call are durable: a server
+    killed while the handler run is still running delivers the terminal row after it restarts."""
+    server = server_factory.create()
+    queue = unique("nexus-restart-q")
+    workflow_id = unique("nexus-waiter")
+    with httpx.Client(base_url=f"{server.url}/api", timeout=10) as http:
+        register(http, "default", "billing", "invoicing", {"slow": {"workflow_type": "nexus.slow", "queue": queue}})
+    workflows = {"workflows": [Waiter, Slow]}
+
+    async def until_waiting():
+        async with run_worker(server.url, queue, **workflows):
+            async with make_client(server.url) as client:
+                handle = await client.start_workflow(workflow_type="nexus.waiter", task_queue=queue,
+                                                     workflow_id=workflow_id)
+                await wait_for_history(client, workflow_id, handle.run_id,
+                                       lambda evs: bool(events_of(evs, "ServiceCallStarted")), what="ServiceCallStarted")
+                return handle.run_id
+
+    run_id = run_async(until_waiting(), timeout=60)
+    server.kill()
+    server.start()
+
+    async def after_restart():
+        async with run_worker(server.url, queue, **workflows):
+            async with make_client(server.url, patient=True) as client:
+                return await wait_result(client.get_workflow_handle(workflow_id), timeout=60)
+
+    assert run_async(after_restart(), timeout=90) == {"slow": 5}
+    history = run_async(fetch_history_raw(server.url, workflow_id, run_id), timeout=30)
+    types = [e["event_type"] for e in history if e["event_type"].startswith("ServiceCall")]
+    assert types == ["ServiceCallStarted", "ServiceCallCompleted"]
