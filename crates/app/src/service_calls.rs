@@ -12,7 +12,7 @@ use capstan_store::{CatalogKey, RunLocator, StoreError};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
-/// The binding kinds DW's catalog accepts; only `start_workflow` is dispatched.
+/// The handler binding kinds DW's catalog accepts; only `start_workflow` is dispatched.
 pub const BINDING_KINDS: &[&str] = &[
     "start_workflow",
     "update_workflow",

@@ -529,7 +529,12 @@ fn check_command_fields(map: &Map<String, Value>, kind: &str, index: usize) -> A
     };
     let tags: &[&str] = if *tagged { TAG_FIELDS } else { &[] };
     let at = format!("commands.{index}.");
-    refuse_unknown_fields(map, &[&["type"], fields, tags], &at, &format!("{kind} commands"))?;
+    let shared: &[&str] = if kind == "start_service_operation" {
+        crate::wire_nexus::SHARED_CALL_FIELDS
+    } else {
+        &[]
+    };
+    refuse_unknown_fields(map, &[&["type"], fields, tags, shared], &at, &format!("{kind} commands"))?;
     if let Some(Value::Object(policy)) = map.get("retry_policy") {
         refuse_unknown_fields(policy, &[RETRY_POLICY_FIELDS], &format!("{at}retry_policy."), "retry policies")?;
     }

@@ -10,15 +10,25 @@ use capstan_engine::{Limits, Payload, StepTags};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
-/// The command's own fields besides `type` (step tags come on top).
+/// The command's own fields besides `type` (step tags come on top): the catalog names, the
+/// request payload, the target `namespace`, and what both forms share.
 pub const SERVICE_OPERATION_FIELDS: &[&str] = &[
     "endpoint_name",
     "service_name",
     "operation_name",
     "request_payload",
+    "namespace",
+    "observability_context",
+];
+
+/// The body of `POST …/operations/{o}/execute` besides what both forms share (the names are
+/// the path's; `arguments` is the request payload, the namespace the request's).
+pub const EXECUTE_FIELDS: &[&str] = &["arguments", "caller_workflow_instance_id", "caller_workflow_run_id"];
+
+/// The fields the command and the execute body share.
+pub const SHARED_CALL_FIELDS: &[&str] = &[
     "payload_codec",
     "metadata",
-    "namespace",
     "caller_namespace",
     "idempotency_key",
     "mode_override",
@@ -33,7 +43,6 @@ pub const SERVICE_OPERATION_FIELDS: &[&str] = &[
     "labels",
     "memo",
     "search_attributes",
-    "observability_context",
 ];
 
 const OPTION_FIELDS: &[&str] = &[
@@ -57,29 +66,6 @@ fn catalog_name(f: &Fields, key: &str) -> ApiResult<String> {
     }
     Ok(name)
 }
-
-/// The body of `POST …/operations/{o}/execute` (DW's client call; the names are the path's).
-pub const EXECUTE_FIELDS: &[&str] = &[
-    "arguments",
-    "payload_codec",
-    "metadata",
-    "caller_namespace",
-    "idempotency_key",
-    "mode_override",
-    "wait_for",
-    "wait_timeout_seconds",
-    "caller_workflow_instance_id",
-    "caller_workflow_run_id",
-    "target_workflow_instance_id",
-    "target_workflow_run_id",
-    "connection",
-    "queue",
-    "business_key",
-    "duplicate_start_policy",
-    "labels",
-    "memo",
-    "search_attributes",
-];
 
 /// `start_service_operation` at `commands.{index}`.
 pub fn parse_service_operation(

@@ -7,7 +7,7 @@ use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{refuse_unknown_fields, Fields};
-use crate::wire_nexus::{parse_execute, EXECUTE_FIELDS};
+use crate::wire_nexus::{parse_execute, EXECUTE_FIELDS, SHARED_CALL_FIELDS};
 use crate::Shared;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -35,7 +35,7 @@ pub async fn execute<S: Store>(
     Path((endpoint, service, operation)): Path<(String, String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    refuse_unknown_fields(&body, &[EXECUTE_FIELDS], "", "execute requests")?;
+    refuse_unknown_fields(&body, &[EXECUTE_FIELDS, SHARED_CALL_FIELDS], "", "execute requests")?;
     let f = Fields::new(&body);
     let caller_workflow_id = f.opt_str("caller_workflow_instance_id", 255)?;
     let caller_run_id = f.opt_str("caller_workflow_run_id", RUN_ID_MAX)?;

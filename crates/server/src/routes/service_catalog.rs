@@ -20,16 +20,9 @@ use serde_json::{json, Map, Value};
 const NAME_MAX: usize = 128;
 const DESCRIPTION_MAX: usize = 1000;
 const REFERENCE_MAX: usize = 512;
-/// DW's operation modes and handler binding kinds.
+/// DW's operation modes (its binding kinds: `capstan_app::service_calls::BINDING_KINDS`).
 const OPERATION_MODES: [&str; 2] = ["sync", "async"];
-const BINDING_KINDS: [&str; 6] = [
-    "start_workflow",
-    "update_workflow",
-    "signal_workflow",
-    "query_workflow",
-    "activity_execution",
-    "invocable_http",
-];
+use capstan_app::service_calls::BINDING_KINDS;
 const POLICIES: [&str; 5] = [
     "deadline_policy",
     "idempotency_policy",

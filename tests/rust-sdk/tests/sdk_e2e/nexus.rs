@@ -8,39 +8,33 @@
 use super::*;
 use durable_workflow::{NexusOperationMode, NexusServiceOptions, NexusWaitFor};
 
-async fn post(http: &reqwest::Client, server: &CapstanServer, path: &str, body: Value) {
-    let response = http
-        .post(format!("{}/api{path}", server.base_url()))
-        .header("X-Durable-Workflow-Control-Plane-Version", "2")
-        .json(&body)
-        .send()
-        .await
-        .expect("catalog request");
-    assert_eq!(response.status(), 201, "{path}: {}", response.text().await.unwrap_or_default());
+/// Registers `billing/invoicing/{operation}`, a sync operation whose `start_workflow` binding
+/// starts `workflow_type` on `queue`.
+async fn register_operation(server: &CapstanServer, operation: &str, workflow_type: &str, queue: &str) {
+    let http = reqwest::Client::new();
+    let operation = json!({"operation_name": operation, "operation_mode": "sync", "handler_binding_kind": "start_workflow",
+                           "handler_binding": {"workflow_type": workflow_type, "queue": queue}});
+    for (path, body) in [
+        ("/service-endpoints", json!({"endpoint_name": "billing"})),
+        ("/service-endpoints/billing/services", json!({"service_name": "invoicing"})),
+        ("/service-endpoints/billing/services/invoicing/operations", operation),
+    ] {
+        let response = http
+            .post(format!("{}/api{path}", server.base_url()))
+            .header("X-Durable-Workflow-Control-Plane-Version", "2")
+            .json(&body)
+            .send()
+            .await
+            .expect("catalog request");
+        assert_eq!(response.status(), 201, "{path}: {}", response.text().await.unwrap_or_default());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_workflow_calls_an_operation_bound_to_a_workflow() {
     let server = CapstanServer::spawn().await;
-    let http = reqwest::Client::new();
     let queue = unique("nexus-q");
-    post(&http, &server, "/service-endpoints", json!({"endpoint_name": "billing"})).await;
-    post(
-        &http,
-        &server,
-        "/service-endpoints/billing/services",
-        json!({"service_name": "invoicing"}),
-    )
-    .await;
-    let operation = json!({"operation_name": "create", "operation_mode": "sync", "handler_binding_kind": "start_workflow",
-                           "handler_binding": {"workflow_type": "e2e.nexus-invoice", "queue": queue}});
-    post(
-        &http,
-        &server,
-        "/service-endpoints/billing/services/invoicing/operations",
-        operation,
-    )
-    .await;
+    register_operation(&server, "create", "e2e.nexus-invoice", &queue).await;
 
     let client = server.client();
     let mut worker = new_worker(&client, &queue);
@@ -100,25 +94,8 @@ async fn a_workflow_calls_an_operation_bound_to_a_workflow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cooperative_cancellation_is_delivered_at_a_waiting_call() {
     let server = CapstanServer::spawn().await;
-    let http = reqwest::Client::new();
     let queue = unique("nexus-coop-q");
-    post(&http, &server, "/service-endpoints", json!({"endpoint_name": "billing"})).await;
-    post(
-        &http,
-        &server,
-        "/service-endpoints/billing/services",
-        json!({"service_name": "invoicing"}),
-    )
-    .await;
-    let operation = json!({"operation_name": "hang", "operation_mode": "sync", "handler_binding_kind": "start_workflow",
-                           "handler_binding": {"workflow_type": "e2e.nexus-hang", "queue": queue}});
-    post(
-        &http,
-        &server,
-        "/service-endpoints/billing/services/invoicing/operations",
-        operation,
-    )
-    .await;
+    register_operation(&server, "hang", "e2e.nexus-hang", &queue).await;
 
     let client = server.client();
     let mut worker = new_worker(&client, &queue)
