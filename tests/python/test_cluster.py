@@ -17,7 +17,9 @@ C; the database is dropped afterwards.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
 import statistics
 import time
 from collections import Counter
@@ -471,3 +473,80 @@ def test_sdk_workers_on_two_nodes_survive_a_node_crash(cluster_factory):
         assert set(EXECUTIONS) == set(range(WORKFLOWS))
 
     run_async(main(), timeout=110)
+
+
+# ── e. a run held by a paused transaction delays only itself ─────────────
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_run_held_by_a_paused_transaction_delays_only_that_run(cluster_factory):
+    """A session that locks one run's row and then idles inside its transaction (as a node
+    frozen mid-transaction does): the clock passes over that run, fires every other due timer at
+    once, sleeps rather than spins while its claim on the held run is live, and fires the held
+    run's timer once the lock is gone. Exactly once each."""
+    duty_seconds = 3
+    count = 10
+    cluster = cluster_factory.create(1, "--duty-lease-seconds", str(duty_seconds))
+    (node,) = cluster
+    queue = unique("held-timer")
+    prefix = unique("held")
+
+    async def main():
+        async with ControlPlane(node.url) as control, RawWorker(queue) as worker:
+            runs = {}
+            for i in range(count):
+                wid = f"{prefix}-{i}"
+                runs[wid] = (await control.start_workflow("cluster.timer", wid, queue, [i]))["run_id"]
+            await worker.register(node.url)
+            first = {}
+            while len(first) < count:
+                task = await worker.next_workflow_task(node.url, within=15)
+                first[task["workflow_id"]] = task
+            held_wid = f"{prefix}-0"
+            replies = await asyncio.gather(*(
+                worker.complete_workflow_task(node.url, task, [start_timer_command(2)]) for task in first.values()
+            ))
+            assert all(reply.status_code == 200 for reply in replies), [r.text for r in replies]
+            # Hold the run's row lock from another session, idle inside its transaction.
+            holder = subprocess.Popen(
+                ["psql", cluster.database.url, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            try:
+                holder.stdin.write(f"BEGIN;\nSELECT 1 FROM runs WHERE run_id = '{runs[held_wid]}' FOR UPDATE;\n\\echo holding\n")
+                holder.stdin.flush()
+                assert "holding" in holder.stdout.readline() + holder.stdout.readline(), "the lock is held"
+                started = time.monotonic()
+                fired = {}
+                while len(fired) < count - 1:
+                    task = await worker.next_workflow_task(node.url, within=10, what="a post-timer task")
+                    assert task["workflow_id"] != held_wid, "the held run's timer fired under the lock"
+                    fired[task["workflow_id"]] = task
+                print(f"{count - 1} other timers fired {time.monotonic() - started:.2f}s after the lock was taken")
+                assert time.monotonic() - started < 2 + duty_seconds, "the other runs waited for the held one"
+                # The clock holds a claim on the held run's timer: it sleeps until the claim expires.
+                before = _cpu_seconds(node.proc.pid)
+                await asyncio.sleep(1.5)
+                spent = _cpu_seconds(node.proc.pid) - before
+                print(f"node CPU while its claim on the held run was live: {spent:.2f}s in 1.5s")
+                assert spent < 0.5, f"the clock spun: {spent:.2f}s of CPU in 1.5s"
+            finally:
+                holder.stdin.write("COMMIT;\n")
+                holder.stdin.close()
+                holder.wait(timeout=10)
+            task = await worker.next_workflow_task(node.url, within=duty_seconds + 10, what="the held run's post-timer task")
+            assert task["workflow_id"] == held_wid
+            fired[held_wid] = task
+            replies = await asyncio.gather(*(
+                worker.complete_workflow_task(node.url, task, [complete_workflow_command("done")]) for task in fired.values()
+            ))
+            assert all(reply.status_code == 200 for reply in replies), [r.text for r in replies]
+            for wid, run_id in runs.items():
+                events = await control.history(wid, run_id)
+                assert type_sequence(events).count("TimerFired") == 1, f"{wid} {type_sequence(events)}"
+
+    run_async(main(), timeout=90)

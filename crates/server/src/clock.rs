@@ -143,6 +143,9 @@ pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> c
                 after_change(state, run);
             }
             Ok((false, _)) => {}
+            Err(capstan_store::StoreError::Refused(refusal)) if refusal.reason == capstan_engine::Reason::RunLocked => {
+                tracing::info!(task_id = %task_id, "clock: run held by another transaction; the duty is retried when its claim expires");
+            }
             Err(capstan_store::StoreError::Refused(refusal)) => {
                 tracing::debug!(task_id = %task_id, %refusal, "clock: duty taken over by another node");
             }

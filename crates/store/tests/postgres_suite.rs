@@ -214,3 +214,85 @@ async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run() {
     });
     capstan_store::suite::an_unreadable_run_document_opens_one_incident_and_blocks_the_run(store, tamper).await;
 }
+
+/// Starts `workflow_id` and completes its first workflow task with a one-second timer.
+async fn with_due_timer(store: &PostgresStore, workflow_id: &str) -> RunState {
+    let (_, run) = store
+        .start_workflow(start_request(workflow_id, "timer-q"), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "timer-q", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a workflow task");
+    let (id, fence) = (task.id.clone(), task.fence);
+    let timer = WorkflowCommand::StartTimer {
+        delay_seconds: 1,
+        tags: Default::default(),
+    };
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            complete_workflow_task(run, cx, &id, "w", fence, vec![timer])
+        })
+        .await
+        .unwrap();
+    run
+}
+
+/// A node paused inside a transaction holds its run's row lock: the other node's deadline duty
+/// for that run passes over it at once (its claim stands until it expires) and fires the
+/// other runs' timers; the sessions' waits are bounded by the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duty_passes_over_a_run_another_transaction_holds() {
+    let (store, guard) = fresh().await;
+    assert_eq!(
+        store.session_timeouts().await.unwrap(),
+        ("10s".to_string(), "30s".to_string()),
+        "lock waits and idle transactions are bounded on every session"
+    );
+    let held = with_due_timer(&store, "held").await;
+    with_due_timer(&store, "free").await;
+    let due = store.claim_due_tasks("node-b", NOW + 1_000, 10, 30_000).await.unwrap();
+    assert_eq!(due.len(), 2);
+
+    let (frozen, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let lock = format!(
+        "SET search_path = {}; BEGIN; SELECT 1 FROM runs WHERE run_id = '{}' FOR UPDATE",
+        guard.schema,
+        held.run_id.as_str()
+    );
+    frozen.batch_execute(&lock).await.unwrap();
+
+    let started = std::time::Instant::now();
+    for task in &due {
+        let id = task.task_id.clone();
+        let result = store
+            .run_duty(task, NOW + 1_000, move |run, cx| Ok(on_deadline(run, cx, &id)))
+            .await;
+        let task_run = store
+            .load_run("default", RunLocator::Task(task.task_id.clone()))
+            .await
+            .unwrap()
+            .unwrap();
+        match result {
+            Err(StoreError::Refused(refusal)) => {
+                assert_eq!(refusal.reason, Reason::RunLocked);
+                assert_eq!(task_run.run_id, held.run_id, "only the held run is passed over");
+            }
+            Ok((fired, _)) => {
+                assert!(fired);
+                assert_ne!(task_run.run_id, held.run_id);
+            }
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "nothing waited for the held lock");
+    assert_eq!(
+        store.next_deadline().await.unwrap(),
+        Some(NOW + 31_000),
+        "the passed-over duty is next due when its claim expires"
+    );
+    frozen.batch_execute("COMMIT").await.unwrap();
+}

@@ -22,8 +22,12 @@ const REMOVE_INSTANCE: [&str; 9] = [
     "DELETE FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2",
 ];
 
+/// When the next duty can be taken: a task's deadline, or, while a node's claim on it is
+/// live, the claim's expiry (a due task another node holds, or one whose run was locked, is not
+/// work for this node until then: the clock sleeps instead of spinning on it).
 pub(crate) async fn next_deadline<T: Tx>(tx: &mut T) -> StoreResult<Option<Millis>> {
-    let sql = "SELECT MIN(deadline_at) FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased')";
+    let sql = "SELECT MIN(CASE WHEN duty_expires_at > deadline_at THEN duty_expires_at ELSE deadline_at END)
+               FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased')";
     Ok(tx.query_opt(sql, &[]).await?.map(|row| row.opt_int(0)).transpose()?.flatten())
 }
 

@@ -20,6 +20,12 @@ const LOCK_RUN_OF_TASK: Locking = locking!(
     "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
     "FOR UPDATE OF r"
 );
+// A duty passes over a run another transaction holds (a node frozen mid-transaction must not
+// stall every other run's deadlines): its claim stands, and it retries when the claim expires.
+const LOCK_RUN_OF_TASK_OR_SKIP: Locking = locking!(
+    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+    "FOR UPDATE OF r SKIP LOCKED"
+);
 const LOCK_NAMED_RUN: Locking = locking!(
     "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
     "FOR UPDATE"
@@ -268,9 +274,19 @@ where
     F: FnOnce(&mut RunState, &mut Cx) -> Result<V, Refusal>,
 {
     let locator = RunLocator::Task(due.task_id.clone());
-    let mut run = locate_and_lock(tx, &due.namespace, &locator)
-        .await?
-        .ok_or_else(|| not_found(&locator))?;
+    let args = args![due.task_id.as_str(), due.namespace.as_str()];
+    let row = tx.query_opt(LOCK_RUN_OF_TASK_OR_SKIP.sql(tx.dialect()), &args).await?;
+    let Some(mut run) = state_of(row)? else {
+        if load_run(tx, &due.namespace, &locator).await?.is_some() {
+            return Err(Refusal::new(
+                Reason::RunLocked,
+                "Another transaction holds the run; the duty is retried when its claim expires.",
+            )
+            .with("task_id", due.task_id.as_str())
+            .into());
+        }
+        return Err(not_found(&locator).into());
+    };
     let fence_sql = LOCK_DUTY_FENCE.sql(tx.dialect());
     let fence = tx.query_opt(fence_sql, &args![due.task_id.as_str()]).await?;
     let fence = fence.map(|row| row.int(0)).transpose()?;

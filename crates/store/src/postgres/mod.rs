@@ -50,6 +50,10 @@ macro_rules! in_transaction {
 }
 
 const POOL_SIZE: usize = 16;
+/// How long a statement waits for a lock before it fails (and is retried by its caller).
+pub const LOCK_TIMEOUT_MS: u64 = 10_000;
+/// How long a session may sit idle inside a transaction before the database ends it.
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: u64 = 30_000;
 const MIGRATION_LOCK: i64 = 0x00ca_9574_0001;
 /// NOTIFY channel of the default schema; stores in another schema append its name.
 const WAKE_CHANNEL: &str = "capstan_wake";
@@ -260,7 +264,15 @@ impl PostgresStore {
         Self::with_config(config, limits, now, format!("{WAKE_CHANNEL}_{schema}")).await
     }
 
-    async fn with_config(config: tokio_postgres::Config, limits: Limits, now: Millis, wake_channel: String) -> StoreResult<Self> {
+    async fn with_config(mut config: tokio_postgres::Config, limits: Limits, now: Millis, wake_channel: String) -> StoreResult<Self> {
+        // Bounded waits on every session: a statement waits at most LOCK_TIMEOUT for a lock, and
+        // a session left idle inside a transaction (its node paused or partitioned) is ended by
+        // the database after IDLE_IN_TRANSACTION_TIMEOUT, which releases its locks.
+        let options = format!(
+            "{} -c lock_timeout={LOCK_TIMEOUT_MS} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}",
+            config.get_options().unwrap_or("")
+        );
+        config.options(options.trim());
         let manager = Manager::from_config(
             config.clone(),
             NoTls,
@@ -287,6 +299,8 @@ impl PostgresStore {
 
     async fn migrate(&self, now: Millis) -> StoreResult<()> {
         let mut client = self.pool.get().await?;
+        // Another node may migrate for longer than a lock wait is allowed elsewhere.
+        client.batch_execute("SET lock_timeout = 0").await?;
         client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
         let result = async {
             client.batch_execute("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)").await?;
@@ -310,7 +324,20 @@ impl PostgresStore {
         }
         .await;
         client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await?;
+        client.batch_execute("RESET lock_timeout").await?;
         result
+    }
+
+    /// The bounded waits of the store's sessions, as the database reports them:
+    /// `(lock_timeout, idle_in_transaction_session_timeout)`.
+    pub async fn session_timeouts(&self) -> StoreResult<(String, String)> {
+        let client = self.pool.get().await?;
+        let lock = client.query_one("SHOW lock_timeout", &[]).await?.get::<_, String>(0);
+        let idle = client
+            .query_one("SHOW idle_in_transaction_session_timeout", &[])
+            .await?
+            .get::<_, String>(0);
+        Ok((lock, idle))
     }
 }
 

@@ -670,6 +670,11 @@ pub async fn deadlines_are_reported_when_due<S: Store>(store: S) {
         store.claim_due_tasks("node-b", NOW + 5_000, 10, 30_000).await.unwrap().is_empty(),
         "a live duty claim is exclusive"
     );
+    assert_eq!(
+        store.next_deadline().await.unwrap(),
+        Some(NOW + 35_000),
+        "a claimed duty is next due when its claim expires (no clock spins on it meanwhile)"
+    );
     let id = due[0].task_id.clone();
     let (fired, _) = store
         .run_duty(&due[0], NOW + 5_000, move |run, cx| Ok(on_deadline(run, cx, &id)))
