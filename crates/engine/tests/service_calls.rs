@@ -282,3 +282,25 @@ fn a_cooperative_cancellation_delivered_at_a_waiting_call_cancels_it_without_a_r
     let refused = other.apply(|run, cx| deliver_cancellation(run, cx, &task, "w", fence, wrong));
     assert_eq!(refused.unwrap_err().reason, Reason::CancellationDeliveryShapeMismatch);
 }
+
+#[test]
+fn two_calls_with_one_key_in_one_completion_are_one_call() {
+    let mut sim = Sim::start();
+    let (task, fence) = sim.lease_workflow("w");
+    let limits = sim.limits.clone();
+    let mut cx = Cx::new(sim.now, &mut sim.ids, &limits);
+    cx.services = Some(directory(None));
+    let op = || WorkflowCommand::StartServiceOperation(operation(CallMode::Async, WaitFor::Accepted, "create"));
+    complete_workflow_task(&mut sim.run, &mut cx, &task, "w", fence, vec![op(), op()]).unwrap();
+    assert_eq!(cx.effects.service_calls.len(), 1, "one admission of the key");
+    assert_eq!(cx.effects.service_runs_started.len(), 1, "one linked run");
+    let ids: Vec<_> = cx
+        .effects
+        .events
+        .iter()
+        .filter(|e| e.event_type == EventType::ServiceCallStarted)
+        .map(|e| e.payload["service_call_id"].clone())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0], ids[1]);
+}

@@ -76,7 +76,18 @@ pub fn admit_service_call(cx: &mut Cx, caller: &Caller, step: u32, op: &ServiceO
             (Some(workflow_id), Some(run_id)) if step > 0 => format!("workflow-service-operation:{workflow_id}:{run_id}:{step}"),
             _ => format!("service-call:{minted}"),
         });
-    let earlier = directory.calls.get(&(route.clone(), idempotency_key.clone())).cloned();
+    // An earlier admission of the key: read before the transition, or made by this one (two
+    // calls of one completion with one key are one call).
+    let admitted_here = cx
+        .effects
+        .service_calls
+        .iter()
+        .find(|call| call.route_key() == route && call.idempotency_key == idempotency_key);
+    let earlier = directory
+        .calls
+        .get(&(route.clone(), idempotency_key.clone()))
+        .or(admitted_here)
+        .cloned();
     let replay = earlier.is_some();
     let admission = Admission {
         op,
