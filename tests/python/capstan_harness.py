@@ -109,6 +109,11 @@ class CapstanStartupError(RuntimeError):
     pass
 
 
+def process_state(pid: int) -> str:
+    """The state letter of a process (Linux /proc): R, S, D, T (stopped), Z..."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
 class CapstanServer:
     """One ``capstan serve`` process bound to a fixed port and data dir.
 
@@ -128,6 +133,7 @@ class CapstanServer:
         binary: Path | None = None,
         database: str | None = None,
         name: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
@@ -137,6 +143,8 @@ class CapstanServer:
         # None = the embedded SQLite database in ``data_dir``.
         self.database = database
         self.name = name or self.data_dir.name
+        # Extra environment for the process (e.g. CAPSTAN_TEST_PAUSE_AT).
+        self.env = dict(env or {})
         self.binary = Path(binary) if binary is not None else capstan_binary()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -177,6 +185,7 @@ class CapstanServer:
         env = dict(os.environ)
         env.setdefault("RUST_BACKTRACE", "1")
         env.setdefault("RUST_LOG", "info")
+        env.update(self.env)
         self.starts += 1
         with open(self.log_path, "ab") as log_file:
             log_file.write(
@@ -286,6 +295,22 @@ class CapstanServer:
         self.proc.send_signal(signal.SIGSTOP)
         self._paused = True
         self.history.append(f"pid={self.proc.pid} SIGSTOPped")
+
+    @property
+    def stopped(self) -> bool:
+        """The process is stopped (SIGSTOP from the test or from one of its own pause points)."""
+        return self.running and process_state(self.proc.pid) == "T"
+
+    async def wait_stopped(self, within: float, what: str = "a pause point") -> None:
+        """Waits until the process stopped itself (an armed pause point)."""
+        deadline = time.monotonic() + within
+        while not self.stopped:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {self.name} did not reach {what} within {within}s\n{self.log_tail(40)}")
+            await asyncio.sleep(0.02)
+        self._paused = True
+        self.history.append(f"pid={self.proc.pid} stopped itself")
 
     def resume(self) -> None:
         """SIGCONT after pause()."""
@@ -908,6 +933,36 @@ class RawWorker:
             "workflow_task_attempt": attempt if attempt is not None else task["workflow_task_attempt"],
             "commands": commands,
         })
+
+
+    async def poll_activity_task(self, base_url: str, *, timeout_seconds: int = 0) -> dict[str, Any] | None:
+        """One long poll for an activity task; the task, or None when it timed out empty."""
+        resp = await self.post(base_url, "/worker/activity-tasks/poll", {
+            "worker_id": self.worker_id,
+            "task_queue": self.task_queue,
+            "poll_request_id": unique("raw-poll"),
+            "timeout_seconds": timeout_seconds,
+        }, timeout=timeout_seconds + 15.0)
+        assert resp.status_code == 200, f"activity poll via {base_url} -> {resp.status_code}: {resp.text[:500]}"
+        return resp.json().get("task")
+
+    async def next_activity_task(self, base_url: str, *, within: float, what: str = "an activity task") -> dict[str, Any]:
+        deadline = time.monotonic() + within
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.worker_id} got no {what} via {base_url} within {within}s")
+            task = await self.poll_activity_task(base_url, timeout_seconds=max(1, min(int(left), 30)))
+            if task is not None:
+                return task
+
+    async def complete_activity_task(self, base_url: str, task: dict[str, Any], result: Any, *,
+                                     timeout: float | None = None) -> httpx.Response:
+        return await self.post(base_url, f"/worker/activity-tasks/{task['task_id']}/complete", {
+            "activity_attempt_id": task["activity_attempt_id"],
+            "lease_owner": self.worker_id,
+            "result": envelope(result),
+        }, timeout=timeout)
 
 
 def complete_workflow_command(result: Any) -> dict[str, Any]:

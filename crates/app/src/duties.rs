@@ -24,6 +24,9 @@ pub async fn apply_due_deadlines<S: Store>(
     hold_ms: i64,
 ) -> StoreResult<Vec<DeadlineOutcome>> {
     let due = store.claim_due_tasks(node, now, limit, hold_ms).await?;
+    if !due.is_empty() {
+        capstan_pause::point(capstan_pause::DUTY_CLAIMED);
+    }
     let mut outcomes = Vec::with_capacity(due.len());
     for task in due {
         let id = task.task_id.clone();
@@ -61,6 +64,9 @@ pub async fn fire_due_schedules<S: Store>(
     empty_input: &Payload,
 ) -> StoreResult<Vec<FiringOutcome>> {
     let due = store.due_schedules(now, limit).await?;
+    if !due.is_empty() {
+        capstan_pause::point(capstan_pause::SCHEDULES_DUE);
+    }
     let mut outcomes = Vec::with_capacity(due.len());
     for (namespace, schedule_id) in due {
         let fire = ScheduleFire::Due { catchup_window_ms };

@@ -41,6 +41,7 @@ pub async fn complete_workflow_task<V: Services>(
         check_sticky_registration(services, &lease, claim).await?;
     }
     let actions = admit_commands(services, &lease.namespace, &commands).await?;
+    capstan_pause::point(capstan_pause::WORKFLOW_TASK_COMPLETING);
     if !service_calls::calls_services(&commands) {
         return apply_completion(services, lease, commands, sticky, streams, actions, None).await;
     }
@@ -191,6 +192,7 @@ pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, r
     let evidence = json!({"report": "completed", "result_hash": ledger::digest(result.identity()), "lease_owner": lease.owner});
     let memo = services.memo_codec();
     let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
+    capstan_pause::point(capstan_pause::ACTIVITY_REPORTING);
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
         cx.memo = memo;
         capstan_engine::complete_activity(run, cx, task_id, &attempt_id, &owner, result)
@@ -204,6 +206,7 @@ pub async fn fail_activity<V: Services>(services: &V, lease: AttemptLease, failu
     let evidence =
         json!({"report": "failed", "message": failure.message, "exception_type": failure.failure_type, "lease_owner": lease.owner});
     let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
+    capstan_pause::point(capstan_pause::ACTIVITY_REPORTING);
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
         capstan_engine::fail_activity(run, cx, task_id, &attempt_id, &owner, failure)
     })

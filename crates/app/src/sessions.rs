@@ -21,6 +21,7 @@ pub async fn heartbeat<V: Services>(
     worker_id: &str,
     lease_seconds: Option<i64>,
 ) -> AppResult<SessionAnswer> {
+    capstan_pause::point(capstan_pause::SESSION_RENEWING);
     step(services, namespace, session_id, worker_id, SessionStep::Heartbeat(lease_seconds)).await
 }
 

@@ -315,6 +315,10 @@ impl From<StartupError> for Stopped {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), Stopped> {
+    let paused_at = capstan_pause::arm_from_env().map_err(Stopped::Refused)?;
+    if !paused_at.is_empty() {
+        tracing::warn!(points = ?paused_at, "fault test: pause points armed ({})", capstan_pause::ENV);
+    }
     let auth = auth_config(&args).map_err(Stopped::Refused)?;
     let database = database(&args)?;
     let mut config = ServerConfig {

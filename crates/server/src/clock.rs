@@ -147,7 +147,8 @@ pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> c
                 tracing::info!(task_id = %task_id, "clock: run held by another transaction; the duty is retried when its claim expires");
             }
             Err(capstan_store::StoreError::Refused(refusal)) => {
-                tracing::debug!(task_id = %task_id, %refusal, "clock: duty taken over by another node");
+                // A node that paused or lost its claim: worth a line, it explains a late node's silence.
+                tracing::info!(task_id = %task_id, reason = %refusal.reason, "clock: duty taken over by another node; nothing applied");
             }
             Err(error) => tracing::warn!(task_id = %task_id, %error, "clock: deadline transition failed"),
         }

@@ -215,6 +215,22 @@ async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run() {
     capstan_store::suite::an_unreadable_run_document_opens_one_incident_and_blocks_the_run(store, tamper).await;
 }
 
+/// A session setting the operator names in the URL's `options` wins over the store's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_timeout_named_in_the_url_wins() {
+    let schema = format!("t_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let _guard = SchemaGuard {
+        url: database_url(),
+        schema: schema.clone(),
+    };
+    let separator = if database_url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}options=-c%20idle_in_transaction_session_timeout%3D3s", database_url());
+    let store = PostgresStore::connect_in_schema(&url, &schema, Limits::default(), NOW)
+        .await
+        .unwrap();
+    assert_eq!(store.session_timeouts().await.unwrap(), ("10s".to_string(), "3s".to_string()));
+}
+
 /// Starts `workflow_id` and completes its first workflow task with a one-second timer.
 async fn with_due_timer(store: &PostgresStore, workflow_id: &str) -> RunState {
     let (_, run) = store

@@ -297,6 +297,7 @@ where
             .with("current_duty_fence", fence)
             .into());
     }
+    capstan_pause::point(capstan_pause::DUTY_LOCKED);
     let mut ids = env.ids();
     let mut cx = Cx::new(now, &mut ids, &env.limits);
     let value = transition(&mut run, &mut cx)?;

@@ -260,16 +260,18 @@ impl PostgresStore {
         client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await?;
         drop(client);
         let _ = driver.await;
-        config.options(format!("-c search_path={schema}"));
+        let options = format!("{} -c search_path={schema}", config.get_options().unwrap_or(""));
+        config.options(options.trim());
         Self::with_config(config, limits, now, format!("{WAKE_CHANNEL}_{schema}")).await
     }
 
     async fn with_config(mut config: tokio_postgres::Config, limits: Limits, now: Millis, wake_channel: String) -> StoreResult<Self> {
         // Bounded waits on every session: a statement waits at most LOCK_TIMEOUT for a lock, and
         // a session left idle inside a transaction (its node paused or partitioned) is ended by
-        // the database after IDLE_IN_TRANSACTION_TIMEOUT, which releases its locks.
+        // the database after IDLE_IN_TRANSACTION_TIMEOUT, which releases its locks. The URL's own
+        // `options` come last, so a setting the operator names there wins.
         let options = format!(
-            "{} -c lock_timeout={LOCK_TIMEOUT_MS} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}",
+            "-c lock_timeout={LOCK_TIMEOUT_MS} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS} {}",
             config.get_options().unwrap_or("")
         );
         config.options(options.trim());
