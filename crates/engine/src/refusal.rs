@@ -179,6 +179,9 @@ reasons! {
     SearchAttributeAlreadyExists => "search_attribute_already_exists",
     /// The database failed and the change was not applied: the one retryable storage answer.
     StorageUnavailable => "storage_unavailable",
+    /// The database connection was lost after COMMIT was sent: the change may or may not have
+    /// been applied. Retryable with the same idempotency key, which finds a committed change.
+    CommitOutcomeUnknown => "commit_outcome_unknown",
     /// A uniqueness constraint refused a write no rule turned into a refusal of its own.
     StorageConflict => "storage_conflict",
     /// A stored record (not a run document) does not parse: retrying cannot help.

@@ -111,7 +111,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::ExternalStorageNotConfigured
         | Reason::ExternalStorageDisabled
         | Reason::StorageDriverUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::StorageUnavailable | Reason::CommitOutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
         Reason::StoredRecordCorrupt | Reason::RunDocumentCorrupt => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }
@@ -139,6 +139,16 @@ impl From<StoreError> for ApiError {
                 refused(
                     Reason::StorageUnavailable,
                     "The database could not complete the request; retry.".into(),
+                )
+                .with("retryable", true)
+            }
+            // A lost COMMIT answer: the client must not be told either way. Its retry, with the
+            // same idempotency key (request id, lease, attempt), finds a committed change.
+            StoreError::OutcomeUnknown(message) => {
+                tracing::error!(%message, "commit outcome unknown");
+                refused(
+                    Reason::CommitOutcomeUnknown,
+                    "The database connection was lost while the change was being committed; it may or may not have been applied. Retry with the same request: a committed change is found, not made twice.".into(),
                 )
                 .with("retryable", true)
             }

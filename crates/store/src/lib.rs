@@ -51,6 +51,10 @@ pub enum StoreError {
     /// The database failed. The change was not applied.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// The connection to the database was lost after COMMIT was sent and before its answer
+    /// came: the change may or may not have been applied (never reported as either).
+    #[error("commit outcome unknown: {0}")]
+    OutcomeUnknown(String),
     /// A uniqueness constraint refused the change (`constraint` names it); nothing was written.
     #[error("conflict on {constraint}: {message}")]
     Conflict { constraint: String, message: String },

@@ -42,11 +42,23 @@ macro_rules! in_transaction {
                 let $tx = &mut PgTx::new(&transaction, &$store.wake_channel);
                 $step.await?
             };
-            transaction.commit().await?;
+            commit(transaction).await?;
             Ok::<_, StoreError>(value)
         }
         .await
     };
+}
+
+/// Commits `tx`. An error the database sent (a failed deferred check, a serialization failure)
+/// means nothing was applied; a connection lost before the answer leaves the outcome unknown.
+async fn commit(tx: deadpool_postgres::Transaction<'_>) -> StoreResult<()> {
+    tx.commit().await.map_err(|error| {
+        if error.as_db_error().is_some() {
+            StoreError::from(error)
+        } else {
+            StoreError::OutcomeUnknown(error.to_string())
+        }
+    })
 }
 
 const POOL_SIZE: usize = 16;
@@ -110,7 +122,7 @@ impl PostgresStore {
         let step = match leased {
             actions::AtomicLease::Nothing => return Ok(None),
             actions::AtomicLease::Refused(outcome) => {
-                tx.commit().await?;
+                commit(tx).await?;
                 return Ok(Some(outcome));
             }
             actions::AtomicLease::Ready(step) => *step,
@@ -129,7 +141,7 @@ impl PostgresStore {
             }
         };
         let outcome = actions::finish_atomic_step(&mut PgTx::new(&tx, &self.wake_channel), step, handled, codec, now, &self.env).await?;
-        tx.commit().await?;
+        commit(tx).await?;
         Ok(Some(outcome))
     }
     #[allow(clippy::too_many_arguments)]
@@ -180,7 +192,7 @@ impl PostgresStore {
             };
             let candidate = task_id.to_string();
             let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.env).await?;
-            tx.commit().await?;
+            commit(tx).await?;
             match claimed {
                 claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
                 claim::Claimed::Skipped => skipped.push(candidate),
@@ -314,7 +326,7 @@ impl PostgresStore {
                 let tx = client.transaction().await?;
                 tx.batch_execute(sql).await?;
                 tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)", &[version, &now]).await?;
-                tx.commit().await?;
+                commit(tx).await?;
             }
             client
                 .execute(
@@ -823,7 +835,7 @@ impl LedgerStore for PostgresStore {
         let tx = client.transaction().await?;
         let mut pg = PgTx::new(&tx, &self.wake_channel);
         let incident = integrity::close_incident(&mut pg, namespace, incident_id, note, now, &self.env).await?;
-        tx.commit().await?;
+        commit(tx).await?;
         Ok(incident)
     }
 
