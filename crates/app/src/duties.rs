@@ -1,5 +1,7 @@
 //! The background duties every node runs: applying due deadlines under a duty fence, and
-//! firing due schedules.
+//! firing due schedules. Each is a claim (or a read) and then an action, kept apart so that a
+//! node may stop between them — a paused process, as the multi-node simulator plays one — and
+//! act later on what it believed it owned.
 
 use capstan_engine::{on_deadline, Millis, Payload, RunState};
 use capstan_store::{DueTask, FireReport, ScheduleFire, Store, StoreResult};
@@ -23,27 +25,38 @@ pub async fn apply_due_deadlines<S: Store>(
     limit: usize,
     hold_ms: i64,
 ) -> StoreResult<Vec<DeadlineOutcome>> {
+    let due = claim_due_deadlines(store, node, now, limit, hold_ms).await?;
+    let mut outcomes = Vec::with_capacity(due.len());
+    for task in due {
+        outcomes.push(apply_deadline(store, task, now).await);
+    }
+    Ok(outcomes)
+}
+
+/// Claims up to `limit` due tasks for `node`, each for `hold_ms` with the next duty fence.
+pub async fn claim_due_deadlines<S: Store>(store: &S, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
     let due = store.claim_due_tasks(node, now, limit, hold_ms).await?;
     if !due.is_empty() {
         capstan_pause::point(capstan_pause::DUTY_CLAIMED);
     }
-    let mut outcomes = Vec::with_capacity(due.len());
-    for task in due {
-        let id = task.task_id.clone();
-        let result = store
-            .run_duty(&task, now, move |run, cx| {
-                let changed = on_deadline(run, cx, &id);
-                if !changed {
-                    // The row disagrees with the run (deadline moved or task closed): rewrite it
-                    // from the run so it is not picked up again.
-                    cx.effects.touched_tasks.insert(id);
-                }
-                Ok(changed)
-            })
-            .await;
-        outcomes.push(DeadlineOutcome { task, result });
-    }
-    Ok(outcomes)
+    Ok(due)
+}
+
+/// Applies one claimed deadline at `now`, refused (`stale_fence`) if the claim changed hands.
+pub async fn apply_deadline<S: Store>(store: &S, task: DueTask, now: Millis) -> DeadlineOutcome {
+    let id = task.task_id.clone();
+    let result = store
+        .run_duty(&task, now, move |run, cx| {
+            let changed = on_deadline(run, cx, &id);
+            if !changed {
+                // The row disagrees with the run (deadline moved or task closed): rewrite it
+                // from the run so it is not picked up again.
+                cx.effects.touched_tasks.insert(id);
+            }
+            Ok(changed)
+        })
+        .await;
+    DeadlineOutcome { task, result }
 }
 
 /// What became of one due schedule.
@@ -63,19 +76,38 @@ pub async fn fire_due_schedules<S: Store>(
     catchup_window_ms: i64,
     empty_input: &Payload,
 ) -> StoreResult<Vec<FiringOutcome>> {
+    let due = due_schedules(store, now, limit).await?;
+    let mut outcomes = Vec::with_capacity(due.len());
+    for (namespace, schedule_id) in due {
+        outcomes.push(fire_schedule(store, namespace, schedule_id, now, catchup_window_ms, empty_input).await);
+    }
+    Ok(outcomes)
+}
+
+/// `(namespace, schedule_id)` of up to `limit` schedules due at `now`.
+pub async fn due_schedules<S: Store>(store: &S, now: Millis, limit: usize) -> StoreResult<Vec<(String, String)>> {
     let due = store.due_schedules(now, limit).await?;
     if !due.is_empty() {
         capstan_pause::point(capstan_pause::SCHEDULES_DUE);
     }
-    let mut outcomes = Vec::with_capacity(due.len());
-    for (namespace, schedule_id) in due {
-        let fire = ScheduleFire::Due { catchup_window_ms };
-        let result = store.fire_schedule(&namespace, &schedule_id, fire, empty_input.clone(), now).await;
-        outcomes.push(FiringOutcome {
-            namespace,
-            schedule_id,
-            result,
-        });
+    Ok(due)
+}
+
+/// Fires what of one schedule is due at `now`, decided again under the schedule's lock: a
+/// schedule another node fired meanwhile has nothing due.
+pub async fn fire_schedule<S: Store>(
+    store: &S,
+    namespace: String,
+    schedule_id: String,
+    now: Millis,
+    catchup_window_ms: i64,
+    empty_input: &Payload,
+) -> FiringOutcome {
+    let fire = ScheduleFire::Due { catchup_window_ms };
+    let result = store.fire_schedule(&namespace, &schedule_id, fire, empty_input.clone(), now).await;
+    FiringOutcome {
+        namespace,
+        schedule_id,
+        result,
     }
-    Ok(outcomes)
 }

@@ -22,6 +22,7 @@ mod cancellation;
 mod checks;
 mod local;
 mod nexus;
+mod nodes;
 mod payloads;
 mod program;
 mod redrive;
@@ -138,6 +139,13 @@ pub struct Report {
     pub message_conflicts: usize,
     /// Failed runs redriven.
     pub redrives: usize,
+    /// Nodes frozen between claiming duties and acting on them; duty claims that took over an
+    /// earlier claim; what the woken nodes' stale duties came to `[applied, refused stale_fence]`;
+    /// schedule starts by woken nodes (occurrences still due when they woke).
+    pub node_pauses: usize,
+    pub duty_takeovers: usize,
+    pub zombie_duties: [usize; 2],
+    pub zombie_firings: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -297,6 +305,8 @@ struct Sim {
     retired: BTreeSet<String>,
     /// Payloads clients uploaded to the runtime transport.
     uploads: payloads::Uploads,
+    /// The server nodes running the background duties over the one store.
+    nodes: Vec<nodes::Node>,
     report: Report,
     digest: std::cell::Cell<u64>,
 }
@@ -318,8 +328,11 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
             step: 0,
             message: format!("temp dir: {e}"),
         })?;
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let cluster = nodes::cluster(&mut rng);
     let mut sim = Sim {
-        rng: StdRng::seed_from_u64(config.seed),
+        rng,
+        nodes: cluster,
         report: Report {
             seed: config.seed,
             ..Report::default()
@@ -496,7 +509,9 @@ impl Sim {
     /// No more faults: reports arrive, workers succeed, operators resolve, signals come. Every
     /// workflow must reach a terminal state.
     async fn calm_phase(&mut self) -> Result<(), Failure> {
-        // Retired workers come back (a fleet is eventually whole again).
+        // Frozen nodes wake and act on what they held; retired workers come back (a fleet is
+        // eventually whole again).
+        self.wake_all().await?;
         self.register_workers().await?;
         // Clients redrive what failed, now that the faults are fixed.
         self.redrive_every_failed().await?;
@@ -529,7 +544,7 @@ impl Sim {
             }
             while self.resolve_one_unknown().await? {}
             self.advance(1_000);
-            self.run_due().await?;
+            self.node_pass(false).await?;
             self.check_touched().await?;
         }
         let open = self.open_workflows().await?;
@@ -1091,32 +1106,7 @@ impl Sim {
         let jump = self.rng.random_range(0..6_000);
         self.advance(jump);
         self.trace(|| format!("clock +{jump} ms"));
-        self.run_due().await
-    }
-
-    /// The background clock's pass: every due deadline (timers, expired leases, activity
-    /// timeouts) under a duty fence, as `capstan serve` runs it.
-    async fn run_due(&mut self) -> Result<(), Failure> {
-        let now = self.now;
-        let outcomes = duties::apply_due_deadlines(self.store(), "sim-node", now, 1_000, 30_000)
-            .await
-            .map_err(|e| self.fail(format!("claim_due_tasks: {e}")))?;
-        for outcome in outcomes {
-            if let Some((_, run)) = self.refused(outcome.result)? {
-                self.acknowledge(&run);
-            }
-        }
-        // The scheduler's pass, as `capstan serve` runs it.
-        let outcomes = duties::fire_due_schedules(self.store(), now, 100, SCHEDULE_CATCHUP_MS, &Payload::avro(PAYLOAD))
-            .await
-            .map_err(|e| self.fail(format!("due_schedules: {e}")))?;
-        for duties::FiringOutcome { schedule_id, result, .. } in outcomes {
-            if let Some(report) = self.refused(result)? {
-                self.trace(|| format!("schedule {schedule_id} fired: {} ({} started)", report.outcome, report.started));
-            }
-            self.check_schedule(&schedule_id).await?;
-        }
-        Ok(())
+        self.node_pass(true).await
     }
 
     /// One of the workflows the clients started, at random.
@@ -1603,6 +1593,12 @@ pub struct Totals {
     pub stream_items: usize,
     pub payloads_collected: usize,
     pub service_calls: usize,
+    /// Node pauses, duty take-overs, the woken nodes' stale duties `[applied, refused]`, and
+    /// their schedule starts.
+    pub node_pauses: usize,
+    pub duty_takeovers: usize,
+    pub zombie_duties: [usize; 2],
+    pub zombie_firings: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1636,6 +1632,11 @@ impl Totals {
         self.stream_items += report.stream_items;
         self.payloads_collected += report.payloads_collected;
         self.service_calls += report.service_calls;
+        self.node_pauses += report.node_pauses;
+        self.duty_takeovers += report.duty_takeovers;
+        self.zombie_duties[0] += report.zombie_duties[0];
+        self.zombie_duties[1] += report.zombie_duties[1];
+        self.zombie_firings += report.zombie_firings;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1650,7 +1651,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}); refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1687,6 +1688,11 @@ impl Totals {
             self.stream_items,
             self.payloads_collected,
             self.service_calls,
+            self.node_pauses,
+            self.duty_takeovers,
+            self.zombie_duties[0],
+            self.zombie_duties[1],
+            self.zombie_firings,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

@@ -40,7 +40,10 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && totals.messages.iter().all(|n| *n > 0)
             && totals.stream_items > 0
             && totals.payloads_collected > 0
-            && totals.service_calls > 0,
+            && totals.service_calls > 0
+            && totals.node_pauses > 0
+            && totals.duty_takeovers > 0
+            && totals.zombie_duties.iter().all(|n| *n > 0),
         "{}",
         totals.summary()
     );
