@@ -152,6 +152,11 @@ impl From<StoreError> for ApiError {
                 )
                 .with("retryable", true)
             }
+            // Refused when the store opens; a request never sees it.
+            StoreError::Incompatible(message) => {
+                tracing::error!(%message, "incompatible database");
+                refused(Reason::StorageUnavailable, message).with("retryable", false)
+            }
             // A uniqueness rule the store did not turn into a refusal of its own.
             StoreError::Conflict { constraint, message } => {
                 tracing::warn!(%constraint, %message, "write refused by a uniqueness constraint");

@@ -15,6 +15,7 @@ mod logic;
 mod postgres;
 mod rows;
 mod schedules;
+pub mod schema_floor;
 mod sources;
 mod sqlite;
 mod tx;
@@ -55,6 +56,10 @@ pub enum StoreError {
     /// came: the change may or may not have been applied (never reported as either).
     #[error("commit outcome unknown: {0}")]
     OutcomeUnknown(String),
+    /// The database was written by a binary this one cannot run against (see
+    /// [`schema_floor`]): refused at opening, nothing written.
+    #[error("{0}")]
+    Incompatible(String),
     /// A uniqueness constraint refused the change (`constraint` names it); nothing was written.
     #[error("conflict on {constraint}: {message}")]
     Conflict { constraint: String, message: String },

@@ -231,6 +231,33 @@ async fn a_session_timeout_named_in_the_url_wins() {
     assert_eq!(store.session_timeouts().await.unwrap(), ("10s".to_string(), "3s".to_string()));
 }
 
+/// A node refuses a database whose schema floor is above the migrations it knows (an older
+/// binary after an upgrade that older binaries cannot run against), and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_whose_floor_is_above_this_binary_is_refused() {
+    let (store, guard) = fresh().await;
+    drop(store);
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let schema = &guard.schema;
+    client
+        .batch_execute(&format!("UPDATE {schema}.schema_floor SET floor = 1000000"))
+        .await
+        .unwrap();
+    let refused = match PostgresStore::connect_in_schema(&database_url(), schema, Limits::default(), NOW).await {
+        Err(StoreError::Incompatible(message)) => message,
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("an incompatible database was opened"),
+    };
+    assert!(refused.contains("written by a newer Capstan"), "{refused}");
+    let floor: i64 = client
+        .query_one(&format!("SELECT floor FROM {schema}.schema_floor"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(floor, 1_000_000, "the refusal wrote nothing");
+}
+
 /// Starts `workflow_id` and completes its first workflow task with a one-second timer.
 async fn with_due_timer(store: &PostgresStore, workflow_id: &str) -> RunState {
     let (_, run) = store

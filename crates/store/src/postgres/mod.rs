@@ -318,6 +318,11 @@ impl PostgresStore {
         client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await?;
         let result = async {
             client.batch_execute("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)").await?;
+            client.batch_execute(schema_floor::CREATE_FLOOR_TABLE).await?;
+            let database: Option<i64> = client.query_one("SELECT MAX(version) FROM schema_migrations", &[]).await?.get(0);
+            let floor: Option<i64> = client.query_opt(schema_floor::READ_FLOOR, &[]).await?.map(|row| row.get(0));
+            let known = MIGRATIONS.last().map_or(0, |(version, _)| *version);
+            schema_floor::admit(known, database, floor)?;
             for (version, sql) in MIGRATIONS {
                 let applied = client.query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version]).await?.is_some();
                 if applied {
@@ -328,6 +333,12 @@ impl PostgresStore {
                 tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)", &[version, &now]).await?;
                 commit(tx).await?;
             }
+            client
+                .execute(
+                    "INSERT INTO schema_floor (id, floor) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET floor = GREATEST(schema_floor.floor, excluded.floor)",
+                    &[&schema_floor::SCHEMA_FLOOR],
+                )
+                .await?;
             client
                 .execute(
                     "INSERT INTO namespaces (name, description, created_at) VALUES ('default', 'Default namespace', $1) ON CONFLICT DO NOTHING",

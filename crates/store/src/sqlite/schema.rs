@@ -485,9 +485,17 @@ CREATE TABLE service_call_waiters (
     ),
 ];
 
-/// Applies every migration not yet recorded, each in its own transaction.
-pub fn migrate(conn: &mut Connection, now: i64) -> rusqlite::Result<()> {
+/// Applies every migration not yet recorded, each in its own transaction, after checking that
+/// this binary may run against the database at all (`schema_floor`).
+pub fn migrate(conn: &mut Connection, now: i64) -> crate::StoreResult<()> {
+    use crate::schema_floor;
+    use rusqlite::OptionalExtension;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")?;
+    conn.execute_batch(schema_floor::CREATE_FLOOR_TABLE)?;
+    let database: Option<i64> = conn.query_row("SELECT MAX(version) FROM schema_migrations", [], |r| r.get(0))?;
+    let floor: Option<i64> = conn.query_row(schema_floor::READ_FLOOR, [], |r| r.get(0)).optional()?;
+    let known = MIGRATIONS.last().map_or(0, |(version, _)| *version);
+    schema_floor::admit(known, database, floor)?;
     for (version, sql) in MIGRATIONS {
         let applied: bool = conn.query_row(
             "SELECT EXISTS(SELECT 1 FROM schema_migrations WHERE version = ?1)",
@@ -505,6 +513,10 @@ pub fn migrate(conn: &mut Connection, now: i64) -> rusqlite::Result<()> {
         )?;
         tx.commit()?;
     }
+    conn.execute(
+        "INSERT INTO schema_floor (id, floor) VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET floor = MAX(floor, excluded.floor)",
+        [schema_floor::SCHEMA_FLOOR],
+    )?;
     conn.execute(
         "INSERT OR IGNORE INTO namespaces (name, description, created_at) VALUES ('default', 'Default namespace', ?1)",
         [now],
