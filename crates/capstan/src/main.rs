@@ -365,6 +365,14 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
                 .await
                 .map_err(|e| format!("connect to PostgreSQL: {e}"))?
                 .with_sources(config.sources.clone());
+            match store.durability().await {
+                Ok(durability) => {
+                    for risk in durability.risks() {
+                        tracing::error!("PostgreSQL {risk}; Capstan's guarantee that a 2xx survives a crash does not hold");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "could not read PostgreSQL's durability settings"),
+            }
             tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (PostgreSQL)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await

@@ -26,7 +26,7 @@ use capstan_engine::*;
 use serde_json::{Map, Value};
 use std::future::Future;
 
-pub use postgres::PostgresStore;
+pub use postgres::{Durability, PostgresStore};
 
 /// The store traits, for code that calls a concrete store's methods (`use
 /// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.

@@ -231,6 +231,44 @@ async fn a_session_timeout_named_in_the_url_wins() {
     assert_eq!(store.session_timeouts().await.unwrap(), ("10s".to_string(), "3s".to_string()));
 }
 
+/// What an acknowledged change's survival rests on: the test database flushes its WAL, writes
+/// full pages, and the store's sessions commit synchronously whatever the database's default;
+/// a URL that turns that off is reported as a risk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_are_durable_and_a_risky_setting_is_reported() {
+    let (store, _guard) = fresh().await;
+    let durability = store.durability().await.unwrap();
+    assert_eq!(
+        (
+            durability.fsync.as_str(),
+            durability.full_page_writes.as_str(),
+            durability.synchronous_commit.as_str()
+        ),
+        ("on", "on", "on")
+    );
+    assert!(durability.risks().is_empty(), "{:?}", durability.risks());
+
+    let schema = format!("t_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let _guard = SchemaGuard {
+        url: database_url(),
+        schema: schema.clone(),
+    };
+    let separator = if database_url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}options=-c%20synchronous_commit%3Doff", database_url());
+    let risky = PostgresStore::connect_in_schema(&url, &schema, Limits::default(), NOW)
+        .await
+        .unwrap();
+    let risks = risky.durability().await.unwrap().risks();
+    assert_eq!(risks.len(), 1, "{risks:?}");
+    assert!(risks[0].starts_with("synchronous_commit = off"), "{risks:?}");
+    let unsafe_server = Durability {
+        fsync: "off".into(),
+        full_page_writes: "off".into(),
+        synchronous_commit: "local".into(),
+    };
+    assert_eq!(unsafe_server.risks().len(), 3);
+}
+
 /// A node refuses a database whose schema floor is above the migrations it knows (an older
 /// binary after an upgrade that older binaries cannot run against), and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -280,10 +280,12 @@ impl PostgresStore {
     async fn with_config(mut config: tokio_postgres::Config, limits: Limits, now: Millis, wake_channel: String) -> StoreResult<Self> {
         // Bounded waits on every session: a statement waits at most LOCK_TIMEOUT for a lock, and
         // a session left idle inside a transaction (its node paused or partitioned) is ended by
-        // the database after IDLE_IN_TRANSACTION_TIMEOUT, which releases its locks. The URL's own
-        // `options` come last, so a setting the operator names there wins.
+        // the database after IDLE_IN_TRANSACTION_TIMEOUT, which releases its locks. A COMMIT
+        // returns once its WAL is flushed (`synchronous_commit = on`), whatever the database's
+        // default: a 2xx promises that. The URL's own `options` come last, so a setting the
+        // operator names there wins.
         let options = format!(
-            "-c lock_timeout={LOCK_TIMEOUT_MS} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS} {}",
+            "-c lock_timeout={LOCK_TIMEOUT_MS} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS} -c synchronous_commit=on {}",
             config.get_options().unwrap_or("")
         );
         config.options(options.trim());
@@ -353,6 +355,21 @@ impl PostgresStore {
         result
     }
 
+    /// What the durability of an acknowledged change rests on, as the database reports it to
+    /// the store's sessions.
+    pub async fn durability(&self) -> StoreResult<Durability> {
+        let client = self.pool.get().await?;
+        let setting = |name: &'static str| {
+            let client = &client;
+            async move { Ok::<_, StoreError>(client.query_one(&format!("SHOW {name}"), &[]).await?.get::<_, String>(0)) }
+        };
+        Ok(Durability {
+            fsync: setting("fsync").await?,
+            full_page_writes: setting("full_page_writes").await?,
+            synchronous_commit: setting("synchronous_commit").await?,
+        })
+    }
+
     /// The bounded waits of the store's sessions, as the database reports them:
     /// `(lock_timeout, idle_in_transaction_session_timeout)`.
     pub async fn session_timeouts(&self) -> StoreResult<(String, String)> {
@@ -363,6 +380,42 @@ impl PostgresStore {
             .await?
             .get::<_, String>(0);
         Ok((lock, idle))
+    }
+}
+
+/// PostgreSQL's settings an acknowledged change's survival rests on: `fsync` (WAL flushed to
+/// disk at all), `full_page_writes` (no torn pages after a power cut), `synchronous_commit`
+/// (COMMIT waits for the flush; the store's sessions ask for `on`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durability {
+    pub fsync: String,
+    pub full_page_writes: String,
+    pub synchronous_commit: String,
+}
+
+impl Durability {
+    /// Each setting that lets a power cut lose or corrupt an acknowledged change, with why.
+    pub fn risks(&self) -> Vec<String> {
+        let mut risks = Vec::new();
+        if self.fsync != "on" {
+            risks.push(format!(
+                "fsync = {}: the database does not flush its WAL; a power cut can lose or corrupt acknowledged changes",
+                self.fsync
+            ));
+        }
+        if self.full_page_writes != "on" {
+            risks.push(format!(
+                "full_page_writes = {}: a power cut mid-write can leave torn pages",
+                self.full_page_writes
+            ));
+        }
+        if !matches!(self.synchronous_commit.as_str(), "on" | "remote_write" | "remote_apply") {
+            risks.push(format!(
+                "synchronous_commit = {}: a COMMIT returns before its WAL is flushed; a crash can lose acknowledged changes",
+                self.synchronous_commit
+            ));
+        }
+        risks
     }
 }
 
