@@ -927,12 +927,13 @@ class RawWorker:
         commands: list[dict[str, Any]],
         *,
         attempt: int | None = None,
+        timeout: float | None = None,
     ) -> httpx.Response:
         return await self.post(base_url, f"/worker/workflow-tasks/{task['task_id']}/complete", {
             "lease_owner": self.worker_id,
             "workflow_task_attempt": attempt if attempt is not None else task["workflow_task_attempt"],
             "commands": commands,
-        })
+        }, timeout=timeout)
 
 
     async def poll_activity_task(self, base_url: str, *, timeout_seconds: int = 0) -> dict[str, Any] | None:

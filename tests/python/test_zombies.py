@@ -347,11 +347,7 @@ def test_a_workflow_task_completion_held_by_a_frozen_node_is_refused_after_takeo
             await w1.register(b.url)
             first = await w1.next_workflow_task(b.url, within=15)
             in_flight = asyncio.create_task(
-                w1.post(a.url, f"/worker/workflow-tasks/{first['task_id']}/complete", {
-                    "lease_owner": w1.worker_id,
-                    "workflow_task_attempt": first["workflow_task_attempt"],
-                    "commands": [complete_workflow_command("from-w1")],
-                }, timeout=60)
+                w1.complete_workflow_task(a.url, first, [complete_workflow_command("from-w1")], timeout=60)
             )
             await a.wait_stopped(within=15, what="the workflow_task_completing pause point")
             await w2.register(b.url)
