@@ -23,6 +23,7 @@ from capstan_harness import BackgroundWorker, CapstanServer, events_of, fetch_hi
 QUEUE = "upgrade"
 IDLE_QUEUE = "upgrade-idle"  # no worker polled it before the upgrade
 NO_RETRY = ActivityRetryPolicy(max_attempts=1)
+FIVE_YEARS = 5 * 365 * 24 * 3600
 
 
 @activity.defn(name="upgrade.echo")
@@ -94,8 +95,11 @@ async def write_fixture(binary: Path, out: Path, work: Path) -> None:
             await worker.start()
             handles = {}
             for workflow_id, (workflow_type, queue, args) in OLD_RUNS.items():
+                # Runs that outlive the fixture: the SDK's default timeouts (10 min a run) would
+                # close them before any test opened it.
                 handles[workflow_id] = await client.start_workflow(
-                    workflow_type=workflow_type, task_queue=queue, workflow_id=workflow_id, input=args)
+                    workflow_type=workflow_type, task_queue=queue, workflow_id=workflow_id, input=args,
+                    execution_timeout_seconds=FIVE_YEARS, run_timeout_seconds=FIVE_YEARS)
             await wait_result(handles["old-greet"], timeout=30, workers=[worker])
             for workflow_id, ready in {
                 "old-failing": lambda evs: bool(events_of(evs, "WorkflowFailed")),
