@@ -24,6 +24,7 @@ mod local;
 mod nexus;
 mod nodes;
 mod payloads;
+mod power;
 mod program;
 mod redrive;
 mod standalone;
@@ -146,6 +147,9 @@ pub struct Report {
     pub duty_takeovers: usize,
     pub zombie_duties: [usize; 2],
     pub zombie_firings: usize,
+    /// Power cuts, and the unsynced writes they dropped.
+    pub power_cuts: usize,
+    pub unsynced_writes_lost: usize,
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -274,6 +278,9 @@ struct Sim {
     config: Config,
     rng: StdRng,
     dir: tempfile::TempDir,
+    /// Which disk the server runs on: a power cut moves it to a fresh one holding what the
+    /// last one had synced.
+    disk: usize,
     app: SimServices,
     now: Millis,
     step: usize,
@@ -339,6 +346,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
         },
         config,
         dir,
+        disk: 0,
         app: SimServices {
             store: None,
             clock,
@@ -392,9 +400,14 @@ impl Sim {
         self.app.store()
     }
 
+    fn disk_dir(&self) -> PathBuf {
+        self.dir.path().join(format!("disk-{}", self.disk))
+    }
+
     fn open(&mut self) -> Result<(), Failure> {
-        let path = self.dir.path().join("capstan.db");
-        let store = SqliteStore::open(&path, Limits::default(), self.now)
+        power::register();
+        let path = self.disk_dir().join("capstan.db");
+        let store = SqliteStore::open_with_vfs(&path, Some(power::VFS_NAME), Limits::default(), self.now)
             .map_err(|e| self.fail(format!("open: {e}")))?
             .with_sources(self.app.sources.clone());
         self.app.store = Some(store);
@@ -499,6 +512,7 @@ impl Sim {
                 94 if self.rng.random_bool(0.5) => self.redrive_one().await?,
                 94 => self.close_workflow().await?,
                 95 => self.retire_worker().await?,
+                _ if self.rng.random_bool(0.5) => self.power_cut().await?,
                 _ => self.restart().await?,
             }
             self.check_touched().await?;
@@ -1512,6 +1526,24 @@ impl Sim {
         Ok(true)
     }
 
+    /// The machine loses power: the server comes back on what its disk held, every write a
+    /// file had not fsynced lost. Everything acknowledged must still be there (`check_all`).
+    async fn power_cut(&mut self) -> Result<(), Failure> {
+        let from = self.disk_dir();
+        self.disk += 1;
+        let to = self.disk_dir();
+        let lost = power::durable_image(&from, &to).map_err(|e| self.fail(format!("power cut: {e}")))?;
+        self.trace(|| format!("power cut ({lost} unsynced writes lost)"));
+        self.report.power_cuts += 1;
+        self.report.unsynced_writes_lost += lost;
+        // The old machine's files stay behind, never read again.
+        self.app.store = None;
+        power::forget(&from);
+        let _ = std::fs::remove_dir_all(&from);
+        self.open()?;
+        self.check_all().await
+    }
+
     /// The server process goes away and comes back on the same database file. Workers keep
     /// what they hold; their leases are still valid or expire as usual.
     async fn restart(&mut self) -> Result<(), Failure> {
@@ -1599,6 +1631,8 @@ pub struct Totals {
     pub duty_takeovers: usize,
     pub zombie_duties: [usize; 2],
     pub zombie_firings: usize,
+    pub power_cuts: usize,
+    pub unsynced_writes_lost: usize,
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1637,6 +1671,8 @@ impl Totals {
         self.zombie_duties[0] += report.zombie_duties[0];
         self.zombie_duties[1] += report.zombie_duties[1];
         self.zombie_firings += report.zombie_firings;
+        self.power_cuts += report.power_cuts;
+        self.unsynced_writes_lost += report.unsynced_writes_lost;
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1651,7 +1687,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}); refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} unsynced writes lost); refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1693,6 +1729,8 @@ impl Totals {
             self.zombie_duties[0],
             self.zombie_duties[1],
             self.zombie_firings,
+            self.power_cuts,
+            self.unsynced_writes_lost,
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

@@ -43,7 +43,8 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && totals.service_calls > 0
             && totals.node_pauses > 0
             && totals.duty_takeovers > 0
-            && totals.zombie_duties.iter().all(|n| *n > 0),
+            && totals.zombie_duties.iter().all(|n| *n > 0)
+            && totals.power_cuts > 0,
         "{}",
         totals.summary()
     );

@@ -33,14 +33,17 @@ pub struct SqliteStore {
     wakeups: Arc<Mutex<Option<WakeReceiver>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     path: PathBuf,
+    /// The SQLite VFS the connections go through (`None`: the default one).
+    vfs: Option<String>,
     env: Arc<Env>,
 }
 
-fn open_connection(path: &Path) -> StoreResult<Connection> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+fn open_connection(path: &Path, vfs: Option<&str>) -> StoreResult<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match vfs {
+        None => Connection::open_with_flags(path, flags)?,
+        Some(vfs) => Connection::open_with_flags_and_vfs(path, flags, vfs)?,
+    };
     // WAL lets readers run beside the writer; FULL makes every COMMIT fsync the WAL, so an
     // acknowledged transition survives power loss, not just a process crash.
     conn.execute_batch(
@@ -113,20 +116,26 @@ impl SqliteStore {
 
     /// Opens (creating if needed) the database file, migrates it and bootstraps `default`.
     pub fn open(path: &Path, limits: Limits, now: Millis) -> StoreResult<Self> {
+        Self::open_with_vfs(path, None, limits, now)
+    }
+
+    /// [`open`](Self::open) through a registered SQLite VFS (the simulator's power-cut shim).
+    pub fn open_with_vfs(path: &Path, vfs: Option<&str>, limits: Limits, now: Millis) -> StoreResult<Self> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::Storage(format!("create {}: {e}", dir.display())))?;
             }
         }
-        let mut conn = open_connection(path)?;
+        let mut conn = open_connection(path, vfs)?;
         schema::migrate(&mut conn, now)?;
-        let readers = (0..READERS).map(|_| open_connection(path)).collect::<StoreResult<Vec<_>>>()?;
+        let readers = (0..READERS).map(|_| open_connection(path, vfs)).collect::<StoreResult<Vec<_>>>()?;
         let (wake, wakeups) = tokio::sync::mpsc::unbounded_channel();
         Ok(Self {
             writer: Writer::start(conn, wake),
             wakeups: Arc::new(Mutex::new(Some(wakeups))),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_path_buf(),
+            vfs: vfs.map(str::to_string),
             env: Arc::new(Env {
                 limits,
                 sources: Sources::system(),
@@ -163,7 +172,7 @@ impl SqliteStore {
         let pooled = self.readers.lock().expect("reader pool").pop();
         let mut conn = match pooled {
             Some(conn) => conn,
-            None => open_connection(&self.path)?,
+            None => open_connection(&self.path, self.vfs.as_deref())?,
         };
         let result = f(&mut SqliteTx::reader(&mut conn));
         let mut pool = self.readers.lock().expect("reader pool");
