@@ -12,7 +12,7 @@
 //! Unarmed, a point costs one atomic load. Names are checked against [`POINTS`] when armed, so a
 //! misspelt point fails start-up instead of never firing.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// The environment variable that arms pause points.
@@ -54,7 +54,6 @@ struct Armed {
 }
 
 static ARMED: OnceLock<Vec<Armed>> = OnceLock::new();
-static ANY_ARMED: AtomicBool = AtomicBool::new(false);
 
 /// Arms the points `CAPSTAN_TEST_PAUSE_AT` names. Returns the armed names, or an error naming a
 /// malformed entry or an unknown point. Call once, before any point is passed.
@@ -94,21 +93,19 @@ pub fn arm(spec: &str) -> Result<Vec<&'static str>, String> {
     if ARMED.set(armed).is_err() {
         return Err(format!("{ENV}: pause points are armed once per process"));
     }
-    ANY_ARMED.store(true, Ordering::Release);
     Ok(names)
 }
 
 /// Passes the point `name`: stops the process if it is armed and this is its turn.
 #[inline]
 pub fn point(name: &'static str) {
-    if ANY_ARMED.load(Ordering::Acquire) {
-        passed(name);
+    if let Some(armed) = ARMED.get() {
+        passed(armed, name);
     }
 }
 
 #[cold]
-fn passed(name: &'static str) {
-    let Some(armed) = ARMED.get() else { return };
+fn passed(armed: &[Armed], name: &'static str) {
     for point in armed.iter().filter(|a| a.name == name) {
         if point.passed.fetch_add(1, Ordering::AcqRel) + 1 == point.at {
             // Written straight to stderr: a buffered logger may not flush before the stop.

@@ -358,28 +358,29 @@ impl PostgresStore {
     /// What the durability of an acknowledged change rests on, as the database reports it to
     /// the store's sessions.
     pub async fn durability(&self) -> StoreResult<Durability> {
-        let client = self.pool.get().await?;
-        let setting = |name: &'static str| {
-            let client = &client;
-            async move { Ok::<_, StoreError>(client.query_one(&format!("SHOW {name}"), &[]).await?.get::<_, String>(0)) }
-        };
+        let [fsync, full_page_writes, synchronous_commit] = self.settings(["fsync", "full_page_writes", "synchronous_commit"]).await?;
         Ok(Durability {
-            fsync: setting("fsync").await?,
-            full_page_writes: setting("full_page_writes").await?,
-            synchronous_commit: setting("synchronous_commit").await?,
+            fsync,
+            full_page_writes,
+            synchronous_commit,
         })
     }
 
     /// The bounded waits of the store's sessions, as the database reports them:
     /// `(lock_timeout, idle_in_transaction_session_timeout)`.
     pub async fn session_timeouts(&self) -> StoreResult<(String, String)> {
-        let client = self.pool.get().await?;
-        let lock = client.query_one("SHOW lock_timeout", &[]).await?.get::<_, String>(0);
-        let idle = client
-            .query_one("SHOW idle_in_transaction_session_timeout", &[])
-            .await?
-            .get::<_, String>(0);
+        let [lock, idle] = self.settings(["lock_timeout", "idle_in_transaction_session_timeout"]).await?;
         Ok((lock, idle))
+    }
+
+    /// The values of `names` as a session of the store sees them (as `SHOW` prints them), in
+    /// one round trip.
+    async fn settings<const N: usize>(&self, names: [&str; N]) -> StoreResult<[String; N]> {
+        let client = self.pool.get().await?;
+        let columns: Vec<String> = (1..=N).map(|i| format!("current_setting(${i})")).collect();
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = names.iter().map(|n| n as _).collect();
+        let row = client.query_one(&format!("SELECT {}", columns.join(", ")), &params).await?;
+        Ok(std::array::from_fn(|i| row.get::<_, String>(i)))
     }
 }
 
