@@ -104,6 +104,16 @@ pub struct ActionPin {
     /// Seconds between polls of a pending result.
     #[serde(default)]
     pub poll_interval_seconds: Option<i64>,
+    /// The provider's idempotency key read from the arguments (the definition's
+    /// `idempotency_key` pointer); `None`: the `activity_execution_id` is the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Hash of the canonical preview (the definition's `preview` pointer into the arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_hash: Option<String>,
+    /// The probe asked when a dispatch's outcome becomes unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::ledger_probe::ProbeSpec>,
 }
 
 impl From<&ActionDefinition> for ActionPin {
@@ -117,7 +127,25 @@ impl From<&ActionDefinition> for ActionPin {
             reference_hash: None,
             pending: definition.document.get("pending").cloned(),
             poll_interval_seconds: definition.document.get("poll_interval_seconds").and_then(Value::as_i64),
+            idempotency_key: None,
+            preview_hash: None,
+            probe: crate::ledger_probe::ProbeSpec::of(&definition.document),
         }
+    }
+}
+
+/// Where a definition points into the arguments for a field (`idempotency_key`, `preview`).
+fn argument_pointer<'d>(definition: &'d ActionDefinition, field: &str) -> Option<&'d str> {
+    definition.document.get(field).and_then(Value::as_str)
+}
+
+/// Why a dispatch was refused, as the activity's failure message says it.
+pub fn refusal_message(reason: &str) -> &'static str {
+    match reason {
+        "approval_required" => "approval_required: an irreversible action needs an approval reference (approval_ref) in its arguments; it was not dispatched.",
+        "backup_required" => "backup_required: a snapshot-restore action needs a backup reference (backup_ref) in its arguments; it was not dispatched.",
+        "idempotency_key_required" => "idempotency_key_required: the action's definition reads the provider's idempotency key from its arguments (idempotency_key), and they do not hold one; it was not dispatched.",
+        _ => "preview_required: the action's definition declares a preview of its effect (preview) that its arguments do not hold; it was not dispatched.",
     }
 }
 
@@ -128,6 +156,28 @@ impl ActionPin {
     /// say (a JSON pointer; by default the first argument's `approval_ref` / `backup_ref`).
     pub fn for_arguments(definition: &ActionDefinition, arguments: Option<&Value>) -> Self {
         let mut pin = Self::from(definition);
+        let at = |pointer: &str| arguments.and_then(|args| args.pointer(pointer)).filter(|v| !v.is_null());
+        // The provider's key and the preview the definition points at: without them the
+        // dispatch could not be reconciled or shown, so it is refused before it happens.
+        if let Some(pointer) = argument_pointer(definition, "idempotency_key") {
+            match at(pointer).and_then(|key| {
+                key.as_str()
+                    .map(str::to_string)
+                    .or_else(|| key.is_number().then(|| key.to_string()))
+            }) {
+                Some(key) if !key.trim().is_empty() => pin.idempotency_key = Some(key),
+                _ => pin.refused = Some("idempotency_key_required".into()),
+            }
+        }
+        if let Some(pointer) = argument_pointer(definition, "preview") {
+            match at(pointer) {
+                Some(preview) => pin.preview_hash = Some(digest(&canonical::to_string(preview))),
+                None => pin.refused = pin.refused.or(Some("preview_required".into())),
+            }
+        }
+        if pin.refused.is_some() {
+            return pin;
+        }
         let (field, refusal) = match definition.recovery_mode {
             RecoveryMode::Irreversible => ("approval_ref", "approval_required"),
             RecoveryMode::SnapshotRestore => ("backup_ref", "backup_required"),
@@ -157,6 +207,8 @@ impl ActionPin {
         pin.refused = match definition.recovery_mode {
             RecoveryMode::Irreversible => Some("approval_required".into()),
             RecoveryMode::SnapshotRestore => Some("backup_required".into()),
+            _ if argument_pointer(definition, "idempotency_key").is_some() => Some("idempotency_key_required".into()),
+            _ if argument_pointer(definition, "preview").is_some() => Some("preview_required".into()),
             _ => None,
         };
         pin
@@ -376,6 +428,9 @@ pub struct LedgerEntry {
     pub input_hash: String,
     pub access_context_hash: String,
     pub idempotency_key_hash: String,
+    /// Hash of the canonical preview of the effect, when the definition declares one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_hash: Option<String>,
     pub dispatched_at: Millis,
     pub updated_at: Millis,
     /// Why the outcome is unknown (the worker's report, the lost lease…).
@@ -390,6 +445,10 @@ pub struct LedgerEntry {
     /// kept here as evidence for the operator (hashes and messages, never payloads).
     #[serde(default)]
     pub late_reports: Vec<Value>,
+    /// The reconciliation probe asked about this dispatch (its instance id, type, and state:
+    /// `dispatched`, then `found`, `absent`, `inconclusive` or `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Value>,
 }
 
 /// One state change of a ledger entry, chained per workflow instance.

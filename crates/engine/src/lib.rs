@@ -17,6 +17,7 @@ pub mod contract;
 pub mod history;
 pub mod ids;
 pub mod ledger;
+pub mod ledger_probe;
 pub mod limits;
 pub mod local_activity;
 pub mod memo;

@@ -117,6 +117,14 @@ pub struct ActivityExecution {
     /// The worker session the activity runs in: its tasks go only to the session's holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_session: Option<SessionRequirement>,
+    /// Retries a reconciliation probe's `absent` answer scheduled (bounded by
+    /// `PROBE_RETRIES_PER_EXECUTION`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub probe_retries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -408,6 +416,9 @@ pub struct RunState {
     /// them. Carried to the next run at continue-as-new.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_call_ids: Vec<String>,
+    /// Set on a reconciliation probe's host run: the ledger entry its answer resolves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_of: Option<crate::ledger_probe::ProbeTarget>,
 }
 
 /// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
@@ -601,6 +612,12 @@ pub struct Effects {
     pub service_cancels: Vec<String>,
     /// This run, linked to service calls, closed: they settle in the same transaction.
     pub service_run_closed: Option<crate::service_call::LinkedRunClosed>,
+    /// Reconciliation probes started because a dispatch's outcome became unknown (host runs of
+    /// standalone activities, each with its own effects).
+    pub probes_started: Vec<(RunState, Effects)>,
+    /// This run, a probe's host, closed: its answer is applied to the action's instance in the
+    /// same transaction.
+    pub probe_answer: Option<crate::ledger_probe::ProbeAnswer>,
 }
 
 /// A cooperative cancellation a parent's delivery asks of a child run.

@@ -207,6 +207,9 @@ impl<S: Store> AppState<S> {
 
 /// Builds the application router for `store`.
 pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
+    // Transitions that encode or decode payloads on their own (a reconciliation probe's
+    // question and answer) use the codec the SDKs speak.
+    let store = store.with_payload_codec(&avro::AVRO_MEMO);
     let history = history_cache::HistoryCache::new(config.history_cache_bytes);
     let state = Arc::new(AppState {
         store,

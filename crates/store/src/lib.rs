@@ -832,6 +832,12 @@ pub trait StreamStore: Send + Sync + 'static {
 
 /// Runs: start, transitions (plain and keyed), reads, listings.
 pub trait RunStore: Send + Sync + 'static {
+    /// This store with `codec` for the payloads its transitions read and write on their own
+    /// (a reconciliation probe's question and answer). Call it before the store is used.
+    fn with_payload_codec(self, codec: &'static dyn MemoCodec) -> Self
+    where
+        Self: Sized;
+
     /// Starts run 1 of a new instance, honouring the duplicate policy and the global reservation
     /// of workflow ids.
     fn start_workflow(

@@ -9,9 +9,7 @@ use crate::sources::Env;
 use crate::tx::{args, locking, Locking, Row, Tx};
 use crate::{schedule_missing, FireReport, RunLocator, ScheduleEventRecord, ScheduleFilter, ScheduleFire, StoreError, StoreResult};
 use capstan_engine::schedule::{Decision, OverlapPolicy, Schedule, Trigger};
-use capstan_engine::{
-    close_by_command, CloseCommand, CommandId, Cx, Millis, Payload, Reason, Refusal, RunId, RunState, StartRun, WorkflowId,
-};
+use capstan_engine::{close_by_command, CloseCommand, CommandId, Millis, Payload, Reason, Refusal, RunId, RunState, StartRun, WorkflowId};
 use serde_json::json;
 
 /// Most occurrences one firing transaction handles (a long backfill runs in several calls).
@@ -33,7 +31,7 @@ async fn current_run<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str) -> S
 /// Starts a new instance (the id is fresh).
 async fn start_instance<T: Tx>(tx: &mut T, start: StartRun, now: Millis, env: &Env) -> StoreResult<()> {
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let run = capstan_engine::start_run(&mut cx, start);
     let effects = cx.effects;
     persist::insert_instance(tx, &run, now).await?;
@@ -57,7 +55,7 @@ async fn close_current<T: Tx>(
         return Ok(());
     }
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     close_by_command(&mut run, &mut cx, command, Some(reason), CommandId(env.new_id()))?;
     let effects = cx.effects;
     persist::persist(tx, &run, &effects, false, env).await

@@ -143,14 +143,32 @@ impl IdSource for MintedIds<'_> {
     }
 }
 
-/// What the store's transaction logic draws on besides the database: the limits and the
-/// sources of time and ids.
+/// What the store's transaction logic draws on besides the database: the limits, the sources
+/// of time and ids, and the payload codec transitions read and write payloads with (a probe's
+/// question and answer, memo merges) when the caller did not hand one.
+#[derive(Clone)]
 pub(crate) struct Env {
     pub limits: capstan_engine::Limits,
     pub sources: Sources,
+    pub codec: Option<&'static dyn capstan_engine::MemoCodec>,
 }
 
 impl Env {
+    pub fn new(limits: capstan_engine::Limits) -> Self {
+        Self {
+            limits,
+            sources: Sources::system(),
+            codec: None,
+        }
+    }
+
+    /// A transition context at `now` drawing ids from `ids`, with this store's codec.
+    pub fn cx<'a>(&'a self, now: Millis, ids: &'a mut MintedIds<'_>) -> capstan_engine::Cx<'a> {
+        let mut cx = capstan_engine::Cx::new(now, ids, &self.limits);
+        cx.memo = self.codec;
+        cx
+    }
+
     pub fn ids(&self) -> MintedIds<'_> {
         self.sources.id_source()
     }

@@ -61,10 +61,7 @@ pub fn lease_activity_task_with(
             }
             if let Some(reason) = pin.refused.clone() {
                 let task = task.clone();
-                let message = match reason.as_str() {
-                    "approval_required" => "approval_required: an irreversible action needs an approval reference (approval_ref) in its arguments; it was not dispatched.",
-                    _ => "backup_required: a snapshot-restore action needs a backup reference (backup_ref) in its arguments; it was not dispatched.",
-                };
+                let message = crate::ledger::refusal_message(&reason);
                 refuse_dispatch(run, cx, &task, &execution, &reason, message);
                 return Ok(None);
             }

@@ -27,6 +27,10 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
             });
         }
     }
+    // A probe's host run answers with its end, to the action's instance, in this transaction.
+    if let Some(target) = run.probe_of.clone() {
+        cx.effects.probe_answer = Some(probe_answer(run, cx, target));
+    }
     // The service calls this run was started for settle with its end (not a continue-as-new:
     // the next run carries them).
     if reason != ClosedReason::Continued && !run.service_call_ids.is_empty() {
@@ -59,13 +63,12 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
     }
     let current = run.workflow_task.clone();
     // A declared action in flight when the run closes may have acted: its outcome is unknown.
-    let dispatched: Vec<String> = run.activities.values().filter_map(|a| a.ledger_key.clone()).collect();
-    for key in dispatched {
-        if let Some(mut entry) = run.ledger.get(&key).filter(|e| e.state == LedgerState::Dispatched).cloned() {
+    let dispatched: Vec<ActivityExecution> = run.activities.values().filter(|a| a.ledger_key.is_some()).cloned().collect();
+    for execution in dispatched {
+        let key = execution.ledger_key.as_deref().unwrap_or_default();
+        if let Some(entry) = run.ledger.get(key).filter(|e| e.state == LedgerState::Dispatched).cloned() {
             let reason = json!({"kind": "run_closed", "closed_reason": reason.as_str()});
-            entry.state = LedgerState::OutcomeUnknown;
-            entry.unknown_reason = Some(reason.clone());
-            checkpoint(run, cx, entry, obj!("reason" => reason));
+            mark_outcome_unknown(run, cx, entry, &execution, reason);
         }
     }
     let open: Vec<TaskId> = run.tasks.keys().filter(|id| Some(*id) != current.as_ref()).cloned().collect();

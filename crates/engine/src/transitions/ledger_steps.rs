@@ -30,17 +30,20 @@ pub(super) fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, ex
         definition_version: pin.version,
         input_hash: crate::ledger::digest(execution.arguments.identity()),
         access_context_hash: crate::ledger::digest(&format!("{}\n{}\n{}", run.namespace, owner, execution.queue)),
-        // The provider's key: the activity execution id, stable across attempts.
-        idempotency_key_hash: crate::ledger::digest(execution.id.as_str()),
+        // The provider's key: read from the arguments where the definition says, else the
+        // activity execution id, stable across attempts.
+        idempotency_key_hash: crate::ledger::digest(pin.idempotency_key.as_deref().unwrap_or(execution.id.as_str())),
+        preview_hash: pin.preview_hash.clone(),
         dispatched_at: cx.now,
         updated_at: cx.now,
         unknown_reason: None,
         resolution: None,
         checkpoint_hash: String::new(),
         late_reports: Vec::new(),
+        probe: None,
     };
     run.activities.get_mut(&execution.id).expect("open").ledger_key = Some(ledger_key);
-    let details = obj!(
+    let mut details = obj!(
         "activity_execution_id" => entry.activity_execution_id,
         "activity_attempt_id" => entry.activity_attempt_id,
         "fence" => entry.fence,
@@ -49,6 +52,9 @@ pub(super) fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, ex
         "access_context_hash" => entry.access_context_hash,
         "idempotency_key_hash" => entry.idempotency_key_hash,
     );
+    if let Some(preview_hash) = &entry.preview_hash {
+        details.insert("preview_hash".into(), json!(preview_hash));
+    }
     checkpoint(run, cx, entry, details);
 }
 
@@ -90,14 +96,12 @@ pub(super) fn ledger_outcome_unknown(
     reason: Value,
 ) -> Option<Receipt> {
     let key = execution.ledger_key.clone()?;
-    let mut entry = run.ledger.get(&key).filter(|e| e.state == LedgerState::Dispatched)?.clone();
+    let entry = run.ledger.get(&key).filter(|e| e.state == LedgerState::Dispatched)?.clone();
     run.close_task(cx, &task.id, TaskClosure::Failed);
     let stored = run.activities.get_mut(&execution.id).expect("open execution");
     stored.ledger_key = None;
     stored.blocked_by = Some(key.clone());
-    entry.state = LedgerState::OutcomeUnknown;
-    entry.unknown_reason = Some(reason.clone());
-    checkpoint(run, cx, entry, obj!("reason" => reason));
+    mark_outcome_unknown(run, cx, entry, execution, reason);
     Some(Receipt {
         run_status: run.status,
         created_task_ids: vec![],

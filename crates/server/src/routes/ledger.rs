@@ -25,6 +25,7 @@ const DEFINITION_FIELDS: &[&str] = &[
     "pins",
     "preview",
     "idempotency_key",
+    "probe",
 ];
 const LEDGER_PAGE_DEFAULT: usize = 100;
 const LEDGER_PAGE_MAX: usize = 1000;
@@ -62,6 +63,8 @@ pub fn entry_json(entry: &LedgerEntry) -> Value {
         "input_hash": entry.input_hash,
         "access_context_hash": entry.access_context_hash,
         "idempotency_key_hash": entry.idempotency_key_hash,
+        "preview_hash": entry.preview_hash,
+        "probe": entry.probe,
         "dispatched_at": render::time(entry.dispatched_at),
         "updated_at": render::time(entry.updated_at),
         "unknown_reason": entry.unknown_reason,
@@ -104,8 +107,15 @@ pub async fn put_definition<S: Store>(
         f.opt_object(key)?;
     }
     f.opt_int("poll_interval_seconds", 1, 86_400)?;
-    f.opt_str("preview", 1024)?;
-    f.opt_str("idempotency_key", 1024)?;
+    for pointer in ["preview", "idempotency_key"] {
+        if f.opt_str(pointer, 1024)?.is_some_and(|p| !p.starts_with('/')) {
+            return Err(ApiError::validation(
+                pointer,
+                format!("{pointer} must be a JSON pointer into the decoded argument list (e.g. \"/0/{pointer}\")."),
+            ));
+        }
+    }
+    check_probe(&state, &namespace, &activity_type, &body).await?;
     if let Some(pending) = body.get("pending") {
         let pointer_ok = pending
             .get("pointer")
@@ -147,6 +157,46 @@ pub async fn put_definition<S: Store>(
     Ok((StatusCode::OK, Json(definition_json(&definition))).into_response())
 }
 
+/// A probe must never run an action: its type may not be the action's, nor a declared action's,
+/// and an action may not be declared over a type some definition probes with.
+async fn check_probe<S: Store>(
+    state: &Shared<S>,
+    namespace: &str,
+    activity_type: &str,
+    body: &serde_json::Map<String, Value>,
+) -> ApiResult<()> {
+    let definitions = state.store.action_definitions(namespace).await?;
+    let probe = match body.get("probe") {
+        None | Some(Value::Null) => None,
+        Some(block) => Some(
+            capstan_engine::ledger_probe::ProbeSpec::parse(block, activity_type)
+                .map_err(|(field, message)| ApiError::validation(&field, message))?,
+        ),
+    };
+    if let Some(probe) = probe.filter(|p| definitions.iter().any(|d| d.activity_type == p.activity_type)) {
+        return Err(ApiError::validation(
+            "probe.activity_type",
+            format!(
+                "{:?} is a declared action; a probe only asks, so it may not be one.",
+                probe.activity_type
+            ),
+        ));
+    }
+    let probed_by = definitions
+        .iter()
+        .find(|d| capstan_engine::ledger_probe::ProbeSpec::of(&d.document).is_some_and(|p| p.activity_type == activity_type));
+    if let Some(other) = probed_by {
+        return Err(ApiError::validation(
+            "activity_type",
+            format!(
+                "{activity_type:?} is the probe of {:?}; a probe may not be a declared action.",
+                other.activity_type
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub async fn get_definition<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
@@ -184,7 +234,7 @@ pub async fn list_entries<S: Store>(
         Some(text) => Some(LedgerState::parse(text).ok_or_else(|| {
             ApiError::validation(
                 "state",
-                "state must be dispatched, verified, outcome_unknown, effect_confirmed or effect_absent.",
+                "state must be dispatched, pending, verified, outcome_unknown, effect_confirmed or effect_absent.",
             )
         })?),
     };

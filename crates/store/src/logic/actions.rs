@@ -97,7 +97,7 @@ pub(crate) async fn lease_atomic<T: Tx>(
     };
     let definition = action_definition(tx, &run.namespace, &activity_type).await?;
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     cx.memo = Some(codec);
     let leased = lease_activity_task_with(&mut run, &mut cx, &task_id, ATOMIC_OWNER, 60_000, definition.as_ref())?;
     let effects = std::mem::take(&mut cx.effects);
@@ -146,7 +146,7 @@ pub(crate) async fn finish_atomic_step<T: Tx>(
         mut run, task, effects, ..
     } = step;
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     cx.memo = Some(codec);
     cx.effects = effects;
     let outcome = finish_atomic(&mut run, &mut cx, &task, handled)?;

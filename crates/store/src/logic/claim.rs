@@ -68,7 +68,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
         }
     }
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let leased = match poller.kind {
         TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, poller.owner, poller.lease_ms).map(Some),
         TaskKind::Activity => lease_activity_task_with(&mut run, &mut cx, &task_id, poller.owner, poller.lease_ms, definition.as_ref()),

@@ -55,7 +55,7 @@ pub(crate) async fn record_breach<T: Tx>(tx: &mut T, breach: &IntegrityBreach, o
     let incident = open_incident(tx, breach, opened_at, env).await?;
     if let Some(mut run) = run {
         let mut ids = env.ids();
-        let mut cx = Cx::new(incident.opened_at, &mut ids, &env.limits);
+        let mut cx = env.cx(incident.opened_at, &mut ids);
         block_for_integrity(&mut run, &mut cx, &incident.incident_id);
         let effects = cx.effects;
         persist(tx, &run, &effects, false, env).await?;
@@ -113,7 +113,7 @@ pub(crate) async fn close_incident<T: Tx>(
     if let Some(mut run) = lock_run(tx, incident.run_id.as_str(), false).await? {
         if run.integrity_incident.as_deref() == Some(incident.incident_id.as_str()) {
             let mut ids = env.ids();
-            let mut cx = Cx::new(now, &mut ids, &env.limits);
+            let mut cx = env.cx(now, &mut ids);
             clear_integrity_block(&mut run, &mut cx);
             let effects = cx.effects;
             persist(tx, &run, &effects, false, env).await?;

@@ -10,6 +10,7 @@ pub(crate) mod duties;
 pub(crate) mod external_payloads;
 pub(crate) mod fleet;
 pub(crate) mod integrity;
+pub(crate) mod ledger_probes;
 pub(crate) mod ledger_reads;
 pub(crate) mod namespaces;
 pub(crate) mod persist;

@@ -281,7 +281,7 @@ async fn persist_ledger<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) ->
 /// started, the parent a closing child reports to, children a closing parent ends.
 fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> BoxedStep<'a, ()> {
     Box::pin(async move {
-        for (child, child_effects) in &effects.children_started {
+        for (child, child_effects) in effects.children_started.iter().chain(&effects.probes_started) {
             let args = args![
                 child.workflow_id.as_str(),
                 &child.namespace,
@@ -289,15 +289,18 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
                 child.started_at
             ];
             tx.execute(INSERT_INSTANCE, &args).await.map_err(|error| match error {
-                StoreError::Conflict { message, .. } => StoreError::Storage(format!("start child {}: {message}", child.workflow_id)),
+                StoreError::Conflict { message, .. } => StoreError::Storage(format!("start {}: {message}", child.workflow_id)),
                 other => other,
             })?;
             persist(tx, child, child_effects, true, env).await?;
         }
+        if let Some(answer) = &effects.probe_answer {
+            super::ledger_probes::settle(tx, answer, env).await?;
+        }
         if let Some(notice) = &effects.parent_notice {
             if let Some(mut parent) = lock_run(tx, notice.parent.run_id.as_str(), false).await? {
                 let mut ids = env.ids();
-                let mut cx = Cx::new(notice.closed_at, &mut ids, &env.limits);
+                let mut cx = env.cx(notice.closed_at, &mut ids);
                 if resolve_child(&mut parent, &mut cx, notice)? {
                     let parent_effects = cx.effects;
                     persist(tx, &parent, &parent_effects, false, env).await?;
@@ -368,7 +371,7 @@ pub(crate) async fn on_open_instance<T: Tx>(
     }
     let now = now.unwrap_or(run.last_progress_at);
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     transition(&mut run, &mut cx)?;
     let run_effects = cx.effects;
     persist(tx, &run, &run_effects, false, env).await

@@ -196,7 +196,7 @@ where
 {
     let mut run = locate_and_lock(tx, namespace, locator).await?.ok_or_else(|| not_found(locator))?;
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let value = transition(&mut run, &mut cx)?;
     let effects = cx.effects;
     persist(tx, &run, &effects, false, env).await?;
@@ -248,7 +248,7 @@ where
         return Ok((KeyedReceipt::Retained(serde_json::from_str(row.str(1)?)?), None));
     }
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let value = transition(&mut run, &mut cx)?;
     let effects = cx.effects;
     persist(tx, &run, &effects, false, env).await?;
@@ -299,7 +299,7 @@ where
     }
     capstan_pause::point(capstan_pause::DUTY_LOCKED);
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let value = transition(&mut run, &mut cx)?;
     let effects = cx.effects;
     persist(tx, &run, &effects, false, env).await?;
@@ -346,7 +346,7 @@ pub(crate) async fn start_standalone_activity<T: Tx>(
         }
     };
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let run = capstan_engine::start_standalone_activity(&mut cx, start, run_number);
     let effects = cx.effects;
     if run_number == 1 {
@@ -392,7 +392,7 @@ pub(crate) async fn start_workflow<T: Tx>(
         return Ok(existing_instance(&namespace, &start, current, policy)?);
     }
     let mut ids = env.ids();
-    let mut cx = Cx::new(now, &mut ids, &env.limits);
+    let mut cx = env.cx(now, &mut ids);
     let workflow_id = start.workflow_id.clone();
     let run = start_run(&mut cx, start);
     let effects = cx.effects;

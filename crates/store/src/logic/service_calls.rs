@@ -101,7 +101,7 @@ pub(crate) async fn of_caller<T: Tx>(
 pub(crate) async fn admit_direct<T: Tx, R>(tx: &mut T, now: Millis, env: &Env, admit: impl FnOnce(&mut Cx) -> R) -> StoreResult<R> {
     let (answer, effects) = {
         let mut ids = env.ids();
-        let mut cx = Cx::new(now, &mut ids, &env.limits);
+        let mut cx = env.cx(now, &mut ids);
         let answer = admit(&mut cx);
         (answer, cx.effects)
     };
@@ -254,7 +254,7 @@ async fn settle<T: Tx>(tx: &mut T, closed: &LinkedRunClosed, env: &Env) -> Store
                 continue;
             };
             let mut ids = env.ids();
-            let mut cx = Cx::new(closed.closed_at, &mut ids, &env.limits);
+            let mut cx = env.cx(closed.closed_at, &mut ids);
             if capstan_engine::resolve_service_call(&mut caller, &mut cx, waiter, closed) {
                 let caller_effects = cx.effects;
                 persist(tx, &caller, &caller_effects, false, env).await?;

@@ -248,8 +248,8 @@ impl PostgresStore {
     /// ids until then). Call it before the store is used.
     pub fn with_sources(mut self, sources: Sources) -> Self {
         self.env = Arc::new(Env {
-            limits: self.env.limits.clone(),
             sources,
+            ..Env::clone(&self.env)
         });
         self
     }
@@ -303,10 +303,7 @@ impl PostgresStore {
         let store = Self {
             pool,
             config,
-            env: Arc::new(Env {
-                limits,
-                sources: Sources::system(),
-            }),
+            env: Arc::new(Env::new(limits)),
             wake_channel: wake_channel.into(),
         };
         store.migrate(now).await?;
@@ -489,6 +486,14 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl RunStore for PostgresStore {
+    fn with_payload_codec(mut self, codec: &'static dyn MemoCodec) -> Self {
+        self.env = Arc::new(Env {
+            codec: Some(codec),
+            ..Env::clone(&self.env)
+        });
+        self
+    }
+
     async fn mutate_run<T, F>(&self, namespace: &str, locator: RunLocator, now: Millis, transition: F) -> StoreResult<(T, RunState)>
     where
         T: Send + 'static,

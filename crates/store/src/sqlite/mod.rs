@@ -108,8 +108,8 @@ impl SqliteStore {
     /// ids until then). Call it before the store is used.
     pub fn with_sources(mut self, sources: Sources) -> Self {
         self.env = Arc::new(Env {
-            limits: self.env.limits.clone(),
             sources,
+            ..Env::clone(&self.env)
         });
         self
     }
@@ -136,10 +136,7 @@ impl SqliteStore {
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_path_buf(),
             vfs: vfs.map(str::to_string),
-            env: Arc::new(Env {
-                limits,
-                sources: Sources::system(),
-            }),
+            env: Arc::new(Env::new(limits)),
         })
     }
 
@@ -260,6 +257,14 @@ fn hash_text(text: &str) -> String {
 }
 
 impl RunStore for SqliteStore {
+    fn with_payload_codec(mut self, codec: &'static dyn MemoCodec) -> Self {
+        self.env = Arc::new(Env {
+            codec: Some(codec),
+            ..Env::clone(&self.env)
+        });
+        self
+    }
+
     async fn start_workflow(&self, start: StartRun, policy: DuplicatePolicy, now: Millis) -> StoreResult<(StartOutcome, RunState)> {
         let env = self.env.clone();
         let result = self

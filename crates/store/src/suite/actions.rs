@@ -130,6 +130,74 @@ pub async fn declared_actions_are_ledgered_in_the_claim_transaction<S: Store>(st
     assert_eq!(failed.payload["exception_type"], json!("definition_changed"));
 }
 
+/// A probe starts in the transaction that makes an outcome unknown, and its answer resolves the
+/// entry in the transaction that closes the probe's host run.
+pub async fn a_probe_answer_resolves_its_entry_where_the_probe_closes<S: Store>(store: S) {
+    let store = store.with_payload_codec(&JSON_CODEC);
+    let document = json!({"recovery_mode": "non_atomic", "probe": {"activity_type": "suite.lookup"}});
+    store
+        .put_action_definition(
+            "default",
+            "suite.activity",
+            RecoveryMode::NonAtomic,
+            document.as_object().unwrap().clone(),
+            NOW,
+        )
+        .await
+        .unwrap();
+    started(&store, "probed", "pq").await;
+    complete_next(&store, "pq", vec![activity()]).await;
+    let report = |kind: &'static str, answer: Value| {
+        let store = &store;
+        async move {
+            let (task, run) = store
+                .claim_task("default", TaskKind::Activity, "pq", &[], "a", 60_000, NOW, None)
+                .await
+                .unwrap()
+                .expect("an activity task");
+            let TaskDetail::Activity {
+                attempt_id: Some(attempt), ..
+            } = task.detail.clone()
+            else {
+                panic!("no attempt")
+            };
+            let id = task.id.clone();
+            store
+                .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| match kind {
+                    "fail" => fail_activity(run, cx, &id, &attempt, "a", ActivityFailure::default()),
+                    _ => complete_activity(run, cx, &id, &attempt, "a", Payload::avro(answer.to_string())),
+                })
+                .await
+                .unwrap();
+            run
+        }
+    };
+    let action = report("fail", Value::Null).await;
+    let (entry,) = (store.ledger_entries("default", LedgerFilter::default(), 10).await.unwrap()[0].clone(),);
+    assert_eq!(entry.state, LedgerState::OutcomeUnknown);
+    let probe_id = capstan_engine::ledger_probe::probe_workflow_id(&entry.ledger_key);
+    assert_eq!(
+        entry.probe.as_ref().unwrap()["workflow_id"],
+        json!(probe_id),
+        "started with the unknown outcome"
+    );
+
+    let answer = json!({"outcome": "found", "evidence": {"provider_ref": "r-1"}, "result": {"ok": true}});
+    let probe = report("complete", answer).await;
+    assert_eq!(probe.workflow_id, probe_id, "the probe's task is on the action's queue");
+    let resolved = store.ledger_entry("default", &entry.ledger_key).await.unwrap().unwrap();
+    assert_eq!(resolved.state, LedgerState::EffectConfirmed, "resolved where the probe closed");
+    assert_eq!(resolved.resolution.unwrap()["principal"], json!("probe:suite.lookup"));
+    let history = all_history(&store, &action).await;
+    let completed = history.iter().find(|e| e.event_type == EventType::ActivityCompleted).unwrap();
+    assert_eq!(completed.payload["result"], json!(r#"{"ok":true}"#));
+    let probe = store.load_run("default", RunLocator::Current(probe_id)).await.unwrap().unwrap();
+    assert_eq!(probe.status, RunStatus::Completed);
+    let checkpoints = store.ledger_checkpoints("default", &action.workflow_id).await.unwrap();
+    assert_eq!(checkpoints.len(), 3);
+    assert_eq!(ledger::verify_checkpoints(&checkpoints), Ok(()));
+}
+
 /// Defines `suite.credit` as an atomic action; the catalog a scheduling transition pins.
 async fn define_credit<S: Store>(store: &S) -> std::sync::Arc<std::collections::BTreeMap<String, ActionDefinition>> {
     store

@@ -1393,6 +1393,7 @@ macro_rules! store_suite {
             typed_visibility_filters_select_exactly_the_matching_runs,
             namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,
+            a_probe_answer_resolves_its_entry_where_the_probe_closes,
             keyed_receipts_can_be_read_back,
             worker_registrations,
             listing_filters_and_pages,

@@ -50,6 +50,7 @@ pub(in crate::transitions) fn schedule_activity(run: &mut RunState, cx: &mut Cx,
         blocked_by: None,
         cancellation_policy: schedule.cancellation_policy,
         worker_session: schedule.worker_session,
+        probe_retries: 0,
     };
     let mut execution = execution;
     if let Some(definition) = cx.actions.as_ref().and_then(|actions| actions.get(&execution.activity_type)) {

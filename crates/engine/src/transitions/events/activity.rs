@@ -599,6 +599,7 @@ mod tests {
             blocked_by: None,
             cancellation_policy: None,
             worker_session: None,
+            probe_retries: 0,
         }
     }
 
