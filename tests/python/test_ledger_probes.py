@@ -187,3 +187,22 @@ def test_a_probe_may_never_be_an_action(server_url):
         answer = answers[name]
         assert answer.status_code == 422 and answer.json()["reason"] == "validation_failed", (name, answer.text)
     assert "probe.retries" in answers["field"].text and "probe.max_attempts" in answers["bound"].text
+
+
+def test_the_cli_declares_a_probe_the_key_and_the_preview(server_url):
+    import json
+    import subprocess
+
+    from capstan_harness import capstan_binary
+
+    action = unique("cli-act")
+    defined = subprocess.run(
+        [str(capstan_binary()), "actions", "define", action, "--mode", "non_atomic", "--idempotency-key", "/0/order_id",
+         "--preview", "/0/preview", "--probe", '{"activity_type": "cli.lookup", "max_attempts": 4}',
+         "--output", "json", "--server", server_url],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert defined.returncode == 0, defined.stderr
+    body = json.loads(defined.stdout)
+    assert body["probe"] == {"activity_type": "cli.lookup", "max_attempts": 4}, body
+    assert (body["idempotency_key"], body["preview"]) == ("/0/order_id", "/0/preview"), body

@@ -47,6 +47,15 @@ pub enum ActionsCommand {
         /// Where approval/backup references sit in the arguments, as JSON.
         #[arg(long)]
         pins: Option<String>,
+        /// The reconciliation probe as JSON ({"activity_type": "payments.lookup", "max_attempts": 3}).
+        #[arg(long)]
+        probe: Option<String>,
+        /// A JSON pointer to the provider's idempotency key in the arguments ("/0/order_id").
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// A JSON pointer to the effect's human-readable preview in the arguments ("/0/preview").
+        #[arg(long)]
+        preview: Option<String>,
     },
     /// Every action definition of the namespace.
     List,
@@ -207,11 +216,24 @@ pub fn actions(connection: Connection, command: ActionsCommand) -> ExitCode {
                 pending,
                 poll_interval_seconds,
                 pins,
+                probe,
+                idempotency_key,
+                preview,
             } => {
                 let mut body = json!({"recovery_mode": mode});
-                for (key, value) in [("verification", verification), ("pending", pending), ("pins", pins)] {
+                for (key, value) in [
+                    ("verification", verification),
+                    ("pending", pending),
+                    ("pins", pins),
+                    ("probe", probe),
+                ] {
                     if let Some(text) = value {
                         body[key] = parse_json(key, &text)?;
+                    }
+                }
+                for (key, value) in [("idempotency_key", idempotency_key), ("preview", preview)] {
+                    if let Some(pointer) = value {
+                        body[key] = json!(pointer);
                     }
                 }
                 if let Some(seconds) = poll_interval_seconds {

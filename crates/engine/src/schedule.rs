@@ -408,6 +408,12 @@ pub struct Schedule {
     pub updated_at: Millis,
     /// The next nominal occurrence (before jitter).
     pub next_occurrence: Option<Millis>,
+    /// The latest nominal occurrence already taken (fired, buffered or skipped). A next
+    /// occurrence recomputed later (resume, update) is always after it, whatever the clock of
+    /// the node recomputing it: cluster nodes' clocks differ, and one behind the node that fired
+    /// would otherwise offer the same occurrence again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_occurrence: Option<Millis>,
     pub fires_count: i64,
     pub failures_count: i64,
     pub last_fired_at: Option<Millis>,
@@ -530,6 +536,7 @@ impl Schedule {
             created_at: now,
             updated_at: now,
             next_occurrence: parsed.next_after(now),
+            last_occurrence: None,
             fires_count: 0,
             failures_count: 0,
             last_fired_at: None,
@@ -609,6 +616,7 @@ impl Schedule {
     }
 
     fn recompute_next(&mut self, from: Millis) {
+        let from = self.last_occurrence.map_or(from, |last| from.max(last));
         self.next_occurrence = ParsedSpec::parse(&self.spec).ok().and_then(|spec| spec.next_after(from));
     }
 
@@ -755,6 +763,7 @@ impl Schedule {
             };
             if resume_from.is_some_and(|at| fire_time(at) <= now) {
                 self.skip("missed_catchup_window", missed, now);
+                self.last_occurrence = Some(latest_missed);
                 self.next_occurrence = resume_from;
                 return self.take_due(now, catchup_window_ms);
             }
@@ -772,6 +781,7 @@ impl Schedule {
     /// Moves past `occurrence` (after it fired, was skipped or buffered).
     pub fn advance_past(&mut self, occurrence: Millis) {
         if self.next_occurrence == Some(occurrence) {
+            self.last_occurrence = Some(occurrence);
             self.next_occurrence = ParsedSpec::parse(&self.spec).ok().and_then(|spec| spec.next_after(occurrence));
         }
     }
@@ -1177,6 +1187,18 @@ mod tests {
         s.advance_past(due);
         assert_eq!(s.take_due(at("2026-01-01T00:01:00Z"), 60_000), None);
         assert_eq!(s.next_occurrence, Some(at("2026-01-01T00:02:00Z")));
+    }
+
+    #[test]
+    fn a_resume_on_a_node_whose_clock_is_behind_never_offers_a_taken_occurrence_again() {
+        let mut s = every_minute(at("2026-01-01T00:00:30Z"), OverlapPolicy::BufferOne);
+        // A node 150 ms ahead fires 00:01:00; one 50 ms behind pauses and resumes the schedule.
+        let due = s.take_due(at("2026-01-01T00:01:00.100Z"), 60_000).unwrap();
+        s.advance_past(due);
+        s.pause(None, at("2026-01-01T00:00:59.950Z"));
+        s.resume(None, at("2026-01-01T00:00:59.950Z"));
+        assert_eq!(s.next_occurrence, Some(at("2026-01-01T00:02:00Z")), "00:01:00 was taken");
+        assert_eq!(s.take_due(at("2026-01-01T00:01:00.100Z"), 60_000), None);
     }
 
     #[test]

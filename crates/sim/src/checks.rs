@@ -277,8 +277,11 @@ impl Sim {
                         && e.payload.get("activity_execution_id").and_then(Value::as_str) == Some(execution.id.as_str())
                 })
                 .count();
-            let key = execution.id.as_str().to_string();
-            if execution.blocked_by.is_some() {
+            // One block per unknown dispatch: a resolution (an operator's or a probe's) may
+            // retry the step once, and its new dispatch may become unknown in turn.
+            let Some(ledger_key) = &execution.blocked_by else { continue };
+            let key = format!("{}:{ledger_key}", execution.id);
+            {
                 match self.blocked.get(&key) {
                     Some(before) if started > *before => {
                         return Err(self.fail(format!(

@@ -25,6 +25,7 @@ mod nexus;
 mod nodes;
 mod payloads;
 mod power;
+mod probes;
 mod program;
 mod redrive;
 mod standalone;
@@ -43,7 +44,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// An Avro single-object frame of the DW `Value` schema (an empty string): payloads are opaque
@@ -70,6 +71,8 @@ const SCHEDULES: usize = 2;
 const WORKERS: usize = 3;
 /// What the simulated workers register as their SDK (their sticky claims name it as the build).
 const SDK_VERSION: &str = "capstan-sim/1";
+/// How often a worker's report is delivered while the power fails inside its commit.
+const MID_COMMIT_CUTS: f64 = 0.08;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -150,6 +153,11 @@ pub struct Report {
     /// Power cuts, and the unsynced writes they dropped.
     pub power_cuts: usize,
     pub unsynced_writes_lost: usize,
+    /// Of the power cuts, those inside a commit (at its sync: before or after it reached disk).
+    pub mid_commit_cuts: usize,
+    /// Probes by how they ended for their entry: found, absent, inconclusive (said so, answered
+    /// nonsense, failed or timed out), and those the operator settled before they answered.
+    pub probes: [usize; 4],
     /// A hash of every step taken, ids included: equal digests mean the same run.
     pub digest: u64,
 }
@@ -213,6 +221,7 @@ enum Delivery {
         task_id: TaskId,
         attempt_id: ActivityAttemptId,
         owner: String,
+        result: Payload,
     },
     FailActivity {
         task_id: TaskId,
@@ -269,6 +278,10 @@ impl Services for SimServices {
         &self.limits
     }
 
+    fn memo_codec(&self) -> Option<&'static dyn MemoCodec> {
+        Some(&probes::SIM_CODEC)
+    }
+
     async fn rollouts(&self, namespace: &str, queue: &str) -> capstan_store::StoreResult<Vec<capstan_store::BuildIdRollout>> {
         self.store().build_id_rollouts(namespace, queue).await
     }
@@ -305,8 +318,9 @@ struct Sim {
     acked: BTreeMap<String, (u64, String)>,
     /// Runs to check after this step.
     touched: BTreeSet<String>,
-    /// Activity executions blocked on an unknown outcome, with their `ActivityStarted` count
-    /// when first seen blocked: it may not grow until an operator resolves the entry.
+    /// Activity executions blocked on an unknown outcome (`execution:ledger_key`), with their
+    /// `ActivityStarted` count when first seen blocked: it may not grow while that entry is
+    /// unresolved.
     blocked: BTreeMap<String, usize>,
     /// Workers retired in the faulty phase (registered again when the calm phase begins).
     retired: BTreeSet<String>,
@@ -373,7 +387,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
     };
     sim.open()?;
     sim.store()
-        .put_action_definition(NAMESPACE, DECLARED, RecoveryMode::NonAtomic, Map::new(), sim.now)
+        .put_action_definition(NAMESPACE, DECLARED, RecoveryMode::NonAtomic, probes::action_document(), sim.now)
         .await
         .map_err(|e| sim.fail(format!("defining the action: {e}")))?;
     sim.register_operation().await?;
@@ -382,6 +396,7 @@ pub async fn run(config: Config) -> Result<Report, Failure> {
     sim.calm_phase().await?;
     sim.check_all().await?;
     sim.check_settled().await?;
+    sim.check_probes().await?;
     sim.report.steps = sim.step;
     sim.report.digest = sim.digest.get();
     Ok(sim.report)
@@ -404,12 +419,17 @@ impl Sim {
         self.dir.path().join(format!("disk-{}", self.disk))
     }
 
+    fn next_disk_dir(&self) -> PathBuf {
+        self.dir.path().join(format!("disk-{}", self.disk + 1))
+    }
+
     fn open(&mut self) -> Result<(), Failure> {
         power::register();
         let path = self.disk_dir().join("capstan.db");
         let store = SqliteStore::open_with_vfs(&path, Some(power::VFS_NAME), Limits::default(), self.now)
             .map_err(|e| self.fail(format!("open: {e}")))?
-            .with_sources(self.app.sources.clone());
+            .with_sources(self.app.sources.clone())
+            .with_payload_codec(&probes::SIM_CODEC);
         self.app.store = Some(store);
         Ok(())
     }
@@ -717,7 +737,7 @@ impl Sim {
                 sdk_version: Some(SDK_VERSION.into()),
                 build_id: None,
                 supported_workflow_types: vec![WORKFLOW_TYPE.into(), CHILD_TYPE.into(), SCHEDULED_TYPE.into()],
-                supported_activity_types: vec![PLAIN.into(), DECLARED.into()],
+                supported_activity_types: vec![PLAIN.into(), DECLARED.into(), probes::PROBE.into()],
                 workflow_definition_fingerprints: Map::new(),
                 document,
                 status: "active".into(),
@@ -901,6 +921,10 @@ impl Sim {
                 task_id: task.id.clone(),
                 attempt_id: attempt_id.clone(),
                 owner: owner.clone(),
+                result: match run.probe_of {
+                    Some(_) => self.probe_answer(),
+                    None => Payload::avro(PAYLOAD),
+                },
             }
         } else {
             Delivery::FailActivity {
@@ -947,6 +971,9 @@ impl Sim {
         } else {
             self.inflight.remove(index)
         };
+        if self.rng.random_bool(MID_COMMIT_CUTS) {
+            return self.deliver_through_power_cut(delivery).await;
+        }
         self.deliver(delivery).await
     }
 
@@ -986,10 +1013,11 @@ impl Sim {
                 task_id,
                 attempt_id,
                 owner,
+                result,
             } => {
                 self.trace(|| format!("{owner} completes activity task {task_id}"));
                 let lease = attempt_lease(task_id, attempt_id, owner);
-                let result = reports::complete_activity(&self.app, lease, Payload::avro(PAYLOAD)).await;
+                let result = reports::complete_activity(&self.app, lease, result).await;
                 if let Some((_, run)) = self.declined(result)? {
                     self.acknowledge(&run);
                 }
@@ -1507,7 +1535,6 @@ impl Sim {
             }
         };
         self.trace(|| format!("operator resolves {} ({:?})", entry.ledger_key, decision));
-        let execution = entry.activity_execution_id.as_str().to_string();
         let resolution = ledger::Resolution {
             namespace: NAMESPACE.into(),
             ledger_key: entry.ledger_key,
@@ -1521,25 +1548,52 @@ impl Sim {
         };
         self.report.outcome_unknown_resolved += 1;
         self.acknowledge(&run);
-        // The entry is settled: the next attempt (effect absent) is deliberate.
-        self.blocked.remove(&execution);
         Ok(true)
     }
 
     /// The machine loses power: the server comes back on what its disk held, every write a
     /// file had not fsynced lost. Everything acknowledged must still be there (`check_all`).
     async fn power_cut(&mut self) -> Result<(), Failure> {
-        let from = self.disk_dir();
-        self.disk += 1;
-        let to = self.disk_dir();
+        let (from, to) = (self.disk_dir(), self.next_disk_dir());
         let lost = power::durable_image(&from, &to).map_err(|e| self.fail(format!("power cut: {e}")))?;
         self.trace(|| format!("power cut ({lost} unsynced writes lost)"));
+        self.back_on_next_disk(&from, lost).await
+    }
+
+    /// The power fails while the server commits a worker's report, at the commit's sync: just
+    /// before it reaches the disk or just after. Nobody hears the answer, so nothing it
+    /// acknowledged counts, and the worker sends the report again later (at-least-once).
+    async fn deliver_through_power_cut(&mut self, delivery: Delivery) -> Result<(), Failure> {
+        let (from, to) = (self.disk_dir(), self.next_disk_dir());
+        let after_sync = self.rng.random_bool(0.5);
+        power::arm_cut(&from, &to, after_sync);
+        let (acked, queries) = (self.acked.clone(), self.queries.clone());
+        let delivered = self.deliver(delivery.clone()).await;
+        let fired = power::fired_cut(&from);
+        delivered?;
+        let Some(image) = fired else {
+            return Ok(()); // nothing was written: an ordinary step
+        };
+        let lost = image.map_err(|e| self.fail(format!("power cut: {e}")))?;
+        let when = if after_sync { "after" } else { "before" };
+        self.trace(|| format!("power cut inside a commit, {when} its sync ({lost} unsynced writes lost)"));
+        self.acked = acked;
+        self.queries = queries;
+        self.inflight.push(delivery);
+        self.report.mid_commit_cuts += 1;
+        self.back_on_next_disk(&from, lost).await
+    }
+
+    /// After a power cut: the server comes back on the next disk, which holds what `from` had
+    /// synced. Everything acknowledged must still be there (`check_all`).
+    async fn back_on_next_disk(&mut self, from: &Path, lost: usize) -> Result<(), Failure> {
+        self.disk += 1;
         self.report.power_cuts += 1;
         self.report.unsynced_writes_lost += lost;
         // The old machine's files stay behind, never read again.
         self.app.store = None;
-        power::forget(&from);
-        let _ = std::fs::remove_dir_all(&from);
+        power::forget(from);
+        let _ = std::fs::remove_dir_all(from);
         self.open()?;
         self.check_all().await
     }
@@ -1633,6 +1687,8 @@ pub struct Totals {
     pub zombie_firings: usize,
     pub power_cuts: usize,
     pub unsynced_writes_lost: usize,
+    pub mid_commit_cuts: usize,
+    pub probes: [usize; 4],
     pub refusals: BTreeMap<String, usize>,
 }
 
@@ -1673,6 +1729,10 @@ impl Totals {
         self.zombie_firings += report.zombie_firings;
         self.power_cuts += report.power_cuts;
         self.unsynced_writes_lost += report.unsynced_writes_lost;
+        self.mid_commit_cuts += report.mid_commit_cuts;
+        for (total, n) in self.probes.iter_mut().zip(report.probes) {
+            *total += n;
+        }
         for (total, seen) in self.local_attempts.iter_mut().zip(report.local_attempts) {
             *total += seen;
         }
@@ -1687,7 +1747,7 @@ impl Totals {
     pub fn summary(&self) -> String {
         let refusals: Vec<String> = self.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} unsynced writes lost); refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             self.workflows,
@@ -1730,7 +1790,12 @@ impl Totals {
             self.zombie_duties[1],
             self.zombie_firings,
             self.power_cuts,
+            self.mid_commit_cuts,
             self.unsynced_writes_lost,
+            self.probes[0],
+            self.probes[1],
+            self.probes[2],
+            self.probes[3],
             if refusals.is_empty() { "none".to_string() } else { refusals.join(", ") }
         )
     }

@@ -8,6 +8,11 @@
 //! bytes with the unsynced changes undone, cut to its length at the last sync — written into a
 //! fresh directory, where the simulated server comes back. (Shared-memory `-shm` files are
 //! left behind: SQLite rebuilds them from the WAL.) Whatever was acknowledged must be there.
+//!
+//! A cut can also land inside a commit: [`arm_cut`] makes the next `xSync` of a file on a disk
+//! take that disk's image there, just before the sync reaches the disk or just after, while the
+//! server goes on unaware; the simulator then drops the step's answer (nobody heard it) and
+//! brings the server back on the image ([`fired_cut`]).
 
 use rusqlite::ffi;
 use std::collections::BTreeMap;
@@ -29,6 +34,45 @@ struct Unsynced {
 
 /// Per file path (as SQLite names it), since its last sync.
 static UNSYNCED: Mutex<BTreeMap<String, Unsynced>> = Mutex::new(BTreeMap::new());
+
+/// A power cut waiting for the next sync on one disk.
+struct ArmedCut {
+    /// Where the image goes.
+    to: std::path::PathBuf,
+    /// Whether the sync in progress reaches the disk before the power fails.
+    after_sync: bool,
+    /// Set once the cut happened: the image's unsynced writes undone, or why it failed.
+    fired: Option<std::io::Result<usize>>,
+}
+
+/// Per disk directory (several simulations may run in one process).
+static ARMED: Mutex<BTreeMap<std::path::PathBuf, ArmedCut>> = Mutex::new(BTreeMap::new());
+
+/// Makes the power fail at the next sync of a file under `disk`; its image goes to `to`.
+pub(crate) fn arm_cut(disk: &Path, to: &Path, after_sync: bool) {
+    let cut = ArmedCut {
+        to: to.to_path_buf(),
+        after_sync,
+        fired: None,
+    };
+    ARMED.lock().unwrap_or_else(|e| e.into_inner()).insert(disk.to_path_buf(), cut);
+}
+
+/// Disarms the cut on `disk`; returns what it did if it happened.
+pub(crate) fn fired_cut(disk: &Path) -> Option<std::io::Result<usize>> {
+    ARMED.lock().unwrap_or_else(|e| e.into_inner()).remove(disk)?.fired
+}
+
+/// Takes the image of the disk holding `file` if a cut is armed there and has not fired.
+fn cut_if_armed(file: &str, after_sync: bool) {
+    let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((disk, cut)) = armed.iter_mut().find(|(disk, _)| Path::new(file).starts_with(disk)) else {
+        return;
+    };
+    if cut.fired.is_none() && cut.after_sync == after_sync {
+        cut.fired = Some(durable_image(disk, &cut.to));
+    }
+}
 
 /// A file opened through the shim: SQLite's handle first, then the default VFS's file.
 #[repr(C)]
@@ -165,12 +209,14 @@ unsafe fn remember(file: *mut ffi::sqlite3_file, offset: i64, len: i64) {
     let mut unsynced = UNSYNCED.lock().unwrap_or_else(|e| e.into_inner());
     let changes = unsynced.entry(path.clone()).or_default();
     changes.synced_len.get_or_insert(size);
-    let end = (offset + len).min(size);
-    if end > offset {
-        let mut old = vec![0u8; (end - offset) as usize];
+    // What the write overwrites within the file; an append overwrites nothing (the synced
+    // length undoes it) but is kept too, so that every lost write is counted.
+    let end = (offset + len).min(size).max(offset);
+    let mut old = vec![0u8; (end - offset) as usize];
+    if !old.is_empty() {
         methods.xRead.expect("xRead")(real, old.as_mut_ptr().cast(), old.len() as c_int, offset);
-        changes.undo.push((offset, old));
     }
+    changes.undo.push((offset, old));
 }
 
 unsafe extern "C" fn shim_close(file: *mut ffi::sqlite3_file) -> c_int {
@@ -200,10 +246,14 @@ unsafe extern "C" fn shim_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c
 
 unsafe extern "C" fn shim_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     let (real, methods) = real(file);
+    if let Some(path) = path(file) {
+        cut_if_armed(path, false);
+    }
     let rc = methods.xSync.expect("xSync")(real, flags);
     if rc == ffi::SQLITE_OK {
         if let Some(path) = path(file) {
             UNSYNCED.lock().unwrap_or_else(|e| e.into_inner()).remove(path);
+            cut_if_armed(path, true);
         }
     }
     rc

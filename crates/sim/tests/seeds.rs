@@ -44,7 +44,9 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && totals.node_pauses > 0
             && totals.duty_takeovers > 0
             && totals.zombie_duties.iter().all(|n| *n > 0)
-            && totals.power_cuts > 0,
+            && totals.power_cuts > 0
+            && totals.mid_commit_cuts > 0
+            && totals.probes.iter().all(|n| *n > 0),
         "{}",
         totals.summary()
     );
