@@ -127,6 +127,17 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+impl ActivityExecution {
+    /// The key the provider deduplicates this action by: read from the arguments where the
+    /// definition points, else the `activity_execution_id`, stable across attempts.
+    pub fn provider_key(&self) -> &str {
+        self.action
+            .as_ref()
+            .and_then(|pin| pin.idempotency_key.as_deref())
+            .unwrap_or(self.id.as_str())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum TimerPurpose {
     User,

@@ -1,6 +1,7 @@
 //! The recovery ledger in the engine: pinning, dispatch entries, unknown outcomes, resolution.
 
 mod ledger_world;
+mod support;
 
 use capstan_engine::*;
 use ledger_world::*;

@@ -3,6 +3,7 @@
 //! and preview the definition points at.
 
 mod ledger_world;
+mod support;
 
 use capstan_engine::ledger_probe::*;
 use capstan_engine::*;
@@ -250,5 +251,51 @@ fn the_key_and_preview_come_from_the_arguments_where_the_definition_points() {
             failed.payload
         );
         assert!(world.ledger.is_empty(), "nothing dispatched, nothing ledgered");
+    }
+}
+
+#[test]
+fn an_answer_is_not_recorded_while_an_integrity_incident_blocks_the_instance() {
+    let pay = probed(json!({}));
+    let mut world = World::start();
+    world.schedule_pay(Some(&pay));
+    fail_dispatch(&mut world, &pay);
+    // Inconclusive: its checkpoint would extend the chain with no resolution refusing it.
+    let answer = run_probe(
+        &world,
+        answering(json!({"outcome": "inconclusive", "evidence": {"note": "unsure"}})),
+    );
+    world
+        .apply(|run, cx| {
+            block_for_integrity(run, cx, "incident-1");
+            Ok(())
+        })
+        .unwrap();
+    let checkpoints = world.checkpoints.len();
+    assert_eq!(settle(&mut world, &answer), None);
+    assert_eq!(world.checkpoints.len(), checkpoints, "nothing extends a blocked chain");
+    assert_eq!(
+        world.ledger[&answer.target.ledger_key].probe.as_ref().unwrap()["state"],
+        json!("dispatched")
+    );
+}
+
+#[test]
+fn a_definition_pointing_into_arguments_that_came_after_scheduling_refuses_the_dispatch() {
+    for (extra, refusal) in [
+        (json!({"preview": "/0/preview"}), "preview_required"),
+        (json!({"idempotency_key": "/0/order_id"}), "idempotency_key_required"),
+    ] {
+        let pay = probed(extra);
+        let mut world = World::start();
+        world.schedule_pay(None);
+        assert!(world.dispatch(Some(&pay)).is_none(), "{refusal}: refused at the claim");
+        let failed = world.history.iter().find(|e| e.event_type == EventType::ActivityFailed).unwrap();
+        assert!(
+            failed.payload.values().any(|v| v == &json!(refusal)),
+            "{refusal}: {:?}",
+            failed.payload
+        );
+        assert!(world.ledger.is_empty());
     }
 }

@@ -26,13 +26,8 @@ pub(super) fn mark_outcome_unknown(run: &mut RunState, cx: &mut Cx, mut entry: L
 fn start_probe(run: &RunState, cx: &mut Cx, entry: &LedgerEntry, execution: &ActivityExecution, spec: &ProbeSpec) -> Value {
     let probe_id = probe_workflow_id(&entry.ledger_key);
     let mut state = json!({"workflow_id": probe_id, "activity_type": spec.activity_type});
-    let key = execution
-        .action
-        .as_ref()
-        .and_then(|pin| pin.idempotency_key.clone())
-        .unwrap_or_else(|| execution.id.to_string());
     let question = json!([{
-        "idempotency_key": key,
+        "idempotency_key": execution.provider_key(),
         "ledger_key": entry.ledger_key,
         "namespace": entry.namespace,
         "workflow_id": entry.workflow_id,
@@ -103,25 +98,18 @@ fn not_dispatched(mut state: Value, problem: String) -> Value {
 /// A probe's host run is closing: what it answered (a completed probe's decoded result; any
 /// other end is inconclusive), for the store to apply to the action's instance.
 pub(super) fn probe_answer(run: &RunState, cx: &Cx, target: ProbeTarget) -> ProbeAnswer {
-    let verdict = match (&run.output, run.status) {
-        (Some(output), RunStatus::Completed) => match cx.memo {
-            Some(codec) => match codec.to_json(output) {
-                Ok(answer) => Verdict::read(&answer, |value| codec.json_to_payload(value)),
-                Err(error) => Verdict::Inconclusive {
-                    evidence: json!({"problem": format!("the probe's answer could not be decoded: {error}")}),
-                },
-            },
-            None => Verdict::Inconclusive {
-                evidence: json!({"problem": "the probe's answer could not be decoded here"}),
-            },
+    let inconclusive = |evidence: Value| Verdict::Inconclusive { evidence };
+    let verdict = match (&run.output, run.status, cx.memo) {
+        (Some(output), RunStatus::Completed, Some(codec)) => match codec.to_json(output) {
+            Ok(answer) => Verdict::read(&answer, |value| codec.json_to_payload(value)),
+            Err(error) => inconclusive(json!({"problem": format!("the probe's answer could not be decoded: {error}")})),
         },
-        _ => Verdict::Inconclusive {
-            evidence: json!({
-                "problem": "the probe ended without an answer",
-                "status": run.status.as_str(),
-                "failure": run.failure.as_ref().map(|f| f.message.clone()),
-            }),
-        },
+        (Some(_), RunStatus::Completed, None) => inconclusive(json!({"problem": "the probe's answer could not be decoded here"})),
+        _ => inconclusive(json!({
+            "problem": "the probe ended without an answer",
+            "status": run.status.as_str(),
+            "failure": run.failure.as_ref().map(|f| f.message.clone()),
+        })),
     };
     ProbeAnswer {
         target,

@@ -30,9 +30,7 @@ pub(super) fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, ex
         definition_version: pin.version,
         input_hash: crate::ledger::digest(execution.arguments.identity()),
         access_context_hash: crate::ledger::digest(&format!("{}\n{}\n{}", run.namespace, owner, execution.queue)),
-        // The provider's key: read from the arguments where the definition says, else the
-        // activity execution id, stable across attempts.
-        idempotency_key_hash: crate::ledger::digest(pin.idempotency_key.as_deref().unwrap_or(execution.id.as_str())),
+        idempotency_key_hash: crate::ledger::digest(execution.provider_key()),
         preview_hash: pin.preview_hash.clone(),
         dispatched_at: cx.now,
         updated_at: cx.now,

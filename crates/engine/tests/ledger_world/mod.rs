@@ -62,22 +62,11 @@ impl World {
         let mut cx = Cx::new(1_000, &mut ids, &limits);
         let run = start_run(
             &mut cx,
+            // Without run deadlines: these tests fire every due deadline they see.
             StartRun {
-                namespace: "default".into(),
-                workflow_id: "wf".into(),
-                run_id: "run".into(),
-                workflow_type: "t".into(),
-                task_queue: "q".into(),
-                input: Payload::avro("in"),
                 execution_timeout_seconds: None,
                 run_timeout_seconds: None,
-                business_key: None,
-                memo: Map::new(),
-                search_attributes: Map::new(),
-                command_id: "start".into(),
-                contract: None,
-                compatibility: None,
-                origin_trace: None,
+                ..crate::support::start_fixture()
             },
         );
         let history = cx.effects.events;

@@ -3,25 +3,18 @@
 //! checkpoint chain), as an operator's resolution is.
 
 use super::persist::persist;
-use super::runs::lock_run;
-use crate::tx::{args, Tx};
+use super::runs::locate_and_lock;
+use crate::tx::Tx;
 use crate::*;
 use capstan_engine::ledger_probe::ProbeAnswer;
-
-const CURRENT_RUN: &str = "SELECT current_run_id FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2";
 
 /// Records `answer` on its entry. The run is locked before the entry is read, so an operator's
 /// resolution committed meanwhile is seen and the answer changes nothing (it stays on the
 /// probe's own run).
 pub(crate) async fn settle<T: Tx>(tx: &mut T, answer: &ProbeAnswer, env: &Env) -> StoreResult<()> {
     let target = &answer.target;
-    let current = tx
-        .query_opt(CURRENT_RUN, &args![target.workflow_id.as_str(), &target.namespace])
-        .await?;
-    let Some(run_id) = current.map(|row| row.text(0)).transpose()? else {
-        return Ok(());
-    };
-    let Some(mut run) = lock_run(tx, &run_id, false).await? else {
+    let current = RunLocator::Current(target.workflow_id.clone());
+    let Some(mut run) = locate_and_lock(tx, &target.namespace, &current).await? else {
         return Ok(());
     };
     let Some(stored) = super::ledger_reads::ledger_entry(tx, &target.namespace, &target.ledger_key).await? else {
