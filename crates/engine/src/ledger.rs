@@ -384,6 +384,15 @@ pub enum LedgerState {
 }
 
 impl LedgerState {
+    pub const ALL: [LedgerState; 6] = [
+        Self::Dispatched,
+        Self::Verified,
+        Self::OutcomeUnknown,
+        Self::EffectConfirmed,
+        Self::EffectAbsent,
+        Self::Pending,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Dispatched => "dispatched",

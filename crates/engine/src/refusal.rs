@@ -202,7 +202,6 @@ reasons! {
     NotFound => "not_found",
     MethodNotAllowed => "method_not_allowed",
     InternalError => "internal_error",
-    MetricsUnavailable => "metrics_unavailable",
     WorkerNotFound => "worker_not_found",
     UpdateNotFound => "update_not_found",
     UpdateValidationTaskNotLeased => "update_validation_task_not_leased",

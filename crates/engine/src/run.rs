@@ -629,6 +629,8 @@ pub struct Effects {
     /// This run, a probe's host, closed: its answer is applied to the action's instance in the
     /// same transaction.
     pub probe_answer: Option<crate::ledger_probe::ProbeAnswer>,
+    /// What operators count of this transition (leases that ran out, timeouts, timers fired).
+    pub observations: Vec<crate::Observation>,
 }
 
 /// A cooperative cancellation a parent's delivery asks of a child run.

@@ -101,7 +101,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         Reason::Unauthorized => StatusCode::UNAUTHORIZED,
         Reason::Forbidden => StatusCode::FORBIDDEN,
         Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-        Reason::InternalError | Reason::MetricsUnavailable => StatusCode::INTERNAL_SERVER_ERROR,
+        Reason::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
         Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
@@ -208,7 +208,11 @@ impl From<capstan_app::AppError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(Value::Object(self.body()))).into_response()
+        let reason = self.reason;
+        let mut response = (self.status, axum::Json(Value::Object(self.body()))).into_response();
+        // For the request metrics: refusals are counted by reason.
+        response.extensions_mut().insert(crate::metrics::http::Refused(reason));
+        response
     }
 }
 

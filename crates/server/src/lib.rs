@@ -16,6 +16,7 @@ pub mod fuzzing;
 mod history_cache;
 mod hub;
 pub mod integrity;
+pub mod metrics;
 mod offload;
 mod payload_storage;
 mod render;
@@ -138,6 +139,8 @@ pub struct AppState<S: Store> {
     pub(crate) payload_stores: payload_storage::StoreCache,
     /// Each namespace's offload threshold, briefly cached (read on large request bodies).
     pub(crate) offload_thresholds: offload::Thresholds,
+    /// This process's counters and histograms (`/metrics`).
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -210,6 +213,9 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
     // Transitions that encode or decode payloads on their own (a reconciliation probe's
     // question and answer) use the codec the SDKs speak.
     let store = store.with_payload_codec(&avro::AVRO_MEMO);
+    // Committed facts and commit times feed the metrics.
+    let metrics = Arc::new(metrics::Metrics::new());
+    let store = store.with_observer(metrics.clone());
     let history = history_cache::HistoryCache::new(config.history_cache_bytes);
     let state = Arc::new(AppState {
         store,
@@ -225,6 +231,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         last_server_time_us: Default::default(),
         payload_stores: Default::default(),
         offload_thresholds: Default::default(),
+        metrics,
     });
     (routes::router(state.clone()), state)
 }

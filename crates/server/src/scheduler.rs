@@ -29,6 +29,9 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                     result,
                 } in outcomes
                 {
+                    if let Ok(report) = &result {
+                        state.metrics.schedule_started(&namespace, &report.lateness_ms);
+                    }
                     match result {
                         Ok(report) if report.started > 0 => {
                             tracing::info!(namespace, schedule_id, started = report.started, "schedule fired");

@@ -9,6 +9,8 @@ mod activity_stop;
 mod common;
 #[path = "http_api/external_payloads.rs"]
 mod external_payloads;
+#[path = "http_api/metrics.rs"]
+mod metrics;
 #[path = "http_api/prepared_local.rs"]
 mod prepared_local;
 #[path = "http_api/redrive.rs"]
@@ -3449,13 +3451,9 @@ async fn action_definitions_and_ledger_api_validate_and_enforce_roles() {
     send(h.bare(Method::GET, "/metrics").bearer_auth(Tokens::WORKER))
         .await
         .err(403, "forbidden");
-    assert_eq!(
-        send(h.bare(Method::GET, "/metrics").bearer_auth(Tokens::OPERATOR))
-            .await
-            .status
-            .as_u16(),
-        200
-    );
+    // Prometheus text, not JSON.
+    let scraped = h.bare(Method::GET, "/metrics").bearer_auth(Tokens::OPERATOR).send().await.unwrap();
+    assert_eq!(scraped.status().as_u16(), 200);
     let first = send(ledger_call(&h, Method::PUT, "/api/action-definitions/pay", Tokens::ADMIN).json(&definition))
         .await
         .ok(200);

@@ -12,6 +12,7 @@
 //! idempotency rules make the retry safe.
 
 mod logic;
+mod observe;
 mod postgres;
 mod rows;
 mod schedules;
@@ -26,6 +27,7 @@ use capstan_engine::*;
 use serde_json::{Map, Value};
 use std::future::Future;
 
+pub use observe::{Commit, Fact, Observer};
 pub use postgres::{Durability, PostgresStore};
 
 /// The store traits, for code that calls a concrete store's methods (`use
@@ -310,6 +312,33 @@ pub struct SystemCounts {
     pub expired_lease_runs: Vec<(String, String)>,
 }
 
+/// The work of one queue at one moment, for metrics: tasks a worker could take now and tasks
+/// leased to workers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueueLoad {
+    pub namespace: String,
+    /// `workflow` or `activity`.
+    pub kind: String,
+    pub queue: String,
+    /// Ready tasks whose time has come (waiting for a worker).
+    pub ready: i64,
+    /// When the oldest of them became available.
+    pub oldest_ready_at: Option<Millis>,
+    pub leased: i64,
+}
+
+/// A store's connections: PostgreSQL's pool, SQLite's readers (its one writer is not pooled).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PoolUse {
+    pub max: usize,
+    /// Connections open now.
+    pub open: usize,
+    /// Open and not lent out.
+    pub idle: usize,
+    /// Callers waiting for a connection.
+    pub waiting: usize,
+}
+
 /// Open tasks of one queue, for task-queue describe.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct QueueSnapshot {
@@ -361,6 +390,9 @@ pub struct FireReport {
     /// Per occurrence, for a backfill.
     pub results: Vec<Value>,
     pub started: usize,
+    /// For each workflow started on the schedule's own time (a due or buffered occurrence):
+    /// how long after its nominal occurrence it started (jitter and buffering included).
+    pub lateness_ms: Vec<Millis>,
 }
 
 /// One stored schedule audit event.
@@ -832,6 +864,12 @@ pub trait StreamStore: Send + Sync + 'static {
 
 /// Runs: start, transitions (plain and keyed), reads, listings.
 pub trait RunStore: Send + Sync + 'static {
+    /// This store (and every clone of it) reporting committed facts and commit times to
+    /// `observer` from now on.
+    fn with_observer(self, observer: std::sync::Arc<dyn Observer>) -> Self
+    where
+        Self: Sized;
+
     /// This store with `codec` for the payloads its transitions read and write on their own
     /// (a reconciliation probe's question and answer). Call it before the store is used.
     fn with_payload_codec(self, codec: &'static dyn MemoCodec) -> Self
@@ -1291,6 +1329,13 @@ pub trait AdminStore: Send + Sync + 'static {
     /// Runs per status and open tasks per (kind, status) of a namespace, and how many leases
     /// have expired at `now` without being reclaimed yet.
     fn system_counts(&self, namespace: &str, now: Millis) -> impl Future<Output = StoreResult<SystemCounts>> + Send;
+
+    /// Every queue with workflow or activity work waiting or leased at `now` (at most `limit`
+    /// queues, the busiest first).
+    fn queue_loads(&self, now: Millis, limit: usize) -> impl Future<Output = StoreResult<Vec<QueueLoad>>> + Send;
+
+    /// How the store's connections are used now.
+    fn pool_use(&self) -> PoolUse;
 
     /// The outcome recorded for a bridge delivery, if it was accepted before.
     fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> impl Future<Output = StoreResult<Option<Value>>> + Send;

@@ -148,6 +148,7 @@ pub(crate) async fn fire<T: Tx>(
                 };
                 if start_one(tx, schedule, firing, empty_input, now, env).await?.is_some() {
                     report.started += 1;
+                    report.lateness_ms.push((now - occurrence).max(0));
                 }
             }
             while handled < FIRE_BATCH {
@@ -167,6 +168,7 @@ pub(crate) async fn fire<T: Tx>(
                     };
                     if start_one(tx, schedule, firing, empty_input, now, env).await?.is_some() {
                         report.started += 1;
+                        report.lateness_ms.push((now - occurrence).max(0));
                     }
                 }
             }

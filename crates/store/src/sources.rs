@@ -151,6 +151,8 @@ pub(crate) struct Env {
     pub limits: capstan_engine::Limits,
     pub sources: Sources,
     pub codec: Option<&'static dyn capstan_engine::MemoCodec>,
+    /// Who hears of committed facts and commit times (shared by every clone of the store).
+    pub observer: crate::observe::ObserverSlot,
 }
 
 impl Env {
@@ -159,6 +161,7 @@ impl Env {
             limits,
             sources: Sources::system(),
             codec: None,
+            observer: Default::default(),
         }
     }
 

@@ -6,7 +6,7 @@
 //! logic with a trivial executor), PostgreSQL natively. Where the dialects differ the shared
 //! code asks [`Tx::dialect`], and only there.
 
-use crate::{StoreError, StoreResult, WakeKey};
+use crate::{Fact, StoreError, StoreResult, WakeKey};
 use std::future::Future;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,6 +207,9 @@ pub(crate) trait Tx: Send {
     /// Announces a task made ready on `(namespace, kind, queue)`; delivered to pollers only if
     /// this transaction commits.
     fn announce(&mut self, key: WakeKey) -> impl Future<Output = StoreResult<()>> + Send + '_;
+
+    /// Records a fact for the store's observer; handed on only if this transaction commits.
+    fn observe(&mut self, fact: Fact);
 }
 
 /// `$n` placeholders as SQLite's `?n` (a bare `$n` is a *named* parameter there, numbered by

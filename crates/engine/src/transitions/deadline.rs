@@ -23,6 +23,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
                 return false;
             };
             fire_timer(run, cx, timer_id);
+            cx.effects.observations.push(Observation::TimerFired);
         }
         (TaskKind::RunDeadline, _) if task.detail == TaskDetail::CancellationDeadline => {
             run.close_task(cx, task_id, TaskClosure::Completed);
@@ -34,6 +35,7 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
         (TaskKind::RunDeadline, _) => time_out_run(run, cx),
         (TaskKind::Workflow, TaskState::Leased(_)) => {
             // Lease lost: offer the same task again; the next lease gets a higher attempt.
+            cx.effects.observations.push(Observation::LeaseExpired { kind: TaskKind::Workflow });
             let task = run.task_mut(cx, task_id).expect("open");
             task.state = TaskState::Ready;
             task.available_at = now;
@@ -73,6 +75,10 @@ pub fn on_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId) -> bool {
                     }
                 }
             };
+            if matches!(state, TaskState::Leased(_)) {
+                cx.effects.observations.push(Observation::LeaseExpired { kind: TaskKind::Activity });
+            }
+            cx.effects.observations.push(Observation::ActivityTimedOut { timeout_kind });
             if matches!(state, TaskState::Ready) && timeout_kind == "schedule_to_start" {
                 // schedule_to_start ends the execution: no attempt ran, none can be retried.
                 end_unstarted(run, cx, &task, &execution, timeout_kind);

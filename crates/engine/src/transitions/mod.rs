@@ -8,6 +8,7 @@ use crate::contract::CommandContract;
 use crate::history::EventType;
 use crate::ids::*;
 use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode, ResultClass};
+use crate::observation::Observation;
 use crate::payload::Payload;
 use crate::refusal::{Reason, Refusal};
 use crate::run::*;

@@ -21,6 +21,7 @@ mod service_calls;
 mod service_catalog;
 mod sessions;
 mod system;
+mod table;
 mod update;
 mod validation;
 pub(crate) mod worker;
@@ -39,13 +40,14 @@ use axum::Router;
 use capstan_engine::Reason;
 use capstan_store::Store;
 use serde_json::json;
+use table::ServerTable;
 
 /// The namespace a request addresses, resolved by the plane middleware.
 #[derive(Clone, Debug)]
 pub struct Namespace(pub String);
 
 pub fn router<S: Store>(state: Shared<S>) -> Router {
-    let worker_plane = Router::new()
+    let worker_plane = ServerTable::<S>::new()
         .route("/worker/register", post(worker::register::<S>))
         .route("/worker/heartbeat", post(worker::heartbeat::<S>))
         .route("/worker/registrations/:worker_id", delete(worker::deregister::<S>))
@@ -133,7 +135,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), worker_plane::<S>));
 
-    let control_plane = Router::new()
+    let control_plane = ServerTable::<S>::new()
         .route("/workflows", post(control::start::<S>).get(control::list::<S>))
         .route("/activities", post(activities::start::<S>).get(activities::list::<S>))
         .route("/activities/:activity_id", get(activities::describe::<S>))
@@ -297,7 +299,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), control_plane::<S>));
 
-    let namespace_plane = Router::new()
+    let namespace_plane = ServerTable::<S>::new()
         .route("/namespaces", get(namespaces::list::<S>).post(namespaces::create::<S>))
         .route(
             "/namespaces/:name",
@@ -312,19 +314,26 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), namespace_plane::<S>));
 
     // The runtime payload transport serves workers and clients alike, each with its own token.
-    let payload_plane = Router::new()
+    let payload_plane = ServerTable::<S>::new()
         .route("/external-payloads/v1", post(external_payloads::upload::<S>))
         .route("/external-payloads/v1/:reference_id", get(external_payloads::fetch::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), payload_plane::<S>));
 
-    let api = Router::new()
+    let (api, api_paths) = ServerTable::<S>::new()
         .route("/health", get(system::health::<S>))
         .route("/ready", get(system::ready::<S>))
         .route("/cluster/info", get(system::cluster_info::<S>))
         .merge(worker_plane)
         .merge(control_plane)
         .merge(namespace_plane)
-        .merge(payload_plane);
+        .merge(payload_plane)
+        .into_parts();
+    let routes: Vec<String> = api_paths
+        .iter()
+        .map(|path| format!("/api{path}"))
+        .chain(["/metrics".to_string()])
+        .collect();
+    state.metrics.http.declare_routes(routes.iter().map(String::as_str));
 
     Router::new()
         .nest("/api", api)
@@ -332,6 +341,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .merge(crate::ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::record::<S>))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(mark_loopback))
         .layer(tower_http::compression::CompressionLayer::new().compress_when(Compressible))

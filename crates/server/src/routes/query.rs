@@ -7,6 +7,7 @@ use super::worker::{poll_request, PollRequest};
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::PollTimer;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
@@ -151,8 +152,11 @@ pub async fn poll_query_task<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
+    let timer = PollTimer::start("query");
     let request = poll_request(&state, &namespace, &body).await?;
-    match long_poll_query(&state, &namespace, &request).await? {
+    let found = long_poll_query(&state, &namespace, &request).await?;
+    timer.answered(&state.metrics, found.is_some());
+    match found {
         Some(task) => Ok(Json(
             json!({"task": render_query_task(&state, &task).await?, "poll_status": "leased"}),
         )),

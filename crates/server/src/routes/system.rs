@@ -1,7 +1,7 @@
 //! Health, readiness and the cluster-info document the SDKs validate.
 
 use crate::auth::Role;
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::wire::SUPPORTED_COMMANDS;
 use crate::{render, Shared, CONTROL_PLANE_VERSION, WORKER_PROTOCOL_VERSION};
 use axum::extract::State;
@@ -176,74 +176,14 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
     })))
 }
 
-/// `GET /metrics`: Prometheus text. Ledger figures are read from the database at each scrape, so
-/// every node of a cluster reports the same totals.
+/// `GET /metrics`: Prometheus text (`docs/metrics.md`). The database's figures are read at each
+/// scrape, so every node of a cluster reports the same ones.
 pub async fn metrics<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Response> {
-    use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
     state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
-    let stats = state.store.ledger_stats().await?;
-    let registry = Registry::new();
-    let metric_error = |e: prometheus::Error| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Reason::MetricsUnavailable,
-            format!("metrics: {e}"),
-        )
-    };
-    let entries = IntGaugeVec::new(
-        Opts::new("capstan_ledger_entries", "Recovery-ledger entries by state."),
-        &["namespace", "state"],
-    )
-    .map_err(metric_error)?;
-    let unknown_age = IntGaugeVec::new(
-        Opts::new(
-            "capstan_ledger_outcome_unknown_oldest_age_seconds",
-            "Age of the oldest dispatch whose outcome is unknown (0 when none).",
-        ),
-        &["namespace"],
-    )
-    .map_err(metric_error)?;
-    let resolutions = IntCounterVec::new(
-        Opts::new(
-            "capstan_ledger_resolutions_total",
-            "Operator resolutions of unknown outcomes, by decision.",
-        ),
-        &["namespace", "decision"],
-    )
-    .map_err(metric_error)?;
-    let incidents = IntGaugeVec::new(
-        Opts::new(
-            "capstan_integrity_incidents_open",
-            "Open integrity incidents (runs blocked on a broken chain).",
-        ),
-        &["namespace"],
-    )
-    .map_err(metric_error)?;
-    let now = state.now();
-    for (namespace, ledger_state, count, oldest) in &stats.entries {
-        entries.with_label_values(&[namespace, ledger_state]).set(*count);
-        match ledger_state.as_str() {
-            "outcome_unknown" => unknown_age.with_label_values(&[namespace]).set(((now - oldest) / 1000).max(0)),
-            "effect_confirmed" | "effect_absent" => resolutions.with_label_values(&[namespace, ledger_state]).inc_by(*count as u64),
-            _ => {}
-        }
-    }
-    for (namespace, count) in &stats.open_incidents {
-        incidents.with_label_values(&[namespace]).set(*count);
-    }
-    for collector in [
-        Box::new(entries) as Box<dyn prometheus::core::Collector>,
-        Box::new(unknown_age),
-        Box::new(resolutions),
-        Box::new(incidents),
-    ] {
-        registry.register(collector).map_err(metric_error)?;
-    }
-    let mut text = Vec::new();
-    TextEncoder::new().encode(&registry.gather(), &mut text).map_err(metric_error)?;
+    let text = crate::metrics::render(&state).await?;
     Ok((
         StatusCode::OK,
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,
     )
         .into_response())

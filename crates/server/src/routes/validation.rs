@@ -11,6 +11,7 @@ use super::worker::poll_request;
 use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::PollTimer;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -230,6 +231,7 @@ pub async fn poll<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
+    let timer = PollTimer::start("update_validation");
     let request = poll_request(&state, &namespace, &body).await?;
     require_capability(&request.worker)?;
     let notify = state.hub.channel(&namespace, TaskKind::Workflow, &request.queue);
@@ -243,6 +245,7 @@ pub async fn poll<S: Store>(
         })
     })
     .await?;
+    timer.answered(&state.metrics, found.is_some());
     match found {
         Some(task) => Ok(Json(json!({"task": render_task(&state, &task).await?, "poll_status": "leased"}))),
         None => Ok(Json(json!({"task": null, "poll_status": "empty"}))),

@@ -3,6 +3,7 @@
 use super::long_poll::{wait_for_work, Look};
 use super::{validation, Namespace};
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::PollTimer;
 use crate::wire::{self, Fields};
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -402,6 +403,7 @@ pub async fn poll_workflow_task<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
+    let timer = PollTimer::start("workflow");
     let kinds = poll_kinds(&body)?;
     let mut request = poll_request(&state, &namespace, &body).await?;
     if let Some(drained) = hold_if_draining(&state, &mut request).await? {
@@ -418,12 +420,20 @@ pub async fn poll_workflow_task<S: Store>(
             .map(|leased| Leased::Workflow(Box::new(leased)))
     };
     let (task, run) = match leased {
-        None => return Ok(empty_poll().into_response()),
+        None => {
+            timer.answered(&state.metrics, false);
+            return Ok(empty_poll().into_response());
+        }
         Some(Leased::Validation(task)) => {
+            PollTimer::answered(timer, &state.metrics, true);
             let reply = json!({"task": validation::render_task(&state, &task).await?, "poll_status": "leased"});
             return Ok(Json(reply).into_response());
         }
-        Some(Leased::Workflow(leased)) => *leased,
+        Some(Leased::Workflow(leased)) => {
+            timer.answered(&state.metrics, true);
+            state.metrics.dispatched(TaskKind::Workflow, leased.0.fence);
+            *leased
+        }
     };
     let snapshot = match &task.detail {
         TaskDetail::Workflow { history_snapshot, .. } => *history_snapshot,
@@ -448,12 +458,16 @@ pub async fn poll_activity_task<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
+    let timer = PollTimer::start("activity");
     let mut request = poll_request(&state, &namespace, &body).await?;
     if let Some(drained) = hold_if_draining(&state, &mut request).await? {
         return Ok(drained);
     }
-    match long_poll(&state, &namespace, &request, TaskKind::Activity).await? {
+    let leased = long_poll(&state, &namespace, &request, TaskKind::Activity).await?;
+    timer.answered(&state.metrics, leased.is_some());
+    match leased {
         Some((task, run)) => {
+            state.metrics.dispatched(TaskKind::Activity, task.fence);
             let mut rendered = render::activity_task(&run, &task);
             if let Some(dispatch) = state.config.telemetry.dispatched(&run, &task, state.now()) {
                 rendered["dispatch_observability_context"] = dispatch;

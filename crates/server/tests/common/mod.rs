@@ -136,8 +136,14 @@ pub async fn send_allowing_server_errors(request: RequestBuilder) -> Resp {
     let status = response.status();
     let headers = response.headers().clone();
     let text = response.text().await.expect("response body");
+    let plain_text = headers
+        .get("content-type")
+        .is_some_and(|v| v.to_str().is_ok_and(|v| v.starts_with("text/plain")));
     let body = if text.trim().is_empty() {
         Value::Null
+    } else if plain_text {
+        // `/metrics`: Prometheus text.
+        Value::String(text)
     } else {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("non-JSON body (status {status}): {e}: {text}"))
     };

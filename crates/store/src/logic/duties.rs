@@ -69,6 +69,41 @@ pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow
     Ok(pruned)
 }
 
+/// Workflow and activity work per queue: ready now (count, oldest) and leased; the busiest
+/// `limit` queues. Both counts come from partial indexes over open tasks only.
+pub(crate) async fn queue_loads<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> StoreResult<Vec<QueueLoad>> {
+    let mut loads: std::collections::BTreeMap<(String, String, String), QueueLoad> = Default::default();
+    let ready = "SELECT namespace, kind, queue, COUNT(*), MIN(available_at) FROM tasks
+                 WHERE status = 'ready' AND kind IN ('workflow', 'activity') AND available_at <= $1
+                 GROUP BY namespace, kind, queue";
+    for row in tx.query(ready, &args![now]).await? {
+        let key = (row.text(0)?, row.text(1)?, row.text(2)?);
+        let load = loads.entry(key.clone()).or_insert_with(|| queue_load(key));
+        load.ready = row.int(3)?;
+        load.oldest_ready_at = row.opt_int(4)?;
+    }
+    let leased = "SELECT namespace, kind, queue, COUNT(*) FROM tasks
+                  WHERE status = 'leased' AND deadline_at IS NOT NULL AND kind IN ('workflow', 'activity')
+                  GROUP BY namespace, kind, queue";
+    for row in tx.query(leased, &args![]).await? {
+        let key = (row.text(0)?, row.text(1)?, row.text(2)?);
+        loads.entry(key.clone()).or_insert_with(|| queue_load(key)).leased = row.int(3)?;
+    }
+    let mut loads: Vec<QueueLoad> = loads.into_values().collect();
+    loads.sort_by_key(|load| std::cmp::Reverse(load.ready + load.leased));
+    loads.truncate(limit);
+    Ok(loads)
+}
+
+fn queue_load((namespace, kind, queue): (String, String, String)) -> QueueLoad {
+    QueueLoad {
+        namespace,
+        kind,
+        queue,
+        ..QueueLoad::default()
+    }
+}
+
 pub(crate) async fn system_counts<T: Tx>(tx: &mut T, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
     let sql = "SELECT status, COUNT(*) FROM runs WHERE namespace = $1 GROUP BY status ORDER BY status";
     let runs_by_status = tx

@@ -80,6 +80,7 @@ pub(crate) fn persist<'a, T: Tx>(
         }
         write_rows(tx, run, effects, (!insert_run).then_some(state.as_str())).await?;
         close_tasks(tx, run, effects).await?;
+        observe(tx, run, effects, insert_run);
         if let Some(successor) = &effects.successor {
             // Continue-as-new: the next run is born in the same transaction and becomes current.
             let (next, next_effects) = successor.as_ref();
@@ -88,6 +89,27 @@ pub(crate) fn persist<'a, T: Tx>(
         }
         follow_on(tx, effects, env).await
     })
+}
+
+/// What operators count of this transition, for the observer once it commits.
+fn observe<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, insert_run: bool) {
+    let namespace = &run.namespace;
+    if insert_run {
+        tx.observe(Fact::RunStarted {
+            namespace: namespace.clone(),
+            workflow_type: run.workflow_type.clone(),
+        });
+    }
+    if effects.events.iter().any(|event| event.event_type.is_run_terminal()) {
+        tx.observe(Fact::RunClosed {
+            namespace: namespace.clone(),
+            workflow_type: run.workflow_type.clone(),
+            reason: run.closed_reason.map_or(run.status.as_str(), |reason| reason.as_str()),
+        });
+    }
+    for observation in &effects.observations {
+        tx.observe(Fact::observed(namespace, *observation));
+    }
 }
 
 /// The run's document update, its events, and its touched task rows: independent statements,

@@ -38,11 +38,12 @@ macro_rules! in_transaction {
         async {
             let mut client = $store.pool.get().await?;
             let transaction = client.transaction().await?;
-            let value = {
+            let (value, facts) = {
                 let $tx = &mut PgTx::new(&transaction, &$store.wake_channel);
-                $step.await?
+                let value = $step.await?;
+                (value, $tx.take_facts())
             };
-            commit(transaction).await?;
+            $store.commit(transaction, facts).await?;
             Ok::<_, StoreError>(value)
         }
         .await
@@ -86,6 +87,19 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// Commits `tx`, then hands its facts and the commit's time to the observer.
+    async fn commit(&self, tx: deadpool_postgres::Transaction<'_>, facts: Vec<Fact>) -> StoreResult<()> {
+        let started = std::time::Instant::now();
+        commit(tx).await?;
+        let observer = &self.env.observer;
+        observer.get().commit(Commit {
+            transactions: 1,
+            took: started.elapsed(),
+        });
+        observer.committed(&facts);
+        Ok(())
+    }
+
     async fn run_atomic_task_checked(
         &self,
         namespace: &str,
@@ -109,24 +123,18 @@ impl PostgresStore {
         let Some(row) = row else { return Ok(None) };
         let task_id = TaskId(row.get(0));
         let run = runs::read_run(row.get(1), row.get(2), row.get(3), row.get(4))?;
-        let leased = actions::lease_atomic(
-            &mut PgTx::new(&tx, &self.wake_channel),
-            run,
-            task_id,
-            &actions,
-            codec,
-            now,
-            &self.env,
-        )
-        .await?;
+        let mut pg = PgTx::new(&tx, &self.wake_channel);
+        let leased = actions::lease_atomic(&mut pg, run, task_id, &actions, codec, now, &self.env).await?;
         let step = match leased {
             actions::AtomicLease::Nothing => return Ok(None),
             actions::AtomicLease::Refused(outcome) => {
-                commit(tx).await?;
+                let facts = pg.take_facts();
+                self.commit(tx, facts).await?;
                 return Ok(Some(outcome));
             }
             actions::AtomicLease::Ready(step) => *step,
         };
+        let mut facts = pg.take_facts();
         let handled = match &step.handler {
             Err(message) => Err(message.clone()),
             Ok((action, arguments)) => {
@@ -140,8 +148,10 @@ impl PostgresStore {
                 handled
             }
         };
-        let outcome = actions::finish_atomic_step(&mut PgTx::new(&tx, &self.wake_channel), step, handled, codec, now, &self.env).await?;
-        commit(tx).await?;
+        let mut pg = PgTx::new(&tx, &self.wake_channel);
+        let outcome = actions::finish_atomic_step(&mut pg, step, handled, codec, now, &self.env).await?;
+        facts.extend(pg.take_facts());
+        self.commit(tx, facts).await?;
         Ok(Some(outcome))
     }
     #[allow(clippy::too_many_arguments)]
@@ -191,8 +201,10 @@ impl PostgresStore {
                 poll: poll.as_ref(),
             };
             let candidate = task_id.to_string();
-            let claimed = claim::lease_candidate(&mut PgTx::new(&tx, &self.wake_channel), run, task_id, &poller, now, &self.env).await?;
-            commit(tx).await?;
+            let mut pg = PgTx::new(&tx, &self.wake_channel);
+            let claimed = claim::lease_candidate(&mut pg, run, task_id, &poller, now, &self.env).await?;
+            let facts = pg.take_facts();
+            self.commit(tx, facts).await?;
             match claimed {
                 claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
                 claim::Claimed::Skipped => skipped.push(candidate),
@@ -486,6 +498,11 @@ fn type_filter(types: &[String]) -> Option<Vec<String>> {
 }
 
 impl RunStore for PostgresStore {
+    fn with_observer(self, observer: Arc<dyn Observer>) -> Self {
+        self.env.observer.set(observer);
+        self
+    }
+
     fn with_payload_codec(mut self, codec: &'static dyn MemoCodec) -> Self {
         self.env = Arc::new(Env {
             codec: Some(codec),
@@ -905,7 +922,8 @@ impl LedgerStore for PostgresStore {
         let tx = client.transaction().await?;
         let mut pg = PgTx::new(&tx, &self.wake_channel);
         let incident = integrity::close_incident(&mut pg, namespace, incident_id, note, now, &self.env).await?;
-        commit(tx).await?;
+        let facts = pg.take_facts();
+        self.commit(tx, facts).await?;
         Ok(incident)
     }
 
@@ -1220,6 +1238,21 @@ impl AdminStore for PostgresStore {
     async fn namespace_exists(&self, namespace: &str) -> StoreResult<bool> {
         let client = self.pool.get().await?;
         namespaces::namespace_exists(&mut self.on(&client), namespace).await
+    }
+
+    async fn queue_loads(&self, now: Millis, limit: usize) -> StoreResult<Vec<QueueLoad>> {
+        let client = self.pool.get().await?;
+        duties::queue_loads(&mut self.on(&client), now, limit).await
+    }
+
+    fn pool_use(&self) -> PoolUse {
+        let status = self.pool.status();
+        PoolUse {
+            max: status.max_size,
+            open: status.size,
+            idle: status.available,
+            waiting: status.waiting,
+        }
     }
 
     async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {

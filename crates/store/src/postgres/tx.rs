@@ -3,7 +3,7 @@
 //! with `pg_notify`, which PostgreSQL delivers only when the transaction commits.
 
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
-use crate::{StoreError, StoreResult, WakeKey};
+use crate::{Fact, StoreError, StoreResult, WakeKey};
 use deadpool_postgres::{Client, Transaction};
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
@@ -12,6 +12,8 @@ pub(crate) struct PgTx<'t, 'c> {
     wake_channel: &'t str,
     /// Queues already announced in this transaction: one NOTIFY each is enough.
     announced: Vec<String>,
+    /// Facts for the observer, handed on by whoever commits the transaction.
+    facts: Vec<Fact>,
 }
 
 /// An open transaction, or a pooled connection for single statements and reads (each its own
@@ -28,6 +30,7 @@ impl<'t, 'c> PgTx<'t, 'c> {
             conn: Conn::Tx(tx),
             wake_channel,
             announced: Vec::new(),
+            facts: Vec::new(),
         }
     }
 
@@ -38,7 +41,13 @@ impl<'t, 'c> PgTx<'t, 'c> {
             conn: Conn::Client(client),
             wake_channel,
             announced: Vec::new(),
+            facts: Vec::new(),
         }
+    }
+
+    /// The facts this transaction recorded, for its committer to hand on after COMMIT.
+    pub(crate) fn take_facts(&mut self) -> Vec<Fact> {
+        std::mem::take(&mut self.facts)
     }
 }
 
@@ -148,6 +157,10 @@ impl Tx for PgTx<'_, '_> {
         self.conn.execute(&statement, &[&self.wake_channel, &payload]).await?;
         self.announced.push(payload);
         Ok(())
+    }
+
+    fn observe(&mut self, fact: Fact) {
+        self.facts.push(fact);
     }
 }
 

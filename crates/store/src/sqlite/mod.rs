@@ -130,13 +130,14 @@ impl SqliteStore {
         schema::migrate(&mut conn, now)?;
         let readers = (0..READERS).map(|_| open_connection(path, vfs)).collect::<StoreResult<Vec<_>>>()?;
         let (wake, wakeups) = tokio::sync::mpsc::unbounded_channel();
+        let env = Env::new(limits);
         Ok(Self {
-            writer: Writer::start(conn, wake),
+            writer: Writer::start(conn, wake, env.observer.clone()),
             wakeups: Arc::new(Mutex::new(Some(wakeups))),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_path_buf(),
             vfs: vfs.map(str::to_string),
-            env: Arc::new(Env::new(limits)),
+            env: Arc::new(env),
         })
     }
 
@@ -257,6 +258,11 @@ fn hash_text(text: &str) -> String {
 }
 
 impl RunStore for SqliteStore {
+    fn with_observer(self, observer: Arc<dyn Observer>) -> Self {
+        self.env.observer.set(observer);
+        self
+    }
+
     fn with_payload_codec(mut self, codec: &'static dyn MemoCodec) -> Self {
         self.env = Arc::new(Env {
             codec: Some(codec),
@@ -1150,6 +1156,21 @@ impl AdminStore for SqliteStore {
     async fn delete_namespace(&self, name: &str) -> StoreResult<NamespaceRecord> {
         let name = name.to_string();
         self.writer.write_tx(move |tx| drive(namespaces::delete_namespace(tx, &name))).await
+    }
+
+    async fn queue_loads(&self, now: Millis, limit: usize) -> StoreResult<Vec<QueueLoad>> {
+        self.read_tx(move |tx| drive(duties::queue_loads(tx, now, limit))).await
+    }
+
+    fn pool_use(&self) -> PoolUse {
+        let idle = self.readers.lock().map_or(0, |pool| pool.len());
+        // A read that finds no pooled reader opens one of its own for the moment.
+        PoolUse {
+            max: READERS,
+            open: READERS.max(idle),
+            idle,
+            waiting: 0,
+        }
     }
 
     async fn system_counts(&self, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {

@@ -3,19 +3,28 @@
 //! drives the shared logic with [`drive`].
 
 use crate::tx::{sqlite_placeholders, Cell, Dialect, Param, Row, Statement, Tx};
-use crate::{StoreResult, WakeKey};
+use crate::{Fact, StoreResult, WakeKey};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::Connection;
 use std::future::{ready, Future};
 
+/// What a write job hands on once its batch has committed.
+#[derive(Debug, PartialEq)]
+pub enum Notice {
+    /// A task made ready: wake the queue's pollers.
+    Wake(WakeKey),
+    /// A fact for the observer.
+    Fact(Fact),
+}
+
 pub struct SqliteTx<'c> {
     conn: &'c mut Connection,
-    /// Where the writer collects ready-task announcements; `None` on a reader connection.
-    announced: Option<&'c mut Vec<WakeKey>>,
+    /// Where the writer collects a job's notices; `None` on a reader connection.
+    announced: Option<&'c mut Vec<Notice>>,
 }
 
 impl<'c> SqliteTx<'c> {
-    pub(crate) fn new(conn: &'c mut Connection, announced: &'c mut Vec<WakeKey>) -> Self {
+    pub(crate) fn new(conn: &'c mut Connection, announced: &'c mut Vec<Notice>) -> Self {
         Self {
             conn,
             announced: Some(announced),
@@ -93,11 +102,18 @@ impl Tx for SqliteTx<'_> {
     fn announce(&mut self, key: WakeKey) -> impl Future<Output = StoreResult<()>> + Send + '_ {
         ready(match self.announced.as_mut() {
             Some(announced) => {
-                announced.push(key);
+                announced.push(Notice::Wake(key));
                 Ok(())
             }
             None => Err(crate::StoreError::Storage("a reader connection cannot announce a task".into())),
         })
+    }
+
+    fn observe(&mut self, fact: Fact) {
+        // A reader writes nothing, so it has nothing to report.
+        if let Some(announced) = self.announced.as_mut() {
+            announced.push(Notice::Fact(fact));
+        }
     }
 }
 

@@ -11,12 +11,14 @@
 //! answered exactly once, a failed job that cannot be undone taking its batch down) is
 //! `capstan_sync::group_commit`, model-checked there under loom; this file is the SQLite side.
 
-use super::tx::SqliteTx;
+use super::tx::{Notice, SqliteTx};
+use crate::observe::{Commit, ObserverSlot};
 use crate::{StoreError, StoreResult, WakeKey};
 use capstan_sync::group_commit::{self, Backend, Ending, Job};
 use rusqlite::Connection;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 thread_local! {
     /// Set when a statement of the current batch failed for a reason of the device (full, IO
@@ -43,13 +45,16 @@ struct Health {
 }
 
 impl Writer {
-    /// Starts the writer thread; committed ready-task announcements go to `wake`.
-    pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>) -> Self {
+    /// Starts the writer thread; committed ready-task announcements go to `wake`, committed
+    /// facts and commit times to `observer`.
+    pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, observer: ObserverSlot) -> Self {
         let (jobs, inbox) = group_commit::channel::<Job<Sqlite>>();
         let health = Arc::new(Health::default());
         let mut backend = Sqlite {
             conn,
             health: health.clone(),
+            observer: observer.clone(),
+            jobs_in_batch: 0,
         };
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
@@ -58,8 +63,11 @@ impl Writer {
             .stack_size(crate::STACK_BYTES)
             .spawn(move || {
                 let _stopped = Stopped(backend.health.clone());
-                group_commit::run(&mut backend, &inbox, |key| {
-                    let _ = wake.send(key);
+                group_commit::run(&mut backend, &inbox, |notice| match notice {
+                    Notice::Wake(key) => {
+                        let _ = wake.send(key);
+                    }
+                    Notice::Fact(fact) => observer.committed(std::slice::from_ref(&fact)),
                 })
             })
             .expect("spawn the SQLite writer thread");
@@ -95,7 +103,7 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&mut SqliteTx<'_>) -> StoreResult<T> + Send + 'static,
     {
-        let (job, reply) = group_commit::job::<Sqlite, T, StoreError, _>(move |conn: &mut Connection, announced: &mut Vec<WakeKey>| {
+        let (job, reply) = group_commit::job::<Sqlite, T, StoreError, _>(move |conn: &mut Connection, announced: &mut Vec<Notice>| {
             job(&mut SqliteTx::new(conn, announced))
         });
         self.jobs
@@ -124,11 +132,14 @@ impl Drop for Stopped {
 struct Sqlite {
     conn: Connection,
     health: Arc<Health>,
+    observer: ObserverSlot,
+    /// Jobs run in the open batch (its group commit's size).
+    jobs_in_batch: usize,
 }
 
 impl Backend for Sqlite {
     type Conn = Connection;
-    type Announcement = WakeKey;
+    type Announcement = Notice;
     type Error = String;
 
     fn conn(&mut self) -> &mut Connection {
@@ -137,6 +148,7 @@ impl Backend for Sqlite {
 
     fn begin(&mut self) -> Result<(), String> {
         IO_FAILED.with(|f| f.set(false));
+        self.jobs_in_batch = 0;
         self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|error| {
             tracing::error!(%error, "could not begin a write transaction");
             self.health.failing.store(true, Ordering::SeqCst);
@@ -145,6 +157,7 @@ impl Backend for Sqlite {
     }
 
     fn savepoint(&mut self) -> Result<(), String> {
+        self.jobs_in_batch += 1;
         self.conn.execute_batch("SAVEPOINT job").map_err(|error| {
             tracing::error!(%error, "could not open a savepoint");
             error.to_string()
@@ -175,7 +188,15 @@ impl Backend for Sqlite {
         let commit = if injected {
             Err(StoreError::Storage("disk I/O error (injected: the commit's fsync failed)".into()))
         } else {
-            self.conn.execute_batch("COMMIT").map_err(StoreError::from)
+            let started = Instant::now();
+            let committed = self.conn.execute_batch("COMMIT").map_err(StoreError::from);
+            if committed.is_ok() {
+                self.observer.get().commit(Commit {
+                    transactions: self.jobs_in_batch,
+                    took: started.elapsed(),
+                });
+            }
+            committed
         };
         if let Err(error) = &commit {
             tracing::error!(%error, "a group commit failed; its changes were rolled back and no job in it was acknowledged");
@@ -205,7 +226,67 @@ mod tests {
         let conn = Connection::open(dir.path().join("w.db")).unwrap();
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)").unwrap();
         let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
-        (Writer::start(conn, wake), woken, dir)
+        (Writer::start(conn, wake, ObserverSlot::default()), woken, dir)
+    }
+
+    /// Keeps what it is told.
+    #[derive(Default)]
+    struct Heard {
+        facts: std::sync::Mutex<Vec<crate::Fact>>,
+        commits: std::sync::Mutex<Vec<Commit>>,
+    }
+
+    impl crate::Observer for Heard {
+        fn committed(&self, facts: &[crate::Fact]) {
+            self.facts.lock().unwrap().extend_from_slice(facts);
+        }
+        fn commit(&self, commit: Commit) {
+            self.commits.lock().unwrap().push(commit);
+        }
+    }
+
+    fn timer_fired(namespace: &str) -> crate::Fact {
+        crate::Fact::TimerFired {
+            namespace: namespace.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_observer_hears_committed_facts_only_and_every_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("w.db")).unwrap();
+        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
+        let slot = ObserverSlot::default();
+        let heard = Arc::new(Heard::default());
+        slot.set(heard.clone());
+        let writer = Writer::start(conn, wake, slot);
+        let refused = writer
+            .write_tx(|tx| {
+                tx.observe(timer_fired("refused"));
+                Err::<(), _>(StoreError::Storage("refused after observing".into()))
+            })
+            .await;
+        assert!(refused.is_err());
+        writer
+            .write_tx(|tx| {
+                tx.observe(timer_fired("kept"));
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            *heard.facts.lock().unwrap(),
+            vec![timer_fired("kept")],
+            "only the committed job's fact"
+        );
+        let commits = heard.commits.lock().unwrap();
+        assert!(!commits.is_empty());
+        assert!(commits.iter().all(|c| c.transactions >= 1), "{commits:?}");
+        assert_eq!(
+            commits.iter().map(|c| c.transactions).sum::<usize>(),
+            2,
+            "both jobs ran in a committed batch"
+        );
     }
 
     fn key(queue: &str) -> WakeKey {

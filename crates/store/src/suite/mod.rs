@@ -1404,6 +1404,7 @@ macro_rules! store_suite {
             runs_are_paged_in_id_order,
             a_committed_ready_task_wakes_its_queue,
             system_counts_count_runs_tasks_and_expired_leases,
+            the_observer_hears_each_committed_fact_once_and_queues_are_measured,
             a_bridge_delivery_is_recorded_once,
             build_id_cohorts_drain_resume_and_promote,
             search_attribute_definitions_are_defined_once_and_deleted,

@@ -248,3 +248,100 @@ pub async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run<S:
         .unwrap();
     assert!(none.is_none(), "the unreadable runs offer nothing: {none:?}");
 }
+
+/// Keeps what a store tells its observer.
+#[derive(Default)]
+struct Heard {
+    facts: std::sync::Mutex<Vec<Fact>>,
+    commits: std::sync::Mutex<Vec<Commit>>,
+}
+
+impl Observer for Heard {
+    fn committed(&self, facts: &[Fact]) {
+        self.facts.lock().unwrap().extend_from_slice(facts);
+    }
+    fn commit(&self, commit: Commit) {
+        self.commits.lock().unwrap().push(commit);
+    }
+}
+
+impl Heard {
+    fn take(&self) -> Vec<Fact> {
+        std::mem::take(&mut *self.facts.lock().unwrap())
+    }
+}
+
+pub async fn the_observer_hears_each_committed_fact_once_and_queues_are_measured<S: Store>(store: S) {
+    let heard = std::sync::Arc::new(Heard::default());
+    let store = store.with_observer(heard.clone());
+    let started_fact = |_: &str| Fact::RunStarted {
+        namespace: "default".into(),
+        workflow_type: "suite.workflow".into(),
+    };
+    let first = started(&store, "seen-a", "loaded").await;
+    started(&store, "seen-b", "loaded").await;
+    assert_eq!(heard.take(), vec![started_fact("seen-a"), started_fact("seen-b")]);
+    assert!(!heard.commits.lock().unwrap().is_empty(), "commits are timed");
+
+    let loads = store.queue_loads(NOW + 2_000, 100).await.unwrap();
+    let load = loads.iter().find(|l| l.queue == "loaded").expect("the queue is measured");
+    assert_eq!((load.kind.as_str(), load.ready, load.leased), ("workflow", 2, 0), "{loads:?}");
+    assert_eq!(load.oldest_ready_at, Some(NOW), "{loads:?}");
+    assert!(
+        store.queue_loads(NOW - 1, 100).await.unwrap().iter().all(|l| l.ready == 0),
+        "work not yet available is not waiting"
+    );
+
+    // A lease that runs out is counted when the clock takes the task back, not before.
+    store
+        .claim_task("default", TaskKind::Workflow, "loaded", &[], "w1", 1_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("a task to lease");
+    let loads = store.queue_loads(NOW, 100).await.unwrap();
+    let load = loads.iter().find(|l| l.queue == "loaded").unwrap();
+    assert_eq!((load.ready, load.leased), (1, 1), "{loads:?}");
+    assert_eq!(store.queue_loads(NOW, 0).await.unwrap(), vec![], "at most `limit` queues");
+    assert_eq!(heard.take(), vec![], "a lease is not a fact operators count");
+    let due = store.claim_due_tasks("node-a", NOW + 5_000, 10, 30_000).await.unwrap();
+    assert_eq!(due.len(), 1);
+    let id = due[0].task_id.clone();
+    store
+        .run_duty(&due[0], NOW + 5_000, move |run, cx| Ok(on_deadline(run, cx, &id)))
+        .await
+        .unwrap();
+    assert_eq!(
+        heard.take(),
+        vec![Fact::LeaseExpired {
+            namespace: "default".into(),
+            kind: TaskKind::Workflow
+        }]
+    );
+
+    // A refused transition tells nothing; a close tells its reason, once.
+    let refused = store
+        .mutate_run("default", RunLocator::Current(first.workflow_id.clone()), NOW, |_, _| {
+            Err::<(), _>(Refusal::new(Reason::RunClosed, "refused on purpose"))
+        })
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(heard.take(), vec![]);
+    for _ in 0..2 {
+        let _ = store
+            .mutate_run("default", RunLocator::Current(first.workflow_id.clone()), NOW, |run, cx| {
+                close_by_command(run, cx, CloseCommand::Terminate, None, "t".into())
+            })
+            .await;
+    }
+    assert_eq!(
+        heard.take(),
+        vec![Fact::RunClosed {
+            namespace: "default".into(),
+            workflow_type: "suite.workflow".into(),
+            reason: "terminated",
+        }],
+        "the second terminate is refused: one close, one fact"
+    );
+    let pool = store.pool_use();
+    assert!(pool.max >= 1 && pool.idle <= pool.open, "{pool:?}");
+}

@@ -91,10 +91,11 @@ pub async fn schedules_fire_each_occurrence_once_with_their_workflows<S: Store +
         .await
         .unwrap();
     let report = store
-        .fire_schedule("default", "every-minute", due(), empty.clone(), first + 2 * MINUTE)
+        .fire_schedule("default", "every-minute", due(), empty.clone(), first + 2 * MINUTE + 1_500)
         .await
         .unwrap();
     assert_eq!(report.started, 1);
+    assert_eq!(report.lateness_ms, vec![1_500], "started 1.5 s after its occurrence");
     let previous = store
         .load_run("default", RunLocator::Current(WorkflowId(workflow_id)))
         .await
