@@ -4,13 +4,14 @@
 //! library until SIGINT or SIGTERM.
 
 mod cli;
+mod config;
 mod ops;
 mod owner;
 
 use capstan_server::telemetry::{OtlpSettings, Telemetry};
 use capstan_server::{AuthConfig, ServerConfig};
 use capstan_store::{PostgresStore, SqliteStore};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -112,6 +113,14 @@ enum LogFormat {
 
 #[derive(Parser)]
 struct ServeArgs {
+    /// A TOML file of settings: any flag below by its long name in snake case (`listen`,
+    /// `data_dir`, …). Flags and environment variables override it.
+    #[arg(long, env = "CAPSTAN_CONFIG")]
+    config: Option<PathBuf>,
+    /// Check the configuration (flags, environment, config file), print the effective settings
+    /// and exit: 0 when it would start, 2 when it would be refused. Opens no database.
+    #[arg(long)]
+    check_config: bool,
     /// Address to listen on.
     #[arg(long, env = "CAPSTAN_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
@@ -314,6 +323,35 @@ impl From<StartupError> for Stopped {
     }
 }
 
+/// `--check-config`: what `serve` would refuse, refused the same way; else the settings.
+fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
+    auth_config(args).map_err(Stopped::Refused)?;
+    database(args)?;
+    use std::net::ToSocketAddrs as _;
+    let addresses = args
+        .listen
+        .to_socket_addrs()
+        .map_err(|e| Stopped::Refused(format!("--listen {}: {e}", args.listen)))?;
+    if addresses.len() == 0 {
+        return Err(Stopped::Refused(format!("--listen {}: names no address", args.listen)));
+    }
+    if let Some(otlp) = OtlpSettings::from_env(|name| std::env::var(name).ok()) {
+        Telemetry::otlp(&otlp).map_err(Stopped::Refused)?;
+    }
+    print!("{effective}");
+    eprintln!("capstan: configuration ok");
+    Ok(())
+}
+
+/// A setting as `--check-config` shows it: secrets masked, a database URL's password hidden.
+fn masked(id: &str, value: &str) -> String {
+    match id {
+        "token" | "worker_token" | "operator_token" | "admin_token" => "***".into(),
+        "database" => redacted(value),
+        _ => value.to_string(),
+    }
+}
+
 async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     let paused_at = capstan_pause::arm_from_env().map_err(Stopped::Refused)?;
     if !paused_at.is_empty() {
@@ -402,7 +440,15 @@ async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::Integrity
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (argv, from_file) = match config::with_file_settings(Cli::command(), std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            eprintln!("capstan: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let matches = Cli::command().get_matches_from(argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     match cli.command {
         Command::Actions { connection, command } => cli::actions(connection, command),
         Command::Ledger { connection, command } => cli::ledger(connection, command),
@@ -412,7 +458,6 @@ fn main() -> ExitCode {
         Command::Schedule { connection, command } => ops::schedule(connection, command),
         Command::Server { connection, command } => ops::server(connection, command),
         Command::Completion { shell } => {
-            use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "capstan", &mut std::io::stdout());
             ExitCode::SUCCESS
         }
@@ -448,6 +493,18 @@ fn main() -> ExitCode {
                 }
                 Err(message) => {
                     eprintln!("capstan verify: {message}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Serve(args) if args.check_config => {
+            let serve = Cli::command().find_subcommand("serve").expect("serve").clone();
+            let serve_matches = matches.subcommand_matches("serve").expect("serve matches");
+            let effective = config::effective(&serve, serve_matches, &from_file, masked);
+            match check_config(&args, &effective) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(Stopped::Refused(message) | Stopped::Failed(message)) => {
+                    eprintln!("capstan: {message}");
                     ExitCode::from(2)
                 }
             }
