@@ -9,6 +9,7 @@ the page asks for a token. Screenshots of every page are kept in ``target/ui-scr
 from __future__ import annotations
 
 import asyncio
+import re
 import os
 import shutil
 import time
@@ -282,3 +283,133 @@ def test_broken_chains_show_as_a_banner_and_on_the_run_page(server_factory, run_
             await browser.close()
 
     run_async(main(), timeout=90)
+
+
+TRIES: dict[str, int] = {}
+
+
+@activity.defn(name="ui.flaky")
+def flaky(key: str) -> str:
+    TRIES[key] = TRIES.get(key, 0) + 1
+    if TRIES[key] == 1:
+        raise RuntimeError("the first attempt fails")
+    return f"done on attempt {TRIES[key]}"
+
+
+@workflow.defn(name="ui.timeline")
+class Timeline:
+    def __init__(self) -> None:
+        self.go = False
+
+    @workflow.signal("go")
+    def proceed(self) -> None:
+        self.go = True
+
+    def run(self, ctx, key):
+        done = yield ctx.schedule_activity(
+            "ui.flaky", [key], start_to_close_timeout=5,
+            retry_policy=ActivityRetryPolicy(max_attempts=3, backoff_seconds=[1]),
+        )
+        yield ctx.start_timer(1)
+        yield ctx.wait_condition(lambda: self.go)
+        return done
+
+
+async def lanes(page: Page) -> list[dict]:
+    return await page.evaluate("""() => [...document.querySelectorAll('#timeline .tl-lane')].map((lane) => ({
+        kind: lane.dataset.kind,
+        label: lane.querySelector('.tl-label').textContent,
+        bars: [...lane.querySelectorAll('.tl-bar')].map((bar) => bar.getAttribute('class').replace('tl-bar ', '')),
+        marks: [...lane.querySelectorAll('.tl-mark')].map((mark) => mark.getAttribute('class').replace('tl-mark ', '')),
+    }))""")
+
+
+def test_a_run_is_a_timeline_the_page_follows_live_and_the_server_has_charts(server_url, worker_url, run_worker):
+    """A run with a failed then retried activity, a timer and a wait is drawn as lanes (the
+    failed attempt red at a glance); zoom changes the window; a bar opens its event; the page of
+    the running workflow follows it to its close without a reload; lists show relative times and
+    durations; the server page charts throughput, latency and backlog from /metrics. No CSP
+    violation on the way."""
+    queue = unique("ui-timeline")
+    workflow_id = unique("ui-timeline-wf")
+    key = unique("flaky")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http, \
+                run_worker(worker_url, queue, workflows=[Timeline], activities=[flaky]) as worker, \
+                make_client(server_url) as client, async_playwright() as playwright:
+            handle = await client.start_workflow(workflow_type="ui.timeline", task_queue=queue, workflow_id=workflow_id, input=[key])
+            deadline = time.monotonic() + 20
+            while True:  # until the wait is open (activity retried, timer fired)
+                history = (await http.get(f"/api/workflows/{workflow_id}/runs/{handle.run_id}/history")).json()["events"]
+                if any(e["event_type"] == "ConditionWaitOpened" for e in history) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 1000})
+            problems: list[str] = []
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.on("console", lambda message: problems.append(message.text) if "Content Security Policy" in message.text else None)
+
+            await open_page(page, f"{server_url}/#/workflows/{workflow_id}")
+            await expect(page.locator("#timeline")).to_be_visible()
+            drawn = await lanes(page)
+            by_kind = {lane["kind"]: lane for lane in drawn}
+            assert by_kind["run"]["bars"] == ["open"], drawn
+            assert by_kind["activity"]["label"].startswith("✕ ui.flaky"), drawn
+            assert [b for b in by_kind["activity"]["bars"] if b != "queued"] == ["fail", "ok"], drawn
+            assert by_kind["timer"]["bars"] == ["ok"], drawn
+            assert by_kind["wait"]["bars"] == ["open"], drawn
+            await expect(page.locator("#live-badge")).to_be_visible()
+            await screenshot(page, "run-timeline")
+
+            # Zoom in halves the window, Fit restores it.
+            svg = page.locator("#timeline")
+            full = (int(await svg.get_attribute("data-from")), int(await svg.get_attribute("data-to")))
+            await page.locator("#timeline-zoom-in").click()
+            zoomed = (int(await svg.get_attribute("data-from")), int(await svg.get_attribute("data-to")))
+            assert abs((zoomed[1] - zoomed[0]) * 2 - (full[1] - full[0])) <= 2, (full, zoomed)
+            await page.locator("#timeline-earlier").click()
+            panned = (int(await svg.get_attribute("data-from")), int(await svg.get_attribute("data-to")))
+            assert panned[0] < zoomed[0] or panned[0] == full[0], (zoomed, panned)
+            await page.locator("#timeline-fit").click()
+            assert abs(int(await svg.get_attribute("data-to")) - int(await svg.get_attribute("data-from")) - (full[1] - full[0])) <= 2000
+
+            # The failed attempt's bar opens the event that ended it.
+            await page.locator("#timeline .tl-bar.fail").first.click()
+            retried = page.locator("#history li").filter(has_text="ActivityRetryScheduled")
+            await expect(retried.locator("details")).to_have_attribute("open", "")
+            await expect(retried.locator("pre")).to_contain_text("the first attempt fails")
+
+            # Live: the signal arrives elsewhere; the page follows the run to its close.
+            assert (await http.post(f"/api/workflows/{workflow_id}/signal/go", json={})).status_code == 202
+            await expect(page.locator("h1 .badge")).to_have_text("completed", timeout=20_000)
+            await expect(page.locator("#history")).to_contain_text("WorkflowCompleted")
+            await expect(page.locator("#live-badge")).to_have_count(0)
+            drawn = await lanes(page)
+            assert {lane["kind"]: lane for lane in drawn}["run"]["bars"] == ["ok"], drawn
+            assert {lane["kind"]: lane for lane in drawn}["marks"]["marks"] == ["signal"], drawn
+            result = await wait_result(handle, timeout=20, workers=[worker])
+
+            # Lists: absolute and relative times, and durations.
+            await open_page(page, f"{server_url}/#/workflows?workflow_type=ui.timeline")
+            row = page.locator("tr").filter(has_text=workflow_id)
+            await expect(row.locator(".ago").first).to_contain_text("ago")
+            await expect(row.locator("time").first).to_have_attribute("datetime", re.compile(r"^\d{4}-\d\d-\d\dT"))
+            assert re.search(r"\d+(\.\d)? s|\d+ min", await row.inner_text()), await row.inner_text()
+
+            # The server page: charts fill as the page scrapes /metrics.
+            await open_page(page, f"{server_url}/#/server")
+            await expect(page.locator("#server-facts")).to_contain_text("Version")
+            for chart in ("throughput", "requests", "latency", "backlog", "oldest"):
+                await expect(page.locator(f"#chart-{chart} svg")).to_have_attribute("data-points", re.compile(r"^[2-9]|^\d\d"), timeout=20_000)
+            await client.start_workflow(workflow_type="ui.timeline", task_queue=unique("nobody-polls"), workflow_id=unique("ui-backlog"), input=["x"])
+            await expect(page.locator("#chart-backlog [data-series='readyWorkflow']")).to_have_text("1.00", timeout=20_000)
+            await screenshot(page, "server")
+            await browser.close()
+            return result, problems
+
+    result, problems = run_async(main(), timeout=150)
+    assert result == "done on attempt 2", result
+    assert problems == [], problems

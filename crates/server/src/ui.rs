@@ -1,5 +1,7 @@
-//! The operator web UI: three static files embedded in the binary (no network at runtime),
-//! served at `/` and `/ui/*` beside the API. The page talks to `/api` like any other client.
+//! The operator web UI: static files embedded in the binary (no network at runtime, no build
+//! step), served at `/` and `/ui/*` beside the API. The page talks to `/api` and `/metrics` like
+//! any other client. Scripts are ES modules: `app.js` (pages, routing), `dom.js` (DOM and time
+//! helpers), `timeline.js` (a run as a timeline), `server.js` (the server's charts).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -9,6 +11,10 @@ use axum::Router;
 const INDEX_HTML: &str = include_str!("../ui/index.html");
 const APP_JS: &str = include_str!("../ui/app.js");
 const APP_CSS: &str = include_str!("../ui/app.css");
+const DOM_JS: &str = include_str!("../ui/dom.js");
+const TIMELINE_JS: &str = include_str!("../ui/timeline.js");
+const SERVER_JS: &str = include_str!("../ui/server.js");
+const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
 /// Only our own script, styles and API: a workflow id or payload rendered into the page cannot
 /// load or run anything else.
@@ -18,7 +24,10 @@ const CONTENT_SECURITY_POLICY: &str =
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
-        .route("/ui/app.js", get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }))
+        .route("/ui/app.js", get(|| async { asset(APP_JS, JAVASCRIPT) }))
+        .route("/ui/dom.js", get(|| async { asset(DOM_JS, JAVASCRIPT) }))
+        .route("/ui/timeline.js", get(|| async { asset(TIMELINE_JS, JAVASCRIPT) }))
+        .route("/ui/server.js", get(|| async { asset(SERVER_JS, JAVASCRIPT) }))
         .route("/ui/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
 }
 

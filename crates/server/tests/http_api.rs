@@ -1841,6 +1841,9 @@ async fn the_web_ui_is_served_at_the_root_with_a_strict_policy() {
         ("/", "text/html", "<main"),
         ("/ui/app.js", "text/javascript", "decodeAvroValue"),
         ("/ui/app.css", "text/css", "--accent"),
+        ("/ui/dom.js", "text/javascript", "export function h("),
+        ("/ui/timeline.js", "text/javascript", "export function timelineModel("),
+        ("/ui/server.js", "text/javascript", "export function parseMetrics("),
     ] {
         let resp = h.http.get(format!("{}{path}", h.base)).send().await.unwrap();
         assert_eq!(resp.status(), 200, "{path}");

@@ -1,7 +1,13 @@
 // Capstan's operator UI: a dependency-free single page over the same /api the CLI and SDKs use.
 // Every value from the server is put into the page as text (never as HTML).
 
+import { h, append, when, span } from "./dom.js";
+import { timelineModel, timelineSection } from "./timeline.js";
+import { serverPage } from "./server.js";
+
 const CONTROL_PLANE_VERSION = "2";
+/// How often the page of a running workflow looks for new history.
+const LIVE_MS = 2000;
 const PAGE_SIZE = 50;
 
 const session = {
@@ -9,7 +15,23 @@ const session = {
   set token(value) { value ? sessionStorage.setItem("capstan.token", value) : sessionStorage.removeItem("capstan.token"); },
   get namespace() { return localStorage.getItem("capstan.namespace") || "default"; },
   set namespace(value) { localStorage.setItem("capstan.namespace", value); },
+  get live() { return sessionStorage.getItem("capstan.live") !== "off"; },
+  set live(value) { sessionStorage.setItem("capstan.live", value ? "on" : "off"); },
 };
+
+/// What the current page runs in the background (a live run, the server charts); stopped when
+/// the page changes.
+let stopPage = () => {};
+/// Each run's timeline window, kept while its page redraws live.
+const timelineViews = new Map();
+
+/// `/metrics` as text, with this tab's token.
+async function scrapeMetrics() {
+  const headers = session.token ? { "Authorization": "Bearer " + session.token } : {};
+  const response = await fetch("/metrics", { headers });
+  if (!response.ok) throw new Error(`the server answered ${response.status}`);
+  return response.text();
+}
 
 // ---------------------------------------------------------------------------------------------
 // The API
@@ -194,27 +216,6 @@ function decodePayloads(value) {
 // ---------------------------------------------------------------------------------------------
 // DOM helpers
 
-function h(tag, props, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(props || {})) {
-    if (value === undefined || value === null || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-    else if (key === "value") node.value = value;
-    else node.setAttribute(key, value === true ? "" : value);
-  }
-  append(node, children);
-  return node;
-}
-
-function append(node, children) {
-  for (const child of children.flat(Infinity)) {
-    if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
-}
-
 const main = () => document.getElementById("main");
 
 function show(...children) {
@@ -232,13 +233,6 @@ function toast(message, kind) {
 
 function badge(text) {
   return text ? h("span", { class: "badge " + String(text).replace(/[^a-z_]/gi, "") }, text) : "—";
-}
-
-function when(value) {
-  if (!value) return "—";
-  const date = new Date(value);
-  if (Number.isNaN(date.getTime())) return String(value);
-  return h("time", { datetime: value, title: value }, date.toLocaleString());
 }
 
 /// A ledger `unknown_reason` (`{kind, message, …}`) in words.
@@ -384,6 +378,7 @@ async function workflowsPage(params) {
       ["Run", (w) => "#" + w.run_number],
       ["Started", (w) => when(w.started_at)],
       ["Closed", (w) => when(w.closed_at)],
+      ["Duration", (w) => span(w.started_at, w.closed_at)],
     ], rows, filters.status || filters.workflow_type || filters.task_queue || filters.query
       ? "No workflow matches these filters."
       : "No workflows yet. Start one with `capstan workflow start` or an SDK client."),
@@ -440,10 +435,17 @@ async function runPage(workflowId, runId) {
       ? [badge("ok"), ` ${integrity.event_count} events chain to ${String(integrity.head_hash || "").slice(0, 16)}…`]
       : [badge("bad"), ` broken at event ${integrity.broken_at_sequence ?? "?"}`];
   const leases = (run.open_tasks || []).filter((t) => t.lease_owner);
+  const open = !run.closed_at;
+  const viewKey = run.run_id;
+  if (!timelineViews.has(viewKey)) timelineViews.set(viewKey, {});
+  const timeline = timelineSection(timelineModel(history, run, Date.now()), timelineViews.get(viewKey), openEvent);
+  const liveToggle = open ? h("label", { class: "live" },
+    h("input", { type: "checkbox", id: "live-toggle", checked: session.live, onchange: (event) => { session.live = event.target.checked; route(); } }),
+    " Follow live", session.live ? h("span", { class: "badge running", id: "live-badge" }, "live") : null) : null;
 
   show(
     h("p", {}, h("a", { href: "#/workflows" }, "← Workflows")),
-    h("div", { class: "title-row" }, h("h1", {}, h("span", { id: "run-title" }, workflowId), badge(run.status)), buttons),
+    h("div", { class: "title-row" }, h("h1", {}, h("span", { id: "run-title" }, workflowId), badge(run.status)), liveToggle, buttons),
     run.integrity_incident ? h("div", { class: "error-box", role: "alert" }, "This run is blocked by an integrity incident: its stored history does not verify.") : null,
     run.blocked_by ? h("div", { class: "diagnostic" }, "Blocked: ", run.blocked_by.reason || "", " ", run.blocked_by.ledger_key ? h("a", { href: `#/ledger/${enc(run.blocked_by.ledger_key)}` }, run.blocked_by.ledger_key) : "") : null,
     h("div", { class: "grid" },
@@ -457,6 +459,7 @@ async function runPage(workflowId, runId) {
           run.business_key ? ["Business key", run.business_key] : null,
           ["Started", when(run.started_at)],
           ["Closed", run.closed_at ? [when(run.closed_at), " (", run.closed_reason || "", ")"] : "—"],
+          ["Duration", span(run.started_at, run.closed_at)],
           ["Waiting on", run.wait_kind || "—"],
           ["Fence high water", String(run.fence_high_water ?? "—")],
           ["Lease", leases.length ? leases.map((t) => `${t.kind} task held by ${t.lease_owner} until ${t.lease_expires_at} (fence ${t.fence})`).join("; ") : "none held"],
@@ -471,6 +474,8 @@ async function runPage(workflowId, runId) {
         h("div", { id: "run-output" }, run.failure ? json(run.failure) : output === undefined ? h("p", { class: "muted" }, "No result yet.") : json(output)),
         Object.keys(run.memo || {}).length ? [h("h3", { class: "muted" }, "Memo"), json(run.memo)] : null,
         Object.keys(run.search_attributes || {}).length ? [h("h3", { class: "muted" }, "Search attributes"), json(run.search_attributes)] : null)),
+
+    timeline,
 
     h("h2", {}, "Pending activities"),
     table("Open activity executions", [
@@ -524,12 +529,46 @@ async function runPage(workflowId, runId) {
     h("ol", { class: "timeline", id: "history" }, history.map((event) => {
       const type = event.event_type || "";
       const cls = CLOSING.test(type) ? "closing" : /Failed|TimedOut/.test(type) ? "failure" : "";
-      return h("li", { class: cls },
+      return h("li", { class: cls, id: `event-${event.sequence}` },
         h("details", {},
           h("summary", {}, h("span", { class: "seq" }, event.sequence), h("strong", {}, type), h("span", { class: "muted" }, when(event.timestamp))),
           json(decodePayloads(event.payload)),
           h("div", { class: "muted mono" }, "hash ", event.hash, " ← ", event.prev_hash)));
     })));
+  if (open && session.live) followLive(path, run);
+}
+
+/// Opens history event `sequence` and brings it into view.
+function openEvent(sequence) {
+  const item = document.getElementById(`event-${sequence}`);
+  if (!item) return;
+  const details = item.querySelector("details");
+  if (details) details.open = true;
+  item.scrollIntoView({ block: "center" });
+  item.classList.add("picked");
+  setTimeout(() => item.classList.remove("picked"), 1600);
+}
+
+/// Redraws a running workflow's page when its history grows or its status changes, keeping the
+/// reader's scroll position and the timeline's window.
+function followLive(path, run) {
+  let timer = null;
+  let stopped = false;
+  const look = async () => {
+    try {
+      const now = await api("GET", path);
+      if (stopped) return;
+      if (now.history_event_count !== run.history_event_count || now.status !== run.status || now.run_id !== run.run_id) {
+        const scroll = window.scrollY;
+        await route();
+        window.scrollTo(0, scroll);
+        return;
+      }
+    } catch (_) { /* the next look tries again */ }
+    if (!stopped) timer = setTimeout(look, LIVE_MS);
+  };
+  timer = setTimeout(look, LIVE_MS);
+  stopPage = () => { stopped = true; clearTimeout(timer); };
 }
 
 async function loadHistory(workflowId, runId) {
@@ -719,6 +758,8 @@ async function route() {
   const [path, search] = hash.split("?");
   const params = new URLSearchParams(search || "");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  stopPage();
+  stopPage = () => {};
   refreshBanner();
   await guarded(async () => {
     switch (parts[0]) {
@@ -739,6 +780,11 @@ async function route() {
         markSection("workers");
         document.title = `${parts[1]} · Capstan`;
         return taskQueuePage(parts[1]);
+      case "server":
+        markSection("server");
+        document.title = "Server · Capstan";
+        stopPage = serverPage(main(), scrapeMetrics);
+        return;
       case "schedules":
         markSection("schedules");
         document.title = "Schedules · Capstan";
