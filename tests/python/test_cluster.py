@@ -24,6 +24,7 @@ import statistics
 import time
 from collections import Counter
 
+import httpx
 from durable_workflow import ActivityRetryPolicy, activity, workflow
 
 from capstan_harness import (
@@ -112,6 +113,54 @@ def test_task_started_polled_completed_described_on_different_nodes(cluster_fact
             # every node reads the same history
             async with ControlPlane(b.url) as on_b:
                 assert await on_b.history(workflow_id, run_id) == events
+
+    run_async(main(), timeout=60)
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of the sample of ``name`` carrying ``labels`` (None when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_metrics_count_a_fact_on_the_node_that_committed_it_and_read_the_database_alike(cluster_factory):
+    """A run started through A and completed through B: A counts the start, B the close, C
+    neither (counters are per node; Prometheus sums them). The queue's backlog is read from the
+    database, so every node reports the same figure."""
+    a, b, c = cluster_factory.create(3)
+    queue = unique("cluster-metrics")
+    workflow_id = unique("metered")
+
+    async def scrape(node) -> str:
+        async with httpx.AsyncClient(base_url=node.url, timeout=15.0) as http:
+            resp = await http.get("/metrics")
+            assert resp.status_code == 200, resp.text
+            return resp.text
+
+    async def main():
+        async with ControlPlane(a.url) as on_a, RawWorker(queue) as worker:
+            await on_a.start_workflow("cluster.metered", workflow_id, queue, [])
+            await on_a.start_workflow("cluster.metered", unique("waiting"), queue, [])
+            backlog = [metric(await scrape(node), "capstan_task_queue_ready", kind="workflow", queue=queue) for node in (a, b, c)]
+            assert backlog == [2.0, 2.0, 2.0], backlog
+            await worker.register(b.url)
+            task = await worker.next_workflow_task(b.url, within=15)
+            resp = await worker.complete_workflow_task(b.url, task, [complete_workflow_command("done")])
+            assert resp.status_code == 200, resp.text
+            texts = {name: await scrape(node) for name, node in (("a", a), ("b", b), ("c", c))}
+        started = {name: metric(text, "capstan_workflows_started_total", workflow_type="cluster.metered") for name, text in texts.items()}
+        closed = {name: metric(text, "capstan_workflows_closed_total", workflow_type="cluster.metered", reason="completed")
+                  for name, text in texts.items()}
+        assert started == {"a": 2.0, "b": 0.0, "c": None}, started  # B knows the type from its close
+        assert closed == {"a": 0.0, "b": 1.0, "c": None}, closed
+        ready = {name: metric(text, "capstan_task_queue_ready", kind="workflow", queue=queue) for name, text in texts.items()}
+        assert ready == {"a": 1.0, "b": 1.0, "c": 1.0}, ready
+        for text in texts.values():
+            assert metric(text, "capstan_db_pool_max_connections") >= 1
 
     run_async(main(), timeout=60)
 

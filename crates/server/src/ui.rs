@@ -21,6 +21,9 @@ const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 const CONTENT_SECURITY_POLICY: &str =
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
+/// The page's paths (the request metrics declare a series for each).
+pub const PATHS: [&str; 6] = ["/", "/ui/app.js", "/ui/app.css", "/ui/dom.js", "/ui/timeline.js", "/ui/server.js"];
+
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))

@@ -331,7 +331,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
     let routes: Vec<String> = api_paths
         .iter()
         .map(|path| format!("/api{path}"))
-        .chain(["/metrics".to_string()])
+        .chain(["/metrics"].iter().chain(&crate::ui::PATHS).map(|path| path.to_string()))
         .collect();
     state.metrics.http.declare_routes(routes.iter().map(String::as_str));
 

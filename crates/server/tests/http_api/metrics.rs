@@ -84,6 +84,7 @@ async fn metrics_exist_from_start_up_and_count_what_happens() {
         ("capstan_timers_fired_total", vec!["namespace=\"default\""]),
         ("capstan_http_requests_total", vec![complete, "code=\"5xx\""]),
         ("capstan_http_refusals_total", vec![complete, "reason=\"lease_owner_mismatch\""]),
+        ("capstan_http_requests_total", vec!["route=\"/ui/timeline.js\"", "code=\"2xx\""]),
         ("capstan_ledger_entries", vec!["namespace=\"default\"", "state=\"outcome_unknown\""]),
         ("capstan_integrity_incidents_open", vec!["namespace=\"default\""]),
         ("capstan_schedule_starts_total", vec!["namespace=\"default\""]),
