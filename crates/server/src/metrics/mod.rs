@@ -18,7 +18,7 @@ mod scrape;
 use capstan_engine::TaskKind;
 use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -112,8 +112,9 @@ pub struct Metrics {
     commit_transactions: Histogram,
     schedule_starts: IntCounterVec,
     schedule_lateness: HistogramVec,
-    /// `(namespace, workflow type)` pairs with series of their own.
-    workflow_types: Mutex<HashSet<(String, String)>>,
+    /// Workflow types with series of their own, per namespace (looked up without allocating:
+    /// this runs on the committing thread for every fact).
+    workflow_types: Mutex<(HashMap<String, HashSet<String>>, usize)>,
     /// Namespaces whose per-namespace series exist.
     namespaces: Mutex<HashSet<String>>,
 }
@@ -194,7 +195,7 @@ impl Metrics {
                 LATENESS_SECONDS,
             ),
             http,
-            workflow_types: Mutex::new(HashSet::new()),
+            workflow_types: Mutex::new((HashMap::new(), 0)),
             namespaces: Mutex::new(HashSet::new()),
             families: f,
         };
@@ -229,9 +230,10 @@ impl Metrics {
     /// Creates a namespace's series with closed label sets, at zero, once.
     pub(crate) fn namespace_seen(&self, namespace: &str) {
         let mut seen = self.namespaces.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.len() >= LABEL_VALUES_MAX || !seen.insert(namespace.to_string()) {
+        if seen.contains(namespace) || seen.len() >= LABEL_VALUES_MAX {
             return;
         }
+        seen.insert(namespace.to_string());
         for kind in LEASED_KINDS {
             self.lease_expiries.with_label_values(&[namespace, kind.as_str()]);
         }
@@ -247,14 +249,15 @@ impl Metrics {
     /// series are created at zero the first time), else `_other`.
     fn workflow_type_label<'a>(&self, namespace: &str, workflow_type: &'a str) -> &'a str {
         let mut known = self.workflow_types.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (namespace.to_string(), workflow_type.to_string());
-        if known.contains(&key) {
+        let (types, count) = &mut *known;
+        if types.get(namespace).is_some_and(|of| of.contains(workflow_type)) {
             return workflow_type;
         }
-        if known.len() >= LABEL_VALUES_MAX {
+        if *count >= LABEL_VALUES_MAX {
             return OTHER;
         }
-        known.insert(key);
+        *count += 1;
+        types.entry(namespace.to_string()).or_default().insert(workflow_type.to_string());
         self.workflows_started.with_label_values(&[namespace, workflow_type]);
         for reason in CLOSE_REASONS {
             self.workflows_closed.with_label_values(&[namespace, workflow_type, reason]);

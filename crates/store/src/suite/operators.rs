@@ -2,7 +2,7 @@
 //! integrity figures, the verifier's run pages, wake-ups, system counts, bridge deliveries,
 //! build-id rollouts, search-attribute definitions, the worker roster and queue snapshots.
 
-use super::{started, worker, NOW};
+use super::{complete_next, started, timer, worker, NOW};
 use crate::*;
 use capstan_engine::visibility::AttributeType;
 use serde_json::json;
@@ -344,4 +344,22 @@ pub async fn the_observer_hears_each_committed_fact_once_and_queues_are_measured
     );
     let pool = store.pool_use();
     assert!(pool.max >= 1 && pool.idle <= pool.open, "{pool:?}");
+
+    // A timer is counted when the clock fires it.
+    started(&store, "seen-timer", "timed").await;
+    complete_next(&store, "timed", vec![timer(1)]).await;
+    heard.take();
+    let due = store.claim_due_tasks("node-a", NOW + 1_000, 10, 30_000).await.unwrap();
+    let timer_task = due.iter().find(|d| d.namespace == "default").expect("the timer is due").clone();
+    let id = timer_task.task_id.clone();
+    store
+        .run_duty(&timer_task, NOW + 1_000, move |run, cx| Ok(on_deadline(run, cx, &id)))
+        .await
+        .unwrap();
+    assert!(
+        heard.take().contains(&Fact::TimerFired {
+            namespace: "default".into()
+        }),
+        "a fired timer is a fact"
+    );
 }
