@@ -123,6 +123,10 @@ class CapstanServer:
     per start).
     """
 
+    # Every server made since the last reset (conftest resets it per test), so a failing test's
+    # report carries the logs of servers it built itself, not only those fixtures gave it.
+    made: list["CapstanServer"] = []
+
     def __init__(
         self,
         data_dir: Path,
@@ -151,6 +155,7 @@ class CapstanServer:
         self.history: list[str] = []  # what happened to each process, for reports
         self._expected_exit = False
         self._paused = False
+        CapstanServer.made.append(self)
 
     @property
     def url(self) -> str:

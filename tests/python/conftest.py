@@ -277,6 +277,7 @@ def run_worker():  # noqa: ANN201 - returns the async context manager factory
 @pytest.fixture(autouse=True)
 def _hang_guard() -> Iterator[None]:
     faulthandler.dump_traceback_later(HARD_TEST_TIMEOUT, exit=True)
+    CapstanServer.made.clear()
     try:
         yield
     finally:
@@ -292,6 +293,7 @@ def _servers_used_by(item: pytest.Item) -> list[CapstanServer]:
             found.extend(value.servers)
         elif isinstance(value, list):
             found.extend(v for v in value if isinstance(v, CapstanServer))
+    found.extend(CapstanServer.made)
     unique_servers: list[CapstanServer] = []
     for server in found:
         if all(server is not seen for seen in unique_servers):
