@@ -18,7 +18,7 @@
 //! - `bank.balance(account)`: `{"balance": …, "transfers": …}`.
 
 use capstan_server::{AtomicAction, AtomicActions, AtomicTransaction, ServerConfig};
-use capstan_store::{PostgresStore, SqliteStore};
+use capstan_store::{SharedStore, SqliteStore};
 use clap::Parser;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -135,7 +135,7 @@ async fn main() -> Result<(), String> {
     };
     match database {
         Some(url) if url.starts_with("postgres") => {
-            let store = PostgresStore::connect(&url, config.limits.clone(), now)
+            let store = SharedStore::connect(&url, config.limits.clone(), now)
                 .await
                 .map_err(|e| e.to_string())?;
             capstan_server::serve(listener, store, config, shutdown)

@@ -10,7 +10,7 @@ mod owner;
 
 use capstan_server::telemetry::{OtlpSettings, Telemetry};
 use capstan_server::{AuthConfig, ServerConfig};
-use capstan_store::{PostgresStore, SqliteStore};
+use capstan_store::{SharedStore, SqliteStore};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -399,7 +399,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
                 .map_err(|e| e.to_string())?)
         }
         Database::Postgres(url) => {
-            let store = PostgresStore::connect(&url, config.limits.clone(), now)
+            let store = SharedStore::connect(&url, config.limits.clone(), now)
                 .await
                 .map_err(|e| format!("connect to PostgreSQL: {e}"))?
                 .with_sources(config.sources.clone());
@@ -431,7 +431,7 @@ async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::Integrity
             capstan_server::integrity::verify(&store).await.map_err(|e| e.to_string())
         }
         Database::Postgres(url) => {
-            let store = PostgresStore::connect(&url, limits, now)
+            let store = SharedStore::connect(&url, limits, now)
                 .await
                 .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
             capstan_server::integrity::verify(&store).await.map_err(|e| e.to_string())

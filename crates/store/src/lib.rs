@@ -1,8 +1,8 @@
 //! Capstan's storage. Every SQL statement of the project lives in this crate.
 //!
 //! [`Store`] is the contract the server programs against; [`SqliteStore`] implements it on an
-//! embedded SQLite file (PostgreSQL implements the same trait next). A store only persists:
-//! the decisions are the engine's. Run transitions go through [`Store::mutate_run`], which loads
+//! embedded SQLite file, [`SharedStore`] on a database server several nodes share
+//! (PostgreSQL). A store only persists: the decisions are the engine's. Run transitions go through [`Store::mutate_run`], which loads
 //! a run's state, hands it to an engine closure and — only when the closure returns `Ok` —
 //! writes the new state, the appended history events and the changed task rows in one
 //! transaction, before the returned future resolves. A refused transition writes nothing.
@@ -17,6 +17,7 @@ mod postgres;
 mod rows;
 mod schedules;
 pub mod schema_floor;
+mod shared;
 mod sources;
 mod sqlite;
 mod tx;
@@ -28,7 +29,7 @@ use serde_json::{Map, Value};
 use std::future::Future;
 
 pub use observe::{Commit, Fact, Observer};
-pub use postgres::{Durability, PostgresStore};
+pub use shared::{Durability, SharedStore};
 
 /// The store traits, for code that calls a concrete store's methods (`use
 /// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.

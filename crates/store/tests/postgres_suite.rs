@@ -35,13 +35,13 @@ impl Drop for SchemaGuard {
     }
 }
 
-async fn in_schema(schema: &str) -> PostgresStore {
-    PostgresStore::connect_in_schema(&database_url(), schema, Limits::default(), NOW)
+async fn in_schema(schema: &str) -> SharedStore {
+    SharedStore::connect_in_schema(&database_url(), schema, Limits::default(), NOW)
         .await
         .expect("connect to PostgreSQL")
 }
 
-async fn fresh() -> (PostgresStore, SchemaGuard) {
+async fn fresh() -> (SharedStore, SchemaGuard) {
     let schema = format!("t_{}", ulid::Ulid::new().to_string().to_lowercase());
     let store = in_schema(&schema).await;
     (
@@ -93,7 +93,7 @@ async fn two_nodes_never_lease_one_task_twice() {
             .await
             .unwrap();
     }
-    let poll = |store: PostgresStore, owner: &'static str| {
+    let poll = |store: SharedStore, owner: &'static str| {
         tokio::spawn(async move {
             let mut won = Vec::new();
             while let Some((task, _)) = store
@@ -225,9 +225,7 @@ async fn a_session_timeout_named_in_the_url_wins() {
     };
     let separator = if database_url().contains('?') { '&' } else { '?' };
     let url = format!("{}{separator}options=-c%20idle_in_transaction_session_timeout%3D3s", database_url());
-    let store = PostgresStore::connect_in_schema(&url, &schema, Limits::default(), NOW)
-        .await
-        .unwrap();
+    let store = SharedStore::connect_in_schema(&url, &schema, Limits::default(), NOW).await.unwrap();
     assert_eq!(store.session_timeouts().await.unwrap(), ("10s".to_string(), "3s".to_string()));
 }
 
@@ -255,9 +253,7 @@ async fn commits_are_durable_and_a_risky_setting_is_reported() {
     };
     let separator = if database_url().contains('?') { '&' } else { '?' };
     let url = format!("{}{separator}options=-c%20synchronous_commit%3Doff", database_url());
-    let risky = PostgresStore::connect_in_schema(&url, &schema, Limits::default(), NOW)
-        .await
-        .unwrap();
+    let risky = SharedStore::connect_in_schema(&url, &schema, Limits::default(), NOW).await.unwrap();
     let risks = risky.durability().await.unwrap().risks();
     assert_eq!(risks.len(), 1, "{risks:?}");
     assert!(risks[0].starts_with("synchronous_commit = off"), "{risks:?}");
@@ -282,7 +278,7 @@ async fn a_database_whose_floor_is_above_this_binary_is_refused() {
         .batch_execute(&format!("UPDATE {schema}.schema_floor SET floor = 1000000"))
         .await
         .unwrap();
-    let refused = match PostgresStore::connect_in_schema(&database_url(), schema, Limits::default(), NOW).await {
+    let refused = match SharedStore::connect_in_schema(&database_url(), schema, Limits::default(), NOW).await {
         Err(StoreError::Incompatible(message)) => message,
         Err(other) => panic!("refused for another reason: {other}"),
         Ok(_) => panic!("an incompatible database was opened"),
@@ -297,7 +293,7 @@ async fn a_database_whose_floor_is_above_this_binary_is_refused() {
 }
 
 /// Starts `workflow_id` and completes its first workflow task with a one-second timer.
-async fn with_due_timer(store: &PostgresStore, workflow_id: &str) -> RunState {
+async fn with_due_timer(store: &SharedStore, workflow_id: &str) -> RunState {
     let (_, run) = store
         .start_workflow(start_request(workflow_id, "timer-q"), DuplicatePolicy::Fail, NOW)
         .await
@@ -376,4 +372,36 @@ async fn a_duty_passes_over_a_run_another_transaction_holds() {
         "the passed-over duty is next due when its claim expires"
     );
     frozen.batch_execute("COMMIT").await.unwrap();
+}
+
+/// A transaction abandoned before COMMIT (a refused transition) is rolled back before its
+/// connection serves anyone else: no run lock outlives it. Node A refuses transitions of a run
+/// (each had locked the run row); node B, on connections of its own, must then get the lock
+/// at once, each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_transaction_is_rolled_back_before_its_connection_is_reused() {
+    let (node_a, guard) = fresh().await;
+    let node_b = in_schema(&guard.schema).await;
+    let (_, run) = node_a
+        .start_workflow(start_request("abandoned", "abandoned-q"), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let locator = || RunLocator::Current(run.workflow_id.clone());
+    for _ in 0..3 {
+        let refused = node_a
+            .mutate_run("default", locator(), NOW, |_, _| {
+                Err::<(), _>(Refusal::new(Reason::RunClosed, "refused on purpose"))
+            })
+            .await;
+        assert!(matches!(refused, Err(StoreError::Refused(_))), "{refused:?}");
+        let started = std::time::Instant::now();
+        node_b
+            .mutate_run("default", locator(), NOW, |_, _| Ok(()))
+            .await
+            .expect("the run's lock is free");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "node B waited on a lock node A abandoned"
+        );
+    }
 }

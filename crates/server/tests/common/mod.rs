@@ -179,7 +179,7 @@ fn postgres_url() -> String {
 /// The server's store (shared with the test, for inspecting what was committed).
 pub enum Backend {
     Sqlite(capstan_store::SqliteStore),
-    Postgres(Box<capstan_store::PostgresStore>),
+    Postgres(Box<capstan_store::SharedStore>),
 }
 
 /// Drops a test's PostgreSQL schema when the test ends.
@@ -227,7 +227,7 @@ impl Harness {
         let (backend, schema) = if on_postgres() {
             let schema = format!("h_{}", ulid::Ulid::new().to_string().to_lowercase());
             let store =
-                capstan_store::PostgresStore::connect_in_schema(&postgres_url(), &schema, config.limits.clone(), config.sources.now_ms())
+                capstan_store::SharedStore::connect_in_schema(&postgres_url(), &schema, config.limits.clone(), config.sources.now_ms())
                     .await
                     .expect("connect to PostgreSQL");
             let served = store.clone();

@@ -143,3 +143,14 @@ pub(crate) async fn delete_search_attribute<T: Tx>(tx: &mut T, namespace: &str, 
     let sql = "DELETE FROM search_attribute_definitions WHERE namespace = $1 AND name = $2";
     Ok(tx.execute(sql, &args![namespace, name]).await? > 0)
 }
+
+/// The readiness probe's write: one tiny upsert that commits only where the database takes
+/// writes now (a connection check alone passes on a read-only or demoted database).
+pub(crate) async fn probe_write<T: Tx>(tx: &mut T, now: Millis) -> StoreResult<()> {
+    tx.execute(
+        "INSERT INTO health_probe (id, probed_at) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+        &args![now / 1000],
+    )
+    .await?;
+    Ok(())
+}

@@ -110,3 +110,81 @@ async fn remember_poll<T: Tx>(tx: &mut T, key: &PollKey, task: &Task, now: Milli
     ];
     tx.execute(REMEMBER_POLL, &args).await.map(drop)
 }
+
+/// Whether a ready task waits on the queue at all, and one of `types` (any type when empty).
+pub(crate) async fn readiness<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    kind: TaskKind,
+    queue: &str,
+    types: &[String],
+    now: Millis,
+) -> StoreResult<Readiness> {
+    const READY: &str = "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4";
+    let sql = format!(
+        "SELECT EXISTS({READY}), EXISTS({READY}{})",
+        super::listing::any_of("type_name", types, 4)
+    );
+    let mut params = args![namespace, kind.as_str(), queue, now].to_vec();
+    params.extend(types.iter().map(crate::tx::Param::from));
+    let row = tx
+        .query_opt(&sql, &params)
+        .await?
+        .ok_or_else(|| StoreError::Storage("no readiness row".into()))?;
+    Ok(Readiness {
+        any: row.int(0)? != 0,
+        matching: row.int(1)? != 0,
+    })
+}
+
+/// The oldest ready task of the queue that this poller may take and whose run nobody else
+/// holds, with that run locked; runs another poller or node is working on are skipped, not
+/// waited for. `types` limits the task types (any when empty); `passed` are candidates this
+/// claim already passed over. Shared databases only (row locks).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn lock_candidate<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    kind: TaskKind,
+    queue: &str,
+    types: &[String],
+    owner: &str,
+    now: Millis,
+    passed: &[String],
+) -> StoreResult<Option<(TaskId, RunState)>> {
+    let sql = format!(
+        "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+         WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
+           AND (t.compatibility IS NULL
+                OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $5))
+           AND {}{}{}
+         ORDER BY t.available_at, t.task_id LIMIT 1 {}",
+        sticky_free("t", "$5", "$4"),
+        super::listing::any_of("t.type_name", types, 5),
+        not_any_of("t.task_id", passed, 5 + types.len()),
+        lock_run_skipping(tx.dialect()),
+    );
+    let mut params = args![namespace, kind.as_str(), queue, now, owner].to_vec();
+    params.extend(types.iter().chain(passed).map(crate::tx::Param::from));
+    let Some(row) = tx.query_opt(&sql, &params).await? else {
+        return Ok(None);
+    };
+    let run = super::runs::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
+    Ok(Some((TaskId(row.text(0)?), run)))
+}
+
+/// `AND {column} NOT IN (…)` over `values`; nothing for an empty list.
+fn not_any_of(column: &str, values: &[String], taken: usize) -> String {
+    if values.is_empty() {
+        return String::new();
+    }
+    format!(" AND {column} NOT IN ({})", super::listing::marks(taken, values.len()))
+}
+
+/// The lock clause of a candidate read: its run row (`r`) locked, rows others hold skipped.
+pub(crate) fn lock_run_skipping(dialect: crate::tx::Dialect) -> &'static str {
+    match dialect {
+        crate::tx::Dialect::Sqlite => "",
+        crate::tx::Dialect::Postgres => "FOR UPDATE OF r SKIP LOCKED",
+    }
+}

@@ -1,7 +1,7 @@
 //! The background duties' reads and writes: the next deadline, pruning of poll and query
 //! records, namespace retention, and the figures `/api/system` shows.
 
-use crate::tx::{args, locking, Locking, Tx};
+use crate::tx::{args, locking, Locking, Param, Tx};
 use crate::*;
 
 const LOCK_EXPIRED_INSTANCE: Locking = locking!(
@@ -141,4 +141,41 @@ pub(crate) async fn system_counts<T: Tx>(tx: &mut T, namespace: &str, now: Milli
         expired_leases,
         expired_lease_runs,
     })
+}
+
+const DUE_TASKS: Locking = locking!(
+    "SELECT namespace, task_id, duty_fence FROM tasks
+     WHERE deadline_at IS NOT NULL AND deadline_at <= $1 AND status IN ('ready', 'leased')
+       AND (duty_expires_at IS NULL OR duty_expires_at <= $1)
+     ORDER BY deadline_at LIMIT $2",
+    "FOR UPDATE SKIP LOCKED"
+);
+
+/// Claims up to `limit` tasks whose deadline has passed and whose duty nobody holds, for
+/// `node` until `now + hold_ms`, each under its duty fence + 1; tasks another node is claiming
+/// this moment are skipped, not waited for. Run inside a transaction.
+pub(crate) async fn claim_due_tasks<T: Tx>(tx: &mut T, node: &str, now: Millis, limit: usize, hold_ms: i64) -> StoreResult<Vec<DueTask>> {
+    let due = tx.query(DUE_TASKS.sql(tx.dialect()), &args![now, limit as i64]).await?;
+    if due.is_empty() {
+        return Ok(Vec::new());
+    }
+    let claimed = due
+        .iter()
+        .map(|row| {
+            Ok(DueTask {
+                namespace: row.text(0)?,
+                task_id: TaskId(row.text(1)?),
+                duty_fence: row.int(2)? as u64 + 1,
+            })
+        })
+        .collect::<StoreResult<Vec<_>>>()?;
+    let ids: Vec<String> = claimed.iter().map(|task| task.task_id.as_str().to_string()).collect();
+    let sql = format!(
+        "UPDATE tasks SET duty_owner = $1, duty_fence = duty_fence + 1, duty_expires_at = $2 WHERE task_id IN ({})",
+        super::listing::marks(2, ids.len())
+    );
+    let mut params = args![node, now + hold_ms].to_vec();
+    params.extend(ids.iter().map(Param::from));
+    tx.execute(&sql, &params).await?;
+    Ok(claimed)
 }

@@ -93,3 +93,18 @@ pub(crate) async fn retained_command<T: Tx>(
         .await?;
     row.map(|row| Ok((row.text(0)?, serde_json::from_str(row.str(1)?)?))).transpose()
 }
+
+/// A workflow's ledger checkpoints, in chain order.
+pub(crate) async fn ledger_checkpoints<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
+    let rows = tx
+        .query(
+            "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
+            &args![namespace, workflow_id.as_str()],
+        )
+        .await?;
+    let checkpoints = rows
+        .iter()
+        .map(|row| serde_json::from_str(row.str(0)?).map_err(StoreError::from))
+        .collect::<StoreResult<Vec<_>>>()?;
+    Ok(crate::chain_order(checkpoints))
+}

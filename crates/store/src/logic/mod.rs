@@ -12,6 +12,7 @@ pub(crate) mod fleet;
 pub(crate) mod integrity;
 pub(crate) mod ledger_probes;
 pub(crate) mod ledger_reads;
+pub(crate) mod listing;
 pub(crate) mod namespaces;
 pub(crate) mod persist;
 pub(crate) mod queries;

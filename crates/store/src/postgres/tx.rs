@@ -1,79 +1,112 @@
-//! [`Tx`] on an open PostgreSQL transaction. Statements are prepared once per pooled
-//! connection (`prepare_cached`); independent ones are pipelined; ready tasks are announced
-//! with `pg_notify`, which PostgreSQL delivers only when the transaction commits.
+//! [`Tx`] on a pooled PostgreSQL connection, inside a transaction or not. Statements are
+//! prepared once per pooled connection (`prepare_cached`); independent ones are pipelined;
+//! ready tasks are announced with `pg_notify`, which PostgreSQL delivers only when the
+//! transaction commits.
 
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{Fact, StoreError, StoreResult, WakeKey};
-use deadpool_postgres::{Client, Transaction};
+use deadpool_postgres::Object;
+use std::sync::Arc;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
-pub(crate) struct PgTx<'t, 'c> {
-    conn: Conn<'t, 'c>,
-    wake_channel: &'t str,
+/// A pooled connection the shared logic runs on. It owns the connection, so a transaction is
+/// a value that can be handed around; one dropped before COMMIT is rolled back before its
+/// connection goes back to the pool.
+pub(crate) struct PgTx {
+    /// `None` only while being dropped.
+    client: Option<Object>,
+    /// Inside `BEGIN`, not yet committed or rolled back.
+    open: bool,
+    wake_channel: Arc<str>,
     /// Queues already announced in this transaction: one NOTIFY each is enough.
     announced: Vec<String>,
     /// Facts for the observer, handed on by whoever commits the transaction.
     facts: Vec<Fact>,
 }
 
-/// An open transaction, or a pooled connection for single statements and reads (each its own
-/// implicit transaction).
-#[derive(Clone, Copy)]
-enum Conn<'t, 'c> {
-    Tx(&'t Transaction<'c>),
-    Client(&'t Client),
-}
-
-impl<'t, 'c> PgTx<'t, 'c> {
-    pub(crate) fn new(tx: &'t Transaction<'c>, wake_channel: &'t str) -> Self {
+impl PgTx {
+    /// Statements on the connection outside a transaction: reads, and writes of one statement
+    /// (each its own implicit transaction).
+    pub(crate) fn autocommit(client: Object, wake_channel: Arc<str>) -> Self {
         Self {
-            conn: Conn::Tx(tx),
+            client: Some(client),
+            open: false,
             wake_channel,
             announced: Vec::new(),
             facts: Vec::new(),
         }
     }
 
-    /// Statements on a pooled connection outside a transaction: reads, and writes of one
-    /// statement.
-    pub(crate) fn client(client: &'t Client, wake_channel: &'t str) -> Self {
-        Self {
-            conn: Conn::Client(client),
-            wake_channel,
-            announced: Vec::new(),
-            facts: Vec::new(),
+    /// Opens a transaction on the connection.
+    pub(crate) async fn begin(client: Object, wake_channel: Arc<str>) -> StoreResult<Self> {
+        let mut tx = Self::autocommit(client, wake_channel);
+        tx.client().batch_execute("BEGIN").await?;
+        tx.open = true;
+        Ok(tx)
+    }
+
+    fn client(&self) -> &Object {
+        self.client.as_ref().expect("the connection is held until drop")
+    }
+
+    /// Commits; the facts the transaction recorded, for the committer to hand on. An error the
+    /// database sent (a failed deferred check, a serialization failure) means nothing was
+    /// applied; a connection lost before the answer leaves the outcome unknown.
+    pub(crate) async fn commit(mut self) -> StoreResult<Vec<Fact>> {
+        self.open = false;
+        match self.client().batch_execute("COMMIT").await {
+            Ok(()) => Ok(std::mem::take(&mut self.facts)),
+            Err(error) if error.as_db_error().is_some() => Err(error.into()),
+            Err(error) => Err(StoreError::OutcomeUnknown(error.to_string())),
         }
     }
 
-    /// The facts this transaction recorded, for its committer to hand on after COMMIT.
-    pub(crate) fn take_facts(&mut self) -> Vec<Fact> {
-        std::mem::take(&mut self.facts)
-    }
-}
-
-impl Conn<'_, '_> {
-    async fn prepare(self, sql: &str) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        match self {
-            Conn::Tx(tx) => tx.prepare_cached(sql).await,
-            Conn::Client(client) => client.prepare_cached(sql).await,
-        }
+    /// Runs `sql` (statements without parameters, e.g. a savepoint's) as it is.
+    pub(crate) async fn batch(&mut self, sql: &str) -> StoreResult<()> {
+        Ok(self.client().batch_execute(sql).await?)
     }
 
-    async fn execute(self, statement: &tokio_postgres::Statement, args: &[&(dyn ToSql + Sync)]) -> Result<u64, tokio_postgres::Error> {
-        match self {
-            Conn::Tx(tx) => tx.execute(statement, args).await,
-            Conn::Client(client) => client.execute(statement, args).await,
-        }
+    /// Runs a statement an atomic handler sent, with JSON parameters, unprepared.
+    pub(crate) async fn execute_dynamic(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, tokio_postgres::Error> {
+        self.client().execute(sql, params).await
     }
 
-    async fn query(
-        self,
-        statement: &tokio_postgres::Statement,
-        args: &[&(dyn ToSql + Sync)],
+    pub(crate) async fn query_dynamic(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        match self {
-            Conn::Tx(tx) => tx.query(statement, args).await,
-            Conn::Client(client) => client.query(statement, args).await,
+        self.client().query(sql, params).await
+    }
+
+    pub(crate) async fn query_prepared(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let statement = self.client().prepare_cached(sql).await?;
+        self.client().query(&statement, params).await
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else { return };
+        if !self.open {
+            return;
+        }
+        // An abandoned transaction (an error, a refusal, a cancelled request) is rolled back
+        // before the connection is pooled again; with no runtime to do that, the connection is
+        // closed instead, which ends the transaction just as surely.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if client.batch_execute("ROLLBACK").await.is_err() {
+                        drop(Object::take(client));
+                    }
+                });
+            }
+            Err(_) => drop(Object::take(client)),
         }
     }
 }
@@ -109,39 +142,38 @@ fn row_of(row: &tokio_postgres::Row) -> StoreResult<Row> {
     Ok(Row(cells))
 }
 
-impl Tx for PgTx<'_, '_> {
+impl Tx for PgTx {
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
 
     async fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<u64> {
-        let statement = self.conn.prepare(sql).await?;
-        Ok(self.conn.execute(&statement, &bound(args)).await?)
+        let client = self.client();
+        let statement = client.prepare_cached(sql).await?;
+        Ok(client.execute(&statement, &bound(args)).await?)
     }
 
     async fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Vec<Row>> {
-        let statement = self.conn.prepare(sql).await?;
-        let rows = self.conn.query(&statement, &bound(args)).await?;
+        let rows = self.query_prepared(sql, &bound(args)).await?;
         rows.iter().map(row_of).collect()
     }
 
     async fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Option<Row>> {
-        let statement = self.conn.prepare(sql).await?;
-        let rows = self.conn.query(&statement, &bound(args)).await?;
+        let rows = self.query_prepared(sql, &bound(args)).await?;
         rows.first().map(row_of).transpose()
     }
 
     async fn execute_all<'a>(&'a mut self, statements: &'a [Statement<'a>]) -> StoreResult<()> {
+        let client = self.client();
         let mut prepared = Vec::with_capacity(statements.len());
         for statement in statements {
-            prepared.push(self.conn.prepare(statement.sql).await?);
+            prepared.push(client.prepare_cached(statement.sql).await?);
         }
         let bound_args: Vec<Vec<&(dyn ToSql + Sync)>> = statements.iter().map(|s| bound(&s.args)).collect();
-        let conn = self.conn;
         let sent = prepared
             .iter()
             .zip(&bound_args)
-            .map(|(statement, args)| conn.execute(statement, args));
+            .map(|(statement, args)| client.execute(statement, args));
         futures_util::future::try_join_all(sent).await?;
         Ok(())
     }
@@ -153,8 +185,9 @@ impl Tx for PgTx<'_, '_> {
             return Ok(());
         }
         // Delivered to every listening node when (and only if) this transaction commits.
-        let statement = self.conn.prepare("SELECT pg_notify($1, $2)").await?;
-        self.conn.execute(&statement, &[&self.wake_channel, &payload]).await?;
+        let client = self.client();
+        let statement = client.prepare_cached("SELECT pg_notify($1, $2)").await?;
+        client.execute(&statement, &[&&*self.wake_channel, &payload]).await?;
         self.announced.push(payload);
         Ok(())
     }

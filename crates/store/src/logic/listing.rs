@@ -1,0 +1,149 @@
+//! Listing and counting runs for the visibility API, on the shared databases: the current run
+//! of each instance, filtered (type, queue, id, business key, status bucket, substring, search
+//! attributes, a visibility filter), newest first, keyset-paged. Every value is a bind
+//! parameter; lists are spelled out as `IN (…)`, which every dialect has.
+
+use crate::rows::*;
+use crate::tx::{Param, Tx};
+use crate::visibility_sql::{self, SqlParam};
+use crate::*;
+
+/// A parameter of a statement built at run time, owned until the statement runs.
+enum Bound {
+    Text(String),
+    Int(i64),
+    Real(f64),
+}
+
+impl Bound {
+    fn param(&self) -> Param<'_> {
+        match self {
+            Bound::Text(text) => Param::Text(Some(text)),
+            Bound::Int(value) => Param::Int(Some(*value)),
+            Bound::Real(value) => Param::Real(Some(*value)),
+        }
+    }
+}
+
+/// A statement's parameters as they are pushed; each push answers its placeholder.
+struct Binds(Vec<Bound>);
+
+impl Binds {
+    fn push(&mut self, value: Bound) -> String {
+        self.0.push(value);
+        format!("${}", self.0.len())
+    }
+
+    fn params(&self) -> Vec<Param<'_>> {
+        self.0.iter().map(Bound::param).collect()
+    }
+}
+
+/// The WHERE conditions of a listing over `runs r` joined to the current run of each instance.
+/// The status bucket is left out for counts.
+fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, binds: &mut Binds) -> String {
+    let mut sql = format!("r.namespace = {}", binds.push(Bound::Text(namespace.to_string())));
+    for (column, value) in [
+        ("workflow_type", &filter.workflow_type),
+        ("task_queue", &filter.task_queue),
+        ("workflow_id", &filter.workflow_id),
+        ("business_key", &filter.business_key),
+    ] {
+        if let Some(value) = value {
+            sql.push_str(&format!(" AND r.{column} = {}", binds.push(Bound::Text(value.clone()))));
+        }
+    }
+    if let Some(bucket) = filter.status_bucket.as_deref().filter(|_| with_status) {
+        let marks: Vec<String> = bucket_statuses(bucket)
+            .iter()
+            .map(|status| binds.push(Bound::Text(status.to_string())))
+            .collect();
+        sql.push_str(&format!(" AND r.status IN ({})", marks.join(", ")));
+    }
+    if let Some(query) = &filter.query {
+        let mark = binds.push(Bound::Text(like_pattern(query)));
+        sql.push_str(&format!(" AND (r.workflow_id LIKE {mark} OR r.business_key LIKE {mark})"));
+    }
+    for (key, value) in &filter.attributes {
+        let key = binds.push(Bound::Text(key.clone()));
+        let value = binds.push(Bound::Text(value.clone()));
+        sql.push_str(&format!(
+            " AND r.run_id IN (SELECT run_id FROM search_attribute_index WHERE key = {key} AND value = {value})"
+        ));
+    }
+    if let Some(parsed) = &filter.filter {
+        let base = binds.0.len();
+        let mut compiled = Vec::new();
+        let condition = visibility_sql::compile(parsed, "r.", &mut compiled, &|i| format!("${}", base + i + 1));
+        sql.push_str(&format!(" AND {condition}"));
+        binds.0.extend(compiled.into_iter().map(|param| match param {
+            SqlParam::Text(text) => Bound::Text(text),
+            SqlParam::Number(number) => Bound::Real(number),
+        }));
+    }
+    sql
+}
+
+/// A page of current runs, newest first; whether more follow.
+pub(crate) async fn list_runs<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    filter: &ListFilter,
+    offset: usize,
+    limit: usize,
+) -> StoreResult<(Vec<RunSummary>, bool)> {
+    let mut binds = Binds(Vec::new());
+    let mut sql = format!(
+        "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id WHERE {}",
+        conditions(namespace, filter, true, &mut binds)
+    );
+    if let Some(after) = &filter.after {
+        let started = binds.push(Bound::Int(after.started_at));
+        let run = binds.push(Bound::Text(after.run_id.clone()));
+        sql.push_str(&format!(" AND (r.started_at, r.run_id) < ({started}, {run})"));
+    }
+    sql.push_str(&format!(
+        " ORDER BY r.started_at DESC, r.run_id DESC LIMIT {} OFFSET {}",
+        limit + 1,
+        offset
+    ));
+    let rows = tx.query(&sql, &binds.params()).await?;
+    let mut summaries = rows
+        .iter()
+        .map(|row| {
+            let run: RunState = serde_json::from_str(row.str(0)?)?;
+            Ok(summary_of(&run))
+        })
+        .collect::<StoreResult<Vec<_>>>()?;
+    let more = summaries.len() > limit;
+    summaries.truncate(limit);
+    Ok((summaries, more))
+}
+
+/// How many current runs match, by status.
+pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &ListFilter) -> StoreResult<RunCounts> {
+    let mut binds = Binds(Vec::new());
+    let sql = format!(
+        "SELECT r.status, COUNT(*) FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id WHERE {} GROUP BY r.status",
+        conditions(namespace, filter, false, &mut binds)
+    );
+    let mut counts = RunCounts::default();
+    for row in tx.query(&sql, &binds.params()).await? {
+        count_into(&mut counts, row.str(0)?, row.int(1)? as u64);
+    }
+    Ok(counts)
+}
+
+/// `AND {column} IN ($n, …)` over `values`, numbered after `taken` parameters; nothing for an
+/// empty list (no filter).
+pub(crate) fn any_of(column: &str, values: &[String], taken: usize) -> String {
+    if values.is_empty() {
+        return String::new();
+    }
+    format!(" AND {column} IN ({})", marks(taken, values.len()))
+}
+
+/// `$n, …`: the placeholders of `count` parameters after `taken` ones.
+pub(crate) fn marks(taken: usize, count: usize) -> String {
+    (1..=count).map(|i| format!("${}", taken + i)).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,244 @@
+//! [`SharedStore`]: the store on a database server that several Capstan nodes share
+//! (PostgreSQL). Every store method is written here once, over [`SharedTx`]; what only one
+//! database does (connecting, migrating, waking other nodes, its settings) lives in that
+//! database's module behind [`Database`].
+//!
+//! The database is the only authority. Every run transition holds the run's row lock
+//! (`SELECT … FOR UPDATE`) while the engine checks owners, attempts and fences against the run
+//! document it just read, so two nodes can never both advance one run. Pollers skip runs another
+//! node is working on (`FOR UPDATE … SKIP LOCKED`). Background deadlines are claimed per task
+//! under a duty fence (`claim_due_tasks`), taken over with fence + 1 when a node dies. Ready
+//! tasks are announced at commit to every node, which wakes its pollers.
+//!
+//! Lock order, everywhere: the run row first, then its task rows. The duty claim locks only task
+//! rows, and `run_duty` locks the run row before the task row, so no two statements wait on each
+//! other in a cycle.
+
+mod claims;
+mod fleet;
+mod ledger;
+mod operators;
+mod runs;
+
+use crate::logic::integrity;
+use crate::postgres::{PgTx, Postgres};
+use crate::tx::{Dialect, Param, Row, Statement, Tx};
+use crate::*;
+use serde_json::Value;
+use std::sync::Arc;
+
+pub use crate::postgres::Durability;
+
+/// Runs shared logic in a transaction of its own and commits it:
+/// `in_transaction!(self, |tx| logic::step(tx, …))`.
+macro_rules! in_transaction {
+    ($store:expr, |$tx:ident| $step:expr) => {
+        async {
+            let mut transaction = $store.begin().await?;
+            let value = {
+                let $tx = &mut transaction;
+                $step.await?
+            };
+            $store.commit(transaction).await?;
+            Ok::<_, StoreError>(value)
+        }
+        .await
+    };
+}
+use in_transaction;
+
+/// The database a [`SharedStore`] runs on.
+#[derive(Clone)]
+enum Database {
+    Postgres(Postgres),
+}
+
+/// A connection of a [`SharedStore`], inside a transaction ([`SharedStore::begin`]) or not
+/// ([`SharedStore::reader`]). A transaction dropped before [`SharedStore::commit`] rolls back.
+pub(crate) enum SharedTx {
+    Postgres(PgTx),
+}
+
+impl Tx for SharedTx {
+    fn dialect(&self) -> Dialect {
+        match self {
+            SharedTx::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    async fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<u64> {
+        match self {
+            SharedTx::Postgres(tx) => tx.execute(sql, args).await,
+        }
+    }
+
+    async fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Vec<Row>> {
+        match self {
+            SharedTx::Postgres(tx) => tx.query(sql, args).await,
+        }
+    }
+
+    async fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Option<Row>> {
+        match self {
+            SharedTx::Postgres(tx) => tx.query_opt(sql, args).await,
+        }
+    }
+
+    async fn execute_all<'a>(&'a mut self, statements: &'a [Statement<'a>]) -> StoreResult<()> {
+        match self {
+            SharedTx::Postgres(tx) => tx.execute_all(statements).await,
+        }
+    }
+
+    async fn announce(&mut self, key: WakeKey) -> StoreResult<()> {
+        match self {
+            SharedTx::Postgres(tx) => tx.announce(key).await,
+        }
+    }
+
+    fn observe(&mut self, fact: Fact) {
+        match self {
+            SharedTx::Postgres(tx) => tx.observe(fact),
+        }
+    }
+}
+
+impl SharedTx {
+    /// Runs statements without parameters as they are (savepoints).
+    async fn batch(&mut self, sql: &str) -> StoreResult<()> {
+        match self {
+            SharedTx::Postgres(tx) => tx.batch(sql).await,
+        }
+    }
+
+    /// A statement an atomic handler sent (the database's own placeholders, JSON parameters).
+    async fn atomic_execute(&self, sql: &str, params: &[Value]) -> Result<u64, String> {
+        match self {
+            SharedTx::Postgres(tx) => crate::postgres::atomic_execute(tx, sql, params).await,
+        }
+    }
+
+    /// A query an atomic handler sent; rows as JSON scalars.
+    async fn atomic_query(&self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
+        match self {
+            SharedTx::Postgres(tx) => crate::postgres::atomic_query(tx, sql, params).await,
+        }
+    }
+}
+
+/// The store on a database server several nodes share. Cheap to clone (a pool handle).
+#[derive(Clone)]
+pub struct SharedStore {
+    database: Database,
+    env: Arc<Env>,
+}
+
+impl SharedStore {
+    /// Connects to the database `url` names (`postgres://` or `postgresql://`), migrates it (one
+    /// node at a time) and bootstraps the `default` namespace.
+    pub async fn connect(url: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
+        let database = Database::Postgres(Postgres::connect(url, None, now).await?);
+        Ok(Self::on(database, limits))
+    }
+
+    /// Like [`connect`](Self::connect), with every table in `schema` (created if missing): lets
+    /// tests and tenants share one database.
+    pub async fn connect_in_schema(url: &str, schema: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
+        if !schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(StoreError::Storage(format!("schema name {schema:?} must be [A-Za-z0-9_]")));
+        }
+        let database = Database::Postgres(Postgres::connect(url, Some(schema), now).await?);
+        Ok(Self::on(database, limits))
+    }
+
+    fn on(database: Database, limits: Limits) -> Self {
+        Self {
+            database,
+            env: Arc::new(Env::new(limits)),
+        }
+    }
+
+    /// This store with its time and new ids drawn from `sources` (the wall clock and random
+    /// ids until then). Call it before the store is used.
+    pub fn with_sources(mut self, sources: Sources) -> Self {
+        self.env = Arc::new(Env {
+            sources,
+            ..Env::clone(&self.env)
+        });
+        self
+    }
+
+    /// What the durability of an acknowledged change rests on, as the database reports it to
+    /// the store's sessions.
+    pub async fn durability(&self) -> StoreResult<Durability> {
+        match &self.database {
+            Database::Postgres(pg) => pg.durability().await,
+        }
+    }
+
+    /// The bounded waits of the store's sessions, as the database reports them:
+    /// `(lock wait, idle-in-transaction limit)`.
+    pub async fn session_timeouts(&self) -> StoreResult<(String, String)> {
+        match &self.database {
+            Database::Postgres(pg) => pg.session_timeouts().await,
+        }
+    }
+
+    /// A pooled connection outside a transaction: reads, and writes of one statement.
+    async fn reader(&self) -> StoreResult<SharedTx> {
+        match &self.database {
+            Database::Postgres(pg) => Ok(SharedTx::Postgres(pg.autocommit().await?)),
+        }
+    }
+
+    /// A pooled connection inside a new transaction.
+    async fn begin(&self) -> StoreResult<SharedTx> {
+        match &self.database {
+            Database::Postgres(pg) => Ok(SharedTx::Postgres(pg.begin().await?)),
+        }
+    }
+
+    /// Commits `tx`, then hands its facts and the commit's time to the observer.
+    async fn commit(&self, tx: SharedTx) -> StoreResult<()> {
+        let started = std::time::Instant::now();
+        let facts = match tx {
+            SharedTx::Postgres(tx) => tx.commit().await?,
+        };
+        let observer = &self.env.observer;
+        observer.get().commit(Commit {
+            transactions: 1,
+            took: started.elapsed(),
+        });
+        observer.committed(&facts);
+        Ok(())
+    }
+
+    /// A change that found a broken ledger chain, or a run document it cannot read, was not
+    /// written: open an incident, block the run, and answer as refused.
+    async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
+        match result {
+            Err(error) => Err(self.settle(error).await),
+            ok => ok,
+        }
+    }
+
+    /// Turns a breach or an unreadable run into an open incident and the refusal it answers.
+    async fn settle(&self, error: StoreError) -> StoreError {
+        let recorded = match error {
+            StoreError::Integrity(breach) => {
+                in_transaction!(self, |tx| integrity::record_breach(tx, &breach, self.env.now_ms(), &self.env))
+            }
+            StoreError::CorruptRun(breach) => in_transaction!(self, |tx| integrity::record_unreadable_run(
+                tx,
+                &breach,
+                self.env.now_ms(),
+                &self.env
+            )),
+            other => return other,
+        };
+        match recorded {
+            Ok(refusal) => refusal.into(),
+            Err(error) => error,
+        }
+    }
+}
