@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs every Capstan test: engine unit/property tests, the store suite on SQLite and PostgreSQL,
-# HTTP API tests, the Rust SDK interop tests, the Python SDK suite (including the kill -9 crash
-# test, the CLI and the web UI in headless Chromium) and the multi-node PostgreSQL cluster tests.
+# Runs every Capstan test: engine unit/property tests, the store suite and the HTTP API tests on
+# SQLite, PostgreSQL and MariaDB, the Rust SDK interop tests, the Python SDK suite (including the
+# kill -9 crash test, the CLI and the web UI in headless Chromium) and the multi-node PostgreSQL
+# cluster tests.
 # Installs what the tests need first: a Python venv in .venv with the published DW SDK, and a
-# private PostgreSQL (Debian's packages) started by scripts/postgres.sh, and Debian's Chromium.
+# private PostgreSQL and a private MariaDB (Debian's packages) started by scripts/postgres.sh and
+# scripts/mariadb.sh, and Debian's Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +25,8 @@ fi
 
 CAPSTAN_TEST_POSTGRES_URL=$(./scripts/postgres.sh)
 export CAPSTAN_TEST_POSTGRES_URL
+CAPSTAN_TEST_MYSQL_URL=$(./scripts/mariadb.sh)
+export CAPSTAN_TEST_MYSQL_URL
 
 # House habits first: formatting (no build needed).
 cargo fmt --all --check
@@ -42,7 +46,10 @@ CARGO_TARGET_DIR="$PWD/target/loom" RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=
 # The SDK suite once more, with sticky execution, worker sessions and the worker-plane
 # authority routes, against a two-node cluster on PostgreSQL (workers on one node, clients on
 # the other), external payload storage and Nexus calls included.
-CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest tests/python/test_sdk_e2e.py \
-  tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py \
-  tests/python/test_standalone_activities.py tests/python/test_redrive.py tests/python/test_message_streams.py \
-  tests/python/test_workflow_streams.py tests/python/test_external_payloads.py tests/python/test_nexus.py -q
+SDK_SUITE=(tests/python/test_sdk_e2e.py
+  tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py
+  tests/python/test_standalone_activities.py tests/python/test_redrive.py tests/python/test_message_streams.py
+  tests/python/test_workflow_streams.py tests/python/test_external_payloads.py tests/python/test_nexus.py)
+CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest "${SDK_SUITE[@]}" -q
+# And against a two-node cluster on MariaDB.
+CAPSTAN_TEST_BACKEND=mariadb .venv/bin/python -m pytest "${SDK_SUITE[@]}" -q

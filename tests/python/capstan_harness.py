@@ -801,6 +801,37 @@ def with_database(url: str, database: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
 
 
+class MariadbScratchDatabase:
+    """A fresh database ``capstan_<random>`` on the test MariaDB (``CAPSTAN_TEST_MYSQL_URL``),
+    dropped afterwards; made and dropped with Debian's ``mariadb`` client."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.name = f"capstan_{uuid.uuid4().hex[:16]}"
+        self.url = with_database(admin_url, self.name)
+        self.created = False
+
+    def _client(self, sql: str) -> None:
+        parts = urllib.parse.urlsplit(self.admin_url)
+        done = subprocess.run(
+            ["mariadb", "--protocol=tcp", "-h", parts.hostname or "127.0.0.1", "-P", str(parts.port or 3306),
+             "-u", parts.username or "root", *([f"-p{parts.password}"] if parts.password else []), "-e", sql],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"mariadb failed running {sql!r}: {done.stderr.strip()}")
+
+    def create(self) -> MariadbScratchDatabase:
+        self._client(f"CREATE DATABASE {self.name}")
+        self.created = True
+        return self
+
+    def drop(self) -> None:
+        if self.created:
+            self._client(f"DROP DATABASE IF EXISTS {self.name}")
+            self.created = False
+
+
 class ScratchDatabase:
     """A fresh PostgreSQL database (``capstan_<random>``), dropped afterwards."""
 

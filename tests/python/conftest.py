@@ -9,6 +9,7 @@
   - ``postgres``: a fresh database ``capstan_<random>`` on the PostgreSQL at
     ``CAPSTAN_TEST_POSTGRES_URL`` (required; the run fails without it) and
     TWO nodes sharing it. The database is dropped afterwards.
+  - ``mariadb``: the same on the MariaDB at ``CAPSTAN_TEST_MYSQL_URL``.
 * ``capstan_server`` / ``server_url``: the node the tests' ``Client`` talks
   to, e.g. ``http://127.0.0.1:43121`` (pass it to ``Client``; the SDK
   appends ``/api`` itself).
@@ -47,6 +48,7 @@ from capstan_harness import (  # noqa: E402
     CapstanServer,
     CapstanStartupError,
     PostgresUnavailable,
+    MariadbScratchDatabase,
     ScratchDatabase,
     postgres_admin_url,
     running_worker,
@@ -62,11 +64,22 @@ BACKEND_ENV = "CAPSTAN_TEST_BACKEND"
 
 
 def backend() -> str:
-    """``sqlite`` (default) or ``postgres``, from ``CAPSTAN_TEST_BACKEND``."""
+    """``sqlite`` (default), ``postgres`` or ``mariadb``, from ``CAPSTAN_TEST_BACKEND``."""
     value = os.environ.get(BACKEND_ENV, "").strip().lower() or "sqlite"
-    if value not in ("sqlite", "postgres"):
-        pytest.fail(f"{BACKEND_ENV}={value!r}: expected 'sqlite' or 'postgres'", pytrace=False)
+    if value not in ("sqlite", "postgres", "mariadb"):
+        pytest.fail(f"{BACKEND_ENV}={value!r}: expected 'sqlite', 'postgres' or 'mariadb'", pytrace=False)
     return value
+
+
+def _shared_database_or_fail() -> ScratchDatabase | MariadbScratchDatabase:
+    """A fresh database for a two-node cluster on the backend ``CAPSTAN_TEST_BACKEND`` names."""
+    if backend() == "postgres":
+        return _create_database_or_fail()
+    url = os.environ.get("CAPSTAN_TEST_MYSQL_URL", "").strip()
+    if not url:
+        pytest.fail("CAPSTAN_TEST_MYSQL_URL is not set: start scripts/mariadb.sh and export the URL it prints",
+                    pytrace=False)
+    return MariadbScratchDatabase(url).create()
 
 
 def _postgres_or_fail() -> str:
@@ -125,7 +138,7 @@ def _start_all_or_fail(servers: list[CapstanServer]) -> None:
         pytest.fail(problem, pytrace=False)
 
 
-def _shutdown_cluster(servers: list[CapstanServer], database: ScratchDatabase | None) -> None:
+def _shutdown_cluster(servers: list[CapstanServer], database: ScratchDatabase | MariadbScratchDatabase | None) -> None:
     problems = []
     for server in servers:
         try:
@@ -144,7 +157,7 @@ def _shutdown_cluster(servers: list[CapstanServer], database: ScratchDatabase | 
 class Cluster(list):
     """The nodes of one cluster (a list of CapstanServer) and their database."""
 
-    def __init__(self, servers: list[CapstanServer], database: ScratchDatabase | None) -> None:
+    def __init__(self, servers: list[CapstanServer], database: ScratchDatabase | MariadbScratchDatabase | None) -> None:
         super().__init__(servers)
         self.database = database
 
@@ -152,8 +165,8 @@ class Cluster(list):
 @pytest.fixture(scope="module")
 def capstan_nodes(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp(f"capstan-{request.module.__name__.rsplit('.', 1)[-1]}")
-    if backend() == "postgres":
-        database = _create_database_or_fail()
+    if backend() in ("postgres", "mariadb"):
+        database = _shared_database_or_fail()
         nodes = Cluster([
             CapstanServer(base / f"data-{label}", base / f"capstan-{label}.log", database=database.url, name=label)
             for label in ("worker-node", "client-node")

@@ -127,8 +127,8 @@ struct ServeArgs {
     /// Directory for the embedded database.
     #[arg(long, env = "CAPSTAN_DATA_DIR", default_value = "./capstan-data")]
     data_dir: PathBuf,
-    /// Database URL: `sqlite://PATH` (default: DATA_DIR/capstan.db) or `postgres://…` to share
-    /// one PostgreSQL database between several nodes.
+    /// Database URL: `sqlite://PATH` (default: DATA_DIR/capstan.db), or `postgres://…` or
+    /// `mysql://…` (MySQL 8, MariaDB 10.11+) to share one database between several nodes.
     #[arg(long, env = "CAPSTAN_DATABASE")]
     database: Option<String>,
     /// Authentication: `none`, or `token` (bearer tokens below).
@@ -199,14 +199,15 @@ fn init_logging(format: LogFormat) {
 #[derive(Debug)]
 enum Database {
     Sqlite(PathBuf),
-    Postgres(String),
+    /// A database server several nodes share: PostgreSQL, MySQL or MariaDB.
+    Shared(String),
 }
 
 fn database(args: &ServeArgs) -> Result<Database, StartupError> {
     database_at(&args.database, &args.data_dir)
 }
 
-const DATABASE_FORMS: &str = "a file path, sqlite://PATH, postgres://… or postgresql://…";
+const DATABASE_FORMS: &str = "a file path, sqlite://PATH, postgres://…, postgresql://…, mysql://… or mariadb://…";
 
 /// The database `--database` names. A value with any other scheme is refused: a typo or a
 /// database Capstan does not speak must never quietly become a local SQLite file.
@@ -214,8 +215,11 @@ fn database_at(database: &Option<String>, data_dir: &std::path::Path) -> Result<
     let Some(value) = database else {
         return Ok(Database::Sqlite(data_dir.join("capstan.db")));
     };
-    if value.starts_with("postgres://") || value.starts_with("postgresql://") {
-        return Ok(Database::Postgres(value.clone()));
+    if ["postgres://", "postgresql://", "mysql://", "mariadb://"]
+        .iter()
+        .any(|scheme| value.starts_with(scheme))
+    {
+        return Ok(Database::Shared(value.clone()));
     }
     let refuse = |why: String| StartupError::new(format!("--database {}: {why}; accepted: {DATABASE_FORMS}", redacted(value)));
     if let Some(path) = value.strip_prefix("sqlite://") {
@@ -398,20 +402,20 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
                 .await
                 .map_err(|e| e.to_string())?)
         }
-        Database::Postgres(url) => {
+        Database::Shared(url) => {
             let store = SharedStore::connect(&url, config.limits.clone(), now)
                 .await
-                .map_err(|e| format!("connect to PostgreSQL: {e}"))?
+                .map_err(|e| format!("connect to {}: {e}", redacted(&url)))?
                 .with_sources(config.sources.clone());
             match store.durability().await {
                 Ok(durability) => {
                     for risk in durability.risks() {
-                        tracing::error!("PostgreSQL {risk}; Capstan's guarantee that a 2xx survives a crash does not hold");
+                        tracing::error!("database setting {risk}; Capstan's guarantee that a 2xx survives a crash does not hold");
                     }
                 }
-                Err(error) => tracing::warn!(%error, "could not read PostgreSQL's durability settings"),
+                Err(error) => tracing::warn!(%error, "could not read the database's durability settings"),
             }
-            tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (PostgreSQL)");
+            tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (shared database)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await
                 .map_err(|e| e.to_string())?)
@@ -430,10 +434,10 @@ async fn verify(args: VerifyArgs) -> Result<capstan_server::integrity::Integrity
             let store = SqliteStore::open(&path, limits, now).map_err(|e| format!("open {}: {e}", path.display()))?;
             capstan_server::integrity::verify(&store).await.map_err(|e| e.to_string())
         }
-        Database::Postgres(url) => {
+        Database::Shared(url) => {
             let store = SharedStore::connect(&url, limits, now)
                 .await
-                .map_err(|e| format!("connect to PostgreSQL: {e}"))?;
+                .map_err(|e| format!("connect to {}: {e}", redacted(&url)))?;
             capstan_server::integrity::verify(&store).await.map_err(|e| e.to_string())
         }
     }
@@ -552,10 +556,11 @@ mod tests {
             matches!(named("sqlite:///var/lib/capstan.db"), Ok(Database::Sqlite(p)) if p == std::path::Path::new("/var/lib/capstan.db"))
         );
         assert!(matches!(named("./here.db"), Ok(Database::Sqlite(p)) if p == std::path::Path::new("./here.db")));
-        assert!(matches!(named("postgres://u@h/db"), Ok(Database::Postgres(_))));
-        assert!(matches!(named("postgresql://u@h/db"), Ok(Database::Postgres(_))));
+        for shared in ["postgres://u@h/db", "postgresql://u@h/db", "mysql://u@h/db", "mariadb://u@h/db"] {
+            assert!(matches!(named(shared), Ok(Database::Shared(_))), "{shared}");
+        }
         for refused in [
-            "mysql://capstan:secret@127.0.0.1:3306/capstan",
+            "mysqll://capstan:secret@127.0.0.1:3306/capstan",
             "postgress://u@h/db",
             "mysql:host",
             "sqlite://",

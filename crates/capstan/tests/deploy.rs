@@ -79,7 +79,7 @@ fn a_bad_file_is_refused_naming_what_is_wrong() {
         ("listen = [\"a\"]\n", "`listen` must be a string or an integer, not array"),
         ("listen = \n", "--config"),
         ("auth = \"token\"\n", "--auth token needs at least one of"),
-        ("database = \"mysql://u:secret@h/db\"\n", "unknown scheme \"mysql\""),
+        ("database = \"mysqll://u:secret@h/db\"\n", "unknown scheme \"mysqll\""),
     ] {
         let file = write(dir.path(), "bad.toml", contents);
         let output = capstan(&["serve", "--config", &file, "--check-config"], &[]);

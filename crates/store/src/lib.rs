@@ -12,6 +12,7 @@
 //! idempotency rules make the retry safe.
 
 mod logic;
+mod mysql;
 mod observe;
 mod postgres;
 mod rows;
@@ -245,7 +246,9 @@ pub trait AtomicAction: Send + Sync + 'static {
 }
 
 /// The recording transaction, as an atomic action sees it. Parameters and columns are JSON
-/// scalars; placeholders follow the database (`?1` on SQLite, `$1` on PostgreSQL).
+/// scalars; placeholders follow the database (`?1` on SQLite, `$1` on PostgreSQL, `$1` or `?`
+/// on MySQL and MariaDB). On MySQL a statement that commits implicitly (DDL, `LOCK TABLES`,
+/// transaction control) is refused: it would commit Capstan's transaction halfway.
 pub trait AtomicTransaction {
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, String>;
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String>;

@@ -13,10 +13,13 @@ use std::future::Future;
 pub(crate) enum Dialect {
     Sqlite,
     Postgres,
+    /// MySQL and MariaDB: the shared statements translated (`mysql/dialect.rs`).
+    Mysql,
 }
 
 /// A statement's text where the dialects differ only in a row-lock clause: SQLite has one
-/// writer and no row locks, PostgreSQL appends `FOR UPDATE …`. Built by [`locking!`].
+/// writer and no row locks, PostgreSQL and MySQL append `FOR UPDATE …` (MySQL's translation
+/// drops an `OF table` list MariaDB does not take). Built by [`locking!`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Locking {
     pub sqlite: &'static str,
@@ -32,7 +35,7 @@ impl Locking {
     pub fn sql(&self, dialect: Dialect) -> &'static str {
         match dialect {
             Dialect::Sqlite => self.sqlite,
-            Dialect::Postgres => self.postgres,
+            Dialect::Postgres | Dialect::Mysql => self.postgres,
         }
     }
 }

@@ -167,8 +167,22 @@ where
 }
 
 /// Whether this test target runs its servers on PostgreSQL.
-pub fn on_postgres() -> bool {
-    env!("CARGO_CRATE_NAME").ends_with("_postgres")
+/// The shared database this test target runs on (its name's suffix picks it), if any.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    Postgres,
+    Mysql,
+}
+
+pub fn shared_database() -> Option<Shared> {
+    let name = env!("CARGO_CRATE_NAME");
+    if name.ends_with("_postgres") {
+        Some(Shared::Postgres)
+    } else if name.ends_with("_mysql") {
+        Some(Shared::Mysql)
+    } else {
+        None
+    }
 }
 
 fn postgres_url() -> String {
@@ -176,24 +190,56 @@ fn postgres_url() -> String {
         .expect("CAPSTAN_TEST_POSTGRES_URL must name a PostgreSQL database (scripts/test-all.sh starts one)")
 }
 
+fn mysql_url() -> String {
+    std::env::var("CAPSTAN_TEST_MYSQL_URL")
+        .expect("CAPSTAN_TEST_MYSQL_URL must name a MariaDB or MySQL database (scripts/test-all.sh starts one)")
+}
+
+impl Shared {
+    fn url(self) -> String {
+        match self {
+            Shared::Postgres => postgres_url(),
+            Shared::Mysql => mysql_url(),
+        }
+    }
+}
+
+/// A connection to the MariaDB server itself (no database).
+async fn mysql_admin() -> mysql_async::Conn {
+    let opts = mysql_async::Opts::from_url(&mysql_url()).unwrap();
+    mysql_async::Conn::new(mysql_async::OptsBuilder::from_opts(opts).db_name(None::<String>))
+        .await
+        .unwrap()
+}
+
 /// The server's store (shared with the test, for inspecting what was committed).
 pub enum Backend {
     Sqlite(capstan_store::SqliteStore),
-    Postgres(Box<capstan_store::SharedStore>),
+    Shared(Box<capstan_store::SharedStore>),
 }
 
-/// Drops a test's PostgreSQL schema when the test ends.
-struct SchemaGuard(String);
+/// Drops a test's scratch schema (PostgreSQL) or database (MariaDB) when the test ends.
+struct SchemaGuard(Shared, String);
 
 impl Drop for SchemaGuard {
     fn drop(&mut self) {
-        let schema = self.0.clone();
+        let (database, name) = (self.0, self.1.clone());
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             runtime.block_on(async {
-                let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.ok()?;
-                tokio::spawn(connection);
-                client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.ok()
+                match database {
+                    Shared::Postgres => {
+                        let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.ok()?;
+                        tokio::spawn(connection);
+                        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await.ok()
+                    }
+                    Shared::Mysql => {
+                        use mysql_async::prelude::Queryable;
+                        let mut conn = mysql_admin().await;
+                        conn.query_drop(format!("DROP DATABASE IF EXISTS `{name}`")).await.ok()?;
+                        conn.disconnect().await.ok()
+                    }
+                }
             })
         })
         .join();
@@ -224,15 +270,15 @@ impl Harness {
         let stopped = async move {
             let _ = stop.await;
         };
-        let (backend, schema) = if on_postgres() {
+        let (backend, schema) = if let Some(database) = shared_database() {
             let schema = format!("h_{}", ulid::Ulid::new().to_string().to_lowercase());
             let store =
-                capstan_store::SharedStore::connect_in_schema(&postgres_url(), &schema, config.limits.clone(), config.sources.now_ms())
+                capstan_store::SharedStore::connect_in_schema(&database.url(), &schema, config.limits.clone(), config.sources.now_ms())
                     .await
-                    .expect("connect to PostgreSQL");
+                    .expect("connect to the shared database");
             let served = store.clone();
             tokio::spawn(async move { capstan_server::serve(listener, served, config, stopped).await.expect("server runs") });
-            (Backend::Postgres(Box::new(store)), Some(SchemaGuard(schema)))
+            (Backend::Shared(Box::new(store)), Some(SchemaGuard(database, schema)))
         } else {
             let path = dir.path().join("capstan.db");
             let store = capstan_store::SqliteStore::open(&path, config.limits.clone(), config.sources.now_ms()).expect("open store");
@@ -256,7 +302,7 @@ impl Harness {
     pub fn sqlite(&self) -> Option<&capstan_store::SqliteStore> {
         match &self.backend {
             Backend::Sqlite(store) => Some(store),
-            Backend::Postgres(_) => None,
+            Backend::Shared(_) => None,
         }
     }
 
@@ -264,7 +310,7 @@ impl Harness {
     pub async fn verify_offline(&self) -> capstan_server::integrity::IntegrityReport {
         match &self.backend {
             Backend::Sqlite(store) => capstan_server::integrity::verify(store).await.expect("verify"),
-            Backend::Postgres(store) => capstan_server::integrity::verify(store.as_ref()).await.expect("verify"),
+            Backend::Shared(store) => capstan_server::integrity::verify(store.as_ref()).await.expect("verify"),
         }
     }
 
@@ -277,11 +323,17 @@ impl Harness {
                 conn.execute("UPDATE runs SET state = ?1 WHERE run_id = ?2", [document, run_id])
                     .unwrap();
             }
-            Some(SchemaGuard(schema)) => {
+            Some(SchemaGuard(Shared::Postgres, schema)) => {
                 let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.unwrap();
                 tokio::spawn(connection);
                 let sql = format!("UPDATE {schema}.runs SET state = $1 WHERE run_id = $2");
                 client.execute(&sql, &[&document, &run_id]).await.unwrap();
+            }
+            Some(SchemaGuard(Shared::Mysql, database)) => {
+                use mysql_async::prelude::Queryable;
+                let mut conn = mysql_admin().await;
+                let sql = format!("UPDATE `{database}`.runs SET state = ? WHERE run_id = ?");
+                conn.exec_drop(sql, (document, run_id)).await.unwrap();
             }
         }
     }

@@ -185,6 +185,6 @@ fn not_any_of(column: &str, values: &[String], taken: usize) -> String {
 pub(crate) fn lock_run_skipping(dialect: crate::tx::Dialect) -> &'static str {
     match dialect {
         crate::tx::Dialect::Sqlite => "",
-        crate::tx::Dialect::Postgres => "FOR UPDATE OF r SKIP LOCKED",
+        crate::tx::Dialect::Postgres | crate::tx::Dialect::Mysql => "FOR UPDATE OF r SKIP LOCKED",
     }
 }

@@ -7,7 +7,7 @@ use super::external_payloads;
 use super::runs::lock_run;
 use super::BoxedStep;
 use crate::rows::*;
-use crate::tx::{args, Statement, Tx};
+use crate::tx::{args, locking, Locking, Statement, Tx};
 use crate::*;
 
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
@@ -28,14 +28,11 @@ const KEEP_RECEIPT: &str = "UPDATE tasks SET receipt = $2 WHERE task_id = $1";
 const INSERT_CLOSED_TASK: &str =
     "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, fence, created_at)
      VALUES ($1, $2, $3, 'timer', '', '', $4, 0, 0, 0) ON CONFLICT DO NOTHING";
-/// Settled entries are final, and a resolution applies only over an unknown outcome: two
-/// operators (or nodes) resolving the same entry at once cannot both succeed.
-const UPSERT_LEDGER_ENTRY: &str =
+const LEDGER_STATE: Locking = locking!("SELECT state FROM ledger_entries WHERE ledger_key = $1", "FOR UPDATE");
+const INSERT_LEDGER_ENTRY: &str =
     "INSERT INTO ledger_entries (ledger_key, namespace, workflow_id, run_id, activity_type, state, dispatched_at, updated_at, doc)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-     ON CONFLICT (ledger_key) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, doc = excluded.doc
-       WHERE ledger_entries.state NOT IN ('verified', 'effect_confirmed', 'effect_absent')
-         AND (excluded.state NOT IN ('effect_confirmed', 'effect_absent') OR ledger_entries.state = 'outcome_unknown')";
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const UPDATE_LEDGER_ENTRY: &str = "UPDATE ledger_entries SET state = $2, updated_at = $3, doc = $4 WHERE ledger_key = $1";
 const INSERT_CHECKPOINT: &str =
     "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)";
 const STORED_CHECKPOINT: &str = "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 AND hash = $3";
@@ -279,8 +276,18 @@ async fn persist_ledger<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) ->
             entry.updated_at,
             doc.as_str(),
         ];
-        if tx.execute(UPSERT_LEDGER_ENTRY, &args).await? == 0 {
-            return Err(crate::already_settled(entry));
+        // The entry's row is locked while it is judged: two operators (or nodes) resolving it
+        // at once are ordered, and the second finds it settled.
+        let stored = tx.query_opt(LEDGER_STATE.sql(tx.dialect()), &args![&entry.ledger_key]).await?;
+        match stored {
+            None => {
+                tx.execute(INSERT_LEDGER_ENTRY, &args).await?;
+            }
+            Some(row) if may_replace(row.str(0)?, entry.state.as_str()) => {
+                let update = args![&entry.ledger_key, entry.state.as_str(), entry.updated_at, doc.as_str()];
+                tx.execute(UPDATE_LEDGER_ENTRY, &update).await?;
+            }
+            Some(_) => return Err(crate::already_settled(entry)),
         }
     }
     for checkpoint in &effects.checkpoints {
@@ -410,4 +417,11 @@ pub(crate) async fn set_current_run<T: Tx>(tx: &mut T, run: &RunState) -> StoreR
     tx.execute(SET_CURRENT_RUN, &args![run.workflow_id.as_str(), run.run_id.as_str()])
         .await?;
     Ok(())
+}
+
+/// Settled entries are final, and a resolution (a settled state) applies only over an unknown
+/// outcome.
+fn may_replace(stored: &str, new: &str) -> bool {
+    const SETTLED: [&str; 3] = ["verified", "effect_confirmed", "effect_absent"];
+    !SETTLED.contains(&stored) && (!matches!(new, "effect_confirmed" | "effect_absent") || stored == "outcome_unknown")
 }

@@ -6,6 +6,7 @@
 mod migrations;
 mod tx;
 
+use crate::shared::Durability;
 use crate::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
@@ -154,11 +155,10 @@ impl Postgres {
     /// What the durability of an acknowledged change rests on, as the database reports it to
     /// the store's sessions.
     pub(crate) async fn durability(&self) -> StoreResult<Durability> {
-        let [fsync, full_page_writes, synchronous_commit] = self.settings(["fsync", "full_page_writes", "synchronous_commit"]).await?;
+        const NAMES: [&str; 3] = ["fsync", "full_page_writes", "synchronous_commit"];
+        let values = self.settings(NAMES).await?;
         Ok(Durability {
-            fsync,
-            full_page_writes,
-            synchronous_commit,
+            settings: NAMES.iter().map(|n| n.to_string()).zip(values).collect(),
         })
     }
 
@@ -211,42 +211,6 @@ impl Postgres {
     }
 }
 
-/// PostgreSQL's settings an acknowledged change's survival rests on: `fsync` (WAL flushed to
-/// disk at all), `full_page_writes` (no torn pages after a power cut), `synchronous_commit`
-/// (COMMIT waits for the flush; the store's sessions ask for `on`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Durability {
-    pub fsync: String,
-    pub full_page_writes: String,
-    pub synchronous_commit: String,
-}
-
-impl Durability {
-    /// Each setting that lets a power cut lose or corrupt an acknowledged change, with why.
-    pub fn risks(&self) -> Vec<String> {
-        let mut risks = Vec::new();
-        if self.fsync != "on" {
-            risks.push(format!(
-                "fsync = {}: the database does not flush its WAL; a power cut can lose or corrupt acknowledged changes",
-                self.fsync
-            ));
-        }
-        if self.full_page_writes != "on" {
-            risks.push(format!(
-                "full_page_writes = {}: a power cut mid-write can leave torn pages",
-                self.full_page_writes
-            ));
-        }
-        if !matches!(self.synchronous_commit.as_str(), "on" | "remote_write" | "remote_apply") {
-            risks.push(format!(
-                "synchronous_commit = {}: a COMMIT returns before its WAL is flushed; a crash can lose acknowledged changes",
-                self.synchronous_commit
-            ));
-        }
-        risks
-    }
-}
-
 fn parse_kind(kind: &str) -> Option<TaskKind> {
     match kind {
         "workflow" => Some(TaskKind::Workflow),
@@ -291,14 +255,14 @@ async fn listen(
 }
 
 /// Runs a statement an atomic handler sent, inside the recording transaction.
-pub(crate) async fn atomic_execute(tx: &PgTx, sql: &str, params: &[Value]) -> Result<u64, String> {
+pub(crate) async fn atomic_execute(tx: &mut PgTx, sql: &str, params: &[Value]) -> Result<u64, String> {
     let owned = pg_params(params);
     let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
     tx.execute_dynamic(sql, &refs).await.map_err(|e| e.to_string())
 }
 
 /// Runs a query an atomic handler sent, inside the recording transaction.
-pub(crate) async fn atomic_query(tx: &PgTx, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
+pub(crate) async fn atomic_query(tx: &mut PgTx, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
     let owned = pg_params(params);
     let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = owned.iter().map(|p| p.as_ref() as _).collect();
     let rows = tx.query_dynamic(sql, &refs).await.map_err(|e| e.to_string())?;

@@ -84,7 +84,7 @@ impl SharedStore {
             Ok((action, arguments)) => {
                 // The handler's writes commit with the record of its outcome, or not at all.
                 tx.batch("SAVEPOINT capstan_atomic").await?;
-                let handled = actions::handler_result(codec, run_handler(&tx, action.clone(), arguments.clone()).await);
+                let handled = actions::handler_result(codec, run_handler(&mut tx, action.clone(), arguments.clone()).await);
                 if handled.is_ok() {
                     tx.batch("RELEASE SAVEPOINT capstan_atomic").await?;
                 } else {
@@ -133,7 +133,7 @@ impl AtomicTransaction for SharedAtomic {
 }
 
 /// Runs `action` on a blocking thread, serving its statements on `tx` until it returns.
-async fn run_handler(tx: &SharedTx, action: Arc<dyn AtomicAction>, arguments: Value) -> Result<Value, String> {
+async fn run_handler(tx: &mut SharedTx, action: Arc<dyn AtomicAction>, arguments: Value) -> Result<Value, String> {
     let (requests, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     let mut handler = tokio::task::spawn_blocking(move || action.run(&mut SharedAtomic { requests }, &arguments));
     loop {

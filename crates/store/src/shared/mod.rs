@@ -1,5 +1,5 @@
 //! [`SharedStore`]: the store on a database server that several Capstan nodes share
-//! (PostgreSQL). Every store method is written here once, over [`SharedTx`]; what only one
+//! (PostgreSQL, MySQL, MariaDB). Every store method is written here once, over [`SharedTx`]; what only one
 //! database does (connecting, migrating, waking other nodes, its settings) lives in that
 //! database's module behind [`Database`].
 //!
@@ -8,26 +8,29 @@
 //! document it just read, so two nodes can never both advance one run. Pollers skip runs another
 //! node is working on (`FOR UPDATE … SKIP LOCKED`). Background deadlines are claimed per task
 //! under a duty fence (`claim_due_tasks`), taken over with fence + 1 when a node dies. Ready
-//! tasks are announced at commit to every node, which wakes its pollers.
+//! tasks are announced at commit to every node, which wakes its pollers (PostgreSQL; on MySQL
+//! the pollers' periodic re-check finds them).
 //!
 //! Lock order, everywhere: the run row first, then its task rows. The duty claim locks only task
 //! rows, and `run_duty` locks the run row before the task row, so no two statements wait on each
 //! other in a cycle.
 
 mod claims;
+mod durability;
 mod fleet;
 mod ledger;
 mod operators;
 mod runs;
 
 use crate::logic::integrity;
+use crate::mysql::{MyTx, Mysql};
 use crate::postgres::{PgTx, Postgres};
 use crate::tx::{Dialect, Param, Row, Statement, Tx};
 use crate::*;
 use serde_json::Value;
 use std::sync::Arc;
 
-pub use crate::postgres::Durability;
+pub use durability::Durability;
 
 /// Runs shared logic in a transaction of its own and commits it:
 /// `in_transaction!(self, |tx| logic::step(tx, …))`.
@@ -47,58 +50,88 @@ macro_rules! in_transaction {
 }
 use in_transaction;
 
-/// The database a [`SharedStore`] runs on.
+/// The database a [`SharedStore`] runs on. (Only a few exist, so the variants' sizes need not
+/// match.)
 #[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
 enum Database {
     Postgres(Postgres),
+    Mysql(Mysql),
+}
+
+impl Database {
+    /// The database the URL's scheme names.
+    async fn connect(url: &str, schema: Option<&str>, now: Millis) -> StoreResult<Self> {
+        let scheme = url.split("://").next().unwrap_or_default().to_ascii_lowercase();
+        match scheme.as_str() {
+            "postgres" | "postgresql" => Ok(Database::Postgres(Postgres::connect(url, schema, now).await?)),
+            "mysql" | "mariadb" => {
+                // The driver knows one scheme for both servers.
+                let url = url.split_once("://").map(|(_, rest)| format!("mysql://{rest}")).unwrap_or_default();
+                Ok(Database::Mysql(Mysql::connect(&url, schema, now).await?))
+            }
+            _ => Err(StoreError::Storage(format!(
+                "database URL scheme {scheme:?} is not postgres://, postgresql://, mysql:// or mariadb://"
+            ))),
+        }
+    }
 }
 
 /// A connection of a [`SharedStore`], inside a transaction ([`SharedStore::begin`]) or not
 /// ([`SharedStore::reader`]). A transaction dropped before [`SharedStore::commit`] rolls back.
+#[allow(clippy::large_enum_variant)] // one per open transaction, on its task's stack
 pub(crate) enum SharedTx {
     Postgres(PgTx),
+    Mysql(MyTx),
 }
 
 impl Tx for SharedTx {
     fn dialect(&self) -> Dialect {
         match self {
             SharedTx::Postgres(_) => Dialect::Postgres,
+            SharedTx::Mysql(_) => Dialect::Mysql,
         }
     }
 
     async fn execute<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<u64> {
         match self {
             SharedTx::Postgres(tx) => tx.execute(sql, args).await,
+            SharedTx::Mysql(tx) => tx.execute(sql, args).await,
         }
     }
 
     async fn query<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Vec<Row>> {
         match self {
             SharedTx::Postgres(tx) => tx.query(sql, args).await,
+            SharedTx::Mysql(tx) => tx.query(sql, args).await,
         }
     }
 
     async fn query_opt<'a>(&'a mut self, sql: &'a str, args: &'a [Param<'a>]) -> StoreResult<Option<Row>> {
         match self {
             SharedTx::Postgres(tx) => tx.query_opt(sql, args).await,
+            SharedTx::Mysql(tx) => tx.query_opt(sql, args).await,
         }
     }
 
     async fn execute_all<'a>(&'a mut self, statements: &'a [Statement<'a>]) -> StoreResult<()> {
         match self {
             SharedTx::Postgres(tx) => tx.execute_all(statements).await,
+            SharedTx::Mysql(tx) => tx.execute_all(statements).await,
         }
     }
 
     async fn announce(&mut self, key: WakeKey) -> StoreResult<()> {
         match self {
             SharedTx::Postgres(tx) => tx.announce(key).await,
+            SharedTx::Mysql(tx) => tx.announce(key).await,
         }
     }
 
     fn observe(&mut self, fact: Fact) {
         match self {
             SharedTx::Postgres(tx) => tx.observe(fact),
+            SharedTx::Mysql(tx) => tx.observe(fact),
         }
     }
 }
@@ -108,20 +141,23 @@ impl SharedTx {
     async fn batch(&mut self, sql: &str) -> StoreResult<()> {
         match self {
             SharedTx::Postgres(tx) => tx.batch(sql).await,
+            SharedTx::Mysql(tx) => tx.batch(sql).await,
         }
     }
 
     /// A statement an atomic handler sent (the database's own placeholders, JSON parameters).
-    async fn atomic_execute(&self, sql: &str, params: &[Value]) -> Result<u64, String> {
+    async fn atomic_execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, String> {
         match self {
             SharedTx::Postgres(tx) => crate::postgres::atomic_execute(tx, sql, params).await,
+            SharedTx::Mysql(tx) => crate::mysql::atomic_execute(tx, sql, params).await,
         }
     }
 
     /// A query an atomic handler sent; rows as JSON scalars.
-    async fn atomic_query(&self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
+    async fn atomic_query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
         match self {
             SharedTx::Postgres(tx) => crate::postgres::atomic_query(tx, sql, params).await,
+            SharedTx::Mysql(tx) => crate::mysql::atomic_query(tx, sql, params).await,
         }
     }
 }
@@ -134,21 +170,20 @@ pub struct SharedStore {
 }
 
 impl SharedStore {
-    /// Connects to the database `url` names (`postgres://` or `postgresql://`), migrates it (one
-    /// node at a time) and bootstraps the `default` namespace.
+    /// Connects to the database `url` names (`postgres://` or `postgresql://`; `mysql://` or
+    /// `mariadb://`), migrates it (one node at a time) and bootstraps the `default` namespace.
     pub async fn connect(url: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
-        let database = Database::Postgres(Postgres::connect(url, None, now).await?);
-        Ok(Self::on(database, limits))
+        Ok(Self::on(Database::connect(url, None, now).await?, limits))
     }
 
-    /// Like [`connect`](Self::connect), with every table in `schema` (created if missing): lets
-    /// tests and tenants share one database.
+    /// Like [`connect`](Self::connect), with every table in `schema` (created if missing; on
+    /// MySQL a database of that name on the same server): lets tests and tenants share one
+    /// database server.
     pub async fn connect_in_schema(url: &str, schema: &str, limits: Limits, now: Millis) -> StoreResult<Self> {
         if !schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return Err(StoreError::Storage(format!("schema name {schema:?} must be [A-Za-z0-9_]")));
         }
-        let database = Database::Postgres(Postgres::connect(url, Some(schema), now).await?);
-        Ok(Self::on(database, limits))
+        Ok(Self::on(Database::connect(url, Some(schema), now).await?, limits))
     }
 
     fn on(database: Database, limits: Limits) -> Self {
@@ -173,6 +208,7 @@ impl SharedStore {
     pub async fn durability(&self) -> StoreResult<Durability> {
         match &self.database {
             Database::Postgres(pg) => pg.durability().await,
+            Database::Mysql(my) => my.durability().await,
         }
     }
 
@@ -181,6 +217,7 @@ impl SharedStore {
     pub async fn session_timeouts(&self) -> StoreResult<(String, String)> {
         match &self.database {
             Database::Postgres(pg) => pg.session_timeouts().await,
+            Database::Mysql(my) => my.session_timeouts().await,
         }
     }
 
@@ -188,6 +225,7 @@ impl SharedStore {
     async fn reader(&self) -> StoreResult<SharedTx> {
         match &self.database {
             Database::Postgres(pg) => Ok(SharedTx::Postgres(pg.autocommit().await?)),
+            Database::Mysql(my) => Ok(SharedTx::Mysql(my.autocommit().await?)),
         }
     }
 
@@ -195,6 +233,7 @@ impl SharedStore {
     async fn begin(&self) -> StoreResult<SharedTx> {
         match &self.database {
             Database::Postgres(pg) => Ok(SharedTx::Postgres(pg.begin().await?)),
+            Database::Mysql(my) => Ok(SharedTx::Mysql(my.begin().await?)),
         }
     }
 
@@ -203,6 +242,7 @@ impl SharedStore {
         let started = std::time::Instant::now();
         let facts = match tx {
             SharedTx::Postgres(tx) => tx.commit().await?,
+            SharedTx::Mysql(tx) => tx.commit().await?,
         };
         let observer = &self.env.observer;
         observer.get().commit(Commit {

@@ -182,6 +182,7 @@ impl AdminStore for SharedStore {
     fn pool_use(&self) -> PoolUse {
         match &self.database {
             Database::Postgres(pg) => pg.pool_use(),
+            Database::Mysql(my) => my.pool_use(),
         }
     }
 

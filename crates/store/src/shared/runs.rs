@@ -182,6 +182,8 @@ impl TaskStore for SharedStore {
     async fn wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
         match &self.database {
             Database::Postgres(pg) => pg.wakeups().await,
+            // This node's commits only: pollers find other nodes' tasks by their re-check.
+            Database::Mysql(my) => Ok(my.wakeups()),
         }
     }
 }

@@ -363,10 +363,7 @@ pub async fn an_atomic_answer_that_cannot_be_recorded_rolls_back_the_handler_wri
     struct Count;
     impl AtomicAction for Count {
         fn run(&self, tx: &mut dyn AtomicTransaction, _: &Value) -> Result<Value, String> {
-            tx.execute(
-                "CREATE TABLE IF NOT EXISTS suite_balances (account TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
-                &[],
-            )?;
+            super::ensure_balances(tx);
             let rows = tx.query("SELECT COUNT(*) FROM suite_balances WHERE account = 'unrecordable'", &[])?;
             Ok(json!({"rows": rows[0][0]}))
         }
@@ -392,4 +389,18 @@ pub async fn an_atomic_answer_that_cannot_be_recorded_rolls_back_the_handler_wri
         json!(json!({"rows": 0}).to_string()),
         "the failed attempts wrote nothing"
     );
+}
+
+/// Schedules one `suite.credit` activity (two attempts) and runs it with `action` as its atomic
+/// handler until nothing is left to run; the outcomes, in order. For a backend's own checks of
+/// what a handler may do.
+pub async fn run_atomic_action_of<S: Store>(store: &S, action: std::sync::Arc<dyn AtomicAction>) -> Vec<AtomicOutcome> {
+    let catalog = define_credit(store).await;
+    schedule_credit(store, "atomic-own", json!([{}]), &catalog).await;
+    let actions = AtomicActions::new([("suite.credit".to_string(), action)]);
+    let mut outcomes = Vec::new();
+    while let Some(outcome) = store.run_atomic_task("default", actions.clone(), &JSON_CODEC, NOW).await.unwrap() {
+        outcomes.push(outcome);
+    }
+    outcomes
 }

@@ -1,0 +1,284 @@
+//! MySQL (8.0+) and MariaDB (10.11+) under [`SharedStore`](crate::SharedStore): connecting
+//! (read committed, bounded lock waits, strict mode, byte-exact ids), migrating one node at a
+//! time under a named lock, and the settings an operator's durability rests on. The store's
+//! statements are the shared ones, translated (`dialect.rs`).
+//!
+//! No `NOTIFY`: a ready task is announced to this node's pollers at commit; one made on
+//! another node is found by the pollers' re-check (every second).
+
+mod dialect;
+mod migrations;
+mod tx;
+
+use crate::shared::Durability;
+use crate::*;
+use migrations::MIGRATIONS;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+use serde_json::Value;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+pub(crate) use tx::MyTx;
+
+const POOL_SIZE: usize = 16;
+/// How long a statement waits for a row lock before it fails (seconds, InnoDB's unit).
+const LOCK_WAIT_SECONDS: u64 = 10;
+/// How long a session may sit idle inside a transaction before MariaDB ends it (MySQL has no
+/// such limit: a paused node's locks wait for its connection to drop).
+const IDLE_IN_TRANSACTION_SECONDS: u64 = 30;
+
+/// Which server answers: their spellings differ in a few settings and collations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flavour {
+    Mysql,
+    Mariadb,
+}
+
+impl Flavour {
+    fn of(version: &str) -> Self {
+        if version.to_ascii_lowercase().contains("mariadb") {
+            Flavour::Mariadb
+        } else {
+            Flavour::Mysql
+        }
+    }
+
+    /// A binary collation that does not pad: ids compare byte for byte.
+    fn collation(self) -> &'static str {
+        match self {
+            Flavour::Mysql => "utf8mb4_0900_bin",
+            Flavour::Mariadb => "utf8mb4_nopad_bin",
+        }
+    }
+
+    /// What every session sets on connecting.
+    fn session(self) -> Vec<String> {
+        let mut setup = vec![
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_string(),
+            format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS}"),
+            "SET SESSION sql_mode = 'STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'".to_string(),
+            format!("SET NAMES utf8mb4 COLLATE {}", self.collation()),
+        ];
+        if self == Flavour::Mariadb {
+            setup.push(format!("SET SESSION idle_transaction_timeout = {IDLE_IN_TRANSACTION_SECONDS}"));
+        }
+        setup
+    }
+}
+
+/// Where committed transactions announce ready tasks to this node's pollers.
+type LocalWakeups = tokio::sync::mpsc::UnboundedSender<WakeKey>;
+
+/// A pool of connections to one MySQL or MariaDB database.
+#[derive(Clone)]
+pub(crate) struct Mysql {
+    pool: Pool,
+    flavour: Flavour,
+    local: LocalWakeups,
+    /// The receiving end of `local`, handed out once (to the server's hub).
+    wakeups: Arc<std::sync::Mutex<Option<WakeReceiver>>>,
+    /// Connections handed out and not yet returned (the driver does not count them).
+    in_use: Arc<AtomicUsize>,
+}
+
+/// A connection handed out by [`Mysql`], counted until it is returned.
+struct Lent(Arc<AtomicUsize>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Mysql {
+    /// Connects to the database the URL names (or to `schema`, created if missing, on the same
+    /// server) and migrates it.
+    pub(crate) async fn connect(url: &str, schema: Option<&str>, now: Millis) -> StoreResult<Self> {
+        let opts = Opts::from_url(url)?;
+        let database = match schema {
+            Some(schema) => schema.to_string(),
+            None => opts
+                .db_name()
+                .map(str::to_string)
+                .ok_or_else(|| StoreError::Storage("the database URL must name a database (mysql://host/NAME)".into()))?,
+        };
+        let mut probe = mysql_async::Conn::new(OptsBuilder::from_opts(opts.clone()).db_name(None::<String>)).await?;
+        let version: Option<String> = probe.query_first("SELECT VERSION()").await?;
+        let flavour = Flavour::of(version.as_deref().unwrap_or_default());
+        if schema.is_some() {
+            probe
+                .query_drop(format!(
+                    "CREATE DATABASE IF NOT EXISTS `{database}` CHARACTER SET utf8mb4 COLLATE {}",
+                    flavour.collation()
+                ))
+                .await?;
+        }
+        probe.disconnect().await?;
+        let constraints = PoolConstraints::new(0, POOL_SIZE).expect("0 <= POOL_SIZE");
+        let options = OptsBuilder::from_opts(opts)
+            .db_name(Some(database))
+            // An UPDATE reports the rows it matched, as PostgreSQL does, not only those whose
+            // values changed: fences compare counts.
+            .client_found_rows(true)
+            .stmt_cache_size(Some(256))
+            .setup(flavour.session())
+            .pool_opts(PoolOpts::default().with_constraints(constraints));
+        let (local, wakeups) = tokio::sync::mpsc::unbounded_channel();
+        let store = Self {
+            pool: Pool::new(options),
+            flavour,
+            local,
+            wakeups: Arc::new(std::sync::Mutex::new(Some(wakeups))),
+            in_use: Arc::new(AtomicUsize::new(0)),
+        };
+        store.migrate(now).await?;
+        Ok(store)
+    }
+
+    async fn lend(&self) -> StoreResult<(mysql_async::Conn, Lent)> {
+        let conn = self.pool.get_conn().await?;
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Ok((conn, Lent(self.in_use.clone())))
+    }
+
+    pub(crate) async fn autocommit(&self) -> StoreResult<MyTx> {
+        let (conn, lent) = self.lend().await?;
+        Ok(MyTx::autocommit(conn, lent, self.local.clone()))
+    }
+
+    pub(crate) async fn begin(&self) -> StoreResult<MyTx> {
+        let (conn, lent) = self.lend().await?;
+        MyTx::begin(conn, lent, self.local.clone()).await
+    }
+
+    async fn migrate(&self, now: Millis) -> StoreResult<()> {
+        let mut conn = self.pool.get_conn().await?;
+        // One node migrates at a time; the others wait (as long as it takes).
+        let locked: Option<Option<i64>> = conn
+            .query_first("SELECT GET_LOCK(CONCAT('capstan_migrate:', DATABASE()), 3600)")
+            .await?;
+        if locked.flatten() != Some(1) {
+            return Err(StoreError::Storage("could not take the migration lock within an hour".into()));
+        }
+        let result = self.migrate_locked(&mut conn, now).await;
+        let _: Option<Option<i64>> = conn
+            .query_first("SELECT RELEASE_LOCK(CONCAT('capstan_migrate:', DATABASE()))")
+            .await?;
+        result
+    }
+
+    async fn migrate_locked(&self, conn: &mut mysql_async::Conn, now: Millis) -> StoreResult<()> {
+        let table = format!("ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={}", self.flavour.collation());
+        conn.query_drop(format!(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL) {table}"
+        ))
+        .await?;
+        conn.query_drop(format!("{} {table}", schema_floor::CREATE_FLOOR_TABLE)).await?;
+        let database: Option<i64> = conn.query_first("SELECT MAX(version) FROM schema_migrations").await?.flatten();
+        let floor: Option<i64> = conn.query_first(schema_floor::READ_FLOOR).await?;
+        let known = MIGRATIONS.last().map_or(0, |(version, _)| *version);
+        schema_floor::admit(known, database, floor)?;
+        for (version, sql) in MIGRATIONS {
+            let applied: Option<i64> = conn
+                .exec_first("SELECT 1 FROM schema_migrations WHERE version = ?", (*version,))
+                .await?;
+            if applied.is_some() {
+                continue;
+            }
+            // DDL commits on its own here; each statement is IF NOT EXISTS, so a migration cut
+            // short runs again from the top.
+            for statement in sql.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
+                conn.query_drop(statement.replace("{table}", &table)).await?;
+            }
+            conn.exec_drop("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (*version, now))
+                .await?;
+        }
+        conn.exec_drop(
+            "INSERT INTO schema_floor (id, floor) VALUES (1, ?) ON DUPLICATE KEY UPDATE floor = GREATEST(floor, VALUES(floor))",
+            (schema_floor::SCHEMA_FLOOR,),
+        )
+        .await?;
+        conn.exec_drop(
+            "INSERT INTO namespaces (name, description, created_at) VALUES ('default', 'Default namespace', ?)
+             ON DUPLICATE KEY UPDATE name = name",
+            (now,),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The server's settings an acknowledged change's survival rests on.
+    pub(crate) async fn durability(&self) -> StoreResult<Durability> {
+        const NAMES: [&str; 4] = ["innodb_flush_log_at_trx_commit", "log_bin", "sync_binlog", "innodb_doublewrite"];
+        let mut tx = self.autocommit().await?;
+        let values = tx
+            .settings("SELECT @@innodb_flush_log_at_trx_commit, @@log_bin, @@sync_binlog, @@innodb_doublewrite")
+            .await?;
+        Ok(Durability {
+            settings: NAMES.iter().map(|n| n.to_string()).zip(values).collect(),
+        })
+    }
+
+    /// `(lock wait, idle-in-transaction limit)` as a session of the store sees them (MySQL has
+    /// no idle-in-transaction limit: `none`).
+    pub(crate) async fn session_timeouts(&self) -> StoreResult<(String, String)> {
+        let mut tx = self.autocommit().await?;
+        let sql = match self.flavour {
+            Flavour::Mariadb => "SELECT @@innodb_lock_wait_timeout, @@idle_transaction_timeout",
+            Flavour::Mysql => "SELECT @@innodb_lock_wait_timeout, 'none'",
+        };
+        let mut values = tx.settings(sql).await?.into_iter();
+        Ok((values.next().unwrap_or_default(), values.next().unwrap_or_default()))
+    }
+
+    /// What this node's transactions make ready (once: the server's hub takes it).
+    pub(crate) fn wakeups(&self) -> Option<WakeReceiver> {
+        self.wakeups.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+
+    pub(crate) fn pool_use(&self) -> PoolUse {
+        let in_use = self.in_use.load(Ordering::Relaxed);
+        PoolUse {
+            max: POOL_SIZE,
+            open: in_use,
+            idle: 0,
+            waiting: in_use.saturating_sub(POOL_SIZE),
+        }
+    }
+}
+
+/// Runs a statement an atomic handler sent, inside the recording transaction.
+pub(crate) async fn atomic_execute(tx: &mut MyTx, sql: &str, params: &[Value]) -> Result<u64, String> {
+    tx.execute_raw(sql, params.iter().map(json_value).collect()).await
+}
+
+/// Runs a query an atomic handler sent; rows as JSON scalars.
+pub(crate) async fn atomic_query(tx: &mut MyTx, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>, String> {
+    let rows = tx.query_raw(sql, params.iter().map(json_value).collect()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|value| match value {
+                    mysql_async::Value::NULL => Value::Null,
+                    mysql_async::Value::Int(v) => Value::from(v),
+                    mysql_async::Value::UInt(v) => Value::from(v),
+                    mysql_async::Value::Float(v) => Value::from(f64::from(v)),
+                    mysql_async::Value::Double(v) => Value::from(v),
+                    mysql_async::Value::Bytes(bytes) => Value::from(String::from_utf8_lossy(&bytes).into_owned()),
+                    other => Value::from(other.as_sql(true)),
+                })
+                .collect()
+        })
+        .collect())
+}
+
+fn json_value(value: &Value) -> mysql_async::Value {
+    match value {
+        Value::Null => mysql_async::Value::NULL,
+        Value::Bool(b) => mysql_async::Value::Int(i64::from(*b)),
+        Value::Number(n) if n.is_i64() => mysql_async::Value::Int(n.as_i64().unwrap_or_default()),
+        Value::Number(n) => mysql_async::Value::Double(n.as_f64().unwrap_or_default()),
+        other => mysql_async::Value::Bytes(json_text(other).unwrap_or_default().into_bytes()),
+    }
+}
