@@ -198,3 +198,13 @@ pub(crate) fn session_free(task: &str, owner: &str, now: &str) -> String {
                    OR (ws.allow_reacquire = 0 AND ws.lease_owner <> {owner}))))"
     )
 }
+
+/// The kind of task a wake-up announces, from its name (`TaskKind::as_str`).
+pub(crate) fn wake_kind(kind: &str) -> Option<TaskKind> {
+    match kind {
+        "workflow" => Some(TaskKind::Workflow),
+        "activity" => Some(TaskKind::Activity),
+        "query" => Some(TaskKind::Query),
+        _ => None,
+    }
+}

@@ -65,6 +65,13 @@ async fn fresh() -> (SharedStore, DatabaseGuard) {
 capstan_store::store_suite!(fresh());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_task_on_one_node_wakes_pollers_on_another() {
+    let (node_a, guard) = fresh().await;
+    let node_b = in_database(&guard.name).await;
+    capstan_store::suite::a_ready_task_on_one_node_wakes_pollers_on_another(node_a, node_b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_never_lease_one_task_twice() {
     let (node_a, guard) = fresh().await;
     let node_b = in_database(&guard.name).await;
@@ -104,8 +111,8 @@ async fn sessions_are_bounded_and_durability_is_reported() {
     assert!(durability.risks().is_empty(), "{:?}", durability.risks());
 }
 
-/// Tables and columns of a database (the digest columns MySQL keys need are its own, the
-/// atomic actions' table the test's).
+/// Tables and columns of a database (the digest columns MySQL keys need and the wake-up log
+/// standing in for NOTIFY are its own, the atomic actions' table the test's).
 async fn mysql_columns(database: &str) -> BTreeSet<String> {
     let mut conn = admin().await;
     let rows: Vec<(String, String)> = conn
@@ -117,7 +124,8 @@ async fn mysql_columns(database: &str) -> BTreeSet<String> {
         .unwrap();
     rows.into_iter()
         .filter(|(table, column)| {
-            table != "suite_balances" && !matches!(column.as_str(), "poll_key" | "request_key" | "catalog_key" | "route_key")
+            !matches!(table.as_str(), "suite_balances" | "wake_events")
+                && !matches!(column.as_str(), "poll_key" | "request_key" | "catalog_key" | "route_key")
         })
         .map(|(table, column)| format!("{table}.{column}"))
         .collect()

@@ -59,28 +59,7 @@ capstan_store::store_suite!(fresh());
 async fn a_ready_task_on_one_node_wakes_pollers_on_another() {
     let (node_a, guard) = fresh().await;
     let node_b = in_schema(&guard.schema).await;
-    let mut wakeups = node_b.wakeups().await.unwrap().expect("PostgreSQL publishes wake-ups");
-    // Give the listener a moment to subscribe, then prove it hears a start on node A.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut started = 0;
-    loop {
-        node_a
-            .start_workflow(start_request(&format!("wake-{started}"), "wake-q"), DuplicatePolicy::Fail, NOW)
-            .await
-            .unwrap();
-        started += 1;
-        match tokio::time::timeout(Duration::from_millis(500), wakeups.recv()).await {
-            Ok(Some((namespace, kind, queue))) => {
-                assert_eq!(
-                    (namespace.as_str(), kind, queue.as_str()),
-                    ("default", TaskKind::Workflow, "wake-q")
-                );
-                break;
-            }
-            _ if std::time::Instant::now() < deadline => continue,
-            _ => panic!("no wake-up reached node B after {started} starts on node A"),
-        }
-    }
+    capstan_store::suite::a_ready_task_on_one_node_wakes_pollers_on_another(node_a, node_b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

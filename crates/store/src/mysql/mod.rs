@@ -3,12 +3,14 @@
 //! time under a named lock, and the settings an operator's durability rests on. The store's
 //! statements are the shared ones, translated (`dialect.rs`).
 //!
-//! No `NOTIFY`: a ready task is announced to this node's pollers at commit; one made on
-//! another node is found by the pollers' re-check (every second).
+//! No `NOTIFY`: a ready task is announced to this node's pollers at commit, and to the other
+//! nodes through `wake_events`, a short log written in the committing transaction (so only
+//! committed announcements are seen) that every node follows every 100 ms (`wake_log.rs`).
 
 mod dialect;
 mod migrations;
 mod tx;
+mod wake_log;
 
 use crate::shared::Durability;
 use crate::*;
@@ -69,6 +71,13 @@ impl Flavour {
 /// Where committed transactions announce ready tasks to this node's pollers.
 type LocalWakeups = tokio::sync::mpsc::UnboundedSender<WakeKey>;
 
+/// How a transaction announces a ready task: to this node's pollers, and in the wake-up log
+/// under this store's name.
+struct Announcer {
+    local: LocalWakeups,
+    origin: Arc<str>,
+}
+
 /// A pool of connections to one MySQL or MariaDB database.
 #[derive(Clone)]
 pub(crate) struct Mysql {
@@ -77,6 +86,8 @@ pub(crate) struct Mysql {
     local: LocalWakeups,
     /// The receiving end of `local`, handed out once (to the server's hub).
     wakeups: Arc<std::sync::Mutex<Option<WakeReceiver>>>,
+    /// This store's name in `wake_events`, so it does not follow its own announcements.
+    origin: Arc<str>,
     /// Connections handed out and not yet returned (the driver does not count them).
     in_use: Arc<AtomicUsize>,
 }
@@ -129,6 +140,7 @@ impl Mysql {
             flavour,
             local,
             wakeups: Arc::new(std::sync::Mutex::new(Some(wakeups))),
+            origin: ulid::Ulid::new().to_string().into(),
             in_use: Arc::new(AtomicUsize::new(0)),
         };
         store.migrate(now).await?;
@@ -143,12 +155,19 @@ impl Mysql {
 
     pub(crate) async fn autocommit(&self) -> StoreResult<MyTx> {
         let (conn, lent) = self.lend().await?;
-        Ok(MyTx::autocommit(conn, lent, self.local.clone()))
+        Ok(MyTx::autocommit(conn, lent, self.announcer()))
     }
 
     pub(crate) async fn begin(&self) -> StoreResult<MyTx> {
         let (conn, lent) = self.lend().await?;
-        MyTx::begin(conn, lent, self.local.clone()).await
+        MyTx::begin(conn, lent, self.announcer()).await
+    }
+
+    fn announcer(&self) -> Announcer {
+        Announcer {
+            local: self.local.clone(),
+            origin: self.origin.clone(),
+        }
     }
 
     async fn migrate(&self, now: Millis) -> StoreResult<()> {
@@ -174,6 +193,8 @@ impl Mysql {
         ))
         .await?;
         conn.query_drop(format!("{} {table}", schema_floor::CREATE_FLOOR_TABLE)).await?;
+        // Not data: the wake-up log stands in for NOTIFY and is made at every start.
+        conn.query_drop(format!("{} {table}", wake_log::CREATE_TABLE)).await?;
         let database: Option<i64> = conn.query_first("SELECT MAX(version) FROM schema_migrations").await?.flatten();
         let floor: Option<i64> = conn.query_first(schema_floor::READ_FLOOR).await?;
         let known = MIGRATIONS.last().map_or(0, |(version, _)| *version);
@@ -231,9 +252,12 @@ impl Mysql {
         Ok((values.next().unwrap_or_default(), values.next().unwrap_or_default()))
     }
 
-    /// What this node's transactions make ready (once: the server's hub takes it).
+    /// What transactions make ready (once: the server's hub takes it): this node's at commit,
+    /// other nodes' as the wake-up log shows them.
     pub(crate) fn wakeups(&self) -> Option<WakeReceiver> {
-        self.wakeups.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+        let receiver = self.wakeups.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()?;
+        tokio::spawn(wake_log::follow(self.pool.clone(), self.origin.clone(), self.local.clone()));
+        Some(receiver)
     }
 
     pub(crate) fn pool_use(&self) -> PoolUse {

@@ -1,8 +1,8 @@
 //! [`Tx`] on a pooled MySQL or MariaDB connection, inside a transaction or not. Each shared
 //! statement is translated once ([`dialect::translate`], cached) and prepared once per
 //! connection (the driver's statement cache). MySQL has no `NOTIFY`: a ready task is announced
-//! to this node's pollers when its transaction commits; other nodes' pollers find it by their
-//! periodic re-check.
+//! to this node's pollers when its transaction commits, and written to the wake-up log in the
+//! transaction for the other nodes.
 
 use super::dialect::{self, Translated};
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
@@ -26,25 +26,26 @@ pub(crate) struct MyTx {
     facts: Vec<Fact>,
     /// Counts the connection as in use until it is back in the pool.
     lent: Option<super::Lent>,
-    /// This node's pollers, woken by what the transaction made ready once it commits.
-    local: super::LocalWakeups,
+    /// This node's pollers (woken by what the transaction made ready once it commits) and the
+    /// wake-up log.
+    announcer: super::Announcer,
     announced: Vec<WakeKey>,
 }
 
 impl MyTx {
-    pub(super) fn autocommit(conn: Conn, lent: super::Lent, local: super::LocalWakeups) -> Self {
+    pub(super) fn autocommit(conn: Conn, lent: super::Lent, announcer: super::Announcer) -> Self {
         Self {
             conn: Some(conn),
             open: false,
             facts: Vec::new(),
             lent: Some(lent),
-            local,
+            announcer,
             announced: Vec::new(),
         }
     }
 
-    pub(super) async fn begin(conn: Conn, lent: super::Lent, local: super::LocalWakeups) -> StoreResult<Self> {
-        let mut tx = Self::autocommit(conn, lent, local);
+    pub(super) async fn begin(conn: Conn, lent: super::Lent, announcer: super::Announcer) -> StoreResult<Self> {
+        let mut tx = Self::autocommit(conn, lent, announcer);
         tx.conn()?.query_drop("START TRANSACTION").await?;
         tx.open = true;
         Ok(tx)
@@ -63,7 +64,7 @@ impl MyTx {
         match self.conn()?.query_drop("COMMIT").await {
             Ok(()) => {
                 for key in self.announced.drain(..) {
-                    let _ = self.local.send(key);
+                    let _ = self.announcer.local.send(key);
                 }
                 Ok(std::mem::take(&mut self.facts))
             }
@@ -289,11 +290,26 @@ impl Tx for MyTx {
     }
 
     async fn announce(&mut self, key: WakeKey) -> StoreResult<()> {
-        if !self.open {
-            // Outside a transaction the write that made the task ready has committed already.
-            let _ = self.local.send(key);
-        } else if !self.announced.contains(&key) {
+        if self.announced.contains(&key) {
+            return Ok(());
+        }
+        let (namespace, kind, queue) = &key;
+        let origin = self.announcer.origin.clone();
+        self.run(
+            super::wake_log::APPEND,
+            &[
+                Param::from(&*origin),
+                Param::from(namespace.as_str()),
+                Param::from(kind.as_str()),
+                Param::from(queue.as_str()),
+            ],
+        )
+        .await?;
+        if self.open {
             self.announced.push(key);
+        } else {
+            // Outside a transaction the write that made the task ready has committed already.
+            let _ = self.announcer.local.send(key);
         }
         Ok(())
     }

@@ -211,15 +211,6 @@ impl Postgres {
     }
 }
 
-fn parse_kind(kind: &str) -> Option<TaskKind> {
-    match kind {
-        "workflow" => Some(TaskKind::Workflow),
-        "activity" => Some(TaskKind::Activity),
-        "query" => Some(TaskKind::Query),
-        _ => None,
-    }
-}
-
 async fn listen(
     config: &tokio_postgres::Config,
     channel: &str,
@@ -244,7 +235,8 @@ async fn listen(
     while let Some(message) = messages.next().await {
         if let AsyncMessage::Notification(notification) = message? {
             let mut parts = notification.payload().splitn(3, '\u{1f}');
-            if let (Some(namespace), Some(kind), Some(queue)) = (parts.next(), parts.next().and_then(parse_kind), parts.next()) {
+            if let (Some(namespace), Some(kind), Some(queue)) = (parts.next(), parts.next().and_then(crate::rows::wake_kind), parts.next())
+            {
                 if sender.send((namespace.to_string(), kind, queue.to_string())).is_err() {
                     return Ok(());
                 }

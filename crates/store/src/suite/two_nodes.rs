@@ -5,6 +5,33 @@ use super::{start_request, NOW};
 use crate::*;
 use std::time::Duration;
 
+/// A task made ready through node A wakes pollers listening on node B (PostgreSQL: NOTIFY;
+/// MySQL: the wake-up log), within half a second of one of a few starts.
+pub async fn a_ready_task_on_one_node_wakes_pollers_on_another<S: Store>(node_a: S, node_b: S) {
+    let mut wakeups = node_b.wakeups().await.unwrap().expect("a shared database publishes wake-ups");
+    // Give the listener a moment to subscribe, then prove it hears a start on node A.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut started = 0;
+    loop {
+        node_a
+            .start_workflow(start_request(&format!("wake-{started}"), "wake-q"), DuplicatePolicy::Fail, NOW)
+            .await
+            .unwrap();
+        started += 1;
+        match tokio::time::timeout(Duration::from_millis(500), wakeups.recv()).await {
+            Ok(Some((namespace, kind, queue))) => {
+                assert_eq!(
+                    (namespace.as_str(), kind, queue.as_str()),
+                    ("default", TaskKind::Workflow, "wake-q")
+                );
+                break;
+            }
+            _ if std::time::Instant::now() < deadline => continue,
+            _ => panic!("no wake-up reached node B after {started} starts on node A"),
+        }
+    }
+}
+
 /// Pollers on two nodes drain one queue: every task leased, none twice.
 pub async fn two_nodes_never_lease_one_task_twice<S: Store + Clone>(node_a: S, node_b: S) {
     for i in 0..20 {
