@@ -90,9 +90,11 @@ pub(crate) struct Mysql {
     origin: Arc<str>,
     /// Connections handed out and not yet returned (the driver does not count them).
     in_use: Arc<AtomicUsize>,
+    /// Callers waiting for a connection (the pool is full).
+    waiting: Arc<AtomicUsize>,
 }
 
-/// A connection handed out by [`Mysql`], counted until it is returned.
+/// One count (a connection handed out, a caller waiting for one), taken back when dropped.
 struct Lent(Arc<AtomicUsize>);
 
 impl Drop for Lent {
@@ -142,13 +144,18 @@ impl Mysql {
             wakeups: Arc::new(std::sync::Mutex::new(Some(wakeups))),
             origin: ulid::Ulid::new().to_string().into(),
             in_use: Arc::new(AtomicUsize::new(0)),
+            waiting: Arc::new(AtomicUsize::new(0)),
         };
         store.migrate(now).await?;
         Ok(store)
     }
 
     async fn lend(&self) -> StoreResult<(mysql_async::Conn, Lent)> {
+        // Counted while it waits, also if the caller gives up (the guard's drop uncounts it).
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let queued = Lent(self.waiting.clone());
         let conn = self.pool.get_conn().await?;
+        drop(queued);
         self.in_use.fetch_add(1, Ordering::Relaxed);
         Ok((conn, Lent(self.in_use.clone())))
     }
@@ -266,7 +273,7 @@ impl Mysql {
             max: POOL_SIZE,
             open: in_use,
             idle: 0,
-            waiting: in_use.saturating_sub(POOL_SIZE),
+            waiting: self.waiting.load(Ordering::Relaxed),
         }
     }
 }
@@ -304,5 +311,26 @@ fn json_value(value: &Value) -> mysql_async::Value {
         Value::Number(n) if n.is_i64() => mysql_async::Value::Int(n.as_i64().unwrap_or_default()),
         Value::Number(n) => mysql_async::Value::Double(n.as_f64().unwrap_or_default()),
         other => mysql_async::Value::Bytes(json_text(other).unwrap_or_default().into_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tx::{args, Tx};
+
+    /// An UPDATE counts the rows it matched, as on PostgreSQL, not only those whose values
+    /// changed: the shared logic reads a count of 0 as "no such row" (`client_found_rows`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_that_changes_nothing_still_counts_its_row() {
+        let url = std::env::var("CAPSTAN_TEST_MYSQL_URL")
+            .expect("CAPSTAN_TEST_MYSQL_URL must name a MariaDB or MySQL database (scripts/test-all.sh starts one)");
+        let name = format!("u_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let store = Mysql::connect(&url, Some(&name), 0).await.unwrap();
+        let mut tx = store.autocommit().await.unwrap();
+        let sql = "UPDATE namespaces SET description = description WHERE name = $1";
+        let counted = tx.execute(sql, &args!["default"]).await.unwrap();
+        tx.batch(&format!("DROP DATABASE `{name}`")).await.unwrap();
+        assert_eq!(counted, 1);
     }
 }
