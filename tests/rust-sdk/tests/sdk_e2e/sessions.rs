@@ -141,9 +141,14 @@ fn session_step_worker(client: &Client, queue: &str, worker_id: &str) -> Worker 
 /// between two session steps: once the session's lease runs out, the other worker reacquires
 /// it (`allow_reacquire_after_failure`) and runs the next step; every step ran on whoever held
 /// the session at the time.
+///
+/// The holder's long poll may still be open at the server when the signal lands, so the
+/// signal's workflow task can be leased to the dead holder (the server cannot tell that the
+/// response will never be read); a short workflow task lease lets it reach the rival well
+/// inside the result wait instead of after the default 60 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crashed_holders_session_is_reacquired_by_another_worker() {
-    let server = CapstanServer::spawn().await;
+    let server = CapstanServer::spawn_with(&["--workflow-task-lease-seconds", "3"]).await;
     let client = server.client();
     let queue = unique("session-handoff-q");
     let (holder_id, rival_id) = (unique("holder"), unique("rival"));
