@@ -803,7 +803,11 @@ def with_database(url: str, database: str) -> str:
 
 class MariadbScratchDatabase:
     """A fresh database ``capstan_<random>`` on the test MariaDB (``CAPSTAN_TEST_MYSQL_URL``),
-    dropped afterwards; made and dropped with Debian's ``mariadb`` client."""
+    dropped afterwards; made, read and dropped with Debian's ``mariadb`` client."""
+
+    kind = "mariadb"
+    # The database's clock in epoch milliseconds, as SQL.
+    now_ms_sql = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 
     def __init__(self, admin_url: str) -> None:
         self.admin_url = admin_url
@@ -811,20 +815,34 @@ class MariadbScratchDatabase:
         self.url = with_database(admin_url, self.name)
         self.created = False
 
-    def _client(self, sql: str) -> None:
+    def client_args(self, database: str | None = None) -> list[str]:
+        """``mariadb`` in batch mode (tab-separated rows, no headers, unbuffered) on ``database``."""
         parts = urllib.parse.urlsplit(self.admin_url)
+        return ["mariadb", "--protocol=tcp", "-h", parts.hostname or "127.0.0.1", "-P", str(parts.port or 3306),
+                "-u", parts.username or "root", *([f"-p{parts.password}"] if parts.password else []),
+                "-N", "-B", "-n", *([database] if database else [])]
+
+    def _client(self, sql: str, database: str | None = None) -> str:
         done = subprocess.run(
-            ["mariadb", "--protocol=tcp", "-h", parts.hostname or "127.0.0.1", "-P", str(parts.port or 3306),
-             "-u", parts.username or "root", *([f"-p{parts.password}"] if parts.password else []), "-e", sql],
-            capture_output=True, text=True, timeout=30, check=False,
+            [*self.client_args(database), "-e", sql], capture_output=True, text=True, timeout=30, check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"mariadb failed running {sql!r}: {done.stderr.strip()}")
+        return done.stdout.strip()
 
     def create(self) -> MariadbScratchDatabase:
         self._client(f"CREATE DATABASE {self.name}")
         self.created = True
         return self
+
+    def query(self, sql: str) -> list[list[str]]:
+        """Rows of a read-only diagnostic query (columns split on tabs; NULL as '', as psql prints it)."""
+        out = self._client(sql, self.name)
+        return [["" if cell == "NULL" else cell for cell in line.split("\t")] for line in out.splitlines() if line]
+
+    def session_args(self) -> list[str]:
+        """A client reading statements from stdin, each answered as it arrives."""
+        return self.client_args(self.name)
 
     def drop(self) -> None:
         if self.created:
@@ -834,6 +852,10 @@ class MariadbScratchDatabase:
 
 class ScratchDatabase:
     """A fresh PostgreSQL database (``capstan_<random>``), dropped afterwards."""
+
+    kind = "postgres"
+    # The database's clock in epoch milliseconds, as SQL.
+    now_ms_sql = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
     def __init__(self, admin_url: str) -> None:
         self.admin_url = admin_url
@@ -850,6 +872,10 @@ class ScratchDatabase:
         """Rows of a read-only diagnostic query (columns split on '|')."""
         out = psql(self.url, sql)
         return [line.split("|") for line in out.splitlines() if line]
+
+    def session_args(self) -> list[str]:
+        """A client reading statements from stdin, each answered as it arrives."""
+        return ["psql", self.url, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
 
     def drop(self) -> None:
         if self.created:

@@ -18,8 +18,9 @@
   workflow crosses nodes.
 * ``server_factory``: per-test servers with extra flags (e.g. short leases)
   that the test may SIGKILL and restart on the same port and data dir.
-* ``cluster_factory``: per-test PostgreSQL clusters, each on its own fresh
-  database (always PostgreSQL, whatever ``CAPSTAN_TEST_BACKEND`` says).
+* ``cluster_factory``: per-test clusters, each on its own fresh database; every
+  test that uses it runs twice, on PostgreSQL and on MariaDB (whatever
+  ``CAPSTAN_TEST_BACKEND`` says). ``cluster.database.kind`` says which.
 * ``run_worker``: ``async with run_worker(url, queue, workflows=[...],
   activities=[...]) as worker:`` runs an SDK ``Worker`` as a background
   asyncio task and stops it cleanly afterwards.
@@ -71,9 +72,10 @@ def backend() -> str:
     return value
 
 
-def _shared_database_or_fail() -> ScratchDatabase | MariadbScratchDatabase:
-    """A fresh database for a two-node cluster on the backend ``CAPSTAN_TEST_BACKEND`` names."""
-    if backend() == "postgres":
+def _shared_database_or_fail(kind: str | None = None) -> ScratchDatabase | MariadbScratchDatabase:
+    """A fresh database for a cluster: on ``kind`` (``postgres`` or ``mariadb``), else on the
+    backend ``CAPSTAN_TEST_BACKEND`` names."""
+    if (kind or backend()) == "postgres":
         return _create_database_or_fail()
     url = os.environ.get("CAPSTAN_TEST_MYSQL_URL", "").strip()
     if not url:
@@ -235,11 +237,12 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
 
 
 class ClusterFactory:
-    """Creates per-test PostgreSQL clusters; at teardown every node is shut
-    down and every scratch database dropped."""
+    """Creates per-test clusters on PostgreSQL or MariaDB (``kind``); at teardown every node is
+    shut down and every scratch database dropped."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, kind: str) -> None:
         self.base = base
+        self.kind = kind
         self.clusters: list[Cluster] = []
 
     @property
@@ -248,7 +251,7 @@ class ClusterFactory:
 
     def create(self, nodes: int = 2, *extra_args: str, start: bool = True) -> Cluster:
         """``nodes`` servers on one fresh database, named A, B, C, ..."""
-        database = _create_database_or_fail()
+        database = _shared_database_or_fail(self.kind)
         index = len(self.clusters) + 1
         cluster = Cluster([
             CapstanServer(
@@ -273,9 +276,10 @@ class ClusterFactory:
             raise AssertionError("\n\n".join(problems))
 
 
-@pytest.fixture
-def cluster_factory(tmp_path: Path) -> Iterator[ClusterFactory]:
-    factory = ClusterFactory(tmp_path)
+@pytest.fixture(params=["postgres", "mariadb"])
+def cluster_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ClusterFactory]:
+    """Every cluster test runs on both shared databases."""
+    factory = ClusterFactory(tmp_path, request.param)
     try:
         yield factory
     finally:

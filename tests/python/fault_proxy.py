@@ -1,4 +1,4 @@
-"""A TCP proxy between Capstan nodes and PostgreSQL that a test can break.
+"""A TCP proxy between Capstan nodes and their database (PostgreSQL or MariaDB) that a test can break.
 
 Runs its own event loop in a thread, so blocking test code (starting a node) does not stall it.
 Faults, applied to every connection through the proxy:
@@ -18,8 +18,10 @@ import threading
 import time
 from typing import Any
 
-# tokio-postgres commits with a simple query: 'Q', int32 length (4 + len("COMMIT\0")), text.
-COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+# How a node's COMMIT looks on the wire. tokio-postgres: a simple query, 'Q', int32 length
+# (4 + len("COMMIT\0")), text. mysql_async: a packet of 3-byte length 7 and sequence id 0 holding
+# COM_QUERY (0x03) and the text.
+COMMIT_MESSAGES = (b"Q\x00\x00\x00\x0bCOMMIT\x00", b"\x07\x00\x00\x00\x03COMMIT")
 
 
 class FaultProxy:
@@ -145,7 +147,7 @@ class FaultProxy:
                 await asyncio.sleep(self.delay_seconds)
             if cut.is_set():
                 return  # the answer to a cut COMMIT never reaches the node
-            if watch_commits and self.commits_to_cut > 0 and COMMIT_MESSAGE in chunk:
+            if watch_commits and self.commits_to_cut > 0 and any(commit in chunk for commit in COMMIT_MESSAGES):
                 self.commits_to_cut -= 1
                 self.commits_cut += 1
                 cut.set()  # before the COMMIT leaves: its answer must not slip through

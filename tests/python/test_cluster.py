@@ -1,7 +1,8 @@
-"""Several ``capstan serve`` nodes sharing one PostgreSQL database.
+"""Several ``capstan serve`` nodes sharing one database.
 
-Always PostgreSQL (``CAPSTAN_TEST_POSTGRES_URL`` is required; the tests fail
-without it). Every test gets a fresh database and its own nodes, named A, B,
+Every test runs twice: on PostgreSQL (``CAPSTAN_TEST_POSTGRES_URL``) and on
+MariaDB (``CAPSTAN_TEST_MYSQL_URL``); both are required, the tests fail
+without them. Every test gets a fresh database and its own nodes, named A, B,
 C; the database is dropped afterwards.
 
 * a task crosses three nodes: started on A, polled on B, completed on A,
@@ -266,15 +267,14 @@ def test_timers_claimed_by_a_dead_node_fire_once_on_another(cluster_factory):
             # at once and SIGKILL it as soon as the claim is visible.
             a.pause()
             (due_at, db_now), = database.query(
-                "SELECT max(deadline_at), (extract(epoch FROM clock_timestamp()) * 1000)::bigint "
-                "FROM tasks WHERE kind = 'timer'"
+                f"SELECT max(deadline_at), {database.now_ms_sql} FROM tasks WHERE kind = 'timer'"
             )
             await asyncio.sleep(max(0, int(due_at) - int(db_now)) / 1000 + 0.2)
             a.resume()
             deadline = time.monotonic() + 10
             while True:
                 (claimed, pending), = database.query(
-                    f"SELECT count(*) FILTER (WHERE duty_owner = '{node_a}'), count(*) "
+                    f"SELECT COALESCE(SUM(CASE WHEN duty_owner = '{node_a}' THEN 1 ELSE 0 END), 0), count(*) "
                     f"FROM tasks WHERE kind = 'timer' AND status IN ('ready', 'leased')"
                 )
                 if int(claimed) > 0 or int(pending) == 0:
@@ -562,11 +562,12 @@ def test_a_run_held_by_a_paused_transaction_delays_only_that_run(cluster_factory
             assert all(reply.status_code == 200 for reply in replies), [r.text for r in replies]
             # Hold the run's row lock from another session, idle inside its transaction.
             holder = subprocess.Popen(
-                ["psql", cluster.database.url, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"],
+                cluster.database.session_args(),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )
             try:
-                holder.stdin.write(f"BEGIN;\nSELECT 1 FROM runs WHERE run_id = '{runs[held_wid]}' FOR UPDATE;\n\\echo holding\n")
+                holder.stdin.write(f"BEGIN;\nSELECT 1 FROM runs WHERE run_id = '{runs[held_wid]}' FOR UPDATE;\n"
+                                   "SELECT 'holding';\n")
                 holder.stdin.flush()
                 assert "holding" in holder.stdout.readline() + holder.stdout.readline(), "the lock is held"
                 started = time.monotonic()

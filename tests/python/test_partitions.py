@@ -1,4 +1,4 @@
-"""Partitions between a node and PostgreSQL: a fault proxy (``fault_proxy.py``) sits between
+"""Partitions between a node and its database: a fault proxy (``fault_proxy.py``) sits between
 node A and the database; node B reaches the database directly and is used to read the truth.
 
 * the worst case, a COMMIT that reached the database whose answer was lost: A answers
@@ -10,8 +10,8 @@ node A and the database; node B reaches the database directly and is used to rea
   retried with its key until acknowledged, and afterwards every acknowledged change is there
   exactly once.
 
-PostgreSQL only (``CAPSTAN_TEST_POSTGRES_URL``); run with
-``.venv/bin/python -m pytest tests/python/test_partitions.py``.
+Every test runs on PostgreSQL (``CAPSTAN_TEST_POSTGRES_URL``) and on MariaDB
+(``CAPSTAN_TEST_MYSQL_URL``); run with ``.venv/bin/python -m pytest tests/python/test_partitions.py``.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ RETRYABLE = {"storage_unavailable", "commit_outcome_unknown"}
 
 @pytest.fixture
 def partitioned(cluster_factory):
-    """(proxy, A, B, database): A reaches PostgreSQL through the proxy, B directly."""
+    """(proxy, A, B, database): A reaches the database through the proxy, B directly."""
     cluster = cluster_factory.create(2, start=False)
     a, b = cluster
     target = urlsplit(cluster.database.url)

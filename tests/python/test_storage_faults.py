@@ -1,8 +1,9 @@
 """Storage faults, for real, on both databases.
 
 SQLite: the server's data directory is a small tmpfs that a filler file fills. PostgreSQL: the
-database lives in a tablespace on a small tmpfs that Capstan's own writes fill; and, separately,
-the database turns read-only under the server (what a failover to a demoted primary looks like).
+database lives in a tablespace on a small tmpfs that Capstan's own writes fill. PostgreSQL and
+MariaDB: the database turns read-only under the server (what a failover to a demoted primary
+looks like).
 
 While writes fail they are refused with 503 `storage_unavailable` (the DW error shape) and
 nothing refused is committed; reads keep working; the process stays up. Once the fault is gone
@@ -20,12 +21,15 @@ import os
 import subprocess
 import time
 
+from urllib.parse import urlsplit, urlunsplit
+
 import httpx
 import pytest
 
 from capstan_harness import (
     CONTROL_HEADERS,
     CapstanServer,
+    MariadbScratchDatabase,
     ScratchDatabase,
     capstan_binary,
     envelope,
@@ -146,11 +150,63 @@ def test_a_full_disk_refuses_writes_cleanly_and_recovers(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path):
-    """The database refuses writes under a running server (every session read-only, as on a
-    demoted primary; its connections drop, as at a failover)."""
-    admin = postgres_admin_url()
-    database = ScratchDatabase(admin).create()
+class ReadOnlyPostgres:
+    """Every session of the database read-only, its connections dropped (a failover to a demoted
+    primary)."""
+
+    def __init__(self) -> None:
+        self.admin = postgres_admin_url()
+        self.database = ScratchDatabase(self.admin).create()
+        self.url = self.database.url
+
+    def set_read_only(self, on: bool) -> None:
+        change = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+        psql(self.admin, f"ALTER DATABASE {self.database.name} {change}")
+        drop_connections(self.admin, self.database.name)
+
+    def close(self) -> None:
+        psql(self.admin, f"ALTER DATABASE {self.database.name} RESET default_transaction_read_only")
+        self.database.drop()
+
+
+class ReadOnlyMariadb:
+    """The server read-only (`read_only`, which binds every user without the READ ONLY ADMIN
+    privilege: Capstan connects as a user of its own) and the user's connections killed."""
+
+    def __init__(self) -> None:
+        admin = os.environ.get("CAPSTAN_TEST_MYSQL_URL", "").strip()
+        assert admin, "CAPSTAN_TEST_MYSQL_URL is not set: start scripts/mariadb.sh and export the URL it prints"
+        self.database = MariadbScratchDatabase(admin).create()
+        self.user = self.database.name
+        self.admin_sql(f"CREATE USER '{self.user}'@'%'")
+        self.admin_sql(f"GRANT ALL PRIVILEGES ON {self.database.name}.* TO '{self.user}'@'%'")
+        parts = urlsplit(self.database.url)
+        self.url = urlunsplit(parts._replace(netloc=f"{self.user}@{parts.hostname}:{parts.port}"))
+
+    def admin_sql(self, sql: str) -> str:
+        done = subprocess.run([*self.database.client_args(), "-e", sql], capture_output=True, text=True, timeout=30,
+                              check=False)
+        assert done.returncode == 0, f"mariadb failed running {sql!r}: {done.stderr.strip()}"
+        return done.stdout
+
+    def set_read_only(self, on: bool) -> None:
+        self.admin_sql(f"SET GLOBAL read_only = {'ON' if on else 'OFF'}")
+        ids = self.admin_sql(f"SELECT id FROM information_schema.processlist WHERE user = '{self.user}'").split()
+        for connection in ids:
+            subprocess.run([*self.database.client_args(), "-e", f"KILL CONNECTION {connection}"],
+                           capture_output=True, timeout=30, check=False)  # it may be gone already
+
+    def close(self) -> None:
+        self.admin_sql("SET GLOBAL read_only = OFF")
+        self.admin_sql(f"DROP USER IF EXISTS '{self.user}'@'%'")
+        self.database.drop()
+
+
+@pytest.mark.parametrize("kind", [ReadOnlyPostgres, ReadOnlyMariadb], ids=["postgres", "mariadb"])
+def test_a_read_only_database_is_not_ready_refuses_writes_and_recovers(tmp_path, kind):
+    """The database refuses writes under a running server (read-only, as a demoted primary is;
+    its connections drop, as at a failover)."""
+    database = kind()
     server = CapstanServer(tmp_path / "data", tmp_path / "capstan.log", database=database.url)
     try:
         server.start()
@@ -162,8 +218,7 @@ def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path)
                 acknowledged.append(workflow_id)
             assert http.get("/api/ready").status_code == 200
 
-            psql(admin, f"ALTER DATABASE {database.name} SET default_transaction_read_only = on")
-            drop_connections(admin, database.name)
+            database.set_read_only(True)
             refused: list[tuple[str, httpx.Response]] = []
             for _ in range(50):
                 workflow_id, response = start(http, "while-read-only", envelope(["during"]))
@@ -177,8 +232,7 @@ def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path)
             listed = http.get("/api/workflows", params={"page_size": 5})
             described = http.get(f"/api/workflows/{acknowledged[0]}")
 
-            psql(admin, f"ALTER DATABASE {database.name} RESET default_transaction_read_only")
-            drop_connections(admin, database.name)
+            database.set_read_only(False)
             assert wait_for(lambda: http.get("/api/ready").status_code == 200), "not ready after the database took writes again"
             after, started_after = start(http, "after-read-only", envelope(["after"]))
             acknowledged.append(after)
@@ -192,8 +246,7 @@ def test_a_read_only_postgres_is_not_ready_refuses_writes_and_recovers(tmp_path)
     finally:
         if server.running:
             server.terminate()
-        psql(admin, f"ALTER DATABASE {database.name} RESET default_transaction_read_only")
-        database.drop()
+        database.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")

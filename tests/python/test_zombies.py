@@ -1,6 +1,6 @@
 """Zombies: a paused process that wakes up and acts on what it believed it owned.
 
-Kleppmann's fencing scenario, with real processes on a PostgreSQL cluster: a node (or a worker)
+Kleppmann's fencing scenario, with real processes on a PostgreSQL or MariaDB cluster: a node (or a worker)
 is frozen at the worst moment (``SIGSTOP``), the rest of the cluster takes its work over with a
 higher fence, and the frozen process is resumed (``SIGCONT``). What it does next must be
 refused with a DW reason and leave no trace, and anything it answers must not claim a fact
@@ -27,8 +27,8 @@ Nodes freeze themselves at named pause points (``CAPSTAN_TEST_PAUSE_AT``, see
 * a sticky-cache owner (a Python SDK worker process) frozen while another worker takes the run
   over and moves the claim; woken, with a stale cache, it finishes the run from history.
 
-PostgreSQL only (``CAPSTAN_TEST_POSTGRES_URL``); run with
-``.venv/bin/python -m pytest tests/python/test_zombies.py``.
+Every test runs on PostgreSQL (``CAPSTAN_TEST_POSTGRES_URL``) and on MariaDB
+(``CAPSTAN_TEST_MYSQL_URL``); run with ``.venv/bin/python -m pytest tests/python/test_zombies.py``.
 """
 from __future__ import annotations
 
@@ -235,12 +235,15 @@ def test_a_lease_expiry_claimed_by_a_frozen_node_is_applied_once(cluster_factory
 
 def test_a_node_frozen_inside_a_duty_transaction_loses_it_and_recovers(cluster_factory):
     duty_seconds = 2
-    idle_seconds = 3
     cluster = paused_node_cluster(cluster_factory, "duty_locked", "--duty-lease-seconds", str(duty_seconds))
     a, b = cluster
-    # A's sessions are ended by the database after 3 s idle inside a transaction (30 s by
-    # default; a setting named in the URL's options wins).
-    a.database = f"{cluster.database.url}?options=-c%20idle_in_transaction_session_timeout%3D{idle_seconds}s"
+    if cluster.database.kind == "postgres":
+        # A's sessions are ended by the database after 3 s idle inside a transaction (30 s by
+        # default; a setting named in the URL's options wins).
+        idle_seconds = 3
+        a.database = f"{cluster.database.url}?options=-c%20idle_in_transaction_session_timeout%3D{idle_seconds}s"
+    else:
+        idle_seconds = 30  # MariaDB: the store's session setting, which the URL cannot change
     a.start()
     queue = unique("zombie-locked")
 

@@ -103,11 +103,22 @@ impl Drop for Lent {
     }
 }
 
+/// The URL's options, connecting where the URL says. The driver would otherwise switch a
+/// loopback TCP address to the server's Unix socket, going around whatever listens at that
+/// address (a proxy, a pooler, a tunnel); a URL that sets `prefer_socket` itself is obeyed.
+fn at_the_address_given(url: &str) -> StoreResult<Opts> {
+    let opts = Opts::from_url(url)?;
+    if url.contains("prefer_socket=") {
+        return Ok(opts);
+    }
+    Ok(OptsBuilder::from_opts(opts).prefer_socket(false).into())
+}
+
 impl Mysql {
     /// Connects to the database the URL names (or to `schema`, created if missing, on the same
     /// server) and migrates it.
     pub(crate) async fn connect(url: &str, schema: Option<&str>, now: Millis) -> StoreResult<Self> {
-        let opts = Opts::from_url(url)?;
+        let opts = at_the_address_given(url)?;
         let database = match schema {
             Some(schema) => schema.to_string(),
             None => opts
@@ -318,6 +329,16 @@ fn json_value(value: &Value) -> mysql_async::Value {
 mod tests {
     use super::*;
     use crate::tx::{args, Tx};
+
+    /// A loopback address is connected to over TCP, as given (a fault proxy in front of the
+    /// database is what the partition tests rely on), unless the URL asks for the socket.
+    #[test]
+    fn a_loopback_address_is_not_swapped_for_the_servers_socket() {
+        let given = at_the_address_given("mysql://root@127.0.0.1:3306/capstan").unwrap();
+        assert!(!given.prefer_socket());
+        let asked = at_the_address_given("mysql://root@127.0.0.1:3306/capstan?prefer_socket=true").unwrap();
+        assert!(asked.prefer_socket());
+    }
 
     /// An UPDATE counts the rows it matched, as on PostgreSQL, not only those whose values
     /// changed: the shared logic reads a count of 0 as "no such row" (`client_found_rows`).
