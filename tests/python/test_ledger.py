@@ -384,7 +384,7 @@ def test_capstan_ledger_and_actions_cli(server_url, worker_url, run_worker):
                 table = await asyncio.to_thread(cli, "ledger", "show", unknown["ledger_key"])
                 resolved = await asyncio.to_thread(
                     cli, "ledger", "resolve", unknown["ledger_key"], "--decision", "effect_absent",
-                    "--evidence", '{"note": "no charge at the bank"}', "--principal", "ops-alice",
+                    "--evidence", '{"note": "no charge at the bank"}',
                 )
                 again = await asyncio.to_thread(
                     cli, "ledger", "resolve", unknown["ledger_key"], "--decision", "effect_absent", "--evidence", '{"note": "x"}',
@@ -397,5 +397,7 @@ def test_capstan_ledger_and_actions_cli(server_url, worker_url, run_worker):
     assert [e["ledger_key"] for e in json.loads(listed.stdout)["entries"]] == [unknown["ledger_key"]]
     assert "outcome_unknown" in table.stdout and "chain verified: true" in table.stdout, table.stdout
     assert resolved.returncode == 0 and "effect_absent" in resolved.stdout, resolved.stderr
+    # The resolver is the credential's principal (auth off here: the anonymous principal).
+    assert '"principal": "anonymous"' in resolved.stdout or "anonymous" in resolved.stdout, resolved.stdout
     assert again.returncode == 1 and "ledger_entry_not_unknown" in again.stderr, again.stderr
     assert result == {"receipt": {"charged": key, "calls": 2}}, result

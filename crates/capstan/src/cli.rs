@@ -91,9 +91,6 @@ pub enum LedgerCommand {
         /// The activity's result as JSON (effect_confirmed only).
         #[arg(long)]
         result: Option<String>,
-        /// Who resolves, recorded with the token's role.
-        #[arg(long)]
-        principal: Option<String>,
     },
 }
 
@@ -305,14 +302,10 @@ pub fn ledger(connection: Connection, command: LedgerCommand) -> ExitCode {
                 decision,
                 evidence,
                 result,
-                principal,
             } => {
                 let mut body = json!({"decision": decision, "evidence": parse_json("evidence", &evidence)?});
                 if let Some(text) = result {
                     body["result"] = parse_json("result", &text)?;
-                }
-                if let Some(principal) = principal {
-                    body["principal"] = json!(principal);
                 }
                 let resolved = client
                     .call(reqwest::Method::POST, &format!("/ledger/{ledger_key}/resolve"), Some(body))

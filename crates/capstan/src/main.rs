@@ -84,6 +84,37 @@ enum Command {
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
+    /// Named credentials: how a secret is written in a credentials file.
+    Credentials {
+        #[command(subcommand)]
+        command: CredentialsCommand,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum CredentialsCommand {
+    /// Read a secret from standard input (one line) and print it as a credentials file stores
+    /// it (`sha256:<hex>`). The secret itself is never printed.
+    Hash,
+}
+
+fn credentials(command: CredentialsCommand) -> ExitCode {
+    match command {
+        CredentialsCommand::Hash => {
+            let mut secret = String::new();
+            if let Err(error) = std::io::stdin().read_line(&mut secret) {
+                eprintln!("capstan: cannot read the secret: {error}");
+                return ExitCode::from(2);
+            }
+            let secret = secret.trim_end_matches(['\r', '\n']);
+            if secret.len() < 16 {
+                eprintln!("capstan: a secret must be at least 16 characters (use a random one, e.g. `openssl rand -hex 32`)");
+                return ExitCode::from(2);
+            }
+            println!("{}", capstan_server::auth::stored_form(secret));
+            ExitCode::SUCCESS
+        }
+    }
 }
 
 #[derive(Parser)]
@@ -146,6 +177,11 @@ struct ServeArgs {
     /// Token for the admin role (control plane, admin routes).
     #[arg(long, env = "CAPSTAN_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Named credentials (TOML: principal, roles, namespaces, hashed secrets; see
+    /// docs/principals.md). Read again when the file changes, so secrets rotate without a
+    /// restart.
+    #[arg(long, env = "CAPSTAN_CREDENTIALS_FILE")]
+    credentials_file: Option<PathBuf>,
     /// Workflow task lease length.
     #[arg(long, env = "CAPSTAN_WORKFLOW_TASK_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(i64).range(1..=3600))]
     workflow_task_lease_seconds: i64,
@@ -280,14 +316,27 @@ fn auth_config(args: &ServeArgs) -> Result<AuthConfig, String> {
     match args.auth {
         AuthMode::None => Ok(AuthConfig::None),
         AuthMode::Token => {
+            let credentials = match &args.credentials_file {
+                Some(path) => capstan_server::auth::Credentials::from_file(path)?,
+                None => Default::default(),
+            };
             let config = AuthConfig::Token {
                 shared: args.token.clone(),
                 worker: args.worker_token.clone(),
                 operator: args.operator_token.clone(),
                 admin: args.admin_token.clone(),
+                credentials,
             };
-            if args.token.is_none() && args.worker_token.is_none() && args.operator_token.is_none() && args.admin_token.is_none() {
-                return Err("--auth token needs at least one of --token, --worker-token, --operator-token, --admin-token".into());
+            if args.token.is_none()
+                && args.worker_token.is_none()
+                && args.operator_token.is_none()
+                && args.admin_token.is_none()
+                && args.credentials_file.is_none()
+            {
+                return Err(
+                    "--auth token needs at least one of --token, --worker-token, --operator-token, --admin-token, --credentials-file"
+                        .into(),
+                );
             }
             Ok(config)
         }
@@ -461,6 +510,7 @@ fn main() -> ExitCode {
         Command::TaskQueue { connection, command } => ops::task_queue(connection, command),
         Command::Schedule { connection, command } => ops::schedule(connection, command),
         Command::Server { connection, command } => ops::server(connection, command),
+        Command::Credentials { command } => credentials(command),
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "capstan", &mut std::io::stdout());
             ExitCode::SUCCESS

@@ -247,6 +247,12 @@ pub async fn serve<S: Store>(
     let clock = tokio::spawn(clock::run(state.clone()));
     let scheduler = tokio::spawn(scheduler::run(state.clone()));
     let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
+    let credentials = state
+        .config
+        .auth
+        .credentials()
+        .cloned()
+        .map(|c| tokio::spawn(auth::follow_credentials_file(c)));
     // Other nodes sharing the database announce ready tasks; feed them to local pollers.
     if let Some(mut wakeups) = state.store.wakeups().await.map_err(|e| std::io::Error::other(e.to_string()))? {
         let hub = state.hub.clone();
@@ -262,8 +268,8 @@ pub async fn serve<S: Store>(
         .await;
     clock.abort();
     scheduler.abort();
-    if let Some(executor) = executor {
-        executor.abort();
+    for task in [executor, credentials].into_iter().flatten() {
+        task.abort();
     }
     // Sends the spans still buffered (the exporter blocks on its own thread).
     let telemetry = state.config.telemetry.clone();

@@ -13,6 +13,8 @@ mod external_payloads;
 mod metrics;
 #[path = "http_api/prepared_local.rs"]
 mod prepared_local;
+#[path = "http_api/principals.rs"]
+mod principals;
 #[path = "http_api/redrive.rs"]
 mod redrive;
 #[path = "http_api/service_calls.rs"]

@@ -23,7 +23,7 @@ const LIMIT_DEFAULT: usize = 100;
 const LIMIT_MAX: usize = 1000;
 
 fn admin<S: Store>(state: &Shared<S>, headers: &HeaderMap) -> ApiResult<()> {
-    state.config.auth.require(headers, &[Role::Admin])
+    state.config.auth.require(headers, &[Role::Admin]).map(|_| ())
 }
 
 fn limit_of(params: &HashMap<String, String>) -> ApiResult<usize> {

@@ -192,7 +192,7 @@ pub async fn probe<S: Store>(
     headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Admin], &namespace)?;
     refuse_unknown_fields(
         &body,
         &[&["driver", "small_payload_bytes", "large_payload_bytes"]],

@@ -145,7 +145,7 @@ pub async fn delete_worker<S: Store>(
     headers: HeaderMap,
     Path(worker_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Admin], &namespace)?;
     let Json(mut body) = super::worker::deregister(State(state), Extension(Namespace(namespace)), Path(worker_id)).await?;
     body["deleted"] = json!(true);
     body["outcome"] = json!("deleted");
@@ -382,7 +382,7 @@ pub async fn promote_build_id<S: Store>(
     Path(queue): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
     let build_id = build_id_of(&body)?;
     let rollout = state.store.promote_build_id(&namespace, &queue, build_id, state.now()).await?;
     state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));

@@ -82,7 +82,7 @@ pub async fn put_definition<S: Store>(
     Path(activity_type): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Admin], &namespace)?;
     if activity_type.is_empty() || activity_type.len() > 255 {
         return Err(ApiError::validation(
             "activity_type",
@@ -292,8 +292,15 @@ pub async fn resolve<S: Store>(
     Path(ledger_key): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    let caller = state.config.auth.require_in(&headers, &[Role::Admin], &namespace)?;
     let f = Fields::new(&body);
+    if body.contains_key("principal") {
+        // The resolver is who the credential says, never what the caller writes.
+        return Err(ApiError::validation(
+            "principal",
+            "The resolving principal is taken from the credential; remove the principal field.",
+        ));
+    }
     let evidence = match body.get("evidence") {
         Some(Value::Object(evidence)) if !evidence.is_empty() => Value::Object(evidence.clone()),
         _ => {
@@ -323,17 +330,7 @@ pub async fn resolve<S: Store>(
             ))
         }
     };
-    let principal = state
-        .config
-        .auth
-        .roles(&headers)?
-        .first()
-        .map(|role| format!("{role:?}").to_lowercase())
-        .unwrap_or_else(|| "anonymous".into());
-    let principal = match f.opt_str("principal", 255)? {
-        Some(name) => format!("{principal}:{name}"),
-        None => principal,
-    };
+    let principal = caller.principal.id;
     let resolution = capstan_app::ledger::Resolution {
         namespace: namespace.clone(),
         ledger_key: ledger_key.clone(),
@@ -385,7 +382,7 @@ pub async fn close_incident<S: Store>(
     Path(incident_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Admin], &namespace)?;
     let note = Fields::new(&body).req_str("note", 10_000)?;
     let incident = state
         .store

@@ -493,17 +493,18 @@ async fn worker_plane<S: Store>(State(state): State<Shared<S>>, mut request: Req
     let headers = request.headers().clone();
     let deferred = success_proves_namespace(request.uri().path());
     let checked = async {
-        state.config.auth.require(&headers, &[Role::Worker])?;
+        let caller = state.config.auth.require_in(&headers, &[Role::Worker], &namespace)?;
         check_worker_version(&headers)?;
-        if deferred {
-            return Ok(());
+        if !deferred {
+            require_namespace(&state, &namespace).await?;
         }
-        require_namespace(&state, &namespace).await
+        Ok::<_, ApiError>(caller)
     }
     .await;
     let response = match checked {
-        Ok(()) => {
+        Ok(caller) => {
             request.extensions_mut().insert(Namespace(namespace.clone()));
+            request.extensions_mut().insert(caller);
             let response = next.run(request).await;
             match require_namespace_if_refused(&state, &namespace, deferred, response.status()).await {
                 Err(error) => error.into_response(),
@@ -591,7 +592,7 @@ async fn namespace_plane<S: Store>(State(state): State<Shared<S>>, request: Requ
         .config
         .auth
         .require(&headers, &[Role::Operator, Role::Admin])
-        .and_then(|()| check_control_version(&headers));
+        .and_then(|_| check_control_version(&headers));
     let mut response = match checked {
         Ok(()) => next.run(request).await,
         Err(error) => error.into_response(),
@@ -607,13 +608,18 @@ async fn payload_plane<S: Store>(State(state): State<Shared<S>>, mut request: Re
     let namespace = namespace_of(&request);
     let headers = request.headers().clone();
     let checked = async {
-        state.config.auth.require(&headers, &[Role::Worker, Role::Operator, Role::Admin])?;
-        require_namespace(&state, &namespace).await
+        let caller = state
+            .config
+            .auth
+            .require_in(&headers, &[Role::Worker, Role::Operator, Role::Admin], &namespace)?;
+        require_namespace(&state, &namespace).await?;
+        Ok::<_, ApiError>(caller)
     }
     .await;
     match checked {
-        Ok(()) => {
+        Ok(caller) => {
             request.extensions_mut().insert(Namespace(namespace));
+            request.extensions_mut().insert(caller);
             next.run(request).await
         }
         Err(error) => error.into_response(),
@@ -624,14 +630,16 @@ async fn control_plane<S: Store>(State(state): State<Shared<S>>, mut request: Re
     let namespace = namespace_of(&request);
     let headers = request.headers().clone();
     let checked = async {
-        state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+        let caller = state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
         check_control_version(&headers)?;
-        require_namespace(&state, &namespace).await
+        require_namespace(&state, &namespace).await?;
+        Ok::<_, ApiError>(caller)
     }
     .await;
     let mut response = match checked {
-        Ok(()) => {
+        Ok(caller) => {
             request.extensions_mut().insert(Namespace(namespace));
+            request.extensions_mut().insert(caller);
             next.run(request).await
         }
         Err(error) => error.into_response(),

@@ -35,7 +35,7 @@ pub async fn create<S: Store>(
     headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
     let f = Fields::new(&body);
     let name = f.req_str("name", 128)?;
     let kind_text = f.req_str("type", 32)?;

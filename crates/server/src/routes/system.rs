@@ -96,7 +96,10 @@ pub fn server_capabilities() -> Value {
 }
 
 pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Worker, Role::Operator, Role::Admin])?;
+    state
+        .config
+        .auth
+        .require_role(&headers, &[Role::Worker, Role::Operator, Role::Admin])?;
     let namespace = headers
         .get("x-namespace")
         .and_then(|v| v.to_str().ok())

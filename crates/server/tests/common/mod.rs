@@ -45,6 +45,7 @@ impl Tokens {
             worker: Some(Self::WORKER.into()),
             operator: Some(Self::OPERATOR.into()),
             admin: Some(Self::ADMIN.into()),
+            credentials: Default::default(),
         }
     }
 }

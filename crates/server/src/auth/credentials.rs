@@ -1,0 +1,320 @@
+//! Named credentials: a principal, the roles it holds, the namespaces it may act in, and one
+//! or more secrets, kept only as SHA-256 digests. Several secrets per principal let a secret be
+//! rotated while the principal stays the same; the file is read again when it changes, so a
+//! rotation needs no restart.
+//!
+//! ```toml
+//! [[credential]]
+//! principal = "alice"
+//! roles = ["operator"]
+//! namespaces = ["billing"]            # absent: every namespace
+//! secrets = ["sha256:9f86d081884c…"] # `capstan credentials hash` prints one
+//! ```
+
+use super::Role;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+/// The prefix of a stored secret: the digest's algorithm.
+const DIGEST_PREFIX: &str = "sha256:";
+
+/// One named credential, as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credential {
+    /// Who acts: recorded on every fact the credential's requests cause.
+    pub principal: String,
+    pub roles: BTreeSet<Role>,
+    /// The namespaces it may act in; `None` for every namespace.
+    pub namespaces: Option<BTreeSet<String>>,
+    /// SHA-256 digests of its secrets.
+    digests: Vec<[u8; 32]>,
+}
+
+impl Credential {
+    pub fn new(principal: &str, roles: &[Role], namespaces: Option<&[&str]>, secrets: &[&str]) -> Self {
+        Self {
+            principal: principal.to_string(),
+            roles: roles.iter().copied().collect(),
+            namespaces: namespaces.map(|names| names.iter().map(|n| n.to_string()).collect()),
+            digests: secrets.iter().map(|secret| digest(secret)).collect(),
+        }
+    }
+
+    /// Whether `presented` (a token's digest) is one of its secrets; every secret is compared
+    /// in full, so the time taken does not say which one nearly matched.
+    fn accepts(&self, presented: &[u8; 32]) -> bool {
+        self.digests
+            .iter()
+            .fold(false, |found, known| found | constant_time_eq(known, presented))
+    }
+
+    pub fn may_act_in(&self, namespace: &str) -> bool {
+        self.namespaces.as_ref().is_none_or(|names| names.contains(namespace))
+    }
+}
+
+/// The SHA-256 digest of a secret.
+pub fn digest(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// How a secret is written in a credentials file: `sha256:<hex digest>`.
+pub fn stored_form(secret: &str) -> String {
+    format!("{DIGEST_PREFIX}{}", hex::encode(digest(secret)))
+}
+
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The credentials in force, shared by every request; replaced whole when the file changes.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    current: Arc<RwLock<Arc<Vec<Credential>>>>,
+    source: Option<Arc<Source>>,
+}
+
+#[derive(Debug)]
+struct Source {
+    path: PathBuf,
+    /// What the file looked like when it was last read.
+    seen: RwLock<Option<(SystemTime, u64)>>,
+}
+
+impl Credentials {
+    pub fn fixed(credentials: Vec<Credential>) -> Self {
+        Self {
+            current: Arc::new(RwLock::new(Arc::new(credentials))),
+            source: None,
+        }
+    }
+
+    /// The credentials a file holds, read now; an unreadable or invalid file is an error.
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        let loaded = read_file(path)?;
+        let credentials = Self {
+            current: Arc::new(RwLock::new(Arc::new(loaded))),
+            source: Some(Arc::new(Source {
+                path: path.to_path_buf(),
+                seen: RwLock::new(file_stamp(path)),
+            })),
+        };
+        Ok(credentials)
+    }
+
+    /// The file these credentials came from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.source.as_ref().map(|source| source.path.as_path())
+    }
+
+    /// The credential one of whose secrets `token` is.
+    pub fn find(&self, token: &str) -> Option<Credential> {
+        let presented = digest(token);
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
+        // Every credential is checked (no early exit): the time taken does not tell how many
+        // credentials were passed over.
+        current
+            .iter()
+            .fold(None, |found, credential| match credential.accepts(&presented) {
+                true => found.or(Some(credential)),
+                false => found,
+            })
+            .cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads the file again if it changed since it was last read: `Ok(Some(n))` when `n`
+    /// credentials were loaded, `Ok(None)` when it had not changed. An invalid file leaves the
+    /// credentials in force as they were.
+    pub fn reload_if_changed(&self) -> Result<Option<usize>, String> {
+        let Some(source) = &self.source else { return Ok(None) };
+        let stamp = file_stamp(&source.path);
+        if *source.seen.read().unwrap_or_else(|e| e.into_inner()) == stamp {
+            return Ok(None);
+        }
+        *source.seen.write().unwrap_or_else(|e| e.into_inner()) = stamp;
+        let loaded = read_file(&source.path)?;
+        let count = loaded.len();
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+        Ok(Some(count))
+    }
+}
+
+fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    credential: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    principal: String,
+    roles: Vec<String>,
+    namespaces: Option<Vec<String>>,
+    secrets: Vec<String>,
+}
+
+fn read_file(path: &Path) -> Result<Vec<Credential>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("credentials file {}: {e}", path.display()))?;
+    parse(&text).map_err(|e| format!("credentials file {}: {e}", path.display()))
+}
+
+/// The credentials a file's text holds. Secrets must be stored digests, never plain text.
+pub fn parse(text: &str) -> Result<Vec<Credential>, String> {
+    let file: File = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    let mut principals = BTreeSet::new();
+    let mut seen_digests = BTreeSet::new();
+    let mut credentials = Vec::with_capacity(file.credential.len());
+    for entry in file.credential {
+        let principal = entry.principal.trim().to_string();
+        if principal.is_empty() || principal.len() > 128 || principal.chars().any(char::is_control) {
+            return Err(format!("principal {:?} must be 1-128 printable characters", entry.principal));
+        }
+        if !principals.insert(principal.clone()) {
+            return Err(format!(
+                "principal {principal:?} is configured twice (list all its secrets in one entry)"
+            ));
+        }
+        let roles = entry
+            .roles
+            .iter()
+            .map(|role| {
+                Role::named(role).ok_or_else(|| format!("principal {principal:?}: unknown role {role:?} (worker, operator, admin)"))
+            })
+            .collect::<Result<BTreeSet<Role>, String>>()?;
+        if roles.is_empty() {
+            return Err(format!("principal {principal:?} has no roles"));
+        }
+        if entry.secrets.is_empty() {
+            return Err(format!("principal {principal:?} has no secrets"));
+        }
+        let mut digests = Vec::with_capacity(entry.secrets.len());
+        for secret in &entry.secrets {
+            let hex_digest = secret.strip_prefix(DIGEST_PREFIX).ok_or_else(|| {
+                format!("principal {principal:?}: a secret must be stored as sha256:<hex digest> (`capstan credentials hash` prints one), never in plain text")
+            })?;
+            let bytes = hex::decode(hex_digest)
+                .ok()
+                .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+                .ok_or_else(|| format!("principal {principal:?}: a secret digest must be 64 hex digits"))?;
+            if !seen_digests.insert(bytes) {
+                return Err(format!(
+                    "principal {principal:?}: a secret is listed twice (each secret names one principal)"
+                ));
+            }
+            digests.push(bytes);
+        }
+        let namespaces = match entry.namespaces {
+            None => None,
+            Some(names) if names.is_empty() => {
+                return Err(format!(
+                    "principal {principal:?}: namespaces = [] would allow none; leave it out to allow every namespace"
+                ))
+            }
+            Some(names) => Some(names.into_iter().collect()),
+        };
+        credentials.push(Credential {
+            principal,
+            roles,
+            namespaces,
+            digests,
+        });
+    }
+    Ok(credentials)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(entries: &str) -> String {
+        entries.to_string()
+    }
+
+    #[test]
+    fn a_secret_finds_its_principal_and_a_rotated_principal_keeps_its_name() {
+        let text = file(&format!(
+            "[[credential]]\nprincipal = \"alice\"\nroles = [\"operator\"]\nsecrets = [\"{}\", \"{}\"]\n\
+             [[credential]]\nprincipal = \"bob\"\nroles = [\"worker\"]\nnamespaces = [\"billing\"]\nsecrets = [\"{}\"]\n",
+            stored_form("alice-v1"),
+            stored_form("alice-v2"),
+            stored_form("bob-1")
+        ));
+        let credentials = Credentials::fixed(parse(&text).unwrap());
+        assert_eq!(credentials.find("alice-v1").unwrap().principal, "alice");
+        assert_eq!(credentials.find("alice-v2").unwrap().principal, "alice");
+        let bob = credentials.find("bob-1").unwrap();
+        assert_eq!(bob.roles, BTreeSet::from([Role::Worker]));
+        assert!(bob.may_act_in("billing") && !bob.may_act_in("default"));
+        assert!(credentials.find("alice-v3").is_none());
+        assert!(
+            credentials.find(&stored_form("alice-v1")).is_none(),
+            "the stored digest is not a secret"
+        );
+    }
+
+    #[test]
+    fn plain_text_secrets_unknown_roles_and_duplicates_are_refused() {
+        let plain = "[[credential]]\nprincipal = \"a\"\nroles = [\"admin\"]\nsecrets = [\"hunter2\"]\n";
+        assert!(parse(plain).unwrap_err().contains("never in plain text"));
+        let role = format!(
+            "[[credential]]\nprincipal = \"a\"\nroles = [\"root\"]\nsecrets = [\"{}\"]\n",
+            stored_form("x")
+        );
+        assert!(parse(&role).unwrap_err().contains("unknown role"));
+        let twice = format!(
+            "[[credential]]\nprincipal = \"a\"\nroles = [\"admin\"]\nsecrets = [\"{0}\"]\n[[credential]]\nprincipal = \"b\"\nroles = [\"admin\"]\nsecrets = [\"{0}\"]\n",
+            stored_form("same")
+        );
+        assert!(parse(&twice).unwrap_err().contains("listed twice"));
+        let unknown = format!(
+            "[[credential]]\nprincipal = \"a\"\nroles = [\"admin\"]\nsecret = [\"{}\"]\n",
+            stored_form("x")
+        );
+        assert!(parse(&unknown).is_err());
+    }
+
+    #[test]
+    fn a_changed_file_is_read_again_and_an_invalid_one_leaves_the_old_credentials() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credentials.toml");
+        let write = |secret: &str| {
+            let text = format!(
+                "[[credential]]\nprincipal = \"alice\"\nroles = [\"operator\"]\nsecrets = [\"{}\"]\n",
+                stored_form(secret)
+            );
+            std::fs::write(&path, text).unwrap();
+        };
+        write("first");
+        let credentials = Credentials::from_file(&path).unwrap();
+        assert!(credentials.find("first").is_some());
+        assert_eq!(credentials.reload_if_changed().unwrap(), None);
+        write("second-and-longer");
+        assert_eq!(credentials.reload_if_changed().unwrap(), Some(1));
+        assert!(credentials.find("first").is_none() && credentials.find("second-and-longer").is_some());
+        std::fs::write(&path, "not toml [").unwrap();
+        assert!(credentials.reload_if_changed().is_err());
+        assert!(
+            credentials.find("second-and-longer").is_some(),
+            "an invalid file keeps what was in force"
+        );
+    }
+}

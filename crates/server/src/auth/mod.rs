@@ -1,0 +1,275 @@
+//! Bearer-token authentication with DW's three roles, named credentials and the principal a
+//! request acts as.
+
+use crate::error::ApiError;
+use axum::http::{HeaderMap, StatusCode};
+use capstan_engine::Reason;
+
+mod credentials;
+
+use credentials::constant_time_eq;
+pub use credentials::{stored_form, Credential, Credentials};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Worker,
+    Operator,
+    Admin,
+}
+
+impl Role {
+    pub fn named(name: &str) -> Option<Role> {
+        match name {
+            "worker" => Some(Role::Worker),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// Who a request acts as: recorded on what it causes. The server derives it from the
+/// credential; nothing a caller sends chooses it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// `auth:token` for a bearer token, `server` for the anonymous caller of a server without
+    /// authentication.
+    pub kind: &'static str,
+    pub id: String,
+}
+
+impl Principal {
+    /// The principal of every request to a server without authentication.
+    pub fn anonymous() -> Self {
+        Self {
+            kind: "server",
+            id: "anonymous".into(),
+        }
+    }
+
+    fn token(id: &str) -> Self {
+        Self {
+            kind: "auth:token",
+            id: id.to_string(),
+        }
+    }
+}
+
+/// An authenticated request's principal, roles and namespaces.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub principal: Principal,
+    pub roles: Vec<Role>,
+    /// The namespaces it may act in; `None` for every namespace.
+    pub namespaces: Option<std::collections::BTreeSet<String>>,
+}
+
+impl Caller {
+    fn everyone() -> Self {
+        Self {
+            principal: Principal::anonymous(),
+            roles: vec![Role::Worker, Role::Operator, Role::Admin],
+            namespaces: None,
+        }
+    }
+
+    /// 403 unless the caller may act in `namespace`.
+    pub fn require_namespace(&self, namespace: &str) -> Result<(), ApiError> {
+        match &self.namespaces {
+            Some(allowed) if !allowed.contains(namespace) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                Reason::Forbidden,
+                "The credential may not act in this namespace.",
+            )
+            .with("namespace", namespace)),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub enum AuthConfig {
+    /// No authentication: every caller holds every role, as the anonymous principal.
+    #[default]
+    None,
+    /// Bearer tokens: named credentials (`credentials`), and the unnamed shortcuts of the
+    /// command line. A shared token acts as every role; role tokens only as their role (admin
+    /// also as operator). A shortcut's principal is its flag's name (`shared-token`,
+    /// `worker-token`, …).
+    Token {
+        shared: Option<String>,
+        worker: Option<String>,
+        operator: Option<String>,
+        admin: Option<String>,
+        credentials: Credentials,
+    },
+}
+
+/// The shortcut principals, by the flag that configures them.
+const SHORTCUTS: [(&str, &[Role]); 4] = [
+    ("shared-token", &[Role::Worker, Role::Operator, Role::Admin]),
+    ("worker-token", &[Role::Worker]),
+    ("operator-token", &[Role::Operator]),
+    ("admin-token", &[Role::Operator, Role::Admin]),
+];
+
+impl AuthConfig {
+    /// Who the request's credentials say the caller is, or 401.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let AuthConfig::Token {
+            shared,
+            worker,
+            operator,
+            admin,
+            credentials,
+        } = self
+        else {
+            return Ok(Caller::everyone());
+        };
+        let token = bearer_token(headers)
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, Reason::Unauthorized, "A bearer token is required."))?;
+        if let Some(credential) = credentials.find(token) {
+            return Ok(Caller {
+                principal: Principal::token(&credential.principal),
+                roles: credential.roles.iter().copied().collect(),
+                namespaces: credential.namespaces.clone(),
+            });
+        }
+        // Every shortcut is compared, matched or not.
+        let matched = [shared, worker, operator, admin]
+            .iter()
+            .zip(SHORTCUTS)
+            .fold(None, |found, (configured, shortcut)| {
+                let matches = configured
+                    .as_deref()
+                    .is_some_and(|c| constant_time_eq(c.as_bytes(), token.as_bytes()));
+                found.or(matches.then_some(shortcut))
+            });
+        let Some((name, roles)) = matched else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                Reason::Unauthorized,
+                "The bearer token is not valid.",
+            ));
+        };
+        Ok(Caller {
+            principal: Principal::token(name),
+            roles: roles.to_vec(),
+            namespaces: None,
+        })
+    }
+
+    /// 401 without valid credentials, 403 when none of them grants `needed`; the caller. For
+    /// endpoints that show nothing of any namespace (cluster info); the others use
+    /// [`require`](Self::require) or [`require_in`](Self::require_in).
+    pub fn require_role(&self, headers: &HeaderMap, needed: &[Role]) -> Result<Caller, ApiError> {
+        let caller = self.authenticate(headers)?;
+        if needed.iter().any(|role| caller.roles.contains(role)) {
+            Ok(caller)
+        } else {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                Reason::Forbidden,
+                "The token's role may not call this endpoint.",
+            ))
+        }
+    }
+
+    /// For an endpoint that spans namespaces (the server, every namespace): 401 without valid
+    /// credentials, 403 when none of them grants `needed` or the credential is bound to
+    /// namespaces; the caller.
+    pub fn require(&self, headers: &HeaderMap, needed: &[Role]) -> Result<Caller, ApiError> {
+        let caller = self.require_role(headers, needed)?;
+        if caller.namespaces.is_some() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                Reason::Forbidden,
+                "The credential is bound to namespaces; this endpoint spans them.",
+            ));
+        }
+        Ok(caller)
+    }
+
+    /// For an endpoint in `namespace`: as [`require`](Self::require), and 403 unless the
+    /// caller may act in `namespace`.
+    pub fn require_in(&self, headers: &HeaderMap, needed: &[Role], namespace: &str) -> Result<Caller, ApiError> {
+        let caller = self.require_role(headers, needed)?;
+        caller.require_namespace(namespace)?;
+        Ok(caller)
+    }
+
+    /// The named credentials, if any are configured.
+    pub fn credentials(&self) -> Option<&Credentials> {
+        match self {
+            AuthConfig::Token { credentials, .. } => Some(credentials),
+            AuthConfig::None => None,
+        }
+    }
+}
+
+/// How often the credentials file is checked for changes.
+const CREDENTIALS_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads the credentials file again whenever it changes (a rotation), for as long as the
+/// server runs. An invalid file is logged and the credentials in force stay.
+pub async fn follow_credentials_file(credentials: Credentials) {
+    let Some(path) = credentials.path().map(|p| p.display().to_string()) else {
+        return;
+    };
+    tracing::info!(file = %path, credentials = credentials.len(), "named credentials loaded");
+    loop {
+        tokio::time::sleep(CREDENTIALS_RECHECK).await;
+        match credentials.reload_if_changed() {
+            Ok(Some(count)) => tracing::info!(file = %path, credentials = count, "named credentials reloaded"),
+            Ok(None) => {}
+            Err(error) => tracing::error!(file = %path, %error, "credentials file refused; the previous credentials stay in force"),
+        }
+    }
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(token: Option<&str>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(token) = token {
+            headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn role_tokens_grant_only_their_role() {
+        let auth = AuthConfig::Token {
+            shared: None,
+            worker: Some("w".into()),
+            operator: Some("o".into()),
+            admin: Some("a".into()),
+            credentials: Credentials::default(),
+        };
+        assert!(auth.require(&headers(Some("w")), &[Role::Worker]).is_ok());
+        assert_eq!(
+            auth.require(&headers(Some("w")), &[Role::Operator]).unwrap_err().status,
+            StatusCode::FORBIDDEN
+        );
+        assert!(auth.require(&headers(Some("a")), &[Role::Operator]).is_ok());
+        assert_eq!(
+            auth.require(&headers(Some("x")), &[Role::Worker]).unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            auth.require(&headers(None), &[Role::Worker]).unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! Named credentials: a principal with several secrets (rotation), roles, and namespaces it is
+//! bound to; who a request acts as comes from the credential alone.
+
+use super::*;
+use capstan_server::auth::{Credential, Credentials};
+use capstan_server::{AuthConfig, Role};
+
+const ALICE_V1: &str = "alice-secret-version-1";
+const ALICE_V2: &str = "alice-secret-version-2";
+const BOB: &str = "bob-worker-secret-billing";
+const CAROL: &str = "carol-operator-secret-billing";
+const ROOT: &str = "root-admin-secret-everywhere";
+
+async fn credentials_harness() -> Harness {
+    let credentials = Credentials::fixed(vec![
+        Credential::new("alice", &[Role::Operator], None, &[ALICE_V1, ALICE_V2]),
+        Credential::new("bob", &[Role::Worker], Some(&["billing"]), &[BOB]),
+        Credential::new("carol", &[Role::Operator], Some(&["billing"]), &[CAROL]),
+        Credential::new("root", &[Role::Admin], None, &[ROOT]),
+    ]);
+    let auth = AuthConfig::Token {
+        shared: None,
+        worker: None,
+        operator: None,
+        admin: None,
+        credentials,
+    };
+    let h = Harness::with_config(
+        ServerConfig {
+            auth,
+            ..ServerConfig::default()
+        },
+        None,
+    )
+    .await;
+    send(
+        h.bare(Method::POST, "/api/namespaces")
+            .header(CONTROL_HEADER, "2")
+            .bearer_auth(ROOT)
+            .json(&json!({"name": "billing"})),
+    )
+    .await
+    .ok(201);
+    h
+}
+
+fn listing(h: &Harness, namespace: &str, token: &str) -> reqwest::RequestBuilder {
+    h.bare(Method::GET, "/api/workflows")
+        .header(CONTROL_HEADER, "2")
+        .header("X-Namespace", namespace)
+        .bearer_auth(token)
+}
+
+fn heartbeat(h: &Harness, namespace: &str, token: &str) -> reqwest::RequestBuilder {
+    h.bare(Method::POST, "/api/worker/heartbeat")
+        .header(PROTOCOL_HEADER, "1.20")
+        .header("X-Namespace", namespace)
+        .bearer_auth(token)
+        .json(&json!({"worker_id": "nobody"}))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_secret_of_a_credential_acts_as_its_principal() {
+    let h = credentials_harness().await;
+    send(listing(&h, "default", ALICE_V1)).await.ok(200);
+    send(listing(&h, "default", ALICE_V2)).await.ok(200);
+    send(listing(&h, "default", "alice-secret-version-3"))
+        .await
+        .err(401, "unauthorized");
+    // Roles still hold: alice is an operator, not a worker.
+    send(heartbeat(&h, "default", ALICE_V1)).await.err(403, "forbidden");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_bound_to_a_namespace_is_refused_everywhere_else() {
+    let h = credentials_harness().await;
+    // Control plane.
+    send(listing(&h, "billing", CAROL)).await.ok(200);
+    let refused = send(listing(&h, "default", CAROL)).await.err(403, "forbidden");
+    assert_eq!(refused["namespace"], "default", "{refused}");
+    // Worker plane (a 404 is the handler's answer: the credential got through).
+    send(heartbeat(&h, "billing", BOB)).await.err(404, "worker_not_registered");
+    send(heartbeat(&h, "default", BOB)).await.err(403, "forbidden");
+    let poll = h
+        .bare(Method::POST, "/api/worker/workflow-tasks/poll")
+        .header(PROTOCOL_HEADER, "1.20")
+        .header("X-Namespace", "default")
+        .bearer_auth(BOB)
+        .json(&json!({"worker_id": "w", "task_queue": "q"}));
+    send(poll).await.err(403, "forbidden");
+    // Endpoints that span namespaces: refused to a bound credential, open to an unbound one.
+    send(h.bare(Method::GET, "/metrics").bearer_auth(CAROL)).await.err(403, "forbidden");
+    send(
+        h.bare(Method::GET, "/api/namespaces")
+            .header(CONTROL_HEADER, "2")
+            .bearer_auth(CAROL),
+    )
+    .await
+    .err(403, "forbidden");
+    send(
+        h.bare(Method::GET, "/api/namespaces")
+            .header(CONTROL_HEADER, "2")
+            .bearer_auth(ALICE_V1),
+    )
+    .await
+    .ok(200);
+    // Cluster info shows nothing of any namespace: every credential may read it.
+    for token in [BOB, CAROL, ALICE_V2] {
+        send(h.bare(Method::GET, "/api/cluster/info").bearer_auth(token)).await.ok(200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_resolution_refuses_a_principal_the_caller_names() {
+    let h = credentials_harness().await;
+    let resolve = h
+        .bare(Method::POST, "/api/ledger/nothing-here/resolve")
+        .header(CONTROL_HEADER, "2")
+        .header("X-Namespace", "default")
+        .bearer_auth(ROOT)
+        .json(&json!({"decision": "effect_absent", "evidence": {"note": "checked"}, "principal": "mallory"}));
+    let refused = send(resolve).await.err(422, "validation_failed");
+    assert!(refused.to_string().contains("principal"), "{refused}");
+}
