@@ -559,12 +559,13 @@ async def fetch_history(client: Client, workflow_id: str, run_id: str, *, page_s
 
 async def fetch_history_raw(
     base_url: str, workflow_id: str, run_id: str, *, page_size: int = 1000, namespace: str = NAMESPACE,
+    headers: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every event of a run through plain ``GET /api/workflows/{id}/runs/{run}/history``."""
     events: list[dict[str, Any]] = []
     token: str | None = None
     seen: set[str] = set()
-    headers = {**CONTROL_HEADERS, "X-Namespace": namespace}
+    headers = {**CONTROL_HEADERS, "X-Namespace": namespace, **(headers or {})}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=15.0) as http:
         for _ in range(1000):
             params: dict[str, Any] = {"page_size": page_size}

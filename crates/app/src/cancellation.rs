@@ -68,10 +68,12 @@ pub async fn deliver<V: Services>(services: &V, lease: WorkflowLease, delivery: 
         task_id,
         owner,
         attempt,
+        principal,
     } = lease;
     let done = services
         .store()
         .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
+            cx.principal = principal;
             deliver_cancellation(run, cx, &task_id, &owner, attempt, delivery)
         })
         .await?;

@@ -33,6 +33,8 @@ pub struct StartRequest {
     pub duplicate_policy: DuplicatePolicy,
     /// The caller's trace context (the run's origin).
     pub origin_trace: Option<TraceContext>,
+    /// Who starts it, as the server authenticated them: recorded on the start's events.
+    pub principal: Option<Principal>,
 }
 
 pub struct Started {
@@ -93,6 +95,7 @@ pub async fn start<V: Services>(services: &V, request: StartRequest) -> AppResul
         contract,
         compatibility,
         origin_trace: request.origin_trace,
+        principal: request.principal,
     };
     let (outcome, run) = services
         .store()
@@ -214,6 +217,8 @@ pub struct SignalRequest {
     /// The caller's trace context, recorded on `SignalReceived` (not part of the intent: a
     /// retry from another span is the same signal).
     pub trace: Option<TraceContext>,
+    /// Who signals, as the server authenticated them: recorded on `SignalReceived`.
+    pub principal: Option<Principal>,
 }
 
 /// Delivers a signal, if the run's contract declares it (or declares nothing).
@@ -228,6 +233,7 @@ where
         input,
         request_id,
         trace,
+        principal,
     } = request;
     if signal_name.is_empty() || signal_name.len() > 255 {
         return Err(AppError::invalid("signal_name", "The signal name must be 1 to 255 characters."));
@@ -251,6 +257,7 @@ where
     let wanted = target.run_id.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| {
         cx.caller_trace = trace;
+        cx.principal = principal;
         check_target(run, wanted.as_deref())?;
         admit_signal(run, &signal_name, fallback.for_run(run))?;
         capstan_engine::signal(run, cx, &signal_name, input, command_id)
@@ -265,6 +272,8 @@ pub struct CloseRequest {
     pub request_id: Option<String>,
     /// The caller's trace context, recorded on the request event.
     pub trace: Option<TraceContext>,
+    /// Who asks, as the server authenticated them: recorded on the events the close causes.
+    pub principal: Option<Principal>,
 }
 
 impl CloseRequest {
@@ -298,11 +307,13 @@ where
         kind,
         reason,
         trace,
+        principal,
         ..
     } = request;
     let wanted = target.run_id.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| {
         cx.caller_trace = trace;
+        cx.principal = principal;
         check_target(run, wanted.as_deref())?;
         close_by_command(run, cx, kind, reason, command_id)
     };

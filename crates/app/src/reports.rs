@@ -24,6 +24,8 @@ pub struct WorkflowLease {
     pub owner: String,
     /// The fence (`workflow_task_attempt`).
     pub attempt: u64,
+    /// Who reports, as the server authenticated them: recorded on the events the report causes.
+    pub principal: Option<Principal>,
 }
 
 /// Applies a workflow task's commands. Upserted search attributes are checked against the
@@ -77,8 +79,11 @@ async fn apply_completion<V: Services>(
     directory: Option<Arc<ServiceDirectory>>,
 ) -> AppResult<(Receipt, RunState)> {
     let memo = services.memo_codec();
-    let WorkflowLease { owner, attempt, .. } = lease.clone();
+    let WorkflowLease {
+        owner, attempt, principal, ..
+    } = lease.clone();
     let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        cx.principal = principal;
         cx.memo = memo;
         cx.actions = actions;
         cx.services = directory;
@@ -160,8 +165,11 @@ pub async fn fail_workflow_task<V: Services>(
     lease: WorkflowLease,
     failure: WorkflowTaskFailure,
 ) -> AppResult<(Receipt, RunState)> {
-    let WorkflowLease { owner, attempt, .. } = lease.clone();
+    let WorkflowLease {
+        owner, attempt, principal, ..
+    } = lease.clone();
     let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        cx.principal = principal;
         capstan_engine::fail_workflow_task(run, cx, task_id, &owner, attempt, failure)
     })
     .await?;
@@ -185,15 +193,18 @@ pub struct AttemptLease {
     pub task_id: TaskId,
     pub attempt_id: ActivityAttemptId,
     pub owner: String,
+    /// Who reports, as the server authenticated them: recorded on the events the report causes.
+    pub principal: Option<Principal>,
 }
 
 /// Records an attempt's result.
 pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, result: Payload) -> AppResult<(Receipt, RunState)> {
     let evidence = json!({"report": "completed", "result_hash": ledger::digest(result.identity()), "lease_owner": lease.owner});
     let memo = services.memo_codec();
-    let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
+    let (attempt_id, owner, principal) = (lease.attempt_id.clone(), lease.owner.clone(), lease.principal.clone());
     capstan_pause::point(capstan_pause::ACTIVITY_REPORTING);
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        cx.principal = principal;
         cx.memo = memo;
         capstan_engine::complete_activity(run, cx, task_id, &attempt_id, &owner, result)
     })
@@ -205,9 +216,10 @@ pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, r
 pub async fn fail_activity<V: Services>(services: &V, lease: AttemptLease, failure: ActivityFailure) -> AppResult<(Receipt, RunState)> {
     let evidence =
         json!({"report": "failed", "message": failure.message, "exception_type": failure.failure_type, "lease_owner": lease.owner});
-    let (attempt_id, owner) = (lease.attempt_id.clone(), lease.owner.clone());
+    let (attempt_id, owner, principal) = (lease.attempt_id.clone(), lease.owner.clone(), lease.principal.clone());
     capstan_pause::point(capstan_pause::ACTIVITY_REPORTING);
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
+        cx.principal = principal;
         capstan_engine::fail_activity(run, cx, task_id, &attempt_id, &owner, failure)
     })
     .await;
@@ -263,8 +275,10 @@ where
         task_id,
         attempt_id,
         owner,
+        principal,
     } = lease;
     on_task(services, &namespace, &task_id, move |run, cx, task_id| {
+        cx.principal = principal;
         transition(run, cx, task_id, &attempt_id, &owner)
     })
     .await

@@ -21,6 +21,8 @@ pub struct StartActivityRequest {
     /// `None`: one attempt.
     pub retry_policy: Option<RetryPolicy>,
     pub timeouts: ActivityTimeouts,
+    /// Who starts it, as the server authenticated them: recorded on the start's events.
+    pub principal: Option<Principal>,
 }
 
 /// Starts the activity on a new host run: its task is ready at once on `task_queue`.
@@ -51,6 +53,7 @@ pub async fn start_activity<V: Services>(services: &V, request: StartActivityReq
         contract: None,
         compatibility: None,
         origin_trace: None,
+        principal: request.principal,
     };
     let start = StartStandaloneActivity {
         run: host,

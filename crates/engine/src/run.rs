@@ -660,6 +660,9 @@ pub struct Cx<'a> {
     /// The catalog routes and earlier calls a completion's `start_service_operation` commands
     /// resolve against (read before the transition).
     pub services: Option<std::sync::Arc<crate::service_call::ServiceDirectory>>,
+    /// Who the transition acts for: recorded as `principal` on every event it appends (none
+    /// when the server itself acts).
+    pub principal: Option<crate::Principal>,
     pub effects: Effects,
 }
 
@@ -673,6 +676,7 @@ impl<'a> Cx<'a> {
             actions: None,
             caller_trace: None,
             services: None,
+            principal: None,
             effects: Effects::default(),
         }
     }
@@ -698,9 +702,13 @@ impl RunState {
     /// Records the signals deferred during a lease that has just ended (or is about to be
     /// replaced by a close), in arrival order.
     pub(crate) fn record_deferred_signals(&mut self, cx: &mut Cx) {
+        let acting = cx.principal.take();
         for deferred in std::mem::take(&mut self.deferred_signals) {
+            // Each under its own signaller (kept when it was deferred), not the one ending the lease.
+            cx.principal = deferred.payload.get("principal").and_then(crate::Principal::from_json);
             self.append(cx, EventType::SignalReceived, deferred.payload, None, Some(&deferred.command_id));
         }
+        cx.principal = acting;
     }
 
     /// Appends one event to the history and the hash chain.
@@ -712,6 +720,13 @@ impl RunState {
         task_id: Option<&TaskId>,
         command_id: Option<&CommandId>,
     ) -> EventId {
+        // Whatever a payload carried under this name, the recorded actor is the one the server
+        // authenticated; an event the server caused has none (rendered as `null`).
+        let mut payload = payload;
+        match &cx.principal {
+            Some(principal) => payload.insert("principal".into(), principal.to_json()),
+            None => payload.remove("principal"),
+        };
         let mut event = HistoryEvent {
             id: cx.id(),
             sequence: self.last_sequence + 1,
@@ -994,6 +1009,7 @@ pub(crate) mod tests {
             contract: None,
             compatibility: None,
             origin_trace: None,
+            principal: None,
         };
         start_run(&mut cx, start)
     }

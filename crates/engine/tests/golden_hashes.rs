@@ -252,6 +252,7 @@ fn start(workflow_id: &str) -> StartRun {
         contract: None,
         compatibility: None,
         origin_trace: None,
+        principal: None,
     }
 }
 

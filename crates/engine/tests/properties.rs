@@ -153,6 +153,7 @@ impl World {
                 contract: None,
                 compatibility: None,
                 origin_trace: None,
+                principal: None,
             },
         );
         let history = cx.effects.events;

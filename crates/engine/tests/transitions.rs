@@ -1155,6 +1155,7 @@ fn the_contract_is_recorded_on_workflow_started_and_carried_by_continue_as_new()
             contract: Some(contract.clone()),
             compatibility: None,
             origin_trace: None,
+            principal: None,
         },
     );
     let started = cx

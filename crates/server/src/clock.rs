@@ -234,6 +234,7 @@ mod tests {
             contract: None,
             compatibility: None,
             origin_trace: None,
+            principal: None,
         };
         start_run(&mut cx, start)
     }

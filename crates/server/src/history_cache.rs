@@ -204,6 +204,7 @@ mod tests {
             contract: None,
             compatibility: None,
             origin_trace: None,
+            principal: None,
         };
         let (_, run) = store.start_workflow(start, DuplicatePolicy::Fail, NOW).await.unwrap();
         add_signals_to(store, workflow_id, 0, signals).await;

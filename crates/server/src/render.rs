@@ -94,6 +94,8 @@ pub fn control_event(event: &HistoryEvent) -> Value {
         "sequence": event.sequence,
         "event_type": event.event_type.as_str(),
         "timestamp": time(event.recorded_at),
+        // Who caused it; `null`: the server did.
+        "principal": event.payload.get("principal").cloned().unwrap_or(Value::Null),
         "payload": event.payload,
         "workflow_task_id": event.workflow_task_id,
         "workflow_command_id": event.workflow_command_id,

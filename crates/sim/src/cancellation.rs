@@ -39,6 +39,7 @@ impl Sim {
             task_id: task.id.clone(),
             owner: owner.to_string(),
             attempt: task.fence,
+            principal: Some(capstan_engine::Principal::token(SIMULATED_WORKER)),
         };
         let result = capstan_app::cancellation::deliver(&self.app, lease, delivery).await;
         let Some((outcome, run)) = self.declined(result)? else {

@@ -129,6 +129,35 @@ impl Sim {
     }
 
     /// The guarantees of one run, from its stored state and history.
+    /// Who caused an event: a run the simulated client started records it on its start, a
+    /// completion records the worker that reported it, and a timer firing is the server's
+    /// doing and names no one.
+    fn check_principal(&self, run: &RunState, event: &HistoryEvent) -> Result<(), Failure> {
+        let principal = event.payload.get("principal");
+        let client = capstan_engine::Principal::token(SIMULATED_CLIENT).to_json();
+        let worker = capstan_engine::Principal::token(SIMULATED_WORKER).to_json();
+        let wrong = match event.event_type {
+            EventType::WorkflowStarted if self.client_started(run) => principal != Some(&client),
+            EventType::WorkflowCompleted if run.standalone.is_none() => principal != Some(&worker),
+            EventType::TimerFired => principal.is_some(),
+            _ => false,
+        };
+        if wrong {
+            return Err(self.fail(format!(
+                "{} {}: {} records principal {principal:?}",
+                run.workflow_id,
+                run.run_id,
+                event.event_type.as_str()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the simulated client started the run (the first run of one of its instances).
+    fn client_started(&self, run: &RunState) -> bool {
+        run.run_number == 1 && self.programs.contains_key(run.workflow_id.as_str())
+    }
+
     pub(crate) async fn check_run(&mut self, run_id: &str) -> Result<(), Failure> {
         let workflow_id = self
             .run_workflows
@@ -176,6 +205,7 @@ impl Sim {
         let mut terminal: BTreeMap<String, usize> = BTreeMap::new();
         let mut workflow_terminal = 0;
         for (index, event) in events.iter().enumerate() {
+            self.check_principal(&run, event)?;
             let id = |key: &str| event.payload.get(key).and_then(Value::as_str).unwrap_or("").to_string();
             let key = match event.event_type {
                 EventType::ActivityCompleted | EventType::ActivityFailed | EventType::ActivityTimedOut | EventType::ActivityCancelled => {

@@ -52,6 +52,10 @@ use std::sync::Arc;
 const PAYLOAD: &str = "wwHioz3/VYAiNwoA";
 const NAMESPACE: &str = "default";
 const QUEUE: &str = "sim";
+/// The principal the simulated clients act as.
+const SIMULATED_CLIENT: &str = "simulated-client";
+/// The principal the simulated workers act as.
+const SIMULATED_WORKER: &str = "simulated-worker";
 const START: Millis = 1_800_000_000_000;
 const WORKFLOW_LEASE_MS: i64 = 5_000;
 const ACTIVITY_LEASE_MS: i64 = 8_000;
@@ -687,6 +691,7 @@ impl Sim {
             build_id: None,
             duplicate_policy: DuplicatePolicy::Fail,
             origin_trace: None,
+            principal: Some(capstan_engine::Principal::token(SIMULATED_CLIENT)),
         };
         self.programs.insert(workflow_id.clone(), program);
         self.instances.insert(workflow_id.clone());
@@ -993,6 +998,7 @@ impl Sim {
                     task_id,
                     owner,
                     attempt: fence,
+                    principal: Some(capstan_engine::Principal::token(SIMULATED_WORKER)),
                 };
                 // Like the SDKs: a replay that yields nothing new fails the task as "waiting
                 // for history", which closes it without history.
@@ -1085,6 +1091,7 @@ impl Sim {
                             task_id,
                             owner,
                             attempt,
+                            principal: Some(capstan_engine::Principal::token(SIMULATED_WORKER)),
                         };
                         capstan_app::local_activities::acknowledge_stop(&self.app, lease, attempt_id, request_id).await
                     }
@@ -1188,6 +1195,7 @@ impl Sim {
             input: Payload::avro(PAYLOAD),
             request_id: None,
             trace: None,
+            principal: Some(capstan_engine::Principal::token(SIMULATED_CLIENT)),
         };
         let result = control::signal(
             &self.app,
@@ -1325,6 +1333,7 @@ impl Sim {
                 reason: Some("simulated client".into()),
                 request_id: Some(request_id.clone()),
                 trace: None,
+                principal: Some(capstan_engine::Principal::token(SIMULATED_CLIENT)),
             };
             let render = |receipt: &CommandReceipt, _: &RunState| json!({"command_id": receipt.command_id});
             answers.push(control::close(&self.app, request, render).await);
@@ -1623,6 +1632,7 @@ fn attempt_lease(task_id: TaskId, attempt_id: ActivityAttemptId, owner: String) 
         task_id,
         attempt_id,
         owner,
+        principal: Some(capstan_engine::Principal::token(SIMULATED_WORKER)),
     }
 }
 

@@ -23,6 +23,7 @@ impl Sim {
             task_id: task.id.clone(),
             owner: owner.to_string(),
             attempt: task.fence,
+            principal: Some(capstan_engine::Principal::token(SIMULATED_WORKER)),
         };
         let descriptor = local_descriptor(run.workflow_id.as_str());
         let sequence = call.sequence.unwrap_or(run.next_step);

@@ -44,6 +44,7 @@ impl Sim {
             business_key: None,
             retry_policy,
             timeouts: ActivityTimeouts::default(),
+            principal: Some(capstan_engine::Principal::token(SIMULATED_CLIENT)),
         };
         let previous = self.current_run_of(&activity_id).await?;
         let result = standalone::start_activity(&self.app, request).await;

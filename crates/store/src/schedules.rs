@@ -108,6 +108,7 @@ async fn start_one<T: Tx>(
         contract: None,
         compatibility: None,
         origin_trace: None,
+        principal: None,
     };
     match start_instance(tx, start, now, env).await {
         Ok(()) => {

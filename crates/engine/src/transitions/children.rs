@@ -41,7 +41,9 @@ pub(super) fn retry_failed_child(run: &mut RunState, cx: &mut Cx) {
             contract: run.contract.clone(),
             compatibility: run.compatibility.clone(),
             origin_trace: run.origin_trace.clone(),
+            principal: cx.principal.clone(),
         };
+        super::start::acting_for(&mut next_cx, &start);
         let mut next = blank_run(&next_cx, start, run.run_number + 1, run.execution_deadline_at);
         next.parent = Some(ParentLink {
             attempt: parent.attempt + 1,

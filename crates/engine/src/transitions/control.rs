@@ -88,6 +88,8 @@ pub(super) fn record_signal(run: &mut RunState, cx: &mut Cx, signal_name: &str, 
     let mut payload = events::signal_received(run, &command_id, &signal_id, signal_name, &arguments);
     events::record_caller_trace(&mut payload, cx);
     if run.workflow_task_leased() {
+        // Recorded later, under whoever ends the lease: the signaller is kept with it.
+        payload.insert("principal".into(), crate::principal::recorded(cx.principal.as_ref()));
         run.deferred_signals.push(DeferredSignal {
             payload,
             command_id: command_id.clone(),

@@ -59,6 +59,7 @@ fn start_probe(run: &RunState, cx: &mut Cx, entry: &LedgerEntry, execution: &Act
         contract: None,
         compatibility: None,
         origin_trace: run.origin_trace.clone(),
+        principal: cx.principal.clone(),
     };
     let start = StartStandaloneActivity {
         run: host,

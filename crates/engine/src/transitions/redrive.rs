@@ -105,6 +105,7 @@ fn successor(source: &RunState, cx: &mut Cx, plan: &RedrivePlan, record: Redrive
         contract: source.contract.clone(),
         compatibility: source.compatibility.clone(),
         origin_trace: source.origin_trace.clone(),
+        principal: cx.principal.clone(),
     };
     let mut run = blank_run(cx, start, source.run_number + 1, source.execution_deadline_at);
     run.continued_from_run_id = Some(source.run_id.clone());

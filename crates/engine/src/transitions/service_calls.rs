@@ -292,8 +292,10 @@ fn start_linked_run(cx: &mut Cx, admission: &Admission, binding: &StartWorkflowB
         contract: None,
         compatibility: None,
         origin_trace: admission.caller.origin_trace.clone(),
+        principal: cx.principal.clone(),
     };
     let execution_deadline_at = start.execution_timeout_seconds.map(|s| next.now + s * 1000);
+    super::start::acting_for(&mut next, &start);
     let mut linked = blank_run(&next, start, 1, execution_deadline_at);
     linked.service_call_ids.push(admission.service_call_id.clone());
     let linked = begin_run(linked, &mut next);

@@ -39,6 +39,7 @@ pub fn start_standalone_activity(cx: &mut Cx, start: StartStandaloneActivity, ru
     host.execution_timeout_seconds = None;
     host.run_timeout_seconds = None;
     let arguments = host.input.clone();
+    super::start::acting_for(cx, &host);
     let mut run = blank_run(cx, host, run_number, None);
     let command = run.start_command_id.clone();
     let accepted = events::start_accepted(&run);

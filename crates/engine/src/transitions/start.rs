@@ -24,17 +24,29 @@ pub struct StartRun {
     pub compatibility: Option<String>,
     /// The caller's trace context: the run's origin (see `crate::trace`).
     pub origin_trace: Option<crate::trace::TraceContext>,
+    /// Who started it (a request's authenticated principal); `None` when the server did (a
+    /// schedule, a parent's command, a redrive).
+    pub principal: Option<crate::Principal>,
 }
 
 /// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
 /// the run-deadline task.
 pub fn start_run(cx: &mut Cx, start: StartRun) -> RunState {
+    acting_for(cx, &start);
     let execution_deadline_at = start.execution_timeout_seconds.map(|s| cx.now + s * 1000);
     let mut run = blank_run(cx, start, 1, execution_deadline_at);
     let command = run.start_command_id.clone();
     let accepted = events::start_accepted(&run);
     run.append(cx, EventType::StartAccepted, accepted, None, Some(&command));
     begin_run(run, cx)
+}
+
+/// A new run's events record who started it (the transition's principal when the start names
+/// none).
+pub(super) fn acting_for(cx: &mut Cx, start: &StartRun) {
+    if start.principal.is_some() {
+        cx.principal = start.principal.clone();
+    }
 }
 
 /// The fields of a run before its first event.
@@ -162,6 +174,7 @@ pub(super) fn continued_run(cx: &mut Cx, previous: &RunState, next: NextRun) -> 
         contract: None,
         compatibility: None,
         origin_trace: origin_trace.or_else(|| previous.origin_trace.clone()),
+        principal: cx.principal.clone(),
     };
     // The contract belongs to a workflow type on a queue; a run that moves to another has none.
     // So does the build pin: the same code keeps its build.

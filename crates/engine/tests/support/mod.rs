@@ -143,6 +143,7 @@ pub fn start_fixture() -> StartRun {
         contract: None,
         compatibility: None,
         origin_trace: None,
+        principal: None,
     }
 }
 

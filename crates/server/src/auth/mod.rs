@@ -28,32 +28,7 @@ impl Role {
     }
 }
 
-/// Who a request acts as: recorded on what it causes. The server derives it from the
-/// credential; nothing a caller sends chooses it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Principal {
-    /// `auth:token` for a bearer token, `server` for the anonymous caller of a server without
-    /// authentication.
-    pub kind: &'static str,
-    pub id: String,
-}
-
-impl Principal {
-    /// The principal of every request to a server without authentication.
-    pub fn anonymous() -> Self {
-        Self {
-            kind: "server",
-            id: "anonymous".into(),
-        }
-    }
-
-    fn token(id: &str) -> Self {
-        Self {
-            kind: "auth:token",
-            id: id.to_string(),
-        }
-    }
-}
+pub use capstan_engine::Principal;
 
 /// An authenticated request's principal, roles and namespaces.
 #[derive(Clone, Debug)]

@@ -62,15 +62,18 @@ fn start_request(state: &AppState<impl Store>, namespace: &str, body: &Map<Strin
         business_key: f.opt_str("business_key", 255)?,
         retry_policy,
         timeouts,
+        principal: None,
     })
 }
 
 pub async fn start<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<crate::auth::Caller>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    let request = start_request(&state, &namespace, &body)?;
+    let mut request = start_request(&state, &namespace, &body)?;
+    request.principal = Some(caller.principal);
     let run = standalone::start_activity(&*state, request).await.map_err(ApiError::from)?;
     after_change(&state, &run);
     tracing::info!(namespace, activity_id = %run.workflow_id, run_id = %run.run_id, "standalone activity started");

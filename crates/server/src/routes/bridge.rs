@@ -169,6 +169,8 @@ async fn start_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &
                 build_id: None,
                 duplicate_policy: DuplicatePolicy::Fail,
                 origin_trace: None,
+                // A webhook delivery: the adapter, not an authenticated principal.
+                principal: None,
             };
             control::start(&**state, request).await.map_err(ApiError::from)
         }
@@ -225,6 +227,8 @@ async fn signal_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: 
                 input,
                 request_id: Some(format!("bridge:{}:{}", event.adapter, event.key)),
                 trace: None,
+                // A webhook delivery: the adapter, not an authenticated principal.
+                principal: None,
             };
             let render = |_: &capstan_engine::CommandReceipt, run: &capstan_engine::RunState| json!({"run_id": run.run_id});
             control::signal(&**state, request, render).await.map_err(ApiError::from)

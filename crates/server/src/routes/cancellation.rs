@@ -113,6 +113,7 @@ pub async fn deliver<S: Store>(
         task_id: TaskId(task_id.clone()),
         owner,
         attempt,
+        principal: None,
     };
     let (outcome, run) = capstan_app::cancellation::deliver(&*state, lease, delivery).await.map_err(|e| {
         let mut error = ApiError::from(e);

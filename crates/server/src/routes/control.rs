@@ -2,6 +2,7 @@
 
 use super::worker::after_change;
 use super::Namespace;
+use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
@@ -85,15 +86,18 @@ fn start_request(state: &AppState<impl Store>, namespace: &str, body: &Map<Strin
         },
         duplicate_policy,
         origin_trace: f.opt_trace("observability_context")?,
+        principal: None,
     })
 }
 
 pub async fn start<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    let request = start_request(&state, &namespace, &body)?;
+    let mut request = start_request(&state, &namespace, &body)?;
+    request.principal = Some(caller.principal);
     let workflow_id = request.workflow_id.clone().unwrap_or_default();
     let control::Started { outcome, run } = control::start(&*state, request)
         .await
@@ -406,9 +410,8 @@ fn target(namespace: &str, workflow_id: &str, run_id: Option<String>) -> control
 
 pub(crate) async fn signal_impl<S: Store>(
     state: Shared<S>,
-    namespace: String,
-    workflow_id: String,
-    run_id: Option<String>,
+    caller: Caller,
+    (namespace, workflow_id, run_id): (String, String, Option<String>),
     signal_name: String,
     body: Map<String, Value>,
 ) -> ApiResult<Response> {
@@ -423,6 +426,7 @@ pub(crate) async fn signal_impl<S: Store>(
         input: input.unwrap_or_else(|| Payload::avro(crate::avro::empty_arguments_blob())),
         request_id: request_id.clone(),
         trace,
+        principal: Some(caller.principal),
     };
     let receipt_body = {
         let (workflow_id, signal_name) = (workflow_id.clone(), signal_name.clone());
@@ -453,26 +457,27 @@ pub(crate) async fn signal_impl<S: Store>(
 pub async fn signal<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, signal_name)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    signal_impl(state, namespace, workflow_id, None, signal_name, body).await
+    signal_impl(state, caller, (namespace, workflow_id, None), signal_name, body).await
 }
 
 pub async fn signal_run<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, run_id, signal_name)): Path<(String, String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    signal_impl(state, namespace, workflow_id, Some(run_id), signal_name, body).await
+    signal_impl(state, caller, (namespace, workflow_id, Some(run_id)), signal_name, body).await
 }
 
 async fn close_impl<S: Store>(
     state: Shared<S>,
-    namespace: String,
-    workflow_id: String,
-    run_id: Option<String>,
+    caller: Caller,
+    (namespace, workflow_id, run_id): (String, String, Option<String>),
     kind: CloseCommand,
     body: Map<String, Value>,
 ) -> ApiResult<Json<Value>> {
@@ -486,6 +491,7 @@ async fn close_impl<S: Store>(
         reason: None,
         request_id: None,
         trace: None,
+        principal: Some(caller.principal),
     };
     let operation = request.operation();
     let f = Fields::new(&body);
@@ -527,37 +533,41 @@ async fn close_impl<S: Store>(
 pub async fn cancel<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(workflow_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    close_impl(state, namespace, workflow_id, None, CloseCommand::Cancel, body).await
+    close_impl(state, caller, (namespace, workflow_id, None), CloseCommand::Cancel, body).await
 }
 
 pub async fn cancel_run<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, run_id)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    close_impl(state, namespace, workflow_id, Some(run_id), CloseCommand::Cancel, body).await
+    close_impl(state, caller, (namespace, workflow_id, Some(run_id)), CloseCommand::Cancel, body).await
 }
 
 pub async fn terminate<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(workflow_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    close_impl(state, namespace, workflow_id, None, CloseCommand::Terminate, body).await
+    close_impl(state, caller, (namespace, workflow_id, None), CloseCommand::Terminate, body).await
 }
 
 pub async fn terminate_run<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, run_id)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    close_impl(state, namespace, workflow_id, Some(run_id), CloseCommand::Terminate, body).await
+    close_impl(state, caller, (namespace, workflow_id, Some(run_id)), CloseCommand::Terminate, body).await
 }
 
 // ------------------------------------------------------------------------------------------

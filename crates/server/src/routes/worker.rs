@@ -2,6 +2,7 @@
 
 use super::long_poll::{wait_for_work, Look};
 use super::{validation, Namespace};
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::PollTimer;
 use crate::wire::{self, Fields};
@@ -599,6 +600,7 @@ const COMPLETION_FIELDS: &[&str] = &[
 pub async fn complete_workflow_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(task_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -611,7 +613,8 @@ pub async fn complete_workflow_task<S: Store>(
         e.fields.insert("workflow_task_attempt".into(), json!(claim.attempt));
         e
     })?;
-    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let mut lease = workflow_lease(&namespace, &task_id, &claim);
+    lease.principal = Some(caller.principal);
     let stream_names: Vec<String> = commands
         .iter()
         .filter_map(|c| match c {
@@ -646,6 +649,7 @@ pub async fn complete_workflow_task<S: Store>(
 pub async fn fail_workflow_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(task_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -658,7 +662,8 @@ pub async fn fail_workflow_task<S: Store>(
     };
     let benign = failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE);
     let message = failure.message.clone();
-    let lease = workflow_lease(&namespace, &task_id, &claim);
+    let mut lease = workflow_lease(&namespace, &task_id, &claim);
+    lease.principal = Some(caller.principal);
     let (receipt, run) = reports::fail_workflow_task(&*state, lease, failure)
         .await
         .map_err(|e| refused(e, &task_id))?;
@@ -685,6 +690,7 @@ pub(super) fn workflow_lease(namespace: &str, task_id: &str, claim: &WorkflowLea
         task_id: TaskId(task_id.to_string()),
         owner: claim.owner.clone(),
         attempt: claim.attempt,
+        principal: None,
     }
 }
 
@@ -694,6 +700,7 @@ pub(super) fn attempt_lease(namespace: &str, task_id: &str, attempt_id: &Activit
         task_id: TaskId(task_id.to_string()),
         attempt_id: attempt_id.clone(),
         owner,
+        principal: None,
     }
 }
 
@@ -722,6 +729,7 @@ pub(super) fn activity_refused(error: impl Into<ApiError>, task_id: &str, attemp
 pub async fn complete_activity_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(task_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -729,7 +737,8 @@ pub async fn complete_activity_task<S: Store>(
     let result = Fields::new(&body)
         .opt_payload("result", &state.config.limits)?
         .unwrap_or_else(|| Payload::avro(crate::avro::null_blob()));
-    let lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    let mut lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    lease.principal = Some(caller.principal);
     let (receipt, run) = reports::complete_activity(&*state, lease, result)
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
@@ -749,13 +758,15 @@ pub async fn complete_activity_task<S: Store>(
 pub async fn fail_activity_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(task_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let (attempt_id, owner) = activity_claim(&body)?;
     let failure_map = Fields::new(&body).opt_object("failure")?.cloned().unwrap_or_default();
     let failure = wire::parse_activity_failure(&failure_map, &state.config.limits)?;
-    let lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    let mut lease = attempt_lease(&namespace, &task_id, &attempt_id, owner);
+    lease.principal = Some(caller.principal);
     let (receipt, run) = reports::fail_activity(&*state, lease, failure)
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;

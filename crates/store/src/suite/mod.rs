@@ -46,6 +46,7 @@ pub fn start_request(workflow_id: &str, queue: &str) -> StartRun {
         contract: None,
         compatibility: None,
         origin_trace: None,
+        principal: None,
     }
 }
 

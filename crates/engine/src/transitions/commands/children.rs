@@ -39,8 +39,10 @@ pub(super) fn start_child_workflow(run: &mut RunState, cx: &mut Cx, at: At, chil
             contract: None,
             compatibility: None,
             origin_trace: child.observability_context.clone(),
+            principal: cx.principal.clone(),
         };
         let execution_deadline_at = start.execution_timeout_seconds.map(|s| next.now + s * 1000);
+        crate::transitions::start::acting_for(&mut next, &start);
         let mut child_run = blank_run(&next, start, 1, execution_deadline_at);
         child_run.parent = Some(parent);
         let child_run = begin_run(child_run, &mut next);

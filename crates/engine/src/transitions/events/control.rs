@@ -127,6 +127,7 @@ mod tests {
             contract: None,
             compatibility: None,
             origin_trace: None,
+            principal: None,
         };
         let run = blank_run(&cx, start, 1, None);
         let mut done = CancellationDelivery {
