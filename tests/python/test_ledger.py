@@ -390,14 +390,15 @@ def test_capstan_ledger_and_actions_cli(server_url, worker_url, run_worker):
                     cli, "ledger", "resolve", unknown["ledger_key"], "--decision", "effect_absent", "--evidence", '{"note": "x"}',
                 )
                 result = await wait_result(handle, timeout=30, workers=[worker])
-        return unknown, listed, table, resolved, again, result
+                entry = (await http.get(f"/api/ledger/{unknown['ledger_key']}")).json()
+        return unknown, listed, table, resolved, again, result, entry
 
-    unknown, listed, table, resolved, again, result = run_async(main(), timeout=90)
+    unknown, listed, table, resolved, again, result, entry = run_async(main(), timeout=90)
     assert listed.returncode == 0, listed.stderr
     assert [e["ledger_key"] for e in json.loads(listed.stdout)["entries"]] == [unknown["ledger_key"]]
     assert "outcome_unknown" in table.stdout and "chain verified: true" in table.stdout, table.stdout
     assert resolved.returncode == 0 and "effect_absent" in resolved.stdout, resolved.stderr
     # The resolver is the credential's principal (auth off here: the anonymous principal).
-    assert '"principal": "anonymous"' in resolved.stdout or "anonymous" in resolved.stdout, resolved.stdout
+    assert entry["resolution"]["principal"] == "anonymous", entry
     assert again.returncode == 1 and "ledger_entry_not_unknown" in again.stderr, again.stderr
     assert result == {"receipt": {"charged": key, "calls": 2}}, result
