@@ -129,6 +129,8 @@ def test_every_fact_names_the_authenticated_principal_and_never_a_spoofed_one(se
             assert signal.status_code == 202, signal.text
             cancel = await alice_v2.post(f"/api/workflows/{cancelled_id}/cancel", json={"reason": "no", **SPOOF_FIELDS})
             assert cancel.status_code == 200, cancel.text
+            archive = await bob.post(f"/api/workflows/{cancelled_id}/archive", json={"reason": "done", **SPOOF_FIELDS})
+            assert archive.status_code == 200, archive.text
             result = await wait_result(bob_sdk.get_workflow_handle(approved_id), timeout=30)
             assert result == "order approved", result
             deadline = time.monotonic() + 30
@@ -148,6 +150,7 @@ def test_every_fact_names_the_authenticated_principal_and_never_a_spoofed_one(se
     assert approved["TimerFired"] == [None], f"a timer firing is the server's doing: {approved}"
     assert cancelled["WorkflowStarted"] == [alice], cancelled
     assert alice in cancelled["CancelRequested"], f"alice's second secret acts as alice: {cancelled}"
+    assert cancelled["ArchiveRequested"] == [bob] and cancelled["WorkflowArchived"] == [bob], cancelled
     assert failing["WorkflowFailed"] == [worker], failing
     everything = repr(seen)
     assert "mallory" not in everything and "attacker" not in everything, everything
@@ -194,12 +197,14 @@ def test_without_authentication_every_request_is_the_anonymous_principal(server_
             assert reply.status_code == 201, reply.text
             signal = await anyone.post(f"/api/workflows/{workflow_id}/signal/go", json={"input": envelope([]), **SPOOF_FIELDS})
             assert signal.status_code == 202, signal.text
+            coop = await anyone.post(f"/api/workflows/{workflow_id}/request-cancellation", json={**SPOOF_FIELDS})
+            assert coop.status_code == 202, coop.text
             cancel = await anyone.post(f"/api/workflows/{workflow_id}/cancel", json={**SPOOF_FIELDS})
             assert cancel.status_code == 200, cancel.text
             return await principals_by_type(server.url, workflow_id, reply.json()["run_id"], None)
 
     seen = run_async(main(), timeout=60)
     anonymous = {"type": "server", "id": "anonymous"}
-    for event_type in ("WorkflowStarted", "SignalReceived", "CancelRequested"):
+    for event_type in ("WorkflowStarted", "SignalReceived", "CooperativeCancellationRequested", "CancelRequested"):
         assert seen.get(event_type) == [anonymous], (event_type, seen)
     assert "mallory" not in repr(seen)

@@ -21,6 +21,7 @@ pub async fn request<V: Services>(
     target: Target,
     reason: Option<String>,
     cleanup_timeout_seconds: i64,
+    principal: Option<Principal>,
 ) -> AppResult<(CancellationOutcome, RunState)> {
     let store = services.store();
     let locator = RunLocator::Current(WorkflowId(target.workflow_id.clone()));
@@ -53,6 +54,7 @@ pub async fn request<V: Services>(
     let wanted = target.run_id.clone();
     let done = store
         .mutate_run(&target.namespace, locator, services.now(), move |run, cx| {
+            cx.principal = principal;
             check_target(run, wanted.as_deref())?;
             request_cancellation(run, cx, reason, cleanup_timeout_seconds, command_id)
         })

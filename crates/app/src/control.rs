@@ -321,14 +321,23 @@ where
 }
 
 /// Offers a stuck run's workflow task again (see `capstan_engine::repair`).
-pub async fn repair<V, R>(services: &V, target: Target, request_id: Option<String>, render: R) -> AppResult<Receipt>
+pub async fn repair<V, R>(
+    services: &V,
+    target: Target,
+    request_id: Option<String>,
+    principal: Option<Principal>,
+    render: R,
+) -> AppResult<Receipt>
 where
     V: Services,
     R: Fn(&RepairOutcome, &RunState) -> Value + Clone + Send + 'static,
 {
     let key = keyed("repair", request_id, &["repair"]);
     let command_id = CommandId(services.new_id());
-    let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::repair(run, cx, command_id);
+    let transition = move |run: &mut RunState, cx: &mut Cx| {
+        cx.principal = principal;
+        capstan_engine::repair(run, cx, command_id)
+    };
     apply(services, &target.namespace, target.locator(), key, transition, render).await
 }
 
@@ -338,6 +347,7 @@ pub async fn archive<V, R>(
     target: Target,
     reason: Option<String>,
     request_id: Option<String>,
+    principal: Option<Principal>,
     render: R,
 ) -> AppResult<Receipt>
 where
@@ -346,6 +356,9 @@ where
 {
     let key = keyed("archive", request_id, &[reason.as_deref().unwrap_or("")]);
     let command_id = CommandId(services.new_id());
-    let transition = move |run: &mut RunState, cx: &mut Cx| capstan_engine::archive(run, cx, reason, command_id);
+    let transition = move |run: &mut RunState, cx: &mut Cx| {
+        cx.principal = principal;
+        capstan_engine::archive(run, cx, reason, command_id)
+    };
     apply(services, &target.namespace, target.locator(), key, transition, render).await
 }

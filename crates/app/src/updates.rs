@@ -19,6 +19,8 @@ pub struct UpdateRequest {
     pub request_id: Option<String>,
     /// The caller's trace context, recorded on `UpdateAccepted`.
     pub trace: Option<TraceContext>,
+    /// Who asks, as the server authenticated them: recorded on the update's events.
+    pub principal: Option<Principal>,
 }
 
 /// A validating worker's answer.
@@ -51,6 +53,7 @@ where
         input,
         request_id,
         trace,
+        principal,
     } = request;
     if update_name.is_empty() || update_name.len() > 255 {
         return Err(AppError::invalid("update_name", "The update name must be 1 to 255 characters.").into());
@@ -94,6 +97,7 @@ where
     let name = update_name;
     let transition = move |run: &mut RunState, cx: &mut Cx| {
         cx.caller_trace = trace;
+        cx.principal = principal;
         check_target(run, wanted.as_deref())?;
         admit_update(run, &name, fallback.for_run(run))?;
         match verdict {

@@ -1298,7 +1298,14 @@ impl Sim {
     async fn request_cooperative_cancellation(&mut self, workflow_id: &str) -> Result<(), Failure> {
         self.trace(|| format!("cooperative cancellation requested for {workflow_id}"));
         let cleanup_seconds = self.rng.random_range(20..=120);
-        let result = capstan_app::cancellation::request(&self.app, target(workflow_id), Some("simulated".into()), cleanup_seconds).await;
+        let result = capstan_app::cancellation::request(
+            &self.app,
+            target(workflow_id),
+            Some("simulated".into()),
+            cleanup_seconds,
+            Some(capstan_engine::Principal::token(SIMULATED_CLIENT)),
+        )
+        .await;
         if let Some((outcome, run)) = self.declined(result)? {
             if !outcome.duplicate {
                 self.report.cancellations[0] += 1;

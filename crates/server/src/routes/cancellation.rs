@@ -32,26 +32,27 @@ fn in_request(mut error: ApiError, workflow_id: &str) -> ApiError {
 pub async fn request<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<crate::auth::Caller>,
     Path(workflow_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    request_impl(state, namespace, workflow_id, None, body).await
+    request_impl(state, caller, (namespace, workflow_id, None), body).await
 }
 
 pub async fn request_run<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<crate::auth::Caller>,
     Path((workflow_id, run_id)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    request_impl(state, namespace, workflow_id, Some(run_id), body).await
+    request_impl(state, caller, (namespace, workflow_id, Some(run_id)), body).await
 }
 
 async fn request_impl<S: Store>(
     state: Shared<S>,
-    namespace: String,
-    workflow_id: String,
-    run_id: Option<String>,
+    caller: crate::auth::Caller,
+    (namespace, workflow_id, run_id): (String, String, Option<String>),
     body: Map<String, Value>,
 ) -> ApiResult<Response> {
     let fail = |e: ApiError| in_request(e, &workflow_id);
@@ -66,7 +67,7 @@ async fn request_impl<S: Store>(
         workflow_id: workflow_id.clone(),
         run_id,
     };
-    let (outcome, run) = capstan_app::cancellation::request(&*state, target, reason, timeout)
+    let (outcome, run) = capstan_app::cancellation::request(&*state, target, reason, timeout, Some(caller.principal))
         .await
         .map_err(|e| fail(e.into()))?;
     let status = if outcome.duplicate {

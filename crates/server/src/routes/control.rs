@@ -645,6 +645,7 @@ pub async fn export_history<S: Store>(
 pub async fn repair<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(workflow_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -669,9 +670,15 @@ pub async fn repair<S: Store>(
             })
         }
     };
-    let receipt = control::repair(&*state, target(&namespace, &workflow_id, None), request_id, render_receipt)
-        .await
-        .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
+    let receipt = control::repair(
+        &*state,
+        target(&namespace, &workflow_id, None),
+        request_id,
+        Some(caller.principal),
+        render_receipt,
+    )
+    .await
+    .map_err(|e| in_operation(e.into(), "repair", &workflow_id))?;
     let (body, _) = applied(&state, receipt);
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "repair requested");
     Ok(Json(body))
@@ -681,6 +688,7 @@ pub async fn repair<S: Store>(
 pub async fn archive<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(workflow_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -704,9 +712,16 @@ pub async fn archive<S: Store>(
             })
         }
     };
-    let receipt = control::archive(&*state, target(&namespace, &workflow_id, None), reason, request_id, render_receipt)
-        .await
-        .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
+    let receipt = control::archive(
+        &*state,
+        target(&namespace, &workflow_id, None),
+        reason,
+        request_id,
+        Some(caller.principal),
+        render_receipt,
+    )
+    .await
+    .map_err(|e| in_operation(e.into(), "archive", &workflow_id))?;
     let (body, _) = applied(&state, receipt);
     tracing::info!(namespace, workflow_id, outcome = %body["outcome"], "archive requested");
     Ok(Json(body))

@@ -38,26 +38,27 @@ fn in_update(mut error: ApiError, workflow_id: &str, update_name: &str) -> ApiEr
 pub async fn update<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<crate::auth::Caller>,
     Path((workflow_id, update_name)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    run_update(state, namespace, workflow_id, None, update_name, body).await
+    run_update(state, caller, (namespace, workflow_id, None), update_name, body).await
 }
 
 pub async fn update_run<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<crate::auth::Caller>,
     Path((workflow_id, run_id, update_name)): Path<(String, String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
-    run_update(state, namespace, workflow_id, Some(run_id), update_name, body).await
+    run_update(state, caller, (namespace, workflow_id, Some(run_id)), update_name, body).await
 }
 
 async fn run_update<S: Store>(
     state: Shared<S>,
-    namespace: String,
-    workflow_id: String,
-    run_id: Option<String>,
+    caller: crate::auth::Caller,
+    (namespace, workflow_id, run_id): (String, String, Option<String>),
     update_name: String,
     body: Map<String, Value>,
 ) -> ApiResult<Response> {
@@ -106,6 +107,7 @@ async fn run_update<S: Store>(
         input: arguments.clone(),
         request_id: request_id.clone(),
         trace,
+        principal: Some(caller.principal),
     };
     // An update with a declared validator is put to a worker first (see `validation`).
     let validate = |run: RunState| {
