@@ -69,8 +69,8 @@ pub enum AuthConfig {
     None,
     /// Bearer tokens: named credentials (`credentials`), and the unnamed shortcuts of the
     /// command line. A shared token acts as every role; role tokens only as their role (admin
-    /// also as operator). A shortcut's principal is its flag's name (`shared-token`,
-    /// `worker-token`, …).
+    /// also as operator). A shortcut's principal is DW's subject for it: `legacy-token` for the
+    /// shared token, `role:worker`, `role:operator`, `role:admin` for the role tokens.
     Token {
         shared: Option<String>,
         worker: Option<String>,
@@ -80,12 +80,13 @@ pub enum AuthConfig {
     },
 }
 
-/// The shortcut principals, by the flag that configures them.
+/// The shortcut principals (DW's subjects for its legacy and role tokens), in the order of
+/// `--token`, `--worker-token`, `--operator-token`, `--admin-token`.
 const SHORTCUTS: [(&str, &[Role]); 4] = [
-    ("shared-token", &[Role::Worker, Role::Operator, Role::Admin]),
-    ("worker-token", &[Role::Worker]),
-    ("operator-token", &[Role::Operator]),
-    ("admin-token", &[Role::Operator, Role::Admin]),
+    ("legacy-token", &[Role::Worker, Role::Operator, Role::Admin]),
+    ("role:worker", &[Role::Worker]),
+    ("role:operator", &[Role::Operator]),
+    ("role:admin", &[Role::Operator, Role::Admin]),
 ];
 
 impl AuthConfig {

@@ -122,3 +122,23 @@ async fn a_ledger_resolution_refuses_a_principal_the_caller_names() {
     let refused = send(resolve).await.err(422, "validation_failed");
     assert!(refused.to_string().contains("principal"), "{refused}");
 }
+
+/// A command-line token acts as DW's subject for it; a timer's firing is nobody's request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_line_token_acts_as_dws_subject_for_it() {
+    for (token, subject) in [(Tokens::OPERATOR, "role:operator"), (Tokens::SHARED, "legacy-token")] {
+        let h = Harness::with_config(
+            ServerConfig {
+                auth: Tokens::config(),
+                ..ServerConfig::default()
+            },
+            Some(token),
+        )
+        .await;
+        let workflow_id = unique("subject");
+        let started = h.start_workflow(&workflow_id, "q").await;
+        let events = h.history(&workflow_id, started["run_id"].as_str().unwrap()).await;
+        let started_event = events.iter().find(|e| e["event_type"] == "WorkflowStarted").unwrap();
+        assert_eq!(started_event["principal"], json!({"type": "auth:token", "id": subject}), "{started_event}");
+    }
+}
