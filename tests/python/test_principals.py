@@ -60,6 +60,10 @@ class Approval:
     def approve(self) -> None:
         self.approved = True
 
+    @workflow.query("approved")
+    def is_approved(self) -> bool:
+        return self.approved
+
     def run(self, ctx, request):
         yield ctx.sleep(1)  # a timer: its firing is the server's doing
         yield ctx.wait_condition(lambda: self.approved)
@@ -124,6 +128,10 @@ def test_every_fact_names_the_authenticated_principal_and_never_a_spoofed_one(se
                 assert reply.status_code == 201, reply.text
                 started[workflow_id] = reply.json()["run_id"]
             await asyncio.sleep(1.5)  # the timers fire
+            # Queries write no history: the instance's audit trail records who asked.
+            assert await bob_sdk.get_workflow_handle(approved_id).query("approved") is not None
+            raw_query = await bob.post(f"/api/workflows/{approved_id}/query/approved", json={**SPOOF_FIELDS})
+            assert raw_query.status_code == 200, raw_query.text
             signal = await bob.post(f"/api/workflows/{approved_id}/signal/approve",
                                     json={"input": envelope([]), **SPOOF_FIELDS})
             assert signal.status_code == 202, signal.text
@@ -137,9 +145,12 @@ def test_every_fact_names_the_authenticated_principal_and_never_a_spoofed_one(se
             while (await alice.get(f"/api/workflows/{failing_id}")).json()["status"] != "failed":
                 assert time.monotonic() < deadline, "the failing workflow never failed"
                 await asyncio.sleep(0.2)
-            return {wid: await principals_by_type(server.url, wid, run, ALICE_V1) for wid, run in started.items()}
+            audit = await alice.get(f"/api/workflows/{approved_id}/audit-events")
+            assert audit.status_code == 200, audit.text
+            histories = {wid: await principals_by_type(server.url, wid, run, ALICE_V1) for wid, run in started.items()}
+            return histories, audit.json()["events"]
 
-    seen = run_async(main(), timeout=90)
+    seen, queries = run_async(main(), timeout=90)
     approved = seen[next(w for w in seen if w.startswith("approved"))]
     cancelled = seen[next(w for w in seen if w.startswith("cancelled"))]
     failing = seen[next(w for w in seen if w.startswith("failing"))]
@@ -152,7 +163,9 @@ def test_every_fact_names_the_authenticated_principal_and_never_a_spoofed_one(se
     assert alice in cancelled["CancelRequested"], f"alice's second secret acts as alice: {cancelled}"
     assert cancelled["ArchiveRequested"] == [bob] and cancelled["WorkflowArchived"] == [bob], cancelled
     assert failing["WorkflowFailed"] == [worker], failing
-    everything = repr(seen)
+    assert [(q["action"], q["principal"], q["detail"]["query_name"]) for q in queries] == \
+        [("workflow.query", bob, "approved")] * 2, queries
+    everything = repr(seen) + repr(queries)
     assert "mallory" not in everything and "attacker" not in everything, everything
     log = server.log_text()
     for secret in (ALICE_V1, ALICE_V2, BOB, WORKER):

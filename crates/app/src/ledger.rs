@@ -13,8 +13,9 @@ pub struct Resolution {
     pub decision: LedgerDecision,
     /// What the operator saw (the provider's reference, a note): required, recorded verbatim.
     pub evidence: Value,
-    /// Who resolved it, as recorded on the entry.
-    pub resolved_by: String,
+    /// Who resolved it: its id is the entry's `resolved_by`, and the events the resolution
+    /// causes record it.
+    pub principal: Principal,
 }
 
 /// Resolves an entry whose outcome is unknown; any other entry is refused.
@@ -24,8 +25,9 @@ pub async fn resolve<V: Services>(services: &V, resolution: Resolution) -> AppRe
         ledger_key,
         decision,
         evidence,
-        resolved_by,
+        principal,
     } = resolution;
+    let resolved_by = principal.id.clone();
     let store = services.store();
     let entry = store
         .ledger_entry(&namespace, &ledger_key)
@@ -45,6 +47,7 @@ pub async fn resolve<V: Services>(services: &V, resolution: Resolution) -> AppRe
     let locator = RunLocator::Current(entry.workflow_id.clone());
     let done = store
         .mutate_run(&namespace, locator, services.now(), move |run, cx| {
+            cx.principal = Some(principal);
             if run.run_id == entry.run_id {
                 resolve_ledger_entry(run, cx, &ledger_key, decision, evidence, &resolved_by)
             } else {

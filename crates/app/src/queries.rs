@@ -5,7 +5,7 @@
 use crate::{AppError, AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{RunLocator, WorkerRecord};
+use capstan_store::{AuditEvent, RunLocator, WorkerRecord};
 
 /// A worker that has not heartbeated for this long is not counted on to answer.
 pub const WORKER_FRESH_MS: i64 = 180_000;
@@ -19,7 +19,12 @@ pub struct QueryRequest {
     pub arguments: Option<Payload>,
     /// How long the task stays open for a worker's answer.
     pub wait_ms: i64,
+    /// Who asks: recorded on the instance's audit trail, as a query writes no history.
+    pub principal: Option<Principal>,
 }
+
+/// The audit trail's name for a query.
+pub const QUERY_AUDIT_ACTION: &str = "workflow.query";
 
 /// Whether a registration answers queries and is alive at `now`.
 pub fn answers_queries(worker: &WorkerRecord, now: Millis) -> bool {
@@ -55,8 +60,29 @@ pub async fn put_query<V: Services>(services: &V, request: QueryRequest) -> AppR
         )
         .into());
     }
+    let task_id = services.new_id();
+    let mut detail = serde_json::Map::new();
+    detail.insert("query_name".into(), request.query_name.clone().into());
+    detail.insert("query_task_id".into(), task_id.clone().into());
+    detail.insert(
+        "target_scope".into(),
+        if request.run_id.is_some() { "run" } else { "instance" }.into(),
+    );
+    // Before the task exists: no worker answers a query the trail does not show.
+    store
+        .record_audit(AuditEvent {
+            audit_id: services.new_id().to_lowercase(),
+            namespace: request.namespace.clone(),
+            workflow_id: request.workflow_id.clone(),
+            run_id: Some(run.run_id.to_string()),
+            action: QUERY_AUDIT_ACTION.into(),
+            principal: request.principal,
+            recorded_at: now,
+            detail,
+        })
+        .await?;
     let task = QueryTask {
-        id: services.new_id(),
+        id: task_id,
         kind: QueryKind::Query,
         namespace: request.namespace,
         task_queue: run.task_queue.clone(),

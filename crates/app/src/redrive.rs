@@ -15,6 +15,8 @@ pub struct RedriveRequest {
     /// The failed run.
     pub run_id: String,
     pub request_id: Option<String>,
+    /// Who asked: the successor's events record it.
+    pub principal: Option<Principal>,
 }
 
 /// Redrives a failed run: at most one successor per source, so a repeated request (whatever
@@ -67,10 +69,11 @@ pub async fn redrive<V: Services>(services: &V, request: RedriveRequest) -> AppR
         .await?;
     let plan = redrive_plan(&events, source.failure.as_ref().and_then(|f| f.boundary.as_ref()))?;
     let command_id = CommandId(services.new_id());
-    let request_id = request.request_id;
+    let (request_id, principal) = (request.request_id, request.principal);
     let locator = RunLocator::Run(workflow_id, source.run_id.clone());
     let (outcome, _) = store
         .mutate_run(namespace, locator, services.now(), move |run, cx| {
+            cx.principal = principal;
             capstan_engine::redrive(run, cx, &plan, command_id, request_id)
         })
         .await?;

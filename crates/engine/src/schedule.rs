@@ -427,6 +427,10 @@ pub struct Schedule {
     /// Events recorded by the last change, for the store to append (never stored here).
     #[serde(skip)]
     pub pending_events: Vec<ScheduleEvent>,
+    /// Who is making the current change (never stored here): its events and the runs it
+    /// starts record it. `None`: the scheduler's own evaluation.
+    #[serde(skip)]
+    pub acting: Option<crate::Principal>,
 }
 
 /// The fields a create or update may set (None: not given).
@@ -548,6 +552,7 @@ impl Schedule {
             last_skip_reason: None,
             last_skipped_at: None,
             pending_events: Vec::new(),
+            acting: None,
         };
         let mut payload = Map::new();
         payload.insert("spec".into(), Value::Object(schedule.spec.clone()));
@@ -580,8 +585,20 @@ impl Schedule {
         self.status == ScheduleStatus::Active && !self.buffered.is_empty()
     }
 
+    /// Names who makes the change under way: the events it has recorded so far (a create's)
+    /// and every one it records from now on carry the principal.
+    pub fn acting_as(&mut self, principal: Option<crate::Principal>) {
+        for event in &mut self.pending_events {
+            event
+                .payload
+                .insert("principal".into(), crate::principal::recorded(principal.as_ref()));
+        }
+        self.acting = principal;
+    }
+
     fn record(&mut self, now: Millis, event_type: &str, mut payload: Map<String, Value>, run: Option<(&str, Option<&str>)>) {
         payload.insert("schedule".into(), self.snapshot());
+        payload.insert("principal".into(), crate::principal::recorded(self.acting.as_ref()));
         self.pending_events.push(ScheduleEvent {
             event_type: event_type.to_string(),
             recorded_at: now,

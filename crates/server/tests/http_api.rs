@@ -4028,6 +4028,7 @@ async fn every_route_family_checks_its_roles() {
         (Method::POST, "/api/worker/heartbeat", json!({"worker_id": "nobody"}), W),
         (Method::GET, "/api/cluster/info", json!(null), W | O | A),
         (Method::GET, "/api/workflows", json!(null), O | A),
+        (Method::GET, "/api/workflows/nobody/audit-events", json!(null), O | A),
         (
             Method::POST,
             "/api/workflows",

@@ -131,15 +131,36 @@ impl Sim {
     /// The guarantees of one run, from its stored state and history.
     /// Who caused an event: a run the simulated client started records it on its start, a
     /// completion records the worker that reported it, and a timer firing is the server's
-    /// doing and names no one.
+    /// doing and names no one; an operator's ledger resolution or redrive records the operator.
     fn check_principal(&self, run: &RunState, event: &HistoryEvent) -> Result<(), Failure> {
         let principal = event.payload.get("principal");
         let client = capstan_engine::Principal::token(SIMULATED_CLIENT).to_json();
         let worker = capstan_engine::Principal::token(SIMULATED_WORKER).to_json();
+        let operator = capstan_engine::Principal::token(SIMULATED_OPERATOR).to_json();
+        let resolution = event
+            .payload
+            .get("resolved_by")
+            .and_then(|_| event.payload.get("ledger_key"))
+            .and_then(Value::as_str)
+            .map(|key| {
+                run.ledger
+                    .get(key)
+                    .and_then(|entry| entry.resolution.as_ref())
+                    .map(|r| r["principal"].clone())
+            });
         let wrong = match event.event_type {
             EventType::WorkflowStarted if self.client_started(run) => principal != Some(&client),
+            EventType::WorkflowStarted if run.redriven_from.is_some() => principal != Some(&operator),
             EventType::WorkflowCompleted if run.standalone.is_none() => principal != Some(&worker),
             EventType::TimerFired => principal.is_some(),
+            // A confirmed outcome: the operator's resolution records the operator, a probe's
+            // verdict no one (the server decided); an entry of an earlier run is not at hand.
+            EventType::ActivityCompleted => match resolution {
+                Some(Some(resolver)) if resolver == json!(SIMULATED_OPERATOR) => principal != Some(&operator),
+                Some(Some(_)) => principal.is_some(),
+                Some(None) => principal.is_some_and(|p| p != &operator),
+                None => false,
+            },
             _ => false,
         };
         if wrong {

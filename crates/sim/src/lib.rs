@@ -54,6 +54,8 @@ const NAMESPACE: &str = "default";
 const QUEUE: &str = "sim";
 /// The principal the simulated clients act as.
 const SIMULATED_CLIENT: &str = "simulated-client";
+/// Who resolves unknown outcomes in the simulation.
+const SIMULATED_OPERATOR: &str = "simulated-operator";
 /// The principal the simulated workers act as.
 const SIMULATED_WORKER: &str = "simulated-worker";
 const START: Millis = 1_800_000_000_000;
@@ -1374,6 +1376,7 @@ impl Sim {
             query_name: "status".into(),
             arguments: None,
             wait_ms: QUERY_WAIT_MS,
+            principal: Some(capstan_engine::Principal::token(SIMULATED_CLIENT)),
         };
         let head = self
             .store()
@@ -1392,7 +1395,25 @@ impl Sim {
         if self.query_run_head(&id).await? != before {
             return Err(self.fail(format!("query {id} changed the history of {workflow_id}")));
         }
-        Ok(())
+        self.check_query_audited(&workflow_id, &id).await
+    }
+
+    /// A query writes no history: the instance's audit trail names who asked it.
+    async fn check_query_audited(&self, workflow_id: &str, query_task_id: &str) -> Result<(), Failure> {
+        let trail = self
+            .store()
+            .audit_events(NAMESPACE, workflow_id, None, 100_000)
+            .await
+            .map_err(|e| self.fail(format!("audit: {e}")))?;
+        let asked = trail
+            .iter()
+            .filter(|event| event.detail.get("query_task_id").and_then(Value::as_str) == Some(query_task_id))
+            .map(|event| event.principal.clone())
+            .collect::<Vec<_>>();
+        match asked.as_slice() {
+            [Some(principal)] if principal.id == SIMULATED_CLIENT => Ok(()),
+            other => Err(self.fail(format!("query {query_task_id} of {workflow_id}: audit trail records {other:?}"))),
+        }
     }
 
     /// A worker polls for a query task; returns whether one was leased.
@@ -1556,7 +1577,7 @@ impl Sim {
             ledger_key: entry.ledger_key,
             decision,
             evidence: json!({"note": "simulated operator"}),
-            resolved_by: "sim".into(),
+            principal: capstan_engine::Principal::token(SIMULATED_OPERATOR),
         };
         let result = ledger::resolve(&self.app, resolution).await;
         let Some((_, run)) = self.declined(result)? else {

@@ -48,6 +48,7 @@ impl Sim {
                 workflow_id: workflow_id.to_string(),
                 run_id: source.run_id.to_string(),
                 request_id: Some(format!("redrive-{}-{send}", self.step)),
+                principal: Some(capstan_engine::Principal::token(SIMULATED_OPERATOR)),
             };
             let result = redrive::redrive(&self.app, request).await;
             let Some(outcome) = self.declined(result)? else { continue };

@@ -189,6 +189,23 @@ pub enum StartOutcome {
     ReturnedExistingActive,
 }
 
+/// What a request did to an instance that its history does not record (a query): kept with
+/// the instance, newest first on its audit surface.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AuditEvent {
+    pub audit_id: String,
+    pub namespace: String,
+    pub workflow_id: String,
+    pub run_id: Option<String>,
+    /// What was done, e.g. `workflow.query`.
+    pub action: String,
+    /// Who did it (`None`: the server).
+    pub principal: Option<capstan_engine::Principal>,
+    pub recorded_at: Millis,
+    /// The action's particulars (a query's name and task id).
+    pub detail: serde_json::Map<String, serde_json::Value>,
+}
+
 /// A worker registration as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerRecord {
@@ -374,12 +391,15 @@ pub enum ScheduleFire {
     /// An operator's trigger-now, with an optional one-off overlap policy.
     Manual {
         policy: Option<capstan_engine::schedule::OverlapPolicy>,
+        /// Who triggered it: the schedule's event and the run it starts record it.
+        principal: Option<capstan_engine::Principal>,
     },
     /// Every occurrence in `[start, end)`.
     Backfill {
         start: Millis,
         end: Millis,
         policy: Option<capstan_engine::schedule::OverlapPolicy>,
+        principal: Option<capstan_engine::Principal>,
     },
 }
 
@@ -937,6 +957,19 @@ pub trait RunStore: Send + Sync + 'static {
         R: FnOnce(&T, &RunState) -> Value + Send + 'static;
 
     fn load_run(&self, namespace: &str, locator: RunLocator) -> impl Future<Output = StoreResult<Option<RunState>>> + Send;
+
+    /// Appends an event to its instance's audit trail.
+    fn record_audit(&self, event: AuditEvent) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// An instance's audit events, newest first, strictly older than `before` (`(recorded_at,
+    /// audit_id)` of the last one seen), at most `limit`.
+    fn audit_events(
+        &self,
+        namespace: &str,
+        workflow_id: &str,
+        before: Option<(Millis, String)>,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<AuditEvent>>> + Send;
 
     /// Events with `after < sequence <= upto`, at most `limit`, in order.
     fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> impl Future<Output = StoreResult<Vec<HistoryEvent>>> + Send;

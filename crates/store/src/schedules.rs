@@ -108,7 +108,7 @@ async fn start_one<T: Tx>(
         contract: None,
         compatibility: None,
         origin_trace: None,
-        principal: None,
+        principal: schedule.acting.clone(),
     };
     match start_instance(tx, start, now, env).await {
         Ok(()) => {
@@ -175,7 +175,8 @@ pub(crate) async fn fire<T: Tx>(
             }
             report.outcome = "evaluated".into();
         }
-        ScheduleFire::Manual { policy } => {
+        ScheduleFire::Manual { policy, principal } => {
+            schedule.acting_as(principal.clone());
             let open = previous_open(tx, schedule).await?;
             let policy = policy.unwrap_or(schedule.overlap_policy);
             match schedule.decide(now, Trigger::Manual, policy, open, now) {
@@ -213,7 +214,13 @@ pub(crate) async fn fire<T: Tx>(
                 }
             }
         }
-        ScheduleFire::Backfill { start, end, policy } => {
+        ScheduleFire::Backfill {
+            start,
+            end,
+            policy,
+            principal,
+        } => {
+            schedule.acting_as(principal.clone());
             let policy = policy.unwrap_or(schedule.overlap_policy);
             for occurrence in schedule.occurrences_between(*start, *end, BACKFILL_MAX) {
                 let fire_time = capstan_engine::timefmt::iso8601(occurrence);

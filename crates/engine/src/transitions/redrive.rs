@@ -36,6 +36,8 @@ pub fn redrive(
     }
     let (mut next, mut next_effects) = {
         let mut next_cx = Cx::new(cx.now, &mut *cx.ids, cx.limits);
+        // The successor's events, copied completions included, are the redriver's doing.
+        next_cx.principal = cx.principal.clone();
         let successor_run_id: RunId = next_cx.id();
         let record = Redrive {
             source_run_id: run.run_id.clone(),

@@ -6,6 +6,7 @@
 //! delivery, or arriving after a crash between the effect and its record, changes nothing.
 
 use super::Namespace;
+use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
@@ -15,7 +16,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_app::control;
-use capstan_engine::Reason;
+use capstan_engine::{Principal, Reason};
 use capstan_store::{DuplicatePolicy, StartOutcome, Store};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -28,6 +29,8 @@ struct Event {
     key: String,
     target: Map<String, Value>,
     correlation: Option<Value>,
+    /// The delivering credential's: what the event causes records it.
+    principal: Principal,
 }
 
 impl Event {
@@ -77,6 +80,7 @@ fn input_payload(input: Option<&Value>, limits: &capstan_engine::Limits) -> ApiR
 pub async fn webhook<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(adapter): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
@@ -102,6 +106,7 @@ pub async fn webhook<S: Store>(
             Some(Value::Object(map)) => Some(Value::Object(map.clone())),
             Some(_) => return Err(ApiError::validation("correlation", "correlation must be an object.")),
         },
+        principal: caller.principal,
     };
     if event.key.is_empty() {
         return Err(ApiError::validation("idempotency_key", "The idempotency_key must not be empty."));
@@ -169,8 +174,7 @@ async fn start_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &
                 build_id: None,
                 duplicate_policy: DuplicatePolicy::Fail,
                 origin_trace: None,
-                // A webhook delivery: the adapter, not an authenticated principal.
-                principal: None,
+                principal: Some(event.principal.clone()),
             };
             control::start(&**state, request).await.map_err(ApiError::from)
         }
@@ -227,8 +231,7 @@ async fn signal_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: 
                 input,
                 request_id: Some(format!("bridge:{}:{}", event.adapter, event.key)),
                 trace: None,
-                // A webhook delivery: the adapter, not an authenticated principal.
-                principal: None,
+                principal: Some(event.principal.clone()),
             };
             let render = |_: &capstan_engine::CommandReceipt, run: &capstan_engine::RunState| json!({"run_id": run.run_id});
             control::signal(&**state, request, render).await.map_err(ApiError::from)

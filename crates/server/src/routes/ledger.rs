@@ -330,13 +330,12 @@ pub async fn resolve<S: Store>(
             ))
         }
     };
-    let principal = caller.principal.id;
     let resolution = capstan_app::ledger::Resolution {
         namespace: namespace.clone(),
         ledger_key: ledger_key.clone(),
         decision,
         evidence,
-        resolved_by: principal,
+        principal: caller.principal,
     };
     let (resolved, run) = capstan_app::ledger::resolve(&*state, resolution).await?;
     super::after_change(&state, &run);

@@ -2,6 +2,7 @@
 
 mod activities;
 mod activity_lease;
+mod audit;
 mod bridge;
 mod cancellation;
 mod control;
@@ -141,6 +142,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/activities/:activity_id", get(activities::describe::<S>))
         .route("/workflows/:workflow_id", get(control::describe::<S>))
         .route("/workflows/:workflow_id/runs", get(control::runs::<S>))
+        .route("/workflows/:workflow_id/audit-events", get(audit::list::<S>))
         .route("/workflows/:workflow_id/runs/:run_id", get(control::describe_run::<S>))
         .route("/workflow-counts", get(control::counts::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/history", get(control::history::<S>))

@@ -5,6 +5,7 @@
 use super::long_poll::{wait_for_work, Look};
 use super::worker::{poll_request, PollRequest};
 use super::Namespace;
+use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::PollTimer;
@@ -40,29 +41,50 @@ fn query_error(error: ApiError, workflow_id: &str, query_name: &str) -> ApiError
 pub async fn query<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, query_name)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    ask(state, namespace, workflow_id, None, query_name, body).await
+    let target = Asked {
+        namespace,
+        workflow_id,
+        run_id: None,
+        query_name,
+    };
+    ask(state, target, caller, body).await
 }
 
 pub async fn query_run<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, run_id, query_name)): Path<(String, String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    ask(state, namespace, workflow_id, Some(run_id), query_name, body).await
+    let target = Asked {
+        namespace,
+        workflow_id,
+        run_id: Some(run_id),
+        query_name,
+    };
+    ask(state, target, caller, body).await
 }
 
-async fn ask<S: Store>(
-    state: Shared<S>,
+/// What a query asks, of which run.
+struct Asked {
     namespace: String,
     workflow_id: String,
     run_id: Option<String>,
     query_name: String,
-    body: Map<String, Value>,
-) -> ApiResult<Json<Value>> {
+}
+
+async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Map<String, Value>) -> ApiResult<Json<Value>> {
+    let Asked {
+        namespace,
+        workflow_id,
+        run_id,
+        query_name,
+    } = target;
     let fail = |error: ApiError| query_error(error, &workflow_id, &query_name);
     let arguments = Fields::new(&body).opt_payload("input", &state.config.limits).map_err(fail)?;
     let request = queries::QueryRequest {
@@ -72,6 +94,7 @@ async fn ask<S: Store>(
         query_name: query_name.clone(),
         arguments,
         wait_ms: state.config.query_wait_ms,
+        principal: Some(caller.principal),
     };
     let (task, run) = queries::put_query(&*state, request).await.map_err(|e| fail(e.into()))?;
     let id = task.id.clone();

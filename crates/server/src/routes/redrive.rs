@@ -1,6 +1,7 @@
 //! `POST /workflows/{id}/runs/{run}/redrive`: a failed run resumed at its failed step.
 
 use super::Namespace;
+use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{self, Fields};
@@ -16,6 +17,7 @@ use serde_json::json;
 pub async fn redrive<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path((workflow_id, run_id)): Path<(String, String)>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
@@ -26,6 +28,7 @@ pub async fn redrive<S: Store>(
         workflow_id: workflow_id.clone(),
         run_id,
         request_id,
+        principal: Some(caller.principal),
     };
     let control_plane = json!({"operation": "redrive", "workflow_id": workflow_id});
     let outcome = redrive::redrive(&*state, request).await.map_err(|error| {

@@ -4,6 +4,7 @@
 //! workflows. The control-plane middleware has already checked the role (operator or admin).
 
 use super::Namespace;
+use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
@@ -122,6 +123,7 @@ fn kick<S: Store>(state: &Shared<S>) {
 pub async fn create<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
     let f = Fields::new(&body);
@@ -151,8 +153,9 @@ pub async fn create<S: Store>(
         .ok_or_else(|| ApiError::validation("spec", "The spec must include at least one cron_expression or interval."))?;
     let action = fields.action.take().unwrap_or_default();
     let paused = f.opt_bool("paused")?.unwrap_or(false);
-    let schedule =
+    let mut schedule =
         Schedule::create(&namespace, &schedule_id, spec, &action, fields, paused, state.now()).map_err(|e| spec_error(e, &schedule_id))?;
+    schedule.acting_as(Some(caller.principal));
     state.store.create_schedule(schedule).await?;
     tracing::info!(namespace, schedule_id, "schedule created");
     kick(&state);
@@ -301,6 +304,7 @@ fn refusal(error: SpecError) -> Refusal {
 pub async fn update<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -316,6 +320,7 @@ pub async fn update<S: Store>(
     let result = state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
+            schedule.acting_as(Some(caller.principal));
             schedule.update(fields, now).map_err(refusal)
         })
         .await;
@@ -345,12 +350,14 @@ pub async fn update<S: Store>(
 pub async fn delete<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let now = state.now();
     state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
+            schedule.acting_as(Some(caller.principal));
             schedule.delete("deleted", now);
             Ok(())
         })
@@ -366,6 +373,7 @@ fn note_of(body: &Map<String, Value>) -> ApiResult<Option<String>> {
 pub async fn pause<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -373,6 +381,7 @@ pub async fn pause<S: Store>(
     state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
+            schedule.acting_as(Some(caller.principal));
             schedule.pause(note, now);
             Ok(())
         })
@@ -383,6 +392,7 @@ pub async fn pause<S: Store>(
 pub async fn resume<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -390,6 +400,7 @@ pub async fn resume<S: Store>(
     state
         .store
         .change_schedule(&namespace, &schedule_id, move |schedule| {
+            schedule.acting_as(Some(caller.principal));
             // Resuming an active schedule changes nothing (idempotent).
             if schedule.status == capstan_engine::schedule::ScheduleStatus::Paused {
                 schedule.resume(note, now);
@@ -404,6 +415,7 @@ pub async fn resume<S: Store>(
 pub async fn trigger<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -413,7 +425,10 @@ pub async fn trigger<S: Store>(
         .fire_schedule(
             &namespace,
             &schedule_id,
-            ScheduleFire::Manual { policy },
+            ScheduleFire::Manual {
+                policy,
+                principal: Some(caller.principal),
+            },
             empty_input(),
             state.now(),
         )
@@ -436,6 +451,7 @@ pub async fn trigger<S: Store>(
 pub async fn backfill<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
+    Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
@@ -467,7 +483,12 @@ pub async fn backfill<S: Store>(
         .fire_schedule(
             &namespace,
             &schedule_id,
-            ScheduleFire::Backfill { start, end, policy },
+            ScheduleFire::Backfill {
+                start,
+                end,
+                policy,
+                principal: Some(caller.principal),
+            },
             empty_input(),
             state.now(),
         )
@@ -520,6 +541,7 @@ pub async fn history<S: Store>(
             "recorded_at": render::time(e.recorded_at),
             "workflow_instance_id": e.workflow_id,
             "workflow_run_id": e.run_id,
+            "principal": e.payload.get("principal").cloned().unwrap_or(Value::Null),
             "payload": e.payload,
         })).collect::<Vec<_>>(),
         "has_more": has_more,

@@ -139,6 +139,100 @@ async fn a_command_line_token_acts_as_dws_subject_for_it() {
         let started = h.start_workflow(&workflow_id, "q").await;
         let events = h.history(&workflow_id, started["run_id"].as_str().unwrap()).await;
         let started_event = events.iter().find(|e| e["event_type"] == "WorkflowStarted").unwrap();
-        assert_eq!(started_event["principal"], json!({"type": "auth:token", "id": subject}), "{started_event}");
+        assert_eq!(
+            started_event["principal"],
+            json!({"type": "auth:token", "id": subject}),
+            "{started_event}"
+        );
     }
+}
+
+/// A redrive, a webhook delivery, a schedule's changes and a query are the requester's doing:
+/// the events they cause (and the audit trail, for the query) name the operator who asked,
+/// while the worker's own reports keep naming the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrives_webhooks_schedule_changes_and_queries_record_who_asked() {
+    let h = Harness::with_config(
+        ServerConfig {
+            auth: Tokens::config(),
+            ..ServerConfig::default()
+        },
+        Some(Tokens::SHARED),
+    )
+    .await;
+    let as_operator = |method: Method, path: &str| {
+        h.bare(method, path)
+            .header(CONTROL_HEADER, "2")
+            .header("X-Namespace", "default")
+            .bearer_auth(Tokens::OPERATOR)
+    };
+    let operator = json!({"type": "auth:token", "id": "role:operator"});
+    let principals = |events: &[Value], event_type: &str| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["event_type"] == event_type)
+            .map(|e| e["principal"].clone())
+            .collect()
+    };
+
+    // Redrive: every event of the successor, the copied completion included.
+    let queue = unique("principal-rd");
+    let failed = super::redrive::fail_at_step_two(&h, "principal-rd", &queue).await;
+    let failed_events = h.history("principal-rd", &failed).await;
+    assert_eq!(
+        principals(&failed_events, "WorkflowFailed"),
+        [json!({"type": "auth:token", "id": "legacy-token"})]
+    );
+    let redrive = as_operator(Method::POST, &format!("/api/workflows/principal-rd/runs/{failed}/redrive")).json(&json!({}));
+    let successor = send(redrive).await.ok(202)["run_id"].as_str().unwrap().to_string();
+    let head = h.cget(&format!("/api/workflows/principal-rd/runs/{failed}")).await.ok(200)["history_head_hash"].clone();
+    let events = h.history_from("principal-rd", &successor, head.as_str().unwrap()).await;
+    assert!(principals(&events, "ActivityCompleted").len() == 1, "{events:?}");
+    for event in &events {
+        assert_eq!(event["principal"], operator, "{event}");
+    }
+
+    // A webhook delivery: the delivering credential.
+    let delivery = json!({"action": "start_workflow", "idempotency_key": "k-1",
+                          "target": {"workflow_type": "hooked", "task_queue": queue}});
+    let delivered = send(as_operator(Method::POST, "/api/bridge-adapters/webhook/principal-hook").json(&delivery))
+        .await
+        .ok(202);
+    let (workflow_id, run_id) = (delivered["workflow_id"].as_str().unwrap(), delivered["run_id"].as_str().unwrap());
+    assert_eq!(
+        principals(&h.history(workflow_id, run_id).await, "WorkflowStarted"),
+        vec![operator.clone()]
+    );
+
+    // A schedule: its create and trigger events, and the run the trigger started.
+    let create = json!({"schedule_id": "principal-schedule", "spec": {"intervals": [{"every": "PT1H"}]},
+                        "action": {"workflow_type": "scheduled", "task_queue": queue}});
+    send(as_operator(Method::POST, "/api/schedules").json(&create)).await.ok(201);
+    let triggered = send(as_operator(Method::POST, "/api/schedules/principal-schedule/trigger").json(&json!({})))
+        .await
+        .ok(200);
+    let (workflow_id, run_id) = (triggered["workflow_id"].as_str().unwrap(), triggered["run_id"].as_str().unwrap());
+    assert_eq!(
+        principals(&h.history(workflow_id, run_id).await, "WorkflowStarted"),
+        vec![operator.clone()]
+    );
+    let schedule_events = h.cget("/api/schedules/principal-schedule/history").await.ok(200)["events"].clone();
+    let by_type = |event_type: &str| {
+        schedule_events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event_type"] == event_type)
+            .map(|e| e["principal"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(by_type("ScheduleCreated"), vec![operator.clone()], "{schedule_events}");
+    assert_eq!(by_type("ScheduleTriggered"), vec![operator.clone()], "{schedule_events}");
+
+    // The audit trail: a foreign page token is refused.
+    let audit = h.cget(&format!("/api/workflows/{workflow_id}/audit-events")).await.ok(200);
+    assert_eq!(audit["events"], json!([]), "no query yet: {audit}");
+    h.cget(&format!("/api/workflows/{workflow_id}/audit-events?page_token=bm9wZQ"))
+        .await
+        .err(422, "invalid_page_token");
 }

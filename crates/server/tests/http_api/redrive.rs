@@ -3,7 +3,7 @@
 use super::*;
 
 /// Runs `workflow_id` to a failure at step 2 (step 1 completed); returns the failed run id.
-async fn fail_at_step_two(h: &Harness, workflow_id: &str, queue: &str) -> String {
+pub(super) async fn fail_at_step_two(h: &Harness, workflow_id: &str, queue: &str) -> String {
     let started = h.start_workflow(workflow_id, queue).await;
     h.register("rd-worker", queue).await;
     let once = |activity_type: &str| {

@@ -10,7 +10,8 @@ const LOCK_EXPIRED_INSTANCE: Locking = locking!(
     "FOR UPDATE OF i"
 );
 /// What removing an instance deletes, children first.
-const REMOVE_INSTANCE: [&str; 9] = [
+const REMOVE_INSTANCE: [&str; 10] = [
+    "DELETE FROM audit_events WHERE workflow_id = $1 AND namespace = $2",
     "DELETE FROM external_payload_uses WHERE workflow_id = $1 AND namespace = $2",
     "DELETE FROM workflow_stream_items WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
     "DELETE FROM workflow_streams WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",

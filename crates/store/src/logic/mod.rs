@@ -4,6 +4,7 @@
 
 pub(crate) mod actions;
 pub(crate) mod admin;
+pub(crate) mod audit;
 pub(crate) mod catalog;
 pub(crate) mod claim;
 pub(crate) mod duties;

@@ -9,9 +9,10 @@
 //! DDL is not transactional here: every statement is `IF NOT EXISTS`, so a migration cut short
 //! by a crash runs again cleanly.
 
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[(
-    24,
-    r#"
+pub(super) const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        24,
+        r#"
 CREATE TABLE IF NOT EXISTS namespaces (name VARCHAR(255) PRIMARY KEY, description TEXT, created_at BIGINT NOT NULL, doc LONGTEXT) {table};
 CREATE TABLE IF NOT EXISTS workflow_instances (workflow_id VARCHAR(255) PRIMARY KEY, namespace VARCHAR(255) NOT NULL, current_run_id VARCHAR(64) NOT NULL, created_at BIGINT NOT NULL) {table};
 CREATE TABLE IF NOT EXISTS runs (run_id VARCHAR(64) PRIMARY KEY, namespace VARCHAR(255) NOT NULL, workflow_id VARCHAR(255) NOT NULL, run_number BIGINT NOT NULL,
@@ -94,4 +95,13 @@ CREATE TABLE IF NOT EXISTS service_call_waiters (service_call_id VARCHAR(64) NOT
   PRIMARY KEY (service_call_id, caller_run_id, sequence)) {table};
 CREATE TABLE IF NOT EXISTS health_probe (id INT PRIMARY KEY, probed_at BIGINT NOT NULL) {table};
 "#,
-)];
+    ),
+    (
+        25,
+        r#"
+CREATE TABLE IF NOT EXISTS audit_events (audit_id VARCHAR(64) PRIMARY KEY, namespace VARCHAR(255) NOT NULL, workflow_id VARCHAR(255) NOT NULL,
+  run_id VARCHAR(64), action VARCHAR(64) NOT NULL, principal TEXT, recorded_at BIGINT NOT NULL, detail LONGTEXT NOT NULL,
+  INDEX audit_events_by_instance (namespace(128), workflow_id(255), recorded_at)) {table};
+"#,
+    ),
+];

@@ -483,4 +483,22 @@ CREATE TABLE service_call_waiters (
 );
 "#,
     ),
+    (
+        25,
+        r#"
+-- The audit trail of what requests did to an instance without writing its history (queries):
+-- who asked what, when. Pruned with the instance.
+CREATE TABLE audit_events (
+    audit_id    TEXT PRIMARY KEY,
+    namespace   TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    run_id      TEXT,
+    action      TEXT NOT NULL,
+    principal   TEXT,
+    recorded_at BIGINT NOT NULL,
+    detail      TEXT NOT NULL
+);
+CREATE INDEX audit_events_by_instance ON audit_events (namespace, workflow_id, recorded_at);
+"#,
+    ),
 ];

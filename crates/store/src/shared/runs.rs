@@ -1,7 +1,7 @@
 //! Runs and tasks on the shared databases.
 
 use super::{in_transaction, Database, SharedStore};
-use crate::logic::{claim, fleet, ledger_reads, listing, queries, runs};
+use crate::logic::{audit, claim, fleet, ledger_reads, listing, queries, runs};
 use crate::*;
 use serde_json::Value;
 use std::sync::Arc;
@@ -80,6 +80,20 @@ impl RunStore for SharedStore {
     async fn load_run(&self, namespace: &str, locator: RunLocator) -> StoreResult<Option<RunState>> {
         let result = runs::load_run(&mut self.reader().await?, namespace, &locator).await;
         self.guard(result).await
+    }
+
+    async fn record_audit(&self, event: AuditEvent) -> StoreResult<()> {
+        in_transaction!(self, |tx| audit::record_audit(tx, &event))
+    }
+
+    async fn audit_events(
+        &self,
+        namespace: &str,
+        workflow_id: &str,
+        before: Option<(Millis, String)>,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEvent>> {
+        audit::audit_events(&mut self.reader().await?, namespace, workflow_id, before, limit).await
     }
 
     async fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {

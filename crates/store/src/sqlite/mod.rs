@@ -8,8 +8,8 @@ mod writer;
 pub(crate) use writer::note_io_failure;
 
 use crate::logic::{
-    actions, admin, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs, service_calls,
-    sessions, streams,
+    actions, admin, audit, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs,
+    service_calls, sessions, streams,
 };
 use crate::rows::*;
 use crate::schedules;
@@ -369,6 +369,22 @@ impl RunStore for SqliteStore {
         let namespace = namespace.to_string();
         let result = self.read_tx(move |tx| drive(runs::load_run(tx, &namespace, &locator))).await;
         self.guard(result).await
+    }
+
+    async fn record_audit(&self, event: AuditEvent) -> StoreResult<()> {
+        self.writer.write_tx(move |tx| drive(audit::record_audit(tx, &event))).await
+    }
+
+    async fn audit_events(
+        &self,
+        namespace: &str,
+        workflow_id: &str,
+        before: Option<(Millis, String)>,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEvent>> {
+        let (namespace, workflow_id) = (namespace.to_string(), workflow_id.to_string());
+        self.read_tx(move |tx| drive(audit::audit_events(tx, &namespace, &workflow_id, before, limit)))
+            .await
     }
 
     async fn history(&self, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {

@@ -942,6 +942,64 @@ pub async fn retention_removes_closed_instances_and_frees_their_ids<S: Store>(st
     );
 }
 
+pub async fn audit_events_are_paged_newest_first_and_pruned_with_their_instance<S: Store>(store: S) {
+    const DAY: Millis = 86_400_000;
+    for id in ["audited", "other"] {
+        started(&store, id, "q").await;
+    }
+    let event = |workflow_id: &str, n: i64, principal: Option<Principal>| AuditEvent {
+        audit_id: format!("audit-{workflow_id}-{n:02}"),
+        namespace: "default".into(),
+        workflow_id: workflow_id.into(),
+        run_id: Some(format!("run-{workflow_id}")),
+        action: "workflow.query".into(),
+        principal,
+        recorded_at: NOW + n,
+        detail: json!({"query_name": format!("q{n}")}).as_object().unwrap().clone(),
+    };
+    for n in 0..5 {
+        store
+            .record_audit(event("audited", n, Some(Principal::token("bob"))))
+            .await
+            .unwrap();
+    }
+    // Two in one millisecond: ordered by id within it.
+    let same_millisecond = AuditEvent {
+        audit_id: "audit-audited-04b".into(),
+        ..event("audited", 4, None)
+    };
+    store.record_audit(same_millisecond).await.unwrap();
+    store.record_audit(event("other", 0, Some(Principal::anonymous()))).await.unwrap();
+
+    let first = store.audit_events("default", "audited", None, 3).await.unwrap();
+    let ids = |events: &[AuditEvent]| events.iter().map(|e| e.audit_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&first), ["audit-audited-04b", "audit-audited-04", "audit-audited-03"]);
+    assert_eq!(first[0].principal, None);
+    assert_eq!(first[1], event("audited", 4, Some(Principal::token("bob"))), "read back as written");
+    let last = &first[2];
+    let rest = store
+        .audit_events("default", "audited", Some((last.recorded_at, last.audit_id.clone())), 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest), ["audit-audited-02", "audit-audited-01", "audit-audited-00"]);
+    assert!(
+        store.audit_events("elsewhere", "audited", None, 10).await.unwrap().is_empty(),
+        "per namespace"
+    );
+
+    // The trail goes with its instance, and only with it.
+    store
+        .mutate_run("default", RunLocator::Current(WorkflowId("audited".into())), NOW, |run, cx| {
+            close_by_command(run, cx, CloseCommand::Terminate, None, "c".into())
+        })
+        .await
+        .unwrap();
+    let pruned = store.prune_instances("default", vec!["audited".into()], NOW + DAY).await.unwrap();
+    assert_eq!(pruned, 1);
+    assert!(store.audit_events("default", "audited", None, 10).await.unwrap().is_empty());
+    assert_eq!(store.audit_events("default", "other", None, 10).await.unwrap().len(), 1);
+}
+
 pub async fn typed_visibility_filters_select_exactly_the_matching_runs<S: Store>(store: S) {
     use capstan_engine::visibility::{parse_filter, AttributeType};
     let schema: std::collections::BTreeMap<String, AttributeType> = [
@@ -1399,6 +1457,7 @@ macro_rules! store_suite {
             an_atomic_answer_that_cannot_be_recorded_rolls_back_the_handler_writes,
             schedules_fire_each_occurrence_once_with_their_workflows,
             retention_removes_closed_instances_and_frees_their_ids,
+            audit_events_are_paged_newest_first_and_pruned_with_their_instance,
             typed_visibility_filters_select_exactly_the_matching_runs,
             namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,

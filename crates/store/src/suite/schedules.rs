@@ -118,6 +118,7 @@ async fn triggers_pauses_and_deletion<S: Store>(store: &S, schedule: capstan_eng
             "every-minute",
             ScheduleFire::Manual {
                 policy: Some(OverlapPolicy::AllowAll),
+                principal: Some(Principal::token("alice")),
             },
             empty.clone(),
             first + 2 * MINUTE + 5,
@@ -127,11 +128,34 @@ async fn triggers_pauses_and_deletion<S: Store>(store: &S, schedule: capstan_eng
     assert_eq!(manual.outcome, "triggered");
     store
         .change_schedule("default", "every-minute", move |s| {
+            s.acting_as(Some(Principal::token("bob")));
             s.pause(Some("quiet".into()), first + 2 * MINUTE + 10);
             Ok(())
         })
         .await
         .unwrap();
+    // Who made each change: the trigger's event and the run it started name alice, the pause
+    // bob, the scheduler's own firings no one.
+    let events = store.schedule_history("default", "every-minute", 0, 100).await.unwrap().unwrap();
+    let who = |event_type: &str| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e.event_type == event_type)
+            .map(|e| e.payload["principal"].clone())
+            .collect()
+    };
+    let (alice, bob) = (Principal::token("alice").to_json(), Principal::token("bob").to_json());
+    assert_eq!(who("ScheduleTriggered").last(), Some(&alice), "{events:?}");
+    assert_eq!(who("SchedulePaused"), vec![bob]);
+    assert!(who("ScheduleTriggered").first().is_some_and(Value::is_null), "{events:?}");
+    let triggered = store
+        .load_run("default", RunLocator::Current(WorkflowId(manual.workflow_id.clone().unwrap())))
+        .await
+        .unwrap()
+        .unwrap();
+    let started = store.history(&triggered.run_id, 0, 10, 10).await.unwrap();
+    let started = started.iter().find(|e| e.event_type == EventType::WorkflowStarted).unwrap();
+    assert_eq!(started.payload["principal"], alice);
     assert!(
         store.due_schedules(first + 10 * MINUTE, 10).await.unwrap().is_empty(),
         "a paused schedule is never due"
@@ -140,7 +164,10 @@ async fn triggers_pauses_and_deletion<S: Store>(store: &S, schedule: capstan_eng
         .fire_schedule(
             "default",
             "every-minute",
-            ScheduleFire::Manual { policy: None },
+            ScheduleFire::Manual {
+                policy: None,
+                principal: None,
+            },
             empty.clone(),
             first + 3 * MINUTE,
         )

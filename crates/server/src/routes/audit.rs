@@ -1,0 +1,90 @@
+//! `GET /workflows/{id}/audit-events`: what requests did to an instance without writing its
+//! history (queries), newest first, with who did it.
+
+use super::Namespace;
+use crate::error::{ApiError, ApiResult};
+use crate::{render, Shared};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use base64::Engine as _;
+use capstan_engine::{principal, Reason};
+use capstan_store::{AuditEvent, Store};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+const PAGE_DEFAULT: usize = 50;
+const PAGE_MAX: usize = 500;
+
+pub async fn list<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(workflow_id): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let limit = match params.get("limit").map(String::as_str) {
+        None | Some("") => PAGE_DEFAULT,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=PAGE_MAX).contains(n))
+            .ok_or_else(|| ApiError::validation("limit", format!("limit must be an integer from 1 to {PAGE_MAX}.")))?,
+    };
+    let before = match params.get("page_token").map(String::as_str) {
+        None | Some("") => None,
+        Some(token) => Some(cursor_of(token, &namespace, &workflow_id)?),
+    };
+    let mut events = state.store.audit_events(&namespace, &workflow_id, before, limit + 1).await?;
+    let next_page_token = match events.len() > limit {
+        true => {
+            events.truncate(limit);
+            events.last().map(|last| token_of(&namespace, last))
+        }
+        false => None,
+    };
+    Ok(Json(json!({
+        "namespace": namespace,
+        "workflow_id": workflow_id,
+        "events": events.iter().map(event_json).collect::<Vec<_>>(),
+        "next_page_token": next_page_token,
+    })))
+}
+
+fn event_json(event: &AuditEvent) -> Value {
+    json!({
+        "audit_id": event.audit_id,
+        "action": event.action,
+        "principal": principal::recorded(event.principal.as_ref()),
+        "recorded_at": render::time(event.recorded_at),
+        "run_id": event.run_id,
+        "detail": event.detail,
+    })
+}
+
+/// A page token: base64url JSON of the last event's `(recorded_at, audit_id)`, bound to the
+/// instance it was issued for.
+fn token_of(namespace: &str, last: &AuditEvent) -> String {
+    let doc = json!({"v": 1, "namespace": namespace, "workflow_id": last.workflow_id, "recorded_at": last.recorded_at, "audit_id": last.audit_id});
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
+}
+
+fn cursor_of(token: &str, namespace: &str, workflow_id: &str) -> ApiResult<(i64, String)> {
+    let invalid = || {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Reason::InvalidPageToken,
+            "The page_token is not one this list issued.",
+        )
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| invalid())?;
+    let doc: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+    if doc["v"] != 1 || doc["namespace"] != namespace || doc["workflow_id"] != workflow_id {
+        return Err(invalid());
+    }
+    match (doc["recorded_at"].as_i64(), doc["audit_id"].as_str()) {
+        (Some(at), Some(id)) => Ok((at, id.to_string())),
+        _ => Err(invalid()),
+    }
+}
