@@ -63,21 +63,29 @@ def test_the_cli_drives_workflows_schedules_and_the_fleet(server_url, worker_url
                     break
                 await asyncio.sleep(0.1)
             history = await asyncio.to_thread(cli, "workflow", "history", workflow_id, output="table")
+            audit = await asyncio.to_thread(cli, "workflow", "audit", workflow_id, output="table")
             listed = await asyncio.to_thread(ok, "workflow", "list", "--type", "cli.greeter")
             workers = await asyncio.to_thread(ok, "worker", "list", "--task-queue", queue)
             queues = await asyncio.to_thread(cli, "task-queue", "describe", queue, output="table")
             other = unique("cli-other")
             await asyncio.to_thread(ok, "workflow", "start", "cli.greeter", "--task-queue", queue, "--workflow-id", other, "--input", '"Bob"')
             terminated = await asyncio.to_thread(ok, "workflow", "terminate", other, "--reason", "test")
-        return started, described, answer, signalled, final, history, listed, workers, queues, terminated
+        return started, described, answer, signalled, final, history, audit, listed, workers, queues, terminated
 
-    started, described, answer, signalled, final, history, listed, workers, queues, terminated = run_async(main(), timeout=120)
+    started, described, answer, signalled, final, history, audit, listed, workers, queues, terminated = run_async(main(), timeout=120)
     assert started["workflow_id"] == workflow_id and started["outcome"] == "started_new"
     assert described["input"] == ["Ada"], described["input"]
     assert answer["result"] == "hello"
     assert signalled["outcome"] == "signal_received"
     assert final["status"] == "completed" and final["output"] == "bonjour, Ada", final.get("output")
     assert history.returncode == 0 and "WorkflowStarted" in history.stdout and "WorkflowCompleted" in history.stdout
+    # Who did what: without authentication every request is the anonymous principal; a timer or
+    # other server-caused event would read "by server".
+    started_line = next(line for line in history.stdout.splitlines() if "WorkflowStarted" in line)
+    assert started_line.rstrip().endswith("by anonymous"), history.stdout
+    assert described["started_by"] == {"type": "server", "id": "anonymous"}, described["started_by"]
+    assert audit.returncode == 0 and "workflow.query" in audit.stdout and "by anonymous" in audit.stdout \
+        and "greeting" in audit.stdout, audit.stdout
     assert workflow_id in [w["workflow_id"] for w in listed["workflows"]]
     assert [w["task_queue"] for w in workers["workers"]] == [queue]
     assert queues.returncode == 0 and queue in queues.stdout and "BACKLOG" in queues.stdout

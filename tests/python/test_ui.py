@@ -19,7 +19,7 @@ import httpx
 from durable_workflow import ActivityRetryPolicy, activity, workflow
 from playwright.async_api import Page, async_playwright, expect
 
-from capstan_harness import CONTROL_HEADERS, decode_envelope, make_client, run_async, unique, wait_result
+from capstan_harness import CONTROL_HEADERS, decode_envelope, envelope, make_client, run_async, unique, wait_result
 
 ARTIFACTS = Path(os.environ.get("CAPSTAN_UI_ARTIFACTS", Path(__file__).resolve().parents[2] / "target" / "ui-screenshots"))
 
@@ -233,10 +233,67 @@ def test_the_page_asks_for_an_operator_token_when_auth_is_on(server_factory):
             await page.get_by_role("button", name="Use token").click()
             await expect(page.get_by_role("heading", name="Workflows")).to_be_visible()
             await expect(page.get_by_text("No workflows yet.")).to_be_visible()
+            await expect(page.locator("#signed-in")).to_have_text("Signed in as role:operator (operator)")
             await screenshot(page, "empty-with-token")
             await browser.close()
 
     run_async(main(), timeout=60)
+
+
+def test_the_page_says_who_is_signed_in_and_who_did_what(server_factory, tmp_path):
+    import hashlib
+
+    def stored(secret: str) -> str:
+        return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
+
+    alice, bob, carol = "alice-" + "a" * 32, "bob-" + "b" * 32, "carol-" + "c" * 32
+    path = tmp_path / "credentials.toml"
+    path.write_text(
+        f'[[credential]]\nprincipal = "alice"\nroles = ["admin"]\nsecrets = ["{stored(alice)}"]\n'
+        f'[[credential]]\nprincipal = "bob"\nroles = ["operator"]\nsecrets = ["{stored(bob)}"]\n'
+        f'[[credential]]\nprincipal = "carol"\nroles = ["operator"]\nnamespaces = ["billing"]\nsecrets = ["{stored(carol)}"]\n')
+    server = server_factory.create("--auth", "token", "--credentials-file", str(path))
+    workflow_id = unique("ui-who")
+
+    async def main():
+        def as_(token: str) -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url=server.url, timeout=30.0,
+                                     headers={**CONTROL_HEADERS, "Authorization": f"Bearer {token}"})
+        async with as_(alice) as by_alice, as_(bob) as by_bob, async_playwright() as playwright:
+            assert (await by_alice.post("/api/namespaces", json={"name": "billing"})).status_code == 201
+            started = await by_alice.post("/api/workflows", json={"workflow_id": workflow_id, "workflow_type": "ui.who",
+                                                                  "task_queue": unique("ui-who-q"), "input": envelope([])})
+            assert started.status_code == 201, started.text
+            signal = await by_bob.post(f"/api/workflows/{workflow_id}/signal/nudge", json={"input": envelope([])})
+            assert signal.status_code == 202, signal.text
+
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 900})
+            await open_page(page, server.url + "/")
+            await page.get_by_label("Operator token").fill(bob)
+            await page.get_by_role("button", name="Use token").click()
+            await expect(page.locator("#signed-in")).to_have_text("Signed in as bob (operator)")
+            await open_page(page, f"{server.url}/#/workflows/{workflow_id}")
+            await expect(page.locator("#started-by")).to_have_text("alice")
+            started_event = page.locator("#history li").filter(has_text="WorkflowStarted")
+            await expect(started_event.locator(".principal")).to_have_text("by alice")
+            signalled = page.locator("#history li").filter(has_text="SignalReceived")
+            await expect(signalled.locator(".principal")).to_have_text("by bob")
+            await expect(page.get_by_text("No one has queried this workflow.")).to_be_visible()
+            await screenshot(page, "run-principals")
+
+            # A credential bound to a namespace is put in it, and sees only it.
+            await page.locator("#token-button").click()
+            await page.get_by_label("Operator token").fill(carol)
+            await page.get_by_role("button", name="Use token").click()
+            await expect(page.locator("#signed-in")).to_have_text("Signed in as carol (operator in billing)")
+            await expect(page.locator("#namespace")).to_have_value("billing")
+            await expect(page.locator("#namespace option")).to_have_count(1)
+            await page.get_by_role("navigation", name="Sections").get_by_role("link", name="Workflows").click()
+            await expect(page.get_by_text("No workflows yet.")).to_be_visible()
+            await browser.close()
+
+    run_async(main(), timeout=90)
 
 
 def test_broken_chains_show_as_a_banner_and_on_the_run_page(server_factory, run_worker):

@@ -51,6 +51,12 @@ pub enum WorkflowCommand {
         #[arg(long)]
         follow: bool,
     },
+    /// Who queried a workflow (queries write no history): its audit trail, newest first.
+    Audit {
+        workflow_id: String,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// Send a signal.
     Signal {
         workflow_id: String,
@@ -273,6 +279,7 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                     Output::Json => print(output, &described, &columns, None),
                     Output::Table => {
                         print(output, &described, &columns, None);
+                        println!("started_by: {}", who(&described["started_by"]));
                         for key in ["input", "output", "closed_reason", "compatibility", "blocked_by"] {
                             if !described[key].is_null() {
                                 println!("{key}: {}", described[key]);
@@ -286,6 +293,7 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                 run_id,
                 follow,
             } => print_history(&client, output, &workflow_id, run_id, follow).await?,
+            WorkflowCommand::Audit { workflow_id, limit } => print_audit(&client, output, &workflow_id, limit).await?,
             WorkflowCommand::Signal { workflow_id, name, input } => {
                 let body = json!({"input": arguments(input.as_deref())?});
                 let sent = client
@@ -358,6 +366,33 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
 
 /// Prints a run's history page by page (the current run's unless one is named); with `follow`,
 /// waits for new events until the run closes.
+/// Who an event or audit entry names: the principal's id, or `server` for what the server did
+/// on its own.
+fn who(principal: &Value) -> String {
+    principal["id"].as_str().map_or_else(|| "server".to_string(), str::to_string)
+}
+
+/// An instance's audit trail (queries: who asked what), newest first.
+async fn print_audit(client: &Client, output: Output, workflow_id: &str, limit: usize) -> Result<(), String> {
+    let path = format!("/workflows/{}/audit-events?limit={limit}", encode(workflow_id));
+    let trail = client.call(Method::GET, &path, None).await?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&trail).expect("JSON prints")),
+        Output::Table => {
+            for event in trail["events"].as_array().into_iter().flatten() {
+                println!(
+                    "{}  {:<16}  by {:<24}  {}",
+                    event["recorded_at"].as_str().unwrap_or("-"),
+                    event["action"].as_str().unwrap_or("?"),
+                    who(&event["principal"]),
+                    event["detail"]["query_name"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn print_history(client: &Client, output: Output, workflow_id: &str, run_id: Option<String>, follow: bool) -> Result<(), String> {
     let run_id = match run_id {
         Some(run_id) => run_id,
@@ -382,10 +417,11 @@ async fn print_history(client: &Client, output: Output, workflow_id: &str, run_i
             match output {
                 Output::Json => println!("{}", decoded(event.clone())),
                 Output::Table => println!(
-                    "{:>5}  {}  {}",
+                    "{:>5}  {}  {:<34}  by {}",
                     event["sequence"],
                     event["timestamp"].as_str().or(event["recorded_at"].as_str()).unwrap_or("-"),
-                    event["event_type"].as_str().unwrap_or("?")
+                    event["event_type"].as_str().unwrap_or("?"),
+                    who(&event["principal"])
                 ),
             }
         }

@@ -272,7 +272,7 @@ function tokenForm(message) {
   return h("div", { class: "card" },
     h("h1", {}, "Sign in"),
     h("p", {}, message),
-    h("form", { class: "stack", onsubmit: (event) => { event.preventDefault(); session.token = input.value.trim(); route(); } },
+    h("form", { class: "stack", onsubmit: (event) => { event.preventDefault(); session.token = input.value.trim(); refreshIdentity(); route(); } },
       h("label", { for: "token-input" }, "Operator token", input),
       h("div", {}, h("button", { class: "primary", type: "submit" }, "Use token"))));
 }
@@ -299,6 +299,33 @@ async function act(label, work) {
 
 // ---------------------------------------------------------------------------------------------
 // Chrome: namespace picker, token button, integrity banner
+
+/// Who an event names: "alice", or "the server" for what the server did on its own.
+function principalText(principal) {
+  if (!principal) return "the server";
+  return principal.type === "server" ? `${principal.id} (no authentication)` : principal.id;
+}
+
+/// The header's "Signed in as …": who this tab's token acts as, and its roles.
+async function refreshIdentity() {
+  const place = document.getElementById("signed-in");
+  try {
+    const me = await api("GET", "/auth/whoami");
+    const bound = me.namespaces ? ` in ${me.namespaces.join(", ")}` : "";
+    place.textContent = me.authentication === "none"
+      ? "No authentication"
+      : `Signed in as ${me.principal.id} (${me.roles.join(", ")}${bound})`;
+    place.title = `principal ${me.principal.type}:${me.principal.id}`;
+    if (me.namespaces && me.namespaces.length && !me.namespaces.includes(session.namespace)) {
+      session.namespace = me.namespaces[0];
+      loadNamespaces();
+      route();
+    }
+  } catch (_) {
+    place.textContent = "Not signed in";
+    place.title = "";
+  }
+}
 
 async function loadNamespaces() {
   const select = document.getElementById("namespace");
@@ -393,11 +420,12 @@ const CLOSING = /^Workflow(Completed|Failed|Cancelled|Terminated|TimedOut|Contin
 async function runPage(workflowId, runId) {
   const path = `/workflows/${enc(workflowId)}` + (runId ? `/runs/${enc(runId)}` : "");
   const run = await api("GET", path);
-  const [runs, integrity, history, ledger] = await Promise.all([
+  const [runs, integrity, history, ledger, audit] = await Promise.all([
     api("GET", `/workflows/${enc(workflowId)}/runs`),
     api("GET", `/workflows/${enc(workflowId)}/runs/${enc(run.run_id)}/integrity`).catch((e) => ({ error: e })),
     loadHistory(workflowId, run.run_id),
     api("GET", "/ledger" + query({ workflow_id: workflowId })).catch(() => ({ entries: [] })),
+    api("GET", `/workflows/${enc(workflowId)}/audit-events` + query({ limit: 20 })).catch(() => ({ events: [] })),
   ]);
   const can = run.actions || {};
   const refresh = () => route();
@@ -458,6 +486,7 @@ async function runPage(workflowId, runId) {
           ["Task queue", h("a", { href: `#/task-queues/${enc(run.task_queue)}` }, run.task_queue)],
           run.business_key ? ["Business key", run.business_key] : null,
           ["Started", when(run.started_at)],
+          ["Started by", h("span", { id: "started-by" }, principalText(run.started_by))],
           ["Closed", run.closed_at ? [when(run.closed_at), " (", run.closed_reason || "", ")"] : "—"],
           ["Duration", span(run.started_at, run.closed_at)],
           ["Waiting on", run.wait_kind || "—"],
@@ -525,13 +554,24 @@ async function runPage(workflowId, runId) {
 
     can.can_signal ? h("section", { class: "card" }, h("h2", {}, "Send a signal"), signalForm) : null,
 
+    h("h2", {}, "Queries (audit trail)"),
+    h("p", { class: "muted" }, "Queries write no history; who asked what is kept here, newest first."),
+    table("Queries of this workflow", [
+      ["When", (e) => when(e.recorded_at)],
+      ["Who", (e) => h("span", { class: "principal" }, principalText(e.principal))],
+      ["Query", (e) => h("span", { class: "mono" }, (e.detail || {}).query_name || e.action)],
+      ["Run", (e) => h("span", { class: "mono" }, e.run_id || "—")],
+    ], audit.events || [], "No one has queried this workflow."),
+
     h("h2", {}, `History (${history.length} events)`),
     h("ol", { class: "timeline", id: "history" }, history.map((event) => {
       const type = event.event_type || "";
       const cls = CLOSING.test(type) ? "closing" : /Failed|TimedOut/.test(type) ? "failure" : "";
       return h("li", { class: cls, id: `event-${event.sequence}` },
         h("details", {},
-          h("summary", {}, h("span", { class: "seq" }, event.sequence), h("strong", {}, type), h("span", { class: "muted" }, when(event.timestamp))),
+          h("summary", {}, h("span", { class: "seq" }, event.sequence), h("strong", {}, type),
+            h("span", { class: "principal", "data-principal": event.principal ? event.principal.id : "" }, "by ", principalText(event.principal)),
+            h("span", { class: "muted" }, when(event.timestamp))),
           json(decodePayloads(event.payload)),
           h("div", { class: "muted mono" }, "hash ", event.hash, " ← ", event.prev_hash)));
     })));
@@ -803,4 +843,5 @@ document.getElementById("namespace").addEventListener("change", (event) => {
 document.getElementById("token-button").addEventListener("click", () => show(tokenForm("Paste an operator (or admin) token. It is kept for this browser tab only.")));
 window.addEventListener("hashchange", () => { document.body.dataset.ready = "false"; route(); });
 loadNamespaces();
+refreshIdentity();
 route();

@@ -38,6 +38,7 @@ export function timelineModel(events, run, now) {
     const p = event.payload || {};
     const seq = event.sequence;
     const type = event.event_type || "";
+    const by = event.principal ? ` by ${event.principal.id}` : "";
     const activity = () => lane("a:" + p.activity_execution_id, p.activity_type || "activity", "activity");
     switch (type) {
       case "ActivityScheduled": activity().scheduled = { time, seq }; break;
@@ -78,7 +79,7 @@ export function timelineModel(events, run, now) {
       case "ChildRunFailed": close(lane("c:" + p.child_call_id, "child", "child"), time, "fail", "failed", seq); break;
       case "ChildRunTerminated": close(lane("c:" + p.child_call_id, "child", "child"), time, "fail", "terminated", seq); break;
       case "ChildRunCancelled": close(lane("c:" + p.child_call_id, "child", "child"), time, "cancel", "cancelled", seq); break;
-      case "SignalReceived": marks().marks.push({ at: time, cls: "signal", title: `signal ${p.signal_name || ""}`, seq }); break;
+      case "SignalReceived": marks().marks.push({ at: time, cls: "signal", title: `signal ${p.signal_name || ""}${by}`, seq }); break;
       default: {
         const waitKey = Object.keys(p).find((k) => k.endsWith("_wait_id") && p[k]);
         if (waitKey && /WaitOpened$/.test(type)) {
@@ -90,7 +91,7 @@ export function timelineModel(events, run, now) {
           if (l) close(l, time, /TimedOut/.test(type) ? "timeout" : /Cancel/.test(type) ? "cancel" : "ok", type.replace(/^\w*Wait/, "").toLowerCase(), seq);
         } else if (/^Update/.test(type)) {
           const failed = /Rejected|Failed/.test(type);
-          marks().marks.push({ at: time, cls: failed ? "fail" : "update", title: `${type} ${p.update_name || p.name || ""}`.trim(), seq });
+          marks().marks.push({ at: time, cls: failed ? "fail" : "update", title: `${type} ${p.update_name || p.name || ""}`.trim() + by, seq });
         } else if (/Failed$|TimedOut$/.test(type) && !/^Workflow/.test(type)) {
           marks().marks.push({ at: time, cls: "fail", title: type, seq });
         }

@@ -26,6 +26,14 @@ impl Role {
             _ => None,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Worker => "worker",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
 }
 
 pub use capstan_engine::Principal;

@@ -148,8 +148,20 @@ async fn describe_at<S: Store>(state: &Shared<S>, namespace: &str, locator: RunL
     let runs = state.store.runs_of(namespace, &run.workflow_id).await?;
     let current = runs.last().map(|r| r.run_id.clone()).unwrap_or_else(|| run.run_id.clone());
     let mut body = render::describe(&run, runs.len(), &current);
+    body["started_by"] = started_by(state, &run).await?;
     body["control_plane"] = control_plane("describe", workflow_id);
     Ok(Json(body))
+}
+
+/// Who started the run: the principal its `WorkflowStarted` records (`null`: the server, e.g.
+/// a schedule's own firing), read from the run's first events.
+async fn started_by<S: Store>(state: &Shared<S>, run: &RunState) -> ApiResult<Value> {
+    let first = state.store.history(&run.run_id, 0, run.last_sequence.min(3), 3).await?;
+    Ok(first
+        .iter()
+        .find(|event| event.event_type == EventType::WorkflowStarted)
+        .and_then(|event| event.payload.get("principal").cloned())
+        .unwrap_or(Value::Null))
 }
 
 pub async fn describe<S: Store>(

@@ -131,7 +131,7 @@ pub async fn set_policy<S: Store>(
     Path(name): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    state.config.auth.require_in(&headers, &[Role::Admin], &name.to_lowercase())?;
     let policy = parse_policy(&body, &state.config.payloads)?;
     let updated = state
         .store

@@ -325,6 +325,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/health", get(system::health::<S>))
         .route("/ready", get(system::ready::<S>))
         .route("/cluster/info", get(system::cluster_info::<S>))
+        .route("/auth/whoami", get(system::whoami::<S>))
         .merge(worker_plane)
         .merge(control_plane)
         .merge(namespace_plane)
@@ -588,15 +589,20 @@ fn decorated(body: &[u8]) -> Option<Vec<u8>> {
 
 /// The namespace routes: the control plane's auth and version checks, without requiring the
 /// `X-Namespace` to exist (the namespace is the path).
-async fn namespace_plane<S: Store>(State(state): State<Shared<S>>, request: Request, next: Next) -> Response {
+/// Namespace administration: a credential bound to namespaces sees and administers only its
+/// own (the handlers check; creating and deleting namespaces spans them).
+async fn namespace_plane<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
     let headers = request.headers().clone();
     let checked = state
         .config
         .auth
-        .require(&headers, &[Role::Operator, Role::Admin])
-        .and_then(|_| check_control_version(&headers));
+        .require_role(&headers, &[Role::Operator, Role::Admin])
+        .and_then(|caller| check_control_version(&headers).map(|()| caller));
     let mut response = match checked {
-        Ok(()) => next.run(request).await,
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
         Err(error) => error.into_response(),
     };
     response.headers_mut().insert(

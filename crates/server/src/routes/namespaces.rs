@@ -2,7 +2,7 @@
 //! namespace by path, so they skip the "`X-Namespace` must exist" check of the control plane.
 //! Reading needs the operator role; changing needs admin.
 
-use crate::auth::Role;
+use crate::auth::{Caller, Role};
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::Fields;
@@ -10,7 +10,7 @@ use crate::{render, Shared};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use capstan_engine::Reason;
 use capstan_store::{NamespaceRecord, Store};
 use serde_json::{json, Value};
@@ -43,15 +43,24 @@ fn not_found(name: &str) -> ApiError {
     .with("namespace", name)
 }
 
-pub async fn list<S: Store>(State(state): State<Shared<S>>) -> ApiResult<Json<Value>> {
-    let namespaces = state.store.namespaces().await?;
+/// Every namespace, or, to a credential bound to namespaces, those it may act in.
+pub async fn list<S: Store>(State(state): State<Shared<S>>, Extension(caller): Extension<Caller>) -> ApiResult<Json<Value>> {
+    let mut namespaces = state.store.namespaces().await?;
+    if let Some(allowed) = &caller.namespaces {
+        namespaces.retain(|n| allowed.contains(&n.name));
+    }
     Ok(Json(
         json!({"namespaces": namespaces.iter().map(namespace_json).collect::<Vec<_>>()}),
     ))
 }
 
-pub async fn describe<S: Store>(State(state): State<Shared<S>>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn describe<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
     let name = name.to_lowercase();
+    caller.require_namespace(&name)?;
     let namespaces = state.store.namespaces().await?;
     let record = namespaces.iter().find(|n| n.name == name).ok_or_else(|| not_found(&name))?;
     Ok(Json(namespace_json(record)))
@@ -88,7 +97,8 @@ pub async fn update<S: Store>(
     Path(name): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    state.config.auth.require(&headers, &[Role::Admin])?;
+    // A credential bound to the namespace may administer it, not create or delete namespaces.
+    state.config.auth.require_in(&headers, &[Role::Admin], &name.to_lowercase())?;
     let f = Fields::new(&body);
     let updated = state
         .store

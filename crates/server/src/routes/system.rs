@@ -95,6 +95,25 @@ pub fn server_capabilities() -> Value {
     })
 }
 
+/// `GET /auth/whoami`: who the presented credential acts as — its principal, roles and the
+/// namespaces it is bound to (`null`: every one). Secrets are never echoed.
+pub async fn whoami<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    let caller = state
+        .config
+        .auth
+        .require_role(&headers, &[Role::Worker, Role::Operator, Role::Admin])?;
+    let authentication = match state.config.auth {
+        crate::AuthConfig::None => "none",
+        crate::AuthConfig::Token { .. } => "token",
+    };
+    Ok(Json(json!({
+        "principal": caller.principal.to_json(),
+        "roles": caller.roles.iter().map(|role| role.as_str()).collect::<Vec<_>>(),
+        "namespaces": caller.namespaces,
+        "authentication": authentication,
+    })))
+}
+
 pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Json<Value>> {
     state
         .config

@@ -90,24 +90,57 @@ async fn a_credential_bound_to_a_namespace_is_refused_everywhere_else() {
     send(poll).await.err(403, "forbidden");
     // Endpoints that span namespaces: refused to a bound credential, open to an unbound one.
     send(h.bare(Method::GET, "/metrics").bearer_auth(CAROL)).await.err(403, "forbidden");
-    send(
+    // Namespace administration: a bound credential sees and reads only its own namespaces.
+    let namespaces = |token: &str| {
         h.bare(Method::GET, "/api/namespaces")
             .header(CONTROL_HEADER, "2")
-            .bearer_auth(CAROL),
-    )
-    .await
-    .err(403, "forbidden");
-    send(
-        h.bare(Method::GET, "/api/namespaces")
+            .bearer_auth(token.to_string())
+    };
+    let names = |listed: Value| -> Vec<Value> { listed["namespaces"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect() };
+    assert_eq!(names(send(namespaces(CAROL)).await.ok(200)), [json!("billing")]);
+    assert_eq!(
+        names(send(namespaces(ALICE_V1)).await.ok(200)),
+        [json!("billing"), json!("default")]
+    );
+    let describe = |name: &str| {
+        h.bare(Method::GET, &format!("/api/namespaces/{name}"))
             .header(CONTROL_HEADER, "2")
-            .bearer_auth(ALICE_V1),
-    )
-    .await
-    .ok(200);
+            .bearer_auth(CAROL)
+    };
+    send(describe("billing")).await.ok(200);
+    send(describe("default")).await.err(403, "forbidden");
+    let create = h
+        .bare(Method::POST, "/api/namespaces")
+        .header(CONTROL_HEADER, "2")
+        .bearer_auth(CAROL)
+        .json(&json!({"name": "carols-own"}));
+    send(create).await.err(403, "forbidden");
     // Cluster info shows nothing of any namespace: every credential may read it.
     for token in [BOB, CAROL, ALICE_V2] {
         send(h.bare(Method::GET, "/api/cluster/info").bearer_auth(token)).await.ok(200);
     }
+}
+
+/// `GET /api/auth/whoami` says who a credential acts as, never its secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoami_names_the_credentials_principal_roles_and_namespaces() {
+    let h = credentials_harness().await;
+    let whoami = |token: &str| h.bare(Method::GET, "/api/auth/whoami").bearer_auth(token.to_string());
+    let carol = send(whoami(CAROL)).await.ok(200);
+    assert_eq!(
+        carol,
+        json!({"principal": {"type": "auth:token", "id": "carol"}, "roles": ["operator"], "namespaces": ["billing"], "authentication": "token"})
+    );
+    let alice = send(whoami(ALICE_V2)).await.ok(200);
+    assert_eq!((&alice["principal"]["id"], &alice["namespaces"]), (&json!("alice"), &Value::Null));
+    assert!(!alice.to_string().contains(ALICE_V2), "{alice}");
+    send(whoami("nobody-knows-this")).await.err(401, "unauthorized");
+    let open = Harness::start().await;
+    let anonymous = send(open.bare(Method::GET, "/api/auth/whoami")).await.ok(200);
+    assert_eq!(
+        (&anonymous["principal"], &anonymous["authentication"]),
+        (&json!({"type": "server", "id": "anonymous"}), &json!("none"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
