@@ -296,6 +296,54 @@ def test_the_page_says_who_is_signed_in_and_who_did_what(server_factory, tmp_pat
     run_async(main(), timeout=90)
 
 
+def test_an_admin_makes_rotates_and_deletes_a_credential_on_the_access_page(server_factory):
+    root = "root-admin-" + "r" * 32
+    server = server_factory.create("--auth", "token", "--admin-token", root)
+
+    def whoami(token: str) -> httpx.Response:
+        return httpx.get(f"{server.url}/api/auth/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+    async def main():
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 900})
+            page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+            await open_page(page, server.url + "/#/access")
+            await page.get_by_label("Operator token").fill(root)
+            await page.get_by_role("button", name="Use token").click()
+            await expect(page.get_by_role("heading", name="Access")).to_be_visible()
+            await page.get_by_label("Principal").fill("ui-operator")
+            await page.locator("#credential-role-operator").check()
+            await page.get_by_role("button", name="Create credential").click()
+            await expect(page.locator("#new-secret h2")).to_have_text("New secret for ui-operator")
+            first = await page.locator("#new-secret-token").text_content()
+            first_id = await page.locator("#new-secret p.muted .mono").text_content()
+            assert (await asyncio.to_thread(whoami, first)).json()["principal"]["id"] == "ui-operator"
+            row = page.locator("tbody tr").filter(has_text="ui-operator")
+            await expect(row).to_contain_text("every namespace")
+            await expect(row).to_contain_text("role:admin")  # who made it
+            await screenshot(page, "access-new-secret")
+
+            # Rotation by clicking: a second secret, then the first retired.
+            await row.get_by_role("button", name="New secret").click()
+            await expect(page.locator("#new-secret-token")).not_to_have_text(first)
+            second = await page.locator("#new-secret-token").text_content()
+            retire = page.locator(f"li[data-secret-id='{first_id}']").get_by_role("button", name="Retire")
+            await retire.click()
+            await expect(page.locator(f"li[data-secret-id='{first_id}']")).to_have_count(0)
+            await expect(page.locator("#new-secret")).to_have_count(0)  # shown once, gone on the next change
+            assert (await asyncio.to_thread(whoami, first)).status_code == 401
+            assert (await asyncio.to_thread(whoami, second)).status_code == 200
+            assert first not in await page.content() and second not in await page.content()
+
+            await page.locator("tbody tr").filter(has_text="ui-operator").get_by_role("button", name="Delete").click()
+            await expect(page.locator("tbody tr").filter(has_text="ui-operator")).to_have_count(0)
+            assert (await asyncio.to_thread(whoami, second)).status_code == 401
+            await browser.close()
+
+    run_async(main(), timeout=90)
+
+
 def test_broken_chains_show_as_a_banner_and_on_the_run_page(server_factory, run_worker):
     """A forged ledger checkpoint opens an integrity incident: every page shows the banner and
     links to the run, whose page says it is blocked. A forged history event shows on the run

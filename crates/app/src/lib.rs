@@ -19,12 +19,14 @@
 //! - [`sessions`]: worker sessions (acquire, renew, close; renewal by activity heartbeats).
 //! - [`local_activities`]: prepared local activities (admission, supervision, outcomes).
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
+//! - [`credentials`]: named credentials an admin manages over the API.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
 
 pub mod cancellation;
 pub mod contracts;
 pub mod control;
+pub mod credentials;
 pub mod duties;
 pub mod external_payloads;
 pub mod ledger;

@@ -5,6 +5,7 @@
 
 mod cli;
 mod config;
+mod credentials;
 mod ops;
 mod owner;
 
@@ -84,37 +85,14 @@ enum Command {
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
-    /// Named credentials: how a secret is written in a credentials file.
+    /// Named credentials: how a secret is written in a credentials file; those an admin
+    /// manages over the API (list, create, grant, rotate, delete).
     Credentials {
+        #[command(flatten)]
+        connection: cli::Connection,
         #[command(subcommand)]
-        command: CredentialsCommand,
+        command: credentials::CredentialsCommand,
     },
-}
-
-#[derive(clap::Subcommand)]
-enum CredentialsCommand {
-    /// Read a secret from standard input (one line) and print it as a credentials file stores
-    /// it (`sha256:<hex>`). The secret itself is never printed.
-    Hash,
-}
-
-fn credentials(command: CredentialsCommand) -> ExitCode {
-    match command {
-        CredentialsCommand::Hash => {
-            let mut secret = String::new();
-            if let Err(error) = std::io::stdin().read_line(&mut secret) {
-                eprintln!("capstan: cannot read the secret: {error}");
-                return ExitCode::from(2);
-            }
-            let secret = secret.trim_end_matches(['\r', '\n']);
-            if secret.len() < 16 {
-                eprintln!("capstan: a secret must be at least 16 characters (use a random one, e.g. `openssl rand -hex 32`)");
-                return ExitCode::from(2);
-            }
-            println!("{}", capstan_server::auth::stored_form(secret));
-            ExitCode::SUCCESS
-        }
-    }
 }
 
 #[derive(Parser)]
@@ -510,7 +488,7 @@ fn main() -> ExitCode {
         Command::TaskQueue { connection, command } => ops::task_queue(connection, command),
         Command::Schedule { connection, command } => ops::schedule(connection, command),
         Command::Server { connection, command } => ops::server(connection, command),
-        Command::Credentials { command } => credentials(command),
+        Command::Credentials { connection, command } => credentials::run(connection, command),
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "capstan", &mut std::io::stdout());
             ExitCode::SUCCESS

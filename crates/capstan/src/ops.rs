@@ -218,7 +218,7 @@ fn decoded(mut value: Value) -> Value {
 }
 
 /// A path segment or query value, percent-encoded (ids and tokens may hold `/`, `+`, `=`).
-fn encode(segment: &str) -> String {
+pub(crate) fn encode(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 

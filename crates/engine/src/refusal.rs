@@ -177,6 +177,17 @@ reasons! {
     ScheduleNotFound => "schedule_not_found",
     ScheduleAlreadyExists => "schedule_already_exists",
     SearchAttributeAlreadyExists => "search_attribute_already_exists",
+    // Named credentials managed over the admin API.
+    CredentialNotFound => "credential_not_found",
+    CredentialAlreadyExists => "credential_already_exists",
+    CredentialSecretNotFound => "credential_secret_not_found",
+    /// Adding a secret beyond the most a credential holds.
+    CredentialSecretLimitReached => "credential_secret_limit_reached",
+    /// Removing a credential's last secret (delete the credential instead).
+    CredentialNeedsASecret => "credential_needs_a_secret",
+    /// A principal the credentials file (or a command-line token) defines: the API manages
+    /// only its own.
+    CredentialManagedByFile => "credential_managed_by_file",
     /// The database failed and the change was not applied: the one retryable storage answer.
     StorageUnavailable => "storage_unavailable",
     /// The database connection was lost after COMMIT was sent: the change may or may not have

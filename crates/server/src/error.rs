@@ -77,7 +77,9 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::EndpointNotFound
         | Reason::ServiceNotFound
         | Reason::OperationNotFound
-        | Reason::ServiceCallNotFound => StatusCode::NOT_FOUND,
+        | Reason::ServiceCallNotFound
+        | Reason::CredentialNotFound
+        | Reason::CredentialSecretNotFound => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved
         | Reason::UnknownSearchAttribute

@@ -247,12 +247,16 @@ pub async fn serve<S: Store>(
     let clock = tokio::spawn(clock::run(state.clone()));
     let scheduler = tokio::spawn(scheduler::run(state.clone()));
     let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
-    let credentials = state
-        .config
-        .auth
-        .credentials()
-        .cloned()
-        .map(|c| tokio::spawn(auth::follow_credentials_file(c)));
+    let credentials = match state.config.auth.credentials().cloned() {
+        Some(credentials) => {
+            // Those managed over the API authenticate from the first request on.
+            auth::load_managed_credentials(&credentials, &state.store)
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            Some(tokio::spawn(auth::follow_credentials(credentials, state.clone())))
+        }
+        None => None,
+    };
     // Other nodes sharing the database announce ready tasks; feed them to local pollers.
     if let Some(mut wakeups) = state.store.wakeups().await.map_err(|e| std::io::Error::other(e.to_string()))? {
         let hub = state.hub.clone();

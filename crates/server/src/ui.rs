@@ -14,6 +14,7 @@ const APP_CSS: &str = include_str!("../ui/app.css");
 const DOM_JS: &str = include_str!("../ui/dom.js");
 const TIMELINE_JS: &str = include_str!("../ui/timeline.js");
 const SERVER_JS: &str = include_str!("../ui/server.js");
+const ACCESS_JS: &str = include_str!("../ui/access.js");
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
 /// Only our own script, styles and API: a workflow id or payload rendered into the page cannot
@@ -22,7 +23,15 @@ const CONTENT_SECURITY_POLICY: &str =
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The page's paths (the request metrics declare a series for each).
-pub const PATHS: [&str; 6] = ["/", "/ui/app.js", "/ui/app.css", "/ui/dom.js", "/ui/timeline.js", "/ui/server.js"];
+pub const PATHS: [&str; 7] = [
+    "/",
+    "/ui/app.js",
+    "/ui/app.css",
+    "/ui/dom.js",
+    "/ui/timeline.js",
+    "/ui/server.js",
+    "/ui/access.js",
+];
 
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
@@ -31,6 +40,7 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui/dom.js", get(|| async { asset(DOM_JS, JAVASCRIPT) }))
         .route("/ui/timeline.js", get(|| async { asset(TIMELINE_JS, JAVASCRIPT) }))
         .route("/ui/server.js", get(|| async { asset(SERVER_JS, JAVASCRIPT) }))
+        .route("/ui/access.js", get(|| async { asset(ACCESS_JS, JAVASCRIPT) }))
         .route("/ui/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
 }
 

@@ -7,6 +7,8 @@ mod activity_lease;
 #[path = "http_api/activity_stop.rs"]
 mod activity_stop;
 mod common;
+#[path = "http_api/credentials_api.rs"]
+mod credentials_api;
 #[path = "http_api/external_payloads.rs"]
 mod external_payloads;
 #[path = "http_api/metrics.rs"]
@@ -1846,6 +1848,7 @@ async fn the_web_ui_is_served_at_the_root_with_a_strict_policy() {
         ("/ui/dom.js", "text/javascript", "export function h("),
         ("/ui/timeline.js", "text/javascript", "export function timelineModel("),
         ("/ui/server.js", "text/javascript", "export function parseMetrics("),
+        ("/ui/access.js", "text/javascript", "export async function accessPage("),
     ] {
         let resp = h.http.get(format!("{}{path}", h.base)).send().await.unwrap();
         assert_eq!(resp.status(), 200, "{path}");
@@ -4053,6 +4056,13 @@ async fn every_route_family_checks_its_roles() {
         ),
         (Method::GET, "/api/search-attributes", json!(null), O | A),
         (Method::GET, "/api/task-queues/q/build-ids", json!(null), O | A),
+        (Method::GET, "/api/auth/credentials", json!(null), A),
+        (
+            Method::POST,
+            "/api/auth/credentials",
+            json!({"principal": "roles-matrix", "roles": ["worker"]}),
+            A,
+        ),
         (Method::GET, "/api/system/metrics", json!(null), A),
         (Method::GET, "/api/system/retention", json!(null), A),
         (Method::POST, "/api/system/repair/pass", json!({}), A),

@@ -4,6 +4,7 @@
 import { h, append, when, span } from "./dom.js";
 import { timelineModel, timelineSection } from "./timeline.js";
 import { serverPage } from "./server.js";
+import { accessPage } from "./access.js";
 
 const CONTROL_PLANE_VERSION = "2";
 /// How often the page of a running workflow looks for new history.
@@ -829,6 +830,10 @@ async function route() {
         markSection("schedules");
         document.title = "Schedules · Capstan";
         return schedulesPage();
+      case "access":
+        markSection("access");
+        document.title = "Access · Capstan";
+        return accessPage(main(), { api, act, table, principalText });
       default:
         show(h("div", { class: "empty" }, "No such page. ", h("a", { href: "#/workflows" }, "Go to workflows")));
     }

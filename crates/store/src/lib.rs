@@ -206,6 +206,48 @@ pub struct AuditEvent {
     pub detail: serde_json::Map<String, serde_json::Value>,
 }
 
+/// A named credential managed over the admin API (the credentials file holds the others): who
+/// acts, with which roles, in which namespaces, and the digests of its secrets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CredentialRecord {
+    pub principal: String,
+    /// `worker`, `operator`, `admin`.
+    pub roles: Vec<String>,
+    /// The namespaces it may act in; `None` for every namespace.
+    pub namespaces: Option<Vec<String>>,
+    pub secrets: Vec<CredentialSecret>,
+    pub created_at: Millis,
+    pub created_by: Option<capstan_engine::Principal>,
+    pub updated_at: Millis,
+    pub updated_by: Option<capstan_engine::Principal>,
+}
+
+/// One secret of a credential: only its digest is kept (`sha256:<hex>`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CredentialSecret {
+    pub secret_id: String,
+    pub digest: String,
+    pub created_at: Millis,
+    pub created_by: Option<capstan_engine::Principal>,
+}
+
+/// The most secrets one credential holds: enough to rotate, few enough to review.
+pub const MAX_CREDENTIAL_SECRETS: usize = 5;
+
+/// A change to a stored credential.
+#[derive(Clone, Debug)]
+pub enum CredentialChange {
+    /// Replaces its roles and namespaces.
+    Grants {
+        roles: Vec<String>,
+        namespaces: Option<Vec<String>>,
+    },
+    /// Adds a secret (a rotation's first half); at most [`MAX_CREDENTIAL_SECRETS`].
+    AddSecret(CredentialSecret),
+    /// Removes a secret (a rotation's second half); the last one stays.
+    RemoveSecret { secret_id: String },
+}
+
 /// A worker registration as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerRecord {
@@ -1406,6 +1448,24 @@ pub trait AdminStore: Send + Sync + 'static {
 
     /// Removes a definition (values already stored stay on their runs); `false` if none.
     fn delete_search_attribute(&self, namespace: &str, name: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Every credential managed over the admin API, by principal.
+    fn credentials(&self) -> impl Future<Output = StoreResult<Vec<CredentialRecord>>> + Send;
+
+    /// Stores a new credential; a principal already stored is `credential_already_exists`.
+    fn create_credential(&self, record: CredentialRecord) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
+
+    /// Applies `change` to a stored credential (`credential_not_found`), stamping who and when.
+    fn change_credential(
+        &self,
+        principal: &str,
+        change: CredentialChange,
+        by: Option<capstan_engine::Principal>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
+
+    /// Removes a stored credential (`credential_not_found`); the removed one.
+    fn delete_credential(&self, principal: &str) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
 }
 
 /// `(namespace, queue, worker, kind, poll_request_id)`: the scope of poll idempotency.

@@ -1,7 +1,8 @@
 //! Named credentials: a principal, the roles it holds, the namespaces it may act in, and one
 //! or more secrets, kept only as SHA-256 digests. Several secrets per principal let a secret be
 //! rotated while the principal stays the same; the file is read again when it changes, so a
-//! rotation needs no restart.
+//! rotation needs no restart. Credentials an admin manages over the API are kept in the
+//! database and held here beside the file's, read again as they change.
 //!
 //! ```toml
 //! [[credential]]
@@ -55,6 +56,33 @@ impl Credential {
     pub fn may_act_in(&self, namespace: &str) -> bool {
         self.namespaces.as_ref().is_none_or(|names| names.contains(namespace))
     }
+
+    pub fn secret_count(&self) -> usize {
+        self.digests.len()
+    }
+
+    /// A credential the database holds; `None` if the record names an unknown role or holds a
+    /// malformed digest (written by a newer build, or by hand).
+    pub fn from_record(record: &capstan_store::CredentialRecord) -> Option<Self> {
+        let roles = record.roles.iter().map(|role| Role::named(role)).collect::<Option<BTreeSet<_>>>()?;
+        let digests = record
+            .secrets
+            .iter()
+            .map(|secret| parse_digest(&secret.digest))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            principal: record.principal.clone(),
+            roles,
+            namespaces: record.namespaces.as_ref().map(|names| names.iter().cloned().collect()),
+            digests,
+        })
+    }
+}
+
+/// The digest a stored form (`sha256:<64 hex digits>`) names.
+fn parse_digest(stored: &str) -> Option<[u8; 32]> {
+    let hex_digest = stored.strip_prefix(DIGEST_PREFIX)?;
+    hex::decode(hex_digest).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
 }
 
 /// The SHA-256 digest of a secret.
@@ -67,14 +95,24 @@ pub fn stored_form(secret: &str) -> String {
     format!("{DIGEST_PREFIX}{}", hex::encode(digest(secret)))
 }
 
+/// A new secret: 256 random bits from the operating system, in hex behind a `capstan_` prefix
+/// (which lets secret scanners recognise a leaked one).
+pub fn generate_secret() -> Result<String, String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("the operating system's random source failed: {e}"))?;
+    Ok(format!("capstan_{}", hex::encode(bytes)))
+}
+
 pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The credentials in force, shared by every request; replaced whole when the file changes.
+/// The credentials in force, shared by every request: the file's, replaced whole when the file
+/// changes, and the database's (managed over the API), replaced whole when they are read again.
 #[derive(Clone, Debug, Default)]
 pub struct Credentials {
     current: Arc<RwLock<Arc<Vec<Credential>>>>,
+    managed: Arc<RwLock<Arc<Vec<Credential>>>>,
     source: Option<Arc<Source>>,
 }
 
@@ -89,6 +127,7 @@ impl Credentials {
     pub fn fixed(credentials: Vec<Credential>) -> Self {
         Self {
             current: Arc::new(RwLock::new(Arc::new(credentials))),
+            managed: Arc::default(),
             source: None,
         }
     }
@@ -98,6 +137,7 @@ impl Credentials {
         let loaded = read_file(path)?;
         let credentials = Self {
             current: Arc::new(RwLock::new(Arc::new(loaded))),
+            managed: Arc::default(),
             source: Some(Arc::new(Source {
                 path: path.to_path_buf(),
                 seen: RwLock::new(file_stamp(path)),
@@ -114,11 +154,11 @@ impl Credentials {
     /// The credential one of whose secrets `token` is.
     pub fn find(&self, token: &str) -> Option<Credential> {
         let presented = digest(token);
-        let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let (file, managed) = (self.of_file(), self.managed());
         // Every credential is checked (no early exit): the time taken does not tell how many
         // credentials were passed over.
-        current
-            .iter()
+        file.iter()
+            .chain(managed.iter())
             .fold(None, |found, credential| match credential.accepts(&presented) {
                 true => found.or(Some(credential)),
                 false => found,
@@ -126,8 +166,42 @@ impl Credentials {
             .cloned()
     }
 
+    /// The credentials the file holds.
+    pub fn of_file(&self) -> Arc<Vec<Credential>> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The credentials the database holds, as last read.
+    pub fn managed(&self) -> Arc<Vec<Credential>> {
+        self.managed.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts the database's credentials in force (all of them, replacing the last set); the
+    /// principals of records this build cannot read.
+    pub fn set_managed(&self, records: &[capstan_store::CredentialRecord]) -> Vec<String> {
+        let mut unreadable = Vec::new();
+        let loaded = records
+            .iter()
+            .filter_map(|record| {
+                let credential = Credential::from_record(record);
+                if credential.is_none() {
+                    unreadable.push(record.principal.clone());
+                }
+                credential
+            })
+            .collect();
+        *self.managed.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+        unreadable
+    }
+
+    /// Whether the file defines `principal`.
+    pub fn file_defines(&self, principal: &str) -> bool {
+        self.of_file().iter().any(|credential| credential.principal == principal)
+    }
+
+    /// How many credentials the file holds.
     pub fn len(&self) -> usize {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.of_file().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -208,13 +282,10 @@ pub fn parse(text: &str) -> Result<Vec<Credential>, String> {
         }
         let mut digests = Vec::with_capacity(entry.secrets.len());
         for secret in &entry.secrets {
-            let hex_digest = secret.strip_prefix(DIGEST_PREFIX).ok_or_else(|| {
-                format!("principal {principal:?}: a secret must be stored as sha256:<hex digest> (`capstan credentials hash` prints one), never in plain text")
-            })?;
-            let bytes = hex::decode(hex_digest)
-                .ok()
-                .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
-                .ok_or_else(|| format!("principal {principal:?}: a secret digest must be 64 hex digits"))?;
+            if !secret.starts_with(DIGEST_PREFIX) {
+                return Err(format!("principal {principal:?}: a secret must be stored as sha256:<hex digest> (`capstan credentials hash` prints one), never in plain text"));
+            }
+            let bytes = parse_digest(secret).ok_or_else(|| format!("principal {principal:?}: a secret digest must be 64 hex digits"))?;
             if !seen_digests.insert(bytes) {
                 return Err(format!(
                     "principal {principal:?}: a secret is listed twice (each secret names one principal)"

@@ -8,7 +8,7 @@ use capstan_engine::Reason;
 mod credentials;
 
 use credentials::constant_time_eq;
-pub use credentials::{stored_form, Credential, Credentials};
+pub use credentials::{generate_secret, stored_form, Credential, Credentials};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
@@ -191,22 +191,44 @@ impl AuthConfig {
     }
 }
 
-/// How often the credentials file is checked for changes.
+/// How often the credentials file and the database's credentials are read again.
 const CREDENTIALS_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Reads the credentials file again whenever it changes (a rotation), for as long as the
-/// server runs. An invalid file is logged and the credentials in force stay.
-pub async fn follow_credentials_file(credentials: Credentials) {
-    let Some(path) = credentials.path().map(|p| p.display().to_string()) else {
-        return;
-    };
-    tracing::info!(file = %path, credentials = credentials.len(), "named credentials loaded");
+/// The principals the command-line tokens act as: reserved, no named credential takes them.
+pub fn shortcut_principal(principal: &str) -> bool {
+    SHORTCUTS.iter().any(|(name, _)| *name == principal)
+}
+
+/// Puts the database's credentials (those managed over the API) in force on this node. A
+/// record this build cannot read is logged and left out.
+pub async fn load_managed_credentials<S: capstan_store::Store>(credentials: &Credentials, store: &S) -> capstan_store::StoreResult<usize> {
+    let records = store.credentials().await?;
+    for principal in credentials.set_managed(&records) {
+        tracing::error!(%principal, "stored credential unreadable (unknown role or malformed digest); it does not authenticate");
+    }
+    Ok(records.len())
+}
+
+/// Keeps the credentials in force current for as long as the server runs: the file is read
+/// again whenever it changes (a rotation), the database's credentials every
+/// [`CREDENTIALS_RECHECK`] (a change made over the API on another node). An invalid file, or a
+/// database that does not answer, is logged and the credentials in force stay.
+pub async fn follow_credentials<S: capstan_store::Store>(credentials: Credentials, state: crate::Shared<S>) {
+    let path = credentials.path().map(|p| p.display().to_string());
+    if let Some(path) = &path {
+        tracing::info!(file = %path, credentials = credentials.len(), "named credentials loaded");
+    }
     loop {
         tokio::time::sleep(CREDENTIALS_RECHECK).await;
-        match credentials.reload_if_changed() {
-            Ok(Some(count)) => tracing::info!(file = %path, credentials = count, "named credentials reloaded"),
-            Ok(None) => {}
-            Err(error) => tracing::error!(file = %path, %error, "credentials file refused; the previous credentials stay in force"),
+        match (credentials.reload_if_changed(), &path) {
+            (Ok(Some(count)), Some(path)) => tracing::info!(file = %path, credentials = count, "named credentials reloaded"),
+            (Err(error), Some(path)) => {
+                tracing::error!(file = %path, %error, "credentials file refused; the previous credentials stay in force")
+            }
+            _ => {}
+        }
+        if let Err(error) = load_managed_credentials(&credentials, &state.store).await {
+            tracing::warn!(%error, "stored credentials not read; the previous ones stay in force");
         }
     }
 }

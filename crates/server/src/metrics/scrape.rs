@@ -7,10 +7,13 @@ use crate::AppState;
 use capstan_engine::{LedgerState, Millis};
 use capstan_store::{LedgerStats, PoolUse, QueueLoad, Store};
 use prometheus::{Encoder, TextEncoder};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-/// The Prometheus text of one scrape.
-pub(crate) async fn render<S: Store>(state: &AppState<S>) -> ApiResult<String> {
+/// The Prometheus text of one scrape; with `only`, just the series labelled with one of those
+/// namespaces (what a credential bound to them may see: nothing of another tenant, nor the
+/// process-wide series that sum over every tenant).
+pub(crate) async fn render<S: Store>(state: &AppState<S>, only: Option<&BTreeSet<String>>) -> ApiResult<String> {
     let now = state.now();
     let namespaces: Vec<String> = state.store.namespaces().await?.into_iter().map(|n| n.name).collect();
     for namespace in &namespaces {
@@ -22,7 +25,7 @@ pub(crate) async fn render<S: Store>(state: &AppState<S>) -> ApiResult<String> {
     queue_gauges(&mut gauges, &loads, now);
     ledger_gauges(&mut gauges, &namespaces, &ledger, now);
     pool_gauges(&mut gauges, state.store.pool_use());
-    Ok(state.metrics.text_with(&gauges))
+    Ok(state.metrics.text_with(&gauges, only))
 }
 
 fn queue_gauges(f: &mut Families, loads: &[QueueLoad], now: Millis) {
@@ -111,9 +114,25 @@ fn pool_gauges(f: &mut Families, pool: PoolUse) {
 impl Metrics {
     /// The text of this process's series and `scraped`'s, families in name order; a family
     /// with no sample yet is declared (help and type) all the same.
-    fn text_with(&self, scraped: &Families) -> String {
+    fn text_with(&self, scraped: &Families, only: Option<&BTreeSet<String>>) -> String {
         let mut families = self.families.registry.gather();
         families.extend(scraped.registry.gather());
+        if let Some(allowed) = only {
+            for family in &mut families {
+                let kept: Vec<_> = family
+                    .take_metric()
+                    .into_iter()
+                    .filter(|metric| {
+                        metric
+                            .get_label()
+                            .iter()
+                            .any(|label| label.get_name() == "namespace" && allowed.contains(label.get_value()))
+                    })
+                    .collect();
+                family.set_metric(kept);
+            }
+            families.retain(|family| !family.get_metric().is_empty());
+        }
         families.sort_by(|a, b| a.get_name().cmp(b.get_name()));
         let mut text = Vec::new();
         TextEncoder::new()
@@ -131,6 +150,6 @@ impl Metrics {
     /// This process's series alone (for tests).
     #[cfg(test)]
     pub(crate) fn families_text(&self) -> String {
-        self.text_with(&Families::new())
+        self.text_with(&Families::new(), None)
     }
 }

@@ -6,6 +6,7 @@ mod audit;
 mod bridge;
 mod cancellation;
 mod control;
+mod credentials;
 mod duties;
 mod external_payloads;
 mod fleet;
@@ -326,6 +327,18 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/ready", get(system::ready::<S>))
         .route("/cluster/info", get(system::cluster_info::<S>))
         .route("/auth/whoami", get(system::whoami::<S>))
+        .route("/auth/credentials", get(credentials::list::<S>).post(credentials::create::<S>))
+        .route(
+            "/auth/credentials/:principal",
+            get(credentials::describe::<S>)
+                .put(credentials::regrant::<S>)
+                .delete(credentials::delete::<S>),
+        )
+        .route("/auth/credentials/:principal/secrets", post(credentials::add_secret::<S>))
+        .route(
+            "/auth/credentials/:principal/secrets/:secret_id",
+            axum::routing::delete(credentials::remove_secret::<S>),
+        )
         .merge(worker_plane)
         .merge(control_plane)
         .merge(namespace_plane)

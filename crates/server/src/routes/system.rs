@@ -201,8 +201,9 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
 /// `GET /metrics`: Prometheus text (`docs/metrics.md`). The database's figures are read at each
 /// scrape, so every node of a cluster reports the same ones.
 pub async fn metrics<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap) -> ApiResult<Response> {
-    state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
-    let text = crate::metrics::render(&state).await?;
+    // A credential bound to namespaces sees only their series.
+    let caller = state.config.auth.require_role(&headers, &[Role::Operator, Role::Admin])?;
+    let text = crate::metrics::render(&state, caller.namespaces.as_ref()).await?;
     Ok((
         StatusCode::OK,
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],

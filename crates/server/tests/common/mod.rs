@@ -307,6 +307,28 @@ impl Harness {
         }
     }
 
+    /// A second server (a node of its own: its own caches, credentials and clock loop) on this
+    /// harness's database; it stops when the returned guard drops. Its base URL.
+    pub async fn another_node(&self, config: ServerConfig) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("local addr");
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async move {
+            let _ = stop.await;
+        };
+        match &self.backend {
+            Backend::Sqlite(store) => {
+                let served = store.clone();
+                tokio::spawn(async move { capstan_server::serve(listener, served, config, stopped).await.expect("server runs") });
+            }
+            Backend::Shared(store) => {
+                let served = store.as_ref().clone();
+                tokio::spawn(async move { capstan_server::serve(listener, served, config, stopped).await.expect("server runs") });
+            }
+        }
+        (format!("http://{address}"), shutdown)
+    }
+
     /// The offline verifier over the server's database, as `capstan verify` runs it.
     pub async fn verify_offline(&self) -> capstan_server::integrity::IntegrityReport {
         match &self.backend {

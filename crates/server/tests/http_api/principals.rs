@@ -5,13 +5,13 @@ use super::*;
 use capstan_server::auth::{Credential, Credentials};
 use capstan_server::{AuthConfig, Role};
 
-const ALICE_V1: &str = "alice-secret-version-1";
-const ALICE_V2: &str = "alice-secret-version-2";
-const BOB: &str = "bob-worker-secret-billing";
-const CAROL: &str = "carol-operator-secret-billing";
-const ROOT: &str = "root-admin-secret-everywhere";
+pub(super) const ALICE_V1: &str = "alice-secret-version-1";
+pub(super) const ALICE_V2: &str = "alice-secret-version-2";
+pub(super) const BOB: &str = "bob-worker-secret-billing";
+pub(super) const CAROL: &str = "carol-operator-secret-billing";
+pub(super) const ROOT: &str = "root-admin-secret-everywhere";
 
-async fn credentials_harness() -> Harness {
+pub(super) fn credentials_config() -> ServerConfig {
     let credentials = Credentials::fixed(vec![
         Credential::new("alice", &[Role::Operator], None, &[ALICE_V1, ALICE_V2]),
         Credential::new("bob", &[Role::Worker], Some(&["billing"]), &[BOB]),
@@ -25,14 +25,14 @@ async fn credentials_harness() -> Harness {
         admin: None,
         credentials,
     };
-    let h = Harness::with_config(
-        ServerConfig {
-            auth,
-            ..ServerConfig::default()
-        },
-        None,
-    )
-    .await;
+    ServerConfig {
+        auth,
+        ..ServerConfig::default()
+    }
+}
+
+pub(super) async fn credentials_harness() -> Harness {
+    let h = Harness::with_config(credentials_config(), None).await;
     send(
         h.bare(Method::POST, "/api/namespaces")
             .header(CONTROL_HEADER, "2")
@@ -44,7 +44,7 @@ async fn credentials_harness() -> Harness {
     h
 }
 
-fn listing(h: &Harness, namespace: &str, token: &str) -> reqwest::RequestBuilder {
+pub(super) fn listing(h: &Harness, namespace: &str, token: &str) -> reqwest::RequestBuilder {
     h.bare(Method::GET, "/api/workflows")
         .header(CONTROL_HEADER, "2")
         .header("X-Namespace", namespace)
@@ -88,8 +88,23 @@ async fn a_credential_bound_to_a_namespace_is_refused_everywhere_else() {
         .bearer_auth(BOB)
         .json(&json!({"worker_id": "w", "task_queue": "q"}));
     send(poll).await.err(403, "forbidden");
-    // Endpoints that span namespaces: refused to a bound credential, open to an unbound one.
-    send(h.bare(Method::GET, "/metrics").bearer_auth(CAROL)).await.err(403, "forbidden");
+    // Metrics: a bound credential sees only its namespaces' series; an unbound one sees all.
+    let scrape = |token: &str| {
+        let request = h.bare(Method::GET, "/metrics").bearer_auth(token.to_string());
+        async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.text().await.unwrap()
+        }
+    };
+    let everything = scrape(ALICE_V1).await;
+    assert!(everything.contains(r#"namespace="default""#) && everything.contains("capstan_db_pool_connections{"));
+    let carols = scrape(CAROL).await;
+    let samples: Vec<&str> = carols.lines().filter(|line| !line.starts_with('#') && !line.is_empty()).collect();
+    assert!(!samples.is_empty(), "billing's series are there: {carols}");
+    for sample in samples {
+        assert!(sample.contains(r#"namespace="billing""#), "only billing's series: {sample}");
+    }
     // Namespace administration: a bound credential sees and reads only its own namespaces.
     let namespaces = |token: &str| {
         h.bare(Method::GET, "/api/namespaces")

@@ -7,6 +7,7 @@ pub(crate) mod admin;
 pub(crate) mod audit;
 pub(crate) mod catalog;
 pub(crate) mod claim;
+pub(crate) mod credentials;
 pub(crate) mod duties;
 pub(crate) mod external_payloads;
 pub(crate) mod fleet;

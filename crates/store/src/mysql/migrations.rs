@@ -104,4 +104,10 @@ CREATE TABLE IF NOT EXISTS audit_events (audit_id VARCHAR(64) PRIMARY KEY, names
   INDEX audit_events_by_instance (namespace(128), workflow_id(255), recorded_at)) {table};
 "#,
     ),
+    (
+        26,
+        r#"
+CREATE TABLE IF NOT EXISTS credentials (principal VARCHAR(255) PRIMARY KEY, created_at BIGINT NOT NULL, doc LONGTEXT NOT NULL) {table};
+"#,
+    ),
 ];

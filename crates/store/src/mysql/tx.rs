@@ -73,6 +73,19 @@ impl MyTx {
         }
     }
 
+    /// Rolls back now, so the transaction's locks are gone before its caller answers (a drop
+    /// rolls back too, but in the background). A connection that cannot roll back is closed.
+    pub(crate) async fn rollback(mut self) {
+        self.open = false;
+        let failed = match self.conn.as_mut() {
+            Some(conn) => conn.query_drop("ROLLBACK").await.is_err(),
+            None => false,
+        };
+        if let (true, Some(conn)) = (failed, self.conn.take()) {
+            let _ = conn.disconnect().await;
+        }
+    }
+
     /// Runs `sql` (a statement without parameters, e.g. a savepoint's) as it is.
     pub(crate) async fn batch(&mut self, sql: &str) -> StoreResult<()> {
         Ok(self.conn()?.query_drop(sql).await?)

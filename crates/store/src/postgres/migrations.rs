@@ -501,4 +501,16 @@ CREATE TABLE audit_events (
 CREATE INDEX audit_events_by_instance ON audit_events (namespace, workflow_id, recorded_at);
 "#,
     ),
+    (
+        26,
+        r#"
+-- Named credentials managed over the admin API (the credentials file holds the others): the
+-- principal, its roles and namespaces, and its secrets as SHA-256 digests, in `doc`.
+CREATE TABLE credentials (
+    principal  TEXT PRIMARY KEY,
+    created_at BIGINT NOT NULL,
+    doc        TEXT NOT NULL
+);
+"#,
+    ),
 ];

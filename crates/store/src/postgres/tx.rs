@@ -61,6 +61,17 @@ impl PgTx {
         }
     }
 
+    /// Rolls back now, so the transaction's locks are gone before its caller answers (a drop
+    /// rolls back too, but in the background). A connection that cannot roll back is closed.
+    pub(crate) async fn rollback(mut self) {
+        self.open = false;
+        if self.client().batch_execute("ROLLBACK").await.is_err() {
+            if let Some(client) = self.client.take() {
+                drop(Object::take(client));
+            }
+        }
+    }
+
     /// Runs `sql` (statements without parameters, e.g. a savepoint's) as it is.
     pub(crate) async fn batch(&mut self, sql: &str) -> StoreResult<()> {
         Ok(self.client().batch_execute(sql).await?)

@@ -32,18 +32,27 @@ use std::sync::Arc;
 
 pub use durability::Durability;
 
-/// Runs shared logic in a transaction of its own and commits it:
+/// Runs shared logic in a transaction of its own and commits it, or rolls it back (awaited, so
+/// its locks are released before the caller answers) when the logic fails or refuses:
 /// `in_transaction!(self, |tx| logic::step(tx, …))`.
 macro_rules! in_transaction {
     ($store:expr, |$tx:ident| $step:expr) => {
         async {
             let mut transaction = $store.begin().await?;
-            let value = {
+            let outcome = {
                 let $tx = &mut transaction;
-                $step.await?
+                $step.await
             };
-            $store.commit(transaction).await?;
-            Ok::<_, StoreError>(value)
+            match outcome {
+                Ok(value) => {
+                    $store.commit(transaction).await?;
+                    Ok::<_, StoreError>(value)
+                }
+                Err(error) => {
+                    $store.rollback(transaction).await;
+                    Err(error)
+                }
+            }
         }
         .await
     };
@@ -234,6 +243,14 @@ impl SharedStore {
         match &self.database {
             Database::Postgres(pg) => Ok(SharedTx::Postgres(pg.begin().await?)),
             Database::Mysql(my) => Ok(SharedTx::Mysql(my.begin().await?)),
+        }
+    }
+
+    /// Rolls `tx` back before answering: a refused change leaves no lock behind it.
+    async fn rollback(&self, tx: SharedTx) {
+        match tx {
+            SharedTx::Postgres(tx) => tx.rollback().await,
+            SharedTx::Mysql(tx) => tx.rollback().await,
         }
     }
 

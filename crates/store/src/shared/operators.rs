@@ -1,7 +1,7 @@
 //! The catalog, payload records, streams and operators' records on the shared databases.
 
 use super::{in_transaction, Database, SharedStore};
-use crate::logic::{admin, catalog, duties, external_payloads, namespaces, service_calls, streams};
+use crate::logic::{admin, catalog, credentials, duties, external_payloads, namespaces, service_calls, streams};
 use crate::*;
 use capstan_engine::workflow_stream::StreamItemInput;
 use serde_json::{Map, Value};
@@ -224,5 +224,27 @@ impl AdminStore for SharedStore {
 
     async fn delete_search_attribute(&self, namespace: &str, name: &str) -> StoreResult<bool> {
         admin::delete_search_attribute(&mut self.reader().await?, namespace, name).await
+    }
+
+    async fn credentials(&self) -> StoreResult<Vec<CredentialRecord>> {
+        credentials::credentials(&mut self.reader().await?).await
+    }
+
+    async fn create_credential(&self, record: CredentialRecord) -> StoreResult<CredentialRecord> {
+        credentials::create_credential(&mut self.reader().await?, record).await
+    }
+
+    async fn change_credential(
+        &self,
+        principal: &str,
+        change: CredentialChange,
+        by: Option<capstan_engine::Principal>,
+        now: Millis,
+    ) -> StoreResult<CredentialRecord> {
+        in_transaction!(self, |tx| credentials::change_credential(tx, principal, change, by, now))
+    }
+
+    async fn delete_credential(&self, principal: &str) -> StoreResult<CredentialRecord> {
+        in_transaction!(self, |tx| credentials::delete_credential(tx, principal))
     }
 }

@@ -8,8 +8,8 @@ mod writer;
 pub(crate) use writer::note_io_failure;
 
 use crate::logic::{
-    actions, admin, audit, catalog, claim, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries, runs,
-    service_calls, sessions, streams,
+    actions, admin, audit, catalog, claim, credentials, duties, external_payloads, fleet, integrity, ledger_reads, namespaces, queries,
+    runs, service_calls, sessions, streams,
 };
 use crate::rows::*;
 use crate::schedules;
@@ -1240,6 +1240,36 @@ impl AdminStore for SqliteStore {
         let (namespace, name) = (namespace.to_string(), name.to_string());
         self.writer
             .write_tx(move |tx| drive(admin::delete_search_attribute(tx, &namespace, &name)))
+            .await
+    }
+
+    async fn credentials(&self) -> StoreResult<Vec<CredentialRecord>> {
+        self.read_tx(move |tx| drive(credentials::credentials(tx))).await
+    }
+
+    async fn create_credential(&self, record: CredentialRecord) -> StoreResult<CredentialRecord> {
+        self.writer
+            .write_tx(move |tx| drive(credentials::create_credential(tx, record)))
+            .await
+    }
+
+    async fn change_credential(
+        &self,
+        principal: &str,
+        change: CredentialChange,
+        by: Option<capstan_engine::Principal>,
+        now: Millis,
+    ) -> StoreResult<CredentialRecord> {
+        let principal = principal.to_string();
+        self.writer
+            .write_tx(move |tx| drive(credentials::change_credential(tx, &principal, change, by, now)))
+            .await
+    }
+
+    async fn delete_credential(&self, principal: &str) -> StoreResult<CredentialRecord> {
+        let principal = principal.to_string();
+        self.writer
+            .write_tx(move |tx| drive(credentials::delete_credential(tx, &principal)))
             .await
     }
 }

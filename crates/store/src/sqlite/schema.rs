@@ -501,6 +501,18 @@ CREATE TABLE audit_events (
 CREATE INDEX audit_events_by_instance ON audit_events (namespace, workflow_id, recorded_at);
 "#,
     ),
+    (
+        25,
+        r#"
+-- Named credentials managed over the admin API (the credentials file holds the others): the
+-- principal, its roles and namespaces, and its secrets as SHA-256 digests, in `doc`.
+CREATE TABLE credentials (
+    principal  TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL,
+    doc        TEXT NOT NULL
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -6,6 +6,7 @@
 
 mod actions;
 mod catalog;
+mod credentials;
 mod external_payloads;
 mod operators;
 mod schedules;
@@ -16,6 +17,7 @@ mod two_nodes;
 
 pub use actions::*;
 pub use catalog::*;
+pub use credentials::*;
 pub use external_payloads::*;
 pub use operators::*;
 pub use schedules::*;
@@ -1458,6 +1460,7 @@ macro_rules! store_suite {
             schedules_fire_each_occurrence_once_with_their_workflows,
             retention_removes_closed_instances_and_frees_their_ids,
             audit_events_are_paged_newest_first_and_pruned_with_their_instance,
+            credentials_are_created_rotated_and_deleted,
             typed_visibility_filters_select_exactly_the_matching_runs,
             namespaces_are_created_updated_and_deleted_when_empty,
             declared_actions_are_ledgered_in_the_claim_transaction,
