@@ -29,6 +29,8 @@ mod sessions;
 mod standalone;
 #[path = "http_api/sticky.rs"]
 mod sticky;
+#[path = "http_api/tenancy.rs"]
+mod tenancy;
 #[path = "http_api/trace_context.rs"]
 mod trace_context;
 #[path = "http_api/workflow_streams.rs"]
