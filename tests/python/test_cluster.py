@@ -578,7 +578,8 @@ def test_a_run_held_by_a_paused_transaction_delays_only_that_run(cluster_factory
                     fired[task["workflow_id"]] = task
                 print(f"{count - 1} other timers fired {time.monotonic() - started:.2f}s after the lock was taken")
                 assert time.monotonic() - started < 2 + duty_seconds, "the other runs waited for the held one"
-                # The clock holds a claim on the held run's timer: it sleeps until the claim expires.
+                # The clock holds a claim on the held run's timer: it retries it, backing off, and
+                # sleeps in between rather than spinning.
                 before = _cpu_seconds(node.proc.pid)
                 await asyncio.sleep(1.5)
                 spent = _cpu_seconds(node.proc.pid) - before

@@ -107,8 +107,8 @@ reasons! {
     OperationNotFound => "operation_not_found",
     /// No service call of that id under the operation (DW's describe route).
     ServiceCallNotFound => "service_call_not_found",
-    /// A duty found its run held by another transaction (a node paused mid-transaction): it is
-    /// retried when its claim expires; other runs' duties go on.
+    /// A duty found its run held by another transaction (a node paused mid-transaction): its
+    /// node retries it while the claim lasts; other runs' duties go on.
     RunLocked => "run_locked",
     /// A cancellation of a service call that has already ended.
     ServiceCallTerminal => "service_call_terminal",

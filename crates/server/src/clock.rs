@@ -31,6 +31,8 @@ pub(crate) struct ClockAlarm {
     /// When the sleeping clock wakes by itself; `i64::MAX` while it is awake (it may have read the
     /// next deadline before a change committed, so every deadline kicks then).
     asleep_until: AtomicI64,
+    /// Claimed duties whose run another transaction held, retried while their claims last.
+    passed_over: tokio::sync::Mutex<duties::PassedOver>,
 }
 
 impl Default for ClockAlarm {
@@ -38,6 +40,7 @@ impl Default for ClockAlarm {
         Self {
             kick: tokio::sync::Notify::new(),
             asleep_until: AtomicI64::new(i64::MAX),
+            passed_over: Default::default(),
         }
     }
 }
@@ -117,10 +120,12 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
             continue;
         }
         let now = state.now();
-        let sleep_ms = match state.store.next_deadline().await {
-            Ok(Some(next)) => (next - now).clamp(0, IDLE_RECHECK_MS),
-            _ => IDLE_RECHECK_MS,
+        let retry = state.clock.passed_over.lock().await.next_retry();
+        let next = match state.store.next_deadline().await {
+            Ok(next) => next.into_iter().chain(retry).min(),
+            Err(_) => retry,
         };
+        let sleep_ms = next.map_or(IDLE_RECHECK_MS, |next| (next - now).clamp(0, IDLE_RECHECK_MS));
         if sleep_ms == 0 {
             tokio::task::yield_now().await;
             continue;
@@ -133,7 +138,10 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
 /// timeouts) and applies each; returns how many were due. The clock calls it continuously; the
 /// activity-timeout pass endpoint calls it on demand.
 pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> capstan_store::StoreResult<usize> {
-    let outcomes = duties::apply_due_deadlines(&state.store, &state.config.server_id, now, BATCH, state.config.duty_lease_ms).await?;
+    // Held for the pass: an on-demand pass waits for the clock's.
+    let mut passed_over = state.clock.passed_over.lock().await;
+    let (node, hold_ms) = (&state.config.server_id, state.config.duty_lease_ms);
+    let outcomes = duties::apply_due_deadlines(&state.store, node, now, BATCH, hold_ms, &mut passed_over).await?;
     for outcome in &outcomes {
         let task_id = &outcome.task.task_id;
         match &outcome.result {
@@ -144,7 +152,7 @@ pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> c
             }
             Ok((false, _)) => {}
             Err(capstan_store::StoreError::Refused(refusal)) if refusal.reason == capstan_engine::Reason::RunLocked => {
-                tracing::info!(task_id = %task_id, "clock: run held by another transaction; the duty is retried when its claim expires");
+                tracing::info!(task_id = %task_id, "clock: run held by another transaction; the duty is retried shortly");
             }
             Err(capstan_store::StoreError::Refused(refusal)) => {
                 // A node that paused or lost its claim: worth a line, it explains a late node's silence.

@@ -9,6 +9,8 @@ mod activity_stop;
 mod common;
 #[path = "http_api/credentials_api.rs"]
 mod credentials_api;
+#[path = "http_api/deadlines.rs"]
+mod deadlines;
 #[path = "http_api/external_payloads.rs"]
 mod external_payloads;
 #[path = "http_api/metrics.rs"]

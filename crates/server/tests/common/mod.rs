@@ -247,6 +247,26 @@ impl Drop for SchemaGuard {
     }
 }
 
+/// A run's row lock held by a transaction outside the server.
+pub enum RowHold {
+    Postgres(tokio_postgres::Client),
+    Mysql(mysql_async::Conn),
+}
+
+impl RowHold {
+    /// Ends the holding transaction.
+    pub async fn release(self) {
+        match self {
+            RowHold::Postgres(client) => client.batch_execute("COMMIT").await.unwrap(),
+            RowHold::Mysql(mut conn) => {
+                use mysql_async::prelude::Queryable;
+                conn.query_drop("COMMIT").await.unwrap();
+                conn.disconnect().await.unwrap();
+            }
+        }
+    }
+}
+
 pub struct Harness {
     pub base: String,
     pub http: reqwest::Client,
@@ -357,6 +377,31 @@ impl Harness {
                 let mut conn = mysql_admin().await;
                 let sql = format!("UPDATE `{database}`.runs SET state = ? WHERE run_id = ?");
                 conn.exec_drop(sql, (document, run_id)).await.unwrap();
+            }
+        }
+    }
+
+    /// Takes the row lock of `run_id` in a transaction of its own, as a node paused inside a
+    /// transaction holds it, until [`RowHold::release`]. Shared databases only (`None` on SQLite,
+    /// whose writers never hold a row while another waits).
+    pub async fn hold_run_row(&self, run_id: &str) -> Option<RowHold> {
+        match &self._schema {
+            None => None,
+            Some(SchemaGuard(Shared::Postgres, schema)) => {
+                let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(connection);
+                let sql = format!("BEGIN; SELECT 1 FROM {schema}.runs WHERE run_id = '{run_id}' FOR UPDATE");
+                client.batch_execute(&sql).await.unwrap();
+                Some(RowHold::Postgres(client))
+            }
+            Some(SchemaGuard(Shared::Mysql, database)) => {
+                use mysql_async::prelude::Queryable;
+                let mut conn = mysql_admin().await;
+                conn.query_drop("START TRANSACTION").await.unwrap();
+                let sql = format!("SELECT 1 FROM `{database}`.runs WHERE run_id = ? FOR UPDATE");
+                let rows: Vec<i64> = conn.exec(sql, (run_id,)).await.unwrap();
+                assert_eq!(rows, [1], "the run's row is there to hold");
+                Some(RowHold::Mysql(conn))
             }
         }
     }

@@ -21,7 +21,7 @@ const LOCK_RUN_OF_TASK: Locking = locking!(
     "FOR UPDATE OF r"
 );
 // A duty passes over a run another transaction holds (a node frozen mid-transaction must not
-// stall every other run's deadlines): its claim stands, and it retries when the claim expires.
+// stall every other run's deadlines): its claim stands, and its node retries while it lasts.
 const LOCK_RUN_OF_TASK_OR_SKIP: Locking = locking!(
     "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
     "FOR UPDATE OF r SKIP LOCKED"
@@ -280,7 +280,7 @@ where
         if load_run(tx, &due.namespace, &locator).await?.is_some() {
             return Err(Refusal::new(
                 Reason::RunLocked,
-                "Another transaction holds the run; the duty is retried when its claim expires.",
+                "Another transaction holds the run; its node retries the duty while the claim lasts.",
             )
             .with("task_id", due.task_id.as_str())
             .into());
