@@ -66,6 +66,7 @@ fn a_failed_dispatch_is_unknown_until_an_operator_confirms_the_effect() {
         .find(|e| e.event_type == EventType::ActivityCompleted)
         .unwrap();
     assert_eq!(completed.payload["result"], json!("receipt"));
+    assert_eq!(completed.payload["resolved_by"], json!("operator"));
     assert!(world.run.activities.is_empty());
     assert!(world.ready(TaskKind::Workflow).is_some(), "the workflow continues");
     let again = world

@@ -123,6 +123,11 @@ fn an_unknown_outcome_starts_one_probe_whose_found_answer_confirms_the_effect() 
         .find(|e| e.event_type == EventType::ActivityCompleted)
         .unwrap();
     assert_eq!(completed.payload["result"], json!(r#"{"charged":true}"#));
+    assert_eq!(
+        completed.payload["resolved_by"],
+        json!("probe"),
+        "a probe, not an operator, settled it"
+    );
     assert!(world.ready(TaskKind::Workflow).is_some(), "the workflow continues");
     assert_eq!(world.count(EventType::ActivityStarted), 1, "the action itself never ran again");
 

@@ -2,7 +2,7 @@
 //! becomes unknown, answered when the probe's host run closes (the model is
 //! [`crate::ledger_probe`]).
 
-use super::ledger_steps::checkpoint;
+use super::ledger_steps::{checkpoint, resolve_entry_as, Resolver};
 use super::*;
 use crate::ledger_probe::*;
 
@@ -165,7 +165,7 @@ pub fn answer_probe(run: &mut RunState, cx: &mut Cx, stored: LedgerEntry, answer
     }
     let (key, absent) = (entry.ledger_key.clone(), decision == LedgerDecision::EffectAbsent);
     run.ledger.insert(key.clone(), entry);
-    let resolved = resolve_ledger_entry(run, cx, &key, decision, evidence, &principal).ok()?;
+    let resolved = resolve_entry_as(run, cx, &key, decision, evidence, &principal, Resolver::Probe).ok()?;
     if let (true, Some(execution)) = (absent, blocked) {
         if let Some(stored) = run.activities.get_mut(&execution.id) {
             stored.probe_retries += 1;

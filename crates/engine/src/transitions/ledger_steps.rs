@@ -237,9 +237,16 @@ pub enum LedgerDecision {
     EffectAbsent,
 }
 
-/// Records the resolution of an `outcome_unknown` entry with its evidence and principal. On an
-/// open run the blocked step continues (completed, or retried once); on a closed run only the
-/// evidence is recorded.
+/// Who settled an unknown outcome, as a confirmed completion's `resolved_by` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resolver {
+    Operator,
+    Probe,
+}
+
+/// Records an operator's resolution of an `outcome_unknown` entry with its evidence and
+/// principal. On an open run the blocked step continues (completed, or retried once); on a
+/// closed run only the evidence is recorded.
 pub fn resolve_ledger_entry(
     run: &mut RunState,
     cx: &mut Cx,
@@ -247,6 +254,19 @@ pub fn resolve_ledger_entry(
     decision: LedgerDecision,
     evidence: Value,
     principal: &str,
+) -> Result<LedgerEntry, Refusal> {
+    resolve_entry_as(run, cx, ledger_key, decision, evidence, principal, Resolver::Operator)
+}
+
+/// [`resolve_ledger_entry`], by `resolver`.
+pub(crate) fn resolve_entry_as(
+    run: &mut RunState,
+    cx: &mut Cx,
+    ledger_key: &str,
+    decision: LedgerDecision,
+    evidence: Value,
+    principal: &str,
+    resolver: Resolver,
 ) -> Result<LedgerEntry, Refusal> {
     integrity_refusal(run)?;
     let Some(entry) = run.ledger.get(ledger_key).cloned() else {
@@ -274,6 +294,7 @@ pub fn resolve_ledger_entry(
                 attempt,
                 ledger_key,
                 result: &result,
+                resolver,
             });
             run.append(cx, EventType::ActivityCompleted, payload, None, None);
             run.activities.remove(&execution.id);

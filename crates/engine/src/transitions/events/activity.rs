@@ -2,6 +2,7 @@
 //! whole story.
 
 use super::*;
+use crate::transitions::ledger_steps::Resolver;
 
 /// One attempt of an activity that runs on workers. `attempt_id` is written as it is: null for
 /// an attempt that never started (a ready task that timed out).
@@ -378,11 +379,13 @@ pub(in crate::transitions) enum Completed<'a> {
         attempt: AttemptRef<'a>,
         result: &'a Payload,
     },
-    /// An operator confirmed the effect of a declared action whose outcome was unknown.
+    /// An operator or a reconciliation probe confirmed the effect of a declared action whose
+    /// outcome was unknown.
     Confirmed {
         attempt: AttemptRef<'a>,
         ledger_key: &'a str,
         result: &'a Payload,
+        resolver: Resolver,
     },
     Local {
         attempt: LocalAttemptRef<'a>,
@@ -406,11 +409,16 @@ pub(in crate::transitions) fn activity_completed(completed: Completed) -> Map<St
             attempt,
             ledger_key,
             result,
+            resolver,
         } => {
             let mut fields = attempt.fields();
             fields.insert("ledger_key".into(), json!(ledger_key));
             fields.extend(result_fields(result));
-            fields.insert("resolved_by".into(), json!("operator"));
+            let resolved_by = match resolver {
+                Resolver::Operator => "operator",
+                Resolver::Probe => "probe",
+            };
+            fields.insert("resolved_by".into(), json!(resolved_by));
             execution_event(attempt.execution, fields)
         }
         Completed::Local { attempt, result } => local_attempt_end_event(&attempt, result_fields(result)),
