@@ -93,3 +93,35 @@ def test_credentials_made_over_the_api_act_rotate_and_survive_a_restart(server_f
     assert "credential.secret_removed" in log, "credential changes are logged with who made them"
     cli(server.url, "delete", "dana")
     assert status_with(server.url, second) == 401
+
+
+def test_a_database_holding_an_admin_credential_needs_no_token_flag(server_factory, tmp_path):
+    """`--auth token` with no token flag and no file: refused while the database holds no admin
+    credential (nobody could get in), served once an admin made one over the API — so the
+    bootstrap `--admin-token` can be dropped from the command line for good."""
+    refused = subprocess.run(
+        [str(capstan_binary()), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "empty"),
+         "--auth", "token"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert "none of them such an admin" in refused.stderr, refused.stderr
+
+    server = server_factory.create("--auth", "token", "--admin-token", ROOT)
+    bound = cli(server.url, "create", "tenant-admin", "--role", "admin", "--bind", "default")["secret"]["token"]
+    server.kill()
+    server.extra_args = ["--auth", "token"]
+    refused = subprocess.run(server.command(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, "an admin bound to a namespace cannot manage credentials"
+    assert "1 stored credential(s)" in refused.stderr, refused.stderr
+
+    server.extra_args = ["--auth", "token", "--admin-token", ROOT]
+    server.start()
+    admin = cli(server.url, "create", "ops-admin", "--role", "admin")["secret"]["token"]
+    server.kill()
+    server.extra_args = ["--auth", "token"]
+    server.start()
+    assert status_with(server.url, admin) == 200
+    assert status_with(server.url, bound) == 200
+    assert status_with(server.url, ROOT) == 401, "the bootstrap token is gone from the command line"
+    assert "credentials stored in the database only" in server.log_text()

@@ -108,7 +108,7 @@ struct VerifyArgs {
     json: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum AuthMode {
     None,
     Token,
@@ -305,20 +305,41 @@ fn auth_config(args: &ServeArgs) -> Result<AuthConfig, String> {
                 admin: args.admin_token.clone(),
                 credentials,
             };
-            if args.token.is_none()
-                && args.worker_token.is_none()
-                && args.operator_token.is_none()
-                && args.admin_token.is_none()
-                && args.credentials_file.is_none()
-            {
-                return Err(
-                    "--auth token needs at least one of --token, --worker-token, --operator-token, --admin-token, --credentials-file"
-                        .into(),
-                );
-            }
             Ok(config)
         }
     }
+}
+
+/// `--auth token` with neither a token flag nor a credentials file: only the credentials admins
+/// made over the API (kept in the database) can let anyone in.
+fn only_stored_credentials(args: &ServeArgs) -> bool {
+    args.auth == AuthMode::Token
+        && args.token.is_none()
+        && args.worker_token.is_none()
+        && args.operator_token.is_none()
+        && args.admin_token.is_none()
+        && args.credentials_file.is_none()
+}
+
+const NO_WAY_IN: &str = "--auth token needs at least one of --token, --worker-token, --operator-token, --admin-token, \
+                         --credentials-file, or an admin credential bound to no namespace made over the API";
+
+/// With [`only_stored_credentials`], the database must hold an admin credential bound to no
+/// namespace: without one nobody could manage the server, nor ever make a credential again.
+async fn require_stored_admin<S: capstan_store::Store>(store: &S) -> Result<(), Stopped> {
+    let stored = store.credentials().await.map_err(|e| format!("read the stored credentials: {e}"))?;
+    let unbound_admin = |c: &capstan_store::CredentialRecord| c.namespaces.is_none() && c.roles.iter().any(|r| r == "admin");
+    if stored.iter().any(unbound_admin) {
+        tracing::info!(
+            credentials = stored.len(),
+            "authenticating with the credentials stored in the database only"
+        );
+        return Ok(());
+    }
+    Err(Stopped::Refused(format!(
+        "{NO_WAY_IN}; the database holds {} stored credential(s), none of them such an admin",
+        stored.len()
+    )))
 }
 
 async fn shutdown_signal() {
@@ -370,6 +391,9 @@ fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
         Telemetry::otlp(&otlp).map_err(Stopped::Refused)?;
     }
     print!("{effective}");
+    if only_stored_credentials(args) {
+        eprintln!("capstan: note: {NO_WAY_IN}: serve starts only if the database holds such an admin");
+    }
     eprintln!("capstan: configuration ok");
     Ok(())
 }
@@ -423,6 +447,9 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
             let store = SqliteStore::open(&path, config.limits.clone(), now)
                 .map_err(|e| format!("open {}: {e}", path.display()))?
                 .with_sources(config.sources.clone());
+            if only_stored_credentials(&args) {
+                require_stored_admin(&store).await?;
+            }
             let opened = std::fs::canonicalize(&path).unwrap_or(path);
             tracing::info!(%address, database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
@@ -441,6 +468,9 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
                     }
                 }
                 Err(error) => tracing::warn!(%error, "could not read the database's durability settings"),
+            }
+            if only_stored_credentials(&args) {
+                require_stored_admin(&store).await?;
             }
             tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (shared database)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
