@@ -172,6 +172,49 @@ def test_every_fact_names_the_authenticated_principal_and_never_a_spoofed_one(se
         assert secret not in log, "a secret reached the log"
 
 
+def test_the_python_sdk_client_acts_as_its_credential(server_factory, tmp_path):
+    """DW's `python_sdk_visibility`: the published SDK's client with bob's credential starts and
+    signals a workflow; the history the SDK itself reads back (a page and the export) names bob
+    on `WorkflowStarted` and `SignalReceived`, in the same shape as a raw HTTP start by bob."""
+    from importlib.metadata import version
+
+    path = tmp_path / "credentials.toml"
+    path.write_text(credentials_file([ALICE_V1]))
+    server = server_factory.create("--auth", "token", "--credentials-file", str(path))
+    queue = unique("sdk-visibility")
+
+    async def main():
+        async with running_worker(server.url, queue, workflows=[Approval], token=WORKER), \
+                make_client(server.url, token=BOB) as bob_sdk, control(server.url, BOB) as bob_http:
+            handle = await bob_sdk.start_workflow(workflow_type="principals.approval", task_queue=queue,
+                                                  workflow_id=unique("sdk-started"), input=["sdk"])
+            await asyncio.sleep(1.5)  # the timer fires; the workflow waits for the signal
+            await handle.signal("approve", [])
+            assert await wait_result(handle, timeout=30) == "sdk approved"
+            page = await handle.get_history()
+            exported = await handle.export_history()
+            reference_id = unique("http-started")
+            reply = await bob_http.post("/api/workflows", json={
+                "workflow_id": reference_id, "workflow_type": "principals.approval", "task_queue": queue,
+                "input": envelope(["http"])})
+            assert reply.status_code == 201, reply.text
+            reference = await principals_by_type(server.url, reference_id, reply.json()["run_id"], BOB)
+            return page, exported, reference
+
+    page, exported, reference = run_async(main(), timeout=90)
+    bob = token_principal("bob")
+    assert version("durable-workflow") == "2.12.0"
+    by_type = {}
+    for event in page["events"]:
+        by_type.setdefault(event["event_type"], []).append(event.get("principal"))
+    assert by_type["WorkflowStarted"] == [bob], by_type
+    assert by_type["SignalReceived"] == [bob], by_type
+    assert reference["WorkflowStarted"] == [bob], "the raw HTTP reference names bob the same way"
+    exported_started = [e for e in exported["history_events"] if e["event_type"] == "WorkflowStarted"]
+    # The export's events are the worker plane's: the principal is in each event's payload.
+    assert [e["payload"].get("principal") for e in exported_started] == [bob], exported_started
+
+
 def test_a_secret_rotates_without_a_restart(server_factory, tmp_path):
     path = tmp_path / "credentials.toml"
     path.write_text(credentials_file([ALICE_V1]))
