@@ -94,6 +94,20 @@ def test_credentials_made_over_the_api_act_rotate_and_survive_a_restart(server_f
     cli(server.url, "delete", "dana")
     assert status_with(server.url, second) == 401
 
+    # The audit trail: every change to dana, newest first, by the admin; no secret in it.
+    trail = cli(server.url, "events", "dana")["events"]
+    assert [e["action"] for e in trail] == ["credential.deleted", "credential.secret_removed",
+                                            "credential.secret_added", "credential.created"], trail
+    assert all(e["by"] == {"type": "auth:token", "id": "role:admin"} for e in trail), trail
+    assert trail[1]["secret_id"] == first_id
+    assert first not in json.dumps(trail) and second not in json.dumps(trail)
+    table = subprocess.run(
+        [str(capstan_binary()), "credentials", "events", "--server", server.url, "--token", ROOT, "--limit", "2"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert table.returncode == 0, table.stderr
+    assert "credential.deleted" in table.stdout and "role:admin" in table.stdout, table.stdout
+
 
 def test_a_database_holding_an_admin_credential_needs_no_token_flag(server_factory, tmp_path):
     """`--auth token` with no token flag and no file: refused while the database holds no admin

@@ -319,7 +319,9 @@ def test_an_admin_makes_rotates_and_deletes_a_credential_on_the_access_page(serv
             first = await page.locator("#new-secret-token").text_content()
             first_id = await page.locator("#new-secret p.muted .mono").text_content()
             assert (await asyncio.to_thread(whoami, first)).json()["principal"]["id"] == "ui-operator"
-            row = page.locator("tbody tr").filter(has_text="ui-operator")
+            credentials = page.locator("table").filter(has=page.locator("caption", has_text="Credentials"))
+            changes = page.locator("table").filter(has=page.locator("caption", has_text="Recent changes"))
+            row = credentials.locator("tbody tr").filter(has_text="ui-operator")
             await expect(row).to_contain_text("every namespace")
             await expect(row).to_contain_text("role:admin")  # who made it
             await screenshot(page, "access-new-secret")
@@ -336,9 +338,15 @@ def test_an_admin_makes_rotates_and_deletes_a_credential_on_the_access_page(serv
             assert (await asyncio.to_thread(whoami, second)).status_code == 200
             assert first not in await page.content() and second not in await page.content()
 
-            await page.locator("tbody tr").filter(has_text="ui-operator").get_by_role("button", name="Delete").click()
-            await expect(page.locator("tbody tr").filter(has_text="ui-operator")).to_have_count(0)
+            await row.get_by_role("button", name="Delete").click()
+            await expect(credentials.locator("tbody tr").filter(has_text="ui-operator")).to_have_count(0)
             assert (await asyncio.to_thread(whoami, second)).status_code == 401
+            # The trail of what was done, newest first, by whom; never a secret.
+            await expect(changes.locator("tbody tr")).to_have_count(4)
+            await expect(changes.locator("tbody tr").first).to_contain_text("deleted")
+            await expect(changes.locator("tbody tr").nth(1)).to_contain_text(first_id)
+            await expect(changes).to_contain_text("role:admin")
+            assert first not in await page.content() and second not in await page.content()
             await browser.close()
 
     run_async(main(), timeout=90)

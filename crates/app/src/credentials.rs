@@ -144,6 +144,9 @@ pub async fn remove_secret<V: Services>(services: &V, principal: &str, secret_id
 }
 
 /// Removes a credential: none of its secrets authenticates any more.
-pub async fn delete<V: Services>(services: &V, principal: &str) -> AppResult<CredentialRecord> {
-    Ok(services.store().delete_credential(principal).await?)
+pub async fn delete<V: Services>(services: &V, principal: &str, by: &Principal) -> AppResult<CredentialRecord> {
+    Ok(services
+        .store()
+        .delete_credential(principal, Some(by.clone()), services.now())
+        .await?)
 }

@@ -42,6 +42,32 @@ pub enum CredentialsCommand {
     RemoveSecret { principal: String, secret_id: String },
     /// Delete a credential: none of its secrets authenticates any more.
     Delete { principal: String },
+    /// The audit trail of the credentials managed over the API, newest first: every change, who
+    /// made it, the grants it left (admin).
+    Events {
+        /// Only this principal's.
+        principal: Option<String>,
+        /// How many (1 to 500).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+}
+
+const EVENT_COLUMNS: [&str; 6] = ["sequence", "recorded_at", "action", "principal", "secret_id", "by"];
+
+/// The trail as a table shows it: who made each change by id (`server` when none did).
+fn events_table(answer: &Value) -> Value {
+    let events: Vec<Value> = answer["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|event| {
+            let mut row = event.clone();
+            row["by"] = json!(event["by"]["id"].as_str().unwrap_or("server"));
+            row
+        })
+        .collect();
+    json!({"events": events})
 }
 
 const COLUMNS: [&str; 6] = ["principal", "source", "roles", "namespaces", "secret_count", "updated_at"];
@@ -121,6 +147,17 @@ pub fn run(connection: Connection, command: CredentialsCommand) -> ExitCode {
             CredentialsCommand::Delete { principal } => {
                 let deleted = client.call(Method::DELETE, &path(&principal), None).await?;
                 print(output, &deleted, &COLUMNS, None);
+            }
+            CredentialsCommand::Events { principal, limit } => {
+                let mut at = format!("/auth/credential-events?limit={limit}");
+                if let Some(principal) = principal {
+                    at.push_str(&format!("&principal={}", encode(&principal)));
+                }
+                let trail = client.call(Method::GET, &at, None).await?;
+                match output {
+                    Output::Json => print(output, &trail, &EVENT_COLUMNS, Some("events")),
+                    Output::Table => print(output, &events_table(&trail), &EVENT_COLUMNS, Some("events")),
+                }
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 // The access page: the named credentials — the credentials file's and those an admin makes here —
-// with their roles, namespaces and secrets. A new secret is shown once, on this page, and never
-// again; retiring a secret or deleting a credential takes effect at once.
+// with their roles, namespaces and secrets, and the trail of changes made here. A new secret is
+// shown once, on this page, and never again; retiring a secret or deleting a credential takes
+// effect at once.
 
 import { h, when } from "./dom.js";
 
@@ -9,7 +10,10 @@ const ROLES = ["worker", "operator", "admin"];
 /// Renders the page into `container`; `shown` is a change's answer whose secret to show once.
 export async function accessPage(container, deps, shown) {
   const { api, act, table, principalText } = deps;
-  const listed = await api("GET", "/auth/credentials");
+  const [listed, trail] = await Promise.all([
+    api("GET", "/auth/credentials"),
+    api("GET", "/auth/credential-events?limit=20"),
+  ]);
   const credentials = listed.credentials || [];
   const again = (answer) => accessPage(container, deps, answer);
   const enc = encodeURIComponent;
@@ -42,6 +46,13 @@ export async function accessPage(container, deps, shown) {
         } }, "Delete")) : "")],
     ], rows, "No named credentials yet."),
     newCredentialForm(change),
+    table("Recent changes", [
+      ["When", (e) => when(e.recorded_at)],
+      ["Change", (e) => e.action.replace("credential.", "").replace("_", " ")],
+      ["Principal", (e) => e.principal],
+      ["Secret", (e) => (e.secret_id ? h("span", { class: "mono" }, e.secret_id) : "")],
+      ["By", (e) => principalText(e.by)],
+    ], trail.events || [], "No credential has been changed here."),
   );
 }
 

@@ -234,6 +234,49 @@ pub struct CredentialSecret {
 /// The most secrets one credential holds: enough to rotate, few enough to review.
 pub const MAX_CREDENTIAL_SECRETS: usize = 5;
 
+/// What was done to a stored credential, as its audit trail names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CredentialAction {
+    Created,
+    Regranted,
+    SecretAdded,
+    SecretRemoved,
+    Deleted,
+}
+
+impl CredentialAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialAction::Created => "credential.created",
+            CredentialAction::Regranted => "credential.regranted",
+            CredentialAction::SecretAdded => "credential.secret_added",
+            CredentialAction::SecretRemoved => "credential.secret_removed",
+            CredentialAction::Deleted => "credential.deleted",
+        }
+    }
+}
+
+/// One committed change to a stored credential: the audit trail keeps every one, in the
+/// change's own transaction, for as long as the database (a deleted credential's too).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CredentialEvent {
+    /// Grows with each change (the trail's order and its page cursor).
+    pub sequence: i64,
+    pub principal: String,
+    pub action: String,
+    /// The secret added or removed (its id; never the secret or its digest).
+    pub secret_id: Option<String>,
+    /// The credential's roles and namespaces after the change (before it, for a deletion).
+    pub roles: Vec<String>,
+    pub namespaces: Option<Vec<String>>,
+    /// Who changed it (`None`: the server).
+    pub by: Option<capstan_engine::Principal>,
+    pub recorded_at: Millis,
+}
+
+/// At most this many credential events a page.
+pub const CREDENTIAL_EVENTS_PAGE_MAX: usize = 500;
+
 /// A change to a stored credential.
 #[derive(Clone, Debug)]
 pub enum CredentialChange {
@@ -1453,6 +1496,8 @@ pub trait AdminStore: Send + Sync + 'static {
     fn credentials(&self) -> impl Future<Output = StoreResult<Vec<CredentialRecord>>> + Send;
 
     /// Stores a new credential; a principal already stored is `credential_already_exists`.
+    /// Each change below is recorded on the audit trail ([`CredentialEvent`]) in its own
+    /// transaction.
     fn create_credential(&self, record: CredentialRecord) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
 
     /// Applies `change` to a stored credential (`credential_not_found`), stamping who and when.
@@ -1465,7 +1510,21 @@ pub trait AdminStore: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
 
     /// Removes a stored credential (`credential_not_found`); the removed one.
-    fn delete_credential(&self, principal: &str) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
+    fn delete_credential(
+        &self,
+        principal: &str,
+        by: Option<capstan_engine::Principal>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<CredentialRecord>> + Send;
+
+    /// The credentials' audit trail, newest first: up to `limit` events older than `before`
+    /// (a sequence), of `principal` alone if named.
+    fn credential_events(
+        &self,
+        principal: Option<&str>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = StoreResult<Vec<CredentialEvent>>> + Send;
 }
 
 /// `(namespace, queue, worker, kind, poll_request_id)`: the scope of poll idempotency.

@@ -7,7 +7,6 @@ use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use base64::Engine as _;
 use capstan_engine::{principal, Reason};
 use capstan_store::{AuditEvent, Store};
 use serde_json::{json, Value};
@@ -22,14 +21,7 @@ pub async fn list<S: Store>(
     Path(workflow_id): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    let limit = match params.get("limit").map(String::as_str) {
-        None | Some("") => PAGE_DEFAULT,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=PAGE_MAX).contains(n))
-            .ok_or_else(|| ApiError::validation("limit", format!("limit must be an integer from 1 to {PAGE_MAX}.")))?,
-    };
+    let limit = limit_param(&params, PAGE_DEFAULT, PAGE_MAX)?;
     let before = match params.get("page_token").map(String::as_str) {
         None | Some("") => None,
         Some(token) => Some(cursor_of(token, &namespace, &workflow_id)?),
@@ -50,6 +42,18 @@ pub async fn list<S: Store>(
     })))
 }
 
+/// A list's `limit` query parameter: `default` when absent or empty, else 1 to `max`.
+pub(crate) fn limit_param(params: &HashMap<String, String>, default: usize, max: usize) -> ApiResult<usize> {
+    match params.get("limit").map(String::as_str) {
+        None | Some("") => Ok(default),
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ApiError::validation("limit", format!("limit must be an integer from 1 to {max}."))),
+    }
+}
+
 fn event_json(event: &AuditEvent) -> Value {
     json!({
         "audit_id": event.audit_id,
@@ -65,7 +69,7 @@ fn event_json(event: &AuditEvent) -> Value {
 /// instance it was issued for.
 fn token_of(namespace: &str, last: &AuditEvent) -> String {
     let doc = json!({"v": 1, "namespace": namespace, "workflow_id": last.workflow_id, "recorded_at": last.recorded_at, "audit_id": last.audit_id});
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
+    super::page_token::issue(&doc)
 }
 
 fn cursor_of(token: &str, namespace: &str, workflow_id: &str) -> ApiResult<(i64, String)> {
@@ -76,10 +80,7 @@ fn cursor_of(token: &str, namespace: &str, workflow_id: &str) -> ApiResult<(i64,
             "The page_token is not one this list issued.",
         )
     };
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token)
-        .map_err(|_| invalid())?;
-    let doc: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+    let doc = super::page_token::read(token).ok_or_else(invalid)?;
     if doc["v"] != 1 || doc["namespace"] != namespace || doc["workflow_id"] != workflow_id {
         return Err(invalid());
     }

@@ -194,7 +194,7 @@ pub async fn regrant<S: Store>(
 pub async fn delete<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap, Path(principal): Path<String>) -> ApiResult<Json<Value>> {
     let caller = admin(&state, &headers)?;
     refuse_reserved(&state, &principal)?;
-    let record = use_case::delete(&*state, &principal).await?;
+    let record = use_case::delete(&*state, &principal, &caller.principal).await?;
     refresh(&state).await;
     audit_log("credential.deleted", &principal, &caller, None);
     let mut body = stored_json(&record);

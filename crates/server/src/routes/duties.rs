@@ -27,14 +27,7 @@ fn admin<S: Store>(state: &Shared<S>, headers: &HeaderMap) -> ApiResult<()> {
 }
 
 fn limit_of(params: &HashMap<String, String>) -> ApiResult<usize> {
-    match params.get("limit") {
-        None => Ok(LIMIT_DEFAULT),
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=LIMIT_MAX).contains(n))
-            .ok_or_else(|| ApiError::validation("limit", format!("limit must be an integer from 1 to {LIMIT_MAX}."))),
-    }
+    super::audit::limit_param(params, LIMIT_DEFAULT, LIMIT_MAX)
 }
 
 async fn counts_json<S: Store>(state: &Shared<S>, namespace: &str) -> ApiResult<Value> {

@@ -6,6 +6,7 @@ mod audit;
 mod bridge;
 mod cancellation;
 mod control;
+mod credential_events;
 mod credentials;
 mod duties;
 mod external_payloads;
@@ -15,6 +16,7 @@ mod local_activities;
 pub(crate) mod long_poll;
 mod message_streams;
 mod namespaces;
+mod page_token;
 mod query;
 mod redrive;
 mod schedules;
@@ -334,6 +336,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
                 .put(credentials::regrant::<S>)
                 .delete(credentials::delete::<S>),
         )
+        .route("/auth/credential-events", get(credential_events::list::<S>))
         .route("/auth/credentials/:principal/secrets", post(credentials::add_secret::<S>))
         .route(
             "/auth/credentials/:principal/secrets/:secret_id",

@@ -13,7 +13,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use base64::Engine as _;
 use capstan_engine::schedule::{parse_instant, OverlapPolicy, Schedule, ScheduleFields, SpecError};
 use capstan_engine::{Payload, Reason, Refusal};
 use capstan_store::{ScheduleFilter, ScheduleFire, Store, BACKFILL_MAX};
@@ -166,7 +165,7 @@ pub async fn create<S: Store>(
 /// namespace and filters it was issued for.
 fn page_token(namespace: &str, filter: &str, last: &Schedule) -> String {
     let doc = json!({"v": 1, "namespace": namespace, "filter": filter, "created_at": last.created_at, "schedule_id": last.schedule_id});
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
+    super::page_token::issue(&doc)
 }
 
 pub async fn list<S: Store>(
@@ -221,10 +220,7 @@ pub async fn list<S: Store>(
                     "The page token is not one this server issued.",
                 )
             };
-            let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(token)
-                .map_err(|_| malformed())?;
-            let doc: Value = serde_json::from_slice(&bytes).map_err(|_| malformed())?;
+            let doc = super::page_token::read(token).ok_or_else(malformed)?;
             if doc["namespace"] != json!(namespace) {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,

@@ -134,6 +134,50 @@ async fn an_admin_creates_rotates_regrants_and_deletes_a_credential_without_a_re
     send(call(&base, Method::GET, "/api/auth/credentials/dave", ROOT))
         .await
         .err(404, "credential_not_found");
+
+    // The audit trail keeps every change, newest first, with who made it; never a secret.
+    let trail = send(call(&base, Method::GET, "/api/auth/credential-events?principal=dave", ROOT))
+        .await
+        .ok(200);
+    let events = trail["events"].as_array().unwrap();
+    let actions: Vec<&str> = events.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions,
+        [
+            "credential.deleted",
+            "credential.regranted",
+            "credential.secret_removed",
+            "credential.secret_added",
+            "credential.created"
+        ]
+    );
+    assert!(
+        events.iter().all(|e| e["by"] == json!({"type": "auth:token", "id": "root"})),
+        "{trail}"
+    );
+    assert_eq!(events[2]["secret_id"], first_id.as_str());
+    assert_eq!(
+        (&events[1]["roles"], &events[1]["namespaces"]),
+        (&json!(["operator"]), &Value::Null)
+    );
+    assert_eq!(events[4]["namespaces"], json!(["billing"]));
+    let text = trail.to_string();
+    for secret in [&first, &second] {
+        assert!(!text.contains(secret.as_str()), "{text}");
+        assert!(!text.contains(capstan_server::auth::stored_form(secret).trim_start_matches("sha256:")));
+    }
+    // A page at a time.
+    let mut path = "/api/auth/credential-events?principal=dave&limit=2".to_string();
+    let mut paged = Vec::new();
+    loop {
+        let page = send(call(&base, Method::GET, &path, ROOT)).await.ok(200);
+        paged.extend(page["events"].as_array().unwrap().iter().map(|e| e["sequence"].clone()));
+        match page["next_page_token"].as_str() {
+            Some(token) => path = format!("/api/auth/credential-events?principal=dave&limit=2&page_token={token}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, events.iter().map(|e| e["sequence"].clone()).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,6 +235,26 @@ async fn credential_changes_are_for_unbound_admins_and_refuse_what_they_cannot_h
     send(call(&base, Method::PUT, "/api/auth/credentials/nobody", ROOT).json(&json!({"roles": ["worker"]})))
         .await
         .err(404, "credential_not_found");
+    // The trail is an unbound admin's to read, and asked for plainly.
+    let trail = |token: &str, query: &str| call(&base, Method::GET, &format!("/api/auth/credential-events{query}"), token);
+    send(trail(ALICE_V1, "")).await.err(403, "forbidden");
+    send(trail(CAROL, "")).await.err(403, "forbidden");
+    let all = send(trail(ROOT, "")).await.ok(200);
+    assert_eq!(
+        all["events"].as_array().unwrap().len(),
+        5,
+        "dave made, and four secrets added: {all}"
+    );
+    send(trail(ROOT, "?limit=0")).await.err(422, "validation_failed");
+    send(trail(ROOT, "?principals=dave")).await.err(422, "validation_failed");
+    send(trail(ROOT, "?page_token=bm90LWEtdG9rZW4"))
+        .await
+        .err(422, "invalid_page_token");
+    let first = send(trail(ROOT, "?limit=1")).await.ok(200);
+    let token = first["next_page_token"].as_str().unwrap();
+    send(trail(ROOT, &format!("?principal=dave&page_token={token}")))
+        .await
+        .err(422, "invalid_page_token");
 }
 
 /// Nodes share the database: a credential made, rotated or deleted on one node is honoured on

@@ -113,6 +113,9 @@ pub(crate) async fn create_credential<T: Tx>(tx: &mut T, record: CredentialRecor
         .with("principal", record.principal.clone())
         .into());
     }
+    let first_secret = record.secrets.first().map(|secret| secret.secret_id.clone());
+    let (by, now) = (record.created_by.clone(), record.created_at);
+    record_event(tx, &record, CredentialAction::Created, first_secret, &by, now).await?;
     Ok(record)
 }
 
@@ -129,15 +132,21 @@ pub(crate) async fn change_credential<T: Tx>(
         .map(record_of)
         .transpose()?
         .ok_or_else(|| credential_missing(principal))?;
+    let (action, secret_id) = match &change {
+        CredentialChange::Grants { .. } => (CredentialAction::Regranted, None),
+        CredentialChange::AddSecret(secret) => (CredentialAction::SecretAdded, Some(secret.secret_id.clone())),
+        CredentialChange::RemoveSecret { secret_id } => (CredentialAction::SecretRemoved, Some(secret_id.clone())),
+    };
     apply(&mut record, change)?;
     record.updated_at = now;
-    record.updated_by = by;
+    record.updated_by = by.clone();
     let doc = serde_json::to_string(&Document::from(&record))?;
     tx.execute(
         "UPDATE credentials SET doc = $2 WHERE principal = $1",
         &args![principal, doc.as_str()],
     )
     .await?;
+    record_event(tx, &record, action, secret_id, &by, now).await?;
     Ok(record)
 }
 
@@ -184,7 +193,12 @@ fn apply(record: &mut CredentialRecord, change: CredentialChange) -> StoreResult
     Ok(())
 }
 
-pub(crate) async fn delete_credential<T: Tx>(tx: &mut T, principal: &str) -> StoreResult<CredentialRecord> {
+pub(crate) async fn delete_credential<T: Tx>(
+    tx: &mut T,
+    principal: &str,
+    by: Option<Principal>,
+    now: Millis,
+) -> StoreResult<CredentialRecord> {
     let row = tx.query_opt(LOCK_CREDENTIAL.sql(tx.dialect()), &args![principal]).await?;
     let record = row
         .as_ref()
@@ -193,5 +207,68 @@ pub(crate) async fn delete_credential<T: Tx>(tx: &mut T, principal: &str) -> Sto
         .ok_or_else(|| credential_missing(principal))?;
     tx.execute("DELETE FROM credentials WHERE principal = $1", &args![principal])
         .await?;
+    record_event(tx, &record, CredentialAction::Deleted, None, &by, now).await?;
     Ok(record)
+}
+
+/// What an event keeps of the credential besides who and what: its grants.
+#[derive(Serialize, Deserialize)]
+struct EventDetail {
+    roles: Vec<String>,
+    namespaces: Option<Vec<String>>,
+}
+
+async fn record_event<T: Tx>(
+    tx: &mut T,
+    record: &CredentialRecord,
+    action: CredentialAction,
+    secret_id: Option<String>,
+    by: &Option<Principal>,
+    now: Millis,
+) -> StoreResult<()> {
+    let detail = serde_json::to_string(&EventDetail {
+        roles: record.roles.clone(),
+        namespaces: record.namespaces.clone(),
+    })?;
+    let by = by.as_ref().map(|principal| principal.to_json().to_string());
+    let sql = "INSERT INTO credential_events (principal, action, secret_id, by_principal, recorded_at, detail)
+               VALUES ($1, $2, $3, $4, $5, $6)";
+    let args = args![
+        record.principal.as_str(),
+        action.as_str(),
+        secret_id.as_deref(),
+        by.as_deref(),
+        now,
+        detail.as_str()
+    ];
+    tx.execute(sql, &args).await?;
+    Ok(())
+}
+
+pub(crate) async fn credential_events<T: Tx>(
+    tx: &mut T,
+    principal: Option<&str>,
+    before: Option<i64>,
+    limit: usize,
+) -> StoreResult<Vec<CredentialEvent>> {
+    let sql = "SELECT sequence, principal, action, secret_id, by_principal, recorded_at, detail FROM credential_events
+               WHERE (CAST($1 AS TEXT) IS NULL OR principal = $1) AND (CAST($2 AS BIGINT) IS NULL OR sequence < $2)
+               ORDER BY sequence DESC LIMIT $3";
+    let rows = tx.query(sql, &args![principal, before, limit as i64]).await?;
+    rows.iter()
+        .map(|row| {
+            let detail: EventDetail = serde_json::from_str(row.str(6)?)?;
+            let by = row.opt_str(4)?.map(serde_json::from_str::<Value>).transpose()?;
+            Ok(CredentialEvent {
+                sequence: row.int(0)?,
+                principal: row.text(1)?,
+                action: row.text(2)?,
+                secret_id: row.opt_str(3)?.map(str::to_string),
+                roles: detail.roles,
+                namespaces: detail.namespaces,
+                by: by.as_ref().and_then(Principal::from_json),
+                recorded_at: row.int(5)?,
+            })
+        })
+        .collect()
 }

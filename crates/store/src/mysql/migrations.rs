@@ -110,4 +110,12 @@ CREATE TABLE IF NOT EXISTS audit_events (audit_id VARCHAR(64) PRIMARY KEY, names
 CREATE TABLE IF NOT EXISTS credentials (principal VARCHAR(255) PRIMARY KEY, created_at BIGINT NOT NULL, doc LONGTEXT NOT NULL) {table};
 "#,
     ),
+    (
+        27,
+        r#"
+CREATE TABLE IF NOT EXISTS credential_events (sequence BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, principal VARCHAR(255) NOT NULL,
+  action VARCHAR(64) NOT NULL, secret_id VARCHAR(64), by_principal TEXT, recorded_at BIGINT NOT NULL, detail LONGTEXT NOT NULL,
+  INDEX credential_events_by_principal (principal, sequence)) {table};
+"#,
+    ),
 ];

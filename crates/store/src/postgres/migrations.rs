@@ -513,4 +513,21 @@ CREATE TABLE credentials (
 );
 "#,
     ),
+    (
+        27,
+        r#"
+-- The audit trail of the credentials managed over the admin API: every committed change, who
+-- made it and the grants it left, never a secret or a digest. Kept for good.
+CREATE TABLE credential_events (
+    sequence     BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    principal    TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    secret_id    TEXT,
+    by_principal TEXT,
+    recorded_at  BIGINT NOT NULL,
+    detail       TEXT NOT NULL
+);
+CREATE INDEX credential_events_by_principal ON credential_events (principal, sequence);
+"#,
+    ),
 ];

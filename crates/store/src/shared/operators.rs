@@ -231,7 +231,7 @@ impl AdminStore for SharedStore {
     }
 
     async fn create_credential(&self, record: CredentialRecord) -> StoreResult<CredentialRecord> {
-        credentials::create_credential(&mut self.reader().await?, record).await
+        in_transaction!(self, |tx| credentials::create_credential(tx, record))
     }
 
     async fn change_credential(
@@ -244,7 +244,16 @@ impl AdminStore for SharedStore {
         in_transaction!(self, |tx| credentials::change_credential(tx, principal, change, by, now))
     }
 
-    async fn delete_credential(&self, principal: &str) -> StoreResult<CredentialRecord> {
-        in_transaction!(self, |tx| credentials::delete_credential(tx, principal))
+    async fn delete_credential(
+        &self,
+        principal: &str,
+        by: Option<capstan_engine::Principal>,
+        now: Millis,
+    ) -> StoreResult<CredentialRecord> {
+        in_transaction!(self, |tx| credentials::delete_credential(tx, principal, by, now))
+    }
+
+    async fn credential_events(&self, principal: Option<&str>, before: Option<i64>, limit: usize) -> StoreResult<Vec<CredentialEvent>> {
+        credentials::credential_events(&mut self.reader().await?, principal, before, limit).await
     }
 }

@@ -1266,10 +1266,21 @@ impl AdminStore for SqliteStore {
             .await
     }
 
-    async fn delete_credential(&self, principal: &str) -> StoreResult<CredentialRecord> {
+    async fn delete_credential(
+        &self,
+        principal: &str,
+        by: Option<capstan_engine::Principal>,
+        now: Millis,
+    ) -> StoreResult<CredentialRecord> {
         let principal = principal.to_string();
         self.writer
-            .write_tx(move |tx| drive(credentials::delete_credential(tx, &principal)))
+            .write_tx(move |tx| drive(credentials::delete_credential(tx, &principal, by, now)))
+            .await
+    }
+
+    async fn credential_events(&self, principal: Option<&str>, before: Option<i64>, limit: usize) -> StoreResult<Vec<CredentialEvent>> {
+        let principal = principal.map(str::to_string);
+        self.read_tx(move |tx| drive(credentials::credential_events(tx, principal.as_deref(), before, limit)))
             .await
     }
 }

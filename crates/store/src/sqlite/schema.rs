@@ -513,6 +513,23 @@ CREATE TABLE credentials (
 );
 "#,
     ),
+    (
+        26,
+        r#"
+-- The audit trail of the credentials managed over the admin API: every committed change, who
+-- made it and the grants it left, never a secret or a digest. Kept for good.
+CREATE TABLE credential_events (
+    sequence     INTEGER PRIMARY KEY AUTOINCREMENT,
+    principal    TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    secret_id    TEXT,
+    by_principal TEXT,
+    recorded_at  INTEGER NOT NULL,
+    detail       TEXT NOT NULL
+);
+CREATE INDEX credential_events_by_principal ON credential_events (principal, sequence);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -90,7 +90,46 @@ pub async fn credentials_are_created_rotated_and_deleted<S: Store>(store: S) {
         reason(store.change_credential("nobody", remove("s1"), None, NOW).await),
         Reason::CredentialNotFound
     );
-    assert_eq!(store.delete_credential("zed").await.unwrap().principal, "zed");
-    assert_eq!(reason(store.delete_credential("zed").await), Reason::CredentialNotFound);
+    assert_eq!(store.delete_credential("zed", by.clone(), NOW + 7).await.unwrap().principal, "zed");
+    assert_eq!(
+        reason(store.delete_credential("zed", None, NOW + 8).await),
+        Reason::CredentialNotFound
+    );
     assert_eq!(store.credentials().await.unwrap().len(), 1);
+
+    // The trail: every committed change, newest first; refused ones left nothing.
+    let trail = store.credential_events(None, None, 100).await.unwrap();
+    let summary: Vec<(&str, &str, Option<&str>)> = trail
+        .iter()
+        .map(|e| (e.principal.as_str(), e.action.as_str(), e.secret_id.as_deref()))
+        .collect();
+    let added: Vec<String> = (3..=MAX_CREDENTIAL_SECRETS + 1).rev().map(|n| format!("s{n}")).collect();
+    let mut expected = vec![("zed", "credential.deleted", None)];
+    expected.extend(added.iter().map(|id| ("alice", "credential.secret_added", Some(id.as_str()))));
+    expected.extend([
+        ("alice", "credential.secret_removed", Some("s1")),
+        ("alice", "credential.secret_added", Some("s2")),
+        ("alice", "credential.regranted", None),
+        ("alice", "credential.created", Some("s1")),
+        ("zed", "credential.created", Some("s1")),
+    ]);
+    assert_eq!(summary, expected);
+    assert!(trail.windows(2).all(|pair| pair[0].sequence > pair[1].sequence), "newest first");
+    let deleted = &trail[0];
+    assert_eq!((deleted.by.clone(), deleted.recorded_at), (by.clone(), NOW + 7));
+    assert_eq!(deleted.namespaces, Some(vec!["billing".to_string()]), "the grants it had");
+    let regranted = trail.iter().find(|e| e.action == "credential.regranted").unwrap();
+    assert_eq!(
+        (regranted.roles.len(), regranted.namespaces.clone(), regranted.by.clone()),
+        (2, None, by)
+    );
+    let created = trail.last().unwrap();
+    assert_eq!((created.by.clone(), created.recorded_at), (Some(Principal::token("root")), NOW));
+
+    // One principal's, a page at a time.
+    let first = store.credential_events(Some("alice"), None, 2).await.unwrap();
+    assert_eq!(first.len(), 2);
+    let rest = store.credential_events(Some("alice"), Some(first[1].sequence), 100).await.unwrap();
+    assert_eq!(first.len() + rest.len(), trail.iter().filter(|e| e.principal == "alice").count());
+    assert!(rest.iter().all(|e| e.principal == "alice" && e.sequence < first[1].sequence));
 }
