@@ -325,11 +325,12 @@ const NO_WAY_IN: &str = "--auth token needs at least one of --token, --worker-to
                          --credentials-file, or an admin credential bound to no namespace made over the API";
 
 /// With [`only_stored_credentials`], the database must hold an admin credential bound to no
-/// namespace: without one nobody could manage the server, nor ever make a credential again.
+/// namespace that authenticates (a record this build cannot read does not): without one nobody
+/// could manage the server, nor ever make a credential again.
 async fn require_stored_admin<S: capstan_store::Store>(store: &S) -> Result<(), Stopped> {
     let stored = store.credentials().await.map_err(|e| format!("read the stored credentials: {e}"))?;
-    let unbound_admin = |c: &capstan_store::CredentialRecord| c.namespaces.is_none() && c.roles.iter().any(|r| r == "admin");
-    if stored.iter().any(unbound_admin) {
+    let mut usable = stored.iter().filter_map(capstan_server::auth::Credential::from_record);
+    if usable.any(|credential| credential.manages_credentials()) {
         tracing::info!(
             credentials = stored.len(),
             "authenticating with the credentials stored in the database only"
@@ -629,5 +630,47 @@ mod tests {
             assert!(!message.contains("secret"), "a password is never echoed: {message}");
         }
         assert!(named("postgress://u@h/db").unwrap_err().contains("unknown scheme \"postgress\""));
+    }
+
+    fn stored(principal: &str, roles: &[&str], namespaces: Option<Vec<String>>, digest: &str) -> capstan_store::CredentialRecord {
+        capstan_store::CredentialRecord {
+            principal: principal.into(),
+            roles: roles.iter().map(|role| role.to_string()).collect(),
+            namespaces,
+            secrets: vec![capstan_store::CredentialSecret {
+                secret_id: format!("{principal}-1"),
+                digest: digest.into(),
+                created_at: 0,
+                created_by: None,
+            }],
+            created_at: 0,
+            created_by: None,
+            updated_at: 0,
+            updated_by: None,
+        }
+    }
+
+    /// Only a stored admin that would authenticate, bound to no namespace, lets a server start
+    /// with no token flag and no file.
+    #[tokio::test]
+    async fn only_a_usable_unbound_admin_in_the_database_lets_token_auth_start_without_flags() {
+        use capstan_store::AdminStore as _;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("capstan.db"), Default::default(), 0).unwrap();
+        let refused = |result: Result<(), Stopped>| matches!(result, Err(Stopped::Refused(_)));
+        assert!(refused(require_stored_admin(&store).await), "an empty database");
+        let digest = capstan_server::auth::stored_form("a-secret-of-some-length");
+        store
+            .create_credential(stored("bound", &["admin"], Some(vec!["default".into()]), &digest))
+            .await
+            .unwrap();
+        store.create_credential(stored("worker", &["worker"], None, &digest)).await.unwrap();
+        store
+            .create_credential(stored("unreadable", &["admin"], None, "sha256:not-hex"))
+            .await
+            .unwrap();
+        assert!(refused(require_stored_admin(&store).await), "bound, not admin, or not usable");
+        store.create_credential(stored("root", &["admin"], None, &digest)).await.unwrap();
+        assert!(require_stored_admin(&store).await.is_ok());
     }
 }

@@ -61,6 +61,11 @@ impl Credential {
         self.digests.len()
     }
 
+    /// An admin bound to no namespace: the only credential that may manage credentials.
+    pub fn manages_credentials(&self) -> bool {
+        self.roles.contains(&Role::Admin) && self.namespaces.is_none()
+    }
+
     /// A credential the database holds; `None` if the record names an unknown role or holds a
     /// malformed digest (written by a newer build, or by hand).
     pub fn from_record(record: &capstan_store::CredentialRecord) -> Option<Self> {

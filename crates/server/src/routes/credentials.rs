@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use capstan_app::credentials::{self as use_case, Grants};
 use capstan_engine::{principal, Reason, Refusal};
-use capstan_store::{CredentialRecord, Store};
+use capstan_store::{CredentialAction, CredentialRecord, Store};
 use serde_json::{json, Map, Value};
 
 const GRANT_FIELDS: &[&str] = &["roles", "namespaces"];
@@ -118,7 +118,9 @@ fn refuse_reserved<S: Store>(state: &Shared<S>, principal: &str) -> ApiResult<()
     Ok(())
 }
 
-fn audit_log(action: &str, principal: &str, by: &Caller, secret_id: Option<&str>) {
+/// The log line of a committed change (the audit trail holds it too).
+fn audit_log(action: CredentialAction, principal: &str, by: &Caller, secret_id: Option<&str>) {
+    let action = action.as_str();
     tracing::info!(action, %principal, by = %by.principal.id, secret_id, "credential changed");
 }
 
@@ -147,7 +149,7 @@ pub async fn create<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap
     let record = use_case::create(&*state, &principal, grants(&body)?, digest, &caller.principal).await?;
     refresh(&state).await;
     let secret_id = &record.secrets[0].secret_id;
-    audit_log("credential.created", &principal, &caller, Some(secret_id));
+    audit_log(CredentialAction::Created, &principal, &caller, Some(secret_id));
     Ok(with_secret(&record, secret_id, &secret))
 }
 
@@ -186,7 +188,7 @@ pub async fn regrant<S: Store>(
     refuse_reserved(&state, &principal)?;
     let record = use_case::regrant(&*state, &principal, grants(&body)?, &caller.principal).await?;
     refresh(&state).await;
-    audit_log("credential.regranted", &principal, &caller, None);
+    audit_log(CredentialAction::Regranted, &principal, &caller, None);
     Ok(Json(stored_json(&record)))
 }
 
@@ -196,7 +198,7 @@ pub async fn delete<S: Store>(State(state): State<Shared<S>>, headers: HeaderMap
     refuse_reserved(&state, &principal)?;
     let record = use_case::delete(&*state, &principal, &caller.principal).await?;
     refresh(&state).await;
-    audit_log("credential.deleted", &principal, &caller, None);
+    audit_log(CredentialAction::Deleted, &principal, &caller, None);
     let mut body = stored_json(&record);
     body["status"] = json!("deleted");
     Ok(Json(body))
@@ -215,7 +217,7 @@ pub async fn add_secret<S: Store>(
     let digest = auth::stored_form(&secret);
     let (record, secret_id) = use_case::add_secret(&*state, &principal, digest, &caller.principal).await?;
     refresh(&state).await;
-    audit_log("credential.secret_added", &principal, &caller, Some(&secret_id));
+    audit_log(CredentialAction::SecretAdded, &principal, &caller, Some(&secret_id));
     Ok(with_secret(&record, &secret_id, &secret))
 }
 
@@ -230,6 +232,6 @@ pub async fn remove_secret<S: Store>(
     refuse_reserved(&state, &principal)?;
     let record = use_case::remove_secret(&*state, &principal, &secret_id, &caller.principal).await?;
     refresh(&state).await;
-    audit_log("credential.secret_removed", &principal, &caller, Some(&secret_id));
+    audit_log(CredentialAction::SecretRemoved, &principal, &caller, Some(&secret_id));
     Ok(Json(stored_json(&record)))
 }
