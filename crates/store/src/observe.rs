@@ -66,7 +66,7 @@ impl Observer for Nobody {
 /// The observer of a store and every clone of it (and of SQLite's writer thread), set once the
 /// server has built its metrics.
 #[derive(Clone)]
-pub(crate) struct ObserverSlot(Arc<RwLock<Arc<dyn Observer>>>);
+pub struct ObserverSlot(Arc<RwLock<Arc<dyn Observer>>>);
 
 impl Default for ObserverSlot {
     fn default() -> Self {

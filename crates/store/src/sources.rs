@@ -147,7 +147,7 @@ impl IdSource for MintedIds<'_> {
 /// of time and ids, and the payload codec transitions read and write payloads with (a probe's
 /// question and answer, memo merges) when the caller did not hand one.
 #[derive(Clone)]
-pub(crate) struct Env {
+pub struct Env {
     pub limits: capstan_engine::Limits,
     pub sources: Sources,
     pub codec: Option<&'static dyn capstan_engine::MemoCodec>,

@@ -10,7 +10,7 @@ use crate::{Fact, StoreError, StoreResult, WakeKey};
 use std::future::Future;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dialect {
+pub enum Dialect {
     Sqlite,
     Postgres,
     /// MySQL and MariaDB: the shared statements translated (`mysql/dialect.rs`).
@@ -54,7 +54,7 @@ pub(crate) use locking;
 
 /// A value bound to a statement parameter.
 #[derive(Clone, Debug)]
-pub(crate) enum Param<'a> {
+pub enum Param<'a> {
     Int(Option<i64>),
     Real(Option<f64>),
     Text(Option<&'a str>),
@@ -111,7 +111,7 @@ pub(crate) use args;
 
 /// One column value of a result row.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Cell {
+pub enum Cell {
     Null,
     Int(i64),
     Real(f64),
@@ -120,7 +120,7 @@ pub(crate) enum Cell {
 
 /// A result row, owned, so shared code never sees a driver type.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Row(pub Vec<Cell>);
+pub struct Row(pub Vec<Cell>);
 
 impl Row {
     fn cell(&self, index: usize) -> StoreResult<&Cell> {
@@ -184,14 +184,14 @@ impl Row {
 }
 
 /// A statement of a batch: its text and parameters.
-pub(crate) struct Statement<'a> {
+pub struct Statement<'a> {
     pub sql: &'a str,
     pub args: Vec<Param<'a>>,
 }
 
 /// An open transaction on one backend. Everything it runs commits or rolls back together; the
 /// caller that opened it decides which.
-pub(crate) trait Tx: Send {
+pub trait Tx: Send {
     fn dialect(&self) -> Dialect;
 
     /// Runs one statement; the number of rows it changed.

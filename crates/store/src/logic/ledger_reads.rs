@@ -1,6 +1,6 @@
 //! Reads of the recovery ledger and integrity records, and the receipts of keyed commands.
 
-use crate::tx::{args, Row, Tx};
+use crate::tx::{args, Dialect, Row, Tx};
 use crate::*;
 
 fn docs<D: serde::de::DeserializeOwned>(rows: Vec<Row>) -> StoreResult<Vec<D>> {
@@ -96,15 +96,18 @@ pub(crate) async fn retained_command<T: Tx>(
 
 /// A workflow's ledger checkpoints, in chain order.
 pub(crate) async fn ledger_checkpoints<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &WorkflowId) -> StoreResult<Vec<LedgerCheckpoint>> {
-    let rows = tx
-        .query(
-            "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2",
-            &args![namespace, workflow_id.as_str()],
-        )
-        .await?;
+    // SQLite has one writer, so its rows' order is the order they were recorded in; the
+    // shared databases have no such order, so the chain's links give it.
+    let by_rowid = tx.dialect() == Dialect::Sqlite;
+    let sql = if by_rowid {
+        "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 ORDER BY rowid"
+    } else {
+        "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2"
+    };
+    let rows = tx.query(sql, &args![namespace, workflow_id.as_str()]).await?;
     let checkpoints = rows
         .iter()
         .map(|row| serde_json::from_str(row.str(0)?).map_err(StoreError::from))
         .collect::<StoreResult<Vec<_>>>()?;
-    Ok(crate::chain_order(checkpoints))
+    Ok(if by_rowid { checkpoints } else { crate::chain_order(checkpoints) })
 }

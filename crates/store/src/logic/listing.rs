@@ -1,10 +1,11 @@
-//! Listing and counting runs for the visibility API, on the shared databases: the current run
-//! of each instance, filtered (type, queue, id, business key, status bucket, substring, search
-//! attributes, a visibility filter), newest first, keyset-paged. Every value is a bind
-//! parameter; lists are spelled out as `IN (…)`, which every dialect has.
+//! Listing and counting runs for the visibility API: the current run of each instance,
+//! filtered (type, queue, id, business key, status bucket, substring, search attributes, a
+//! visibility filter), newest first, keyset-paged. Every value is a bind parameter; lists are
+//! spelled out as `IN (…)`, which every dialect has. Where the dialects differ (how SQLite's
+//! planner reaches the current runs fastest, its LIKE escape) [`CurrentRuns`] says so.
 
 use crate::rows::*;
-use crate::tx::{Param, Tx};
+use crate::tx::{Dialect, Param, Tx};
 use crate::visibility_sql::{self, SqlParam};
 use crate::*;
 
@@ -39,9 +40,43 @@ impl Binds {
     }
 }
 
+/// How a dialect reaches the current run of each instance (`runs r`, `workflow_instances i`).
+struct CurrentRuns {
+    /// The FROM clause of a page of runs, and the condition that keeps current runs only.
+    list_from: &'static str,
+    list_current: &'static str,
+    /// The FROM clause of a count by status.
+    count_from: &'static str,
+    /// What follows a LIKE pattern (a backslash escapes `%` and `_` in it).
+    like_escape: &'static str,
+}
+
+impl CurrentRuns {
+    fn of(dialect: Dialect) -> Self {
+        match dialect {
+            // SQLite walks runs newest first and checks each is current (a primary-key
+            // lookup); counts go from the instances to their current runs. SQLite's LIKE has
+            // no escape character unless told.
+            Dialect::Sqlite => CurrentRuns {
+                list_from: "runs r",
+                list_current: " AND r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)",
+                count_from: "workflow_instances i JOIN runs r ON r.run_id = i.current_run_id",
+                like_escape: " ESCAPE '\\'",
+            },
+            // Backslash is LIKE's default escape on PostgreSQL and MySQL.
+            Dialect::Postgres | Dialect::Mysql => CurrentRuns {
+                list_from: "runs r JOIN workflow_instances i ON i.current_run_id = r.run_id",
+                list_current: "",
+                count_from: "runs r JOIN workflow_instances i ON i.current_run_id = r.run_id",
+                like_escape: "",
+            },
+        }
+    }
+}
+
 /// The WHERE conditions of a listing over `runs r` joined to the current run of each instance.
 /// The status bucket is left out for counts.
-fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, binds: &mut Binds) -> String {
+fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, like_escape: &str, binds: &mut Binds) -> String {
     let mut sql = format!("r.namespace = {}", binds.push(Bound::Text(namespace.to_string())));
     for (column, value) in [
         ("workflow_type", &filter.workflow_type),
@@ -62,7 +97,9 @@ fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, binds: &m
     }
     if let Some(query) = &filter.query {
         let mark = binds.push(Bound::Text(like_pattern(query)));
-        sql.push_str(&format!(" AND (r.workflow_id LIKE {mark} OR r.business_key LIKE {mark})"));
+        sql.push_str(&format!(
+            " AND (r.workflow_id LIKE {mark}{like_escape} OR r.business_key LIKE {mark}{like_escape})"
+        ));
     }
     for (key, value) in &filter.attributes {
         let key = binds.push(Bound::Text(key.clone()));
@@ -92,10 +129,13 @@ pub(crate) async fn list_runs<T: Tx>(
     offset: usize,
     limit: usize,
 ) -> StoreResult<(Vec<RunSummary>, bool)> {
+    let dialect = CurrentRuns::of(tx.dialect());
     let mut binds = Binds(Vec::new());
     let mut sql = format!(
-        "SELECT r.state FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id WHERE {}",
-        conditions(namespace, filter, true, &mut binds)
+        "SELECT r.state FROM {} WHERE {}{}",
+        dialect.list_from,
+        conditions(namespace, filter, true, dialect.like_escape, &mut binds),
+        dialect.list_current,
     );
     if let Some(after) = &filter.after {
         let started = binds.push(Bound::Int(after.started_at));
@@ -122,10 +162,12 @@ pub(crate) async fn list_runs<T: Tx>(
 
 /// How many current runs match, by status.
 pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &ListFilter) -> StoreResult<RunCounts> {
+    let dialect = CurrentRuns::of(tx.dialect());
     let mut binds = Binds(Vec::new());
     let sql = format!(
-        "SELECT r.status, COUNT(*) FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id WHERE {} GROUP BY r.status",
-        conditions(namespace, filter, false, &mut binds)
+        "SELECT r.status, COUNT(*) FROM {} WHERE {} GROUP BY r.status",
+        dialect.count_from,
+        conditions(namespace, filter, false, dialect.like_escape, &mut binds)
     );
     let mut counts = RunCounts::default();
     for row in tx.query(&sql, &binds.params()).await? {

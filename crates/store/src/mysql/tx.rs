@@ -18,7 +18,7 @@ pub(super) const DUPLICATE_KEY: u16 = 1062;
 
 /// A pooled connection the shared logic runs on; like `PgTx`, it owns the connection, and a
 /// transaction dropped before COMMIT is rolled back before the connection is pooled again.
-pub(crate) struct MyTx {
+pub struct MyTx {
     /// `None` only while being dropped.
     conn: Option<Conn>,
     /// Inside `START TRANSACTION`, not yet committed or rolled back.

@@ -12,7 +12,7 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 /// A pooled connection the shared logic runs on. It owns the connection, so a transaction is
 /// a value that can be handed around; one dropped before COMMIT is rolled back before its
 /// connection goes back to the pool.
-pub(crate) struct PgTx {
+pub struct PgTx {
     /// `None` only while being dropped.
     client: Option<Object>,
     /// Inside `BEGIN`, not yet committed or rolled back.

@@ -3,6 +3,7 @@
 //! that records its completion.
 
 use super::{SharedStore, SharedTx};
+use crate::backend::Claim;
 use crate::logic::{actions, claim, runs};
 use crate::tx::{Param, Tx};
 use crate::*;
@@ -10,18 +11,18 @@ use serde_json::Value;
 use std::sync::Arc;
 
 impl SharedStore {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn claim_task_checked(
-        &self,
-        namespace: &str,
-        kind: TaskKind,
-        queue: &str,
-        types: &[String],
-        owner: &str,
-        lease_ms: i64,
-        now: Millis,
-        poll: Option<PollKey>,
-    ) -> StoreResult<Option<(Task, RunState)>> {
+    pub(super) async fn claim_task_checked(&self, claim: Claim) -> StoreResult<Option<(Task, RunState)>> {
+        let Claim {
+            namespace,
+            kind,
+            queue,
+            types,
+            owner,
+            lease_ms,
+            now,
+            poll,
+        } = claim;
+        let (namespace, queue, owner) = (namespace.as_str(), queue.as_str(), owner.as_str());
         let poller = claim::Poller {
             kind,
             owner,
@@ -34,7 +35,7 @@ impl SharedStore {
         let mut passed: Vec<String> = Vec::new();
         for _ in 0..4 {
             let mut tx = self.begin().await?;
-            let candidate = claim::lock_candidate(&mut tx, namespace, kind, queue, types, owner, now, &passed).await?;
+            let candidate = claim::lock_candidate(&mut tx, namespace, kind, queue, &types, owner, now, &passed).await?;
             let Some((task_id, run)) = candidate else { return Ok(None) };
             let id = task_id.as_str().to_string();
             let claimed = claim::lease_candidate(&mut tx, run, task_id, &poller, now, &self.env).await?;

@@ -17,12 +17,9 @@
 
 mod claims;
 mod durability;
-mod fleet;
-mod ledger;
-mod operators;
-mod runs;
 
-use crate::logic::integrity;
+use crate::backend::{Backend, Claim, Unit};
+use crate::logic::admin;
 use crate::mysql::{MyTx, Mysql};
 use crate::postgres::{PgTx, Postgres};
 use crate::tx::{Dialect, Param, Row, Statement, Tx};
@@ -31,33 +28,6 @@ use serde_json::Value;
 use std::sync::Arc;
 
 pub use durability::Durability;
-
-/// Runs shared logic in a transaction of its own and commits it, or rolls it back (awaited, so
-/// its locks are released before the caller answers) when the logic fails or refuses:
-/// `in_transaction!(self, |tx| logic::step(tx, …))`.
-macro_rules! in_transaction {
-    ($store:expr, |$tx:ident| $step:expr) => {
-        async {
-            let mut transaction = $store.begin().await?;
-            let outcome = {
-                let $tx = &mut transaction;
-                $step.await
-            };
-            match outcome {
-                Ok(value) => {
-                    $store.commit(transaction).await?;
-                    Ok::<_, StoreError>(value)
-                }
-                Err(error) => {
-                    $store.rollback(transaction).await;
-                    Err(error)
-                }
-            }
-        }
-        .await
-    };
-}
-use in_transaction;
 
 /// The database a [`SharedStore`] runs on. (Only a few exist, so the variants' sizes need not
 /// match.)
@@ -89,7 +59,7 @@ impl Database {
 /// A connection of a [`SharedStore`], inside a transaction ([`SharedStore::begin`]) or not
 /// ([`SharedStore::reader`]). A transaction dropped before [`SharedStore::commit`] rolls back.
 #[allow(clippy::large_enum_variant)] // one per open transaction, on its task's stack
-pub(crate) enum SharedTx {
+pub enum SharedTx {
     Postgres(PgTx),
     Mysql(MyTx),
 }
@@ -269,33 +239,85 @@ impl SharedStore {
         observer.committed(&facts);
         Ok(())
     }
+}
 
-    /// A change that found a broken ledger chain, or a run document it cannot read, was not
-    /// written: open an incident, block the run, and answer as refused.
-    async fn guard<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
-        match result {
-            Err(error) => Err(self.settle(error).await),
-            ok => ok,
+impl Backend for SharedStore {
+    type Tx<'t> = SharedTx;
+
+    fn env(&self) -> &Arc<Env> {
+        &self.env
+    }
+
+    fn env_mut(&mut self) -> &mut Arc<Env> {
+        &mut self.env
+    }
+
+    async fn read<T, F>(&self, unit: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'t> FnOnce(&'t mut SharedTx) -> Unit<'t, T> + Send + 'static,
+    {
+        unit(&mut self.reader().await?).await
+    }
+
+    async fn write<T, F>(&self, unit: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'t> FnOnce(&'t mut SharedTx) -> Unit<'t, T> + Send + 'static,
+    {
+        let mut tx = self.begin().await?;
+        match unit(&mut tx).await {
+            Ok(value) => {
+                self.commit(tx).await?;
+                Ok(value)
+            }
+            Err(error) => {
+                self.rollback(tx).await;
+                Err(error)
+            }
         }
     }
 
-    /// Turns a breach or an unreadable run into an open incident and the refusal it answers.
-    async fn settle(&self, error: StoreError) -> StoreError {
-        let recorded = match error {
-            StoreError::Integrity(breach) => {
-                in_transaction!(self, |tx| integrity::record_breach(tx, &breach, self.env.now_ms(), &self.env))
-            }
-            StoreError::CorruptRun(breach) => in_transaction!(self, |tx| integrity::record_unreadable_run(
-                tx,
-                &breach,
-                self.env.now_ms(),
-                &self.env
-            )),
-            other => return other,
-        };
-        match recorded {
-            Ok(refusal) => refusal.into(),
-            Err(error) => error,
+    async fn write_one<T, F>(&self, unit: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'t> FnOnce(&'t mut SharedTx) -> Unit<'t, T> + Send + 'static,
+    {
+        unit(&mut self.reader().await?).await
+    }
+
+    async fn claim(&self, claim: Claim) -> StoreResult<Option<(Task, RunState)>> {
+        self.claim_task_checked(claim).await
+    }
+
+    async fn run_atomic(
+        &self,
+        namespace: String,
+        actions: AtomicActions,
+        codec: &'static dyn MemoCodec,
+        now: Millis,
+    ) -> StoreResult<Option<AtomicOutcome>> {
+        self.run_atomic_task_checked(&namespace, actions, codec, now).await
+    }
+
+    async fn take_wakeups(&self) -> StoreResult<Option<WakeReceiver>> {
+        match &self.database {
+            Database::Postgres(pg) => pg.wakeups().await,
+            // This node's commits only: pollers find other nodes' tasks by their re-check.
+            Database::Mysql(my) => Ok(my.wakeups()),
+        }
+    }
+
+    async fn probe(&self) -> StoreResult<()> {
+        // Ready means a write commits now (see `probe_write`); not worth tracking failures to
+        // skip, it is one tiny upsert.
+        admin::probe_write(&mut self.reader().await?, self.env.now_ms()).await
+    }
+
+    fn connections(&self) -> PoolUse {
+        match &self.database {
+            Database::Postgres(pg) => pg.pool_use(),
+            Database::Mysql(my) => my.pool_use(),
         }
     }
 }

@@ -101,7 +101,7 @@ impl Writer {
     pub async fn write_tx<T, F>(&self, job: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut SqliteTx<'_>) -> StoreResult<T> + Send + 'static,
+        F: for<'t> FnOnce(&'t mut SqliteTx<'t>) -> StoreResult<T> + Send + 'static,
     {
         let (job, reply) = group_commit::job::<Sqlite, T, StoreError, _>(move |conn: &mut Connection, announced: &mut Vec<Notice>| {
             job(&mut SqliteTx::new(conn, announced))

@@ -1,0 +1,136 @@
+//! The worker fleet: registrations, sessions, build-id rollouts, task queues.
+
+use crate::backend::Backend;
+use crate::logic::{admin, fleet, sessions};
+use crate::*;
+
+/// Workers, task queues and build-id rollouts.
+pub trait FleetStore: Backend {
+    /// Creates or updates `(namespace, worker_id)`. A changed workflow definition fingerprint
+    /// on an active registration is refused with `workflow_definition_changed`.
+    fn register_worker(&self, worker: WorkerRecord) -> impl Future<Output = StoreResult<WorkerRecord>> + Send {
+        self.write(move |tx| Box::pin(async move { fleet::register_worker(tx, worker).await }))
+    }
+
+    fn heartbeat_worker(
+        &self,
+        namespace: &str,
+        worker_id: &str,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.write_one(move |tx| Box::pin(async move { fleet::heartbeat_worker(tx, &namespace, &worker_id, now).await }))
+    }
+
+    fn get_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.read(move |tx| Box::pin(async move { fleet::get_worker(tx, &namespace, &worker_id).await }))
+    }
+
+    /// Removes a registration; `false` when there was none.
+    fn deregister_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<bool>> + Send {
+        let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
+        self.write_one(move |tx| Box::pin(async move { fleet::deregister_worker(tx, &namespace, &worker_id).await }))
+    }
+
+    /// One step on a worker session by `worker_id` (acquire, heartbeat, close), atomically:
+    /// the session row is locked, refreshed (lease, TTL, holder still registered), decided by
+    /// the engine and written back; a refusal writes nothing.
+    fn session_step(
+        &self,
+        namespace: &str,
+        session_id: &str,
+        worker_id: &str,
+        step: SessionStep,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<SessionAnswer>> + Send {
+        let (namespace, session_id, worker_id) = (namespace.to_string(), session_id.to_string(), worker_id.to_string());
+        self.write(move |tx| Box::pin(async move { sessions::session_step(tx, &namespace, &session_id, &worker_id, step, now).await }))
+    }
+
+    /// A fenced deregistration: removes `worker_id`'s registration if `token` is its current
+    /// `registration_token` and keeps the receipt (`DEREGISTRATION_RECEIPT_RETENTION_MS`), so a
+    /// retry with the same token gets it again; answers `(receipt, replayed)`. Another token is
+    /// `worker_registration_lost_authority`; no registration and no receipt is
+    /// `worker_registration_token_not_found`.
+    fn deregister_fenced(
+        &self,
+        namespace: &str,
+        worker_id: &str,
+        token: &str,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<(Value, bool)>> + Send {
+        let (namespace, worker_id, token) = (namespace.to_string(), worker_id.to_string(), token.to_string());
+        self.write(move |tx| Box::pin(async move { fleet::deregister_fenced(tx, &namespace, &worker_id, &token, now).await }))
+    }
+
+    /// A worker session as stored (not refreshed).
+    fn get_session(&self, namespace: &str, session_id: &str) -> impl Future<Output = StoreResult<Option<WorkerSession>>> + Send {
+        let (namespace, session_id) = (namespace.to_string(), session_id.to_string());
+        self.read(move |tx| Box::pin(async move { sessions::get_session(tx, &namespace, &session_id).await }))
+    }
+
+    /// The rollout intents recorded for a task queue's build-id cohorts.
+    fn build_id_rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |tx| Box::pin(async move { admin::build_id_rollouts(tx, &namespace, &queue).await }))
+    }
+
+    /// Drains (`draining: true`) or resumes a cohort. Draining again keeps the first
+    /// `drained_at`; resuming clears it.
+    fn set_build_id_drain(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        draining: bool,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.write(move |tx| Box::pin(async move { admin::set_build_id_drain(tx, &namespace, &queue, build_id, draining, now).await }))
+    }
+
+    /// Promotes a cohort for new starts on a queue (un-promoting any other).
+    fn promote_build_id(
+        &self,
+        namespace: &str,
+        queue: &str,
+        build_id: Option<String>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<BuildIdRollout>> + Send {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.write(move |tx| Box::pin(async move { admin::promote_build_id(tx, &namespace, &queue, build_id, now).await }))
+    }
+
+    /// Every registration of a namespace, by worker id.
+    fn workers(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send {
+        let namespace = namespace.to_string();
+        self.read(move |tx| Box::pin(async move { fleet::workers(tx, &namespace).await }))
+    }
+
+    /// Task queues a namespace has used: with open tasks, or with registered workers.
+    fn task_queue_names(&self, namespace: &str) -> impl Future<Output = StoreResult<Vec<String>>> + Send {
+        let namespace = namespace.to_string();
+        self.read(move |tx| Box::pin(async move { fleet::task_queue_names(tx, &namespace).await }))
+    }
+
+    /// Open tasks of one queue: counts by kind and status, and the current leases (at most
+    /// `lease_limit`).
+    fn task_queue_snapshot(
+        &self,
+        namespace: &str,
+        queue: &str,
+        lease_limit: usize,
+    ) -> impl Future<Output = StoreResult<QueueSnapshot>> + Send {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |tx| Box::pin(async move { fleet::task_queue_snapshot(tx, &namespace, &queue, lease_limit).await }))
+    }
+
+    /// Registrations on one task queue (for query routing: who can answer).
+    fn queue_workers(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |tx| Box::pin(async move { fleet::queue_workers(tx, &namespace, &queue).await }))
+    }
+}
+
+impl<B: Backend> FleetStore for B {}

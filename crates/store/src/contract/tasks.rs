@@ -1,0 +1,121 @@
+//! Tasks: which are ready, claiming them, and query and update-validation tasks.
+
+use crate::backend::{Backend, Claim};
+use crate::logic::{claim, fleet, queries};
+use crate::*;
+
+/// Tasks: claims and ready-queue wake-ups, query and validation tasks, remembered polls.
+pub trait TaskStore: Backend {
+    /// Open tasks of `kind` currently leased to `owner`.
+    fn leased_tasks(&self, namespace: &str, owner: &str, kind: TaskKind) -> impl Future<Output = StoreResult<Vec<TaskId>>> + Send {
+        let (namespace, owner) = (namespace.to_string(), owner.to_string());
+        self.read(move |tx| Box::pin(async move { fleet::leased_tasks(tx, &namespace, &owner, kind).await }))
+    }
+
+    /// Whether a poll of this shape could lease something right now, and whether anything at
+    /// all is ready on the queue (a read, no writer trip).
+    fn has_ready_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Readiness>> + Send {
+        let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
+        self.read(move |tx| Box::pin(async move { claim::readiness(tx, &namespace, kind, &queue, &types, now).await }))
+    }
+
+    /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports, and in
+    /// the same transaction remembers it under the poll's `poll_request_id`, if any.
+    #[allow(clippy::too_many_arguments)]
+    fn claim_task(
+        &self,
+        namespace: &str,
+        kind: TaskKind,
+        queue: &str,
+        types: &[String],
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+        poll: Option<PollKey>,
+    ) -> impl Future<Output = StoreResult<Option<(Task, RunState)>>> + Send {
+        async move {
+            let claim = Claim {
+                namespace: namespace.to_string(),
+                kind,
+                queue: queue.to_string(),
+                types: types.to_vec(),
+                owner: owner.to_string(),
+                lease_ms,
+                now,
+                poll,
+            };
+            match self.claim(claim).await {
+                // The poller just gets nothing: the run's tasks are blocked, so the next claim
+                // passes it by.
+                Err(error @ (StoreError::Integrity(_) | StoreError::CorruptRun(_))) => match self.settle(error).await {
+                    StoreError::Refused(_) => Ok(None),
+                    other => Err(other),
+                },
+                other => other,
+            }
+        }
+    }
+
+    /// Wake-ups published by other nodes sharing the database; `None` for single-node stores
+    /// (the in-process hub already sees every change).
+    fn wakeups(&self) -> impl Future<Output = StoreResult<Option<WakeReceiver>>> + Send {
+        async move { self.take_wakeups().await }
+    }
+
+    /// Stores a new query task, ready for a query poller of its queue.
+    fn create_query_task(&self, task: QueryTask) -> impl Future<Output = StoreResult<()>> + Send {
+        self.write_one(move |tx| Box::pin(async move { queries::create_query_task(tx, &task).await }))
+    }
+
+    /// Leases the oldest leasable query task of `kind` on `queue` (ready, or its lease ran out
+    /// unanswered).
+    fn claim_query_task(
+        &self,
+        namespace: &str,
+        queue: &str,
+        kind: QueryKind,
+        owner: &str,
+        lease_ms: i64,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send {
+        let (namespace, queue, owner) = (namespace.to_string(), queue.to_string(), owner.to_string());
+        self.write(move |tx| Box::pin(async move { queries::claim_query_task(tx, &namespace, &queue, kind, &owner, lease_ms, now).await }))
+    }
+
+    /// Records a worker's answer under the engine's fencing rules (`QueryTask::answer`).
+    fn answer_query_task(
+        &self,
+        namespace: &str,
+        id: &str,
+        owner: &str,
+        attempt: u32,
+        outcome: QueryOutcome,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<QueryTask>> + Send {
+        let (namespace, id, owner) = (namespace.to_string(), id.to_string(), owner.to_string());
+        self.write(move |tx| Box::pin(async move { queries::answer_query_task(tx, &namespace, &id, &owner, attempt, outcome, now).await }))
+    }
+
+    fn get_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send {
+        let (namespace, id) = (namespace.to_string(), id.to_string());
+        self.read(move |tx| Box::pin(async move { queries::get_query_task(tx, &namespace, &id).await }))
+    }
+
+    fn delete_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<()>> + Send {
+        let (namespace, id) = (namespace.to_string(), id.to_string());
+        self.write_one(move |tx| Box::pin(async move { queries::delete_query_task(tx, &namespace, &id).await }))
+    }
+
+    fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send {
+        self.read(move |tx| Box::pin(async move { queries::recall_poll(tx, &key).await }))
+    }
+}
+
+impl<B: Backend> TaskStore for B {}
