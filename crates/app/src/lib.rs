@@ -20,8 +20,11 @@
 //! - [`local_activities`]: prepared local activities (admission, supervision, outcomes).
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
 //! - [`credentials`]: named credentials an admin manages over the API.
+//! - [`workers`]: worker registration, heartbeats, deregistration; build-id rollouts.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
+//! - [`external_payloads`], [`message_streams`], [`service_calls`]: payload references, message
+//!   streams, Nexus calls made outside a run.
 
 pub mod cancellation;
 pub mod contracts;
@@ -41,6 +44,7 @@ pub mod service_calls;
 pub mod sessions;
 pub mod standalone;
 pub mod updates;
+pub mod workers;
 
 use capstan_engine::{Limits, MemoCodec, Millis, Reason, Refusal};
 use capstan_store::prelude::*;

@@ -2,7 +2,6 @@
 //! without any worker traffic. It sleeps until the earliest pending deadline (at most a second),
 //! or until a change brings an earlier one, so work that is due is never waiting on a poll.
 
-use crate::routes::after_change;
 use crate::AppState;
 use capstan_app::duties;
 use capstan_engine::RunState;
@@ -148,7 +147,7 @@ pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> c
             Ok((true, run)) => {
                 tracing::info!(namespace = %run.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id,
                     task_id = %task_id, run_status = run.status.as_str(), "deadline reached");
-                after_change(state, run);
+                state.run_changed(run);
             }
             Ok((false, _)) => {}
             Err(capstan_store::StoreError::Refused(refusal)) if refusal.reason == capstan_engine::Reason::RunLocked => {

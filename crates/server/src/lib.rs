@@ -16,9 +16,12 @@ pub mod fuzzing;
 mod history_cache;
 mod hub;
 pub mod integrity;
+mod long_poll;
 pub mod metrics;
 mod offload;
+mod page_token;
 mod payload_storage;
+mod planes;
 mod render;
 mod routes;
 mod scheduler;
@@ -184,6 +187,16 @@ impl<S: Store> capstan_app::Services for AppState<S> {
 }
 
 impl<S: Store> AppState<S> {
+    /// After a change to `run`: wake the clock if the run now has a deadline before the one the
+    /// clock sleeps towards. (Runs changed by follow-on transitions, a child started or a parent
+    /// told, are not seen here: a deadline of theirs that is under a second away waits at most
+    /// the clock's one-second re-check.) Pollers are woken by the store's own announcements of
+    /// tasks it made ready, sent after commit (`Store::wakeups`), which also cover tasks in other
+    /// runs and on other nodes.
+    pub(crate) fn run_changed(&self, run: &capstan_engine::RunState) {
+        self.clock.run_changed(run);
+    }
+
     /// The time now, from the configured clock (the only place the server reads the time).
     pub fn now(&self) -> capstan_engine::Millis {
         self.config.sources.now_ms()

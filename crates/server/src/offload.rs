@@ -10,7 +10,7 @@
 //! DW Avro frame (the request's own checks refuse it by name).
 
 use crate::error::{ApiError, ApiResult};
-use crate::routes::Namespace;
+use crate::planes::Namespace;
 use crate::{AppState, Shared};
 use axum::body::Body;
 use axum::extract::{Request, State};

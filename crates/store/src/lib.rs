@@ -1,11 +1,14 @@
 //! Capstan's storage. Every SQL statement of the project lives in this crate.
 //!
-//! [`Store`] is the contract the server programs against; [`SqliteStore`] implements it on an
-//! embedded SQLite file, [`SharedStore`] on a database server several nodes share
-//! (PostgreSQL). A store only persists: the decisions are the engine's. Run transitions go through [`Store::mutate_run`], which loads
-//! a run's state, hands it to an engine closure and — only when the closure returns `Ok` —
-//! writes the new state, the appended history events and the changed task rows in one
-//! transaction, before the returned future resolves. A refused transition writes nothing.
+//! [`Store`] is the contract the server programs against, ten traits declared and implemented
+//! once in `contract/`; [`SqliteStore`] runs it on an embedded SQLite file, [`SharedStore`] on
+//! a database server several nodes share (PostgreSQL, MySQL, MariaDB). A run's state changes
+//! only by the engine's decisions: run transitions go through [`RunStore::mutate_run`], which
+//! loads a run's state, hands it to an engine closure and — only when the closure returns `Ok`
+//! — writes the new state, the appended history events and the changed task rows in one
+//! transaction, before the returned future resolves. A refused transition writes nothing. Rows
+//! that are not run state (namespaces, credentials, streams, workers, schedules) are decided
+//! here, and refused with the engine's reasons.
 //!
 //! Crash contract: a future that resolved `Ok` means the change is durable (fsync'd); a crash
 //! before that leaves no part of the change. Callers that lose the answer retry; the engine's

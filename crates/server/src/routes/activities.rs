@@ -2,10 +2,9 @@
 //! Cancel and terminate are the workflow commands on the host run (`/workflows/{id}/cancel`).
 
 use super::control::{list_page, ListPage};
-use super::worker::after_change;
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::render::{envelope, opt_time, time};
 use crate::wire::{self, Fields};
 use crate::{AppState, Shared};
@@ -75,7 +74,7 @@ pub async fn start<S: Store>(
     let mut request = start_request(&state, &namespace, &body)?;
     request.principal = Some(caller.principal);
     let run = standalone::start_activity(&*state, request).await.map_err(ApiError::from)?;
-    after_change(&state, &run);
+    state.run_changed(&run);
     tracing::info!(namespace, activity_id = %run.workflow_id, run_id = %run.run_id, "standalone activity started");
     let mut view = activity_view(&run);
     view["command_status"] = json!("accepted");

@@ -4,10 +4,10 @@
 //! identity under DW's names (`workflow_task_id`, `workflow_instance_id`, `workflow_run_id`),
 //! a `server_time` that only moves forward, and a lease that never shrinks.
 
-use super::worker::{activity_claim, activity_refused, after_change, attempt_lease};
-use super::Namespace;
+use super::worker::{activity_claim, activity_refused, attempt_lease};
 use crate::body::JsonObject;
 use crate::error::ApiResult;
+use crate::planes::Namespace;
 use crate::{render, wire, Shared};
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
@@ -36,7 +36,7 @@ pub async fn renew_lease<S: Store>(
         .await
         .map_err(|e| renewal_refused(e, &task_id, &attempt_id))?;
     if grant.extended {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     let id = TaskId(task_id.clone());
     // A session activity's renewal renews its session too: the worker is alive and in it.

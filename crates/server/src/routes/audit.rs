@@ -1,8 +1,8 @@
 //! `GET /workflows/{id}/audit-events`: what requests did to an instance without writing its
 //! history (queries), newest first, with who did it.
 
-use super::Namespace;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -69,7 +69,7 @@ fn event_json(event: &AuditEvent) -> Value {
 /// instance it was issued for.
 fn token_of(namespace: &str, last: &AuditEvent) -> String {
     let doc = json!({"v": 1, "namespace": namespace, "workflow_id": last.workflow_id, "recorded_at": last.recorded_at, "audit_id": last.audit_id});
-    super::page_token::issue(&doc)
+    crate::page_token::issue(&doc)
 }
 
 fn cursor_of(token: &str, namespace: &str, workflow_id: &str) -> ApiResult<(i64, String)> {
@@ -80,7 +80,7 @@ fn cursor_of(token: &str, namespace: &str, workflow_id: &str) -> ApiResult<(i64,
             "The page_token is not one this list issued.",
         )
     };
-    let doc = super::page_token::read(token).ok_or_else(invalid)?;
+    let doc = crate::page_token::read(token).ok_or_else(invalid)?;
     if doc["v"] != 1 || doc["namespace"] != namespace || doc["workflow_id"] != workflow_id {
         return Err(invalid());
     }

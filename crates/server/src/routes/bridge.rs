@@ -5,10 +5,10 @@
 //! names one; a signal carries the key as its `request_id`), so even a repeat racing the first
 //! delivery, or arriving after a crash between the effect and its record, changes nothing.
 
-use super::Namespace;
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::Shared;
 use axum::extract::{Path, State};
@@ -183,7 +183,7 @@ async fn start_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &
     match started {
         Ok(control::Started { outcome, run }) => {
             if outcome == StartOutcome::StartedNew {
-                super::worker::after_change(state, &run);
+                state.run_changed(&run);
             }
             let mut doc = event.outcome(true, "accepted", None);
             doc.insert("workflow_id".into(), json!(run.workflow_id));
@@ -241,7 +241,7 @@ async fn signal_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: 
     match signaled {
         Ok(receipt) => {
             if let Some(run) = &receipt.run {
-                super::worker::after_change(state, run);
+                state.run_changed(run);
             }
             let retained = receipt.retained;
             let mut doc = if retained {

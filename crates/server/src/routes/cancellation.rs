@@ -3,10 +3,9 @@
 //! call (`deliver-cancellation`), the code cleans up, and the run ends cancelled. `/cancel` stays
 //! the immediate close it always was.
 
-use super::worker::after_change;
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, Shared};
 use axum::extract::{Path, State};
@@ -73,7 +72,7 @@ async fn request_impl<S: Store>(
     let status = if outcome.duplicate {
         StatusCode::OK
     } else {
-        after_change(&state, &run);
+        state.run_changed(&run);
         tracing::info!(namespace, workflow_id, run_id = %run.run_id, request_id = %outcome.request.request_id, "cooperative cancellation requested");
         StatusCode::ACCEPTED
     };
@@ -123,7 +122,7 @@ pub async fn deliver<S: Store>(
         error.fields.entry("delivered").or_insert(json!(false));
         error
     })?;
-    after_change(&state, &run);
+    state.run_changed(&run);
     let done = match outcome {
         DeliveryOutcome::Delivered(done) => done,
         // DW's "claim released" reply: the worker neither completes nor fails the task; the

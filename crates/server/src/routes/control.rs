@@ -1,10 +1,9 @@
 //! The control plane: start, describe, list, history, signal, cancel, terminate.
 
-use super::worker::after_change;
-use super::Namespace;
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{self, Fields};
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
@@ -104,7 +103,7 @@ pub async fn start<S: Store>(
         .map_err(|e| in_operation(e.into(), "start", &workflow_id))?;
     let (status, outcome) = match outcome {
         StartOutcome::StartedNew => {
-            after_change(&state, &run);
+            state.run_changed(&run);
             tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, workflow_type = %run.workflow_type, "workflow started");
             (StatusCode::CREATED, "started_new")
         }
@@ -129,7 +128,7 @@ pub async fn start<S: Store>(
 /// Wakes the clock for a fresh application's new deadlines.
 fn applied<S: Store>(state: &AppState<S>, receipt: control::Receipt) -> (Value, bool) {
     if let Some(run) = &receipt.run {
-        after_change(state, run);
+        state.run_changed(run);
     }
     (receipt.body, receipt.retained)
 }

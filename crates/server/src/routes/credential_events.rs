@@ -3,9 +3,9 @@
 //! admin bound to no namespace may read it, as only one may make the changes.
 
 use super::audit::limit_param;
-use super::page_token;
 use crate::auth::Role;
 use crate::error::{ApiError, ApiResult};
+use crate::page_token;
 use crate::{render, Shared};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};

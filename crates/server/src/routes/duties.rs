@@ -3,10 +3,10 @@
 //! every minute); these routes show what is pending and run a pass now. Every pass is safe on
 //! any node, at the same time as the background duties.
 
-use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{clock, render, Shared};
 use axum::extract::{Query, State};
@@ -151,7 +151,7 @@ pub async fn repair_pass<S: Store>(
         match result {
             Ok((_, run)) => {
                 repaired += 1;
-                super::worker::after_change(&state, &run);
+                state.run_changed(&run);
             }
             Err(StoreError::Refused(r)) if r.message == "repair not needed" => not_needed += 1,
             Err(StoreError::Refused(r)) => refused.push(json!({"target": format!("{locator:?}"), "reason": r.reason.as_str()})),

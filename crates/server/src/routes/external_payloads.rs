@@ -2,11 +2,11 @@
 //! /external-payloads/v1/{referenceId}`), a namespace's policy (`PUT /namespaces/{n}/external-storage`)
 //! and the storage probe (`POST /storage/test`). The use cases are in `capstan_app::external_payloads`.
 
-use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::payload_storage::UPLOAD_SCHEMA;
+use crate::planes::Namespace;
 use crate::wire::{refuse_unknown_fields, Fields};
 use crate::Shared;
 use axum::body::Body;

@@ -2,10 +2,10 @@
 //! (list, describe with pollers, backlog and current leases). Reads need the operator role (the
 //! control-plane middleware); removing a worker needs admin.
 
-use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -344,10 +344,7 @@ async fn set_drain<S: Store>(
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require(&headers, &[Role::Operator, Role::Admin])?;
     let build_id = build_id_of(&body)?;
-    let rollout = state
-        .store
-        .set_build_id_drain(&namespace, &queue, build_id, draining, state.now())
-        .await?;
+    let rollout = capstan_app::workers::set_build_id_drain(&*state, &namespace, &queue, build_id, draining).await?;
     state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
     tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, intent = rollout.drain_intent, "build-id rollout changed");
     Ok(Json(rollout_state(&namespace, &queue, &rollout)))
@@ -384,7 +381,7 @@ pub async fn promote_build_id<S: Store>(
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
     let build_id = build_id_of(&body)?;
-    let rollout = state.store.promote_build_id(&namespace, &queue, build_id, state.now()).await?;
+    let rollout = capstan_app::workers::promote_build_id(&*state, &namespace, &queue, build_id).await?;
     state.rollouts.lock().expect("rollouts").remove(&(namespace.clone(), queue.clone()));
     tracing::info!(namespace, task_queue = queue, build_id = ?rollout.build_id, "build id promoted for new starts");
     Ok(Json(rollout_state(&namespace, &queue, &rollout)))

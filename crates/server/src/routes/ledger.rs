@@ -1,10 +1,10 @@
 //! The recovery ledger's API: action definitions, ledger entries, and operator resolution.
 //! Reading needs the operator role; defining and resolving need admin (when auth is on).
 
-use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
@@ -338,7 +338,7 @@ pub async fn resolve<S: Store>(
         principal: caller.principal,
     };
     let (resolved, run) = capstan_app::ledger::resolve(&*state, resolution).await?;
-    super::after_change(&state, &run);
+    state.run_changed(&run);
     tracing::info!(namespace, ledger_key, state = resolved.state.as_str(), workflow_id = %run.workflow_id, "ledger entry resolved");
     Ok(Json(entry_json(&resolved)))
 }

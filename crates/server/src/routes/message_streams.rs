@@ -1,10 +1,9 @@
 //! Message streams: `POST /workflows/{id}/message-streams/{name}/messages` (an append, once per
 //! `message_id`) and the diagnostics `GET /workflows/{id}/message-streams[/{name}]`.
 
-use super::worker::after_change;
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{self, Fields};
 use crate::Shared;
 use axum::extract::{Path, State};
@@ -45,7 +44,7 @@ pub async fn append<S: Store>(
         .await
         .map_err(|e| in_operation(e.into()))?;
     if let Some(run) = &run {
-        after_change(&state, run);
+        state.run_changed(run);
     }
     let (status, body) = match outcome {
         AppendOutcome::Accepted(body) => {

@@ -2,13 +2,13 @@
 //! registered the `query_tasks` capability leases it, replays the committed history and answers.
 //! Nothing here writes history.
 
-use super::long_poll::{wait_for_work, Look};
 use super::worker::{poll_request, PollRequest};
-use super::Namespace;
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};

@@ -1,9 +1,9 @@
 //! `POST /workflows/{id}/runs/{run}/redrive`: a failed run resumed at its failed step.
 
-use super::Namespace;
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{self, Fields};
 use crate::Shared;
 use axum::extract::{Path, State};

@@ -3,10 +3,10 @@
 //! (`capstan_engine::schedule`); firing happens in the store, in the transaction that starts the
 //! workflows. The control-plane middleware has already checked the role (operator or admin).
 
-use super::Namespace;
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
@@ -165,7 +165,7 @@ pub async fn create<S: Store>(
 /// namespace and filters it was issued for.
 fn page_token(namespace: &str, filter: &str, last: &Schedule) -> String {
     let doc = json!({"v": 1, "namespace": namespace, "filter": filter, "created_at": last.created_at, "schedule_id": last.schedule_id});
-    super::page_token::issue(&doc)
+    crate::page_token::issue(&doc)
 }
 
 pub async fn list<S: Store>(
@@ -220,7 +220,7 @@ pub async fn list<S: Store>(
                     "The page token is not one this server issued.",
                 )
             };
-            let doc = super::page_token::read(token).ok_or_else(malformed)?;
+            let doc = crate::page_token::read(token).ok_or_else(malformed)?;
             if doc["namespace"] != json!(namespace) {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,

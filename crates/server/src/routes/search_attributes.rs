@@ -2,10 +2,10 @@
 //! namespace. Starts, upserts and schedules may only set defined attributes, with values of
 //! their type; list filters are type-checked against them (`capstan_engine::visibility`).
 
-use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::Shared;
 use axum::extract::{Path, State};

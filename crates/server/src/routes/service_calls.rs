@@ -3,9 +3,9 @@
 //! a workflow made (`nexus-operations`). Handlers only translate; the admission is
 //! `capstan_app::service_calls::execute`.
 
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{refuse_unknown_fields, Fields};
 use crate::wire_nexus::{parse_execute, EXECUTE_FIELDS, SHARED_CALL_FIELDS};
 use crate::Shared;

@@ -4,10 +4,10 @@
 //! Names are `[A-Za-z0-9._-]`, case-insensitive (stored lower-cased). Reading needs the operator
 //! role, changing needs admin.
 
-use super::Namespace;
 use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{refuse_unknown_fields, Fields};
 use crate::{render, Shared};
 use axum::extract::{Path, State};

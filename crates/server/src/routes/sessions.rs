@@ -2,9 +2,9 @@
 //! /worker/sessions/{id}/heartbeat` and `DELETE /worker/sessions/{id}`. Refusals carry the
 //! session as it stands (`session`) and `admitted: false`.
 
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{self, Fields};
 use crate::Shared;
 use axum::extract::{Path, State};

@@ -1,9 +1,9 @@
 //! Updates: `UpdateAccepted` is recorded at once, a dedicated workflow task runs the handler,
 //! and the request waits (up to its budget) for `UpdateCompleted`.
 
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -117,7 +117,7 @@ async fn run_update<S: Store>(
     };
     let admitted = updates::update(&*state, request, validate).await.map_err(fail)?;
     if let Some(run) = &admitted.run {
-        super::worker::after_change(&state, run);
+        state.run_changed(run);
     }
     let updates::Admitted {
         update_id,

@@ -5,13 +5,14 @@
 //! workflow-task poll (`task_kinds: ["workflow", "update_validation"]`); the dedicated poll route
 //! serves clients that ask for validations alone.
 
-use super::long_poll::{wait_for_work, Look};
 use super::query::replay_snapshot;
 use super::worker::poll_request;
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
+use crate::planes::capabilities::{CAPABILITY, VALIDATION_WAIT_MS};
+use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -22,40 +23,12 @@ use capstan_store::Store;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
-/// The worker capability a validating worker registers.
-pub const CAPABILITY: &str = "update_validation_tasks";
-/// How long an update request waits for a verdict (DW's default).
-pub const VALIDATION_WAIT_MS: i64 = 10_000;
 /// Lease of one validation attempt.
 const VALIDATION_LEASE_MS: i64 = 10_000;
 /// A registration heard from within this window counts as a live validating worker.
 const WORKER_FRESH_MS: i64 = 180_000;
 /// Cross-node verdicts are noticed by re-reading the task this often.
 const VERDICT_RECHECK_MS: u64 = 50;
-
-/// The `synchronous_update_validation` capability document (what the Python worker checks).
-pub fn advertised() -> Value {
-    json!({
-        "supported": true,
-        "acceptance_boundary": "validator_approved",
-        "worker_capability": CAPABILITY,
-        "workflow_contract_field": "update_validators",
-        "timeout_seconds": VALIDATION_WAIT_MS / 1000,
-        "task_poll": {
-            "strategy": "multiplexed",
-            "endpoint": "/worker/workflow-tasks/poll",
-            "request_field": "task_kinds",
-            "response_discriminator": "task.task_kind",
-            "task_kinds": ["workflow", "update_validation"],
-            "default_task_kinds": ["workflow"],
-        },
-        "completion": {
-            "approve_endpoint": "/worker/update-validation-tasks/{id}/approve",
-            "reject_endpoint": "/worker/update-validation-tasks/{id}/reject",
-            "fence_fields": ["lease_owner", "update_validation_attempt"],
-        },
-    })
-}
 
 /// What a validator decided.
 pub use capstan_app::updates::Verdict;

@@ -1,33 +1,24 @@
 //! The worker plane: registration, long polls, and fenced task reports.
 
-use super::long_poll::{wait_for_work, Look};
-use super::{validation, Namespace};
+use super::validation;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
+use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
+use crate::planes::Namespace;
 use crate::wire::{self, Fields};
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use capstan_app::{polls, reports};
+use capstan_app::{polls, reports, workers};
 use capstan_engine::*;
 use capstan_store::{RunLocator, Store, StoreError, WorkerRecord};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
 use crate::body::JsonObject;
-
-/// After a change to `run`: wake the clock if the run now has a deadline before the one the
-/// clock sleeps towards. (Runs changed by follow-on transitions, a child started or a parent
-/// told, are not seen here: a deadline of theirs that is under a second away waits at most
-/// the clock's one-second re-check.) Pollers are woken by the store's own announcements of
-/// tasks it made ready, sent after commit (`Store::wakeups`), which also cover tasks in other
-/// runs and on other nodes.
-pub(crate) fn after_change<S: Store>(state: &AppState<S>, run: &RunState) {
-    state.clock.run_changed(run);
-}
 
 /// A refused worker report: the DW body with `recorded: false` and the task identity.
 pub(super) fn refused(error: impl Into<ApiError>, task_id: &str) -> ApiError {
@@ -50,13 +41,9 @@ pub async fn register<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
     let f = Fields::new(&body);
-    let worker_id = f
-        .opt_str("worker_id", 255)?
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| state.new_id());
+    let worker_id = f.opt_str("worker_id", 255)?.filter(|s| !s.is_empty());
     let task_queue = f.req_str("task_queue", 255)?;
     let runtime = f.req_str("runtime", 64)?;
-    let now = state.now();
     let fingerprints = f.opt_object("workflow_definition_fingerprints")?.cloned().unwrap_or_default();
     let mut document = Map::new();
     for key in [
@@ -73,26 +60,23 @@ pub async fn register<S: Store>(
             document.insert(key.to_string(), value.clone());
         }
     }
-    // Every registration gets a new token: a fenced deregistration must name the current one.
-    let registration_token = registration_token(&state.new_id(), &worker_id);
-    document.insert("registration_token".into(), json!(registration_token));
-    let record = WorkerRecord {
+    let registration = workers::Registration {
         namespace: namespace.clone(),
-        worker_id: worker_id.clone(),
-        task_queue: task_queue.clone(),
+        worker_id,
+        task_queue,
         runtime,
         sdk_version: f.opt_str("sdk_version", 64)?,
         build_id: f.opt_str("build_id", 255)?,
-        supported_workflow_types: f.string_list("supported_workflow_types")?,
-        supported_activity_types: f.string_list("supported_activity_types")?,
-        workflow_definition_fingerprints: fingerprints,
+        workflow_types: f.string_list("supported_workflow_types")?,
+        activity_types: f.string_list("supported_activity_types")?,
+        fingerprints,
         document,
-        status: "active".into(),
-        registered_at: now,
-        last_heartbeat_at: now,
     };
-    let record = state.store.register_worker(record).await?;
-    tracing::info!(namespace, worker_id, task_queue, runtime = %record.runtime, "worker registered");
+    let workers::Registered {
+        record,
+        registration_token,
+    } = workers::register(&*state, registration).await?;
+    tracing::info!(namespace, worker_id = record.worker_id, task_queue = record.task_queue, runtime = %record.runtime, "worker registered");
     let body = json!({
         "worker_id": record.worker_id,
         "registered": true,
@@ -109,21 +93,13 @@ pub async fn register<S: Store>(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// 32 lowercase hex characters, derived from a fresh id (the ids come from the server's
-/// sources, so a simulated server mints them deterministically).
-fn registration_token(fresh_id: &str, worker_id: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("{fresh_id}\0{worker_id}").as_bytes());
-    hex::encode(&digest[..16])
-}
-
 pub async fn heartbeat<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let worker_id = Fields::new(&body).req_str("worker_id", 255)?;
-    match state.store.heartbeat_worker(&namespace, &worker_id, state.now()).await? {
+    match workers::heartbeat(&*state, &namespace, &worker_id).await? {
         Some(_) => Ok(Json(
             json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS, "stale_after_seconds": super::fleet::STALE_AFTER_SECONDS}),
         )),
@@ -140,12 +116,12 @@ pub async fn deregister<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Path(worker_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    if !state.store.deregister_worker(&namespace, &worker_id).await? {
+    let Some(released) = workers::deregister(&*state, &namespace, &worker_id).await? else {
         return Err(
             ApiError::new(StatusCode::NOT_FOUND, Reason::WorkerNotFound, "The worker is not registered.").with("worker_id", worker_id),
         );
-    }
-    let recovered = release_leased_workflow_tasks(&state, &namespace, &worker_id).await?;
+    };
+    let recovered = released_workflow_tasks(&state, &released);
     tracing::info!(namespace, worker_id, recovered, "worker deregistered");
     Ok(Json(json!({
         "worker_id": worker_id,
@@ -167,37 +143,21 @@ pub async fn deregister_fenced<S: Store>(
 ) -> ApiResult<Json<Value>> {
     wire::refuse_unknown_fields(&body, &[&["registration_token"]], "", "fenced deregistrations")?;
     let token = Fields::new(&body).req_str("registration_token", 64)?;
-    let (receipt, replayed) = state.store.deregister_fenced(&namespace, &worker_id, &token, state.now()).await?;
-    if !replayed {
-        let recovered = release_leased_workflow_tasks(&state, &namespace, &worker_id).await?;
+    let (receipt, released) = workers::deregister_fenced(&*state, &namespace, &worker_id, &token).await?;
+    if let Some(released) = released {
+        let recovered = released_workflow_tasks(&state, &released);
         tracing::info!(namespace, worker_id, recovered, "worker deregistered (fenced)");
     }
     Ok(Json(receipt))
 }
 
-/// Gives a departed worker's leased workflow tasks back so live workers get them now, not
-/// after the lease. (Activity attempts are left to finish or expire: the worker may still
-/// report them.)
-async fn release_leased_workflow_tasks<S: Store>(state: &Shared<S>, namespace: &str, worker_id: &str) -> ApiResult<usize> {
-    let mut recovered = 0;
-    for task_id in state.store.leased_tasks(namespace, worker_id, TaskKind::Workflow).await? {
-        let (id, owner) = (task_id.clone(), worker_id.to_string());
-        match state
-            .store
-            .mutate_run(namespace, RunLocator::Task(task_id), state.now(), move |run, cx| {
-                release_workflow_task(run, cx, &id, &owner)
-            })
-            .await
-        {
-            Ok(((), run)) => {
-                recovered += 1;
-                after_change(state, &run);
-            }
-            Err(StoreError::Refused(_)) => {} // completed or re-leased meanwhile
-            Err(error) => return Err(error.into()),
-        }
+/// Wakes the clock for each run whose workflow task a departed worker held and gave back; how
+/// many there were.
+fn released_workflow_tasks<S: Store>(state: &Shared<S>, released: &[RunState]) -> usize {
+    for run in released {
+        state.run_changed(run);
     }
-    Ok(recovered)
+    released.len()
 }
 
 // ------------------------------------------------------------------------------------------
@@ -625,7 +585,7 @@ pub async fn complete_workflow_task<S: Store>(
     let (receipt, run) = reports::complete_workflow_task(&*state, lease, commands, sticky, streams)
         .await
         .map_err(|e| refused(e, &task_id))?;
-    after_change(&state, &run);
+    state.run_changed(&run);
     for name in &stream_names {
         state
             .stream_appends
@@ -667,7 +627,7 @@ pub async fn fail_workflow_task<S: Store>(
     let (receipt, run) = reports::fail_workflow_task(&*state, lease, failure)
         .await
         .map_err(|e| refused(e, &task_id))?;
-    after_change(&state, &run);
+    state.run_changed(&run);
     if benign {
         tracing::debug!(namespace, workflow_id = %run.workflow_id, task_id, "workflow task closed: waiting for history");
     } else {
@@ -742,7 +702,7 @@ pub async fn complete_activity_task<S: Store>(
     let (receipt, run) = reports::complete_activity(&*state, lease, result)
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
-    after_change(&state, &run);
+    state.run_changed(&run);
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id, retained = receipt.retained, "activity completed");
     Ok(Json(json!({
         "task_id": task_id,
@@ -770,7 +730,7 @@ pub async fn fail_activity_task<S: Store>(
     let (receipt, run) = reports::fail_activity(&*state, lease, failure)
         .await
         .map_err(|e| activity_refused(e, &task_id, &attempt_id))?;
-    after_change(&state, &run);
+    state.run_changed(&run);
     tracing::info!(namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id, activity_attempt_id = %attempt_id,
         retry_task = ?receipt.created_task_ids.first(), "activity attempt failed");
     Ok(Json(json!({

@@ -1,9 +1,9 @@
 //! Workflow output streams through the control plane, under
 //! `/workflows/{id}/runs/{run}/streams`: list, describe, read (a long poll), append, close.
 
-use super::Namespace;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::wire::{self, Fields};
 use crate::wire_streams::{parse_items, stream_name};
 use crate::{render, Shared};

@@ -10,10 +10,10 @@
 
 mod parse;
 
-use super::worker::{after_change, refused, workflow_claim, workflow_lease};
-use super::Namespace;
+use super::worker::{refused, workflow_claim, workflow_lease};
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::planes::Namespace;
 use crate::{render, wire, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -42,7 +42,7 @@ pub async fn prepare<S: Store>(
     // checks each against `server_time` plus its timeout.
     let server_time = state.now();
     if !admission.duplicate {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     let attempt = &admission.attempt;
     let mut reply = identity(&task_id, claim.attempt, &admission.execution_id, attempt);
@@ -115,7 +115,7 @@ async fn supervise<S: Store>(
     // After the transition, as for `prepare`: a heartbeat's new deadline counts from it.
     let server_time = state.now();
     if written {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     supervision_reply(&task_id, claim.attempt, &attempt_id, supervised, &run, server_time)
 }
@@ -134,7 +134,7 @@ pub async fn outcome<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     if !receipt.duplicate {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     let mut reply = record_reply(&receipt, &run);
     reply.insert("recorded".into(), json!(true));
@@ -157,7 +157,7 @@ pub async fn recover<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     if !receipt.duplicate {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     let mut reply = record_reply(&receipt, &run);
     reply.insert("recovered".into(), json!(true));
@@ -187,7 +187,7 @@ pub async fn checkpoint<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     if !receipt.duplicate {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     Ok(Json(Value::Object(checkpoint_reply(&task_id, &receipt, &run))))
 }
@@ -209,7 +209,7 @@ pub async fn acknowledge<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     if !receipt.duplicate {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     Ok(Json(json!({
         "acknowledged": true,
@@ -249,7 +249,7 @@ pub async fn checkpoint_group<S: Store>(
         .await
         .map_err(|e| refused(e, &task_id))?;
     if !receipt.duplicate {
-        after_change(&state, &run);
+        state.run_changed(&run);
     }
     let mut reply = checkpoint_reply(&task_id, &receipt, &run);
     let locals: Vec<Value> = receipt

@@ -1,0 +1,86 @@
+//! What this server advertises to workers: in cluster info and in every worker-plane response.
+
+use crate::wire::SUPPORTED_COMMANDS;
+use serde_json::{json, Value};
+
+/// What this server implements, advertised to workers (cluster info and every worker response).
+pub fn server_capabilities() -> Value {
+    json!({
+        "long_poll_timeout": 30,
+        "supported_workflow_task_commands": SUPPORTED_COMMANDS,
+        "workflow_task_poll_request_idempotency": true,
+        "history_page_size_default": 500,
+        "history_page_size_max": 1000,
+        "query_tasks": true,
+        "activity_retry_policy": true,
+        "activity_timeouts": true,
+        "non_retryable_failures": true,
+        "workflow_memo_updates": {"supported": true},
+        "update_validation_tasks": true,
+        "cooperative_cancellation": true,
+        // Delivery at a waited-on Nexus call cancels the call (and, by policy, its linked run).
+        "nexus_cooperative_cancellation": true,
+        "nexus_cooperative_cancellation_binding_kinds": ["workflow_run"],
+        "query_task_authority": true,
+        "activity_lease_renewal": true,
+        "prepared_local_activities": true,
+        "prepared_local_activity_groups": true,
+        "prepared_local_activity_cancellation_policies": ["try_cancel", "wait_cancellation_completed"],
+        // Exactly as both SDKs validate it (every key, value and JSON type).
+        "observability_context": {
+            "supported": true,
+            "schema": capstan_engine::trace::TRACE_CONTEXT_SCHEMA,
+            "version": capstan_engine::trace::TRACE_CONTEXT_VERSION,
+            "dispatch_schema": "durable-workflow.queue-trace",
+            "links_schema": "durable-workflow.trace-links",
+            "max_context_bytes": capstan_engine::trace::MAX_CONTEXT_BYTES,
+            "max_links": 32,
+            "max_links_bytes": 4096,
+        },
+        "worker_deregistration_fencing": {
+            "supported": true,
+            "schema": "durable-workflow.v2.worker-deregistration.v1",
+            "endpoint": "/worker/registrations/{workerId}/deregister",
+            "receipt_retention_seconds": capstan_store::DEREGISTRATION_RECEIPT_RETENTION_MS / 1000,
+        },
+        "synchronous_update_validation": update_validation(),
+        "sticky_execution": {
+            "supported": true,
+            "feature": "sticky_execution",
+            "correctness_fallback": "cold_replay",
+            "routing_identity": "worker_id",
+            "replay_modes": ["sticky_hit_expected", "cold_replay", "forced_cold_replay"],
+            "max_ttl_seconds": capstan_engine::sticky::STICKY_TTL_SECONDS_MAX,
+            "hold_seconds": capstan_engine::sticky::STICKY_HOLD_MS / 1000,
+        },
+    })
+}
+
+/// The worker capability a validating worker registers.
+pub const CAPABILITY: &str = "update_validation_tasks";
+/// How long an update request waits for a verdict (DW's default).
+pub const VALIDATION_WAIT_MS: i64 = 10_000;
+
+/// The `synchronous_update_validation` capability document (what the Python worker checks).
+fn update_validation() -> Value {
+    json!({
+        "supported": true,
+        "acceptance_boundary": "validator_approved",
+        "worker_capability": CAPABILITY,
+        "workflow_contract_field": "update_validators",
+        "timeout_seconds": VALIDATION_WAIT_MS / 1000,
+        "task_poll": {
+            "strategy": "multiplexed",
+            "endpoint": "/worker/workflow-tasks/poll",
+            "request_field": "task_kinds",
+            "response_discriminator": "task.task_kind",
+            "task_kinds": ["workflow", "update_validation"],
+            "default_task_kinds": ["workflow"],
+        },
+        "completion": {
+            "approve_endpoint": "/worker/update-validation-tasks/{id}/approve",
+            "reject_endpoint": "/worker/update-validation-tasks/{id}/reject",
+            "fence_fields": ["lease_owner", "update_validation_attempt"],
+        },
+    })
+}
