@@ -7,7 +7,7 @@
 use crate::history::EventType;
 use crate::ids::*;
 use crate::refusal::{Reason, Refusal};
-use crate::run::{Cx, RunState};
+use crate::run::{AwaitedStops, Cx, RunState};
 use crate::timefmt::iso8601;
 use crate::Millis;
 use serde::{Deserialize, Serialize};
@@ -175,10 +175,7 @@ fn wake_a_waiting_delivery(run: &mut RunState, cx: &mut Cx) {
     let Some(request) = &run.cancellation else { return };
     let ready = request.delivery.is_none()
         && cx.now < request.cleanup_deadline_at
-        && request
-            .awaiting
-            .as_ref()
-            .is_some_and(|awaiting| crate::transitions::stops_acknowledged(run, awaiting));
+        && request.awaiting.as_ref().is_some_and(|awaiting| stops_acknowledged(run, awaiting));
     if ready {
         run.want_workflow_task(cx, None);
     }
@@ -202,4 +199,12 @@ fn acknowledged_event(stopped: &StoppedAttempt, attempt_id: &ActivityAttemptId, 
         Value::Object(map) => map,
         _ => unreachable!("an object literal"),
     }
+}
+
+/// Every attempt a deferred delivery waits for has been acknowledged as stopped.
+pub(crate) fn stops_acknowledged(run: &RunState, awaiting: &AwaitedStops) -> bool {
+    awaiting
+        .attempts
+        .iter()
+        .all(|attempt| run.stopped_attempts.get(attempt).is_some_and(|s| s.acknowledgement.is_some()))
 }

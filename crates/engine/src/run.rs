@@ -581,6 +581,14 @@ pub struct ChildOutcome {
     pub retry: Option<ChildRetry>,
 }
 
+/// How an operator closes a run at once: cancel or terminate (also what a parent's close
+/// policy does to its children, and a schedule's overlap policy to the previous run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseCommand {
+    Cancel,
+    Terminate,
+}
+
 /// What one transition produced, for the store to persist in one transaction.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Effects {
@@ -601,7 +609,7 @@ pub struct Effects {
     /// Ledger checkpoints appended to the instance chain, in order.
     pub checkpoints: Vec<LedgerCheckpoint>,
     /// Children to close because this run closed (parent-close policy).
-    pub close_children: Vec<(WorkflowId, crate::transitions::CloseCommand)>,
+    pub close_children: Vec<(WorkflowId, CloseCommand)>,
     /// Children to ask for a cooperative cancellation (their call's `cancellation_policy`), in
     /// the same transaction.
     pub cancel_children: Vec<ChildCancellation>,

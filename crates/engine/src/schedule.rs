@@ -829,11 +829,11 @@ impl Schedule {
             },
             OverlapPolicy::CancelOther => Decision::Start {
                 policy,
-                close_previous: Some(crate::transitions::CloseCommand::Cancel),
+                close_previous: Some(crate::run::CloseCommand::Cancel),
             },
             OverlapPolicy::TerminateOther => Decision::Start {
                 policy,
-                close_previous: Some(crate::transitions::CloseCommand::Terminate),
+                close_previous: Some(crate::run::CloseCommand::Terminate),
             },
             OverlapPolicy::Skip => {
                 self.skip("overlap_policy_skip", 1, now);
@@ -1009,7 +1009,7 @@ impl Trigger {
 pub enum Decision {
     Start {
         policy: OverlapPolicy,
-        close_previous: Option<crate::transitions::CloseCommand>,
+        close_previous: Option<crate::run::CloseCommand>,
     },
     Buffered(usize),
     BufferFull,
@@ -1262,14 +1262,14 @@ mod tests {
         assert!(matches!(
             decide(OverlapPolicy::TerminateOther, true),
             Decision::Start {
-                close_previous: Some(crate::transitions::CloseCommand::Terminate),
+                close_previous: Some(crate::run::CloseCommand::Terminate),
                 ..
             }
         ));
         assert!(matches!(
             decide(OverlapPolicy::CancelOther, true),
             Decision::Start {
-                close_previous: Some(crate::transitions::CloseCommand::Cancel),
+                close_previous: Some(crate::run::CloseCommand::Cancel),
                 ..
             }
         ));

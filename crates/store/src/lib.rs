@@ -16,6 +16,7 @@
 
 mod backend;
 mod contract;
+mod durability;
 mod logic;
 mod mysql;
 mod observe;
@@ -37,8 +38,9 @@ use std::future::Future;
 pub use contract::{
     AdminStore, CatalogStore, DutyStore, FleetStore, LedgerStore, PayloadStore, RunStore, ScheduleStore, StreamStore, TaskStore,
 };
+pub use durability::Durability;
 pub use observe::{Commit, Fact, Observer};
-pub use shared::{Durability, SharedStore};
+pub use shared::SharedStore;
 
 /// The store traits, for code that calls a concrete store's methods (`use
 /// capstan_store::prelude::*`); code generic over `S: Store` needs only `Store`.

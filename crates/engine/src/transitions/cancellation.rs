@@ -310,7 +310,7 @@ pub enum DeliveryOutcome {
 
 /// What a deferred delivery still waits for, if anything.
 fn still_waiting(run: &RunState, awaiting: &AwaitedStops) -> Option<Reason> {
-    if !stops_acknowledged(run, awaiting) {
+    if !crate::activity_stop::stops_acknowledged(run, awaiting) {
         return Some(Reason::CancellationWaitingForActivity);
     }
     if awaiting.children.iter().any(|(step, _, _)| run.children.contains_key(step)) {
@@ -386,14 +386,6 @@ fn stop_waiting_local_attempts(run: &mut RunState, cx: &mut Cx, steps: std::ops:
         }
     }
     waiting
-}
-
-/// Every attempt a deferred delivery waits for has been acknowledged as stopped.
-pub(crate) fn stops_acknowledged(run: &RunState, awaiting: &AwaitedStops) -> bool {
-    awaiting
-        .attempts
-        .iter()
-        .all(|attempt| run.stopped_attempts.get(attempt).is_some_and(|s| s.acknowledgement.is_some()))
 }
 
 /// Ends what an interrupted step was waiting for.

@@ -306,12 +306,6 @@ pub fn archive(run: &mut RunState, cx: &mut Cx, reason: Option<String>, command_
     ))
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CloseCommand {
-    Cancel,
-    Terminate,
-}
-
 /// Cancel and terminate close the run at once (DW v2 semantics): the request event, then the
 /// terminal event; every open task, timer and activity of the run ends.
 pub fn close_by_command(

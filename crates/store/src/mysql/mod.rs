@@ -12,7 +12,7 @@ mod migrations;
 mod tx;
 mod wake_log;
 
-use crate::shared::Durability;
+use crate::durability::Durability;
 use crate::*;
 use migrations::MIGRATIONS;
 use mysql_async::prelude::Queryable;

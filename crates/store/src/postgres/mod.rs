@@ -6,7 +6,7 @@
 mod migrations;
 mod tx;
 
-use crate::shared::Durability;
+use crate::durability::Durability;
 use crate::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;

@@ -16,7 +16,6 @@
 //! other in a cycle.
 
 mod claims;
-mod durability;
 
 use crate::backend::{Backend, Claim, Unit};
 use crate::logic::admin;
@@ -26,8 +25,6 @@ use crate::tx::{Dialect, Param, Row, Statement, Tx};
 use crate::*;
 use serde_json::Value;
 use std::sync::Arc;
-
-pub use durability::Durability;
 
 /// The database a [`SharedStore`] runs on. (Only a few exist, so the variants' sizes need not
 /// match.)
