@@ -11,6 +11,7 @@
 //! produced in one transaction — or nothing at all when the transition returns a [`Refusal`].
 
 pub mod activity_stop;
+pub mod cancellation;
 mod canonical;
 pub mod command;
 pub mod contract;
@@ -34,6 +35,7 @@ pub mod selection;
 pub mod service_call;
 pub mod session;
 pub mod standalone;
+pub mod status;
 pub mod step_log;
 pub mod sticky;
 pub mod task;
@@ -43,7 +45,8 @@ mod transitions;
 pub mod visibility;
 pub mod workflow_stream;
 
-pub use activity_stop::{acknowledge_activity_cancellation, stopped_attempt, StopAcknowledgement, StopReceipt, StoppedAttempt};
+pub use activity_stop::{StopAcknowledgement, StopReceipt, StoppedAttempt};
+pub use cancellation::{AwaitedStops, CancellationDelivery, CancellationRequest, CANCELLATION_CONTEXT_SCHEMA};
 pub use command::*;
 pub use contract::CommandContract;
 pub use history::{chain_hash, verify_chain, verify_chain_from, EventType, HistoryEvent, GENESIS_HASH};
@@ -63,7 +66,8 @@ pub use run::*;
 pub use selection::{SelectEntry, SelectionBook};
 pub use session::{AcquireOutcome, SessionClaimant, SessionOptions, SessionStatus, WorkerSession};
 pub use standalone::{StandaloneActivity, STANDALONE_ACTIVITY_TYPE};
-pub use sticky::{check_sticky_claim, record_sticky_claim, ReplayMode, StickyAffinity, StickyClaim};
+pub use status::{ClosedReason, RunStatus};
+pub use sticky::{ReplayMode, StickyAffinity, StickyClaim};
 pub use task::*;
 pub use trace::TraceContext;
 pub use transitions::*;

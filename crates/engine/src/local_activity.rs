@@ -175,7 +175,7 @@ pub struct LocalSupervision {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LocalStop {
     pub view: LocalSupervision,
-    pub request: crate::run::CancellationRequest,
+    pub request: crate::cancellation::CancellationRequest,
     pub cancellation_event_id: EventId,
 }
 

@@ -1,5 +1,6 @@
 //! The state of one workflow run, and the bookkeeping every transition shares.
 
+use crate::cancellation::CancellationRequest;
 use crate::command::{ActivityCancellationPolicy, ActivityTimeouts, RetryPolicy, SessionRequirement, StepTags, WorkflowFailure};
 use crate::contract::CommandContract;
 use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
@@ -8,76 +9,12 @@ use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry};
 use crate::limits::Limits;
 use crate::payload::Payload;
 use crate::selection::SelectionBook;
+use crate::status::{ClosedReason, RunStatus};
 use crate::task::*;
 use crate::Millis;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RunStatus {
-    Pending,
-    Running,
-    Waiting,
-    Completed,
-    Failed,
-    Cancelled,
-    Terminated,
-}
-
-impl RunStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Pending => "pending",
-            RunStatus::Running => "running",
-            RunStatus::Waiting => "waiting",
-            RunStatus::Completed => "completed",
-            RunStatus::Failed => "failed",
-            RunStatus::Cancelled => "cancelled",
-            RunStatus::Terminated => "terminated",
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Terminated
-        )
-    }
-
-    /// The list-filter bucket: `running`, `completed` or `failed`.
-    pub fn bucket(self) -> &'static str {
-        match self {
-            RunStatus::Pending | RunStatus::Running | RunStatus::Waiting => "running",
-            RunStatus::Completed => "completed",
-            RunStatus::Failed | RunStatus::Cancelled | RunStatus::Terminated => "failed",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClosedReason {
-    Completed,
-    Failed,
-    Cancelled,
-    Terminated,
-    TimedOut,
-    /// Continued as new: the instance goes on in its next run.
-    Continued,
-}
-
-impl ClosedReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClosedReason::Completed => "completed",
-            ClosedReason::Failed => "failed",
-            ClosedReason::Cancelled => "cancelled",
-            ClosedReason::Terminated => "terminated",
-            ClosedReason::TimedOut => "timed_out",
-            ClosedReason::Continued => "continued",
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActivityExecution {
@@ -430,83 +367,6 @@ pub struct RunState {
     /// Set on a reconciliation probe's host run: the ledger entry its answer resolves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_of: Option<crate::ledger_probe::ProbeTarget>,
-}
-
-/// A cooperative cancellation of one run (`request-cancellation`): delivered to workflow code at
-/// one authored call, after which the run's end is recorded as cancelled; closed as cancelled
-/// at `cleanup_deadline_at` if the workflow has not finished by then.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CancellationRequest {
-    pub request_id: CommandId,
-    pub reason: Option<String>,
-    pub requested_at: Millis,
-    pub cleanup_deadline_at: Millis,
-    /// Steps resolved after the request: the delivery may still interrupt them (the SDKs only
-    /// rule out steps resolved before it).
-    #[serde(default)]
-    pub resolved_after_request: BTreeSet<u32>,
-    pub delivery: Option<CancellationDelivery>,
-    /// A delivery deferred until the attempts it stopped have stopped (activities with
-    /// `wait_cancellation_completed`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub awaiting: Option<AwaitedStops>,
-}
-
-/// The schema of the cancellation context both SDKs read from the request event and from a
-/// prepared local activity's stop.
-pub const CANCELLATION_CONTEXT_SCHEMA: &str = "durable-workflow.cancellation-context/v1";
-
-impl CancellationRequest {
-    /// The request's cancellation context (`durable-workflow.cancellation-context/v1`), as the
-    /// request event records it and a prepared local activity's stop repeats it: this run is
-    /// the root and only entry of the lineage. The requester is the control plane (callers are
-    /// not yet named principals).
-    pub fn context(&self, workflow_id: &WorkflowId, run_id: &RunId) -> Value {
-        serde_json::json!({
-            "schema": CANCELLATION_CONTEXT_SCHEMA,
-            "request_id": self.request_id,
-            "root_request_id": self.request_id,
-            "root_workflow_instance_id": workflow_id,
-            "root_workflow_run_id": run_id,
-            "parent_request_id": null,
-            "reason": self.reason,
-            "requester": {"type": "control_plane", "id": "request-cancellation"},
-            "source": "control_plane",
-            "requested_at": crate::timefmt::iso8601(self.requested_at),
-            "cleanup_deadline_at": crate::timefmt::iso8601(self.cleanup_deadline_at),
-            "lineage": [{"request_id": self.request_id, "workflow_instance_id": workflow_id, "workflow_run_id": run_id}],
-        })
-    }
-}
-
-/// A delivery waiting for the workers of the attempts it stopped to acknowledge their stop:
-/// the call it was made at (a later delivery must name the same one) and the attempts.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AwaitedStops {
-    pub sequence: u32,
-    pub call_kind: String,
-    pub sequence_span: u32,
-    pub operation_sequence: Option<u32>,
-    pub operation_sequence_span: u32,
-    pub attempts: Vec<ActivityAttemptId>,
-    /// Calls whose child workflows were asked to cancel and must end first, with the child.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub children: Vec<(u32, WorkflowId, RunId)>,
-}
-
-/// Where the cancellation reached workflow code: the authored call it interrupts.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CancellationDelivery {
-    pub sequence: u32,
-    pub call_kind: String,
-    pub sequence_span: u32,
-    pub operation_sequence: Option<u32>,
-    pub operation_sequence_span: u32,
-    #[serde(default)]
-    pub delivered_at: Millis,
-    /// The `CooperativeCancellationDelivered` event (cleanup calls name it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivery_event_id: Option<EventId>,
 }
 
 fn first_document_version() -> u32 {

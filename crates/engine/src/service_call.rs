@@ -9,8 +9,8 @@
 
 use crate::ids::{RunId, WorkflowId};
 use crate::payload::Payload;
-use crate::run::RunStatus;
-use crate::{ClosedReason, Millis, StepTags, TraceContext, WorkflowFailure};
+use crate::status::{ClosedReason, RunStatus};
+use crate::{Millis, StepTags, TraceContext, WorkflowFailure};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;

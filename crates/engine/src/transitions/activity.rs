@@ -115,7 +115,7 @@ fn lease_activity_attempt(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, own
     let attempt_id: ActivityAttemptId = cx.id();
     let attempt_number = execution.attempt_count + 1;
     let expires_at = now + lease_ms;
-    let deadline = super::activity_lease::attempt_deadline(&execution, now, now, expires_at);
+    let deadline = attempt_deadline(&execution, now, now, expires_at);
     let task = run.task_mut(cx, task_id).expect("checked");
     task.fence = attempt_number as u64;
     task.state = TaskState::Leased(Lease {
@@ -502,7 +502,7 @@ pub fn heartbeat_activity(
             reason: Some(reason),
         });
     }
-    if crate::activity_stop::stopped_attempt(run, task_id, attempt_id).is_some_and(|s| s.lease_owner == owner) {
+    if super::activity_stop::stopped_attempt(run, task_id, attempt_id).is_some_and(|s| s.lease_owner == owner) {
         return Ok(ActivityHeartbeat {
             lease: None,
             cancel_requested: true,
@@ -524,7 +524,7 @@ pub fn heartbeat_activity(
         TaskDetail::Activity { started_at, .. } => *started_at,
         _ => None,
     };
-    task.deadline_at = super::activity_lease::attempt_deadline(&execution, started_at.unwrap_or(now), now, lease.expires_at);
+    task.deadline_at = attempt_deadline(&execution, started_at.unwrap_or(now), now, lease.expires_at);
     let attempt_number = match &mut task.detail {
         TaskDetail::Activity {
             last_heartbeat_at,
@@ -562,4 +562,25 @@ pub fn heartbeat_activity(
         can_continue: true,
         reason: None,
     })
+}
+
+/// The earliest moment the attempt must be acted on: its lease, its start-to-close budget,
+/// its heartbeat deadline (counted from `heartbeat_from`) and the execution's
+/// schedule-to-close deadline.
+pub(super) fn attempt_deadline(
+    execution: &ActivityExecution,
+    started_at: Millis,
+    heartbeat_from: Millis,
+    lease_expires_at: Millis,
+) -> Option<Millis> {
+    let timeouts = &execution.timeouts;
+    [
+        Some(lease_expires_at),
+        timeouts.start_to_close_seconds.map(|s| started_at + s * 1000),
+        timeouts.heartbeat_seconds.map(|s| heartbeat_from + s * 1000),
+        execution.schedule_to_close_deadline,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
 }

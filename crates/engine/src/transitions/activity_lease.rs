@@ -3,7 +3,7 @@
 //! a heartbeat, never moves the heartbeat, start-to-close or schedule-to-close deadlines, and
 //! never revives a lease that has already expired.
 
-use super::activity::{check_activity_lease, execution_of};
+use super::activity::{attempt_deadline, check_activity_lease, execution_of};
 use super::*;
 
 /// A renewal rewrites the lease only once this share of its term has passed; before that it
@@ -71,27 +71,6 @@ pub fn renew_activity_lease(
     task.deadline_at = attempt_deadline(&execution, started_at.unwrap_or(now), heartbeat_from, expires_at);
     let task = task.clone();
     Ok(grant_of(run, &task, true))
-}
-
-/// The earliest moment the attempt must be acted on: its lease, its start-to-close budget,
-/// its heartbeat deadline (counted from `heartbeat_from`) and the execution's
-/// schedule-to-close deadline.
-pub(super) fn attempt_deadline(
-    execution: &ActivityExecution,
-    started_at: Millis,
-    heartbeat_from: Millis,
-    lease_expires_at: Millis,
-) -> Option<Millis> {
-    let timeouts = &execution.timeouts;
-    [
-        Some(lease_expires_at),
-        timeouts.start_to_close_seconds.map(|s| started_at + s * 1000),
-        timeouts.heartbeat_seconds.map(|s| heartbeat_from + s * 1000),
-        execution.schedule_to_close_deadline,
-    ]
-    .into_iter()
-    .flatten()
-    .min()
 }
 
 fn attempt_times(task: &Task) -> (Option<Millis>, Option<Millis>) {

@@ -310,7 +310,7 @@ pub enum DeliveryOutcome {
 
 /// What a deferred delivery still waits for, if anything.
 fn still_waiting(run: &RunState, awaiting: &AwaitedStops) -> Option<Reason> {
-    if !crate::activity_stop::stops_acknowledged(run, awaiting) {
+    if !super::activity_stop::stops_acknowledged(run, awaiting) {
         return Some(Reason::CancellationWaitingForActivity);
     }
     if awaiting.children.iter().any(|(step, _, _)| run.children.contains_key(step)) {

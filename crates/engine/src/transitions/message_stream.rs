@@ -3,7 +3,6 @@
 //! a continued run receives its predecessor's cursors and unconsumed messages.
 
 use super::control::record_signal;
-use super::standalone::require_workflow_code;
 use super::*;
 use crate::message_stream::*;
 

@@ -3,6 +3,7 @@
 //! [`Refusal`]. Callers persist the changed state and the effects only on `Ok`; on `Err` they
 //! discard both, so a refused report leaves nothing behind.
 
+use crate::cancellation::{AwaitedStops, CancellationDelivery, CancellationRequest};
 use crate::command::*;
 use crate::contract::CommandContract;
 use crate::history::EventType;
@@ -13,6 +14,7 @@ use crate::payload::Payload;
 use crate::refusal::{Reason, Refusal};
 use crate::run::*;
 use crate::service_call::LinkedRunClosed;
+use crate::status::{ClosedReason, RunStatus};
 use crate::task::*;
 use crate::timefmt::iso8601;
 use crate::Millis;
@@ -32,6 +34,19 @@ fn invalid(message: impl Into<String>) -> Refusal {
     Refusal::new(Reason::InvalidCommands, message)
 }
 
+/// Refuses what only workflow code can answer (an update, a query, a cooperative cancellation)
+/// on a standalone activity's host run, which has none; cancel or terminate it instead.
+pub fn require_workflow_code(run: &RunState) -> Result<(), Refusal> {
+    match run.standalone {
+        None => Ok(()),
+        Some(_) => Err(Refusal::new(
+            Reason::ActivityHostRun,
+            "This run hosts a standalone activity: it has no workflow code to update, query or cancel cooperatively. Cancel or terminate it instead.",
+        )
+        .with("workflow_type", run.workflow_type.clone())),
+    }
+}
+
 fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -41,6 +56,7 @@ fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
 
 mod activity;
 mod activity_lease;
+mod activity_stop;
 mod cancellation;
 mod children;
 mod close;
@@ -56,10 +72,12 @@ mod redrive;
 mod service_calls;
 mod standalone;
 mod start;
+mod sticky;
 mod workflow_task;
 
 pub use activity::*;
 pub use activity_lease::*;
+pub use activity_stop::{acknowledge_activity_cancellation, stopped_attempt};
 pub use cancellation::*;
 pub use children::*;
 use close::*;
@@ -76,6 +94,7 @@ pub use redrive::{redrive, RedriveOutcome};
 use service_calls::start_service_operation;
 pub use service_calls::{admit_service_call, cancelled_call, resolve_service_call, settle_call, AdmittedCall};
 use standalone::{activity_resolved, Resolution};
-pub use standalone::{require_workflow_code, standalone_default_retry, start_standalone_activity, StartStandaloneActivity};
+pub use standalone::{standalone_default_retry, start_standalone_activity, StartStandaloneActivity};
 pub use start::*;
+pub use sticky::{check_sticky_claim, record_sticky_claim};
 pub use workflow_task::*;

@@ -74,19 +74,6 @@ pub fn start_standalone_activity(cx: &mut Cx, start: StartStandaloneActivity, ru
     run
 }
 
-/// Refuses what only workflow code can answer (an update, a query, a cooperative cancellation)
-/// on a standalone activity's host run, which has none; cancel or terminate it instead.
-pub fn require_workflow_code(run: &RunState) -> Result<(), Refusal> {
-    match run.standalone {
-        None => Ok(()),
-        Some(_) => Err(Refusal::new(
-            Reason::ActivityHostRun,
-            "This run hosts a standalone activity: it has no workflow code to update, query or cancel cooperatively. Cancel or terminate it instead.",
-        )
-        .with("workflow_type", run.workflow_type.clone())),
-    }
-}
-
 /// How an activity execution ended, for [`activity_resolved`].
 pub(super) enum Resolution<'a> {
     Completed(&'a Payload),

@@ -309,5 +309,5 @@ pub fn acknowledge_local_stop(
         .with("activity_attempt_id", attempt_id.as_str())
         .with("current_attempt", fence));
     }
-    crate::activity_stop::acknowledge_activity_cancellation(run, cx, claim.task_id, attempt_id, claim.owner, request_id)
+    crate::transitions::acknowledge_activity_cancellation(run, cx, claim.task_id, attempt_id, claim.owner, request_id)
 }
