@@ -8,6 +8,11 @@ use capstan_store::prelude::*;
 use capstan_store::{BuildIdRollout, RunLocator, StoreError, WorkerRecord};
 use serde_json::{Map, Value};
 
+/// How often workers are asked to heartbeat (answered on register and heartbeat).
+pub const HEARTBEAT_INTERVAL_SECONDS: i64 = 60;
+/// A worker silent for longer than this is reported `stale`.
+pub const STALE_AFTER_SECONDS: i64 = 120;
+
 /// A worker's registration as it asked for it.
 #[derive(Clone, Debug)]
 pub struct Registration {
@@ -150,4 +155,17 @@ pub async fn promote_build_id<S: Services>(
         .store()
         .promote_build_id(namespace, queue, build_id, services.now())
         .await?)
+}
+
+/// Whether `build_id`'s cohort is draining among a queue's rollouts.
+pub fn draining_in(rollouts: &[BuildIdRollout], build_id: Option<&str>) -> bool {
+    rollouts
+        .iter()
+        .any(|r| r.build_id.as_deref() == build_id && r.drain_intent == "draining")
+}
+
+/// Whether the worker's build-id cohort on its queue is draining (it gets no new work).
+pub async fn is_draining<S: Services>(services: &S, worker: &WorkerRecord) -> AppResult<bool> {
+    let rollouts = services.rollouts(&worker.namespace, &worker.task_queue).await?;
+    Ok(draining_in(&rollouts, worker.build_id.as_deref()))
 }

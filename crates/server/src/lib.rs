@@ -28,8 +28,6 @@ mod scheduler;
 pub mod telemetry;
 mod ui;
 mod wire;
-mod wire_nexus;
-mod wire_streams;
 
 use axum::Router;
 use capstan_engine::Limits;

@@ -1,9 +1,42 @@
-//! The long-poll wait: look for work, and wait for a wake-up or the re-check between looks.
+//! A worker's poll: the request every poll route reads ([`PollRequest`]), and the long-poll
+//! wait (look for work, and wait for a wake-up or the re-check between looks).
 
 use crate::error::ApiResult;
+use crate::wire::Fields;
+use crate::AppState;
 use capstan_app::polls;
 use capstan_engine::{RunState, Task};
+use capstan_store::{Store, WorkerRecord};
+use serde_json::{Map, Value};
 use std::time::Duration;
+
+/// What a poll asks for: the registered worker polling, its queue, a retry key, how long it
+/// waits and how much history it takes with a workflow task.
+pub(crate) struct PollRequest {
+    pub(crate) worker: WorkerRecord,
+    pub(crate) queue: String,
+    pub(crate) poll_request_id: Option<String>,
+    pub(crate) wait_ms: i64,
+    pub(crate) history_page_size: usize,
+}
+
+pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str, body: &Map<String, Value>) -> ApiResult<PollRequest> {
+    let f = Fields::new(body);
+    let worker_id = f.req_str("worker_id", 255)?;
+    let queue = f.req_str("task_queue", 255)?;
+    let poll_request_id = f.opt_str("poll_request_id", 255)?;
+    let wait_ms = (f.opt_int("timeout_seconds", 0, 3600)?.unwrap_or(30).min(60) * 1000).min(state.config.poll_wait_max_ms);
+    let history_page_size = f.opt_int("history_page_size", 1, 1000)?.unwrap_or(500) as usize;
+    let build_id = f.opt_str("build_id", 255)?;
+    let worker = polls::poller(state, namespace, &worker_id, &queue, build_id.as_deref()).await?;
+    Ok(PollRequest {
+        worker,
+        queue,
+        poll_request_id,
+        wait_ms,
+        history_page_size,
+    })
+}
 
 /// One look of a long poll.
 pub(crate) enum Look<T> {

@@ -575,6 +575,18 @@ pub fn run_entries(run: &RunState) -> Vec<Map<String, Value>> {
         .collect()
 }
 
+/// A deregistration's answer: the worker and how many of its leased workflow tasks were given
+/// back (its activity attempts are left to finish or expire).
+pub fn deregistered(worker_id: &str, recovered: usize) -> Value {
+    json!({
+        "worker_id": worker_id,
+        "outcome": "deregistered",
+        "deregistered": true,
+        "recovered_workflow_task_count": recovered,
+        "recovered_activity_task_count": 0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,21 +10,18 @@ use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
+use capstan_app::workers;
 use capstan_engine::Millis;
 use capstan_engine::Reason;
 use capstan_store::{BuildIdRollout, Store, WorkerRecord};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-/// How often workers are asked to heartbeat (also answered on register and heartbeat).
-pub const HEARTBEAT_INTERVAL_SECONDS: i64 = 60;
-/// A worker silent for longer than this is reported `stale`.
-pub const STALE_AFTER_SECONDS: i64 = 120;
 /// Most current leases a task-queue describe lists.
 const LEASES_SHOWN: usize = 100;
 
 fn status_of(worker: &WorkerRecord, now: Millis) -> &str {
-    if now - worker.last_heartbeat_at > STALE_AFTER_SECONDS * 1000 {
+    if now - worker.last_heartbeat_at > workers::STALE_AFTER_SECONDS * 1000 {
         "stale"
     } else {
         &worker.status
@@ -38,25 +35,11 @@ pub(crate) async fn rollouts<S: Store>(state: &AppState<S>, namespace: &str, que
     Ok(capstan_app::Services::rollouts(state, namespace, queue).await?)
 }
 
-fn draining_in(rollouts: &[BuildIdRollout], build_id: Option<&str>) -> bool {
-    rollouts
-        .iter()
-        .any(|r| r.build_id.as_deref() == build_id && r.drain_intent == "draining")
-}
-
-/// Whether the worker's build-id cohort on its queue is draining (it gets no new work).
-pub(crate) async fn is_draining<S: Store>(state: &Shared<S>, worker: &WorkerRecord) -> ApiResult<bool> {
-    Ok(draining_in(
-        &rollouts(state, &worker.namespace, &worker.task_queue).await?,
-        worker.build_id.as_deref(),
-    ))
-}
-
 /// A worker's status with its cohort's drain intent applied.
 fn effective_status<'a>(worker: &'a WorkerRecord, rollouts: &[BuildIdRollout], now: Millis) -> &'a str {
     match status_of(worker, now) {
         "stale" => "stale",
-        _ if draining_in(rollouts, worker.build_id.as_deref()) => "draining",
+        _ if workers::draining_in(rollouts, worker.build_id.as_deref()) => "draining",
         status => status,
     }
 }
@@ -82,7 +65,7 @@ fn worker_json(worker: &WorkerRecord, now: Millis) -> Value {
         "last_heartbeat_at": render::time(worker.last_heartbeat_at),
         "registered_at": render::time(worker.registered_at),
         "updated_at": render::time(worker.last_heartbeat_at.max(worker.registered_at)),
-        "heartbeat_interval_seconds": HEARTBEAT_INTERVAL_SECONDS,
+        "heartbeat_interval_seconds": workers::HEARTBEAT_INTERVAL_SECONDS,
     })
 }
 
@@ -120,7 +103,7 @@ pub async fn list_workers<S: Store>(
         workers.push(body);
     }
     Ok(Json(
-        json!({"namespace": namespace, "stale_after_seconds": STALE_AFTER_SECONDS, "workers": workers}),
+        json!({"namespace": namespace, "stale_after_seconds": workers::STALE_AFTER_SECONDS, "workers": workers}),
     ))
 }
 
@@ -146,7 +129,16 @@ pub async fn delete_worker<S: Store>(
     Path(worker_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require_in(&headers, &[Role::Admin], &namespace)?;
-    let Json(mut body) = super::worker::deregister(State(state), Extension(Namespace(namespace)), Path(worker_id)).await?;
+    let Some(released) = workers::deregister(&*state, &namespace, &worker_id).await? else {
+        return Err(
+            ApiError::new(StatusCode::NOT_FOUND, Reason::WorkerNotFound, "The worker is not registered.").with("worker_id", worker_id),
+        );
+    };
+    for run in &released {
+        state.run_changed(run);
+    }
+    tracing::info!(namespace, worker_id, recovered = released.len(), "worker removed by an operator");
+    let mut body = render::deregistered(&worker_id, released.len());
     body["deleted"] = json!(true);
     body["outcome"] = json!("deleted");
     Ok(Json(body))
@@ -235,7 +227,10 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
                "ready_count": ready, "leased_count": leased})
     };
     let rollouts = rollouts(state, namespace, queue).await?;
-    let undrained = live.iter().filter(|w| !draining_in(&rollouts, w.build_id.as_deref())).count();
+    let undrained = live
+        .iter()
+        .filter(|w| !workers::draining_in(&rollouts, w.build_id.as_deref()))
+        .count();
     let mut diagnostics = Vec::new();
     if backlog > 0 && !live.is_empty() && undrained == 0 {
         diagnostics.push(json!({"reason": "no_compatible_worker",
@@ -244,7 +239,7 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
     for (build, count) in &snapshot.pinned {
         let serving = live
             .iter()
-            .any(|w| w.build_id.as_deref() == Some(build.as_str()) && !draining_in(&rollouts, Some(build)));
+            .any(|w| w.build_id.as_deref() == Some(build.as_str()) && !workers::draining_in(&rollouts, Some(build)));
         if !serving {
             diagnostics.push(json!({"reason": "no_compatible_worker", "build_id": build,
                 "message": format!("{count} workflow task(s) of runs pinned to build {build} wait and no live, undrained worker has that build.")}));
@@ -252,7 +247,7 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
     }
     if backlog > 0 && live.is_empty() {
         diagnostics.push(json!({"reason": "no_live_worker",
-            "message": format!("{backlog} task(s) wait on this queue and no worker has heartbeated within {STALE_AFTER_SECONDS} s.")}));
+            "message": format!("{backlog} task(s) wait on this queue and no worker has heartbeated within {} s.", workers::STALE_AFTER_SECONDS)}));
     }
     let mut body = json!({
         "name": queue,
@@ -330,7 +325,7 @@ pub async fn build_ids<S: Store>(
         })
         .collect();
     Ok(Json(
-        json!({"namespace": namespace, "task_queue": queue, "stale_after_seconds": STALE_AFTER_SECONDS, "build_ids": body}),
+        json!({"namespace": namespace, "task_queue": queue, "stale_after_seconds": workers::STALE_AFTER_SECONDS, "build_ids": body}),
     ))
 }
 

@@ -2,10 +2,10 @@
 //! registered the `query_tasks` capability leases it, replays the committed history and answers.
 //! Nothing here writes history.
 
-use super::worker::{poll_request, PollRequest};
 use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::long_poll::{poll_request, PollRequest};
 use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;

@@ -6,8 +6,8 @@
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wire::nexus::{parse_execute, EXECUTE_FIELDS, SHARED_CALL_FIELDS};
 use crate::wire::{refuse_unknown_fields, Fields};
-use crate::wire_nexus::{parse_execute, EXECUTE_FIELDS, SHARED_CALL_FIELDS};
 use crate::Shared;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;

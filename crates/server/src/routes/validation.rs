@@ -6,9 +6,9 @@
 //! serves clients that ask for validations alone.
 
 use super::query::replay_snapshot;
-use super::worker::poll_request;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
+use crate::long_poll::poll_request;
 use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
 use crate::planes::capabilities::{CAPABILITY, VALIDATION_WAIT_MS};

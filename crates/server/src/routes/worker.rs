@@ -3,7 +3,7 @@
 use super::validation;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
-use crate::long_poll::{wait_for_work, Look};
+use crate::long_poll::{poll_request, wait_for_work, Look, PollRequest};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;
 use crate::wire::{self, Fields};
@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_app::{polls, reports, workers};
 use capstan_engine::*;
-use capstan_store::{RunLocator, Store, StoreError, WorkerRecord};
+use capstan_store::{RunLocator, Store, StoreError};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -85,7 +85,7 @@ pub async fn register<S: Store>(
         "runtime": record.runtime,
         "build_id": record.build_id,
         "status": record.status,
-        "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS,
+        "heartbeat_interval_seconds": workers::HEARTBEAT_INTERVAL_SECONDS,
         "capabilities": body.get("capabilities").cloned().unwrap_or(json!([])),
         "capability_manifest": body.get("capability_manifest").cloned().unwrap_or(json!({})),
         "registration_token": registration_token,
@@ -101,7 +101,7 @@ pub async fn heartbeat<S: Store>(
     let worker_id = Fields::new(&body).req_str("worker_id", 255)?;
     match workers::heartbeat(&*state, &namespace, &worker_id).await? {
         Some(_) => Ok(Json(
-            json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": super::fleet::HEARTBEAT_INTERVAL_SECONDS, "stale_after_seconds": super::fleet::STALE_AFTER_SECONDS}),
+            json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": workers::HEARTBEAT_INTERVAL_SECONDS, "stale_after_seconds": workers::STALE_AFTER_SECONDS}),
         )),
         None => Err(not_registered(&worker_id)),
     }
@@ -123,13 +123,7 @@ pub async fn deregister<S: Store>(
     };
     let recovered = released_workflow_tasks(&state, &released);
     tracing::info!(namespace, worker_id, recovered, "worker deregistered");
-    Ok(Json(json!({
-        "worker_id": worker_id,
-        "outcome": "deregistered",
-        "deregistered": true,
-        "recovered_workflow_task_count": recovered,
-        "recovered_activity_task_count": 0,
-    })))
+    Ok(Json(render::deregistered(&worker_id, recovered)))
 }
 
 /// `POST /worker/registrations/{id}/deregister` with the registration's `registration_token`:
@@ -162,32 +156,6 @@ fn released_workflow_tasks<S: Store>(state: &Shared<S>, released: &[RunState]) -
 
 // ------------------------------------------------------------------------------------------
 // Polls
-
-pub(crate) struct PollRequest {
-    pub(crate) worker: WorkerRecord,
-    pub(crate) queue: String,
-    poll_request_id: Option<String>,
-    pub(crate) wait_ms: i64,
-    history_page_size: usize,
-}
-
-pub(crate) async fn poll_request<S: Store>(state: &AppState<S>, namespace: &str, body: &Map<String, Value>) -> ApiResult<PollRequest> {
-    let f = Fields::new(body);
-    let worker_id = f.req_str("worker_id", 255)?;
-    let queue = f.req_str("task_queue", 255)?;
-    let poll_request_id = f.opt_str("poll_request_id", 255)?;
-    let wait_ms = (f.opt_int("timeout_seconds", 0, 3600)?.unwrap_or(30).min(60) * 1000).min(state.config.poll_wait_max_ms);
-    let history_page_size = f.opt_int("history_page_size", 1, 1000)?.unwrap_or(500) as usize;
-    let build_id = f.opt_str("build_id", 255)?;
-    let worker = polls::poller(state, namespace, &worker_id, &queue, build_id.as_deref()).await?;
-    Ok(PollRequest {
-        worker,
-        queue,
-        poll_request_id,
-        wait_ms,
-        history_page_size,
-    })
-}
 
 /// The long poll shared by workflow and activity tasks: answer a retried `poll_request_id`
 /// with its earlier lease, else lease the oldest ready task, waiting up to the poll timeout.
@@ -299,14 +267,14 @@ async fn multiplexed_poll<S: Store>(
 /// poll waits, the poll goes on normally.
 async fn hold_if_draining<S: Store>(state: &Shared<S>, request: &mut PollRequest) -> ApiResult<Option<Json<Value>>> {
     let deadline = state.now() + request.wait_ms;
-    let mut draining = super::fleet::is_draining(state, &request.worker).await?;
+    let mut draining = workers::is_draining(&**state, &request.worker).await?;
     while draining {
         let left = deadline - state.now();
         if left <= 0 {
             return Ok(Some(Json(json!({"task": null, "poll_status": "draining"}))));
         }
         tokio::time::sleep(Duration::from_millis(left.min(500) as u64)).await;
-        draining = super::fleet::is_draining(state, &request.worker).await?;
+        draining = workers::is_draining(&**state, &request.worker).await?;
     }
     // Whatever was spent held counts against the poll's wait.
     request.wait_ms = (deadline - state.now()).max(0).min(request.wait_ms);

@@ -4,8 +4,8 @@
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wire::streams::{parse_items, stream_name};
 use crate::wire::{self, Fields};
-use crate::wire_streams::{parse_items, stream_name};
 use crate::{render, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;

@@ -1,8 +1,8 @@
 //! Workflow output streams on the wire: a `record_side_effect.workflow_stream` directive, and
 //! the items a client appends (the same item shape both ways).
 
+use super::fields::{refuse_unknown_fields, Fields};
 use crate::error::{ApiError, ApiResult};
-use crate::wire::{refuse_unknown_fields, Fields};
 use axum::http::StatusCode;
 use capstan_engine::workflow_stream::*;
 use capstan_engine::{Limits, Reason};

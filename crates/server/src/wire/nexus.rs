@@ -3,8 +3,8 @@
 //! `payload_codec`, the Rust SDK as a `{codec, blob}` envelope, with `namespace` and
 //! `idempotency_key` null when unset: null is absent.
 
+use super::fields::Fields;
 use crate::error::{ApiError, ApiResult};
-use crate::wire::Fields;
 use capstan_engine::service_call::{CallMode, ServiceOperation, WaitFor};
 use capstan_engine::{Limits, Payload, StepTags};
 use serde_json::{Map, Value};
