@@ -1,5 +1,5 @@
-//! The background duties every node runs: applying due deadlines under a duty fence, and
-//! firing due schedules. Each is a claim (or a read) and then an action, kept apart so that a
+//! The background duties every node runs: applying due deadlines under a duty fence, firing
+//! due schedules, and removing closed workflows past their namespace's retention. Each is a claim (or a read) and then an action, kept apart so that a
 //! node may stop between them — a paused process, as the multi-node simulator plays one — and
 //! act later on what it believed it owned.
 
@@ -196,6 +196,46 @@ pub async fn fire_schedule<S: Store>(
         schedule_id,
         result,
     }
+}
+
+/// Which closed instances a retention pass removes.
+pub enum RetentionScope<'a> {
+    /// The oldest expired ones, at most this many.
+    Oldest(usize),
+    /// Only those whose current run is one of these (among the first `scan` expired ones).
+    Runs { run_ids: &'a [String], scan: usize },
+}
+
+/// Removes instances whose current run closed more than `retention_days` ago. Safe on every
+/// node at once: each removal re-checks its instance in its own transaction. Returns the
+/// workflow ids removed.
+pub async fn retention_pass<S: Store>(
+    store: &S,
+    namespace: &str,
+    retention_days: i64,
+    scope: RetentionScope<'_>,
+    now: Millis,
+) -> StoreResult<Vec<String>> {
+    let cutoff = now - retention_days * 86_400_000;
+    let limit = match scope {
+        RetentionScope::Oldest(limit) => limit,
+        RetentionScope::Runs { scan, .. } => scan,
+    };
+    let expired = store.expired_instances(namespace, cutoff, limit).await?;
+    let ids: Vec<String> = expired
+        .into_iter()
+        .filter(|(_, run_id, _)| match &scope {
+            RetentionScope::Oldest(_) => true,
+            RetentionScope::Runs { run_ids, .. } => run_ids.contains(run_id),
+        })
+        .map(|(workflow_id, _, _)| workflow_id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    let pruned = store.prune_instances(namespace, ids.clone(), cutoff).await?;
+    tracing::info!(namespace, pruned, retention_days, "retention: closed workflows removed");
+    Ok(ids)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 //! - [`ledger`]: an operator's resolution of an `outcome_unknown` entry.
 //! - [`credentials`]: named credentials an admin manages over the API.
 //! - [`workers`]: worker registration, heartbeats, deregistration; build-id rollouts.
+//! - [`workflow_streams`]: a client's appends to and closes of a run's output streams.
 //! - [`duties`]: the clock's deadline pass and the scheduler's pass.
 //! - [`contracts`], [`search_attributes`]: what requests are admitted against.
 //! - [`external_payloads`], [`message_streams`], [`service_calls`]: payload references, message
@@ -45,6 +46,7 @@ pub mod sessions;
 pub mod standalone;
 pub mod updates;
 pub mod workers;
+pub mod workflow_streams;
 
 use capstan_engine::{Limits, MemoCodec, Millis, Reason, Refusal};
 use capstan_store::prelude::*;

@@ -99,3 +99,8 @@ pub async fn put_query<V: Services>(services: &V, request: QueryRequest) -> AppR
     store.create_query_task(task.clone()).await?;
     Ok((task, run))
 }
+
+/// Removes a query task once its caller stopped waiting (answered or not).
+pub async fn forget_query<V: Services>(services: &V, namespace: &str, task_id: &str) -> AppResult<()> {
+    Ok(services.store().delete_query_task(namespace, task_id).await?)
+}

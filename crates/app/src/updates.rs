@@ -123,3 +123,61 @@ where
         run,
     })
 }
+
+/// The worker capability a validating worker registers.
+pub const VALIDATION_CAPABILITY: &str = "update_validation_tasks";
+/// How long an update request waits for a verdict (DW's default).
+pub const VALIDATION_WAIT_MS: i64 = 10_000;
+
+/// Why an update cannot be put to a validator now.
+pub enum NoValidator {
+    /// No worker of the run's queue is alive (it may be soon: retryable).
+    NoLiveWorker,
+    /// Live workers, but none runs update validators.
+    CapabilityUnsupported,
+}
+
+/// Puts `update_name(arguments)` on `run` to a validating worker of its queue: the validation
+/// task, open until `VALIDATION_WAIT_MS` from now. Waiting for the verdict is the caller's;
+/// it forgets the task afterwards ([`forget_validation`]).
+pub async fn put_validation<S: Services>(
+    services: &S,
+    run: &RunState,
+    update_name: &str,
+    arguments: &Payload,
+) -> Result<Result<QueryTask, NoValidator>, AppError> {
+    let now = services.now();
+    let workers = services.store().queue_workers(&run.namespace, &run.task_queue).await?;
+    let fresh: Vec<_> = workers
+        .into_iter()
+        .filter(|w| now - w.last_heartbeat_at <= crate::queries::WORKER_FRESH_MS)
+        .collect();
+    if fresh.is_empty() {
+        return Ok(Err(NoValidator::NoLiveWorker));
+    }
+    if !fresh.iter().any(|w| w.has_capability(VALIDATION_CAPABILITY)) {
+        return Ok(Err(NoValidator::CapabilityUnsupported));
+    }
+    let task = QueryTask {
+        id: services.new_id(),
+        kind: QueryKind::UpdateValidation,
+        namespace: run.namespace.clone(),
+        task_queue: run.task_queue.clone(),
+        workflow_id: run.workflow_id.to_string(),
+        run_id: run.run_id.to_string(),
+        workflow_type: run.workflow_type.clone(),
+        query_name: update_name.to_string(),
+        arguments: Some(arguments.clone()),
+        state: QueryState::Ready,
+        attempt: 0,
+        created_at: now,
+        deadline_at: now + VALIDATION_WAIT_MS,
+    };
+    services.store().create_query_task(task.clone()).await?;
+    Ok(Ok(task))
+}
+
+/// Removes a validation task once its caller stopped waiting (answered or not).
+pub async fn forget_validation<S: Services>(services: &S, namespace: &str, task_id: &str) -> Result<(), AppError> {
+    Ok(services.store().delete_query_task(namespace, task_id).await?)
+}

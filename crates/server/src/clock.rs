@@ -98,7 +98,7 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
         if now - retained_at >= RETENTION_EVERY_MS {
             retained_at = now;
             for namespace in state.store.namespaces().await.unwrap_or_default() {
-                if let Err(error) = retention_pass(&state, &namespace.name, namespace.retention_days, RETENTION_BATCH, now).await {
+                if let Err(error) = retention_pass(&state, &namespace.name, namespace.retention_days, now).await {
                     tracing::warn!(namespace = %namespace.name, %error, "clock: retention pass failed");
                 }
             }
@@ -163,26 +163,17 @@ pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> c
     Ok(outcomes.len())
 }
 
-/// Removes instances whose current run closed more than `retention_days` ago (nothing without
-/// a retention). Safe on every node at once: each removal re-checks its instance in its own
-/// transaction. Returns the workflow ids removed.
-pub(crate) async fn retention_pass<S: Store>(
-    state: &Arc<AppState<S>>,
+/// The clock's retention pass over one namespace (nothing without a retention).
+async fn retention_pass<S: Store>(
+    state: &AppState<S>,
     namespace: &str,
     retention_days: Option<i64>,
-    limit: usize,
     now: i64,
-) -> capstan_store::StoreResult<Vec<String>> {
-    let Some(days) = retention_days else { return Ok(Vec::new()) };
-    let cutoff = now - days * 86_400_000;
-    let expired = state.store.expired_instances(namespace, cutoff, limit).await?;
-    if expired.is_empty() {
-        return Ok(Vec::new());
+) -> capstan_store::StoreResult<()> {
+    if let Some(days) = retention_days {
+        duties::retention_pass(&state.store, namespace, days, duties::RetentionScope::Oldest(RETENTION_BATCH), now).await?;
     }
-    let ids: Vec<String> = expired.into_iter().map(|(workflow_id, _, _)| workflow_id).collect();
-    let pruned = state.store.prune_instances(namespace, ids.clone(), cutoff).await?;
-    tracing::info!(namespace, pruned, retention_days = days, "retention: closed workflows removed");
-    Ok(ids)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What this server advertises to workers: in cluster info and in every worker-plane response.
 
 use crate::wire::SUPPORTED_COMMANDS;
+use capstan_app::updates;
 use serde_json::{json, Value};
 
 /// What this server implements, advertised to workers (cluster info and every worker response).
@@ -56,19 +57,14 @@ pub fn server_capabilities() -> Value {
     })
 }
 
-/// The worker capability a validating worker registers.
-pub const CAPABILITY: &str = "update_validation_tasks";
-/// How long an update request waits for a verdict (DW's default).
-pub const VALIDATION_WAIT_MS: i64 = 10_000;
-
 /// The `synchronous_update_validation` capability document (what the Python worker checks).
 fn update_validation() -> Value {
     json!({
         "supported": true,
         "acceptance_boundary": "validator_approved",
-        "worker_capability": CAPABILITY,
+        "worker_capability": updates::VALIDATION_CAPABILITY,
         "workflow_contract_field": "update_validators",
-        "timeout_seconds": VALIDATION_WAIT_MS / 1000,
+        "timeout_seconds": updates::VALIDATION_WAIT_MS / 1000,
         "task_poll": {
             "strategy": "multiplexed",
             "endpoint": "/worker/workflow-tasks/poll",

@@ -15,7 +15,7 @@ use capstan_engine::Reason;
 use capstan_store::Store;
 use serde_json::json;
 
-pub(crate) mod capabilities;
+mod capabilities;
 
 pub use capabilities::server_capabilities;
 

@@ -12,6 +12,7 @@ use crate::{clock, render, Shared};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
+use capstan_app::duties::{self, RetentionScope};
 use capstan_engine::Reason;
 use capstan_engine::{CommandId, RunId, WorkflowId};
 use capstan_store::{RunLocator, Store, StoreError};
@@ -251,15 +252,15 @@ pub async fn retention_pass<S: Store>(
         ));
     };
     let now = state.now();
-    let removed = if run_ids.is_empty() {
-        clock::retention_pass(&state, &namespace, Some(days), limit, now).await?
+    let scope = if run_ids.is_empty() {
+        RetentionScope::Oldest(limit)
     } else {
-        let cutoff = now - days * 86_400_000;
-        let expired = state.store.expired_instances(&namespace, cutoff, LIMIT_MAX).await?;
-        let ids: Vec<String> = expired.into_iter().filter(|e| run_ids.contains(&e.1)).map(|e| e.0).collect();
-        state.store.prune_instances(&namespace, ids.clone(), cutoff).await?;
-        ids
+        RetentionScope::Runs {
+            run_ids: &run_ids,
+            scan: LIMIT_MAX,
+        }
     };
+    let removed = duties::retention_pass(&state.store, &namespace, days, scope, now).await?;
     // What the removed instances (or nothing, past its grace) named goes with them.
     let collected = crate::payload_storage::collect_unused(&state).await?;
     Ok(Json(json!({

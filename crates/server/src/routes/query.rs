@@ -118,7 +118,7 @@ async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Ma
         }
     };
     state.query_answers.forget(&id);
-    state.store.delete_query_task(&namespace, &id).await?;
+    capstan_app::queries::forget_query(&*state, &namespace, &id).await?;
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(Some(QueryState::Leased { .. })) => {

@@ -11,13 +11,13 @@ use crate::error::{ApiError, ApiResult};
 use crate::long_poll::poll_request;
 use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
-use crate::planes::capabilities::{CAPABILITY, VALIDATION_WAIT_MS};
 use crate::planes::Namespace;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use capstan_app::updates::{self, NoValidator};
 use capstan_engine::*;
 use capstan_store::Store;
 use serde_json::{json, Map, Value};
@@ -25,8 +25,6 @@ use std::time::Duration;
 
 /// Lease of one validation attempt.
 const VALIDATION_LEASE_MS: i64 = 10_000;
-/// A registration heard from within this window counts as a live validating worker.
-const WORKER_FRESH_MS: i64 = 180_000;
 /// Cross-node verdicts are noticed by re-reading the task this often.
 const VERDICT_RECHECK_MS: u64 = 50;
 
@@ -44,48 +42,27 @@ fn failure(status: StatusCode, reason: Reason, message: impl Into<String>, retry
 /// verdict. Nothing is recorded here; the caller records the outcome.
 pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name: &str, arguments: &Payload) -> ApiResult<Verdict> {
     let namespace = run.namespace.as_str();
-    let now = state.now();
-    let fresh: Vec<_> = state
-        .store
-        .queue_workers(namespace, &run.task_queue)
-        .await?
-        .into_iter()
-        .filter(|w| now - w.last_heartbeat_at <= WORKER_FRESH_MS)
-        .collect();
-    if fresh.is_empty() {
-        return Err(failure(
-            StatusCode::CONFLICT,
-            Reason::UpdateValidatorWorkerUnavailable,
-            format!("No live worker on task queue {:?} can validate the update.", run.task_queue),
-            true,
-        ));
-    }
-    if !fresh.iter().any(|w| w.has_capability(CAPABILITY)) {
-        return Err(failure(
-            StatusCode::CONFLICT,
-            Reason::UpdateValidationCapabilityUnsupported,
-            format!("No worker on task queue {:?} runs update validators.", run.task_queue),
-            false,
-        ));
-    }
-    let task = QueryTask {
-        id: state.new_id(),
-        kind: QueryKind::UpdateValidation,
-        namespace: namespace.to_string(),
-        task_queue: run.task_queue.clone(),
-        workflow_id: run.workflow_id.to_string(),
-        run_id: run.run_id.to_string(),
-        workflow_type: run.workflow_type.clone(),
-        query_name: update_name.to_string(),
-        arguments: Some(arguments.clone()),
-        state: QueryState::Ready,
-        attempt: 0,
-        created_at: now,
-        deadline_at: now + VALIDATION_WAIT_MS,
+    let task = match updates::put_validation(state, run, update_name, arguments).await? {
+        Ok(task) => task,
+        Err(NoValidator::NoLiveWorker) => {
+            return Err(failure(
+                StatusCode::CONFLICT,
+                Reason::UpdateValidatorWorkerUnavailable,
+                format!("No live worker on task queue {:?} can validate the update.", run.task_queue),
+                true,
+            ))
+        }
+        Err(NoValidator::CapabilityUnsupported) => {
+            return Err(failure(
+                StatusCode::CONFLICT,
+                Reason::UpdateValidationCapabilityUnsupported,
+                format!("No worker on task queue {:?} runs update validators.", run.task_queue),
+                false,
+            ))
+        }
     };
     let id = task.id.clone();
     let answered = state.query_answers.channel(&id);
-    state.store.create_query_task(task.clone()).await?;
     // Validations ride the workflow-task poll: wake its pollers.
     state.hub.wake(namespace, TaskKind::Workflow, &task.task_queue);
     let outcome = loop {
@@ -104,7 +81,7 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
         }
     };
     state.query_answers.forget(&id);
-    state.store.delete_query_task(namespace, &id).await?;
+    updates::forget_validation(state, namespace, &id).await?;
     match outcome {
         Ok(QueryOutcome::Approved) => Ok(Verdict::Approved),
         Ok(QueryOutcome::Rejected {
@@ -227,7 +204,7 @@ pub async fn poll<S: Store>(
 
 /// A poll asking for validations needs a registration that advertised running validators.
 pub fn require_capability(worker: &capstan_store::WorkerRecord) -> ApiResult<()> {
-    if worker.has_capability(CAPABILITY) {
+    if worker.has_capability(updates::VALIDATION_CAPABILITY) {
         return Ok(());
     }
     Err(ApiError::new(

@@ -137,7 +137,7 @@ pub async fn items<S: Store>(
     let next_offset = items.last().map_or(from, |i| i.offset + 1);
     let at_head = next_offset as i64 > stream.last_offset;
     if at_head && stream.pending_items > 0 {
-        state.store.stream_caught_up(target, next_offset).await?;
+        capstan_app::workflow_streams::caught_up(&*state, target, next_offset).await?;
         stream.pending_items = 0;
     }
     Ok(Json(json!({
@@ -163,7 +163,7 @@ pub async fn append<S: Store>(
     let max_pending = Fields::new(&body).opt_int("max_pending_items", 1, i64::MAX)?.map(|n| n as u64);
     let target = target(namespace, &workflow_id, &run_id, &name)?;
     let key = wake_key(&target.run_id, &target.stream_name);
-    let done = state.store.append_stream_items(target, items, max_pending, state.now()).await;
+    let done = capstan_app::workflow_streams::append(&*state, target, items, max_pending).await;
     // A cap refusal still committed the items before it.
     state.stream_appends.wake(&key);
     let done = done?;
@@ -204,7 +204,7 @@ pub async fn close<S: Store>(
     let retention = f.opt_int("retention_seconds", 1, i64::MAX)?;
     let target = target(namespace, &workflow_id, &run_id, &name)?;
     let key = wake_key(&target.run_id, &target.stream_name);
-    let stream = state.store.finish_stream(target, error_reason, retention, state.now()).await?;
+    let stream = capstan_app::workflow_streams::close(&*state, target, error_reason, retention).await?;
     state.stream_appends.wake(&key);
     Ok(Json(
         json!({"workflow_id": workflow_id, "workflow_run_id": run_id, "stream": describe(&stream)}),
