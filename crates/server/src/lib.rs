@@ -27,6 +27,7 @@ mod routes;
 mod scheduler;
 pub mod telemetry;
 mod ui;
+mod wait;
 mod wire;
 
 use axum::Router;

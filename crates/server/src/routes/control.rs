@@ -4,6 +4,7 @@ use crate::auth::Caller;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wait;
 use crate::wire::{self, Fields};
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
@@ -385,27 +386,30 @@ pub async fn history<S: Store>(
     };
     let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
     let wait_new_event = matches!(query.get("wait_new_event").map(String::as_str), Some("1" | "true"));
-    let deadline = state.now() + 30_000;
-    loop {
+    let until = wait::Until::Clock(state.now() + wait::HISTORY_WAIT_MS);
+    let looked = wait::settle(&state, until, wait::HISTORY_RECHECK, None, || async {
         let run = state.store.load_run(&namespace, locator.clone()).await?.ok_or_else(|| {
             ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "Workflow run not found.")
                 .with("workflow_id", workflow_id.clone())
                 .with("run_id", run_id.clone())
         })?;
-        if wait_new_event && run.last_sequence <= after && !run.is_closed() && state.now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            continue;
-        }
-        let events = state.store.history(&run.run_id, after, run.last_sequence, page_size).await?;
-        let last = events.last().map(|e| e.sequence).unwrap_or(after);
-        let rows: Vec<Value> = events.iter().map(render::control_event).collect();
-        return Ok(Json(json!({
-            "workflow_id": workflow_id,
-            "run_id": run_id,
-            "events": rows,
-            "next_page_token": (last < run.last_sequence).then(|| render::page_token(last)),
-        })));
-    }
+        Ok(if wait_new_event && run.last_sequence <= after && !run.is_closed() {
+            wait::Look::Pending(run)
+        } else {
+            wait::Look::Settled(run)
+        })
+    })
+    .await?;
+    let run = looked.unwrap_or_else(|pending| pending);
+    let events = state.store.history(&run.run_id, after, run.last_sequence, page_size).await?;
+    let last = events.last().map(|e| e.sequence).unwrap_or(after);
+    let rows: Vec<Value> = events.iter().map(render::control_event).collect();
+    Ok(Json(json!({
+        "workflow_id": workflow_id,
+        "run_id": run_id,
+        "events": rows,
+        "next_page_token": (last < run.last_sequence).then(|| render::page_token(last)),
+    })))
 }
 
 // ------------------------------------------------------------------------------------------

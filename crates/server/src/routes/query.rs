@@ -9,6 +9,7 @@ use crate::long_poll::{poll_request, PollRequest};
 use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;
+use crate::wait;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
@@ -19,13 +20,9 @@ use capstan_engine::*;
 use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-/// A registration heard from within this window counts as a live query worker.
 /// Lease of one query attempt.
 const QUERY_LEASE_MS: i64 = 10_000;
-/// Cross-node answers are noticed by re-reading the task this often.
-const ANSWER_RECHECK_MS: u64 = 50;
 
 fn query_error(error: ApiError, workflow_id: &str, query_name: &str) -> ApiError {
     let mut error = error;
@@ -102,21 +99,15 @@ async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Ma
     // that came first is not missed.
     let answered = state.query_answers.channel(&id);
     state.hub.wake(&namespace, TaskKind::Query, &task.task_queue);
-    let outcome = loop {
-        let woken = answered.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        let current = state.store.get_query_task(&namespace, &id).await?;
-        match current.map(|t| t.state) {
-            Some(QueryState::Answered(outcome)) => break Ok(outcome),
-            other if state.now() >= task.deadline_at => break Err(other),
-            _ => {}
-        }
-        tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(Duration::from_millis(ANSWER_RECHECK_MS)) => {}
-        }
-    };
+    let until = wait::Until::Clock(task.deadline_at);
+    let outcome = wait::settle(&state, until, wait::ANSWER_RECHECK, Some(&answered), || async {
+        Ok(match state.store.get_query_task(&namespace, &id).await?.map(|t| t.state) {
+            Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
+            other => wait::Look::Pending(Err(other)),
+        })
+    })
+    .await?
+    .unwrap_or_else(|pending| pending);
     state.query_answers.forget(&id);
     capstan_app::queries::forget_query(&*state, &namespace, &id).await?;
     let outcome = match outcome {

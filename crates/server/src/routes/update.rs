@@ -4,6 +4,7 @@
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wait;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -15,12 +16,6 @@ use capstan_app::{control, updates};
 use capstan_engine::*;
 use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
-use std::time::Duration;
-
-/// Longest a request waits for `completed` unless it asks for less.
-const UPDATE_WAIT_DEFAULT_SECONDS: i64 = 30;
-const UPDATE_WAIT_MAX_SECONDS: i64 = 300;
-const SETTLE_RECHECK_MS: u64 = 25;
 
 fn control(workflow_id: &str, update_name: &str) -> Value {
     json!({"operation": "update", "workflow_id": workflow_id, "operation_name": update_name})
@@ -87,9 +82,9 @@ async fn run_update<S: Store>(
         }
     };
     let wait_seconds = f
-        .opt_int("wait_timeout_seconds", 1, UPDATE_WAIT_MAX_SECONDS)
+        .opt_int("wait_timeout_seconds", 1, wait::UPDATE_WAIT_MAX_SECONDS)
         .map_err(fail)?
-        .unwrap_or(UPDATE_WAIT_DEFAULT_SECONDS);
+        .unwrap_or(wait::UPDATE_WAIT_DEFAULT_SECONDS);
     if update_name.is_empty() || update_name.len() > 255 {
         return Err(fail(ApiError::validation(
             "update_name",
@@ -127,25 +122,22 @@ async fn run_update<S: Store>(
     } = admitted;
     tracing::info!(namespace, workflow_id, update_name, update_id, retained, "update accepted");
 
-    let deadline = state.now() + wait_seconds * 1000;
-    let record = loop {
-        let run = state
-            .store
-            .load_run(&namespace, RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone())))
-            .await?;
-        let record = run.and_then(|run| run.updates.get(&update_id).cloned());
-        match record {
-            Some(record) if wait_for == "accepted" || record.status != UpdateStatus::Accepted || state.now() >= deadline => break record,
-            None => {
-                return Err(fail(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    Reason::UpdateNotFound,
-                    "The update is gone.",
-                )))
-            }
-            _ => tokio::time::sleep(Duration::from_millis(SETTLE_RECHECK_MS)).await,
+    let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
+    let until = wait::Until::Clock(state.now() + wait_seconds * 1000);
+    let looked = wait::settle(&state, until, wait::UPDATE_RECHECK, None, || async {
+        let run = state.store.load_run(&namespace, locator.clone()).await?;
+        match run.and_then(|run| run.updates.get(&update_id).cloned()) {
+            Some(record) if wait_for == "accepted" || record.status != UpdateStatus::Accepted => Ok(wait::Look::Settled(record)),
+            Some(record) => Ok(wait::Look::Pending(record)),
+            None => Err(fail(ApiError::new(
+                StatusCode::NOT_FOUND,
+                Reason::UpdateNotFound,
+                "The update is gone.",
+            ))),
         }
-    };
+    })
+    .await?;
+    let record = looked.unwrap_or_else(|pending| pending);
     respond(
         &state,
         &workflow_id,

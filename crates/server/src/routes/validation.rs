@@ -12,6 +12,7 @@ use crate::long_poll::poll_request;
 use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;
+use crate::wait;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -21,12 +22,9 @@ use capstan_app::updates::{self, NoValidator};
 use capstan_engine::*;
 use capstan_store::Store;
 use serde_json::{json, Map, Value};
-use std::time::Duration;
 
 /// Lease of one validation attempt.
 const VALIDATION_LEASE_MS: i64 = 10_000;
-/// Cross-node verdicts are noticed by re-reading the task this often.
-const VERDICT_RECHECK_MS: u64 = 50;
 
 /// What a validator decided.
 pub use capstan_app::updates::Verdict;
@@ -65,21 +63,15 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
     let answered = state.query_answers.channel(&id);
     // Validations ride the workflow-task poll: wake its pollers.
     state.hub.wake(namespace, TaskKind::Workflow, &task.task_queue);
-    let outcome = loop {
-        let woken = answered.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        let current = state.store.get_query_task(namespace, &id).await?;
-        match current.map(|t| t.state) {
-            Some(QueryState::Answered(outcome)) => break Ok(outcome),
-            other if state.now() >= task.deadline_at => break Err(other),
-            _ => {}
-        }
-        tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(Duration::from_millis(VERDICT_RECHECK_MS)) => {}
-        }
-    };
+    let until = wait::Until::Clock(task.deadline_at);
+    let outcome = wait::settle(state, until, wait::ANSWER_RECHECK, Some(&answered), || async {
+        Ok(match state.store.get_query_task(namespace, &id).await?.map(|t| t.state) {
+            Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
+            other => wait::Look::Pending(Err(other)),
+        })
+    })
+    .await?
+    .unwrap_or_else(|pending| pending);
     state.query_answers.forget(&id);
     updates::forget_validation(state, namespace, &id).await?;
     match outcome {

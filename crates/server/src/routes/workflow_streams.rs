@@ -4,6 +4,7 @@
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wait;
 use crate::wire::streams::{parse_items, stream_name};
 use crate::wire::{self, Fields};
 use crate::{render, Shared};
@@ -18,10 +19,6 @@ use capstan_store::{StoredStreamItem, StreamState, StreamTarget};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::time::Duration;
-
-/// How often a waiting read looks again without a wake-up (an append on another node; DW's
-/// cadence). Appends on this node wake it at once.
-const RECHECK: Duration = Duration::from_millis(250);
 
 /// The wake-up key of a stream's readers.
 pub(crate) fn wake_key(run_id: &str, stream_name: &str) -> String {
@@ -117,23 +114,18 @@ pub async fn items<S: Store>(
     let max = query_int(&query, "max_items", 1..=MAX_READ_ITEMS, DEFAULT_READ_ITEMS)?;
     let wait = query_int(&query, "wait_seconds", 0..=MAX_WAIT_SECONDS, 0)?;
     let target = target(namespace, &workflow_id, &run_id, &name)?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let until = wait::Until::Elapsed(tokio::time::Instant::now() + Duration::from_secs(wait));
     let appended = state.stream_appends.channel(&wake_key(&target.run_id, &target.stream_name));
-    let (mut stream, items) = loop {
-        // Armed before the look, so an append between the look and the wait is not missed.
-        let woken = appended.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
+    let looked = wait::settle(&state, until, wait::STREAM_RECHECK, Some(&appended), || async {
         let (stream, items) = state.store.read_stream(target.clone(), from, max).await?;
-        let now = tokio::time::Instant::now();
-        if !items.is_empty() || stream.is_terminal() || now >= deadline {
-            break (stream, items);
-        }
-        tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(RECHECK.min(deadline - now)) => {}
-        }
-    };
+        Ok(if !items.is_empty() || stream.is_terminal() {
+            wait::Look::Settled((stream, items))
+        } else {
+            wait::Look::Pending((stream, items))
+        })
+    })
+    .await?;
+    let (mut stream, items) = looked.unwrap_or_else(|pending| pending);
     let next_offset = items.last().map_or(from, |i| i.offset + 1);
     let at_head = next_offset as i64 > stream.last_offset;
     if at_head && stream.pending_items > 0 {
