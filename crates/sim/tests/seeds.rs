@@ -17,40 +17,43 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
         }
     }
     println!("{}", totals.summary());
+    let counted = &totals.counters;
     // The faults were really injected (a run without them would prove nothing).
     assert!(
-        totals.restarts > 0 && totals.duplicates > 0 && totals.lost_tasks > 0,
+        counted.restarts > 0 && counted.duplicates_delivered > 0 && counted.lost_tasks > 0,
         "{}",
         totals.summary()
     );
-    assert!(totals.unknown_resolved > 0, "{}", totals.summary());
+    assert!(counted.outcome_unknown_resolved > 0, "{}", totals.summary());
     // So was the whole workload: every kind of durable id had its chance to be doubled.
     assert!(
-        totals.updates > 0
-            && totals.update_retries > 0
-            && totals.queries > 0
-            && totals.children > 0
-            && totals.continued > 0
-            && totals.scheduled > 0
-            && totals.lease_renewals > 0
-            && totals.cancellations.iter().all(|n| *n > 0)
-            && totals.local_attempts.iter().all(|n| *n > 0)
-            && totals.standalone > 0
-            && totals.redrives > 0
-            && totals.messages.iter().all(|n| *n > 0)
-            && totals.stream_items > 0
-            && totals.payloads_collected > 0
-            && totals.service_calls > 0
-            && totals.node_pauses > 0
-            && totals.duty_takeovers > 0
-            && totals.zombie_duties.iter().all(|n| *n > 0)
-            && totals.power_cuts > 0
-            && totals.mid_commit_cuts > 0
-            && totals.probes.iter().all(|n| *n > 0),
+        counted.updates_accepted > 0
+            && counted.update_retries_answered_from_receipt > 0
+            && counted.queries_answered > 0
+            && counted.children_started > 0
+            && counted.continued_as_new > 0
+            && counted.scheduled_starts > 0
+            && counted.lease_renewals > 0
+            && counted.cancellations.iter().all(|n| *n > 0)
+            && counted.local_attempts.iter().all(|n| *n > 0)
+            && counted.standalone_started > 0
+            && counted.redrives > 0
+            && counted.messages_ingested > 0
+            && counted.message_retries > 0
+            && counted.message_conflicts > 0
+            && counted.stream_items > 0
+            && counted.payloads_collected > 0
+            && counted.service_calls > 0
+            && counted.node_pauses > 0
+            && counted.duty_takeovers > 0
+            && counted.zombie_duties.iter().all(|n| *n > 0)
+            && counted.power_cuts > 0
+            && counted.mid_commit_cuts > 0
+            && counted.probes.iter().all(|n| *n > 0),
         "{}",
         totals.summary()
     );
-    assert!(totals.refusals.values().sum::<usize>() > 0, "{}", totals.summary());
+    assert!(counted.refusals.values().sum::<usize>() > 0, "{}", totals.summary());
 }
 
 /// A seed is a replay: the same seed runs the same steps to the same outcome (the store's ids
@@ -63,6 +66,9 @@ fn the_same_seed_replays_the_same_run() {
         let first = runtime.block_on(capstan_sim::run_caught(capstan_sim::Config::new(seed))).unwrap();
         let second = runtime.block_on(capstan_sim::run_caught(capstan_sim::Config::new(seed))).unwrap();
         assert_eq!(first, second, "seed {seed} did not replay");
-        assert!(first.restarts > 0 || first.duplicates_delivered > 0, "seed {seed} injected nothing");
+        assert!(
+            first.counters.restarts > 0 || first.counters.duplicates_delivered > 0,
+            "seed {seed} injected nothing"
+        );
     }
 }

@@ -5,57 +5,62 @@
 //! never gets a terminal row (checked in `check_service_calls`); liveness at the end checks
 //! that every waiting step was resolved.
 
-use super::*;
+use crate::report::Failure;
+use crate::workload::{CHILD_TYPE, NAMESPACE, PAYLOAD, QUEUE};
+use crate::world::World;
 use capstan_engine::service_call::{CallMode, ServiceOperation, WaitFor};
+use capstan_engine::{EventType, HistoryEvent, Payload, WorkflowCommand};
+use capstan_store::{CatalogEntry, CatalogKey, CatalogStore};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 
 pub(crate) const ENDPOINT: &str = "sim";
 pub(crate) const SERVICE: &str = "calls";
 pub(crate) const OPERATION: &str = "child";
 
-impl Sim {
-    /// Registers the operation the programs call (at set-up).
-    pub(crate) async fn register_operation(&mut self) -> Result<(), Failure> {
-        let entry = |service: Option<&str>, operation: Option<&str>, doc: Value| CatalogEntry {
-            key: CatalogKey {
-                namespace: NAMESPACE.into(),
-                endpoint: ENDPOINT.into(),
-                service: service.map(str::to_string),
-                operation: operation.map(str::to_string),
-            },
-            id: format!("sim-catalog-{}", operation.or(service).unwrap_or(ENDPOINT)),
-            doc: doc.as_object().cloned().unwrap_or_default(),
-            created_at: self.now,
-            updated_at: self.now,
-        };
-        let binding = json!({"operation_mode": "sync", "handler_binding_kind": "start_workflow",
-                             "handler_binding": {"workflow_type": CHILD_TYPE, "queue": QUEUE}});
-        for entry in [
-            entry(None, None, json!({})),
-            entry(Some(SERVICE), None, json!({})),
-            entry(Some(SERVICE), Some(OPERATION), binding),
-        ] {
-            self.store()
-                .create_catalog_entry(entry)
-                .await
-                .map_err(|e| self.fail(format!("registering the operation: {e}")))?;
-        }
-        Ok(())
+/// Registers the operation the programs call (at set-up).
+pub(crate) async fn register_operation(world: &World) -> Result<(), Failure> {
+    let entry = |service: Option<&str>, operation: Option<&str>, doc: Value| CatalogEntry {
+        key: CatalogKey {
+            namespace: NAMESPACE.into(),
+            endpoint: ENDPOINT.into(),
+            service: service.map(str::to_string),
+            operation: operation.map(str::to_string),
+        },
+        id: format!("sim-catalog-{}", operation.or(service).unwrap_or(ENDPOINT)),
+        doc: doc.as_object().cloned().unwrap_or_default(),
+        created_at: world.now,
+        updated_at: world.now,
+    };
+    let binding = json!({"operation_mode": "sync", "handler_binding_kind": "start_workflow",
+                         "handler_binding": {"workflow_type": CHILD_TYPE, "queue": QUEUE}});
+    for entry in [
+        entry(None, None, json!({})),
+        entry(Some(SERVICE), None, json!({})),
+        entry(Some(SERVICE), Some(OPERATION), binding),
+    ] {
+        world
+            .store()
+            .create_catalog_entry(entry)
+            .await
+            .map_err(|e| world.fail(format!("registering the operation: {e}")))?;
     }
+    Ok(())
+}
 
-    /// Each call's rows in one run's history, by step.
-    pub(crate) fn check_service_calls(&self, run_id: &str, events: &[HistoryEvent]) -> Result<(), Failure> {
-        for (sequence, rows) in calls_by_step(events) {
-            let started = rows.iter().filter(|e| e.event_type == EventType::ServiceCallStarted).count();
-            let terminal = rows.len() - started;
-            let resumes_on_start = rows.first().is_some_and(|first| resumes_at_admission(&first.payload));
-            let ordered = started == 0 || rows[0].event_type == EventType::ServiceCallStarted;
-            if started > 1 || terminal > 1 || !ordered || (started == 1 && resumes_on_start && terminal > 0) {
-                let types: Vec<&str> = rows.iter().map(|e| e.event_type.as_str()).collect();
-                return Err(self.fail(format!("{run_id}: service call at step {sequence} recorded {types:?}")));
-            }
+/// Each call's rows in one run's history, by step.
+pub(crate) fn check_service_calls(world: &World, run_id: &str, events: &[HistoryEvent]) -> Result<(), Failure> {
+    for (sequence, rows) in calls_by_step(events) {
+        let started = rows.iter().filter(|e| e.event_type == EventType::ServiceCallStarted).count();
+        let terminal = rows.len() - started;
+        let resumes_on_start = rows.first().is_some_and(|first| resumes_at_admission(&first.payload));
+        let ordered = started == 0 || rows[0].event_type == EventType::ServiceCallStarted;
+        if started > 1 || terminal > 1 || !ordered || (started == 1 && resumes_on_start && terminal > 0) {
+            let types: Vec<&str> = rows.iter().map(|e| e.event_type.as_str()).collect();
+            return Err(world.fail(format!("{run_id}: service call at step {sequence} recorded {types:?}")));
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// The `ServiceCall*` rows of a history, grouped by their step.

@@ -4,10 +4,19 @@
 //! one, a retry answers the first receipt, a reused id is refused; `check_messages` holds every
 //! run's deliveries to what was ingested.
 
-use super::*;
+use super::keyed::sends;
+use crate::program::Programs;
+use crate::report::Failure;
+use crate::workload::NAMESPACE;
+use crate::world::{pick, Acted, World};
 use capstan_app::message_streams::{self, AppendOutcome, AppendRequest};
-use capstan_app::AppResult;
+use capstan_app::{AppError, AppResult};
 use capstan_engine::message_stream::MESSAGE_SCHEMA;
+use capstan_engine::{EventType, HistoryEvent, Payload, Reason, RunState, MESSAGE_STREAM_SIGNAL};
+use capstan_store::{StoreError, StreamStore};
+use rand::Rng;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What the simulator knows was ingested: per (workflow, stream, message id) its payload and
 /// position; per (workflow, stream) the last position.
@@ -17,26 +26,25 @@ pub(crate) struct Ingested {
     last: BTreeMap<(String, String), u64>,
 }
 
-impl Sim {
-    pub(crate) async fn append_message(&mut self) -> Result<(), Failure> {
-        let Some(workflow_id) = self.random_started_workflow() else {
-            return self.advance_clock().await;
+impl Ingested {
+    /// A client appends a message to one of a started workflow's streams (`inbox` or
+    /// `events`): a new one, or a known id again; sometimes twice.
+    pub(crate) async fn append(&mut self, world: &mut World, programs: &Programs) -> Result<Acted, Failure> {
+        let Some(workflow_id) = pick(&mut world.rng, programs.ids()) else {
+            return Ok(Acted::Idle);
         };
-        let stream = if self.rng.random_bool(0.7) { "inbox" } else { "events" };
+        let stream = if world.rng.random_bool(0.7) { "inbox" } else { "events" };
         let known: Vec<String> = self
-            .ingested
             .messages
             .keys()
             .filter(|(w, s, _)| *w == workflow_id && s == stream)
             .map(|(_, _, m)| m.clone())
             .collect();
         // A new message, or a known id again (its payload again, or rarely another one).
-        let (message_id, body) = match pick(&mut self.rng, known.iter()) {
-            Some(id) if self.rng.random_bool(0.3) => {
-                let first = self.ingested.messages[&(workflow_id.clone(), stream.to_string(), id.clone())]
-                    .0
-                    .clone();
-                let body = if self.rng.random_bool(0.2) {
+        let (message_id, body) = match pick(&mut world.rng, known.iter()) {
+            Some(id) if world.rng.random_bool(0.3) => {
+                let first = self.messages[&(workflow_id.clone(), stream.to_string(), id.clone())].0.clone();
+                let body = if world.rng.random_bool(0.2) {
                     format!("{first}-changed")
                 } else {
                     first
@@ -44,12 +52,12 @@ impl Sim {
                 (id, body)
             }
             _ => {
-                let id = format!("msg-{}", self.step);
+                let id = format!("msg-{}", world.step);
                 (id.clone(), format!("[\"{id}\"]"))
             }
         };
-        self.trace(|| format!("append {message_id} to {workflow_id}/{stream}"));
-        for _ in 0..self.sends() {
+        world.trace(|| format!("append {message_id} to {workflow_id}/{stream}"));
+        for _ in 0..sends(world) {
             let request = AppendRequest {
                 namespace: NAMESPACE.into(),
                 workflow_id: workflow_id.clone(),
@@ -57,14 +65,15 @@ impl Sim {
                 message_id: message_id.clone(),
                 input: Some(Payload::inline("json", body.clone())),
             };
-            let answer = message_streams::append(&self.app, request).await;
-            self.judge_append(&workflow_id, stream, &message_id, &body, answer)?;
+            let answer = message_streams::append(&world.app, request).await;
+            self.judge_append(world, &workflow_id, stream, &message_id, &body, answer)?;
         }
-        Ok(())
+        Ok(Acted::Done)
     }
 
     fn judge_append(
         &mut self,
+        world: &mut World,
         workflow_id: &str,
         stream: &str,
         message_id: &str,
@@ -72,45 +81,45 @@ impl Sim {
         answer: AppResult<(AppendOutcome, Option<RunState>)>,
     ) -> Result<(), Failure> {
         let key = (workflow_id.to_string(), stream.to_string(), message_id.to_string());
-        let known = self.ingested.messages.get(&key).cloned();
+        let known = self.messages.get(&key).cloned();
         let conflict = matches!(&answer, Err(AppError::Store(StoreError::Refused(r))) if r.reason == Reason::MessageIdentityConflict);
         if conflict {
             return match known {
                 Some((first, _)) if first != body => {
-                    self.report.message_conflicts += 1;
+                    world.counters.message_conflicts += 1;
                     Ok(())
                 }
-                _ => Err(self.fail(format!("{message_id} on {workflow_id}/{stream} refused as a conflict without one"))),
+                _ => Err(world.fail(format!("{message_id} on {workflow_id}/{stream} refused as a conflict without one"))),
             };
         }
-        let Some((outcome, run)) = self.declined(answer)? else {
+        let Some((outcome, run)) = world.declined(answer)? else {
             return Ok(());
         };
         let position = |body: &Value| body["position"].as_u64().unwrap_or(0);
         match (outcome, known) {
             (AppendOutcome::Accepted(receipt), None) => {
                 let stream_key = (key.0.clone(), key.1.clone());
-                let last = self.ingested.last.get(&stream_key).copied().unwrap_or(0);
+                let last = self.last.get(&stream_key).copied().unwrap_or(0);
                 if position(&receipt) != last + 1 {
-                    return Err(self.fail(format!(
+                    return Err(world.fail(format!(
                         "{message_id} on {workflow_id}/{stream} got position {} after {last}",
                         position(&receipt)
                     )));
                 }
-                self.ingested.last.insert(stream_key, last + 1);
-                self.ingested.messages.insert(key, (body.to_string(), position(&receipt)));
-                self.report.messages_ingested += 1;
+                self.last.insert(stream_key, last + 1);
+                self.messages.insert(key, (body.to_string(), position(&receipt)));
+                world.counters.messages_ingested += 1;
                 if let Some(run) = run {
-                    self.acknowledge(&run);
+                    world.seen.acknowledge(&run);
                 }
                 Ok(())
             }
-            (AppendOutcome::Accepted(_), Some(_)) => Err(self.fail(format!("{message_id} on {workflow_id}/{stream} was ingested twice"))),
+            (AppendOutcome::Accepted(_), Some(_)) => Err(world.fail(format!("{message_id} on {workflow_id}/{stream} was ingested twice"))),
             (AppendOutcome::Duplicate(receipt), Some((first, at))) if first == body && position(&receipt) == at => {
-                self.report.message_retries += 1;
+                world.counters.message_retries += 1;
                 Ok(())
             }
-            (AppendOutcome::Duplicate(receipt), known) => Err(self.fail(format!(
+            (AppendOutcome::Duplicate(receipt), known) => Err(world.fail(format!(
                 "{message_id} on {workflow_id}/{stream} answered as a duplicate ({receipt}) of {known:?}"
             ))),
         }
@@ -118,7 +127,7 @@ impl Sim {
 
     /// Every reserved delivery in a run is a message that was ingested, at its position, and at
     /// most once per run.
-    pub(crate) fn check_messages(&mut self, run: &RunState, events: &[HistoryEvent]) -> Result<(), Failure> {
+    pub(crate) fn check_messages(&self, world: &World, run: &RunState, events: &[HistoryEvent]) -> Result<(), Failure> {
         let mut seen = BTreeSet::new();
         for event in events.iter().filter(|e| e.event_type == EventType::SignalReceived) {
             if event.payload["signal_name"] != json!(MESSAGE_STREAM_SIGNAL) {
@@ -134,12 +143,12 @@ impl Sim {
             let message_id = item["message_id"].as_str().unwrap_or("").to_string();
             let key = (run.workflow_id.as_str().to_string(), stream.clone(), message_id.clone());
             if !seen.insert((stream.clone(), message_id.clone())) {
-                return Err(self.fail(format!("{}: {message_id} delivered twice on {stream}", run.run_id)));
+                return Err(world.fail(format!("{}: {message_id} delivered twice on {stream}", run.run_id)));
             }
             // Ingestions the simulator never heard of (a lost answer) still count once.
-            if let Some((_, position)) = self.ingested.messages.get(&key) {
+            if let Some((_, position)) = self.messages.get(&key) {
                 if item["position"].as_u64() != Some(*position) {
-                    return Err(self.fail(format!(
+                    return Err(world.fail(format!(
                         "{}: {message_id} delivered at {} but ingested at {position}",
                         run.run_id, item["position"]
                     )));
@@ -150,28 +159,26 @@ impl Sim {
     }
 }
 
-impl Sim {
-    /// A run's output stream holds exactly the items of its recorded stream side effects: two
-    /// per side effect, offsets from 0 without a gap (a directive lands with its side effect,
-    /// once, or not at all).
-    pub(crate) async fn check_output_stream(&mut self, run: &RunState, events: &[HistoryEvent]) -> Result<(), Failure> {
-        let side_effects = events.iter().filter(|e| e.event_type == EventType::SideEffectRecorded).count() as i64;
-        let streams = self
-            .store()
-            .list_streams(NAMESPACE, run.workflow_id.as_str(), run.run_id.as_str())
-            .await
-            .map_err(|e| self.fail(format!("streams: {e}")))?;
-        let last_offset = streams.iter().find(|s| s.stream_name == "out").map_or(-1, |s| s.last_offset);
-        let items = streams.iter().find(|s| s.stream_name == "out").map_or(0, |s| s.total_items as i64);
-        if last_offset + 1 != 2 * side_effects || items != 2 * side_effects {
-            return Err(self.fail(format!(
-                "{}: {side_effects} stream side effects but the stream's last offset is {last_offset} ({items} items)",
-                run.run_id
-            )));
-        }
-        if side_effects > 0 {
-            self.report.stream_items += 2 * side_effects as usize;
-        }
-        Ok(())
+/// A run's output stream holds exactly the items of its recorded stream side effects: two
+/// per side effect, offsets from 0 without a gap (a directive lands with its side effect,
+/// once, or not at all).
+pub(crate) async fn check_output_stream(world: &mut World, run: &RunState, events: &[HistoryEvent]) -> Result<(), Failure> {
+    let side_effects = events.iter().filter(|e| e.event_type == EventType::SideEffectRecorded).count() as i64;
+    let streams = world
+        .store()
+        .list_streams(NAMESPACE, run.workflow_id.as_str(), run.run_id.as_str())
+        .await
+        .map_err(|e| world.fail(format!("streams: {e}")))?;
+    let last_offset = streams.iter().find(|s| s.stream_name == "out").map_or(-1, |s| s.last_offset);
+    let items = streams.iter().find(|s| s.stream_name == "out").map_or(0, |s| s.total_items as i64);
+    if last_offset + 1 != 2 * side_effects || items != 2 * side_effects {
+        return Err(world.fail(format!(
+            "{}: {side_effects} stream side effects but the stream's last offset is {last_offset} ({items} items)",
+            run.run_id
+        )));
     }
+    if side_effects > 0 {
+        world.counters.stream_items += 2 * side_effects as usize;
+    }
+    Ok(())
 }
