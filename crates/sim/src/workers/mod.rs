@@ -24,9 +24,9 @@ use crate::workload::{
 };
 use crate::world::{Acted, World};
 use cancellation::deliver_requested_cancellation;
-use capstan_app::{polls, AppError};
+use capstan_app::{polls, workers, AppError};
 use capstan_engine::{Payload, QueryKind, RunState, StickyClaim, Task, TaskDetail, TaskKind, WorkflowCommand};
-use capstan_store::{FleetStore, RunLocator, RunStore, TaskStore, WorkerRecord};
+use capstan_store::{RunLocator, RunStore, TaskStore};
 use deliveries::{deliver, Delivery, Held};
 use local::run_local_call;
 use rand::Rng;
@@ -57,7 +57,7 @@ fn worker(world: &mut World) -> String {
 
 /// A polling worker is alive: its registration is refreshed.
 async fn alive(world: &World, owner: &str) -> Result<(), Failure> {
-    let beat = world.store().heartbeat_worker(NAMESPACE, owner, world.now).await;
+    let beat = workers::heartbeat(&world.app, NAMESPACE, owner).await;
     beat.map_err(|e| world.fail(format!("worker heartbeat: {e}")))?;
     Ok(())
 }
@@ -90,22 +90,19 @@ impl Workers {
                     "prepared_local_activities"
                 ]),
             );
-            let worker = WorkerRecord {
+            let registration = workers::Registration {
                 namespace: NAMESPACE.into(),
-                worker_id: format!("worker-{n}"),
+                worker_id: Some(format!("worker-{n}")),
                 task_queue: QUEUE.into(),
                 runtime: "simulated".into(),
                 sdk_version: Some(SDK_VERSION.into()),
                 build_id: None,
-                supported_workflow_types: vec![WORKFLOW_TYPE.into(), CHILD_TYPE.into(), SCHEDULED_TYPE.into()],
-                supported_activity_types: vec![PLAIN.into(), DECLARED.into(), probes::PROBE.into()],
-                workflow_definition_fingerprints: Map::new(),
+                workflow_types: vec![WORKFLOW_TYPE.into(), CHILD_TYPE.into(), SCHEDULED_TYPE.into()],
+                activity_types: vec![PLAIN.into(), DECLARED.into(), probes::PROBE.into()],
+                fingerprints: Map::new(),
                 document,
-                status: "active".into(),
-                registered_at: world.now,
-                last_heartbeat_at: world.now,
             };
-            let registered = world.store().register_worker(worker).await;
+            let registered = workers::register(&world.app, registration).await;
             registered.map_err(|e| world.fail(format!("register: {e}")))?;
         }
         self.retired.clear();
@@ -117,7 +114,8 @@ impl Workers {
     pub(crate) async fn retire(&mut self, world: &mut World) -> Result<Acted, Failure> {
         let worker = worker(world);
         world.trace(|| format!("{worker} retires"));
-        let gone = world.store().deregister_worker(NAMESPACE, &worker).await;
+        // As the server does: its leased workflow tasks are given back at once.
+        let gone = workers::deregister(&world.app, NAMESPACE, &worker).await;
         gone.map_err(|e| world.fail(format!("deregister: {e}")))?;
         self.retired.insert(worker);
         world.counters.workers_retired += 1;
