@@ -120,18 +120,42 @@ pub fn deliver_cancellation(
     delivery: DeliveryRequest,
 ) -> Result<DeliveryOutcome, Refusal> {
     check_workflow_lease(run, cx.now, task_id, owner, attempt)?;
-    let refuse = |reason, message: &str| Refusal::new(reason, message).with("task_id", task_id.as_str());
-    let Some(request) = run.cancellation.clone() else {
-        return Err(refuse(Reason::CancellationRequestMismatch, "The run has no cancellation request."));
+    let request = match check_delivery(run, cx, task_id, &delivery)? {
+        Checked::Repeated(done) => return Ok(DeliveryOutcome::Delivered(done)),
+        Checked::Eligible(request) => request,
     };
-    if request.request_id.as_str() != delivery.request_id {
-        return Err(refuse(
-            Reason::CancellationRequestMismatch,
-            "The delivery names another cancellation request.",
-        )
-        .with("request_id", request.request_id.as_str()));
+    let (base, span) = match delivery.operation_sequence {
+        Some(operation) => (operation, delivery.operation_sequence_span),
+        None => (delivery.sequence, delivery.sequence_span),
+    };
+    if let Some(waiting) = wait_for_stops(run, cx, task_id, &delivery, &request, base..base + span)? {
+        run.release_workflow_task(cx, task_id);
+        return Ok(DeliveryOutcome::Waiting(waiting));
     }
-    let shape_ok = CALL_KINDS.contains(&delivery.call_kind.as_str())
+    for step in base..base + span {
+        interrupt_step(run, cx, step);
+    }
+    Ok(DeliveryOutcome::Delivered(record_delivery(run, cx, task_id, delivery, &request)))
+}
+
+/// What checking a delivery found: the same delivery made before, or a request it may go on.
+enum Checked {
+    Repeated(CancellationDelivery),
+    Eligible(CancellationRequest),
+}
+
+/// Whether `delivery` names the same authored call as one recorded before.
+fn same_call(delivery: &DeliveryRequest, sequence: u32, call_kind: &str, span: u32, operation: Option<u32>, operation_span: u32) -> bool {
+    delivery.sequence == sequence
+        && delivery.call_kind == call_kind
+        && delivery.sequence_span == span
+        && delivery.operation_sequence == operation
+        && delivery.operation_sequence_span == operation_span
+}
+
+/// Whether the delivery describes one authored call at all.
+fn describes_one_call(delivery: &DeliveryRequest) -> bool {
+    CALL_KINDS.contains(&delivery.call_kind.as_str())
         && delivery.sequence >= 1
         && (1..=1000).contains(&delivery.sequence_span)
         && (delivery.call_kind == "parallel" || delivery.sequence_span == 1)
@@ -143,21 +167,41 @@ pub fn deliver_cancellation(
                     && delivery.operation_sequence_span <= delivery.sequence - operation
             }
             None => delivery.call_kind != "selection_handle" && delivery.operation_sequence_span == 1,
-        };
-    if !shape_ok {
+        }
+}
+
+/// Refuses a delivery that names another request, no single call, another call than an earlier
+/// delivery, a call after the next one, a call of another kind, or a call settled before the
+/// request; answers a repeat with the earlier delivery.
+fn check_delivery(run: &RunState, cx: &Cx, task_id: &TaskId, delivery: &DeliveryRequest) -> Result<Checked, Refusal> {
+    let refuse = |reason, message: &str| Refusal::new(reason, message).with("task_id", task_id.as_str());
+    let Some(request) = run.cancellation.clone() else {
+        return Err(refuse(Reason::CancellationRequestMismatch, "The run has no cancellation request."));
+    };
+    if request.request_id.as_str() != delivery.request_id {
+        return Err(refuse(
+            Reason::CancellationRequestMismatch,
+            "The delivery names another cancellation request.",
+        )
+        .with("request_id", request.request_id.as_str()));
+    }
+    if !describes_one_call(delivery) {
         return Err(refuse(
             Reason::InvalidCancellationDelivery,
             "The delivery does not describe one authored call.",
         ));
     }
     if let Some(done) = &request.delivery {
-        let same = done.sequence == delivery.sequence
-            && done.call_kind == delivery.call_kind
-            && done.sequence_span == delivery.sequence_span
-            && done.operation_sequence == delivery.operation_sequence
-            && done.operation_sequence_span == delivery.operation_sequence_span;
+        let same = same_call(
+            delivery,
+            done.sequence,
+            &done.call_kind,
+            done.sequence_span,
+            done.operation_sequence,
+            done.operation_sequence_span,
+        );
         return if same {
-            Ok(DeliveryOutcome::Delivered(done.clone()))
+            Ok(Checked::Repeated(done.clone()))
         } else {
             Err(refuse(
                 Reason::CancellationDeliveryMismatch,
@@ -197,77 +241,118 @@ pub fn deliver_cancellation(
             "That call settled before the cancellation was requested.",
         ));
     }
-    if let Some(awaiting) = &request.awaiting {
-        let same_call = awaiting.sequence == delivery.sequence
-            && awaiting.call_kind == delivery.call_kind
-            && awaiting.sequence_span == delivery.sequence_span
-            && awaiting.operation_sequence == delivery.operation_sequence
-            && awaiting.operation_sequence_span == delivery.operation_sequence_span;
-        if !same_call {
-            return Err(refuse(
-                Reason::CancellationWaitBoundaryMismatch,
-                "The delivery waits at another call; deliver it there.",
-            )
-            .with("sequence", awaiting.sequence));
-        }
-        if let Some(waiting) = still_waiting(run, awaiting) {
-            run.release_workflow_task(cx, task_id);
-            return Ok(DeliveryOutcome::Waiting(waiting));
-        }
-        for (step, workflow_id, run_id) in awaiting.children.clone() {
-            let payload = obj!(
-                "sequence" => step,
-                "cancellation_policy" => "wait_cancellation_completed",
-                "parent_request_id" => request.request_id,
-                "child_workflow_instance_id" => workflow_id,
-                "child_workflow_run_id" => run_id,
-                "reason" => "child_closed",
-            );
-            run.append(
-                cx,
-                EventType::ChildCancellationResolved,
-                payload,
-                Some(task_id),
-                Some(&request.request_id),
-            );
-        }
-    } else {
-        let waits: Vec<ActivityExecution> = (base..base + span)
-            .flat_map(|step| run.activities.values().filter(move |a| a.step == step))
-            .filter(|a| a.cancellation_policy == Some(ActivityCancellationPolicy::WaitCancellationCompleted))
-            .filter(|a| running_attempt(run, &a.task_id).is_some())
-            .cloned()
-            .collect();
-        let local_waits = stop_waiting_local_attempts(run, cx, base..base + span);
-        let children = ask_children_to_cancel(run, cx, base..base + span, &request, task_id);
-        if !waits.is_empty() || !local_waits.is_empty() || !children.is_empty() {
-            let mut attempts: Vec<ActivityAttemptId> = waits
-                .iter()
-                .filter_map(|a| running_attempt(run, &a.task_id))
-                .map(|(attempt, _)| attempt)
-                .collect();
-            attempts.extend(local_waits);
-            for activity in &waits {
-                stop_activity(run, cx, activity);
-            }
-            let awaiting = AwaitedStops {
-                sequence: delivery.sequence,
-                call_kind: delivery.call_kind,
-                sequence_span: delivery.sequence_span,
-                operation_sequence: delivery.operation_sequence,
-                operation_sequence_span: delivery.operation_sequence_span,
-                attempts,
-                children,
-            };
-            let waiting = still_waiting(run, &awaiting).expect("something to wait for");
-            run.cancellation.as_mut().expect("checked").awaiting = Some(awaiting);
-            run.release_workflow_task(cx, task_id);
-            return Ok(DeliveryOutcome::Waiting(waiting));
-        }
+    Ok(Checked::Eligible(request))
+}
+
+/// A delivery at a call whose activities or children must stop first
+/// (`wait_cancellation_completed`): what it still waits for, if anything. The first such
+/// delivery stops them and records what it waits for; a later one at the same call goes on
+/// once they have stopped (recording each child's resolution).
+fn wait_for_stops(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    delivery: &DeliveryRequest,
+    request: &CancellationRequest,
+    steps: std::ops::Range<u32>,
+) -> Result<Option<Reason>, Refusal> {
+    let Some(awaiting) = &request.awaiting else {
+        return Ok(start_waiting(run, cx, task_id, delivery, request, steps));
+    };
+    let same = same_call(
+        delivery,
+        awaiting.sequence,
+        &awaiting.call_kind,
+        awaiting.sequence_span,
+        awaiting.operation_sequence,
+        awaiting.operation_sequence_span,
+    );
+    if !same {
+        return Err(Refusal::new(
+            Reason::CancellationWaitBoundaryMismatch,
+            "The delivery waits at another call; deliver it there.",
+        )
+        .with("task_id", task_id.as_str())
+        .with("sequence", awaiting.sequence));
     }
-    for step in base..base + span {
-        interrupt_step(run, cx, step);
+    if let Some(waiting) = still_waiting(run, awaiting) {
+        return Ok(Some(waiting));
     }
+    for (step, workflow_id, run_id) in awaiting.children.clone() {
+        let payload = obj!(
+            "sequence" => step,
+            "cancellation_policy" => "wait_cancellation_completed",
+            "parent_request_id" => request.request_id,
+            "child_workflow_instance_id" => workflow_id,
+            "child_workflow_run_id" => run_id,
+            "reason" => "child_closed",
+        );
+        run.append(
+            cx,
+            EventType::ChildCancellationResolved,
+            payload,
+            Some(task_id),
+            Some(&request.request_id),
+        );
+    }
+    Ok(None)
+}
+
+/// Stops the running attempts (activities, prepared local attempts) and children of `steps`
+/// whose policy waits for them, and records what the delivery now waits for; `None` when
+/// nothing there waits.
+fn start_waiting(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    delivery: &DeliveryRequest,
+    request: &CancellationRequest,
+    steps: std::ops::Range<u32>,
+) -> Option<Reason> {
+    let waits: Vec<ActivityExecution> = steps
+        .clone()
+        .flat_map(|step| run.activities.values().filter(move |a| a.step == step))
+        .filter(|a| a.cancellation_policy == Some(ActivityCancellationPolicy::WaitCancellationCompleted))
+        .filter(|a| running_attempt(run, &a.task_id).is_some())
+        .cloned()
+        .collect();
+    let local_waits = stop_waiting_local_attempts(run, cx, steps.clone());
+    let children = ask_children_to_cancel(run, cx, steps, request, task_id);
+    if waits.is_empty() && local_waits.is_empty() && children.is_empty() {
+        return None;
+    }
+    let mut attempts: Vec<ActivityAttemptId> = waits
+        .iter()
+        .filter_map(|a| running_attempt(run, &a.task_id))
+        .map(|(attempt, _)| attempt)
+        .collect();
+    attempts.extend(local_waits);
+    for activity in &waits {
+        stop_activity(run, cx, activity);
+    }
+    let awaiting = AwaitedStops {
+        sequence: delivery.sequence,
+        call_kind: delivery.call_kind.clone(),
+        sequence_span: delivery.sequence_span,
+        operation_sequence: delivery.operation_sequence,
+        operation_sequence_span: delivery.operation_sequence_span,
+        attempts,
+        children,
+    };
+    let waiting = still_waiting(run, &awaiting);
+    debug_assert!(waiting.is_some(), "a delivery that stopped something waits for it");
+    run.cancellation.as_mut().expect("checked").awaiting = Some(awaiting);
+    waiting
+}
+
+/// Records the delivery (`CooperativeCancellationDelivered`) on the run's request.
+fn record_delivery(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    delivery: DeliveryRequest,
+    request: &CancellationRequest,
+) -> CancellationDelivery {
     let done = CancellationDelivery {
         sequence: delivery.sequence,
         call_kind: delivery.call_kind,
@@ -293,7 +378,7 @@ pub fn deliver_cancellation(
     request.delivery = Some(done.clone());
     request.awaiting = None;
     run.extend_leased_history(cx);
-    Ok(DeliveryOutcome::Delivered(done))
+    done
 }
 
 /// What a delivery came to.

@@ -43,7 +43,52 @@ use capstan_store::Store;
 use table::ServerTable;
 
 pub fn router<S: Store>(state: Shared<S>) -> Router {
-    let worker_plane = ServerTable::<S>::new()
+    let (api, api_paths) = ServerTable::<S>::new()
+        .route("/health", get(system::health::<S>))
+        .route("/ready", get(system::ready::<S>))
+        .route("/cluster/info", get(system::cluster_info::<S>))
+        .route("/auth/whoami", get(system::whoami::<S>))
+        .route("/auth/credentials", get(credentials::list::<S>).post(credentials::create::<S>))
+        .route(
+            "/auth/credentials/:principal",
+            get(credentials::describe::<S>)
+                .put(credentials::regrant::<S>)
+                .delete(credentials::delete::<S>),
+        )
+        .route("/auth/credential-events", get(credential_events::list::<S>))
+        .route("/auth/credentials/:principal/secrets", post(credentials::add_secret::<S>))
+        .route(
+            "/auth/credentials/:principal/secrets/:secret_id",
+            axum::routing::delete(credentials::remove_secret::<S>),
+        )
+        .merge(worker_plane(&state))
+        .merge(control_plane(&state))
+        .merge(namespace_plane(&state))
+        .merge(payload_plane(&state))
+        .into_parts();
+    let routes: Vec<String> = api_paths
+        .iter()
+        .map(|path| format!("/api{path}"))
+        .chain(["/metrics"].iter().chain(&crate::ui::PATHS).map(|path| path.to_string()))
+        .collect();
+    state.metrics.http.declare_routes(routes.iter().map(String::as_str));
+
+    Router::new()
+        .nest("/api", api)
+        .route("/metrics", get(system::metrics::<S>))
+        .merge(crate::ui::router())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::record::<S>))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn(mark_loopback))
+        .layer(tower_http::compression::CompressionLayer::new().compress_when(Compressible))
+        .with_state(state)
+}
+
+/// The worker plane: registration, sessions, polls and every report a worker makes.
+fn worker_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
+    ServerTable::<S>::new()
         .route("/worker/register", post(worker::register::<S>))
         .route("/worker/heartbeat", post(worker::heartbeat::<S>))
         .route("/worker/registrations/:worker_id", delete(worker::deregister::<S>))
@@ -129,9 +174,24 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             state.clone(),
             crate::offload::offload_large_payloads::<S>,
         ))
-        .route_layer(middleware::from_fn_with_state(state.clone(), planes::worker_plane::<S>));
+        .route_layer(middleware::from_fn_with_state(state.clone(), planes::worker_plane::<S>))
+}
 
-    let control_plane = ServerTable::<S>::new()
+/// The control plane: what clients and operators do to workflows, schedules, the ledger, the
+/// fleet and the server.
+fn control_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
+    workflow_routes::<S>()
+        .merge(operator_routes::<S>())
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::offload::offload_large_payloads::<S>,
+        ))
+        .route_layer(middleware::from_fn_with_state(state.clone(), planes::control_plane::<S>))
+}
+
+/// The control plane's routes about workflows, activities and their runs.
+fn workflow_routes<S: Store>() -> ServerTable<S> {
+    ServerTable::<S>::new()
         .route("/workflows", post(control::start::<S>).get(control::list::<S>))
         .route("/activities", post(activities::start::<S>).get(activities::list::<S>))
         .route("/activities/:activity_id", get(activities::describe::<S>))
@@ -139,7 +199,6 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .route("/workflows/:workflow_id/runs", get(control::runs::<S>))
         .route("/workflows/:workflow_id/audit-events", get(audit::list::<S>))
         .route("/workflows/:workflow_id/runs/:run_id", get(control::describe_run::<S>))
-        .route("/workflow-counts", get(control::counts::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/history", get(control::history::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/integrity", get(control::integrity::<S>))
         .route(
@@ -193,6 +252,20 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/workflows/:workflow_id/runs/:run_id/request-cancellation",
             post(cancellation::request_run::<S>),
         )
+        .route("/workflows/:workflow_id/nexus-operations", get(service_calls::of_workflow::<S>))
+        .route(
+            "/workflows/:workflow_id/runs/:run_id/nexus-operations",
+            get(service_calls::of_workflow::<S>),
+        )
+        .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
+}
+
+/// The control plane's routes for operators: schedules, the ledger and integrity incidents, the
+/// fleet and task queues, search attributes, the Nexus catalogue, storage, system duties.
+fn operator_routes<S: Store>() -> ServerTable<S> {
+    ServerTable::<S>::new()
+        .route("/workflow-counts", get(control::counts::<S>))
         .route("/action-definitions", get(ledger::list_definitions::<S>))
         .route(
             "/action-definitions/:activity_type",
@@ -283,20 +356,11 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/service-endpoints/:endpoint/services/:service/operations/:operation/service-calls/:service_call_id/cancel",
             post(service_calls::cancel::<S>),
         )
-        .route("/workflows/:workflow_id/nexus-operations", get(service_calls::of_workflow::<S>))
-        .route(
-            "/workflows/:workflow_id/runs/:run_id/nexus-operations",
-            get(service_calls::of_workflow::<S>),
-        )
-        .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
-        .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::offload::offload_large_payloads::<S>,
-        ))
-        .route_layer(middleware::from_fn_with_state(state.clone(), planes::control_plane::<S>));
+}
 
-    let namespace_plane = ServerTable::<S>::new()
+/// Namespace administration (the namespace is the path, so it need not exist).
+fn namespace_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
+    ServerTable::<S>::new()
         .route("/namespaces", get(namespaces::list::<S>).post(namespaces::create::<S>))
         .route(
             "/namespaces/:name",
@@ -308,55 +372,16 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
             "/namespaces/:name/external-storage",
             axum::routing::put(external_payloads::set_policy::<S>),
         )
-        .route_layer(middleware::from_fn_with_state(state.clone(), planes::namespace_plane::<S>));
+        .route_layer(middleware::from_fn_with_state(state.clone(), planes::namespace_plane::<S>))
+}
 
-    // The runtime payload transport serves workers and clients alike, each with its own token.
-    let payload_plane = ServerTable::<S>::new()
+/// The runtime transport of external payloads: it serves workers and clients alike, each with
+/// its own token.
+fn payload_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
+    ServerTable::<S>::new()
         .route("/external-payloads/v1", post(external_payloads::upload::<S>))
         .route("/external-payloads/v1/:reference_id", get(external_payloads::fetch::<S>))
-        .route_layer(middleware::from_fn_with_state(state.clone(), planes::payload_plane::<S>));
-
-    let (api, api_paths) = ServerTable::<S>::new()
-        .route("/health", get(system::health::<S>))
-        .route("/ready", get(system::ready::<S>))
-        .route("/cluster/info", get(system::cluster_info::<S>))
-        .route("/auth/whoami", get(system::whoami::<S>))
-        .route("/auth/credentials", get(credentials::list::<S>).post(credentials::create::<S>))
-        .route(
-            "/auth/credentials/:principal",
-            get(credentials::describe::<S>)
-                .put(credentials::regrant::<S>)
-                .delete(credentials::delete::<S>),
-        )
-        .route("/auth/credential-events", get(credential_events::list::<S>))
-        .route("/auth/credentials/:principal/secrets", post(credentials::add_secret::<S>))
-        .route(
-            "/auth/credentials/:principal/secrets/:secret_id",
-            axum::routing::delete(credentials::remove_secret::<S>),
-        )
-        .merge(worker_plane)
-        .merge(control_plane)
-        .merge(namespace_plane)
-        .merge(payload_plane)
-        .into_parts();
-    let routes: Vec<String> = api_paths
-        .iter()
-        .map(|path| format!("/api{path}"))
-        .chain(["/metrics"].iter().chain(&crate::ui::PATHS).map(|path| path.to_string()))
-        .collect();
-    state.metrics.http.declare_routes(routes.iter().map(String::as_str));
-
-    Router::new()
-        .nest("/api", api)
-        .route("/metrics", get(system::metrics::<S>))
-        .merge(crate::ui::router())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::record::<S>))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
-        .layer(middleware::from_fn(mark_loopback))
-        .layer(tower_http::compression::CompressionLayer::new().compress_when(Compressible))
-        .with_state(state)
+        .route_layer(middleware::from_fn_with_state(state.clone(), planes::payload_plane::<S>))
 }
 
 /// A response to a client on this machine: compressing it costs the server CPU and saves no
