@@ -11,31 +11,16 @@ use serde_json::Value;
 use std::sync::Arc;
 
 impl SharedStore {
-    pub(super) async fn claim_task_checked(&self, claim: Claim) -> StoreResult<Option<(Task, RunState)>> {
-        let Claim {
-            namespace,
-            kind,
-            queue,
-            types,
-            owner,
-            lease_ms,
-            now,
-            poll,
-        } = claim;
-        let (namespace, queue, owner) = (namespace.as_str(), queue.as_str(), owner.as_str());
-        let poller = claim::Poller {
-            kind,
-            owner,
-            lease_ms,
-            poll: poll.as_ref(),
-        };
+    pub(super) async fn claim_task_checked(&self, wanted: Claim) -> StoreResult<Option<(Task, RunState)>> {
+        let poller = wanted.poller();
+        let (namespace, queue, owner, now) = (wanted.namespace.as_str(), wanted.queue.as_str(), wanted.owner.as_str(), wanted.now);
         // A few attempts: a candidate can turn out stale (leased a moment ago through another
         // node), or not this poller's to take now (a session activity of another worker's
         // session); then the next one is tried.
         let mut passed: Vec<String> = Vec::new();
         for _ in 0..4 {
             let mut tx = self.begin().await?;
-            let candidate = claim::lock_candidate(&mut tx, namespace, kind, queue, &types, owner, now, &passed).await?;
+            let candidate = claim::lock_candidate(&mut tx, namespace, wanted.kind, queue, &wanted.types, owner, now, &passed).await?;
             let Some((task_id, run)) = candidate else { return Ok(None) };
             let id = task_id.as_str().to_string();
             let claimed = claim::lease_candidate(&mut tx, run, task_id, &poller, now, &self.env).await?;

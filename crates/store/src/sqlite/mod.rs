@@ -165,45 +165,32 @@ impl Backend for SqliteStore {
 
     /// Up to eight candidates in one read, each tried in turn in the same write job: the one
     /// writer means nobody else can take them meanwhile.
-    async fn claim(&self, claim: Claim) -> StoreResult<Option<(Task, RunState)>> {
+    async fn claim(&self, wanted: Claim) -> StoreResult<Option<(Task, RunState)>> {
         let env = self.env.clone();
         self.writer
             .write_tx(move |tx| {
-                let Claim {
-                    namespace,
-                    kind,
-                    queue,
-                    types,
-                    owner,
-                    lease_ms,
-                    now,
-                    poll,
-                } = claim;
                 // A pinned run's workflow tasks go only to workers of its build.
-                let owner_param = 5 + types.len();
+                let owner_param = 5 + wanted.types.len();
                 let sql = format!(
                     "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
                        AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
                        AND {} AND {}
                      ORDER BY available_at, task_id LIMIT 8",
-                    type_filter(&types, 5),
+                    type_filter(&wanted.types, 5),
                     sticky_free("tasks", &format!("?{owner_param}"), "?4"),
                     session_free("tasks", &format!("?{owner_param}"), "?4"),
                 );
-                let mut values: Vec<rusqlite::types::Value> = vec![namespace.into(), kind.as_str().to_string().into(), queue.into(), now.into()];
-                values.extend(types.into_iter().map(rusqlite::types::Value::from));
-                values.push(owner.clone().into());
+                let now = wanted.now;
+                let mut values: Vec<rusqlite::types::Value> =
+                    vec![wanted.namespace.clone().into(), wanted.kind.as_str().to_string().into(), wanted.queue.clone().into(), now.into()];
+                values.extend(wanted.types.iter().cloned().map(rusqlite::types::Value::from));
+                values.push(wanted.owner.clone().into());
                 let candidates: Vec<(String, String)> = tx
                     .connection()
                     .prepare_cached(&sql)?
                     .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
                     .collect::<Result<_, _>>()?;
-                let poller = claim::Poller {
-                    kind,
-                    owner: &owner,
-                    lease_ms,
-                    poll: poll.as_ref(),
-                };
+                let poller = wanted.poller();
                 for (task_id, run_id) in candidates {
                     let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
                     match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &env))? {

@@ -2,9 +2,10 @@
 //! writes the same fields. Where one type is recorded from several places with different
 //! fields (a local activity's events, an operator's ledger decision, a cooperative
 //! cancellation…), the difference is a variant of the builder's parameter, never a map built at
-//! the call site. Each builder is named after its event type. The one recorded type not built
-//! here is `SelectionResolved`: `crate::selection` builds it, as only the selection book knows
-//! the winner.
+//! the call site. Each builder is named after its event type. Two recorded types are not built
+//! here: `SelectionResolved` (`crate::selection` builds it, as only the selection book knows the
+//! winner) and `ActivityCancellationAcknowledged` (`transitions/activity_stop.rs`, beside the one
+//! transition that records it).
 //!
 //! Key order does not matter (the canonical form sorts keys), but which fields a payload has,
 //! and which value wins when a step tag has the same name as a field, does: explicit fields
