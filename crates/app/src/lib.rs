@@ -40,6 +40,7 @@ pub mod polls;
 pub mod queries;
 pub mod redrive;
 pub mod reports;
+pub mod schedules;
 pub mod search_attributes;
 pub mod service_calls;
 pub mod sessions;

@@ -5,7 +5,10 @@
 use crate::{AppError, AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{AuditEvent, RunLocator, WorkerRecord};
+use capstan_store::{AuditEvent, QueryAnswer, QueryClaim, RunLocator, WorkerRecord};
+
+/// How long a query task's lease lasts: the worker replays the run and answers within it.
+pub const QUERY_LEASE_MS: i64 = 10_000;
 
 /// A worker that has not heartbeated for this long is not counted on to answer.
 pub const WORKER_FRESH_MS: i64 = 180_000;
@@ -103,4 +106,29 @@ pub async fn put_query<V: Services>(services: &V, request: QueryRequest) -> AppR
 /// Removes a query task once its caller stopped waiting (answered or not).
 pub async fn forget_query<V: Services>(services: &V, namespace: &str, task_id: &str) -> AppResult<()> {
     Ok(services.store().delete_query_task(namespace, task_id).await?)
+}
+
+/// Leases the oldest leasable task of the claim's kind (a query, or an update validation) on
+/// its queue to the poller: a ready one, or one whose lease ran out unanswered.
+pub async fn claim_task<V: Services>(services: &V, claim: QueryClaim) -> AppResult<Option<QueryTask>> {
+    Ok(services.store().claim_query_task(claim, services.now()).await?)
+}
+
+/// Records a worker's answer (or verdict) once, fenced by lease owner and attempt; a late,
+/// stale or second answer is refused and changes nothing.
+pub async fn answer_task<V: Services>(services: &V, answer: QueryAnswer) -> AppResult<QueryTask> {
+    Ok(services.store().answer_query_task(answer, services.now()).await?)
+}
+
+/// The run a query or validation task asks about and its committed history up to the run's
+/// last event (at most `max_events`), which the worker replays before it answers.
+pub async fn replay_snapshot<V: Services>(services: &V, task: &QueryTask, max_events: usize) -> AppResult<(RunState, Vec<HistoryEvent>)> {
+    let store = services.store();
+    let locator = RunLocator::Run(WorkflowId(task.workflow_id.clone()), RunId(task.run_id.clone()));
+    let run = store
+        .load_run(&task.namespace, locator)
+        .await?
+        .ok_or_else(|| Refusal::new(Reason::RunNotFound, "The run is gone."))?;
+    let events = store.history(&run.run_id, 0, run.last_sequence, max_events).await?;
+    Ok((run, events))
 }

@@ -128,6 +128,8 @@ where
 pub const VALIDATION_CAPABILITY: &str = "update_validation_tasks";
 /// How long an update request waits for a verdict (DW's default).
 pub const VALIDATION_WAIT_MS: i64 = 10_000;
+/// How long a validation task's lease lasts: the worker replays the run and judges within it.
+pub const VALIDATION_LEASE_MS: i64 = 10_000;
 
 /// Why an update cannot be put to a validator now.
 pub enum NoValidator {

@@ -17,12 +17,9 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use capstan_app::queries;
 use capstan_engine::*;
-use capstan_store::{RunLocator, Store};
+use capstan_store::{QueryAnswer, QueryClaim, Store};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-
-/// Lease of one query attempt.
-const QUERY_LEASE_MS: i64 = 10_000;
 
 fn query_error(error: ApiError, workflow_id: &str, query_name: &str) -> ApiError {
     let mut error = error;
@@ -182,10 +179,14 @@ async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request
     let notify = state.hub.channel(namespace, TaskKind::Query, &request.queue);
     let owner = request.worker.worker_id.as_str();
     wait_for_work(&notify, request.wait_ms, || async move {
-        let claimed = state
-            .store
-            .claim_query_task(namespace, &request.queue, QueryKind::Query, owner, QUERY_LEASE_MS, state.now())
-            .await?;
+        let claim = QueryClaim {
+            namespace: namespace.to_string(),
+            queue: request.queue.clone(),
+            kind: QueryKind::Query,
+            owner: owner.to_string(),
+            lease_ms: queries::QUERY_LEASE_MS,
+        };
+        let claimed = queries::claim_task(state, claim).await?;
         // Any poller of the queue may take any of its query tasks: none claimed, none ready.
         Ok(match claimed {
             Some(task) => {
@@ -198,21 +199,11 @@ async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request
     .await
 }
 
-/// The run a query or validation task asks about and its committed history (everything up to
-/// the run's current last event), which the worker replays before answering.
+/// The run a query or validation task asks about and its committed history, rendered for the
+/// worker's replay.
 pub(crate) async fn replay_snapshot<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<(RunState, Vec<Value>)> {
-    let run = state
-        .store
-        .load_run(
-            &task.namespace,
-            RunLocator::Run(WorkflowId(task.workflow_id.clone()), RunId(task.run_id.clone())),
-        )
-        .await?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "The run is gone."))?;
-    let events = state
-        .store
-        .history(&run.run_id, 0, run.last_sequence, state.config.limits.history_events_max as usize)
-        .await?;
+    let max_events = state.config.limits.history_events_max as usize;
+    let (run, events) = queries::replay_snapshot(state, task, max_events).await?;
     let history = events.iter().map(|e| render::worker_event(&task.namespace, e)).collect();
     Ok((run, history))
 }
@@ -318,16 +309,19 @@ async fn answer<S: Store>(
     outcome: QueryOutcome,
 ) -> ApiResult<Json<Value>> {
     let completed = matches!(outcome, QueryOutcome::Result(_));
-    state
-        .store
-        .answer_query_task(namespace, id, owner, attempt, outcome, state.now())
-        .await
-        .map_err(|error| {
-            let mut error = ApiError::from(error);
-            error.fields.entry("query_task_id").or_insert_with(|| json!(id));
-            error.fields.entry("recorded").or_insert(json!(false));
-            error
-        })?;
+    let answer = QueryAnswer {
+        namespace: namespace.to_string(),
+        task_id: id.to_string(),
+        owner: owner.to_string(),
+        attempt,
+        outcome,
+    };
+    queries::answer_task(state, answer).await.map_err(|error| {
+        let mut error = ApiError::from(error);
+        error.fields.entry("query_task_id").or_insert_with(|| json!(id));
+        error.fields.entry("recorded").or_insert(json!(false));
+        error
+    })?;
     state.query_answers.wake(id);
     Ok(Json(json!({
         "query_task_id": id,

@@ -13,9 +13,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use capstan_app::schedules::{self, NewSchedule, ScheduleChange};
+use capstan_app::AppError;
 use capstan_engine::schedule::{parse_instant, OverlapPolicy, Schedule, ScheduleFields, SpecError};
-use capstan_engine::{Payload, Reason, Refusal};
-use capstan_store::{ScheduleFilter, ScheduleFire, Store, BACKFILL_MAX};
+use capstan_engine::{Payload, Reason};
+use capstan_store::{ScheduleFilter, ScheduleFire, Store, StoreError, BACKFILL_MAX};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -151,11 +153,16 @@ pub async fn create<S: Store>(
         .take()
         .ok_or_else(|| ApiError::validation("spec", "The spec must include at least one cron_expression or interval."))?;
     let action = fields.action.take().unwrap_or_default();
-    let paused = f.opt_bool("paused")?.unwrap_or(false);
-    let mut schedule =
-        Schedule::create(&namespace, &schedule_id, spec, &action, fields, paused, state.now()).map_err(|e| spec_error(e, &schedule_id))?;
-    schedule.acting_as(Some(caller.principal));
-    state.store.create_schedule(schedule).await?;
+    let new = NewSchedule {
+        namespace: namespace.clone(),
+        schedule_id: schedule_id.clone(),
+        spec,
+        action,
+        fields,
+        paused: f.opt_bool("paused")?.unwrap_or(false),
+        principal: Some(caller.principal),
+    };
+    schedules::create(&*state, new).await.map_err(|e| spec_failure(e, &schedule_id))?;
     tracing::info!(namespace, schedule_id, "schedule created");
     kick(&state);
     Ok((StatusCode::CREATED, outcome(&schedule_id, "created")).into_response())
@@ -291,10 +298,22 @@ pub async fn describe<S: Store>(
     Ok(Json(live(&state, &namespace, &schedule_id).await?.describe()))
 }
 
-fn refusal(error: SpecError) -> Refusal {
-    Refusal::new(Reason::InvalidCommands, error.message.clone())
-        .with("spec_reason", error.reason.as_str())
-        .with("field", error.field)
+/// A use case's refusal, with a refused spec answered as its own reason naming its field.
+fn spec_failure(error: AppError, schedule_id: &str) -> ApiError {
+    match &error {
+        AppError::Store(StoreError::Refused(refusal)) => match schedules::spec_error_of(refusal) {
+            Some(spec) => spec_error(spec, schedule_id),
+            None => error.into(),
+        },
+        _ => error.into(),
+    }
+}
+
+/// Changes a schedule as the caller.
+async fn change<S: Store>(state: &Shared<S>, namespace: &str, schedule_id: &str, caller: Caller, change: ScheduleChange) -> ApiResult<()> {
+    schedules::change(&**state, namespace, schedule_id, Some(caller.principal), change)
+        .await
+        .map_err(|e| spec_failure(e, schedule_id))
 }
 
 pub async fn update<S: Store>(
@@ -308,37 +327,7 @@ pub async fn update<S: Store>(
     if let Some(Some(attributes)) = &fields.search_attributes {
         super::search_attributes::check(&state, &namespace, "search_attributes", attributes).await?;
     }
-    // Validate the spec before touching the row, so a bad one is a 422 with its field.
-    if let Some(spec) = &fields.spec {
-        capstan_engine::schedule::ParsedSpec::parse(spec).map_err(|e| spec_error(e, &schedule_id))?;
-    }
-    let now = state.now();
-    let result = state
-        .store
-        .change_schedule(&namespace, &schedule_id, move |schedule| {
-            schedule.acting_as(Some(caller.principal));
-            schedule.update(fields, now).map_err(refusal)
-        })
-        .await;
-    match result {
-        Ok(()) => {}
-        Err(capstan_store::StoreError::Refused(r)) if r.details.contains_key("spec_reason") => {
-            let reason = match r.details["spec_reason"].as_str().and_then(Reason::parse) {
-                Some(reason @ (Reason::InvalidCronExpression | Reason::InvalidScheduleSpec)) => reason,
-                _ => Reason::ValidationFailed,
-            };
-            let field = r.details["field"].as_str().unwrap_or("action").to_string();
-            return Err(spec_error(
-                SpecError {
-                    reason,
-                    field,
-                    message: r.message,
-                },
-                &schedule_id,
-            ));
-        }
-        Err(error) => return Err(error.into()),
-    }
+    change(&state, &namespace, &schedule_id, caller, ScheduleChange::Update(Box::new(fields))).await?;
     kick(&state);
     Ok(outcome(&schedule_id, "updated"))
 }
@@ -349,15 +338,7 @@ pub async fn delete<S: Store>(
     Extension(caller): Extension<Caller>,
     Path(schedule_id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let now = state.now();
-    state
-        .store
-        .change_schedule(&namespace, &schedule_id, move |schedule| {
-            schedule.acting_as(Some(caller.principal));
-            schedule.delete("deleted", now);
-            Ok(())
-        })
-        .await?;
+    change(&state, &namespace, &schedule_id, caller, ScheduleChange::Delete).await?;
     tracing::info!(namespace, schedule_id, "schedule deleted");
     Ok(outcome(&schedule_id, "deleted"))
 }
@@ -373,15 +354,8 @@ pub async fn pause<S: Store>(
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let (note, now) = (note_of(&body)?, state.now());
-    state
-        .store
-        .change_schedule(&namespace, &schedule_id, move |schedule| {
-            schedule.acting_as(Some(caller.principal));
-            schedule.pause(note, now);
-            Ok(())
-        })
-        .await?;
+    let note = note_of(&body)?;
+    change(&state, &namespace, &schedule_id, caller, ScheduleChange::Pause { note }).await?;
     Ok(outcome(&schedule_id, "paused"))
 }
 
@@ -392,18 +366,8 @@ pub async fn resume<S: Store>(
     Path(schedule_id): Path<String>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let (note, now) = (note_of(&body)?, state.now());
-    state
-        .store
-        .change_schedule(&namespace, &schedule_id, move |schedule| {
-            schedule.acting_as(Some(caller.principal));
-            // Resuming an active schedule changes nothing (idempotent).
-            if schedule.status == capstan_engine::schedule::ScheduleStatus::Paused {
-                schedule.resume(note, now);
-            }
-            Ok(())
-        })
-        .await?;
+    let note = note_of(&body)?;
+    change(&state, &namespace, &schedule_id, caller, ScheduleChange::Resume { note }).await?;
     kick(&state);
     Ok(outcome(&schedule_id, "resumed"))
 }

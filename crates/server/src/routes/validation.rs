@@ -18,13 +18,11 @@ use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use capstan_app::updates::{self, NoValidator};
+use capstan_app::queries;
+use capstan_app::updates::{self, NoValidator, VALIDATION_LEASE_MS};
 use capstan_engine::*;
-use capstan_store::Store;
+use capstan_store::{QueryAnswer, QueryClaim, Store};
 use serde_json::{json, Map, Value};
-
-/// Lease of one validation attempt.
-const VALIDATION_LEASE_MS: i64 = 10_000;
 
 /// What a validator decided.
 pub use capstan_app::updates::Verdict;
@@ -114,17 +112,14 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
 
 /// Leases the oldest validation task of `queue` to `owner`, if any.
 pub async fn claim<S: Store>(state: &AppState<S>, namespace: &str, queue: &str, owner: &str) -> ApiResult<Option<QueryTask>> {
-    let claimed = state
-        .store
-        .claim_query_task(
-            namespace,
-            queue,
-            QueryKind::UpdateValidation,
-            owner,
-            VALIDATION_LEASE_MS,
-            state.now(),
-        )
-        .await?;
+    let claim = QueryClaim {
+        namespace: namespace.to_string(),
+        queue: queue.to_string(),
+        kind: QueryKind::UpdateValidation,
+        owner: owner.to_string(),
+        lease_ms: VALIDATION_LEASE_MS,
+    };
+    let claimed = queries::claim_task(state, claim).await?;
     if let Some(task) = &claimed {
         tracing::info!(namespace, workflow_id = %task.workflow_id, update_validation_task_id = %task.id, attempt = task.attempt, "update validation leased");
     }
@@ -217,7 +212,7 @@ fn fence(body: &Map<String, Value>) -> ApiResult<(String, u32)> {
 }
 
 /// The DW reasons of a refused verdict.
-fn refused(error: capstan_store::StoreError, id: &str, attempt: u32) -> ApiError {
+fn refused(error: capstan_app::AppError, id: &str, attempt: u32) -> ApiError {
     let mut error = ApiError::from(error);
     error.reason = match error.reason {
         Reason::QueryTaskNotFound => Reason::UpdateValidationTaskNotFound,
@@ -248,11 +243,14 @@ async fn record_verdict<S: Store>(
         QueryOutcome::Rejected { .. } => ("rejected", Some(Reason::UpdateValidatorRejected.as_str())),
         _ => ("failed", Some("update_validation_worker_failed")),
     };
-    state
-        .store
-        .answer_query_task(namespace, id, &owner, attempt, outcome, state.now())
-        .await
-        .map_err(|e| refused(e, id, attempt))?;
+    let answer = QueryAnswer {
+        namespace: namespace.to_string(),
+        task_id: id.to_string(),
+        owner,
+        attempt,
+        outcome,
+    };
+    queries::answer_task(state, answer).await.map_err(|e| refused(e, id, attempt))?;
     state.query_answers.wake(id);
     Ok(Json(json!({
         "update_validation_task_id": id,

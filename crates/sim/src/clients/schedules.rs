@@ -5,7 +5,8 @@
 use crate::report::Failure;
 use crate::workload::{NAMESPACE, PAYLOAD, QUEUE, SCHEDULED_TYPE};
 use crate::world::{Acted, World};
-use capstan_engine::schedule::{OverlapPolicy, Schedule, ScheduleFields};
+use capstan_app::schedules::{self, NewSchedule, ScheduleChange};
+use capstan_engine::schedule::{OverlapPolicy, ScheduleFields};
 use capstan_engine::Payload;
 use capstan_store::ScheduleStore;
 use rand::Rng;
@@ -58,19 +59,18 @@ impl Schedules {
             input_payload: Some(Payload::avro(PAYLOAD)),
             ..ScheduleFields::default()
         };
-        let schedule = Schedule::create(
-            NAMESPACE,
-            &schedule_id,
-            spec.as_object().cloned().unwrap_or_default(),
-            action.as_object().expect("an object"),
-            fields,
-            false,
-            world.now,
-        )
-        .map_err(|e| world.fail(format!("schedule spec: {e:?}")))?;
         world.trace(|| format!("create {schedule_id}: every {every} s, {policy:?}, {max_runs} runs"));
-        let result = world.store().create_schedule(schedule).await;
-        world.refused(result)?;
+        let new = NewSchedule {
+            namespace: NAMESPACE.into(),
+            schedule_id: schedule_id.clone(),
+            spec: spec.as_object().cloned().unwrap_or_default(),
+            action: action.as_object().cloned().unwrap_or_default(),
+            fields,
+            paused: false,
+            principal: None,
+        };
+        let result = schedules::create(&world.app, new).await;
+        world.declined(result)?;
         self.0.push(schedule_id);
         Ok(())
     }
@@ -94,18 +94,12 @@ impl Schedules {
 
 pub(crate) async fn pause_or_resume(world: &mut World, schedule_id: &str, pause: bool) -> Result<(), Failure> {
     world.trace(|| format!("{} {schedule_id}", if pause { "pause" } else { "resume" }));
-    let now = world.now;
-    let result = world
-        .store()
-        .change_schedule(NAMESPACE, schedule_id, move |schedule| {
-            if pause {
-                schedule.pause(None, now);
-            } else if schedule.paused_at.is_some() {
-                schedule.resume(None, now);
-            }
-            Ok(())
-        })
-        .await;
-    world.refused(result)?;
+    let change = if pause {
+        ScheduleChange::Pause { note: None }
+    } else {
+        ScheduleChange::Resume { note: None }
+    };
+    let result = schedules::change(&world.app, NAMESPACE, schedule_id, None, change).await;
+    world.declined(result)?;
     Ok(())
 }

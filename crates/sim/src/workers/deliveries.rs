@@ -6,12 +6,12 @@ use crate::checks::check_lease_grant;
 use crate::report::Failure;
 use crate::workload::{ACTIVITY_LEASE_MS, NAMESPACE, PAYLOAD, SIMULATED_WORKER, START};
 use crate::world::World;
-use capstan_app::{reports, AppError};
+use capstan_app::{queries, reports, AppError};
 use capstan_engine::{
     ActivityAttemptId, ActivityFailure, Payload, Principal, QueryOutcome, RunState, StickyClaim, StreamProgress, TaskId, WorkflowCommand,
     WorkflowTaskFailure, WAITING_FOR_HISTORY_FAILURE,
 };
-use capstan_store::TaskStore;
+use capstan_store::QueryAnswer;
 use rand::Rng;
 use serde_json::json;
 
@@ -287,21 +287,17 @@ async fn acknowledge_stop(
 
 /// A query answer is accepted once, and never touches the run's history.
 async fn answer_query(world: &mut World, query_id: String, owner: String, attempt: u32) -> Result<(), Failure> {
-    let now = world.now;
     world.trace(|| format!("{owner} answers query {query_id} (attempt {attempt})"));
     let before = world.query_run_head(&query_id).await?;
-    let result = world
-        .store()
-        .answer_query_task(
-            NAMESPACE,
-            &query_id,
-            &owner,
-            attempt,
-            QueryOutcome::Result(Payload::avro(PAYLOAD)),
-            now,
-        )
-        .await;
-    if world.refused(result)?.is_some() {
+    let answer = QueryAnswer {
+        namespace: NAMESPACE.into(),
+        task_id: query_id.clone(),
+        owner: owner.clone(),
+        attempt,
+        outcome: QueryOutcome::Result(Payload::avro(PAYLOAD)),
+    };
+    let result = queries::answer_task(&world.app, answer).await;
+    if world.declined(result)?.is_some() {
         if world.seen.queries.insert(query_id.clone(), true) == Some(true) {
             return Err(world.fail(format!("query {query_id} accepted a second answer")));
         }

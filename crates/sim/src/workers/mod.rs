@@ -24,9 +24,9 @@ use crate::workload::{
 };
 use crate::world::{Acted, World};
 use cancellation::deliver_requested_cancellation;
-use capstan_app::{polls, workers, AppError};
+use capstan_app::{polls, queries, workers, AppError};
 use capstan_engine::{Payload, QueryKind, RunState, StickyClaim, Task, TaskDetail, TaskKind, WorkflowCommand};
-use capstan_store::{RunLocator, RunStore, TaskStore};
+use capstan_store::{QueryClaim, RunLocator, RunStore};
 use deliveries::{deliver, Delivery, Held};
 use local::run_local_call;
 use rand::Rng;
@@ -292,11 +292,15 @@ impl Workers {
     pub(crate) async fn poll_query_task(&mut self, world: &mut World, faulty: bool) -> Result<bool, Failure> {
         let owner = worker(world);
         alive(world, &owner).await?;
-        let claimed = world
-            .store()
-            .claim_query_task(NAMESPACE, QUEUE, QueryKind::Query, &owner, QUERY_LEASE_MS, world.now)
-            .await;
-        let Some(Some(task)) = world.refused(claimed)? else {
+        let claim = QueryClaim {
+            namespace: NAMESPACE.into(),
+            queue: QUEUE.into(),
+            kind: QueryKind::Query,
+            owner: owner.clone(),
+            lease_ms: QUERY_LEASE_MS,
+        };
+        let claimed = queries::claim_task(&world.app, claim).await;
+        let Some(Some(task)) = world.declined(claimed)? else {
             return Ok(false);
         };
         if task.is_answered() || !world.seen.queries.contains_key(&task.id) {

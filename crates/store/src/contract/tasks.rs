@@ -74,33 +74,15 @@ pub trait TaskStore: Backend {
         self.write_one(move |tx| Box::pin(async move { queries::create_query_task(tx, &task).await }))
     }
 
-    /// Leases the oldest leasable query task of `kind` on `queue` (ready, or its lease ran out
-    /// unanswered).
-    fn claim_query_task(
-        &self,
-        namespace: &str,
-        queue: &str,
-        kind: QueryKind,
-        owner: &str,
-        lease_ms: i64,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send {
-        let (namespace, queue, owner) = (namespace.to_string(), queue.to_string(), owner.to_string());
-        self.write(move |tx| Box::pin(async move { queries::claim_query_task(tx, &namespace, &queue, kind, &owner, lease_ms, now).await }))
+    /// Leases the oldest leasable query task of the claim's kind on its queue (ready, or its
+    /// lease ran out unanswered).
+    fn claim_query_task(&self, claim: QueryClaim, now: Millis) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send {
+        self.write(move |tx| Box::pin(async move { queries::claim_query_task(tx, &claim, now).await }))
     }
 
     /// Records a worker's answer under the engine's fencing rules (`QueryTask::answer`).
-    fn answer_query_task(
-        &self,
-        namespace: &str,
-        id: &str,
-        owner: &str,
-        attempt: u32,
-        outcome: QueryOutcome,
-        now: Millis,
-    ) -> impl Future<Output = StoreResult<QueryTask>> + Send {
-        let (namespace, id, owner) = (namespace.to_string(), id.to_string(), owner.to_string());
-        self.write(move |tx| Box::pin(async move { queries::answer_query_task(tx, &namespace, &id, &owner, attempt, outcome, now).await }))
+    fn answer_query_task(&self, answer: QueryAnswer, now: Millis) -> impl Future<Output = StoreResult<QueryTask>> + Send {
+        self.write(move |tx| Box::pin(async move { queries::answer_query_task(tx, answer, now).await }))
     }
 
     fn get_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<Option<QueryTask>>> + Send {

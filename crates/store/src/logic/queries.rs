@@ -43,20 +43,35 @@ pub(crate) async fn create_query_task<T: Tx>(tx: &mut T, task: &QueryTask) -> St
         .await
 }
 
-pub(crate) async fn claim_query_task<T: Tx>(
-    tx: &mut T,
-    namespace: &str,
-    queue: &str,
-    kind: QueryKind,
-    owner: &str,
-    lease_ms: i64,
-    now: Millis,
-) -> StoreResult<Option<QueryTask>> {
+/// A poller's claim of the oldest leasable query or validation task of its queue.
+#[derive(Clone, Debug)]
+pub struct QueryClaim {
+    pub namespace: String,
+    pub queue: String,
+    pub kind: QueryKind,
+    /// The poller's worker id, the lease owner.
+    pub owner: String,
+    pub lease_ms: i64,
+}
+
+/// A worker's answer to a query or validation task it holds (`QueryTask::answer` fences it).
+#[derive(Clone, Debug)]
+pub struct QueryAnswer {
+    pub namespace: String,
+    pub task_id: String,
+    pub owner: String,
+    pub attempt: u32,
+    pub outcome: QueryOutcome,
+}
+
+pub(crate) async fn claim_query_task<T: Tx>(tx: &mut T, claim: &QueryClaim, now: Millis) -> StoreResult<Option<QueryTask>> {
     let sql = CLAIMABLE.sql(tx.dialect());
-    let rows = tx.query(sql, &args![namespace, queue, now, kind.as_str()]).await?;
+    let rows = tx
+        .query(sql, &args![&claim.namespace, &claim.queue, now, claim.kind.as_str()])
+        .await?;
     for row in rows {
         let mut task: QueryTask = serde_json::from_str(row.str(0)?)?;
-        if task.lease(owner, lease_ms, now).is_ok() {
+        if task.lease(&claim.owner, claim.lease_ms, now).is_ok() {
             write_query_task(tx, &task).await?;
             return Ok(Some(task));
         }
@@ -64,23 +79,17 @@ pub(crate) async fn claim_query_task<T: Tx>(
     Ok(None)
 }
 
-pub(crate) async fn answer_query_task<T: Tx>(
-    tx: &mut T,
-    namespace: &str,
-    id: &str,
-    owner: &str,
-    attempt: u32,
-    outcome: QueryOutcome,
-    now: Millis,
-) -> StoreResult<QueryTask> {
-    let row = tx.query_opt(LOCK_QUERY_TASK.sql(tx.dialect()), &args![id, namespace]).await?;
+pub(crate) async fn answer_query_task<T: Tx>(tx: &mut T, answer: QueryAnswer, now: Millis) -> StoreResult<QueryTask> {
+    let row = tx
+        .query_opt(LOCK_QUERY_TASK.sql(tx.dialect()), &args![&answer.task_id, &answer.namespace])
+        .await?;
     let Some(row) = row else {
         return Err(Refusal::new(Reason::QueryTaskNotFound, "Query task not found.")
-            .with("query_task_id", id)
+            .with("query_task_id", answer.task_id)
             .into());
     };
     let mut task: QueryTask = serde_json::from_str(row.str(0)?)?;
-    task.answer(owner, attempt, outcome, now)?;
+    task.answer(&answer.owner, answer.attempt, answer.outcome, now)?;
     write_query_task(tx, &task).await?;
     Ok(task)
 }

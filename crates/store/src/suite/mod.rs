@@ -1065,21 +1065,21 @@ pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S)
     store.create_query_task(validation).await.unwrap();
     store.create_query_task(query_task("q1")).await.unwrap();
     let query = store
-        .claim_query_task("default", "q", QueryKind::Query, "a", 5_000, NOW)
+        .claim_query_task(query_claim("default", QueryKind::Query, "a", 5_000), NOW)
         .await
         .unwrap()
         .expect("the query");
     assert_eq!(query.id, "q1");
     assert!(
         store
-            .claim_query_task("default", "q", QueryKind::Query, "a", 5_000, NOW)
+            .claim_query_task(query_claim("default", QueryKind::Query, "a", 5_000), NOW)
             .await
             .unwrap()
             .is_none(),
         "a query poller never sees a validation"
     );
     let leased = store
-        .claim_query_task("default", "q", QueryKind::UpdateValidation, "b", 5_000, NOW)
+        .claim_query_task(query_claim("default", QueryKind::UpdateValidation, "b", 5_000), NOW)
         .await
         .unwrap()
         .expect("the validation");
@@ -1093,7 +1093,7 @@ pub async fn validation_tasks_are_claimed_only_by_their_kind<S: Store>(store: S)
         validation_errors: Some(serde_json::json!({"item": ["bad"]})),
     };
     store
-        .answer_query_task("default", "v1", "b", 1, verdict.clone(), NOW)
+        .answer_query_task(query_answer("default", "v1", "b", 1, verdict.clone()), NOW)
         .await
         .unwrap();
     let answered = store.get_query_task("default", "v1").await.unwrap().unwrap();
@@ -1141,17 +1141,37 @@ pub async fn keyed_receipts_can_be_read_back<S: Store>(store: S) {
         .is_none());
 }
 
+fn query_claim(namespace: &str, kind: QueryKind, owner: &str, lease_ms: i64) -> QueryClaim {
+    QueryClaim {
+        namespace: namespace.into(),
+        queue: "q".into(),
+        kind,
+        owner: owner.into(),
+        lease_ms,
+    }
+}
+
+fn query_answer(namespace: &str, task_id: &str, owner: &str, attempt: u32, outcome: QueryOutcome) -> QueryAnswer {
+    QueryAnswer {
+        namespace: namespace.into(),
+        task_id: task_id.into(),
+        owner: owner.into(),
+        attempt,
+        outcome,
+    }
+}
+
 pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     store.create_query_task(query_task("q1")).await.unwrap();
     let leased = store
-        .claim_query_task("default", "q", QueryKind::Query, "a", 5_000, NOW)
+        .claim_query_task(query_claim("default", QueryKind::Query, "a", 5_000), NOW)
         .await
         .unwrap()
         .expect("leased");
     assert_eq!((leased.id.as_str(), leased.attempt), ("q1", 1));
     assert!(
         store
-            .claim_query_task("default", "q", QueryKind::Query, "b", 5_000, NOW)
+            .claim_query_task(query_claim("default", QueryKind::Query, "b", 5_000), NOW)
             .await
             .unwrap()
             .is_none(),
@@ -1159,7 +1179,7 @@ pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     );
     assert!(
         store
-            .claim_query_task("other", "q", QueryKind::Query, "b", 5_000, NOW)
+            .claim_query_task(query_claim("other", QueryKind::Query, "b", 5_000), NOW)
             .await
             .unwrap()
             .is_none(),
@@ -1167,17 +1187,24 @@ pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     );
     let answer = || QueryOutcome::Result(Payload::avro("x"));
     assert_eq!(
-        reason(store.answer_query_task("default", "q1", "b", 1, answer(), NOW).await),
+        reason(store.answer_query_task(query_answer("default", "q1", "b", 1, answer()), NOW).await),
         Reason::LeaseOwnerMismatch
     );
     assert_eq!(
-        reason(store.answer_query_task("default", "nope", "a", 1, answer(), NOW).await),
+        reason(
+            store
+                .answer_query_task(query_answer("default", "nope", "a", 1, answer()), NOW)
+                .await
+        ),
         Reason::QueryTaskNotFound
     );
-    store.answer_query_task("default", "q1", "a", 1, answer(), NOW).await.unwrap();
+    store
+        .answer_query_task(query_answer("default", "q1", "a", 1, answer()), NOW)
+        .await
+        .unwrap();
     assert!(store.get_query_task("default", "q1").await.unwrap().unwrap().is_answered());
     assert_eq!(
-        reason(store.answer_query_task("default", "q1", "a", 1, answer(), NOW).await),
+        reason(store.answer_query_task(query_answer("default", "q1", "a", 1, answer()), NOW).await),
         Reason::QueryTaskNotLeased
     );
     store.delete_query_task("default", "q1").await.unwrap();
@@ -1186,23 +1213,27 @@ pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
     // An expired lease passes to another worker with a higher attempt; the first answer is stale.
     store.create_query_task(query_task("q2")).await.unwrap();
     store
-        .claim_query_task("default", "q", QueryKind::Query, "a", 1_000, NOW)
+        .claim_query_task(query_claim("default", QueryKind::Query, "a", 1_000), NOW)
         .await
         .unwrap()
         .expect("leased");
     let again = store
-        .claim_query_task("default", "q", QueryKind::Query, "b", 1_000, NOW + 1_500)
+        .claim_query_task(query_claim("default", QueryKind::Query, "b", 1_000), NOW + 1_500)
         .await
         .unwrap()
         .expect("re-leased");
     assert_eq!(again.attempt, 2);
     assert_eq!(
-        reason(store.answer_query_task("default", "q2", "a", 1, answer(), NOW + 1_600).await),
+        reason(
+            store
+                .answer_query_task(query_answer("default", "q2", "a", 1, answer()), NOW + 1_600)
+                .await
+        ),
         Reason::LeaseOwnerMismatch
     );
     assert!(
         store
-            .claim_query_task("default", "q", QueryKind::Query, "c", 1_000, NOW + 31_000)
+            .claim_query_task(query_claim("default", QueryKind::Query, "c", 1_000), NOW + 31_000)
             .await
             .unwrap()
             .is_none(),
