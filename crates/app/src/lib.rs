@@ -28,6 +28,7 @@
 //!   streams, Nexus calls made outside a run.
 
 pub mod cancellation;
+pub mod catalog;
 pub mod contracts;
 pub mod control;
 pub mod credentials;

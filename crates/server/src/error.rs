@@ -106,7 +106,9 @@ pub fn status_of(reason: Reason) -> StatusCode {
         Reason::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
         Reason::WorkerNotRegistered => StatusCode::PRECONDITION_FAILED,
         Reason::InvalidPageToken => StatusCode::BAD_REQUEST,
-        Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::StructuralLimitExceeded | Reason::UnsupportedPayloadCodec | Reason::AtomicHandlerMissing => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         Reason::PayloadTooLarge | Reason::ExternalPayloadOversized => StatusCode::PAYLOAD_TOO_LARGE,
         Reason::ExternalPayloadUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         Reason::ExternalPayloadUnsupported

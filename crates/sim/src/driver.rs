@@ -16,8 +16,9 @@ use crate::workers::Workers;
 use crate::workload::{Config, DECLARED, NAMESPACE};
 use crate::world::nodes::Cluster;
 use crate::world::{Acted, World};
+use capstan_app::ledger::{self, ActionDeclaration};
 use capstan_engine::{RecoveryMode, WorkflowId};
-use capstan_store::{LedgerStore, RunLocator, RunStore};
+use capstan_store::{RunLocator, RunStore};
 use rand::Rng;
 
 /// Rounds the calm phase may take before the seed fails liveness.
@@ -80,9 +81,14 @@ impl Sim {
     /// workers register.
     async fn set_up(&mut self) -> Result<(), Failure> {
         let world = &mut self.world;
-        world
-            .store()
-            .put_action_definition(NAMESPACE, DECLARED, RecoveryMode::NonAtomic, action_document(), world.now)
+        let declaration = ActionDeclaration {
+            namespace: NAMESPACE.into(),
+            activity_type: DECLARED.into(),
+            recovery_mode: RecoveryMode::NonAtomic,
+            document: action_document(),
+            atomic_handler: false,
+        };
+        ledger::declare_action(&world.app, declaration)
             .await
             .map_err(|e| world.fail(format!("defining the action: {e}")))?;
         register_operation(world).await?;

@@ -11,6 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use capstan_app::ledger::{self, ActionDeclaration};
 use capstan_engine::*;
 use capstan_store::{LedgerFilter, Store};
 use serde_json::{json, Value};
@@ -115,7 +116,6 @@ pub async fn put_definition<S: Store>(
             ));
         }
     }
-    check_probe(&state, &namespace, &activity_type, &body).await?;
     if let Some(pending) = body.get("pending") {
         let pointer_ok = pending
             .get("pointer")
@@ -135,66 +135,16 @@ pub async fn put_definition<S: Store>(
             ));
         }
     }
-    // An atomic action runs in this server: without a registered handler its tasks would wait
-    // forever, so the definition is refused where it cannot run.
-    if recovery_mode == RecoveryMode::Atomic && !state.config.atomic_actions.0.contains_key(&activity_type) {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Reason::AtomicHandlerMissing,
-            format!(
-                "This server has no atomic handler registered for {activity_type:?}: atomic actions are Rust handlers \
-                 registered by an application that embeds Capstan (see docs/recovery-ledger.md). Define it through a node \
-                 that registers one."
-            ),
-        )
-        .with("field", "recovery_mode"));
-    }
-    let definition = state
-        .store
-        .put_action_definition(&namespace, &activity_type, recovery_mode, body, state.now())
-        .await?;
+    let declaration = ActionDeclaration {
+        namespace: namespace.clone(),
+        activity_type: activity_type.clone(),
+        recovery_mode,
+        document: body,
+        atomic_handler: state.config.atomic_actions.0.contains_key(&activity_type),
+    };
+    let definition = ledger::declare_action(&*state, declaration).await?;
     tracing::info!(namespace, activity_type, version = definition.version, hash = %definition.definition_hash, "action defined");
     Ok((StatusCode::OK, Json(definition_json(&definition))).into_response())
-}
-
-/// A probe must never run an action: its type may not be the action's, nor a declared action's,
-/// and an action may not be declared over a type some definition probes with.
-async fn check_probe<S: Store>(
-    state: &Shared<S>,
-    namespace: &str,
-    activity_type: &str,
-    body: &serde_json::Map<String, Value>,
-) -> ApiResult<()> {
-    let definitions = state.store.action_definitions(namespace).await?;
-    let probe = match body.get("probe") {
-        None | Some(Value::Null) => None,
-        Some(block) => Some(
-            capstan_engine::ledger_probe::ProbeSpec::parse(block, activity_type)
-                .map_err(|(field, message)| ApiError::validation(&field, message))?,
-        ),
-    };
-    if let Some(probe) = probe.filter(|p| definitions.iter().any(|d| d.activity_type == p.activity_type)) {
-        return Err(ApiError::validation(
-            "probe.activity_type",
-            format!(
-                "{:?} is a declared action; a probe only asks, so it may not be one.",
-                probe.activity_type
-            ),
-        ));
-    }
-    let probed_by = definitions
-        .iter()
-        .find(|d| capstan_engine::ledger_probe::ProbeSpec::of(&d.document).is_some_and(|p| p.activity_type == activity_type));
-    if let Some(other) = probed_by {
-        return Err(ApiError::validation(
-            "activity_type",
-            format!(
-                "{activity_type:?} is the probe of {:?}; a probe may not be a declared action.",
-                other.activity_type
-            ),
-        ));
-    }
-    Ok(())
 }
 
 pub async fn get_definition<S: Store>(

@@ -14,6 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use capstan_app::catalog;
 use capstan_store::{CatalogEntry, CatalogKey, Store};
 use serde_json::{json, Map, Value};
 
@@ -216,15 +217,7 @@ async fn create_below<S: Store>(
     path.push(name);
     let key = key_of(&namespace, &path)?;
     let doc = document(&body, &key, Map::new())?;
-    let now = state.now();
-    let entry = CatalogEntry {
-        key,
-        id: state.new_id(),
-        doc,
-        created_at: now,
-        updated_at: now,
-    };
-    let created = state.store.create_catalog_entry(entry).await?;
+    let created = catalog::create_entry(&*state, key, doc).await?;
     tracing::info!(namespace = %created.key.namespace, entry = %own_name(&created.key), kind = field, "service catalog entry created");
     let parent = parent_id(&state, &created.key).await?;
     Ok((StatusCode::CREATED, Json(render_entry(&created, parent.as_deref()))).into_response())
@@ -263,7 +256,7 @@ async fn update_at<S: Store>(
         .await?
         .ok_or_else(|| ApiError::from(key.missing()))?;
     let doc = document(&body, &key, existing.doc)?;
-    let updated = state.store.update_catalog_entry(key.clone(), doc, state.now()).await?;
+    let updated = catalog::update_entry(&*state, key.clone(), doc).await?;
     let parent = parent_id(&state, &key).await?;
     Ok(Json(render_entry(&updated, parent.as_deref())))
 }
@@ -271,7 +264,7 @@ async fn update_at<S: Store>(
 async fn delete_at<S: Store>(state: Shared<S>, headers: HeaderMap, namespace: String, segments: Vec<String>) -> ApiResult<Json<Value>> {
     state.config.auth.require(&headers, &[Role::Admin])?;
     let key = key_of(&namespace, &segments)?;
-    let deleted = state.store.delete_catalog_entry(key.clone()).await?;
+    let deleted = catalog::delete_entry(&*state, key.clone()).await?;
     tracing::info!(namespace = %namespace, entry = %own_name(&key), "service catalog entry deleted");
     let mut body = json!({"namespace": namespace, "endpoint_name": key.endpoint, "outcome": "deleted", "id": deleted.id});
     if let Some(service) = &key.service {

@@ -8,9 +8,10 @@
 use crate::report::Failure;
 use crate::workload::{CHILD_TYPE, NAMESPACE, PAYLOAD, QUEUE};
 use crate::world::World;
+use capstan_app::catalog;
 use capstan_engine::service_call::{CallMode, ServiceOperation, WaitFor};
 use capstan_engine::{EventType, HistoryEvent, Payload, WorkflowCommand};
-use capstan_store::{CatalogEntry, CatalogKey, CatalogStore};
+use capstan_store::CatalogKey;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -20,28 +21,20 @@ pub(crate) const OPERATION: &str = "child";
 
 /// Registers the operation the programs call (at set-up).
 pub(crate) async fn register_operation(world: &World) -> Result<(), Failure> {
-    let entry = |service: Option<&str>, operation: Option<&str>, doc: Value| CatalogEntry {
-        key: CatalogKey {
-            namespace: NAMESPACE.into(),
-            endpoint: ENDPOINT.into(),
-            service: service.map(str::to_string),
-            operation: operation.map(str::to_string),
-        },
-        id: format!("sim-catalog-{}", operation.or(service).unwrap_or(ENDPOINT)),
-        doc: doc.as_object().cloned().unwrap_or_default(),
-        created_at: world.now,
-        updated_at: world.now,
+    let key = |service: Option<&str>, operation: Option<&str>| CatalogKey {
+        namespace: NAMESPACE.into(),
+        endpoint: ENDPOINT.into(),
+        service: service.map(str::to_string),
+        operation: operation.map(str::to_string),
     };
     let binding = json!({"operation_mode": "sync", "handler_binding_kind": "start_workflow",
                          "handler_binding": {"workflow_type": CHILD_TYPE, "queue": QUEUE}});
-    for entry in [
-        entry(None, None, json!({})),
-        entry(Some(SERVICE), None, json!({})),
-        entry(Some(SERVICE), Some(OPERATION), binding),
+    for (key, doc) in [
+        (key(None, None), json!({})),
+        (key(Some(SERVICE), None), json!({})),
+        (key(Some(SERVICE), Some(OPERATION)), binding),
     ] {
-        world
-            .store()
-            .create_catalog_entry(entry)
+        catalog::create_entry(&world.app, key, doc.as_object().cloned().unwrap_or_default())
             .await
             .map_err(|e| world.fail(format!("registering the operation: {e}")))?;
     }
