@@ -4,7 +4,7 @@
 //! then writing the schedule back. Either all of it commits or none of it, so an occurrence
 //! fires exactly once however many nodes evaluate the schedule.
 
-use crate::logic::{persist, runs};
+use crate::logic::{locate, persist};
 use crate::sources::Env;
 use crate::tx::{args, locking, Locking, Row, Tx};
 use crate::{schedule_missing, FireReport, RunLocator, ScheduleEventRecord, ScheduleFilter, ScheduleFire, StoreError, StoreResult};
@@ -25,7 +25,7 @@ async fn previous_open<T: Tx>(tx: &mut T, schedule: &Schedule) -> StoreResult<bo
 }
 
 async fn current_run<T: Tx>(tx: &mut T, namespace: &str, workflow_id: &str) -> StoreResult<Option<RunState>> {
-    runs::locate_and_lock(tx, namespace, &RunLocator::Current(WorkflowId(workflow_id.to_string()))).await
+    locate::locate_and_lock(tx, namespace, &RunLocator::Current(WorkflowId(workflow_id.to_string()))).await
 }
 
 /// Starts a new instance (the id is fresh).

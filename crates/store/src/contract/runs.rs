@@ -1,7 +1,7 @@
 //! Runs: starting them, changing them through engine transitions, reading them back.
 
 use crate::backend::Backend;
-use crate::logic::{audit, ledger_reads, listing, runs};
+use crate::logic::{audit, ledger_reads, listing, locate, runs};
 use crate::*;
 use serde_json::Value;
 use std::sync::Arc;
@@ -153,7 +153,7 @@ pub trait RunStore: Backend {
         async move {
             let namespace = namespace.to_string();
             let result = self
-                .read(move |tx| Box::pin(async move { runs::load_run(tx, &namespace, &locator).await }))
+                .read(move |tx| Box::pin(async move { locate::load_run(tx, &namespace, &locator).await }))
                 .await;
             self.guard(result).await
         }

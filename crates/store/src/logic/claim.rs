@@ -169,7 +169,7 @@ pub(crate) async fn lock_candidate<T: Tx>(
     let Some(row) = tx.query_opt(&sql, &params).await? else {
         return Ok(None);
     };
-    let run = super::runs::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
+    let run = super::locate::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
     Ok(Some((TaskId(row.text(0)?), run)))
 }
 

@@ -1,8 +1,8 @@
 //! Integrity incidents: opened (in a transaction of its own) when a change found a broken
 //! ledger chain, which blocks the run; closed by an operator once the chain verifies again.
 
+use super::locate::lock_run;
 use super::persist::persist;
-use super::runs::lock_run;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
 

@@ -4,11 +4,12 @@
 //! transaction.
 
 use super::external_payloads;
-use super::runs::lock_run;
+use super::locate::{locate_and_lock, lock_run};
 use super::BoxedStep;
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Statement, Tx};
 use crate::*;
+use capstan_engine::ledger_probe::ProbeAnswer;
 
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
@@ -324,7 +325,7 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
             persist(tx, child, child_effects, true, env).await?;
         }
         if let Some(answer) = &effects.probe_answer {
-            super::ledger_probes::settle(tx, answer, env).await?;
+            settle_probe(tx, answer, env).await?;
         }
         if let Some(notice) = &effects.parent_notice {
             if let Some(mut parent) = lock_run(tx, notice.parent.run_id.as_str(), false).await? {
@@ -350,6 +351,33 @@ fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> Bo
         }
         Ok(())
     })
+}
+
+/// A reconciliation probe's answer, applied in the transaction that closes the probe's host run
+/// through the action instance's current run (the only one that extends the instance's
+/// checkpoint chain), as an operator's resolution is: recorded on its entry. The run is locked before the entry is read, so an operator's
+/// resolution committed meanwhile is seen and the answer changes nothing (it stays on the
+/// probe's own run).
+async fn settle_probe<T: Tx>(tx: &mut T, answer: &ProbeAnswer, env: &Env) -> StoreResult<()> {
+    let target = &answer.target;
+    let current = RunLocator::Current(target.workflow_id.clone());
+    let Some(mut run) = locate_and_lock(tx, &target.namespace, &current).await? else {
+        return Ok(());
+    };
+    let Some(stored) = super::ledger_reads::ledger_entry(tx, &target.namespace, &target.ledger_key).await? else {
+        return Ok(());
+    };
+    let mut ids = env.ids();
+    let mut cx = env.cx(answer.answered_at, &mut ids);
+    match capstan_engine::answer_probe(&mut run, &mut cx, stored, answer) {
+        Some(entry) => {
+            tracing::info!(namespace = %target.namespace, ledger_key = %target.ledger_key, state = entry.state.as_str(),
+                verdict = answer.verdict.name(), "reconciliation probe answered");
+            let effects = cx.effects;
+            persist(tx, &run, &effects, false, env).await
+        }
+        None => Ok(()),
+    }
 }
 
 /// Asks a child instance's current run for a cooperative cancellation, in the parent's

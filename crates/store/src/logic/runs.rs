@@ -1,39 +1,12 @@
 //! Run transitions over one open transaction: find and lock the run, let the engine decide,
 //! persist what it decided. The same on both backends; the caller commits.
 
+use super::locate::{load_run, locate_and_lock, lock_run, state_of, LOCK_RUN_OF_TASK_OR_SKIP};
 use super::persist::{insert_instance, persist, set_current_run};
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
 
-// Each run read returns the document and the identity an unreadable document is reported under.
-const LOCK_RUN: Locking = locking!(
-    "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1",
-    "FOR UPDATE"
-);
-const LOCK_RUN_OR_SKIP: Locking = locking!(
-    "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1",
-    "FOR UPDATE SKIP LOCKED"
-);
-// A report names its task: the task's receipt (if it closed) comes along, see `state_of`.
-const LOCK_RUN_OF_TASK: Locking = locking!(
-    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
-    "FOR UPDATE OF r"
-);
-// A duty passes over a run another transaction holds (a node frozen mid-transaction must not
-// stall every other run's deadlines): its claim stands, and its node retries while it lasts.
-const LOCK_RUN_OF_TASK_OR_SKIP: Locking = locking!(
-    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
-    "FOR UPDATE OF r SKIP LOCKED"
-);
-const LOCK_NAMED_RUN: Locking = locking!(
-    "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1 AND workflow_id = $2 AND namespace = $3",
-    "FOR UPDATE"
-);
-const LOCK_CURRENT_RUN: Locking = locking!(
-    "SELECT r.state, r.namespace, r.workflow_id, r.run_id FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1 AND i.namespace = $2",
-    "FOR UPDATE OF r"
-);
 const LOCK_INSTANCE: Locking = locking!(
     "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1",
     "FOR UPDATE"
@@ -44,81 +17,6 @@ const INSERT_RECEIPT: &str =
     "INSERT INTO command_requests (namespace, workflow_id, command_type, request_id, intent_hash, receipt, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)";
 const LOCK_DUTY_FENCE: Locking = locking!("SELECT duty_fence FROM tasks WHERE task_id = $1", "FOR UPDATE");
 const RELEASE_DUTY: &str = "UPDATE tasks SET duty_owner = NULL, duty_expires_at = NULL WHERE task_id = $1";
-
-/// The run of a row `(state, namespace, workflow_id, run_id[, receipt])`. A receipt column
-/// holds the named task's receipt, kept on its row when a report closed it: the engine answers
-/// a retried report from `closed_receipts`.
-fn state_of(row: Option<crate::tx::Row>) -> StoreResult<Option<RunState>> {
-    let Some(row) = row else { return Ok(None) };
-    let mut run = read_run(row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?)?;
-    if row.0.len() > 4 {
-        if let Some(text) = row.opt_str(4)? {
-            let receipt: ClosedTaskReceipt = serde_json::from_str(text)
-                .map_err(|e| StoreError::Storage(format!("a task receipt of run {} does not parse: {e}", run.run_id.as_str())))?;
-            if run.find_receipt(&receipt.task_id).is_none() {
-                run.closed_receipts.push_back(receipt);
-            }
-        }
-    }
-    Ok(Some(run))
-}
-
-/// A stored run document, or [`StoreError::CorruptRun`] naming the run when it does not parse
-/// or comes from a newer build (a retry would read the same bytes).
-pub(crate) fn read_run(document: &str, namespace: &str, workflow_id: &str, run_id: &str) -> StoreResult<RunState> {
-    let unreadable = |detail: String| {
-        StoreError::CorruptRun(IntegrityBreach {
-            namespace: namespace.to_string(),
-            workflow_id: WorkflowId(workflow_id.to_string()),
-            run_id: RunId(run_id.to_string()),
-            detail,
-        })
-    };
-    let mut run: RunState = serde_json::from_str(document).map_err(|e| unreadable(format!("the run document does not parse: {e}")))?;
-    check_document_version(&run).map_err(unreadable)?;
-    // Whatever version it was read from, it is written back in this build's form.
-    run.document_version = RUN_DOCUMENT_VERSION;
-    Ok(run)
-}
-
-/// Loads a run and holds it against other writers until commit. `skip_locked`: give up (None)
-/// instead of waiting for another node.
-pub(crate) async fn lock_run<T: Tx>(tx: &mut T, run_id: &str, skip_locked: bool) -> StoreResult<Option<RunState>> {
-    let sql = if skip_locked { LOCK_RUN_OR_SKIP } else { LOCK_RUN }.sql(tx.dialect());
-    let row = tx.query_opt(sql, &args![run_id]).await?;
-    state_of(row)
-}
-
-/// Finds and locks the run `locator` names, in one statement.
-pub(crate) async fn locate_and_lock<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
-    let dialect = tx.dialect();
-    locate(tx, namespace, locator, |statement| statement.sql(dialect)).await
-}
-
-/// Reads the run `locator` names, without a lock.
-pub(crate) async fn load_run<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
-    locate(tx, namespace, locator, Locking::unlocked).await
-}
-
-async fn locate<T: Tx>(
-    tx: &mut T,
-    namespace: &str,
-    locator: &RunLocator,
-    text: impl Fn(&Locking) -> &'static str,
-) -> StoreResult<Option<RunState>> {
-    let row = match locator {
-        RunLocator::Task(task_id) => tx.query_opt(text(&LOCK_RUN_OF_TASK), &args![task_id.as_str(), namespace]).await?,
-        RunLocator::Run(workflow_id, run_id) => {
-            let args = args![run_id.as_str(), workflow_id.as_str(), namespace];
-            tx.query_opt(text(&LOCK_NAMED_RUN), &args).await?
-        }
-        RunLocator::Current(workflow_id) => {
-            tx.query_opt(text(&LOCK_CURRENT_RUN), &args![workflow_id.as_str(), namespace])
-                .await?
-        }
-    };
-    state_of(row)
-}
 
 /// Events `after < sequence <= upto` of a run, in order, at most `limit`.
 pub(crate) async fn history<T: Tx>(tx: &mut T, run_id: &RunId, after: u64, upto: u64, limit: usize) -> StoreResult<Vec<HistoryEvent>> {

@@ -3,8 +3,8 @@
 //! `service_call_waiters`, the caller steps that wait for a call's completion. What a
 //! transition admitted, linked or settled is written here, in its transaction.
 
+use super::locate::lock_run;
 use super::persist::persist;
-use super::runs::lock_run;
 use super::BoxedStep;
 use crate::tx::{args, Row, Tx};
 use crate::*;

@@ -4,7 +4,7 @@
 
 use super::{SharedStore, SharedTx};
 use crate::backend::Claim;
-use crate::logic::{actions, claim, runs};
+use crate::logic::{actions, claim, locate};
 use crate::tx::{Param, Tx};
 use crate::*;
 use serde_json::Value;
@@ -56,7 +56,7 @@ impl SharedStore {
             return Ok(None);
         };
         let task_id = TaskId(row.text(0)?);
-        let run = runs::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
+        let run = locate::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
         let step = match actions::lease_atomic(&mut tx, run, task_id, &actions, codec, now, &self.env).await? {
             actions::AtomicLease::Nothing => return Ok(None),
             actions::AtomicLease::Refused(outcome) => {

@@ -8,7 +8,7 @@ mod writer;
 pub(crate) use writer::note_io_failure;
 
 use crate::backend::{Backend, Claim, Unit};
-use crate::logic::{actions, claim, runs};
+use crate::logic::{actions, claim, locate};
 use crate::rows::{session_free, sticky_free};
 use crate::*;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
@@ -192,7 +192,7 @@ impl Backend for SqliteStore {
                     .collect::<Result<_, _>>()?;
                 let poller = wanted.poller();
                 for (task_id, run_id) in candidates {
-                    let Some(run) = drive(runs::lock_run(tx, &run_id, false))? else { continue };
+                    let Some(run) = drive(locate::lock_run(tx, &run_id, false))? else { continue };
                     match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &env))? {
                         claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
                         claim::Claimed::Refused | claim::Claimed::Stale | claim::Claimed::Skipped => continue,
@@ -226,7 +226,7 @@ impl Backend for SqliteStore {
                     .optional()?;
                 let Some((task_id, run_id)) = candidate else { return Ok(None) };
                 let run =
-                    drive(runs::lock_run(tx, &run_id, false))?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
+                    drive(locate::lock_run(tx, &run_id, false))?.ok_or_else(|| StoreError::Storage(format!("run {run_id} is missing")))?;
                 let step = match drive(actions::lease_atomic(tx, run, TaskId(task_id), &actions, codec, now, &env))? {
                     actions::AtomicLease::Nothing => return Ok(None),
                     actions::AtomicLease::Refused(outcome) => return Ok(Some(outcome)),
