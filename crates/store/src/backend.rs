@@ -101,6 +101,31 @@ pub trait Backend: Send + Sync + 'static {
     /// How the backend's connections are used now.
     fn connections(&self) -> PoolUse;
 
+    /// [`Backend::write`] of a unit that reads or changes a run, with a breach or an unreadable
+    /// run it meets settled ([`Backend::guard`]).
+    fn write_guarded<T, F>(&self, unit: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: for<'t> FnOnce(&'t mut Self::Tx<'t>) -> Unit<'t, T> + Send + 'static,
+    {
+        async move {
+            let result = self.write(unit).await;
+            self.guard(result).await
+        }
+    }
+
+    /// [`Backend::read`] of a run, with an unreadable one settled ([`Backend::guard`]).
+    fn read_guarded<T, F>(&self, unit: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: for<'t> FnOnce(&'t mut Self::Tx<'t>) -> Unit<'t, T> + Send + 'static,
+    {
+        async move {
+            let result = self.read(unit).await;
+            self.guard(result).await
+        }
+    }
+
     /// A change that found a broken ledger chain, or a run document it cannot read, was not
     /// written: open an incident, block the run, and answer as refused.
     fn guard<T: Send>(&self, result: StoreResult<T>) -> impl Future<Output = StoreResult<T>> + Send {

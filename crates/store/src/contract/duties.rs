@@ -27,14 +27,9 @@ pub trait DutyStore: Backend {
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
     {
-        async move {
-            let due = due.clone();
-            let env = self.env().clone();
-            let result = self
-                .write(move |tx| Box::pin(async move { runs::run_duty(tx, &due, now, &env, transition).await }))
-                .await;
-            self.guard(result).await
-        }
+        let due = due.clone();
+        let env = self.env().clone();
+        self.write_guarded(move |tx| Box::pin(async move { runs::run_duty(tx, &due, now, &env, transition).await }))
     }
 
     /// The earliest pending deadline, so the clock can sleep until then.

@@ -40,25 +40,15 @@ pub trait RunStore: Backend {
         policy: DuplicatePolicy,
         now: Millis,
     ) -> impl Future<Output = StoreResult<(StartOutcome, RunState)>> + Send {
-        async move {
-            let env = self.env().clone();
-            let result = self
-                .write(move |tx| Box::pin(async move { runs::start_workflow(tx, start, policy, now, &env).await }))
-                .await;
-            self.guard(result).await
-        }
+        let env = self.env().clone();
+        self.write_guarded(move |tx| Box::pin(async move { runs::start_workflow(tx, start, policy, now, &env).await }))
     }
 
     /// Starts a standalone activity's host run: run 1 of a new id, or the next run of an id
     /// whose last activity has ended.
     fn start_standalone_activity(&self, start: StartStandaloneActivity, now: Millis) -> impl Future<Output = StoreResult<RunState>> + Send {
-        async move {
-            let env = self.env().clone();
-            let result = self
-                .write(move |tx| Box::pin(async move { runs::start_standalone_activity(tx, start, now, &env).await }))
-                .await;
-            self.guard(result).await
-        }
+        let env = self.env().clone();
+        self.write_guarded(move |tx| Box::pin(async move { runs::start_standalone_activity(tx, start, now, &env).await }))
     }
 
     /// Runs one engine transition on one run, atomically and durably.
@@ -73,14 +63,9 @@ pub trait RunStore: Backend {
         T: Send + 'static,
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
     {
-        async move {
-            let namespace = namespace.to_string();
-            let env = self.env().clone();
-            let result = self
-                .write(move |tx| Box::pin(async move { runs::mutate(tx, &namespace, &locator, now, &env, transition).await }))
-                .await;
-            self.guard(result).await
-        }
+        let namespace = namespace.to_string();
+        let env = self.env().clone();
+        self.write_guarded(move |tx| Box::pin(async move { runs::mutate(tx, &namespace, &locator, now, &env, transition).await }))
     }
 
     /// Every run, in run-id order, a page at a time (for offline verification):
@@ -123,40 +108,30 @@ pub trait RunStore: Backend {
         F: FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal> + Send + 'static,
         R: FnOnce(&T, &RunState) -> Value + Send + 'static,
     {
-        async move {
-            let namespace = namespace.to_string();
-            let env = self.env().clone();
-            let result = self
-                .write(move |tx| {
-                    Box::pin(async move {
-                        runs::mutate_keyed(
-                            tx,
-                            runs::KeyedCommand {
-                                namespace: &namespace,
-                                locator: &locator,
-                                key: &key,
-                            },
-                            now,
-                            &env,
-                            transition,
-                            render,
-                        )
-                        .await
-                    })
-                })
-                .await;
-            self.guard(result).await
-        }
+        let namespace = namespace.to_string();
+        let env = self.env().clone();
+        self.write_guarded(move |tx| {
+            Box::pin(async move {
+                runs::mutate_keyed(
+                    tx,
+                    runs::KeyedCommand {
+                        namespace: &namespace,
+                        locator: &locator,
+                        key: &key,
+                    },
+                    now,
+                    &env,
+                    transition,
+                    render,
+                )
+                .await
+            })
+        })
     }
 
     fn load_run(&self, namespace: &str, locator: RunLocator) -> impl Future<Output = StoreResult<Option<RunState>>> + Send {
-        async move {
-            let namespace = namespace.to_string();
-            let result = self
-                .read(move |tx| Box::pin(async move { locate::load_run(tx, &namespace, &locator).await }))
-                .await;
-            self.guard(result).await
-        }
+        let namespace = namespace.to_string();
+        self.read_guarded(move |tx| Box::pin(async move { locate::load_run(tx, &namespace, &locator).await }))
     }
 
     /// Appends an event to its instance's audit trail.
