@@ -54,7 +54,7 @@ pub async fn request<V: Services>(
     let wanted = target.run_id.clone();
     let done = store
         .mutate_run(&target.namespace, locator, services.now(), move |run, cx| {
-            cx.principal = principal;
+            cx.serve(RequestContext::acting_for(principal));
             check_target(run, wanted.as_deref())?;
             request_cancellation(run, cx, reason, cleanup_timeout_seconds, command_id)
         })
@@ -75,7 +75,7 @@ pub async fn deliver<V: Services>(services: &V, lease: WorkflowLease, delivery: 
     let done = services
         .store()
         .mutate_run(&namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
-            cx.principal = principal;
+            cx.serve(RequestContext::acting_for(principal));
             deliver_cancellation(run, cx, &task_id, &owner, attempt, delivery)
         })
         .await?;

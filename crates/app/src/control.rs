@@ -256,8 +256,7 @@ where
     let command_id = CommandId(services.new_id());
     let wanted = target.run_id.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| {
-        cx.caller_trace = trace;
-        cx.principal = principal;
+        cx.serve(RequestContext::traced(principal, trace));
         check_target(run, wanted.as_deref())?;
         admit_signal(run, &signal_name, fallback.for_run(run))?;
         capstan_engine::signal(run, cx, &signal_name, input, command_id)
@@ -312,8 +311,7 @@ where
     } = request;
     let wanted = target.run_id.clone();
     let transition = move |run: &mut RunState, cx: &mut Cx| {
-        cx.caller_trace = trace;
-        cx.principal = principal;
+        cx.serve(RequestContext::traced(principal, trace));
         check_target(run, wanted.as_deref())?;
         close_by_command(run, cx, kind, reason, command_id)
     };
@@ -335,7 +333,7 @@ where
     let key = keyed("repair", request_id, &["repair"]);
     let command_id = CommandId(services.new_id());
     let transition = move |run: &mut RunState, cx: &mut Cx| {
-        cx.principal = principal;
+        cx.serve(RequestContext::acting_for(principal));
         capstan_engine::repair(run, cx, command_id)
     };
     apply(services, &target.namespace, target.locator(), key, transition, render).await
@@ -357,7 +355,7 @@ where
     let key = keyed("archive", request_id, &[reason.as_deref().unwrap_or("")]);
     let command_id = CommandId(services.new_id());
     let transition = move |run: &mut RunState, cx: &mut Cx| {
-        cx.principal = principal;
+        cx.serve(RequestContext::acting_for(principal));
         capstan_engine::archive(run, cx, reason, command_id)
     };
     apply(services, &target.namespace, target.locator(), key, transition, render).await

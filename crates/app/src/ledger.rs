@@ -47,7 +47,7 @@ pub async fn resolve<V: Services>(services: &V, resolution: Resolution) -> AppRe
     let locator = RunLocator::Current(entry.workflow_id.clone());
     let done = store
         .mutate_run(&namespace, locator, services.now(), move |run, cx| {
-            cx.principal = Some(principal);
+            cx.serve(RequestContext::acting_for(Some(principal)));
             if run.run_id == entry.run_id {
                 resolve_ledger_entry(run, cx, &ledger_key, decision, evidence, &resolved_by)
             } else {

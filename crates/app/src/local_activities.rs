@@ -54,9 +54,7 @@ pub async fn checkpoint<V: Services>(
 ) -> AppResult<(CheckpointReceipt, RunState)> {
     require_capability(services, &lease).await?;
     admit_commands(services, &lease.namespace, &commands).await?;
-    let memo = services.memo_codec();
     let done = on_claim(services, &lease, move |run, cx, claim| {
-        cx.memo = memo;
         checkpoint_local_prefix(run, cx, claim, &checkpoint_id, start_sequence, commands)
     })
     .await?;
@@ -80,7 +78,7 @@ pub async fn checkpoint_group<V: Services>(
     }
     let actions = admit_commands(services, &lease.namespace, commands).await?;
     let done = on_claim(services, &lease, move |run, cx, claim| {
-        cx.actions = actions;
+        cx.serve(RequestContext::completion(None, actions, None));
         checkpoint_local_group(run, cx, claim, &checkpoint_id, start_sequence, members)
     })
     .await?;

@@ -52,17 +52,13 @@ pub async fn append<V: Services>(services: &V, request: AppendRequest) -> AppRes
         intent_hash: intent_hash(&[codec, blob]),
     };
     let locator = RunLocator::Current(WorkflowId(request.workflow_id.clone()));
-    let memo = services.memo_codec();
     let append = AppendStreamMessage {
         stream_name: request.stream_name.clone(),
         message_id: request.message_id.clone(),
         input: request.input.clone(),
         command_id: CommandId(services.new_id()),
     };
-    let transition = move |run: &mut RunState, cx: &mut Cx| {
-        cx.memo = memo;
-        append_stream_message(run, cx, append)
-    };
+    let transition = move |run: &mut RunState, cx: &mut Cx| append_stream_message(run, cx, append);
     let applied = apply(services, &request.namespace, locator, Some(key), transition, render_receipt).await;
     match applied {
         Ok(receipt) if receipt.retained => {

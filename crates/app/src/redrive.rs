@@ -73,7 +73,7 @@ pub async fn redrive<V: Services>(services: &V, request: RedriveRequest) -> AppR
     let locator = RunLocator::Run(workflow_id, source.run_id.clone());
     let (outcome, _) = store
         .mutate_run(namespace, locator, services.now(), move |run, cx| {
-            cx.principal = principal;
+            cx.serve(RequestContext::acting_for(principal));
             capstan_engine::redrive(run, cx, &plan, command_id, request_id)
         })
         .await?;

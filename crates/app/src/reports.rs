@@ -78,15 +78,11 @@ async fn apply_completion<V: Services>(
     actions: Option<Arc<BTreeMap<String, ActionDefinition>>>,
     directory: Option<Arc<ServiceDirectory>>,
 ) -> AppResult<(Receipt, RunState)> {
-    let memo = services.memo_codec();
     let WorkflowLease {
         owner, attempt, principal, ..
     } = lease.clone();
     let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
-        cx.principal = principal;
-        cx.memo = memo;
-        cx.actions = actions;
-        cx.services = directory;
+        cx.serve(RequestContext::completion(principal, actions, directory));
         if let Some(claim) = &sticky {
             capstan_engine::check_sticky_claim(run, &owner, claim)?;
         }
@@ -169,7 +165,7 @@ pub async fn fail_workflow_task<V: Services>(
         owner, attempt, principal, ..
     } = lease.clone();
     let done = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
-        cx.principal = principal;
+        cx.serve(RequestContext::acting_for(principal));
         capstan_engine::fail_workflow_task(run, cx, task_id, &owner, attempt, failure)
     })
     .await?;
@@ -200,12 +196,10 @@ pub struct AttemptLease {
 /// Records an attempt's result.
 pub async fn complete_activity<V: Services>(services: &V, lease: AttemptLease, result: Payload) -> AppResult<(Receipt, RunState)> {
     let evidence = json!({"report": "completed", "result_hash": ledger::digest(result.identity()), "lease_owner": lease.owner});
-    let memo = services.memo_codec();
     let (attempt_id, owner, principal) = (lease.attempt_id.clone(), lease.owner.clone(), lease.principal.clone());
     capstan_pause::point(capstan_pause::ACTIVITY_REPORTING);
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
-        cx.principal = principal;
-        cx.memo = memo;
+        cx.serve(RequestContext::acting_for(principal));
         capstan_engine::complete_activity(run, cx, task_id, &attempt_id, &owner, result)
     })
     .await;
@@ -219,7 +213,7 @@ pub async fn fail_activity<V: Services>(services: &V, lease: AttemptLease, failu
     let (attempt_id, owner, principal) = (lease.attempt_id.clone(), lease.owner.clone(), lease.principal.clone());
     capstan_pause::point(capstan_pause::ACTIVITY_REPORTING);
     let outcome = on_task(services, &lease.namespace, &lease.task_id, move |run, cx, task_id| {
-        cx.principal = principal;
+        cx.serve(RequestContext::acting_for(principal));
         capstan_engine::fail_activity(run, cx, task_id, &attempt_id, &owner, failure)
     })
     .await;
@@ -278,7 +272,7 @@ where
         principal,
     } = lease;
     on_task(services, &namespace, &task_id, move |run, cx, task_id| {
-        cx.principal = principal;
+        cx.serve(RequestContext::acting_for(principal));
         transition(run, cx, task_id, &attempt_id, &owner)
     })
     .await

@@ -6,7 +6,7 @@
 
 use crate::{search_attributes, AppResult, Services};
 use capstan_engine::service_call::*;
-use capstan_engine::{RunId, WorkflowCommand, WorkflowId};
+use capstan_engine::{RequestContext, RunId, WorkflowCommand, WorkflowId};
 use capstan_store::prelude::*;
 use capstan_store::{CatalogKey, RunLocator, StoreError};
 use serde_json::{Map, Value};
@@ -120,7 +120,10 @@ pub async fn execute<V: Services>(services: &V, call: DirectCall) -> AppResult<E
         let admitted = services
             .store()
             .admit_service_calls(services.now(), move |cx| {
-                cx.services = Some(directory);
+                cx.serve(RequestContext {
+                    services: Some(directory),
+                    ..RequestContext::default()
+                });
                 capstan_engine::admit_service_call(cx, &caller, 0, &op)
             })
             .await;

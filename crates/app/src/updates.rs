@@ -96,8 +96,7 @@ where
     };
     let name = update_name;
     let transition = move |run: &mut RunState, cx: &mut Cx| {
-        cx.caller_trace = trace;
-        cx.principal = principal;
+        cx.serve(RequestContext::traced(principal, trace));
         check_target(run, wanted.as_deref())?;
         admit_update(run, &name, fallback.for_run(run))?;
         match verdict {

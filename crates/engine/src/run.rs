@@ -552,6 +552,69 @@ impl<'a> Cx<'a> {
     pub fn id<T: From<String>>(&mut self) -> T {
         T::from(self.ids.next_id())
     }
+
+    /// Takes the request this transition serves, whole: who asks, the caller's trace, and
+    /// what the use case read for it beforehand.
+    pub fn serve(&mut self, request: RequestContext) {
+        let RequestContext {
+            principal,
+            caller_trace,
+            actions,
+            services,
+        } = request;
+        self.principal = principal;
+        self.caller_trace = caller_trace;
+        self.actions = actions;
+        self.services = services;
+    }
+}
+
+/// What a transition knows of the request it serves besides the run: who asks (recorded as
+/// `principal` on every event), the caller's trace (recorded on the event the request causes),
+/// and what the use case read before the transaction (the namespace's action definitions for
+/// pinning, the service directory for calls). A use case builds it once, by the constructor
+/// that names its kind of request, and hands it to [`Cx::serve`]; the payload codec comes with
+/// the store, not the request.
+#[derive(Clone, Default)]
+pub struct RequestContext {
+    pub principal: Option<crate::Principal>,
+    pub caller_trace: Option<crate::trace::TraceContext>,
+    pub actions: Option<std::sync::Arc<BTreeMap<String, ActionDefinition>>>,
+    pub services: Option<std::sync::Arc<crate::service_call::ServiceDirectory>>,
+}
+
+impl RequestContext {
+    /// A request that names only who asks (a worker's report, an operator's command).
+    pub fn acting_for(principal: Option<crate::Principal>) -> Self {
+        Self {
+            principal,
+            ..Self::default()
+        }
+    }
+
+    /// A client's command carrying its trace context (a signal, an update, a close).
+    pub fn traced(principal: Option<crate::Principal>, caller_trace: Option<crate::trace::TraceContext>) -> Self {
+        Self {
+            principal,
+            caller_trace,
+            ..Self::default()
+        }
+    }
+
+    /// A workflow task's completion: the action definitions its schedules pin and the
+    /// directory its service calls resolve against, each `None` only when no command needs it.
+    pub fn completion(
+        principal: Option<crate::Principal>,
+        actions: Option<std::sync::Arc<BTreeMap<String, ActionDefinition>>>,
+        services: Option<std::sync::Arc<crate::service_call::ServiceDirectory>>,
+    ) -> Self {
+        Self {
+            principal,
+            caller_trace: None,
+            actions,
+            services,
+        }
+    }
 }
 
 impl RunState {
