@@ -72,3 +72,47 @@ def test_retention_removes_expired_workflows_and_the_status_calls_answer(server_
     assert repaired == {"namespace": namespace, "repaired": 0, "not_needed": 0, "refused": []}
     assert timeouts["overdue_count"] == 0 and "processed" in timeouts_pass
     assert metrics["runs"] == {"completed": 2}, metrics
+
+
+def test_a_retention_pass_given_run_ids_removes_only_those(server_factory, run_worker):
+    server = server_factory.create()
+    namespace = unique("keep1day")
+    queue = unique("duties")
+    first_id, second_id = unique("first"), unique("second")
+
+    async def setup():
+        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            created = await http.post("/api/namespaces", json={"name": namespace, "retention_days": 1})
+            assert created.status_code == 201, created.text
+        client = Client(server.url, namespace=namespace)
+        run_ids = {}
+        async with run_worker(server.url, queue, workflows=[QuickWorkflow], namespace=namespace) as worker:
+            for workflow_id in (first_id, second_id):
+                handle = await client.start_workflow(workflow_type="duties.quick", task_queue=queue, workflow_id=workflow_id, input=[workflow_id])
+                assert await wait_result(handle, timeout=30, workers=[worker]) == workflow_id
+                run_ids[workflow_id] = (await client.describe_workflow(workflow_id)).run_id
+        await client.aclose()
+        return run_ids
+
+    run_ids = run_async(setup(), timeout=60)
+    # Both runs closed two days ago: both are past the namespace's retention.
+    two_days_ago = int(time.time() * 1000) - 2 * 86_400_000
+    with sqlite3.connect(server.data_dir / "capstan.db") as db:
+        db.execute("UPDATE runs SET closed_at = ? WHERE workflow_id IN (?, ?)", (two_days_ago, first_id, second_id))
+
+    async def passes():
+        client = Client(server.url, namespace=namespace)
+        try:
+            scoped = await client.retention_pass(run_ids=[run_ids[second_id]])
+            between = await client.retention_status()
+            unknown = await client.retention_pass(run_ids=["no-such-run"])
+            rest = await client.retention_pass()
+        finally:
+            await client.aclose()
+        return scoped, between, unknown, rest
+
+    scoped, between, unknown, rest = run_async(passes(), timeout=60)
+    assert scoped["pruned"] == 1 and scoped["workflow_ids"] == [second_id], scoped
+    assert between["expired_workflow_ids"] == [first_id], between
+    assert unknown["pruned"] == 0 and unknown["workflow_ids"] == [], unknown
+    assert rest["pruned"] == 1 and rest["workflow_ids"] == [first_id], rest

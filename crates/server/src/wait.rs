@@ -9,9 +9,7 @@
 //! missed.
 
 use crate::error::ApiResult;
-use crate::AppState;
 use capstan_engine::Millis;
-use capstan_store::Store;
 use capstan_sync::shim::Notify;
 use std::future::Future;
 use std::time::Duration;
@@ -48,11 +46,11 @@ pub(crate) enum Until {
 }
 
 impl Until {
-    /// How long is left, `None` once the wait has run out.
-    fn left<S: Store>(&self, state: &AppState<S>) -> Option<Duration> {
+    /// How long is left at `now` of the server's clock, `None` once the wait has run out.
+    fn left(&self, now: Millis) -> Option<Duration> {
         match *self {
             Until::Clock(deadline) => {
-                let left = deadline - state.now();
+                let left = deadline - now;
                 (left > 0).then(|| Duration::from_millis(left as u64))
             }
             Until::Elapsed(deadline) => {
@@ -65,15 +63,15 @@ impl Until {
 
 /// Looks with `look` until it settles (`Ok(value)`) or the wait runs out (`Err(last value)`),
 /// sleeping between looks until `wake` fires or `recheck` (at most what is left) passes.
-pub(crate) async fn settle<S, T, F, Fut>(
-    state: &AppState<S>,
+/// `now` reads the server's clock.
+pub(crate) async fn settle<T, F, Fut>(
+    now: impl Fn() -> Millis,
     until: Until,
     recheck: Duration,
     wake: Option<&Notify>,
     mut look: F,
 ) -> ApiResult<Result<T, T>>
 where
-    S: Store,
     F: FnMut() -> Fut,
     Fut: Future<Output = ApiResult<Look<T>>>,
 {
@@ -87,7 +85,7 @@ where
             Look::Settled(value) => return Ok(Ok(value)),
             Look::Pending(value) => value,
         };
-        let Some(left) = until.left(state) else { return Ok(Err(pending)) };
+        let Some(left) = until.left(now()) else { return Ok(Err(pending)) };
         let nap = tokio::time::sleep(recheck.min(left));
         match woken.as_mut().as_pin_mut() {
             Some(woken) => {
@@ -98,5 +96,109 @@ where
             }
             None => nap.await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn far() -> Until {
+        Until::Elapsed(tokio::time::Instant::now() + 2 * HOUR)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settled_look_ends_the_wait_at_once() {
+        let looked = settle(|| 0, far(), HOUR, None, || async { Ok(Look::Settled(7)) }).await.unwrap();
+        assert_eq!(looked, Ok(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_cuts_the_sleep_short() {
+        let notify = Arc::new(Notify::new());
+        let waker = notify.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            waker.notify_waiters();
+        });
+        let looks = AtomicUsize::new(0);
+        let started = tokio::time::Instant::now();
+        let looked = settle(
+            || 0,
+            far(),
+            HOUR,
+            Some(&notify),
+            || async {
+                Ok(match looks.fetch_add(1, Ordering::SeqCst) {
+                    0 => Look::Pending(0),
+                    n => Look::Settled(n),
+                })
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(looked, Ok(1));
+        assert!(started.elapsed() < Duration::from_secs(1), "woken, not rechecked an hour later");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_between_the_look_and_the_sleep_is_not_missed() {
+        let notify = Notify::new();
+        let looks = AtomicUsize::new(0);
+        let started = tokio::time::Instant::now();
+        let looked = settle(
+            || 0,
+            far(),
+            HOUR,
+            Some(&notify),
+            || async {
+                Ok(match looks.fetch_add(1, Ordering::SeqCst) {
+                    // The change commits after this look read, before the wait sleeps.
+                    0 => {
+                        notify.notify_waiters();
+                        Look::Pending(0)
+                    }
+                    n => Look::Settled(n),
+                })
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(looked, Ok(1));
+        assert!(started.elapsed() < Duration::from_secs(1), "the armed notifier caught it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_wake_it_looks_again_each_recheck_until_the_clock_runs_out() {
+        // The server's clock moves 100 ms per look; the deadline is 1 s ahead.
+        let clock = AtomicI64::new(0);
+        let looks = AtomicUsize::new(0);
+        let looked = settle(
+            || clock.load(Ordering::SeqCst),
+            Until::Clock(1_000),
+            Duration::from_millis(5),
+            None,
+            || async {
+                clock.fetch_add(100, Ordering::SeqCst);
+                Ok(Look::Pending(looks.fetch_add(1, Ordering::SeqCst) + 1))
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(looked, Err(10), "the last look's value answers a wait that ran out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_elapsed_wait_sleeps_no_longer_than_what_is_left() {
+        let started = tokio::time::Instant::now();
+        let until = Until::Elapsed(started + Duration::from_millis(30));
+        let looked = settle(|| 0, until, HOUR, None, || async { Ok(Look::Pending(())) }).await.unwrap();
+        assert_eq!(looked, Err(()));
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(30) && waited < Duration::from_secs(1), "{waited:?}");
     }
 }

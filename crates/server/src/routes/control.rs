@@ -387,18 +387,24 @@ pub async fn history<S: Store>(
     let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
     let wait_new_event = matches!(query.get("wait_new_event").map(String::as_str), Some("1" | "true"));
     let until = wait::Until::Clock(state.now() + wait::HISTORY_WAIT_MS);
-    let looked = wait::settle(&state, until, wait::HISTORY_RECHECK, None, || async {
-        let run = state.store.load_run(&namespace, locator.clone()).await?.ok_or_else(|| {
-            ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "Workflow run not found.")
-                .with("workflow_id", workflow_id.clone())
-                .with("run_id", run_id.clone())
-        })?;
-        Ok(if wait_new_event && run.last_sequence <= after && !run.is_closed() {
-            wait::Look::Pending(run)
-        } else {
-            wait::Look::Settled(run)
-        })
-    })
+    let looked = wait::settle(
+        || state.now(),
+        until,
+        wait::HISTORY_RECHECK,
+        None,
+        || async {
+            let run = state.store.load_run(&namespace, locator.clone()).await?.ok_or_else(|| {
+                ApiError::new(StatusCode::NOT_FOUND, Reason::RunNotFound, "Workflow run not found.")
+                    .with("workflow_id", workflow_id.clone())
+                    .with("run_id", run_id.clone())
+            })?;
+            Ok(if wait_new_event && run.last_sequence <= after && !run.is_closed() {
+                wait::Look::Pending(run)
+            } else {
+                wait::Look::Settled(run)
+            })
+        },
+    )
     .await?;
     let run = looked.unwrap_or_else(|pending| pending);
     let events = state.store.history(&run.run_id, after, run.last_sequence, page_size).await?;

@@ -97,12 +97,18 @@ async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Ma
     let answered = state.query_answers.channel(&id);
     state.hub.wake(&namespace, TaskKind::Query, &task.task_queue);
     let until = wait::Until::Clock(task.deadline_at);
-    let outcome = wait::settle(&state, until, wait::ANSWER_RECHECK, Some(&answered), || async {
-        Ok(match state.store.get_query_task(&namespace, &id).await?.map(|t| t.state) {
-            Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
-            other => wait::Look::Pending(Err(other)),
-        })
-    })
+    let outcome = wait::settle(
+        || state.now(),
+        until,
+        wait::ANSWER_RECHECK,
+        Some(&answered),
+        || async {
+            Ok(match state.store.get_query_task(&namespace, &id).await?.map(|t| t.state) {
+                Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
+                other => wait::Look::Pending(Err(other)),
+            })
+        },
+    )
     .await?
     .unwrap_or_else(|pending| pending);
     state.query_answers.forget(&id);

@@ -124,18 +124,24 @@ async fn run_update<S: Store>(
 
     let locator = RunLocator::Run(WorkflowId(workflow_id.clone()), RunId(run_id.clone()));
     let until = wait::Until::Clock(state.now() + wait_seconds * 1000);
-    let looked = wait::settle(&state, until, wait::UPDATE_RECHECK, None, || async {
-        let run = state.store.load_run(&namespace, locator.clone()).await?;
-        match run.and_then(|run| run.updates.get(&update_id).cloned()) {
-            Some(record) if wait_for == "accepted" || record.status != UpdateStatus::Accepted => Ok(wait::Look::Settled(record)),
-            Some(record) => Ok(wait::Look::Pending(record)),
-            None => Err(fail(ApiError::new(
-                StatusCode::NOT_FOUND,
-                Reason::UpdateNotFound,
-                "The update is gone.",
-            ))),
-        }
-    })
+    let looked = wait::settle(
+        || state.now(),
+        until,
+        wait::UPDATE_RECHECK,
+        None,
+        || async {
+            let run = state.store.load_run(&namespace, locator.clone()).await?;
+            match run.and_then(|run| run.updates.get(&update_id).cloned()) {
+                Some(record) if wait_for == "accepted" || record.status != UpdateStatus::Accepted => Ok(wait::Look::Settled(record)),
+                Some(record) => Ok(wait::Look::Pending(record)),
+                None => Err(fail(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    Reason::UpdateNotFound,
+                    "The update is gone.",
+                ))),
+            }
+        },
+    )
     .await?;
     let record = looked.unwrap_or_else(|pending| pending);
     respond(

@@ -62,12 +62,18 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
     // Validations ride the workflow-task poll: wake its pollers.
     state.hub.wake(namespace, TaskKind::Workflow, &task.task_queue);
     let until = wait::Until::Clock(task.deadline_at);
-    let outcome = wait::settle(state, until, wait::ANSWER_RECHECK, Some(&answered), || async {
-        Ok(match state.store.get_query_task(namespace, &id).await?.map(|t| t.state) {
-            Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
-            other => wait::Look::Pending(Err(other)),
-        })
-    })
+    let outcome = wait::settle(
+        || state.now(),
+        until,
+        wait::ANSWER_RECHECK,
+        Some(&answered),
+        || async {
+            Ok(match state.store.get_query_task(namespace, &id).await?.map(|t| t.state) {
+                Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
+                other => wait::Look::Pending(Err(other)),
+            })
+        },
+    )
     .await?
     .unwrap_or_else(|pending| pending);
     state.query_answers.forget(&id);

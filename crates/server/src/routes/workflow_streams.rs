@@ -116,14 +116,20 @@ pub async fn items<S: Store>(
     let target = target(namespace, &workflow_id, &run_id, &name)?;
     let until = wait::Until::Elapsed(tokio::time::Instant::now() + Duration::from_secs(wait));
     let appended = state.stream_appends.channel(&wake_key(&target.run_id, &target.stream_name));
-    let looked = wait::settle(&state, until, wait::STREAM_RECHECK, Some(&appended), || async {
-        let (stream, items) = state.store.read_stream(target.clone(), from, max).await?;
-        Ok(if !items.is_empty() || stream.is_terminal() {
-            wait::Look::Settled((stream, items))
-        } else {
-            wait::Look::Pending((stream, items))
-        })
-    })
+    let looked = wait::settle(
+        || state.now(),
+        until,
+        wait::STREAM_RECHECK,
+        Some(&appended),
+        || async {
+            let (stream, items) = state.store.read_stream(target.clone(), from, max).await?;
+            Ok(if !items.is_empty() || stream.is_terminal() {
+                wait::Look::Settled((stream, items))
+            } else {
+                wait::Look::Pending((stream, items))
+            })
+        },
+    )
     .await?;
     let (mut stream, items) = looked.unwrap_or_else(|pending| pending);
     let next_offset = items.last().map_or(from, |i| i.offset + 1);

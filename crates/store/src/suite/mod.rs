@@ -1348,6 +1348,23 @@ pub async fn listing_filters_and_pages<S: Store>(store: S) {
         store.count_runs("other", ListFilter::default()).await.unwrap(),
         RunCounts::default()
     );
+
+    // `%`, `_` and `\` in a query are the characters themselves, never wildcards or escapes.
+    started(&store, "under_score", "q").await;
+    let matching = |query: &str| ListFilter {
+        query: Some(query.into()),
+        ..Default::default()
+    };
+    assert_eq!(store.list_runs("default", matching("under_s"), 0, 10).await.unwrap().0.len(), 1);
+    for literal in ["list_3", "%", "under%score", "under\\_score", "_"] {
+        let expected = usize::from(literal == "_");
+        let (rows, _) = store.list_runs("default", matching(literal), 0, 10).await.unwrap();
+        assert_eq!(rows.len(), expected, "query {literal:?} is literal");
+        assert_eq!(
+            store.count_runs("default", matching(literal)).await.unwrap().running as usize,
+            expected
+        );
+    }
 }
 
 pub async fn search_attributes_filter_listings_and_follow_upserts<S: Store>(store: S) {
