@@ -4,9 +4,8 @@
 //! acknowledges the stop (`/acknowledge-cancellation`). The acknowledgement is evidence, not
 //! authority: it renews nothing and changes no outcome; it is recorded once per attempt.
 
-use crate::ids::*;
 use crate::timefmt::iso8601;
-use crate::Millis;
+use crate::{ActivityExecutionId, CommandId, EventId, Millis, TaskId};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 

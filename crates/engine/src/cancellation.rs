@@ -2,8 +2,7 @@
 //! code, and the stopped attempts a deferred delivery waits for. The transitions are in
 //! `transitions/cancellation.rs`.
 
-use crate::ids::*;
-use crate::Millis;
+use crate::{ActivityAttemptId, CommandId, EventId, Millis, RunId, WorkflowId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeSet;

@@ -11,8 +11,7 @@
 
 use crate::canonical::{self, Member};
 use crate::history::GENESIS_HASH;
-use crate::ids::*;
-use crate::Millis;
+use crate::{ActivityAttemptId, ActivityExecutionId, Millis, RunId, WorkflowId};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};

@@ -12,9 +12,8 @@
 //! answered with lives in a bounded list of receipts ([`LocalReceipt`]).
 
 use crate::command::{ActivityCancellationPolicy, RetryPolicy, StepTags};
-use crate::ids::*;
 use crate::payload::Payload;
-use crate::Millis;
+use crate::{ActivityAttemptId, ActivityExecutionId, EventId, Millis, TaskId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

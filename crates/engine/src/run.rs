@@ -4,14 +4,15 @@ use crate::cancellation::CancellationRequest;
 use crate::command::{ActivityCancellationPolicy, ActivityTimeouts, RetryPolicy, SessionRequirement, StepTags, WorkflowFailure};
 use crate::contract::CommandContract;
 use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
-use crate::ids::*;
 use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry};
 use crate::limits::Limits;
 use crate::payload::Payload;
 use crate::selection::SelectionBook;
 use crate::status::{ClosedReason, RunStatus};
-use crate::task::*;
-use crate::Millis;
+use crate::{
+    ActivityAttemptId, ActivityExecutionId, CommandId, EventId, IdSource, Millis, ResumeContext, RunId, Task, TaskClosure, TaskDetail,
+    TaskId, TaskKind, TaskState, TimerId, WaitId, WorkflowId,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

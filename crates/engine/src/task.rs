@@ -4,9 +4,8 @@
 //! fence together in one [`Lease`]. The fence grows by one every time ownership passes, so a
 //! report carrying an older fence can be recognised and refused.
 
-use crate::ids::*;
 use crate::payload::Payload;
-use crate::Millis;
+use crate::{ActivityAttemptId, ActivityExecutionId, CommandId, Millis, SignalId, TaskId, TimerId};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

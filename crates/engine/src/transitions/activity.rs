@@ -1,6 +1,10 @@
 //! Activity tasks: lease, completion, failure and retry, heartbeat.
 
 use super::*;
+use crate::{
+    ActivityAttemptId, ActivityExecution, ActivityFailure, ClosedTaskReceipt, Cx, Lease, Receipt, ReportKind, RunState, Task, TaskClosure,
+    TaskDetail, TaskId, TaskKind, TaskState,
+};
 
 /// The internal task queue of atomic actions: only the server's atomic executor claims it.
 pub const ATOMIC_QUEUE: &str = "__capstan_atomic";

@@ -4,10 +4,10 @@
 use crate::activity_stop::{StopAcknowledgement, StopReceipt, StoppedAttempt};
 use crate::cancellation::AwaitedStops;
 use crate::history::EventType;
-use crate::ids::*;
 use crate::refusal::{Reason, Refusal};
 use crate::run::{Cx, RunState};
 use crate::timefmt::iso8601;
+use crate::{ActivityAttemptId, TaskId};
 use serde_json::{json, Map, Value};
 
 /// The stopped attempt `attempt_id` of task `task_id`, if a cancellation stopped it.

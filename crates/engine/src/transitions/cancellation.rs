@@ -1,6 +1,10 @@
 //! Cooperative cancellation: the request, its delivery at one authored call, the cancelled close.
 
 use super::*;
+use crate::{
+    ActivityAttemptId, ActivityCancellationPolicy, ActivityExecution, ChildCancellation, ChildLink, CommandId, Cx, RunId, RunState,
+    StepKind, TaskClosure, TaskDetail, TaskId, TaskKind, TimerPurpose, TimerState, WorkflowFailure, WorkflowId,
+};
 
 /// What a `request-cancellation` call found or made.
 #[derive(Clone, Debug, PartialEq)]

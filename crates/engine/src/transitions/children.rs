@@ -1,6 +1,7 @@
 //! Child workflows from the parent's side: resolution, and the retry of a failed child run.
 
 use super::*;
+use crate::{ChildOutcome, ChildRetry, Cx, ParentLink, RunState};
 
 /// A failed (or timed-out) child run whose parent gave a retry policy with attempts left, and
 /// whose failure is retryable, is followed by the instance's next run in the same transaction:

@@ -1,6 +1,7 @@
 //! Closing a run: everything open ends with it.
 
 use super::*;
+use crate::{ActivityExecution, ChildOutcome, CloseCommand, Cx, Effects, RunState, TaskClosure, TaskId, UpdateStatus, WorkflowFailure};
 
 /// Closes a run: every open task, timer, wait and activity of it ends with it.
 pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {

@@ -1,6 +1,10 @@
 //! Control-plane commands: signal and update admission, cancel and terminate, repair, archive.
 
 use super::*;
+use crate::{
+    CloseCommand, CommandId, Cx, DeferredSignal, ResumeContext, RunState, SignalId, TaskId, TaskState, UpdateRecord, UpdateStatus,
+    WorkflowFailure,
+};
 
 /// The receipt of a control-plane command applied to a run.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,6 +1,9 @@
 //! Time-driven transitions: what happens when a task's deadline passes.
 
 use super::*;
+use crate::{
+    ActivityExecution, Cx, RunState, Task, TaskClosure, TaskDetail, TaskId, TaskKind, TaskState, TimerId, TimerPurpose, WorkflowFailure,
+};
 
 /// The timeout kind of an attempt whose lease ran out before any of its own budgets did (its
 /// worker neither reported nor heartbeated within `--activity-task-lease-seconds`).

@@ -4,7 +4,8 @@
 
 use super::ledger_steps::{checkpoint, resolve_entry_as, Resolver};
 use super::*;
-use crate::ledger_probe::*;
+use crate::ledger_probe::{probe_workflow_id, ProbeAnswer, ProbeSpec, ProbeTarget, Verdict, PROBE_RETRIES_PER_EXECUTION};
+use crate::{ActivityExecution, ActivityTimeouts, Cx, RetryPolicy, RunState};
 
 /// A dispatch's outcome became unknown: the entry records why in its next checkpoint, and when
 /// the action names a probe, the probe is started in the same transaction.

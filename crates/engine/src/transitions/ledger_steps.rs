@@ -2,6 +2,7 @@
 //! resolutions, late reports, integrity blocks. (The ledger model itself is `crate::ledger`.)
 
 use super::*;
+use crate::{ActivityAttemptId, ActivityExecution, Cx, Receipt, RunState, Task, TaskClosure, TaskDetail, TaskId, TaskKind};
 
 /// The ledger entry of a dispatch: hashes and ids only.
 pub(super) fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, pin: &ActionPin, owner: &str) {

@@ -4,7 +4,11 @@
 
 use super::control::record_signal;
 use super::*;
-use crate::message_stream::*;
+use crate::message_stream::{
+    valid_stream_name, StreamInput, StreamMessage, StreamWait, CURSOR_SCHEMA, MAX_PROGRESS_ENTRIES, MAX_STREAMS, MAX_UNCONSUMED,
+    MESSAGE_SCHEMA,
+};
+use crate::{CommandId, Cx, ResumeContext, RunState, StreamAppendReceipt, StreamProgress, TaskDetail, TaskId, MESSAGE_STREAM_SIGNAL};
 
 /// A client's append, already validated (names, id, payload codec).
 #[derive(Clone, Debug)]

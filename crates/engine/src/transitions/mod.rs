@@ -4,20 +4,16 @@
 //! discard both, so a refused report leaves nothing behind.
 
 use crate::cancellation::{AwaitedStops, CancellationDelivery, CancellationRequest};
-use crate::command::*;
 use crate::contract::CommandContract;
 use crate::history::EventType;
-use crate::ids::*;
 use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode, ResultClass};
 use crate::observation::Observation;
 use crate::payload::Payload;
 use crate::refusal::{Reason, Refusal};
-use crate::run::*;
 use crate::service_call::LinkedRunClosed;
 use crate::status::{ClosedReason, RunStatus};
-use crate::task::*;
 use crate::timefmt::iso8601;
-use crate::Millis;
+use crate::{Millis, RunState};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, VecDeque};
 

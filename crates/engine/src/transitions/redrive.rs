@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::redrive::{reused_completion, Redrive, RedrivePlan};
+use crate::{ActivityExecutionId, CommandId, Cx, RunId, RunState, StepKind};
 
 /// A redrive's answer: the record, and whether this call made it (`false`: an earlier one did).
 #[derive(Clone, Debug, PartialEq)]

@@ -3,7 +3,11 @@
 //! run closes.
 
 use super::*;
-use crate::service_call::*;
+use crate::service_call::{
+    error_fields, CallMode, CallWait, Caller, CatalogLevel, RouteKey, ServiceCallRecord, ServiceDirectory, ServiceOperation, ServiceRoute,
+    ServiceWaiter, StartWorkflowBinding, WaitFor, STATUS_CANCELLED, STATUS_COMPLETED, STATUS_FAILED, STATUS_STARTED,
+};
+use crate::{Cx, Effects, RunId, RunState, WorkflowFailure, WorkflowId};
 
 /// The caller's view of one call as it is being admitted.
 struct Admission<'a> {

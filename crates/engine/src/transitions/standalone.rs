@@ -3,6 +3,10 @@
 
 use super::*;
 use crate::standalone::StandaloneActivity;
+use crate::{
+    ActivityExecution, ActivityTimeouts, Cx, FailureBoundary, RetryPolicy, RunState, ScheduleActivity, StepKind, StepTags, TaskId,
+    WorkflowFailure,
+};
 
 /// A client's standalone activity, already validated.
 #[derive(Clone, Debug)]

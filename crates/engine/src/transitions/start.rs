@@ -1,6 +1,7 @@
 //! Starting a run: run 1 of an instance, and the fresh run a continue-as-new or a child retry begins.
 
 use super::*;
+use crate::{CommandId, Cx, RunId, RunState, TaskDetail, TaskKind, WorkflowId, RUN_DOCUMENT_VERSION};
 
 /// Everything needed to start a run, already validated by the caller.
 #[derive(Clone, Debug)]

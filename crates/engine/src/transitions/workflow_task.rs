@@ -2,6 +2,10 @@
 
 use super::*;
 use crate::message_stream::StreamProgress;
+use crate::{
+    ActivityAttemptId, ClosedTaskReceipt, CommandId, Cx, Lease, Receipt, ReportKind, ResumeContext, RunState, SignalId, Task, TaskClosure,
+    TaskDetail, TaskId, TaskKind, TaskState, TimerId, UpdateStatus, WorkflowCommand,
+};
 
 /// Failure type the SDKs report when replay produced no new command: benign, nothing to retry.
 pub const WAITING_FOR_HISTORY_FAILURE: &str = "WorkflowTaskWaitingForHistory";

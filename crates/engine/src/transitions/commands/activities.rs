@@ -1,6 +1,7 @@
 //! `schedule_activity`: a new activity execution and the task of its first attempt.
 
 use super::*;
+use crate::{ActivityExecution, ActivityExecutionId, Cx, RetryPolicy, RunState, ScheduleActivity, TaskDetail, TaskKind};
 
 /// Schedules an activity: its execution, its first task (on the atomic queue for an atomic
 /// declared action) and `ActivityScheduled`.

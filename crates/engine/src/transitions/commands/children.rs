@@ -1,6 +1,7 @@
 //! `start_child_workflow`: a child instance started in the same transition as the parent's step.
 
 use super::*;
+use crate::{ChildLink, Cx, ParentLink, RunState, StartChild, WorkflowId};
 
 /// Builds the child's first run with its own effects, records `ChildWorkflowScheduled` and
 /// `ChildRunStarted` on the parent, and links the child to the parent's step.

@@ -1,6 +1,7 @@
 //! Commands that end the run: complete, fail, continue as new.
 
 use super::*;
+use crate::{Cx, RunState, StepTags, WorkflowFailure};
 
 /// `WorkflowCompleted` with the workflow's result.
 pub(super) fn complete_workflow(run: &mut RunState, cx: &mut Cx, at: At, result: Payload) {

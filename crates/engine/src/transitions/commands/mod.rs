@@ -1,6 +1,7 @@
 //! A workflow task's commands: validated together, then applied one by one.
 
 use super::*;
+use crate::{Cx, RunState, StepKind, StepTags, TaskId, WorkflowCommand};
 
 mod activities;
 mod children;

@@ -2,6 +2,7 @@
 //! attribute and memo upserts.
 
 use super::*;
+use crate::{Cx, RunState, StepTags};
 use std::ops::RangeInclusive;
 
 /// `SideEffectRecorded`.

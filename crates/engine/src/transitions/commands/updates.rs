@@ -1,6 +1,7 @@
 //! `complete_update` and `fail_update`: an update handler's result.
 
 use super::*;
+use crate::{Cx, ResumeContext, RunState, UpdateRecord, UpdateStatus, WorkflowFailure};
 
 pub(super) fn accepted_update(run: &RunState, update_id: &str) -> Result<UpdateRecord, Refusal> {
     match run.updates.get(update_id) {

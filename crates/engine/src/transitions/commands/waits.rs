@@ -1,6 +1,7 @@
 //! Condition and signal waits the workflow opens, each with an optional timeout timer.
 
 use super::*;
+use crate::{ConditionWait, Cx, RunState, SignalWait, StepTags, TaskId, TimerPurpose, TimerState, WaitId};
 
 /// What an `open_condition_wait` asks for.
 pub(super) struct ConditionWaitSpec {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::transitions::ledger_steps::Resolver;
+use crate::{ActivityAttemptId, ActivityExecution, ActivityExecutionId, LocalFailure, StepTags, TaskId};
 
 /// One attempt of an activity that runs on workers. `attempt_id` is written as it is: null for
 /// an attempt that never started (a ready task that timed out).
@@ -584,6 +585,8 @@ pub(in crate::transitions) fn activity_cancelled(cancelled: Cancelled) -> Map<St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ActivityExecution;
+    use crate::{ActivityExecutionId, ActivityTimeouts, RetryPolicy};
 
     fn execution() -> ActivityExecution {
         ActivityExecution {

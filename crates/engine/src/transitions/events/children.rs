@@ -2,6 +2,7 @@
 //! resolution, and the parent-close policy.
 
 use super::*;
+use crate::{ChildLink, ChildOutcome, ChildRetry, RetryPolicy, RunState, StartChild};
 
 /// DW's record of a child retry policy (`max_attempts` absent means one attempt).
 pub(in crate::transitions) fn child_retry_snapshot(policy: &RetryPolicy) -> Value {
@@ -172,6 +173,8 @@ pub(in crate::transitions) fn parent_close_policy_applied(child: &ChildLink, rea
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ChildLink;
+    use crate::{ChildOutcome, ParentLink};
 
     #[test]
     fn a_child_resolution_repeats_the_steps_tags_and_its_call_id_only_when_known() {

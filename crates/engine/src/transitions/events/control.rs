@@ -1,6 +1,7 @@
 //! Control-plane requests: cancel, terminate, repair, archive, and cooperative cancellation.
 
 use super::*;
+use crate::{CommandId, RunState, TaskId};
 
 /// The fields every control command's event starts with.
 fn command_identity(run: &RunState, command_id: &CommandId) -> Map<String, Value> {
@@ -105,6 +106,8 @@ pub(in crate::transitions) fn cooperative_cancellation_delivered(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Cx;
+    use crate::SequentialIds;
 
     #[test]
     fn a_delivery_names_its_span_and_operation_only_when_it_has_them() {

@@ -1,6 +1,7 @@
 //! Signals and updates as they arrive and as their handlers end.
 
 use super::*;
+use crate::{CommandId, RunState, SignalId, UpdateRecord, WorkflowFailure};
 
 /// `SignalReceived`.
 pub(in crate::transitions) fn signal_received(

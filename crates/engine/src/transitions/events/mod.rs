@@ -16,6 +16,7 @@
 //! the run also keeps are made by the caller, in the order it always made them.
 
 use super::*;
+use crate::{Cx, StepTags, WorkflowFailure};
 
 mod activity;
 mod children;

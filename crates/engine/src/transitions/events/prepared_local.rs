@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::local_activity::{PreparedAttempt, PreparedLocal};
+use crate::TaskId;
 
 /// Who reported the end of an attempt: its own worker (`outcome`), the server on a supervision
 /// call that found it past a deadline, or the claim that found it unfinished (`recover`).

@@ -2,6 +2,7 @@
 //! upserts; and the cancellation of a selection member.
 
 use super::*;
+use crate::{SelectionCancel, StepTags};
 
 /// `SideEffectRecorded`.
 pub(in crate::transitions) fn side_effect_recorded(step: u32, result: &Payload, tags: &StepTags) -> Map<String, Value> {

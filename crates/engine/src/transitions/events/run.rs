@@ -1,6 +1,7 @@
 //! A run's own lifecycle: its start, and each way it closes.
 
 use super::*;
+use crate::{ActivityExecutionId, CommandId, RunState, StepTags, WorkflowFailure};
 
 fn run_identity(run: &RunState) -> Map<String, Value> {
     obj!(

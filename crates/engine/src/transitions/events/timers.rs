@@ -1,6 +1,7 @@
 //! Timer events: user timers and the timeouts of waits.
 
 use super::*;
+use crate::{ConditionWait, TimerPurpose, TimerState};
 
 /// What a wait's timeout timer repeats of its wait, when the wait is still known.
 #[derive(Clone, Copy, Default)]

@@ -1,6 +1,7 @@
 //! Condition and signal waits: opened by the workflow, resolved by a signal or an update.
 
 use super::*;
+use crate::{CommandId, ConditionWait, SignalId, SignalWait, StepTags};
 
 /// `ConditionWaitOpened`.
 pub(in crate::transitions) fn condition_wait_opened(wait: &ConditionWait, tags: &StepTags) -> Map<String, Value> {

@@ -2,6 +2,10 @@
 //! ends an attempt whose claim was lost.
 
 use super::*;
+use crate::{
+    ActivityAttemptId, CleanupView, Cx, LocalAdmission, LocalDescriptor, LocalReceiptKey, LocalRecordReceipt, PreparedAttempt,
+    PreparedLocal, RunState,
+};
 
 /// Admits an attempt of the prepared call at `sequence` under `claim`: the first attempt takes
 /// the run's next step (`ActivityScheduled`, then `ActivityStarted`); a later one follows a

@@ -5,6 +5,7 @@
 //! prepared afterwards, one `prepare` each.
 
 use super::*;
+use crate::{CheckpointReceipt, Cx, GroupMember, LocalCheckpoint, RunState, WorkflowCommand};
 
 /// The command types a checkpoint may carry: those that record a fact and wait for nothing.
 pub fn checkpoint_admits(command: &WorkflowCommand) -> bool {

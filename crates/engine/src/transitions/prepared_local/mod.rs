@@ -4,7 +4,10 @@
 //! other; an attempt is bound to the claim that prepared it.
 
 use super::*;
-use crate::local_activity::*;
+use crate::{
+    ActivityAttemptId, ActivityExecutionId, CleanupView, Cx, EventId, LocalDescriptor, LocalReceipt, LocalReceiptKey, LocalRecord,
+    PreparedAttempt, PreparedLocal, RunState, StepKind, TaskId,
+};
 use events::{PreparedFailure, PreparedRetry, Provenance};
 
 mod admission;

@@ -3,6 +3,10 @@
 //! report that finds it so.
 
 use super::*;
+use crate::{
+    ActivityAttemptId, Cx, EventId, LocalReceiptKey, LocalRecord, LocalRecordReceipt, LocalReport, LocalStop, LocalSupervision,
+    RecordedHeartbeat, RunState, TaskState,
+};
 use std::ops::ControlFlow;
 
 /// What a supervision call came to.
