@@ -1,10 +1,15 @@
 //! Activity tasks: lease, completion, failure and retry, heartbeat.
 
-use super::*;
+use crate::transitions::{
+    activity_resolved, checkpoint, classify_ledgered_result, events, integrity_refusal, iso8601, ledger_outcome_unknown, ledger_poll_again,
+    min_opt, open_ledger_entry, retained_receipt, AttemptRef, NextAttempt, Resolution, ResultClass,
+};
+use crate::{run_closed_refusal, ActionDefinition, ActionPin, ClosedReason, EventType, LedgerState, Millis, Payload, Reason, Refusal};
 use crate::{
     ActivityAttemptId, ActivityExecution, ActivityFailure, ClosedTaskReceipt, Cx, Lease, Receipt, ReportKind, RunState, Task, TaskClosure,
     TaskDetail, TaskId, TaskKind, TaskState,
 };
+use serde_json::{json, Map, Value};
 
 /// The internal task queue of atomic actions: only the server's atomic executor claims it.
 pub const ATOMIC_QUEUE: &str = "__capstan_atomic";

@@ -4,8 +4,7 @@
 //! never revives a lease that has already expired.
 
 use super::activity::{attempt_deadline, check_activity_lease, execution_of};
-use super::*;
-use crate::{ActivityAttemptId, Cx, Lease, RunState, Task, TaskDetail, TaskId, TaskState};
+use crate::{ActivityAttemptId, Cx, Lease, Millis, Refusal, RunState, Task, TaskDetail, TaskId, TaskState};
 
 /// A renewal rewrites the lease only once this share of its term has passed; before that it
 /// confirms the grant the worker holds. SDKs renew every few seconds (a third of a heartbeat

@@ -1,10 +1,16 @@
 //! Cooperative cancellation: the request, its delivery at one authored call, the cancelled close.
 
-use super::*;
+use crate::transitions::close::close_run;
+use crate::transitions::{events, iso8601, require_open, stop_prepared_attempt};
+use crate::{
+    check_workflow_lease, require_workflow_code, AwaitedStops, CancellationDelivery, CancellationRequest, ClosedReason, EventType, Reason,
+    Refusal, RunStatus,
+};
 use crate::{
     ActivityAttemptId, ActivityCancellationPolicy, ActivityExecution, ChildCancellation, ChildLink, CommandId, Cx, RunId, RunState,
     StepKind, TaskClosure, TaskDetail, TaskId, TaskKind, TimerPurpose, TimerState, WorkflowFailure, WorkflowId,
 };
+use serde_json::{json, Map};
 
 /// What a `request-cancellation` call found or made.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,7 +1,8 @@
 //! Child workflows from the parent's side: resolution, and the retry of a failed child run.
 
-use super::*;
-use crate::{ChildOutcome, ChildRetry, Cx, ParentLink, RunState};
+use crate::transitions::close::relink;
+use crate::transitions::{begin_run, blank_run, events};
+use crate::{ChildOutcome, ChildRetry, ClosedReason, Cx, EventType, ParentLink, Refusal, RunState, RunStatus, StartRun};
 
 /// A failed (or timed-out) child run whose parent gave a retry policy with attempts left, and
 /// whose failure is retryable, is followed by the instance's next run in the same transaction:

@@ -1,7 +1,11 @@
 //! Closing a run: everything open ends with it.
 
-use super::*;
-use crate::{ActivityExecution, ChildOutcome, CloseCommand, Cx, Effects, RunState, TaskClosure, TaskId, UpdateStatus, WorkflowFailure};
+use crate::transitions::{events, mark_outcome_unknown, probe_answer, LinkedRunClosed};
+use crate::{
+    ActivityExecution, ChildOutcome, CloseCommand, ClosedReason, Cx, Effects, EventType, LedgerState, RunState, RunStatus, TaskClosure,
+    TaskId, UpdateStatus, WorkflowFailure,
+};
+use serde_json::json;
 
 /// Closes a run: every open task, timer, wait and activity of it ends with it.
 pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {

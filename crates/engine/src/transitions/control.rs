@@ -1,10 +1,15 @@
 //! Control-plane commands: signal and update admission, cancel and terminate, repair, archive.
 
-use super::*;
+use crate::transitions::close::close_run_from_outside;
+use crate::transitions::{events, UpdateRef};
+use crate::{
+    require_workflow_code, unresolved_ledger_entry, ClosedReason, CommandContract, EventType, Payload, Reason, Refusal, RunStatus,
+};
 use crate::{
     CloseCommand, CommandId, Cx, DeferredSignal, ResumeContext, RunState, SignalId, TaskId, TaskState, UpdateRecord, UpdateStatus,
     WorkflowFailure,
 };
+use serde_json::Value;
 
 /// The receipt of a control-plane command applied to a run.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,9 +1,14 @@
 //! Time-driven transitions: what happens when a task's deadline passes.
 
-use super::*;
+use crate::transitions::close::close_run_from_outside;
+use crate::transitions::{
+    activity_resolved, append_cooperative_cancelled, end_attempt, events, execution_of, retry_failed_child, AttemptEnd, Resolution,
+    TimerWait,
+};
 use crate::{
     ActivityExecution, Cx, RunState, Task, TaskClosure, TaskDetail, TaskId, TaskKind, TaskState, TimerId, TimerPurpose, WorkflowFailure,
 };
+use crate::{ClosedReason, EventType, Observation, RunStatus};
 
 /// The timeout kind of an attempt whose lease ran out before any of its own budgets did (its
 /// worker neither reported nor heartbeated within `--activity-task-lease-seconds`).

@@ -3,9 +3,13 @@
 //! [`crate::ledger_probe`]).
 
 use super::ledger_steps::{checkpoint, resolve_entry_as, Resolver};
-use super::*;
 use crate::ledger_probe::{probe_workflow_id, ProbeAnswer, ProbeSpec, ProbeTarget, Verdict, PROBE_RETRIES_PER_EXECUTION};
-use crate::{ActivityExecution, ActivityTimeouts, Cx, RetryPolicy, RunState};
+use crate::transitions::{integrity_refusal, iso8601};
+use crate::{
+    resolve_earlier_run_entry, start_standalone_activity, ActivityExecution, ActivityTimeouts, Cx, LedgerDecision, LedgerEntry,
+    LedgerState, RetryPolicy, RunState, RunStatus, StartRun, StartStandaloneActivity,
+};
+use serde_json::{json, Map, Value};
 
 /// A dispatch's outcome became unknown: the entry records why in its next checkpoint, and when
 /// the action names a probe, the probe is started in the same transaction.

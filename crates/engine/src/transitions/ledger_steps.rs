@@ -1,8 +1,12 @@
 //! The recovery ledger as the transitions drive it: dispatch entries, unknown outcomes, operator
 //! resolutions, late reports, integrity blocks. (The ledger model itself is `crate::ledger`.)
 
-use super::*;
-use crate::{ActivityAttemptId, ActivityExecution, Cx, Receipt, RunState, Task, TaskClosure, TaskDetail, TaskId, TaskKind};
+use crate::transitions::{activity_resolved, events, iso8601, mark_outcome_unknown, AttemptRef, NextAttempt, Resolution, ResultClass};
+use crate::{
+    ActionPin, ActivityAttemptId, ActivityExecution, Cx, EventType, LedgerCheckpoint, LedgerEntry, LedgerState, Millis, Payload, Reason,
+    Receipt, RecoveryMode, Refusal, RunState, Task, TaskClosure, TaskDetail, TaskId, TaskKind,
+};
+use serde_json::{json, Map, Value};
 
 /// The ledger entry of a dispatch: hashes and ids only.
 pub(super) fn open_ledger_entry(run: &mut RunState, cx: &mut Cx, task: &Task, execution: &ActivityExecution, pin: &ActionPin, owner: &str) {

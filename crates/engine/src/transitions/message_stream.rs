@@ -3,12 +3,14 @@
 //! a continued run receives its predecessor's cursors and unconsumed messages.
 
 use super::control::record_signal;
-use super::*;
 use crate::message_stream::{
     valid_stream_name, StreamInput, StreamMessage, StreamWait, CURSOR_SCHEMA, MAX_PROGRESS_ENTRIES, MAX_STREAMS, MAX_UNCONSUMED,
     MESSAGE_SCHEMA,
 };
+use crate::transitions::require_open;
+use crate::{require_workflow_code, EventType, Payload, Reason, Refusal};
 use crate::{CommandId, Cx, ResumeContext, RunState, StreamAppendReceipt, StreamProgress, TaskDetail, TaskId, MESSAGE_STREAM_SIGNAL};
+use serde_json::{json, Map, Value};
 
 /// A client's append, already validated (names, id, payload codec).
 #[derive(Clone, Debug)]

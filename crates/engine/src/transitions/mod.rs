@@ -3,19 +3,11 @@
 //! [`Refusal`]. Callers persist the changed state and the effects only on `Ok`; on `Err` they
 //! discard both, so a refused report leaves nothing behind.
 
-use crate::cancellation::{AwaitedStops, CancellationDelivery, CancellationRequest};
-use crate::contract::CommandContract;
-use crate::history::EventType;
-use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode, ResultClass};
-use crate::observation::Observation;
-use crate::payload::Payload;
+use crate::ledger::ResultClass;
 use crate::refusal::{Reason, Refusal};
 use crate::service_call::LinkedRunClosed;
-use crate::status::{ClosedReason, RunStatus};
 use crate::timefmt::iso8601;
 use crate::{Millis, RunState};
-use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, VecDeque};
 
 macro_rules! obj {
     ($($key:expr => $value:expr),* $(,)?) => {{
@@ -76,8 +68,6 @@ pub use activity_lease::*;
 pub use activity_stop::{acknowledge_activity_cancellation, stopped_attempt};
 pub use cancellation::*;
 pub use children::*;
-use close::*;
-use commands::*;
 pub use control::*;
 pub use deadline::*;
 use events::{AttemptRef, LocalActivityRef, LocalAttemptRef, NextAttempt, TimerWait, UpdateEnd, UpdateRef};

@@ -1,8 +1,12 @@
 //! Redrive: the failed run's successor, resumed at the failed step (see [`crate::redrive`]).
 
-use super::*;
 use crate::redrive::{reused_completion, Redrive, RedrivePlan};
-use crate::{ActivityExecutionId, CommandId, Cx, RunId, RunState, StepKind};
+use crate::transitions::close::relink;
+use crate::transitions::{begin_run, blank_run, events};
+use crate::{
+    ActivityExecutionId, CommandId, Cx, EventType, LedgerState, Millis, Reason, Refusal, RunId, RunState, RunStatus, StartRun, StepKind,
+};
+use serde_json::{json, Value};
 
 /// A redrive's answer: the record, and whether this call made it (`false`: an earlier one did).
 #[derive(Clone, Debug, PartialEq)]

@@ -2,12 +2,15 @@
 //! (one row at its step, see `crate::service_call`) and settling a waiting step when the linked
 //! run closes.
 
-use super::*;
 use crate::service_call::{
     error_fields, CallMode, CallWait, Caller, CatalogLevel, RouteKey, ServiceCallRecord, ServiceDirectory, ServiceOperation, ServiceRoute,
     ServiceWaiter, StartWorkflowBinding, WaitFor, STATUS_CANCELLED, STATUS_COMPLETED, STATUS_FAILED, STATUS_STARTED,
 };
+use crate::transitions::commands::At;
+use crate::transitions::{begin_run, blank_run, events, iso8601, LinkedRunClosed};
+use crate::{ClosedReason, EventType, Millis, Payload, RunStatus, StartRun};
 use crate::{Cx, Effects, RunId, RunState, WorkflowFailure, WorkflowId};
+use serde_json::{json, Map, Value};
 
 /// The caller's view of one call as it is being admitted.
 struct Admission<'a> {

@@ -1,12 +1,15 @@
 //! A standalone activity's host run: started with its activity scheduled as step 1, and closed
 //! by that activity's end (see [`crate::standalone`]).
 
-use super::*;
 use crate::standalone::StandaloneActivity;
+use crate::transitions::close::close_run;
+use crate::transitions::commands::{schedule_activity, At};
+use crate::transitions::{blank_run, events};
 use crate::{
     ActivityExecution, ActivityTimeouts, Cx, FailureBoundary, RetryPolicy, RunState, ScheduleActivity, StepKind, StepTags, TaskId,
     WorkflowFailure,
 };
+use crate::{ClosedReason, EventType, Payload, RunStatus, StartRun};
 
 /// A client's standalone activity, already validated.
 #[derive(Clone, Debug)]

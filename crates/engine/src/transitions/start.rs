@@ -1,7 +1,12 @@
 //! Starting a run: run 1 of an instance, and the fresh run a continue-as-new or a child retry begins.
 
-use super::*;
-use crate::{CommandId, Cx, RunId, RunState, TaskDetail, TaskKind, WorkflowId, RUN_DOCUMENT_VERSION};
+use crate::transitions::{events, min_opt};
+use crate::{
+    CommandContract, CommandId, Cx, EventType, Millis, Payload, RunId, RunState, RunStatus, TaskDetail, TaskKind, WorkflowId,
+    RUN_DOCUMENT_VERSION,
+};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, VecDeque};
 
 /// Everything needed to start a run, already validated by the caller.
 #[derive(Clone, Debug)]

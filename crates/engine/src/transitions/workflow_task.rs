@@ -1,11 +1,13 @@
 //! Workflow tasks: lease, completion (the commands are applied in `commands`), failure, release, heartbeat.
 
-use super::*;
 use crate::message_stream::StreamProgress;
+use crate::transitions::commands::{apply_command, validate_commands};
+use crate::transitions::{events, integrity_refusal, iso8601, min_opt};
 use crate::{
     ActivityAttemptId, ClosedTaskReceipt, CommandId, Cx, Lease, Receipt, ReportKind, ResumeContext, RunState, SignalId, Task, TaskClosure,
     TaskDetail, TaskId, TaskKind, TaskState, TimerId, UpdateStatus, WorkflowCommand,
 };
+use crate::{ClosedReason, EventType, Millis, Payload, Reason, Refusal, RunStatus};
 
 /// Failure type the SDKs report when replay produced no new command: benign, nothing to retry.
 pub const WAITING_FOR_HISTORY_FAILURE: &str = "WorkflowTaskWaitingForHistory";

@@ -1,7 +1,11 @@
 //! `schedule_activity`: a new activity execution and the task of its first attempt.
 
-use super::*;
-use crate::{ActivityExecution, ActivityExecutionId, Cx, RetryPolicy, RunState, ScheduleActivity, TaskDetail, TaskKind};
+use crate::transitions::commands::At;
+use crate::transitions::{events, set_ready_activity_deadline};
+use crate::{
+    ActionPin, ActivityExecution, ActivityExecutionId, Cx, EventType, RecoveryMode, RetryPolicy, RunState, ScheduleActivity, TaskDetail,
+    TaskKind, ATOMIC_QUEUE,
+};
 
 /// Schedules an activity: its execution, its first task (on the atomic queue for an atomic
 /// declared action) and `ActivityScheduled`.

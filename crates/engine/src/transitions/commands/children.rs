@@ -1,7 +1,9 @@
 //! `start_child_workflow`: a child instance started in the same transition as the parent's step.
 
-use super::*;
-use crate::{ChildLink, Cx, ParentLink, RunState, StartChild, WorkflowId};
+use crate::transitions::commands::At;
+use crate::transitions::{begin_run, blank_run, events};
+use crate::{ChildLink, Cx, EventType, ParentLink, RunState, StartChild, StartRun, WorkflowId};
+use serde_json::Map;
 
 /// Builds the child's first run with its own effects, records `ChildWorkflowScheduled` and
 /// `ChildRunStarted` on the parent, and links the child to the parent's step.

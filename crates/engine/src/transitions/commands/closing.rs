@@ -1,7 +1,9 @@
 //! Commands that end the run: complete, fail, continue as new.
 
-use super::*;
-use crate::{Cx, RunState, StepTags, WorkflowFailure};
+use crate::transitions::close::{close_run, relink};
+use crate::transitions::commands::At;
+use crate::transitions::{continued_run, events, retry_failed_child, NextRun};
+use crate::{ClosedReason, Cx, EventType, Payload, RunState, RunStatus, StepTags, WorkflowFailure};
 
 /// `WorkflowCompleted` with the workflow's result.
 pub(super) fn complete_workflow(run: &mut RunState, cx: &mut Cx, at: At, result: Payload) {

@@ -1,7 +1,7 @@
 //! `record_local_activity`: a local activity's whole story, recorded at once.
 
-use super::*;
-use crate::{ActivityAttemptId, ActivityExecutionId, Cx, LocalActivityRecord, LocalOutcome, RunState, TaskId};
+use crate::transitions::{events, LocalActivityRef, LocalAttemptRef};
+use crate::{ActivityAttemptId, ActivityExecutionId, Cx, EventType, LocalActivityRecord, LocalOutcome, RunState, TaskId};
 
 /// A local activity ran inside the workflow task: its whole story is recorded at once, as
 /// activity events marked `execution_mode: local` (both SDKs' replayers need the marker on every

@@ -1,7 +1,16 @@
 //! A workflow task's commands: validated together, then applied one by one.
 
-use super::*;
-use crate::{Cx, RunState, StepKind, StepTags, TaskId, WorkflowCommand};
+use crate::transitions::commands::children::start_child_workflow;
+use crate::transitions::commands::closing::{complete_workflow, continue_as_new, fail_workflow};
+use crate::transitions::commands::local_activity::record_local_activity;
+use crate::transitions::commands::records::{record_side_effect, record_version_marker, upsert_memo, upsert_search_attributes};
+use crate::transitions::commands::selection::cancel_selection_member;
+use crate::transitions::commands::timers::start_timer;
+use crate::transitions::commands::updates::{complete_update, fail_update};
+use crate::transitions::commands::waits::{open_condition_wait, open_signal_wait, ConditionWaitSpec};
+use crate::transitions::{cancellation_delivered, close_cancelled_cooperatively, invalid, NextRun};
+use crate::{Cx, Refusal, RunState, StepKind, StepTags, TaskId, WorkflowCommand};
+use serde_json::Value;
 
 mod activities;
 mod children;
@@ -15,15 +24,7 @@ mod validate;
 mod waits;
 
 pub(in crate::transitions) use activities::schedule_activity;
-use children::*;
-use closing::*;
-use local_activity::*;
-use records::*;
-use selection::*;
-use timers::*;
-use updates::*;
 pub(in crate::transitions) use validate::*;
-use waits::*;
 
 /// Where a command applies: the step it took (0 for commands without one) and the workflow
 /// task whose completion carries it.

@@ -1,8 +1,10 @@
 //! Commands that only record a fact in history: side effects, version markers, search
 //! attribute and memo upserts.
 
-use super::*;
-use crate::{Cx, RunState, StepTags};
+use crate::transitions::commands::At;
+use crate::transitions::{events, invalid};
+use crate::{Cx, EventType, Payload, Refusal, RunState, StepTags};
+use serde_json::{Map, Value};
 use std::ops::RangeInclusive;
 
 /// `SideEffectRecorded`.

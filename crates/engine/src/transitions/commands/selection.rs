@@ -1,7 +1,7 @@
 //! `cancel_selection_operation`: cancelling a member of a durable selection.
 
-use super::*;
-use crate::{ActivityExecution, CloseCommand, Cx, RunState, SelectionCancel, TaskClosure, TaskId, TimerState};
+use crate::transitions::{events, invalid};
+use crate::{ActivityExecution, CloseCommand, Cx, EventType, Refusal, RunState, SelectionCancel, TaskClosure, TaskId, TimerState};
 
 /// Cancels the open operations of a selection member and records one
 /// `SelectionOperationCancelled`. A member that already settled, or was cancelled before, is

@@ -1,7 +1,8 @@
 //! Durable timers: user timers and the timeouts of waits.
 
-use super::*;
-use crate::{Cx, RunState, StepTags, TaskDetail, TaskKind, TimerId, TimerPurpose, TimerState};
+use crate::transitions::commands::At;
+use crate::transitions::{events, TimerWait};
+use crate::{Cx, EventType, RunState, StepTags, TaskDetail, TaskKind, TimerId, TimerPurpose, TimerState};
 
 /// A user timer: `TimerScheduled`.
 pub(super) fn start_timer(run: &mut RunState, cx: &mut Cx, at: At, delay_seconds: i64, tags: StepTags) {

@@ -1,7 +1,8 @@
 //! `complete_update` and `fail_update`: an update handler's result.
 
-use super::*;
-use crate::{Cx, ResumeContext, RunState, UpdateRecord, UpdateStatus, WorkflowFailure};
+use crate::transitions::commands::At;
+use crate::transitions::{events, invalid, UpdateEnd, UpdateRef};
+use crate::{Cx, EventType, Payload, Refusal, ResumeContext, RunState, UpdateRecord, UpdateStatus, WorkflowFailure};
 
 pub(super) fn accepted_update(run: &RunState, update_id: &str) -> Result<UpdateRecord, Refusal> {
     match run.updates.get(update_id) {

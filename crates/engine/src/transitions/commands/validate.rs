@@ -1,7 +1,7 @@
 //! The checks a completion's commands pass together before any of them is applied.
 
-use super::*;
-use crate::{Cx, RunState, WorkflowCommand};
+use crate::transitions::invalid;
+use crate::{Cx, Reason, Refusal, RunState, WorkflowCommand};
 
 /// Refuses what would record more than `new_events` past the history limit.
 pub(in crate::transitions) fn ensure_history_room(run: &RunState, cx: &Cx, new_events: u64) -> Result<(), Refusal> {

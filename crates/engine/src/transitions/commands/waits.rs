@@ -1,7 +1,9 @@
 //! Condition and signal waits the workflow opens, each with an optional timeout timer.
 
-use super::*;
-use crate::{ConditionWait, Cx, RunState, SignalWait, StepTags, TaskId, TimerPurpose, TimerState, WaitId};
+use super::timers::schedule_timer;
+use crate::transitions::commands::At;
+use crate::transitions::{events, TimerWait};
+use crate::{ConditionWait, Cx, EventType, RunState, SignalWait, StepTags, TaskId, TimerPurpose, TimerState, WaitId};
 
 /// What an `open_condition_wait` asks for.
 pub(super) struct ConditionWaitSpec {

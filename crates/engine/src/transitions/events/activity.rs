@@ -1,9 +1,11 @@
 //! Activity events: a worker's attempts, the ledger's decisions on them, and a local activity's
 //! whole story.
 
-use super::*;
+use crate::transitions::events::{payload_json, tagged};
 use crate::transitions::ledger_steps::Resolver;
-use crate::{ActivityAttemptId, ActivityExecution, ActivityExecutionId, LocalFailure, StepTags, TaskId};
+use crate::transitions::{iso8601, AttemptEnd};
+use crate::{ActivityAttemptId, ActivityExecution, ActivityExecutionId, LocalFailure, Millis, Payload, StepTags, TaskId};
+use serde_json::{json, Map, Value};
 
 /// One attempt of an activity that runs on workers. `attempt_id` is written as it is: null for
 /// an attempt that never started (a ready task that timed out).
@@ -585,8 +587,8 @@ pub(in crate::transitions) fn activity_cancelled(cancelled: Cancelled) -> Map<St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ActivityExecution;
-    use crate::{ActivityExecutionId, ActivityTimeouts, RetryPolicy};
+    use crate::transitions::AttemptEnd;
+    use crate::{ActivityExecution, ActivityExecutionId, ActivityTimeouts, Payload, RetryPolicy};
 
     fn execution() -> ActivityExecution {
         ActivityExecution {

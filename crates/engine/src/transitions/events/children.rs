@@ -1,8 +1,10 @@
 //! Child workflow events on the parent's side: the start, the retry of a failed child run, its
 //! resolution, and the parent-close policy.
 
-use super::*;
-use crate::{ChildLink, ChildOutcome, ChildRetry, RetryPolicy, RunState, StartChild};
+use crate::transitions::events::tagged;
+use crate::transitions::iso8601;
+use crate::{ChildLink, ChildOutcome, ChildRetry, ClosedReason, Payload, RetryPolicy, RunState, StartChild};
+use serde_json::{json, Map, Value};
 
 /// DW's record of a child retry policy (`max_attempts` absent means one attempt).
 pub(in crate::transitions) fn child_retry_snapshot(policy: &RetryPolicy) -> Value {
@@ -173,8 +175,7 @@ pub(in crate::transitions) fn parent_close_policy_applied(child: &ChildLink, rea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ChildLink;
-    use crate::{ChildOutcome, ParentLink};
+    use crate::{ChildLink, ChildOutcome, ClosedReason, ParentLink, RunStatus};
 
     #[test]
     fn a_child_resolution_repeats_the_steps_tags_and_its_call_id_only_when_known() {

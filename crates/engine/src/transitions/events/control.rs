@@ -1,7 +1,8 @@
 //! Control-plane requests: cancel, terminate, repair, archive, and cooperative cancellation.
 
-use super::*;
-use crate::{CommandId, RunState, TaskId};
+use crate::transitions::iso8601;
+use crate::{CancellationDelivery, CancellationRequest, CommandId, RunState, TaskId};
+use serde_json::{json, Map, Value};
 
 /// The fields every control command's event starts with.
 fn command_identity(run: &RunState, command_id: &CommandId) -> Map<String, Value> {
@@ -106,8 +107,8 @@ pub(in crate::transitions) fn cooperative_cancellation_delivered(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Cx;
-    use crate::SequentialIds;
+    use crate::transitions::blank_run;
+    use crate::{CancellationDelivery, Cx, Payload, SequentialIds, StartRun};
 
     #[test]
     fn a_delivery_names_its_span_and_operation_only_when_it_has_them() {

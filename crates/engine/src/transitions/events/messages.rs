@@ -1,7 +1,8 @@
 //! Signals and updates as they arrive and as their handlers end.
 
-use super::*;
-use crate::{CommandId, RunState, SignalId, UpdateRecord, WorkflowFailure};
+use crate::transitions::events::{application_failure, payload_json};
+use crate::{CommandId, Payload, RunState, SignalId, UpdateRecord, UpdateRejection, WorkflowFailure};
+use serde_json::{json, Map, Value};
 
 /// `SignalReceived`.
 pub(in crate::transitions) fn signal_received(

@@ -15,8 +15,8 @@
 //! Builders take the engine's state and build nothing else: ids (`failure_id`…) and messages
 //! the run also keeps are made by the caller, in the order it always made them.
 
-use super::*;
-use crate::{Cx, StepTags, WorkflowFailure};
+use crate::{Cx, Payload, StepTags, WorkflowFailure};
+use serde_json::{json, Map, Value};
 
 mod activity;
 mod children;

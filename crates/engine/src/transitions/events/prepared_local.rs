@@ -3,9 +3,11 @@
 //! the workflow's `cancellation_policy` when it gave one: both SDKs' replayers compare it on
 //! every event of the step.
 
-use super::*;
 use crate::local_activity::{PreparedAttempt, PreparedLocal};
-use crate::TaskId;
+use crate::transitions::events::{payload_json, tagged};
+use crate::transitions::iso8601;
+use crate::{Millis, Payload, TaskId};
+use serde_json::{json, Map, Value};
 
 /// Who reported the end of an attempt: its own worker (`outcome`), the server on a supervision
 /// call that found it past a deadline, or the claim that found it unfinished (`recover`).

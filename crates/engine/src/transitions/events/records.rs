@@ -1,8 +1,10 @@
 //! Facts a workflow records at a step: side effects, version markers, search attribute and memo
 //! upserts; and the cancellation of a selection member.
 
-use super::*;
-use crate::{SelectionCancel, StepTags};
+use crate::transitions::events::{payload_json, tagged};
+use crate::transitions::iso8601;
+use crate::{Millis, Payload, SelectionCancel, StepTags};
+use serde_json::{json, Map, Value};
 
 /// `SideEffectRecorded`.
 pub(in crate::transitions) fn side_effect_recorded(step: u32, result: &Payload, tags: &StepTags) -> Map<String, Value> {

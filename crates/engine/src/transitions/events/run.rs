@@ -1,7 +1,9 @@
 //! A run's own lifecycle: its start, and each way it closes.
 
-use super::*;
-use crate::{ActivityExecutionId, CommandId, RunState, StepTags, WorkflowFailure};
+use crate::transitions::events::{application_failure, child_retry_snapshot, payload_json, tagged};
+use crate::transitions::iso8601;
+use crate::{ActivityExecutionId, CancellationRequest, ClosedReason, CommandId, Millis, Payload, RunState, StepTags, WorkflowFailure};
+use serde_json::{json, Map, Value};
 
 fn run_identity(run: &RunState) -> Map<String, Value> {
     obj!(

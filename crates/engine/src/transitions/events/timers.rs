@@ -1,7 +1,9 @@
 //! Timer events: user timers and the timeouts of waits.
 
-use super::*;
-use crate::{ConditionWait, TimerPurpose, TimerState};
+use crate::transitions::events::extend;
+use crate::transitions::iso8601;
+use crate::{ConditionWait, Millis, TimerPurpose, TimerState};
+use serde_json::{json, Map, Value};
 
 /// What a wait's timeout timer repeats of its wait, when the wait is still known.
 #[derive(Clone, Copy, Default)]

@@ -1,7 +1,8 @@
 //! Condition and signal waits: opened by the workflow, resolved by a signal or an update.
 
-use super::*;
-use crate::{CommandId, ConditionWait, SignalId, SignalWait, StepTags};
+use crate::transitions::events::tagged;
+use crate::{CommandId, ConditionWait, Payload, SignalId, SignalWait, StepTags};
+use serde_json::{json, Map, Value};
 
 /// `ConditionWaitOpened`.
 pub(in crate::transitions) fn condition_wait_opened(wait: &ConditionWait, tags: &StepTags) -> Map<String, Value> {

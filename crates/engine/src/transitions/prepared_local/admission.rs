@@ -1,11 +1,15 @@
 //! Admission: `prepare` starts an attempt (the first records the call as a new step), `recover`
 //! ends an attempt whose claim was lost.
 
-use super::*;
+use super::end_attempt;
+use crate::transitions::events::{PreparedFailure, Provenance};
+use crate::transitions::prepared_local::{check_claim, cleanup_deadline, cleanup_view, schedule_call, LocalEnd};
+use crate::transitions::{events, iso8601};
 use crate::{
     ActivityAttemptId, CleanupView, Cx, LocalAdmission, LocalDescriptor, LocalReceiptKey, LocalRecordReceipt, PreparedAttempt,
     PreparedLocal, RunState,
 };
+use crate::{EventType, LocalClaim, Millis, Reason, Refusal};
 
 /// Admits an attempt of the prepared call at `sequence` under `claim`: the first attempt takes
 /// the run's next step (`ActivityScheduled`, then `ActivityStarted`); a later one follows a

@@ -4,8 +4,10 @@
 //! takes its step and its opening event in one transaction; the local members' attempts are
 //! prepared afterwards, one `prepare` each.
 
-use super::*;
-use crate::{CheckpointReceipt, Cx, GroupMember, LocalCheckpoint, RunState, WorkflowCommand};
+use crate::transitions::commands::{apply_command, validate_commands};
+use crate::transitions::invalid;
+use crate::transitions::prepared_local::{check_claim, schedule_call};
+use crate::{CheckpointReceipt, Cx, GroupMember, LocalCheckpoint, LocalClaim, Reason, Refusal, RunState, WorkflowCommand};
 
 /// The command types a checkpoint may carry: those that record a fact and wait for nothing.
 pub fn checkpoint_admits(command: &WorkflowCommand) -> bool {

@@ -2,11 +2,16 @@
 //! progress) and its outcome. An attempt past a deadline is ended by the server at the first
 //! report that finds it so.
 
-use super::*;
+use super::end_attempt;
+use crate::transitions::events;
+use crate::transitions::events::{PreparedFailure, Provenance};
+use crate::transitions::prepared_local::{check_claim, cleanup_deadline, cleanup_view, running_step, stale_attempt, LocalEnd};
 use crate::{
     ActivityAttemptId, Cx, EventId, LocalReceiptKey, LocalRecord, LocalRecordReceipt, LocalReport, LocalStop, LocalSupervision,
     RecordedHeartbeat, RunState, TaskState,
 };
+use crate::{EventType, LocalClaim, Millis, Reason, Refusal};
+use serde_json::{Map, Value};
 use std::ops::ControlFlow;
 
 /// What a supervision call came to.
