@@ -699,9 +699,39 @@ impl RunState {
     }
 
     pub(crate) fn put_task(&mut self, cx: &mut Cx, task: Task) {
+        debug_assert!(
+            self.tasks.get(&task.id).is_none_or(|held| held.fence <= task.fence),
+            "a task's fence never goes back: a stale holder would pass the check again"
+        );
         self.fence_high_water = self.fence_high_water.max(task.fence);
         cx.effects.touched_tasks.insert(task.id.clone());
         self.tasks.insert(task.id.clone(), task);
+    }
+
+    /// What every transition leaves true of the run, checked by the store before it writes a
+    /// change (in debug builds): the workflow task it points at is an open workflow task, no
+    /// task holds a fence above the high-water mark a later lease starts from, and history's
+    /// head is the last event's chain link.
+    pub fn invariants_hold(&self) -> Result<(), String> {
+        if let Some(id) = &self.workflow_task {
+            match self.tasks.get(id) {
+                Some(task) if task.kind == TaskKind::Workflow => {}
+                Some(task) => return Err(format!("the workflow task {} is a {} task", id.as_str(), task.kind.as_str())),
+                None => return Err(format!("the workflow task {} is not open", id.as_str())),
+            }
+        }
+        if let Some(task) = self.tasks.values().find(|task| task.fence > self.fence_high_water) {
+            return Err(format!(
+                "task {} holds fence {} above the high water {}",
+                task.id.as_str(),
+                task.fence,
+                self.fence_high_water
+            ));
+        }
+        if self.last_sequence > 0 && self.last_hash.is_empty() {
+            return Err(format!("history ends at {} without a head hash", self.last_sequence));
+        }
+        Ok(())
     }
 
     pub(crate) fn task_mut(&mut self, cx: &mut Cx, id: &TaskId) -> Option<&mut Task> {

@@ -7,6 +7,25 @@ use serde_json::{json, Map};
 use support::*;
 
 #[test]
+fn a_run_whose_invariants_broke_is_caught() {
+    let mut sim = Sim::start();
+    let (task_id, _) = sim.lease_workflow("w1");
+    assert_eq!(sim.run.invariants_hold(), Ok(()));
+
+    let mut lost = sim.run.clone();
+    lost.tasks.remove(&task_id);
+    assert!(lost.invariants_hold().unwrap_err().contains("is not open"));
+
+    let mut above = sim.run.clone();
+    above.tasks.get_mut(&task_id).unwrap().fence = above.fence_high_water + 1;
+    assert!(above.invariants_hold().unwrap_err().contains("above the high water"));
+
+    let mut headless = sim.run.clone();
+    headless.last_hash.clear();
+    assert!(headless.invariants_hold().unwrap_err().contains("without a head hash"));
+}
+
+#[test]
 fn start_records_accepted_and_started_and_offers_one_workflow_task() {
     let sim = Sim::start();
     assert_eq!(sim.event_types(), ["StartAccepted", "WorkflowStarted"]);

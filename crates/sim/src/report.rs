@@ -119,7 +119,8 @@ counters! {
 pub struct Report {
     pub seed: u64,
     pub steps: usize,
-    /// Never set: always 0 (the seed's workload size is its `Config::workflows`).
+    /// Workflow instances the seed's clients started or saw started (children, schedules' runs
+    /// and continued instances included).
     pub workflows: usize,
     /// Rounds the calm phase took until everything had finished.
     pub calm_rounds: usize,

@@ -60,6 +60,7 @@ impl Sim {
         match f(&mut self.run, &mut cx) {
             Ok(value) => {
                 self.history.extend(cx.effects.events);
+                assert_eq!(self.run.invariants_hold(), Ok(()), "what the transition left");
                 Ok(value)
             }
             Err(refusal) => {

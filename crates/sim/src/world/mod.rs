@@ -168,7 +168,7 @@ impl World {
         Report {
             seed: self.config.seed,
             steps: self.step,
-            workflows: 0,
+            workflows: self.seen.instances.len(),
             calm_rounds,
             digest: self.digest.get(),
             counters: self.counters,

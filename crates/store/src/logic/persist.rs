@@ -51,6 +51,7 @@ pub(crate) fn persist<'a, T: Tx>(
     env: &'a Env,
 ) -> BoxedStep<'a, ()> {
     Box::pin(async move {
+        debug_assert_eq!(run.invariants_hold(), Ok(()), "run {} as a transition left it", run.run_id.as_str());
         let state = serde_json::to_string(run)?;
         if insert_run {
             let run_number = i64::from(run.run_number);

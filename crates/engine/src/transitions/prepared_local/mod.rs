@@ -3,8 +3,8 @@
 //! workflow task claim it runs under (task, owner, `workflow_task_attempt`) and is refused on any
 //! other; an attempt is bound to the claim that prepared it.
 
-use crate::transitions::commands::take_step_of;
 use crate::transitions::commands::ensure_history_room;
+use crate::transitions::commands::take_step_of;
 use crate::transitions::{events, integrity_refusal, iso8601, min_opt};
 use crate::{check_workflow_lease, EventType, Millis, Payload, Reason, Refusal};
 use crate::{
