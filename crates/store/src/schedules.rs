@@ -4,7 +4,7 @@
 //! then writing the schedule back. Either all of it commits or none of it, so an occurrence
 //! fires exactly once however many nodes evaluate the schedule.
 
-use crate::logic::{locate, persist};
+use crate::logic::{locate, persist, run_rows};
 use crate::sources::Env;
 use crate::tx::{args, locking, Locking, Row, Tx};
 use crate::{schedule_missing, FireReport, RunLocator, ScheduleEventRecord, ScheduleFilter, ScheduleFire, StoreError, StoreResult};
@@ -34,7 +34,7 @@ async fn start_instance<T: Tx>(tx: &mut T, start: StartRun, now: Millis, env: &E
     let mut cx = env.cx(now, &mut ids);
     let run = capstan_engine::start_run(&mut cx, start);
     let effects = cx.effects;
-    persist::insert_instance(tx, &run, now).await?;
+    run_rows::insert_instance(tx, &run, now).await?;
     persist::persist(tx, &run, &effects, true, env).await
 }
 

@@ -1,7 +1,7 @@
 //! The Nexus service catalog and service calls made outside any run.
 
 use crate::backend::Backend;
-use crate::logic::{catalog, service_calls};
+use crate::logic::{catalog, persist, service_calls};
 use crate::*;
 
 /// The Nexus service catalog (endpoints → services → operations, per namespace).
@@ -46,7 +46,7 @@ pub trait CatalogStore: Backend {
         F: FnOnce(&mut Cx) -> T + Send + 'static,
     {
         let env = self.env().clone();
-        self.write(move |tx| Box::pin(async move { service_calls::admit_direct(tx, now, &env, admit).await }))
+        self.write(move |tx| Box::pin(async move { persist::admit_direct(tx, now, &env, admit).await }))
     }
 
     /// Cancels an open service call (its waiting callers get their cancelled rows; with
@@ -60,7 +60,7 @@ pub trait CatalogStore: Backend {
         propagate: bool,
     ) -> impl Future<Output = StoreResult<ServiceCallRecord>> + Send {
         let (id, env) = (service_call_id.to_string(), self.env().clone());
-        self.write(move |tx| Box::pin(async move { service_calls::cancel(tx, &id, reason, now, propagate, &env).await }))
+        self.write(move |tx| Box::pin(async move { persist::cancel_service_call(tx, &id, reason, now, propagate, &env).await }))
     }
 
     /// A Nexus service call by id.

@@ -2,7 +2,8 @@
 //! persist what it decided. The same on both backends; the caller commits.
 
 use super::locate::{load_run, locate_and_lock, lock_run, state_of, LOCK_RUN_OF_TASK_OR_SKIP};
-use super::persist::{insert_instance, persist, set_current_run};
+use super::persist::persist;
+use super::run_rows::{insert_instance, set_current_run};
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
