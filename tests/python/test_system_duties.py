@@ -19,24 +19,33 @@ class QuickWorkflow:
         return label
 
 
-def test_retention_removes_expired_workflows_and_the_status_calls_answer(server_factory, run_worker):
-    server = server_factory.create()
-    namespace = unique("keep1day")
-    queue = unique("duties")
-    old_id, fresh_id = unique("old"), unique("fresh")
+def completed_in_a_one_day_namespace(server, run_worker, namespace, queue, workflow_ids):
+    """Creates `namespace` keeping closed runs one day, completes one quick workflow per id there
+    on `queue`, and returns each id's run id."""
 
     async def setup():
         async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
             created = await http.post("/api/namespaces", json={"name": namespace, "retention_days": 1})
             assert created.status_code == 201, created.text
         client = Client(server.url, namespace=namespace)
+        run_ids = {}
         async with run_worker(server.url, queue, workflows=[QuickWorkflow], namespace=namespace) as worker:
-            for workflow_id in (old_id, fresh_id):
+            for workflow_id in workflow_ids:
                 handle = await client.start_workflow(workflow_type="duties.quick", task_queue=queue, workflow_id=workflow_id, input=[workflow_id])
                 assert await wait_result(handle, timeout=30, workers=[worker]) == workflow_id
+                run_ids[workflow_id] = (await client.describe_workflow(workflow_id)).run_id
         await client.aclose()
+        return run_ids
 
-    run_async(setup(), timeout=60)
+    return run_async(setup(), timeout=60)
+
+
+def test_retention_removes_expired_workflows_and_the_status_calls_answer(server_factory, run_worker):
+    server = server_factory.create()
+    namespace = unique("keep1day")
+    queue = unique("duties")
+    old_id, fresh_id = unique("old"), unique("fresh")
+    completed_in_a_one_day_namespace(server, run_worker, namespace, queue, (old_id, fresh_id))
     # Age one run past the retention (two days ago), as if time had passed.
     two_days_ago = int(time.time() * 1000) - 2 * 86_400_000
     with sqlite3.connect(server.data_dir / "capstan.db") as db:
@@ -77,24 +86,8 @@ def test_retention_removes_expired_workflows_and_the_status_calls_answer(server_
 def test_a_retention_pass_given_run_ids_removes_only_those(server_factory, run_worker):
     server = server_factory.create()
     namespace = unique("keep1day")
-    queue = unique("duties")
     first_id, second_id = unique("first"), unique("second")
-
-    async def setup():
-        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
-            created = await http.post("/api/namespaces", json={"name": namespace, "retention_days": 1})
-            assert created.status_code == 201, created.text
-        client = Client(server.url, namespace=namespace)
-        run_ids = {}
-        async with run_worker(server.url, queue, workflows=[QuickWorkflow], namespace=namespace) as worker:
-            for workflow_id in (first_id, second_id):
-                handle = await client.start_workflow(workflow_type="duties.quick", task_queue=queue, workflow_id=workflow_id, input=[workflow_id])
-                assert await wait_result(handle, timeout=30, workers=[worker]) == workflow_id
-                run_ids[workflow_id] = (await client.describe_workflow(workflow_id)).run_id
-        await client.aclose()
-        return run_ids
-
-    run_ids = run_async(setup(), timeout=60)
+    run_ids = completed_in_a_one_day_namespace(server, run_worker, namespace, unique("duties"), (first_id, second_id))
     # Both runs closed two days ago: both are past the namespace's retention.
     two_days_ago = int(time.time() * 1000) - 2 * 86_400_000
     with sqlite3.connect(server.data_dir / "capstan.db") as db:

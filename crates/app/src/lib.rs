@@ -50,7 +50,7 @@ pub mod updates;
 pub mod workers;
 pub mod workflow_streams;
 
-use capstan_engine::{Limits, MemoCodec, Millis, Reason, Refusal};
+use capstan_engine::{Limits, Millis, Reason, Refusal};
 use capstan_store::prelude::*;
 use capstan_store::{BuildIdRollout, Sources, Store, StoreError, StoreResult};
 use std::future::Future;
@@ -63,11 +63,6 @@ pub trait Services: Send + Sync {
     fn store(&self) -> &Self::Store;
     fn sources(&self) -> &Sources;
     fn limits(&self) -> &Limits;
-
-    /// How the run's memo and search-attribute payloads are read (`None`: they stay opaque).
-    fn memo_codec(&self) -> Option<&'static dyn MemoCodec> {
-        None
-    }
 
     /// A queue's build-id rollouts (a server may cache them briefly).
     fn rollouts(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<BuildIdRollout>>> + Send {

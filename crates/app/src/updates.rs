@@ -140,7 +140,7 @@ pub enum NoValidator {
 
 /// Puts `update_name(arguments)` on `run` to a validating worker of its queue: the validation
 /// task, open until `VALIDATION_WAIT_MS` from now. Waiting for the verdict is the caller's;
-/// it forgets the task afterwards ([`forget_validation`]).
+/// it forgets the task afterwards ([`crate::queries::forget_query`]).
 pub async fn put_validation<S: Services>(
     services: &S,
     run: &RunState,
@@ -176,9 +176,4 @@ pub async fn put_validation<S: Services>(
     };
     services.store().create_query_task(task.clone()).await?;
     Ok(Ok(task))
-}
-
-/// Removes a validation task once its caller stopped waiting (answered or not).
-pub async fn forget_validation<S: Services>(services: &S, namespace: &str, task_id: &str) -> Result<(), AppError> {
-    Ok(services.store().delete_query_task(namespace, task_id).await?)
 }

@@ -165,10 +165,6 @@ impl<S: Store> capstan_app::Services for AppState<S> {
         &self.config.limits
     }
 
-    fn memo_codec(&self) -> Option<&'static dyn capstan_engine::MemoCodec> {
-        Some(&avro::AVRO_MEMO)
-    }
-
     /// Drain intents change rarely and are read on every poll: read at most once a second per
     /// queue.
     async fn rollouts(&self, namespace: &str, queue: &str) -> capstan_store::StoreResult<Vec<capstan_store::BuildIdRollout>> {

@@ -91,29 +91,8 @@ async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Ma
         principal: Some(caller.principal),
     };
     let (task, run) = queries::put_query(&*state, request).await.map_err(|e| fail(e.into()))?;
-    let id = task.id.clone();
-    // Registered after the task exists: the loop below looks before it waits, so an answer
-    // that came first is not missed.
-    let answered = state.query_answers.channel(&id);
     state.hub.wake(&namespace, TaskKind::Query, &task.task_queue);
-    let until = wait::Until::Clock(task.deadline_at);
-    let outcome = wait::settle(
-        || state.now(),
-        until,
-        wait::ANSWER_RECHECK,
-        Some(&answered),
-        || async {
-            Ok(match state.store.get_query_task(&namespace, &id).await?.map(|t| t.state) {
-                Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
-                other => wait::Look::Pending(Err(other)),
-            })
-        },
-    )
-    .await?
-    .unwrap_or_else(|pending| pending);
-    state.query_answers.forget(&id);
-    capstan_app::queries::forget_query(&*state, &namespace, &id).await?;
-    let outcome = match outcome {
+    let outcome = match await_answer(&state, &task).await? {
         Ok(outcome) => outcome,
         Err(Some(QueryState::Leased { .. })) => {
             return Err(fail(ApiError::new(
@@ -159,6 +138,32 @@ async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Ma
             Err(fail(ApiError::new(status, reason, message).with("failure_type", failure_type)))
         }
     }
+}
+
+/// Waits for a worker's answer to `task` (a query or a validation) until its deadline, then
+/// forgets the task, answered or not: the answer, or the task's last state (`None`: gone). The
+/// wait looks before it sleeps, so an answer that came before it began is not missed.
+pub(crate) async fn await_answer<S: Store>(state: &AppState<S>, task: &QueryTask) -> ApiResult<Result<QueryOutcome, Option<QueryState>>> {
+    let (namespace, id) = (task.namespace.as_str(), task.id.as_str());
+    let answered = state.query_answers.channel(id);
+    let until = wait::Until::Clock(task.deadline_at);
+    let outcome = wait::settle(
+        || state.now(),
+        until,
+        wait::ANSWER_RECHECK,
+        Some(&answered),
+        || async {
+            Ok(match state.store.get_query_task(namespace, id).await?.map(|t| t.state) {
+                Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
+                other => wait::Look::Pending(Err(other)),
+            })
+        },
+    )
+    .await?
+    .unwrap_or_else(|pending| pending);
+    state.query_answers.forget(id);
+    queries::forget_query(state, namespace, id).await?;
+    Ok(outcome)
 }
 
 // ------------------------------------------------------------------------------------------

@@ -5,14 +5,13 @@
 //! workflow-task poll (`task_kinds: ["workflow", "update_validation"]`); the dedicated poll route
 //! serves clients that ask for validations alone.
 
-use super::query::replay_snapshot;
+use super::query::{await_answer, replay_snapshot};
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::long_poll::poll_request;
 use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;
-use crate::wait;
 use crate::wire::Fields;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, State};
@@ -57,28 +56,9 @@ pub async fn validate<S: Store>(state: &AppState<S>, run: &RunState, update_name
             ))
         }
     };
-    let id = task.id.clone();
-    let answered = state.query_answers.channel(&id);
     // Validations ride the workflow-task poll: wake its pollers.
     state.hub.wake(namespace, TaskKind::Workflow, &task.task_queue);
-    let until = wait::Until::Clock(task.deadline_at);
-    let outcome = wait::settle(
-        || state.now(),
-        until,
-        wait::ANSWER_RECHECK,
-        Some(&answered),
-        || async {
-            Ok(match state.store.get_query_task(namespace, &id).await?.map(|t| t.state) {
-                Some(QueryState::Answered(outcome)) => wait::Look::Settled(Ok(outcome)),
-                other => wait::Look::Pending(Err(other)),
-            })
-        },
-    )
-    .await?
-    .unwrap_or_else(|pending| pending);
-    state.query_answers.forget(&id);
-    updates::forget_validation(state, namespace, &id).await?;
-    match outcome {
+    match await_answer(state, &task).await? {
         Ok(QueryOutcome::Approved) => Ok(Verdict::Approved),
         Ok(QueryOutcome::Rejected {
             message,

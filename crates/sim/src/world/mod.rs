@@ -50,10 +50,6 @@ impl Services for SimServices {
         &self.limits
     }
 
-    fn memo_codec(&self) -> Option<&'static dyn MemoCodec> {
-        Some(&SIM_CODEC)
-    }
-
     async fn rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
         self.store().build_id_rollouts(namespace, queue).await
     }
