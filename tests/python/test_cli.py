@@ -100,6 +100,17 @@ def test_the_cli_drives_workflows_schedules_and_the_fleet(server_url, worker_url
     assert ok("schedule", "delete", schedule_id)["outcome"] == "deleted"
     assert [e["event_type"] for e in ok("schedule", "history", schedule_id)["events"]][-1] == "ScheduleDeleted"
 
+    # Priority and fairness: a start's options, and the shares of a queue nothing polls.
+    idle_queue = unique("cli-idle")
+    ok("workflow", "start", "cli.greeter", "--task-queue", idle_queue, "--workflow-id", unique("cli-urgent"),
+       "--input", '"Cy"', "--priority", "1", "--fairness-key", "Tenant-CLI", "--fairness-weight", "3")
+    shares = cli("task-queue", "shares", idle_queue, output="table")
+    assert shares.returncode == 0, shares.stderr
+    row = next(line for line in shares.stdout.splitlines() if "tenant-cli" in line)
+    assert row.split()[:5] == ["workflow", "1", "tenant-cli", "3", "1"], shares.stdout
+    refused = cli("workflow", "start", "cli.greeter", "--task-queue", idle_queue, "--priority", "12")
+    assert refused.returncode == 1 and "422 validation_failed" in refused.stderr, refused.stderr
+
     # The server, errors and completion.
     assert ok("server", "health")["status"] == "serving"
     assert ok("server", "info")["worker_protocol"]["version"]

@@ -109,8 +109,9 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             assert defined.status_code == 200, defined.text
             done = await client.start_workflow(workflow_type="ui.greeter", task_queue=queue, workflow_id=done_id, input=["Ada", False])
             await wait_result(done, timeout=30, workers=[worker])
-            for workflow_id in (signal_id, cancel_id):
-                await client.start_workflow(workflow_type="ui.greeter", task_queue=queue, workflow_id=workflow_id, input=["Grace", True])
+            await client.start_workflow(workflow_type="ui.greeter", task_queue=queue, workflow_id=signal_id, input=["Grace", True],
+                                        priority=2, fairness_key="Tenant-UI", fairness_weight=4)
+            await client.start_workflow(workflow_type="ui.greeter", task_queue=queue, workflow_id=cancel_id, input=["Grace", True])
             checkout = await client.start_workflow(workflow_type="ui.checkout", task_queue=queue, workflow_id=checkout_id, input=[key])
             await wait_status(http, signal_id, ("waiting",))
             await wait_status(http, cancel_id, ("waiting",))
@@ -153,6 +154,7 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
 
             # Signal one waiting run by form, cancel the other by clicking.
             await open_page(page, f"{server_url}/#/workflows/{signal_id}")
+            await expect(page.locator("#dispatch-class")).to_have_text("priority 2, class tenant-ui (weight 4)")
             await page.get_by_label("Signal", exact=True).fill("finish")
             await page.get_by_label("Arguments (JSON)").fill('["bonjour"]')
             await page.get_by_role("button", name="Send signal").click()
@@ -182,6 +184,7 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             await open_page(page, f"{server_url}/#/task-queues/{queue}")
             await expect(page.get_by_text("Workers polling this queue")).to_be_visible()
             await expect(page.locator("table").filter(has_text="Workers polling this queue")).to_contain_text("active")
+            await expect(page.get_by_role("heading", name="Ready by priority and fairness class")).to_be_visible()
 
             # The ledger: the unknown entry waits; resolve it by form (the effect was absent).
             await open_page(page, f"{server_url}/#/ledger")

@@ -35,6 +35,10 @@ pub struct StartRequest {
     pub origin_trace: Option<TraceContext>,
     /// Who starts it, as the server authenticated them: recorded on the start's events.
     pub principal: Option<Principal>,
+    /// Its tasks' priority and fairness class, as asked (checked by [`scheduling`]).
+    pub priority: Option<i64>,
+    pub fairness_key: Option<String>,
+    pub fairness_weight: Option<i64>,
 }
 
 pub struct Started {
@@ -72,6 +76,7 @@ pub async fn start<V: Services>(services: &V, request: StartRequest) -> AppResul
         ));
     }
     search_attributes::check_bounds("search_attributes", &request.search_attributes)?;
+    let scheduling = scheduling(request.priority, request.fairness_key.as_deref(), request.fairness_weight)?;
     let namespace = request.namespace;
     search_attributes::check_defined(services, &namespace, "search_attributes", &request.search_attributes).await?;
     let contract = contracts::registered(services.store(), &namespace, &request.task_queue, &request.workflow_type).await?;
@@ -80,6 +85,7 @@ pub async fn start<V: Services>(services: &V, request: StartRequest) -> AppResul
         None => promoted_build(services, &namespace, &request.task_queue).await?,
     };
     let start = StartRun {
+        scheduling,
         workflow_id: WorkflowId(request.workflow_id.unwrap_or_else(|| services.new_id())),
         run_id: RunId(services.new_id()),
         command_id: CommandId(services.new_id()),
@@ -102,6 +108,27 @@ pub async fn start<V: Services>(services: &V, request: StartRequest) -> AppResul
         .start_workflow(start, request.duplicate_policy, services.now())
         .await?;
     Ok(Started { outcome, run })
+}
+
+/// A start's priority and fairness class: each field as DW's contract bounds it, the key
+/// trimmed and lowercased; what is not asked for takes the contract's default.
+pub fn scheduling(priority: Option<i64>, fairness_key: Option<&str>, fairness_weight: Option<i64>) -> AppResult<TaskScheduling> {
+    use capstan_engine::scheduling as contract;
+    let defaults = TaskScheduling::default();
+    Ok(TaskScheduling {
+        priority: match priority {
+            Some(asked) => contract::priority(asked).map_err(|message| AppError::invalid("priority", message))?,
+            None => defaults.priority,
+        },
+        fairness_key: match fairness_key {
+            Some(asked) => contract::fairness_key(asked).map_err(|message| AppError::invalid("fairness_key", message))?,
+            None => None,
+        },
+        fairness_weight: match fairness_weight {
+            Some(asked) => contract::fairness_weight(asked).map_err(|message| AppError::invalid("fairness_weight", message))?,
+            None => defaults.fairness_weight,
+        },
+    })
 }
 
 /// The build a queue's newest promotion named, if any.

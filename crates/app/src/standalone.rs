@@ -38,6 +38,7 @@ pub async fn start_activity<V: Services>(services: &V, request: StartActivityReq
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| request.activity_type.clone());
     let host = StartRun {
+        scheduling: Default::default(),
         namespace: request.namespace,
         workflow_id: WorkflowId(request.activity_id.unwrap_or_else(|| services.new_id())),
         run_id: RunId(services.new_id()),

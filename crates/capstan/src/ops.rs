@@ -27,6 +27,15 @@ pub enum WorkflowCommand {
         build_id: Option<String>,
         #[arg(long)]
         execution_timeout_seconds: Option<i64>,
+        /// 0 (most urgent) to 9; 5 when not given.
+        #[arg(long)]
+        priority: Option<i64>,
+        /// The fairness class (a tenant, say) that shares dispatch within a priority.
+        #[arg(long)]
+        fairness_key: Option<String>,
+        /// The class's share of dispatch, 1 to 1000 (default 1).
+        #[arg(long)]
+        fairness_weight: Option<i64>,
     },
     /// List workflows (newest first).
     List {
@@ -111,6 +120,8 @@ pub enum TaskQueueCommand {
     List,
     /// One queue: counts, pollers, current leases, diagnostics.
     Describe { task_queue: String },
+    /// One queue's ready tasks by priority and fairness class, with each class's recent dispatch.
+    Shares { task_queue: String },
 }
 
 #[derive(Subcommand)]
@@ -241,15 +252,31 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                 business_key,
                 build_id,
                 execution_timeout_seconds,
+                priority,
+                fairness_key,
+                fairness_weight,
             } => {
                 let mut body = json!({"workflow_type": workflow_type, "task_queue": task_queue, "input": arguments(input.as_deref())?});
-                for (key, value) in [("workflow_id", workflow_id), ("business_key", business_key), ("build_id", build_id)] {
+                let texts = [
+                    ("workflow_id", workflow_id),
+                    ("business_key", business_key),
+                    ("build_id", build_id),
+                    ("fairness_key", fairness_key),
+                ];
+                for (key, value) in texts {
                     if let Some(value) = value {
                         body[key] = json!(value);
                     }
                 }
-                if let Some(seconds) = execution_timeout_seconds {
-                    body["execution_timeout_seconds"] = json!(seconds);
+                let numbers = [
+                    ("execution_timeout_seconds", execution_timeout_seconds),
+                    ("priority", priority),
+                    ("fairness_weight", fairness_weight),
+                ];
+                for (key, value) in numbers {
+                    if let Some(value) = value {
+                        body[key] = json!(value);
+                    }
                 }
                 let started = client.call(Method::POST, "/workflows", Some(body)).await?;
                 print(output, &started, &["workflow_id", "run_id", "workflow_type", "outcome"], None);
@@ -505,9 +532,48 @@ pub fn task_queue(connection: Connection, command: TaskQueueCommand) -> ExitCode
                     }
                 }
             }
+            TaskQueueCommand::Shares { task_queue } => {
+                let shares = client
+                    .call(
+                        Method::GET,
+                        &format!("/task-queues/{}/priority-fairness", encode(&task_queue)),
+                        None,
+                    )
+                    .await?;
+                let columns = ["kind", "priority", "fairness_key", "fairness_weight", "ready", "recent_dispatch"];
+                match output {
+                    Output::Json => print(output, &shares, &columns, None),
+                    Output::Table => print(output, &json!({"rows": share_rows(&shares)}), &columns, Some("rows")),
+                }
+            }
         }
         Ok(())
     })
+}
+
+/// One row per kind, priority and fairness class of a queue's priority-fairness view.
+fn share_rows(shares: &Value) -> Vec<Value> {
+    let mut rows = Vec::new();
+    for (kind, surface) in [("workflow", &shares["workflow_task"]), ("activity", &shares["activity_task"])] {
+        let recent = surface["recent_dispatch"].as_array().cloned().unwrap_or_default();
+        for tier in surface["priority_tiers"].as_array().into_iter().flatten() {
+            for class in tier["classes"].as_array().into_iter().flatten() {
+                let score = recent
+                    .iter()
+                    .find(|r| r["fairness_key"] == class["fairness_key"])
+                    .map(|r| r["score"].clone());
+                rows.push(json!({
+                    "kind": kind,
+                    "priority": tier["priority"],
+                    "fairness_key": class["fairness_key"].as_str().unwrap_or("(default)"),
+                    "fairness_weight": class["fairness_weight"],
+                    "ready": class["count"],
+                    "recent_dispatch": score.and_then(|s| s.as_f64()).map(|s| format!("{s:.2}")),
+                }));
+            }
+        }
+    }
+    rows
 }
 
 pub fn schedule(connection: Connection, command: ScheduleCommand) -> ExitCode {

@@ -7,6 +7,7 @@ use crate::history::{chain_hash, EventType, HistoryEvent, GENESIS_HASH};
 use crate::ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry};
 use crate::limits::Limits;
 use crate::payload::Payload;
+use crate::scheduling::TaskScheduling;
 use crate::selection::SelectionBook;
 use crate::status::{ClosedReason, RunStatus};
 use crate::{
@@ -226,6 +227,9 @@ pub struct RunState {
     #[serde(default)]
     pub memo_merged: Option<Payload>,
     pub search_attributes: Map<String, Value>,
+    /// Its tasks' priority and fairness class (the start's; a child or a next run inherits).
+    #[serde(default, skip_serializing_if = "TaskScheduling::is_default")]
+    pub scheduling: TaskScheduling,
     pub execution_timeout_seconds: Option<i64>,
     pub run_timeout_seconds: Option<i64>,
     pub execution_deadline_at: Option<Millis>,
@@ -956,6 +960,7 @@ pub(crate) mod tests {
         let mut ids = SequentialIds::new("id");
         let mut cx = Cx::new(1_000, &mut ids, &limits);
         let start = StartRun {
+            scheduling: Default::default(),
             namespace: "default".into(),
             workflow_id: "wf".into(),
             run_id: "run".into(),

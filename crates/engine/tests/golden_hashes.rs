@@ -237,6 +237,7 @@ impl World {
 
 fn start(workflow_id: &str) -> StartRun {
     StartRun {
+        scheduling: Default::default(),
         namespace: "default".into(),
         workflow_id: workflow_id.into(),
         run_id: format!("{workflow_id}-run-1").as_str().into(),

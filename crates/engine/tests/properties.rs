@@ -138,6 +138,7 @@ impl World {
         let run = start_run(
             &mut cx,
             StartRun {
+                scheduling: Default::default(),
                 namespace: "default".into(),
                 workflow_id: "wf".into(),
                 run_id: "run".into(),

@@ -472,6 +472,12 @@ fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
         ..Default::default()
     };
     sim.run.contract = Some(contract.clone());
+    let tenant = TaskScheduling {
+        priority: 2,
+        fairness_key: Some("tenant-a".into()),
+        fairness_weight: 7,
+    };
+    sim.run.scheduling = tenant.clone();
     let (task, fence) = sim.lease_workflow("w");
     let next_input = Payload::avro("next-input");
     let command = WorkflowCommand::ContinueAsNew {
@@ -498,6 +504,7 @@ fn continue_as_new_closes_the_run_and_starts_the_next_with_one_chain() {
     assert_eq!(last.payload["continued_to_run_id"], json!(next.run_id));
     assert_eq!((next.workflow_id.as_str(), next.run_number), ("wf-1", 2));
     assert_eq!(next.input, next_input);
+    assert_eq!(next.scheduling, tenant, "the next run keeps its priority and fairness class");
     assert_eq!(next.continued_from_run_id.as_ref(), Some(&sim.run.run_id));
     assert_eq!(
         next.execution_deadline_at, sim.run.execution_deadline_at,
@@ -696,6 +703,7 @@ fn updates_wait_behind_a_leased_task_and_fail_when_the_run_closes() {
 #[test]
 fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
     let mut parent = Sim::start();
+    parent.run.scheduling.priority = 1;
     let (task, fence) = parent.lease_workflow("w");
     let child = StartChild {
         workflow_type: "child".into(),
@@ -726,6 +734,7 @@ fn a_child_starts_in_the_same_transition_and_reports_back_to_its_parent() {
     .unwrap();
     let effects = cx.effects;
     let (child_run, child_effects) = effects.children_started.first().cloned().expect("a child run");
+    assert_eq!(child_run.scheduling.priority, 1, "a child inherits its parent's priority");
     assert_eq!(
         child_run.workflow_id.as_str(),
         "wf-1:run-1:1",
@@ -1159,6 +1168,7 @@ fn the_contract_is_recorded_on_workflow_started_and_carried_by_continue_as_new()
     let run = start_run(
         &mut cx,
         StartRun {
+            scheduling: Default::default(),
             namespace: "default".into(),
             workflow_id: "wf".into(),
             run_id: "run".into(),

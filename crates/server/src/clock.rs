@@ -217,6 +217,7 @@ mod tests {
         let mut ids = SequentialIds::new("id");
         let mut cx = Cx::new(0, &mut ids, &limits);
         let start = StartRun {
+            scheduling: Default::default(),
             namespace: "default".into(),
             workflow_id: "wf".into(),
             run_id: "run".into(),

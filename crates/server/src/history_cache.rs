@@ -189,6 +189,7 @@ mod tests {
 
     async fn run_of(store: &SqliteStore, workflow_id: &str, signals: usize) -> RunId {
         let start = StartRun {
+            scheduling: Default::default(),
             namespace: "default".into(),
             workflow_id: WorkflowId(workflow_id.into()),
             run_id: RunId(format!("run-{workflow_id}")),

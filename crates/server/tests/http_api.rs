@@ -11,6 +11,8 @@ mod common;
 mod credentials_api;
 #[path = "http_api/deadlines.rs"]
 mod deadlines;
+#[path = "http_api/dispatch.rs"]
+mod dispatch;
 #[path = "http_api/external_payloads.rs"]
 mod external_payloads;
 #[path = "http_api/metrics.rs"]

@@ -486,6 +486,7 @@ async function runPage(workflowId, runId) {
           ["Type", run.workflow_type],
           ["Task queue", h("a", { href: `#/task-queues/${enc(run.task_queue)}` }, run.task_queue)],
           run.business_key ? ["Business key", run.business_key] : null,
+          ["Dispatch", h("span", { id: "dispatch-class" }, `priority ${run.priority ?? 5}, ${run.fairness_key ? `class ${run.fairness_key} (weight ${run.fairness_weight ?? 1})` : "default class"}`)],
           ["Started", when(run.started_at)],
           ["Started by", h("span", { id: "started-by" }, principalText(run.started_by))],
           ["Closed", run.closed_at ? [when(run.closed_at), " (", run.closed_reason || "", ")"] : "—"],
@@ -728,9 +729,10 @@ async function workersPage() {
 }
 
 async function taskQueuePage(name) {
-  const [queue, builds] = await Promise.all([
+  const [queue, builds, shares] = await Promise.all([
     api("GET", `/task-queues/${enc(name)}`),
     api("GET", `/task-queues/${enc(name)}/build-ids`).catch(() => ({ build_ids: [] })),
+    api("GET", `/task-queues/${enc(name)}/priority-fairness`).catch(() => null),
   ]);
   const stats = queue.stats || {};
   show(
@@ -750,6 +752,7 @@ async function taskQueuePage(name) {
           ["Status", (b) => badge(b.rollout_status || b.status)],
           ["Workers", (b) => String(b.active_worker_count ?? b.total_worker_count ?? 0)],
         ], builds.build_ids || [], "No build ids."))),
+    shares ? dispatchShares(shares) : null,
     h("h2", {}, "Pollers"),
     table("Workers polling this queue", [
       ["Worker", (p) => p.worker_id, "wrap"],
@@ -765,6 +768,28 @@ async function taskQueuePage(name) {
       ["Owner", (l) => l.lease_owner],
       ["Expires", (l) => when(l.lease_expires_at)],
     ], queue.current_leases || [], "No task is leased."));
+}
+
+/** Ready tasks by kind, priority and fairness class, with each class's recent dispatch. */
+function dispatchShares(shares) {
+  const rows = [];
+  for (const [kind, surface] of [["workflow", shares.workflow_task], ["activity", shares.activity_task]]) {
+    const recent = new Map((surface?.recent_dispatch || []).map((r) => [r.fairness_key, r.score]));
+    for (const tier of surface?.priority_tiers || []) {
+      for (const c of tier.classes) rows.push({ kind, priority: tier.priority, ...c, score: recent.get(c.fairness_key) ?? 0 });
+    }
+  }
+  return [
+    h("h2", {}, "Ready by priority and fairness class"),
+    table("Ready tasks by priority and fairness class (lower priority numbers are dispatched first)", [
+      ["Kind", (r) => r.kind],
+      ["Priority", (r) => String(r.priority)],
+      ["Class", (r) => r.fairness_key || "default"],
+      ["Weight", (r) => String(r.fairness_weight)],
+      ["Ready", (r) => String(r.count)],
+      ["Recent dispatch", (r) => r.score.toFixed(2)],
+    ], rows, "No task is waiting."),
+  ];
 }
 
 // ---------------------------------------------------------------------------------------------

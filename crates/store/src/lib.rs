@@ -16,6 +16,7 @@
 
 mod backend;
 mod contract;
+mod dispatch_shares;
 mod durability;
 mod logic;
 mod mysql;
@@ -464,6 +465,39 @@ pub struct QueueSnapshot {
     pub leases: Vec<QueueLease>,
     /// Ready workflow tasks of runs pinned to a build: `(build id, count)`.
     pub pinned: Vec<(String, i64)>,
+}
+
+/// A queue's ready tasks by priority and fairness class, per kind (DW's priority-fairness
+/// surface).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueueShares {
+    pub workflow: KindShares,
+    pub activity: KindShares,
+}
+
+/// One kind of a queue's ready tasks, by priority and class, with the classes' recent dispatch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KindShares {
+    pub ready_tasks: i64,
+    /// Most urgent first.
+    pub tiers: Vec<PriorityTier>,
+    /// Each class with ready tasks and its recent dispatch score (`None`: the default class).
+    pub recent_dispatch: Vec<(Option<String>, f64)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PriorityTier {
+    pub priority: u8,
+    pub count: i64,
+    /// By class label (the default class as `__default__`).
+    pub classes: Vec<ClassCount>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClassCount {
+    pub fairness_key: Option<String>,
+    pub count: i64,
+    pub fairness_weight: u16,
 }
 
 /// One leased task of a queue.

@@ -93,6 +93,7 @@ async fn start_one<T: Tx>(
     let run_id = env.new_id();
     let action = &schedule.action;
     let start = StartRun {
+        scheduling: Default::default(),
         namespace: schedule.namespace.clone(),
         workflow_id: WorkflowId(workflow_id.clone()),
         run_id: RunId(run_id.clone()),

@@ -153,6 +153,8 @@ pub struct Env {
     pub codec: Option<&'static dyn capstan_engine::MemoCodec>,
     /// Who hears of committed facts and commit times (shared by every clone of the store).
     pub observer: crate::observe::ObserverSlot,
+    /// Recent dispatch per queue and fairness class (shared by every clone of the store).
+    pub dispatch: std::sync::Arc<crate::dispatch_shares::DispatchShares>,
 }
 
 impl Env {
@@ -162,6 +164,7 @@ impl Env {
             sources: Sources::system(),
             codec: None,
             observer: Default::default(),
+            dispatch: Default::default(),
         }
     }
 

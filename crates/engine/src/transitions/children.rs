@@ -28,6 +28,7 @@ pub(super) fn retry_failed_child(run: &mut RunState, cx: &mut Cx) {
     let (mut next, mut next_effects) = {
         let mut next_cx = Cx::new(cx.now, &mut *cx.ids, cx.limits);
         let start = StartRun {
+            scheduling: run.scheduling.clone(),
             namespace: run.namespace.clone(),
             workflow_id: run.workflow_id.clone(),
             run_id: next_cx.id(),

@@ -49,6 +49,7 @@ fn start_probe(run: &RunState, cx: &mut Cx, entry: &LedgerEntry, execution: &Act
     };
     let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
     let host = StartRun {
+        scheduling: run.scheduling.clone(),
         namespace: run.namespace.clone(),
         workflow_id: probe_id,
         run_id: next.id(),

@@ -97,6 +97,7 @@ fn check_redrivable(run: &RunState, now: Millis) -> Result<(), Refusal> {
 /// workflow task.
 fn successor(source: &RunState, cx: &mut Cx, plan: &RedrivePlan, record: Redrive) -> RunState {
     let start = StartRun {
+        scheduling: source.scheduling.clone(),
         namespace: source.namespace.clone(),
         workflow_id: source.workflow_id.clone(),
         run_id: record.successor_run_id.clone(),

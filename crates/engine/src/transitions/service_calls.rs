@@ -280,6 +280,7 @@ fn start_linked_run(cx: &mut Cx, admission: &Admission, binding: &StartWorkflowB
         .unwrap_or_else(|| format!("nexus-{}", admission.service_call_id));
     let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
     let start = StartRun {
+        scheduling: Default::default(),
         namespace: admission.route.namespace.clone(),
         workflow_id: WorkflowId(workflow_id),
         run_id: next.id(),

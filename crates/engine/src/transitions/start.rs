@@ -33,6 +33,8 @@ pub struct StartRun {
     /// Who started it (a request's authenticated principal); `None` when the server did (a
     /// schedule, a parent's command, a redrive).
     pub principal: Option<crate::Principal>,
+    /// The run's tasks' priority and fairness class.
+    pub scheduling: crate::TaskScheduling,
 }
 
 /// Creates run 1 of an instance: `StartAccepted`, `WorkflowStarted`, the first workflow task and
@@ -75,6 +77,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         memo: start.memo,
         memo_merged: None,
         search_attributes: start.search_attributes,
+        scheduling: start.scheduling,
         execution_timeout_seconds: start.execution_timeout_seconds,
         run_timeout_seconds: start.run_timeout_seconds,
         execution_deadline_at,
@@ -163,6 +166,7 @@ pub(super) fn continued_run(cx: &mut Cx, previous: &RunState, next: NextRun) -> 
         origin_trace,
     } = next;
     let start = StartRun {
+        scheduling: previous.scheduling.clone(),
         namespace: previous.namespace.clone(),
         workflow_id: previous.workflow_id.clone(),
         run_id: cx.id(),

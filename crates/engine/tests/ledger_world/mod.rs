@@ -64,6 +64,7 @@ impl World {
             &mut cx,
             // Without run deadlines: these tests fire every due deadline they see.
             StartRun {
+                scheduling: Default::default(),
                 execution_timeout_seconds: None,
                 run_timeout_seconds: None,
                 ..crate::support::start_fixture()

@@ -24,6 +24,7 @@ impl Sim {
     pub fn start_standalone(retry_policy: Option<RetryPolicy>, timeouts: ActivityTimeouts) -> Self {
         let start = StartStandaloneActivity {
             run: StartRun {
+                scheduling: Default::default(),
                 workflow_id: "act-1".into(),
                 execution_timeout_seconds: None,
                 run_timeout_seconds: None,
@@ -129,6 +130,7 @@ impl Sim {
 /// The start of run `run-1` of `wf-1` (a `greeter` on queue `q`).
 pub fn start_fixture() -> StartRun {
     StartRun {
+        scheduling: Default::default(),
         namespace: "default".into(),
         workflow_id: "wf-1".into(),
         run_id: "run-1".into(),

@@ -54,6 +54,67 @@ pub fn server_capabilities() -> Value {
             "max_ttl_seconds": capstan_engine::sticky::STICKY_TTL_SECONDS_MAX,
             "hold_seconds": capstan_engine::sticky::STICKY_HOLD_MS / 1000,
         },
+        "task_queue_priority_fairness": priority_fairness(),
+    })
+}
+
+/// DW's task-queue priority and fairness contract (version 1), as this server keeps it.
+fn priority_fairness() -> Value {
+    use capstan_engine::scheduling::*;
+    let fields = ["priority", "fairness_key", "fairness_weight"];
+    json!({
+        "schema": "durable-workflow.v2.task-queue-priority-fairness.contract",
+        "version": 1,
+        "authority_doc": "docs/architecture/task-queue-priority-fairness.md",
+        "feature": "task_queue_priority_fairness",
+        "fields": {
+            "priority": {
+                "type": "integer", "min": PRIORITY_MIN, "min_user": PRIORITY_MIN_USER, "max": PRIORITY_MAX,
+                "default": PRIORITY_DEFAULT, "lower_is_more_urgent": true,
+                "description": "Dispatch urgency: lower numbers are offered to pollers first.",
+            },
+            "fairness_key": {
+                "type": "string", "nullable": true, "max_length": FAIRNESS_KEY_MAX, "pattern": "^[A-Za-z0-9._:-]{1,64}$",
+                "normalization": "trim_then_lowercase", "default": null, "default_class_label": DEFAULT_CLASS,
+                "description": "The fairness class (a tenant, say) that shares dispatch within a priority.",
+            },
+            "fairness_weight": {
+                "type": "integer", "min": FAIRNESS_WEIGHT_MIN, "max": FAIRNESS_WEIGHT_MAX, "default": FAIRNESS_WEIGHT_DEFAULT,
+                "description": "The class's share of dispatch against other classes of the same priority.",
+            },
+        },
+        "inheritance": {
+            "workflow_task": "inherits_priority_and_fairness_from_parent_run",
+            // No SDK sends them on an activity; Capstan also carries them to a child, a
+            // continued run and a retry.
+            "activity_task": "inherits_from_run",
+            "activity_options_override_fields": [],
+            "child_workflow_run": "inherits_from_parent_run",
+            "continue_as_new_run": "inherits_from_previous_run",
+        },
+        "persistence": {
+            "columns_per_table": {"workflow_tasks": fields},
+            "indexes": [{"purpose": "priority_ordered_dispatch", "columns": ["queue", "status", "priority", "available_at"]}],
+        },
+        "dispatch": {
+            "poll_order": "priority_asc_then_available_at_asc_then_id",
+            "fairness_reorder_scope": "within_priority_tier_only",
+            "fairness_algorithm": "deficit_round_robin_by_recent_dispatch_score_over_weight",
+            "fairness_state_half_life_seconds": capstan_engine::fairness::HALF_LIFE_MS / 1000,
+            "workflow_and_activity_buckets_isolated": true,
+            "urgency_wins_over_fairness": true,
+        },
+        "observability": {
+            "route": "/api/task-queues/{queue}/priority-fairness",
+            "method": "GET",
+            "separates_workflow_and_activity": true,
+            "response_shape": {"queue": "string", "workflow_task": "priority_fairness_surface", "activity_task": "priority_fairness_surface"},
+            "priority_fairness_surface_shape": {
+                "ready_tasks": "integer",
+                "priority_tiers": "list<{priority:integer,count:integer,classes:list<{fairness_key:string|null,count:integer,fairness_weight:integer}>}>",
+                "recent_dispatch": "list<{fairness_key:string|null,score:number}>",
+            },
+        },
     })
 }
 

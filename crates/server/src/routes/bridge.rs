@@ -175,6 +175,9 @@ async fn start_from_event<S: Store>(state: &Shared<S>, namespace: &str, event: &
                 duplicate_policy: DuplicatePolicy::Fail,
                 origin_trace: None,
                 principal: Some(event.principal.clone()),
+                priority: None,
+                fairness_key: None,
+                fairness_weight: None,
             };
             control::start(&**state, request).await.map_err(ApiError::from)
         }

@@ -87,6 +87,9 @@ fn start_request(state: &AppState<impl Store>, namespace: &str, body: &Map<Strin
         duplicate_policy,
         origin_trace: f.opt_trace("observability_context")?,
         principal: None,
+        priority: f.opt_int("priority", i64::MIN, i64::MAX)?,
+        fairness_key: f.opt_str("fairness_key", 255)?,
+        fairness_weight: f.opt_int("fairness_weight", i64::MIN, i64::MAX)?,
     })
 }
 

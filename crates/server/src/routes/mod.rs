@@ -9,6 +9,7 @@ mod cancellation;
 mod control;
 mod credential_events;
 mod credentials;
+mod dispatch;
 mod duties;
 mod external_payloads;
 mod fleet;
@@ -297,6 +298,7 @@ fn operator_routes<S: Store>() -> ServerTable<S> {
         )
         .route("/task-queues", get(fleet::list_task_queues::<S>))
         .route("/task-queues/:task_queue", get(fleet::describe_task_queue::<S>))
+        .route("/task-queues/:task_queue/priority-fairness", get(dispatch::priority_fairness::<S>))
         .route("/task-queues/:task_queue/build-ids", get(fleet::build_ids::<S>))
         .route("/task-queues/:task_queue/build-ids/drain", post(fleet::drain_build_id::<S>))
         .route("/task-queues/:task_queue/build-ids/resume", post(fleet::resume_build_id::<S>))

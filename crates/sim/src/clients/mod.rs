@@ -92,6 +92,10 @@ impl Clients {
             duplicate_policy: DuplicatePolicy::Fail,
             origin_trace: None,
             principal: Some(Principal::token(SIMULATED_CLIENT)),
+            // Runs of every urgency and a few tenants share the queue (DW's priority and fairness).
+            priority: Some(world.rng.random_range(0..=9)),
+            fairness_key: [None, Some("tenant-a"), Some("Tenant-B ")][world.rng.random_range(0..3)].map(str::to_string),
+            fairness_weight: Some(world.rng.random_range(1..=3)),
         };
         self.programs.insert(workflow_id.clone(), program);
         world.seen.instances.insert(workflow_id.clone());

@@ -126,6 +126,13 @@ pub trait FleetStore: Backend {
         self.read(move |tx| Box::pin(async move { fleet::task_queue_snapshot(tx, &namespace, &queue, lease_limit).await }))
     }
 
+    /// A queue's ready workflow and activity tasks by priority and fairness class, with the
+    /// classes' recent dispatch on this node at `now`.
+    fn priority_fairness(&self, namespace: &str, queue: &str, now: Millis) -> impl Future<Output = StoreResult<QueueShares>> + Send {
+        let (namespace, queue, env) = (namespace.to_string(), queue.to_string(), self.env().clone());
+        self.read(move |tx| Box::pin(async move { fleet::priority_fairness(tx, &namespace, &queue, now, &env).await }))
+    }
+
     /// Registrations on one task queue (for query routing: who can answer).
     fn queue_workers(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<WorkerRecord>>> + Send {
         let (namespace, queue) = (namespace.to_string(), queue.to_string());

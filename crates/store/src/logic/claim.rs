@@ -3,6 +3,7 @@
 //! candidate is this, on both.
 
 use super::persist::persist;
+use crate::backend::Claim;
 use crate::rows::*;
 use crate::tx::{args, Tx};
 use crate::*;
@@ -137,40 +138,78 @@ pub(crate) async fn readiness<T: Tx>(
     })
 }
 
-/// The oldest ready task of the queue that this poller may take and whose run nobody else
-/// holds, with that run locked; runs another poller or node is working on are skipped, not
-/// waited for. `types` limits the task types (any when empty); `passed` are candidates this
-/// claim already passed over. Shared databases only (row locks).
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn lock_candidate<T: Tx>(
-    tx: &mut T,
-    namespace: &str,
-    kind: TaskKind,
-    queue: &str,
-    types: &[String],
-    owner: &str,
-    now: Millis,
-    passed: &[String],
-) -> StoreResult<Option<(TaskId, RunState)>> {
+/// How many ready tasks one claim reads to choose from (DW's batch).
+const CANDIDATES: usize = 10;
+
+/// A ready task a poller may be offered.
+pub(crate) struct Candidate {
+    pub task_id: TaskId,
+    pub run_id: String,
+    /// Its fairness class (`capstan_engine::scheduling::DEFAULT_CLASS` without a key).
+    pub class: String,
+}
+
+/// The queue's ready tasks this poller may take, at most [`CANDIDATES`] read in priority and
+/// then arrival order, handed back in the order to offer them: urgency first, then fairness
+/// classes by their share of recent dispatch (`Env::dispatch`). `passed` are candidates this
+/// claim already passed over.
+pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[String], env: &Env) -> StoreResult<Vec<Candidate>> {
+    let types = &wanted.types;
     let sql = format!(
-        "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
+        "SELECT t.task_id, t.run_id, t.priority, t.fairness_key, t.fairness_weight FROM tasks t
          WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
            AND (t.compatibility IS NULL
                 OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $5))
-           AND {}{}{}
-         ORDER BY t.available_at, t.task_id LIMIT 1 {}",
+           AND {} AND {}{}{}
+         ORDER BY t.priority, t.available_at, t.task_id LIMIT {CANDIDATES}",
         sticky_free("t", "$5", "$4"),
+        session_free("t", "$5", "$4"),
         super::listing::any_of("t.type_name", types, 5),
         not_any_of("t.task_id", passed, 5 + types.len()),
-        lock_run_skipping(tx.dialect()),
     );
-    let mut params = args![namespace, kind.as_str(), queue, now, owner].to_vec();
+    let mut params = args![
+        wanted.namespace.as_str(),
+        wanted.kind.as_str(),
+        wanted.queue.as_str(),
+        wanted.now,
+        wanted.owner.as_str()
+    ]
+    .to_vec();
     params.extend(types.iter().chain(passed).map(crate::tx::Param::from));
-    let Some(row) = tx.query_opt(&sql, &params).await? else {
-        return Ok(None);
-    };
-    let run = super::locate::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
-    Ok(Some((TaskId(row.text(0)?), run)))
+    let mut read = Vec::new();
+    for row in tx.query(&sql, &params).await? {
+        let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
+        let class = row.opt_str(3)?.unwrap_or(capstan_engine::scheduling::DEFAULT_CLASS).to_string();
+        let weight = u16::try_from(row.int(4)?).unwrap_or(1);
+        read.push((
+            Candidate {
+                task_id: TaskId(row.text(0)?),
+                run_id: row.text(1)?,
+                class,
+            },
+            priority,
+            weight,
+        ));
+    }
+    let offered: Vec<_> = read
+        .iter()
+        .map(|(c, priority, weight)| capstan_engine::fairness::Candidate {
+            priority: *priority,
+            class: &c.class,
+            weight: *weight,
+        })
+        .collect();
+    let order = env
+        .dispatch
+        .order(&wanted.namespace, wanted.kind, &wanted.queue, &offered, wanted.now);
+    let mut slots: Vec<Option<Candidate>> = read.into_iter().map(|(c, _, _)| Some(c)).collect();
+    Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
+}
+
+/// A candidate of `wanted`'s queue was leased: its class counts one more recent dispatch.
+pub(crate) fn dispatched(wanted: &Claim, candidate: &Candidate, env: &Env) {
+    env.dispatch
+        .record(&wanted.namespace, wanted.kind, &wanted.queue, &candidate.class, wanted.now);
 }
 
 /// `AND {column} NOT IN (…)` over `values`; nothing for an empty list.

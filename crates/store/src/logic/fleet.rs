@@ -222,3 +222,59 @@ pub(crate) async fn task_queue_snapshot<T: Tx>(tx: &mut T, namespace: &str, queu
         .collect::<StoreResult<_>>()?;
     Ok(QueueSnapshot { counts, leases, pinned })
 }
+
+/// See [`FleetStore::priority_fairness`](crate::FleetStore::priority_fairness).
+pub(crate) async fn priority_fairness<T: Tx>(tx: &mut T, namespace: &str, queue: &str, now: Millis, env: &Env) -> StoreResult<QueueShares> {
+    use capstan_engine::scheduling::DEFAULT_CLASS;
+    let sql = "SELECT kind, priority, fairness_key, COUNT(*), MAX(fairness_weight) FROM tasks
+               WHERE namespace = $1 AND queue = $2 AND status = 'ready' AND kind IN ('workflow', 'activity')
+               GROUP BY kind, priority, fairness_key";
+    let mut shares = QueueShares::default();
+    for row in tx.query(sql, &args![namespace, queue]).await? {
+        let (kind, of_kind) = match row.str(0)? {
+            "workflow" => (TaskKind::Workflow, &mut shares.workflow),
+            _ => (TaskKind::Activity, &mut shares.activity),
+        };
+        let priority = u8::try_from(row.int(1)?).unwrap_or_default();
+        let class = ClassCount {
+            fairness_key: row.opt_str(2)?.map(str::to_string),
+            count: row.int(3)?,
+            fairness_weight: u16::try_from(row.int(4)?).unwrap_or(1),
+        };
+        of_kind.ready_tasks += class.count;
+        let label = class.fairness_key.clone().unwrap_or_else(|| DEFAULT_CLASS.to_string());
+        if !of_kind
+            .recent_dispatch
+            .iter()
+            .any(|(key, _)| key.as_deref().unwrap_or(DEFAULT_CLASS) == label)
+        {
+            let score = env
+                .dispatch
+                .scores(namespace, kind, queue, now)
+                .into_iter()
+                .find(|(c, _)| *c == label)
+                .map_or(0.0, |(_, s)| s);
+            of_kind.recent_dispatch.push((class.fairness_key.clone(), score));
+        }
+        match of_kind.tiers.iter_mut().find(|t| t.priority == priority) {
+            Some(tier) => {
+                tier.count += class.count;
+                tier.classes.push(class);
+            }
+            None => of_kind.tiers.push(PriorityTier {
+                priority,
+                count: class.count,
+                classes: vec![class],
+            }),
+        }
+    }
+    let label = |key: &Option<String>| key.clone().unwrap_or_else(|| DEFAULT_CLASS.to_string());
+    for of_kind in [&mut shares.workflow, &mut shares.activity] {
+        of_kind.tiers.sort_by_key(|t| t.priority);
+        for tier in &mut of_kind.tiers {
+            tier.classes.sort_by_key(|c| label(&c.fairness_key));
+        }
+        of_kind.recent_dispatch.sort_by_key(|(key, _)| label(key));
+    }
+    Ok(shares)
+}

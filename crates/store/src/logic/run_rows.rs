@@ -14,8 +14,8 @@ const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_
 const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1";
 const INSERT_EVENT: &str = "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility, sticky_owner, sticky_until, session_id)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility, sticky_owner, sticky_until, session_id, priority, fairness_key, fairness_weight)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
      ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
          deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
          lease_expires_at = excluded.lease_expires_at, fence = excluded.fence,
@@ -172,6 +172,9 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
                 sticky.map(|(owner, _)| owner),
                 sticky.map(|(_, until)| until),
                 run.session_of(task).map(|s| s.options.session_id.as_str()),
+                i64::from(run.scheduling.priority),
+                run.scheduling.fairness_key.as_deref(),
+                i64::from(run.scheduling.fairness_weight),
             ]
             .into(),
         });

@@ -118,4 +118,11 @@ CREATE TABLE IF NOT EXISTS credential_events (sequence BIGINT NOT NULL AUTO_INCR
   INDEX credential_events_by_principal (principal, sequence)) {table};
 "#,
     ),
+    (
+        28,
+        r#"
+ALTER TABLE tasks ADD COLUMN priority SMALLINT NOT NULL DEFAULT 5, ADD COLUMN fairness_key VARCHAR(64), ADD COLUMN fairness_weight SMALLINT NOT NULL DEFAULT 1;
+CREATE INDEX tasks_dispatch ON tasks (status, namespace(128), kind, queue(255), priority, available_at);
+"#,
+    ),
 ];

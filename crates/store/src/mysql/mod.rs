@@ -36,6 +36,9 @@ enum Flavour {
     Mariadb,
 }
 
+/// MySQL's duplicate column (1060) and duplicate key name (1061).
+const ALREADY_THERE: [u16; 2] = [1060, 1061];
+
 impl Flavour {
     fn of(version: &str) -> Self {
         if version.to_ascii_lowercase().contains("mariadb") {
@@ -224,10 +227,14 @@ impl Mysql {
             if applied.is_some() {
                 continue;
             }
-            // DDL commits on its own here; each statement is IF NOT EXISTS, so a migration cut
-            // short runs again from the top.
+            // DDL commits on its own here, so a migration cut short runs again from the top:
+            // a table is made IF NOT EXISTS, and a column or index already there is taken as
+            // added (MySQL has no IF NOT EXISTS for them).
             for statement in sql.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
-                conn.query_drop(statement.replace("{table}", &table)).await?;
+                match conn.query_drop(statement.replace("{table}", &table)).await {
+                    Err(mysql_async::Error::Server(e)) if ALREADY_THERE.contains(&e.code) => {}
+                    done => done?,
+                }
             }
             conn.exec_drop("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (*version, now))
                 .await?;

@@ -221,7 +221,11 @@ impl ToSql for Param<'_> {
     }
 
     fn accepts(ty: &Type) -> bool {
-        <i64 as ToSql>::accepts(ty) || <i32 as ToSql>::accepts(ty) || <f64 as ToSql>::accepts(ty) || <&str as ToSql>::accepts(ty)
+        <i64 as ToSql>::accepts(ty)
+            || <i32 as ToSql>::accepts(ty)
+            || <i16 as ToSql>::accepts(ty)
+            || <f64 as ToSql>::accepts(ty)
+            || <&str as ToSql>::accepts(ty)
     }
 
     to_sql_checked!();

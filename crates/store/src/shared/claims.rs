@@ -13,21 +13,29 @@ use std::sync::Arc;
 impl SharedStore {
     pub(super) async fn claim_task_checked(&self, wanted: Claim) -> StoreResult<Option<(Task, RunState)>> {
         let poller = wanted.poller();
-        let (namespace, queue, owner, now) = (wanted.namespace.as_str(), wanted.queue.as_str(), wanted.owner.as_str(), wanted.now);
         // A few attempts: a candidate can turn out stale (leased a moment ago through another
         // node), or not this poller's to take now (a session activity of another worker's
-        // session); then the next one is tried.
+        // session); then the next one is tried. A run another poller or node holds is skipped,
+        // not waited for.
         let mut passed: Vec<String> = Vec::new();
         for _ in 0..4 {
             let mut tx = self.begin().await?;
-            let candidate = claim::lock_candidate(&mut tx, namespace, wanted.kind, queue, &wanted.types, owner, now, &passed).await?;
-            let Some((task_id, run)) = candidate else { return Ok(None) };
-            let id = task_id.as_str().to_string();
-            let claimed = claim::lease_candidate(&mut tx, run, task_id, &poller, now, &self.env).await?;
+            let mut leasing = None;
+            for candidate in claim::candidates(&mut tx, &wanted, &passed, &self.env).await? {
+                if let Some(run) = locate::lock_run(&mut tx, &candidate.run_id, true).await? {
+                    leasing = Some((candidate, run));
+                    break;
+                }
+            }
+            let Some((candidate, run)) = leasing else { return Ok(None) };
+            let claimed = claim::lease_candidate(&mut tx, run, candidate.task_id.clone(), &poller, wanted.now, &self.env).await?;
             self.commit(tx).await?;
             match claimed {
-                claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
-                claim::Claimed::Skipped | claim::Claimed::Refused | claim::Claimed::Stale => passed.push(id),
+                claim::Claimed::Leased(leased) => {
+                    claim::dispatched(&wanted, &candidate, &self.env);
+                    return Ok(Some(*leased));
+                }
+                claim::Claimed::Skipped | claim::Claimed::Refused | claim::Claimed::Stale => passed.push(candidate.task_id.0),
             }
         }
         Ok(None)
@@ -46,7 +54,7 @@ impl SharedStore {
         let sql = format!(
             "SELECT t.task_id, r.state, r.namespace, r.workflow_id, r.run_id FROM tasks t JOIN runs r ON r.run_id = t.run_id
              WHERE t.namespace = $1 AND t.kind = 'activity' AND t.queue = $2 AND t.status = 'ready' AND t.available_at <= $3{}
-             ORDER BY t.available_at, t.task_id LIMIT 1 {}",
+             ORDER BY t.priority, t.available_at, t.task_id LIMIT 1 {}",
             crate::logic::listing::any_of("t.type_name", &types, 3),
             claim::lock_run_skipping(tx.dialect()),
         );

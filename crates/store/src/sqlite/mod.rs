@@ -9,7 +9,6 @@ pub(crate) use writer::note_io_failure;
 
 use crate::backend::{Backend, Claim, Unit};
 use crate::logic::{actions, claim, locate};
-use crate::rows::{session_free, sticky_free};
 use crate::*;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
@@ -117,15 +116,6 @@ impl SqliteStore {
     }
 }
 
-/// Adds `AND type_name IN (...)` for a worker that declared the types it supports.
-fn type_filter(types: &[String], first_param: usize) -> String {
-    if types.is_empty() {
-        return String::new();
-    }
-    let marks: Vec<String> = (0..types.len()).map(|i| format!("?{}", first_param + i)).collect();
-    format!(" AND type_name IN ({})", marks.join(", "))
-}
-
 impl Backend for SqliteStore {
     type Tx<'t> = SqliteTx<'t>;
 
@@ -163,38 +153,29 @@ impl Backend for SqliteStore {
         self.write(unit).await
     }
 
-    /// Up to eight candidates in one read, each tried in turn in the same write job: the one
-    /// writer means nobody else can take them meanwhile.
+    /// The candidates in one read, each tried in turn in the same write job: the one writer
+    /// means nobody else can take them meanwhile.
     async fn claim(&self, wanted: Claim) -> StoreResult<Option<(Task, RunState)>> {
         let env = self.env.clone();
         self.writer
             .write_tx(move |tx| {
-                // A pinned run's workflow tasks go only to workers of its build.
-                let owner_param = 5 + wanted.types.len();
-                let sql = format!(
-                    "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = ?2 AND queue = ?3 AND status = 'ready' AND available_at <= ?4{}
-                       AND (compatibility IS NULL OR compatibility = (SELECT build_id FROM workers WHERE namespace = ?1 AND worker_id = ?{owner_param}))
-                       AND {} AND {}
-                     ORDER BY available_at, task_id LIMIT 8",
-                    type_filter(&wanted.types, 5),
-                    sticky_free("tasks", &format!("?{owner_param}"), "?4"),
-                    session_free("tasks", &format!("?{owner_param}"), "?4"),
-                );
-                let now = wanted.now;
-                let mut values: Vec<rusqlite::types::Value> =
-                    vec![wanted.namespace.clone().into(), wanted.kind.as_str().to_string().into(), wanted.queue.clone().into(), now.into()];
-                values.extend(wanted.types.iter().cloned().map(rusqlite::types::Value::from));
-                values.push(wanted.owner.clone().into());
-                let candidates: Vec<(String, String)> = tx
-                    .connection()
-                    .prepare_cached(&sql)?
-                    .query_map(rusqlite::params_from_iter(values), |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<Result<_, _>>()?;
                 let poller = wanted.poller();
-                for (task_id, run_id) in candidates {
-                    let Some(run) = drive(locate::lock_run(tx, &run_id, false))? else { continue };
-                    match drive(claim::lease_candidate(tx, run, TaskId(task_id), &poller, now, &env))? {
-                        claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
+                for candidate in drive(claim::candidates(tx, &wanted, &[], &env))? {
+                    let Some(run) = drive(locate::lock_run(tx, &candidate.run_id, false))? else {
+                        continue;
+                    };
+                    match drive(claim::lease_candidate(
+                        tx,
+                        run,
+                        candidate.task_id.clone(),
+                        &poller,
+                        wanted.now,
+                        &env,
+                    ))? {
+                        claim::Claimed::Leased(leased) => {
+                            claim::dispatched(&wanted, &candidate, &env);
+                            return Ok(Some(*leased));
+                        }
                         claim::Claimed::Refused | claim::Claimed::Stale | claim::Claimed::Skipped => continue,
                     }
                 }
@@ -220,7 +201,7 @@ impl Backend for SqliteStore {
                     .prepare_cached(
                         "SELECT task_id, run_id FROM tasks WHERE namespace = ?1 AND kind = 'activity' AND queue = ?2
                            AND status = 'ready' AND available_at <= ?3 AND type_name IN (SELECT value FROM json_each(?4))
-                         ORDER BY available_at, task_id LIMIT 1",
+                         ORDER BY priority, available_at, task_id LIMIT 1",
                     )?
                     .query_row(params![namespace, ATOMIC_QUEUE, now, types], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;

@@ -530,6 +530,18 @@ CREATE TABLE credential_events (
 CREATE INDEX credential_events_by_principal ON credential_events (principal, sequence);
 "#,
     ),
+    (
+        27,
+        r#"
+-- Priority and fairness (DW's task-queue priority and fairness contract): a run's tasks carry
+-- its priority (0 first) and fairness class, and a poller's candidates are read in priority
+-- order.
+ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 5;
+ALTER TABLE tasks ADD COLUMN fairness_key TEXT;
+ALTER TABLE tasks ADD COLUMN fairness_weight INTEGER NOT NULL DEFAULT 1;
+CREATE INDEX tasks_dispatch ON tasks (namespace, kind, queue, priority, available_at) WHERE status = 'ready';
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -7,6 +7,7 @@
 mod actions;
 mod catalog;
 mod credentials;
+mod dispatch;
 mod external_payloads;
 mod operators;
 mod schedules;
@@ -18,6 +19,7 @@ mod two_nodes;
 pub use actions::*;
 pub use catalog::*;
 pub use credentials::*;
+pub use dispatch::*;
 pub use external_payloads::*;
 pub use operators::*;
 pub use schedules::*;
@@ -33,6 +35,7 @@ pub const NOW: Millis = 1_800_000_000_000;
 
 pub fn start_request(workflow_id: &str, queue: &str) -> StartRun {
     StartRun {
+        scheduling: Default::default(),
         namespace: "default".into(),
         workflow_id: WorkflowId(workflow_id.into()),
         run_id: RunId(format!("run-{workflow_id}")),
@@ -1490,6 +1493,9 @@ macro_rules! store_suite {
             a_claim_goes_to_exactly_one_poller,
             claims_respect_queue_type_and_availability,
             claims_hold_a_sticky_task_for_its_owner,
+            claims_take_the_most_urgent_task_first,
+            fairness_classes_share_a_priority_by_weight,
+            a_queue_shows_its_ready_tasks_by_priority_and_class,
             worker_sessions_are_acquired_renewed_and_closed,
             claims_offer_a_session_activity_only_to_who_may_hold_the_session,
             fenced_deregistrations_keep_their_receipt,

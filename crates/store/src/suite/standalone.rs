@@ -6,6 +6,7 @@ use super::*;
 fn standalone(activity_id: &str, namespace: &str, run: &str) -> StartStandaloneActivity {
     StartStandaloneActivity {
         run: StartRun {
+            scheduling: Default::default(),
             namespace: namespace.into(),
             run_id: RunId(run.into()),
             command_id: CommandId(format!("cmd-{run}")),

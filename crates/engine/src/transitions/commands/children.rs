@@ -23,6 +23,7 @@ pub(super) fn start_child_workflow(run: &mut RunState, cx: &mut Cx, at: At, chil
     let (child_run, child_effects) = {
         let mut next = Cx::new(cx.now, &mut *cx.ids, cx.limits);
         let start = StartRun {
+            scheduling: run.scheduling.clone(),
             namespace: run.namespace.clone(),
             workflow_id: WorkflowId(child_id.clone()),
             run_id: next.id(),

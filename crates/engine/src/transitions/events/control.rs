@@ -116,6 +116,7 @@ mod tests {
         let mut ids = SequentialIds::new("id");
         let cx = Cx::new(0, &mut ids, &limits);
         let start = StartRun {
+            scheduling: Default::default(),
             namespace: "default".into(),
             workflow_id: "wf-1".into(),
             run_id: "run-1".into(),

@@ -1,0 +1,41 @@
+//! Each queue's recent dispatch per fairness class, kept in this process (as DW keeps it): the
+//! state `capstan_engine::fairness` orders a poller's candidates by. Another node keeps its own;
+//! each shares out what it dispatches, and priority, which needs no state, holds everywhere.
+
+use capstan_engine::fairness::{dispatch_order, Candidate, RecentDispatch};
+use capstan_engine::{Millis, TaskKind};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+type QueueKey = (String, &'static str, String);
+
+#[derive(Debug, Default)]
+pub struct DispatchShares {
+    queues: Mutex<BTreeMap<QueueKey, RecentDispatch>>,
+}
+
+impl DispatchShares {
+    /// The order to offer a queue's `candidates` in (indices into it).
+    pub fn order(&self, namespace: &str, kind: TaskKind, queue: &str, candidates: &[Candidate<'_>], now: Millis) -> Vec<usize> {
+        let queues = self.queues.lock().expect("dispatch shares");
+        let empty = RecentDispatch::default();
+        let recent = queues.get(&key(namespace, kind, queue)).unwrap_or(&empty);
+        dispatch_order(candidates, recent, now)
+    }
+
+    /// A task of `class` on the queue was leased at `now`.
+    pub fn record(&self, namespace: &str, kind: TaskKind, queue: &str, class: &str, now: Millis) {
+        let mut queues = self.queues.lock().expect("dispatch shares");
+        queues.entry(key(namespace, kind, queue)).or_default().record(class, now);
+    }
+
+    /// The queue's remembered classes with their recent dispatch scores at `now`.
+    pub fn scores(&self, namespace: &str, kind: TaskKind, queue: &str, now: Millis) -> Vec<(String, f64)> {
+        let queues = self.queues.lock().expect("dispatch shares");
+        queues.get(&key(namespace, kind, queue)).map(|r| r.scores(now)).unwrap_or_default()
+    }
+}
+
+fn key(namespace: &str, kind: TaskKind, queue: &str) -> QueueKey {
+    (namespace.to_string(), kind.as_str(), queue.to_string())
+}
