@@ -108,6 +108,12 @@ def test_the_cli_drives_workflows_schedules_and_the_fleet(server_url, worker_url
     assert shares.returncode == 0, shares.stderr
     row = next(line for line in shares.stdout.splitlines() if "tenant-cli" in line)
     assert row.split()[:5] == ["workflow", "1", "tenant-cli", "3", "1"], shares.stdout
+    limited = ok("task-queue", "limit", idle_queue, "--kind", "workflow", "--max-leased", "2", "--rate", "5")
+    assert (limited["workflow_task"]["max_leased_tasks"], limited["workflow_task"]["dispatch_rate_per_second"]) == (2, 5.0)
+    limits = cli("task-queue", "limits", idle_queue, output="table")
+    row = next(line for line in limits.stdout.splitlines() if line.startswith("workflow"))
+    assert row.split()[:4] == ["workflow", "5.0", "5", "2"], limits.stdout
+    assert ok("task-queue", "limit", idle_queue, "--kind", "workflow", "--clear")["workflow_task"] is None
     refused = cli("workflow", "start", "cli.greeter", "--task-queue", idle_queue, "--priority", "12")
     assert refused.returncode == 1 and "422 validation_failed" in refused.stderr, refused.stderr
 

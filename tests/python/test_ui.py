@@ -185,6 +185,18 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             await expect(page.get_by_text("Workers polling this queue")).to_be_visible()
             await expect(page.locator("table").filter(has_text="Workers polling this queue")).to_contain_text("active")
             await expect(page.get_by_role("heading", name="Ready by priority and fairness class")).to_be_visible()
+            # Flow control, set live from the page.
+            await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()
+            await page.get_by_label("Task kind").select_option("activity")
+            await page.get_by_label("Leased at once, at most").fill("7")
+            await page.get_by_role("button", name="Save limits").click()
+            await expect(page.locator("#toast")).to_contain_text("Limits of activity tasks saved")
+            await expect(page.locator("table").filter(has_text="Flow-control limits")).to_contain_text("activity")
+            limits = (await http.get(f"/api/task-queues/{queue}/limits")).json()
+            assert limits["activity_task"]["max_leased_tasks"] == 7, limits
+            await page.get_by_label("Task kind").select_option("activity")
+            await page.get_by_role("button", name="Clear limits").click()
+            await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()
 
             # The ledger: the unknown entry waits; resolve it by form (the effect was absent).
             await open_page(page, f"{server_url}/#/ledger")

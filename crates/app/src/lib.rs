@@ -39,6 +39,7 @@ pub mod local_activities;
 pub mod message_streams;
 pub mod polls;
 pub mod queries;
+pub mod queue_limits;
 pub mod redrive;
 pub mod reports;
 pub mod schedules;

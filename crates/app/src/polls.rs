@@ -7,7 +7,7 @@
 use crate::{AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{PollKey, RunLocator, WorkerRecord};
+use capstan_store::{PollKey, RunLocator, StoreError, WorkerRecord};
 
 /// The registration a poll comes from, checked: it exists, is for this queue, and (when the poll
 /// names one) for this build.
@@ -104,13 +104,19 @@ pub enum Claim {
     Missed,
     /// Nothing is ready on the queue.
     Idle,
+    /// The queue's flow-control limits hold claims back: which limit, and in how many
+    /// milliseconds to look again.
+    Throttled {
+        held_by: String,
+        retry_after_ms: i64,
+    },
 }
 
 impl Claim {
     pub fn into_lease(self) -> Option<(Task, RunState)> {
         match self {
             Claim::Leased(leased) => Some(*leased),
-            Claim::Missed | Claim::Idle => None,
+            Claim::Missed | Claim::Idle | Claim::Throttled { .. } => None,
         }
     }
 }
@@ -136,7 +142,17 @@ pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Claim> {
             now,
             poll.key(),
         )
-        .await?;
+        .await;
+    let claimed = match claimed {
+        Err(StoreError::Refused(refusal)) if refusal.reason == Reason::TaskQueueThrottled => {
+            let detail = |key: &str| refusal.details.get(key).cloned().unwrap_or_default();
+            return Ok(Claim::Throttled {
+                held_by: detail("held_by").as_str().unwrap_or_default().to_string(),
+                retry_after_ms: detail("retry_after_ms").as_i64().unwrap_or(1_000),
+            });
+        }
+        other => other?,
+    };
     let Some((task, run)) = claimed else { return Ok(Claim::Missed) };
     tracing::info!(namespace = %poll.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id,
         kind = poll.kind.as_str(), fence = task.fence, owner, "task leased");

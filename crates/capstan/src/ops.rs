@@ -122,6 +122,27 @@ pub enum TaskQueueCommand {
     Describe { task_queue: String },
     /// One queue's ready tasks by priority and fairness class, with each class's recent dispatch.
     Shares { task_queue: String },
+    /// The flow-control limits set on a queue, per task kind.
+    Limits { task_queue: String },
+    /// Set (or with --clear, remove) a queue's flow-control limits for one task kind, live.
+    Limit {
+        task_queue: String,
+        /// workflow or activity.
+        #[arg(long)]
+        kind: String,
+        /// Leases per second, on average.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Leases allowed at once after a quiet spell (default: the rate rounded up).
+        #[arg(long)]
+        burst: Option<u32>,
+        /// Tasks leased at once, at most.
+        #[arg(long)]
+        max_leased: Option<u32>,
+        /// Remove the kind's limits.
+        #[arg(long, conflicts_with_all = ["rate", "burst", "max_leased"])]
+        clear: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -532,6 +553,29 @@ pub fn task_queue(connection: Connection, command: TaskQueueCommand) -> ExitCode
                     }
                 }
             }
+            TaskQueueCommand::Limits { task_queue } => {
+                let limits = client
+                    .call(Method::GET, &format!("/task-queues/{}/limits", encode(&task_queue)), None)
+                    .await?;
+                print_limits(output, &limits);
+            }
+            TaskQueueCommand::Limit {
+                task_queue,
+                kind,
+                rate,
+                burst,
+                max_leased,
+                clear,
+            } => {
+                let path = format!("/task-queues/{}/limits/{}", encode(&task_queue), encode(&kind));
+                let limits = if clear {
+                    client.call(Method::DELETE, &path, None).await?
+                } else {
+                    let body = json!({"dispatch_rate_per_second": rate, "dispatch_burst": burst, "max_leased_tasks": max_leased});
+                    client.call(Method::PUT, &path, Some(body)).await?
+                };
+                print_limits(output, &limits);
+            }
             TaskQueueCommand::Shares { task_queue } => {
                 let shares = client
                     .call(
@@ -549,6 +593,31 @@ pub fn task_queue(connection: Connection, command: TaskQueueCommand) -> ExitCode
         }
         Ok(())
     })
+}
+
+/// A queue's limits: one row per task kind that has any.
+fn print_limits(output: Output, limits: &Value) {
+    let columns = [
+        "kind",
+        "dispatch_rate_per_second",
+        "dispatch_burst",
+        "max_leased_tasks",
+        "leased_tasks",
+        "available_tokens",
+    ];
+    if output == Output::Json {
+        return print(output, limits, &columns, None);
+    }
+    let rows: Vec<Value> = [("workflow", "workflow_task"), ("activity", "activity_task")]
+        .into_iter()
+        .filter(|(_, key)| limits[key].is_object())
+        .map(|(kind, key)| {
+            let mut row = limits[key].clone();
+            row["kind"] = json!(kind);
+            row
+        })
+        .collect();
+    print(output, &json!({"rows": rows}), &columns, Some("rows"));
 }
 
 /// One row per kind, priority and fairness class of a queue's priority-fairness view.

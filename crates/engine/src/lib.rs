@@ -16,6 +16,7 @@ mod canonical;
 pub mod command;
 pub mod contract;
 pub mod fairness;
+pub mod flow;
 pub mod history;
 pub mod ids;
 pub mod ledger;

@@ -131,6 +131,7 @@ reasons! {
     WorkflowDefinitionChanged => "workflow_definition_changed",
     WorkerNotRegistered => "worker_not_registered",
     TaskQueueMismatch => "task_queue_mismatch",
+    TaskQueueThrottled => "task_queue_throttled",
     BuildIdMismatch => "build_id_mismatch",
     NamespaceNotFound => "namespace_not_found",
     InvalidPageToken => "invalid_page_token",

@@ -93,7 +93,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InvalidMessageStreamProgress
         | Reason::RuntimeReservedSignal
         | Reason::InvalidWorkflowStreamCommand => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::MessageStreamBacklogFull | Reason::StreamFull => StatusCode::TOO_MANY_REQUESTS,
+        Reason::MessageStreamBacklogFull | Reason::StreamFull | Reason::TaskQueueThrottled => StatusCode::TOO_MANY_REQUESTS,
         Reason::InvalidStreamName => StatusCode::BAD_REQUEST,
         Reason::InvalidJson
         | Reason::MissingProtocolVersion

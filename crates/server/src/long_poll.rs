@@ -45,6 +45,8 @@ pub(crate) enum Look<T> {
     Missed,
     /// Nothing is ready on the queue.
     Idle,
+    /// The queue's flow-control limits hold claims back for this many milliseconds.
+    Throttled(i64),
 }
 
 impl From<polls::Claim> for Look<(Task, RunState)> {
@@ -53,6 +55,7 @@ impl From<polls::Claim> for Look<(Task, RunState)> {
             polls::Claim::Leased(leased) => Look::Found(*leased),
             polls::Claim::Missed => Look::Missed,
             polls::Claim::Idle => Look::Idle,
+            polls::Claim::Throttled { retry_after_ms, .. } => Look::Throttled(retry_after_ms),
         }
     }
 }
@@ -89,6 +92,16 @@ where
             Look::Missed if by_announcement && !handed_on => {
                 notify.notify_one();
                 handed_on = true;
+            }
+            Look::Throttled(retry_after_ms) => {
+                // New work does not lift a limit: look again when it may let a claim through.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                tokio::time::sleep(left.min(Duration::from_millis(retry_after_ms.max(1) as u64))).await;
+                by_announcement = false;
+                continue;
             }
             Look::Missed | Look::Idle => {}
         }

@@ -734,6 +734,7 @@ async function taskQueuePage(name) {
     api("GET", `/task-queues/${enc(name)}/build-ids`).catch(() => ({ build_ids: [] })),
     api("GET", `/task-queues/${enc(name)}/priority-fairness`).catch(() => null),
   ]);
+  const limits = await api("GET", `/task-queues/${enc(name)}/limits`).catch(() => null);
   const stats = queue.stats || {};
   show(
     h("p", {}, h("a", { href: "#/workers" }, "← Workers and task queues")),
@@ -752,6 +753,7 @@ async function taskQueuePage(name) {
           ["Status", (b) => badge(b.rollout_status || b.status)],
           ["Workers", (b) => String(b.active_worker_count ?? b.total_worker_count ?? 0)],
         ], builds.build_ids || [], "No build ids."))),
+    limits ? flowControl(name, limits) : null,
     shares ? dispatchShares(shares) : null,
     h("h2", {}, "Pollers"),
     table("Workers polling this queue", [
@@ -768,6 +770,42 @@ async function taskQueuePage(name) {
       ["Owner", (l) => l.lease_owner],
       ["Expires", (l) => when(l.lease_expires_at)],
     ], queue.current_leases || [], "No task is leased."));
+}
+
+/** The queue's flow-control limits per task kind, and a form that sets them live. */
+function flowControl(name, limits) {
+  const rows = [["workflow", limits.workflow_task], ["activity", limits.activity_task]]
+    .filter(([, l]) => l).map(([kind, l]) => ({ kind, ...l }));
+  const kind = h("select", { id: "limit-kind" }, h("option", { value: "workflow" }, "workflow"), h("option", { value: "activity" }, "activity"));
+  const rate = h("input", { id: "limit-rate", type: "number", min: "0", step: "any", placeholder: "no limit" });
+  const burst = h("input", { id: "limit-burst", type: "number", min: "1", step: "1", placeholder: "the rate" });
+  const cap = h("input", { id: "limit-max-leased", type: "number", min: "1", step: "1", placeholder: "no limit" });
+  const number = (field) => (field.value.trim() === "" ? null : Number(field.value));
+  const path = () => `/task-queues/${enc(name)}/limits/${enc(kind.value)}`;
+  const form = h("form", { class: "stack", onsubmit: async (event) => {
+    event.preventDefault();
+    const body = { dispatch_rate_per_second: number(rate), dispatch_burst: number(burst), max_leased_tasks: number(cap) };
+    await act(`Limits of ${kind.value} tasks saved`, () => api("PUT", path(), body));
+    route();
+  } },
+    h("label", { for: "limit-kind" }, "Task kind", kind),
+    h("label", { for: "limit-rate" }, "Dispatch rate (per second)", rate),
+    h("label", { for: "limit-burst" }, "Burst", burst),
+    h("label", { for: "limit-max-leased" }, "Leased at once, at most", cap),
+    h("div", { class: "actions" },
+      h("button", { type: "submit" }, "Save limits"),
+      h("button", { type: "button", onclick: async () => { await act(`Limits of ${kind.value} tasks cleared`, () => api("DELETE", path())); route(); } }, "Clear limits")));
+  return h("section", { class: "card", "aria-labelledby": "flow-h" },
+    h("h2", { id: "flow-h" }, "Flow control"),
+    table("Flow-control limits (in force on every node within a second)", [
+      ["Kind", (r) => r.kind],
+      ["Rate / s", (r) => (r.dispatch_rate_per_second == null ? "—" : String(r.dispatch_rate_per_second))],
+      ["Burst", (r) => (r.dispatch_burst == null ? "—" : String(r.dispatch_burst))],
+      ["Leased at most", (r) => (r.max_leased_tasks == null ? "—" : String(r.max_leased_tasks))],
+      ["Leased now", (r) => String(r.leased_tasks)],
+      ["Tokens", (r) => (r.available_tokens == null ? "—" : r.available_tokens.toFixed(1))],
+    ], rows, "No limits: tasks go out as fast as workers take them."),
+    form);
 }
 
 /** Ready tasks by kind, priority and fairness class, with each class's recent dispatch. */

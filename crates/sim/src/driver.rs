@@ -4,7 +4,7 @@
 //! must finish), and ends with the checks of the whole seed.
 
 use crate::checks::{check_all, check_settled, check_touched};
-use crate::clients::operators::{resolve_one_unknown, resolve_unknown};
+use crate::clients::operators::{limit_activities, resolve_one_unknown, resolve_unknown};
 use crate::clients::queries::send_query;
 use crate::clients::schedules::pause_or_resume;
 use crate::clients::{request_cooperative_cancellation, Clients};
@@ -126,6 +126,7 @@ impl Sim {
             }
             42..=53 => workers.deliver_held(world).await?,
             54..=63 => Acted::Idle, // the time passes
+            64 if world.rng.random_bool(0.5) => limit_activities(world).await?,
             64 => clients.collect_payloads(world).await?,
             65..=69 if world.rng.random_bool(0.3) => clients.append_message(world).await?,
             65..=69 => clients.send_signal(world).await?,
@@ -198,6 +199,7 @@ impl Sim {
         } = self;
         nodes.wake_all(world).await?;
         workers.register(world).await?;
+        lift_limits(world).await?;
         clients.redrive_every_failed(world).await?;
         while let Some(delivery) = workers.held.next() {
             world.step += 1;
@@ -254,4 +256,18 @@ async fn open_workflows(world: &mut World) -> Result<Vec<String>, Failure> {
         }
     }
     Ok(open)
+}
+
+/// Operators lift the queue's limits when the faults end: a slow rate must not read as a
+/// liveness failure.
+async fn lift_limits(world: &mut World) -> Result<(), Failure> {
+    let lifted = capstan_app::queue_limits::set(
+        &world.app,
+        crate::workload::NAMESPACE,
+        crate::workload::QUEUE,
+        capstan_engine::TaskKind::Activity,
+        Default::default(),
+    )
+    .await;
+    world.declined(lifted).map(drop)
 }

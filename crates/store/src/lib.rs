@@ -18,6 +18,7 @@ mod backend;
 mod contract;
 mod dispatch_shares;
 mod durability;
+mod limited_queues;
 mod logic;
 mod mysql;
 mod observe;
@@ -498,6 +499,17 @@ pub struct ClassCount {
     pub fairness_key: Option<String>,
     pub count: i64,
     pub fairness_weight: u16,
+}
+
+/// The flow-control limits set on one queue and task kind, with its bucket and its leased
+/// tasks now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueLimitState {
+    pub kind: TaskKind,
+    pub limits: capstan_engine::flow::QueueLimits,
+    pub bucket: capstan_engine::flow::Bucket,
+    pub updated_at: Millis,
+    pub leased: u64,
 }
 
 /// One leased task of a queue.

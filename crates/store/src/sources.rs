@@ -155,6 +155,8 @@ pub struct Env {
     pub observer: crate::observe::ObserverSlot,
     /// Recent dispatch per queue and fairness class (shared by every clone of the store).
     pub dispatch: std::sync::Arc<crate::dispatch_shares::DispatchShares>,
+    /// Which queues have flow-control limits, as last read (shared by every clone).
+    pub limited: std::sync::Arc<crate::limited_queues::LimitedQueues>,
 }
 
 impl Env {
@@ -165,6 +167,7 @@ impl Env {
             codec: None,
             observer: Default::default(),
             dispatch: Default::default(),
+            limited: Default::default(),
         }
     }
 

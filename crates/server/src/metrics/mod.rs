@@ -105,6 +105,7 @@ pub struct Metrics {
     polls: IntCounterVec,
     poll_seconds: HistogramVec,
     dispatches: IntCounterVec,
+    throttled: IntCounterVec,
     lease_expiries: IntCounterVec,
     activity_timeouts: IntCounterVec,
     timers_fired: IntCounterVec,
@@ -156,6 +157,11 @@ impl Metrics {
                 "How long a poll waited before it was answered.",
                 &["kind", "outcome"],
                 POLL_SECONDS,
+            ),
+            throttled: f.counters(
+                "capstan_task_queue_throttled_total",
+                "Claims a queue's flow-control limits held back, by the limit that held them (dispatch_rate, max_leased_tasks).",
+                &["namespace", "kind", "queue", "held_by"],
             ),
             dispatches: f.counters(
                 "capstan_task_dispatches_total",
@@ -270,6 +276,11 @@ impl Metrics {
         let outcome = if found { "task" } else { "empty" };
         self.polls.with_label_values(&[kind, outcome]).inc();
         self.poll_seconds.with_label_values(&[kind, outcome]).observe(waited.as_secs_f64());
+    }
+
+    /// A claim on a queue its flow-control limits held back (only queues an operator limited).
+    pub fn throttled(&self, namespace: &str, kind: TaskKind, queue: &str, held_by: &str) {
+        self.throttled.with_label_values(&[namespace, kind.as_str(), queue, held_by]).inc();
     }
 
     /// A task handed to a worker under its `fence`-th lease.

@@ -1,12 +1,18 @@
-//! How a queue's ready tasks are shared out: DW's priority-fairness view of one queue.
+//! How a queue's ready tasks are shared out: DW's priority-fairness view of one queue, and the
+//! flow-control limits an operator sets on it.
 
 use crate::auth::Role;
-use crate::error::ApiResult;
+use crate::body::JsonObject;
+use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wire::{refuse_unknown_fields, Fields};
 use crate::Shared;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::{Extension, Json};
+use capstan_app::queue_limits;
+use capstan_engine::flow::QueueLimits;
+use capstan_engine::TaskKind;
 use capstan_store::{KindShares, Store};
 use serde_json::{json, Value};
 
@@ -47,4 +53,87 @@ fn surface(shares: &KindShares) -> Value {
         .map(|(key, score)| json!({"fairness_key": key, "score": score}))
         .collect();
     json!({"ready_tasks": shares.ready_tasks, "priority_tiers": tiers, "recent_dispatch": recent})
+}
+
+const LIMIT_FIELDS: &[&str] = &["dispatch_rate_per_second", "dispatch_burst", "max_leased_tasks"];
+
+/// `GET /api/task-queues/{task_queue}/limits`: the flow-control limits per task kind (`null`:
+/// none), with the leased tasks and the rate limit's tokens now.
+pub async fn limits<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
+    Ok(Json(limits_json(&state, &namespace, &queue).await?))
+}
+
+/// `PUT /api/task-queues/{task_queue}/limits/{kind}` (`workflow` or `activity`): sets the
+/// kind's limits (a field left out is no such limit; none at all clears them).
+pub async fn set_limits<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((queue, kind)): Path<(String, String)>,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> ApiResult<Json<Value>> {
+    state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
+    refuse_unknown_fields(&body, &[LIMIT_FIELDS], "", "queue limits")?;
+    let f = Fields::new(&body);
+    let rate = match f.raw("dispatch_rate_per_second") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            value
+                .as_f64()
+                .ok_or_else(|| ApiError::validation("dispatch_rate_per_second", "dispatch_rate_per_second must be a number."))?,
+        ),
+    };
+    let bound = i64::from(u32::MAX);
+    let limits = QueueLimits {
+        dispatch_rate_per_second: rate,
+        dispatch_burst: f.opt_int("dispatch_burst", 0, bound)?.map(|b| b as u32),
+        max_leased_tasks: f.opt_int("max_leased_tasks", 0, bound)?.map(|m| m as u32),
+    };
+    queue_limits::set(&*state, &namespace, &queue, queue_limits::kind_named(&kind)?, limits).await?;
+    Ok(Json(limits_json(&state, &namespace, &queue).await?))
+}
+
+/// `DELETE /api/task-queues/{task_queue}/limits/{kind}`: no limits on the kind.
+pub async fn clear_limits<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    Path((queue, kind)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
+    let kind = queue_limits::kind_named(&kind)?;
+    queue_limits::set(&*state, &namespace, &queue, kind, QueueLimits::default()).await?;
+    Ok(Json(limits_json(&state, &namespace, &queue).await?))
+}
+
+async fn limits_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) -> ApiResult<Value> {
+    let set = queue_limits::of_queue(&**state, namespace, queue).await?;
+    let of_kind = |kind: TaskKind| {
+        set.iter().find(|s| s.kind == kind).map(|s| {
+            let tokens = s.limits.dispatch_rate_per_second.map(|_| {
+                let (bucket, _) = capstan_engine::flow::admit(&s.limits, s.bucket, 0, state.now());
+                bucket.tokens
+            });
+            json!({
+                "dispatch_rate_per_second": s.limits.dispatch_rate_per_second,
+                "dispatch_burst": s.limits.dispatch_rate_per_second.map(|_| s.limits.burst() as u64),
+                "max_leased_tasks": s.limits.max_leased_tasks,
+                "leased_tasks": s.leased,
+                "available_tokens": tokens,
+                "updated_at": crate::render::time(s.updated_at),
+            })
+        })
+    };
+    Ok(json!({
+        "namespace": namespace,
+        "queue": queue,
+        "workflow_task": of_kind(TaskKind::Workflow),
+        "activity_task": of_kind(TaskKind::Activity),
+    }))
 }

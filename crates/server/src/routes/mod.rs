@@ -37,7 +37,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use capstan_engine::Reason;
 use capstan_store::Store;
@@ -299,6 +299,11 @@ fn operator_routes<S: Store>() -> ServerTable<S> {
         .route("/task-queues", get(fleet::list_task_queues::<S>))
         .route("/task-queues/:task_queue", get(fleet::describe_task_queue::<S>))
         .route("/task-queues/:task_queue/priority-fairness", get(dispatch::priority_fairness::<S>))
+        .route("/task-queues/:task_queue/limits", get(dispatch::limits::<S>))
+        .route(
+            "/task-queues/:task_queue/limits/:kind",
+            put(dispatch::set_limits::<S>).delete(dispatch::clear_limits::<S>),
+        )
         .route("/task-queues/:task_queue/build-ids", get(fleet::build_ids::<S>))
         .route("/task-queues/:task_queue/build-ids/drain", post(fleet::drain_build_id::<S>))
         .route("/task-queues/:task_queue/build-ids/resume", post(fleet::resume_build_id::<S>))

@@ -183,7 +183,7 @@ async fn long_poll_with_wait<S: Store>(
     }
     let notify = state.hub.channel(namespace, kind, &request.queue);
     let poll = &poll;
-    wait_for_work(&notify, wait_ms, || async move { Ok(polls::claim(state, poll).await?.into()) }).await
+    wait_for_work(&notify, wait_ms, || async move { Ok(claim_counted(state, poll).await?.into()) }).await
 }
 
 fn poll_of<S: Store>(state: &AppState<S>, namespace: &str, request: &PollRequest, kind: TaskKind) -> polls::Poll {
@@ -220,7 +220,18 @@ async fn look_for_task<S: Store>(state: &AppState<S>, poll: &polls::Poll) -> Api
     if let Some(recalled) = polls::recall(state, poll).await? {
         return Ok(Look::Found(recalled));
     }
-    Ok(polls::claim(state, poll).await?.into())
+    Ok(claim_counted(state, poll).await?.into())
+}
+
+/// A claim, with a look its queue's limits held back counted.
+async fn claim_counted<S: Store>(state: &AppState<S>, poll: &polls::Poll) -> ApiResult<polls::Claim> {
+    let claim = polls::claim(state, poll).await?;
+    if let polls::Claim::Throttled { held_by, .. } = &claim {
+        state
+            .metrics
+            .throttled(&poll.namespace, poll.kind, &poll.worker.task_queue, held_by);
+    }
+    Ok(claim)
 }
 
 enum Leased {
@@ -257,6 +268,7 @@ async fn multiplexed_poll<S: Store>(
             Look::Found(leased) => Look::Found(Leased::Workflow(Box::new(leased))),
             Look::Missed => Look::Missed,
             Look::Idle => Look::Idle,
+            Look::Throttled(ms) => Look::Throttled(ms),
         })
     })
     .await

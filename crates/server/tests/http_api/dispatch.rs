@@ -125,3 +125,62 @@ async fn cluster_info_advertises_the_priority_fairness_contract() {
     assert_eq!(contract["fields"]["fairness_weight"]["default"], 1);
     assert_eq!(contract["dispatch"]["fairness_state_half_life_seconds"], 30);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_caps_and_rates_a_queue_live() {
+    let h = Harness::start().await;
+    let queue = unique("limited");
+    let limits = |kind: &str| format!("/api/task-queues/{queue}/limits/{kind}");
+    for (kind, body, field) in [
+        ("workflow", json!({"max_leased_tasks": 0}), "max_leased_tasks"),
+        ("workflow", json!({"dispatch_rate_per_second": 0}), "dispatch_rate_per_second"),
+        ("workflow", json!({"dispatch_rate_per_second": "fast"}), "dispatch_rate_per_second"),
+        ("workflow", json!({"dispatch_burst": 5}), "dispatch_burst"),
+        ("workflow", json!({"max_leased": 5}), "max_leased"),
+        ("timer", json!({"max_leased_tasks": 1}), "kind"),
+    ] {
+        let refused = h.cpost_method(Method::PUT, &limits(kind), body.clone()).await;
+        assert!(refused.err(422, "validation_failed")["errors"][field].is_array(), "{kind} {body}");
+    }
+    let set = h
+        .cpost_method(Method::PUT, &limits("workflow"), json!({"max_leased_tasks": 1}))
+        .await
+        .ok(200);
+    assert_eq!(set["workflow_task"]["max_leased_tasks"], 1);
+    assert_eq!(set["workflow_task"]["leased_tasks"], 0);
+    assert!(set["activity_task"].is_null());
+
+    for i in 0..3 {
+        h.start_workflow(&unique(&format!("limited-{i}")), &queue).await;
+    }
+    h.register("cap-a", &queue).await;
+    h.register("cap-b", &queue).await;
+    assert!(h.poll_workflow("cap-a", &queue, 1).await.is_object());
+    assert!(h.poll_workflow("cap-b", &queue, 1).await.is_null(), "the cap of one is held");
+    let read = h.cget(&format!("/api/task-queues/{queue}/limits")).await.ok(200);
+    assert_eq!(read["workflow_task"]["leased_tasks"], 1);
+    let exposition = scrape(&h).await;
+    let held = format!(
+        "capstan_task_queue_throttled_total{{held_by=\"max_leased_tasks\",kind=\"workflow\",namespace=\"default\",queue=\"{queue}\"}}"
+    );
+    assert!(exposition.lines().any(|l| l.starts_with(&held)), "{held} in\n{exposition}");
+
+    // A rate instead of the cap: a held-back long poll waits for the next token, not for the
+    // end of its wait.
+    let rated = h
+        .cpost_method(
+            Method::PUT,
+            &limits("workflow"),
+            json!({"dispatch_rate_per_second": 4, "dispatch_burst": 1}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(rated["workflow_task"]["max_leased_tasks"], Value::Null);
+    assert_eq!(rated["workflow_task"]["dispatch_burst"], 1);
+    assert!(h.poll_workflow("cap-b", &queue, 5).await.is_object());
+    let waited = Instant::now();
+    assert!(h.poll_workflow("cap-b", &queue, 20).await.is_object(), "the next token came");
+    assert!(waited.elapsed() < Duration::from_secs(10), "{:?}", waited.elapsed());
+    let cleared = h.cpost_method(Method::DELETE, &limits("workflow"), json!({})).await.ok(200);
+    assert!(cleared["workflow_task"].is_null());
+}

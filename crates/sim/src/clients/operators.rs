@@ -1,12 +1,14 @@
 //! Operators in the workload: an operator settles `outcome_unknown` ledger entries, either
-//! way (the effect was absent, or it happened with a result).
+//! way (the effect was absent, or it happened with a result), and limits the queue's activity
+//! tasks live.
 
 use crate::report::Failure;
-use crate::workload::{NAMESPACE, PAYLOAD, SIMULATED_OPERATOR};
+use crate::workload::{NAMESPACE, PAYLOAD, QUEUE, SIMULATED_OPERATOR};
 use crate::world::{Acted, World};
-use capstan_app::ledger;
-use capstan_engine::{LedgerDecision, LedgerState, Payload, Principal};
-use capstan_store::{LedgerFilter, LedgerStore};
+use capstan_app::{ledger, queue_limits};
+use capstan_engine::flow::QueueLimits;
+use capstan_engine::{LedgerDecision, LedgerState, Payload, Principal, TaskKind};
+use capstan_store::{FleetStore, LedgerFilter, LedgerStore};
 use rand::Rng;
 use serde_json::json;
 
@@ -55,4 +57,43 @@ pub(crate) async fn resolve_one_unknown(world: &mut World) -> Result<bool, Failu
     world.counters.outcome_unknown_resolved += 1;
     world.seen.acknowledge(&run);
     Ok(true)
+}
+
+/// An operator limits the queue's activity tasks live (a leased-task cap, a dispatch rate, or
+/// both), or lifts the limits.
+pub(crate) async fn limit_activities(world: &mut World) -> Result<Acted, Failure> {
+    let limits = match world.rng.random_range(0..4) {
+        0 => QueueLimits::default(),
+        1 => QueueLimits {
+            max_leased_tasks: Some(world.rng.random_range(1..=3)),
+            ..QueueLimits::default()
+        },
+        2 => QueueLimits {
+            dispatch_rate_per_second: Some(f64::from(world.rng.random_range(1..=8)) / 2.0),
+            dispatch_burst: Some(world.rng.random_range(1..=3)),
+            max_leased_tasks: None,
+        },
+        _ => QueueLimits {
+            dispatch_rate_per_second: Some(2.0),
+            dispatch_burst: None,
+            max_leased_tasks: Some(world.rng.random_range(1..=3)),
+        },
+    };
+    world.trace(|| format!("operator limits activity tasks: {limits:?}"));
+    let set = queue_limits::set(&world.app, NAMESPACE, QUEUE, TaskKind::Activity, limits).await;
+    world.declined(set)?;
+    Ok(Acted::Done)
+}
+
+/// No lease takes the queue's activity tasks past the leased-task cap an operator set.
+pub(crate) async fn check_activity_cap(world: &mut World) -> Result<(), Failure> {
+    let set = world.store().queue_limits(NAMESPACE, QUEUE).await;
+    let set = set.map_err(|e| world.fail(format!("queue limits: {e}")))?;
+    let capped = set.iter().find(|s| s.kind == TaskKind::Activity);
+    if let Some(state) = capped {
+        if state.limits.max_leased_tasks.is_some_and(|cap| state.leased > u64::from(cap)) {
+            return Err(world.fail(format!("a lease took the activity tasks past their cap: {state:?}")));
+        }
+    }
+    Ok(())
 }

@@ -231,6 +231,7 @@ impl Workers {
         };
         self.note_fence(world, &task)?;
         world.seen.acknowledge(&run);
+        crate::clients::operators::check_activity_cap(world).await?;
         let TaskDetail::Activity {
             attempt_id: Some(attempt_id),
             ..

@@ -1,7 +1,7 @@
 //! The worker fleet: registrations, sessions, build-id rollouts, task queues.
 
 use crate::backend::Backend;
-use crate::logic::{admin, fleet, sessions};
+use crate::logic::{admin, fleet, flow, sessions};
 use crate::*;
 
 /// Workers, task queues and build-id rollouts.
@@ -131,6 +131,32 @@ pub trait FleetStore: Backend {
     fn priority_fairness(&self, namespace: &str, queue: &str, now: Millis) -> impl Future<Output = StoreResult<QueueShares>> + Send {
         let (namespace, queue, env) = (namespace.to_string(), queue.to_string(), self.env().clone());
         self.read(move |tx| Box::pin(async move { fleet::priority_fairness(tx, &namespace, &queue, now, &env).await }))
+    }
+
+    /// Sets the flow-control limits of one queue and task kind (no limit in `limits`: clears
+    /// them); in force for this process's next claim, and on other nodes within a second.
+    fn set_queue_limits(
+        &self,
+        namespace: &str,
+        queue: &str,
+        kind: TaskKind,
+        limits: capstan_engine::flow::QueueLimits,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let (namespace, queue, env) = (namespace.to_string(), queue.to_string(), self.env().clone());
+        async move {
+            let (ns, q) = (namespace.clone(), queue.clone());
+            self.write(move |tx| Box::pin(async move { flow::set(tx, &ns, &q, kind, &limits, now).await }))
+                .await?;
+            env.limited.add(&namespace, &queue, kind);
+            Ok(())
+        }
+    }
+
+    /// The flow-control limits set on one queue, per task kind.
+    fn queue_limits(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<QueueLimitState>>> + Send {
+        let (namespace, queue) = (namespace.to_string(), queue.to_string());
+        self.read(move |tx| Box::pin(async move { flow::of_queue(tx, &namespace, &queue).await }))
     }
 
     /// Registrations on one task queue (for query routing: who can answer).

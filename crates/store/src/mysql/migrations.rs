@@ -125,4 +125,11 @@ ALTER TABLE tasks ADD COLUMN priority SMALLINT NOT NULL DEFAULT 5, ADD COLUMN fa
 CREATE INDEX tasks_dispatch ON tasks (status, namespace(128), kind, queue(255), priority, available_at);
 "#,
     ),
+    (
+        29,
+        r#"
+CREATE TABLE IF NOT EXISTS queue_limits (namespace VARCHAR(255) NOT NULL, task_queue VARCHAR(255) NOT NULL, kind VARCHAR(32) NOT NULL,
+  limits TEXT NOT NULL, bucket TEXT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (namespace, task_queue, kind)) {table};
+"#,
+    ),
 ];

@@ -4,7 +4,7 @@
 
 use super::{SharedStore, SharedTx};
 use crate::backend::Claim;
-use crate::logic::{actions, claim, locate};
+use crate::logic::{actions, claim, flow, locate};
 use crate::tx::{Param, Tx};
 use crate::*;
 use serde_json::Value;
@@ -20,6 +20,7 @@ impl SharedStore {
         let mut passed: Vec<String> = Vec::new();
         for _ in 0..4 {
             let mut tx = self.begin().await?;
+            let admitted = flow::admit(&mut tx, &wanted, &self.env).await?;
             let mut leasing = None;
             for candidate in claim::candidates(&mut tx, &wanted, &passed, &self.env).await? {
                 if let Some(run) = locate::lock_run(&mut tx, &candidate.run_id, true).await? {
@@ -29,6 +30,9 @@ impl SharedStore {
             }
             let Some((candidate, run)) = leasing else { return Ok(None) };
             let claimed = claim::lease_candidate(&mut tx, run, candidate.task_id.clone(), &poller, wanted.now, &self.env).await?;
+            if let (claim::Claimed::Leased(_), Some(admitted)) = (&claimed, admitted) {
+                flow::leased_one(&mut tx, &wanted, admitted).await?;
+            }
             self.commit(tx).await?;
             match claimed {
                 claim::Claimed::Leased(leased) => {

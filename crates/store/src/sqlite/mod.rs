@@ -8,7 +8,7 @@ mod writer;
 pub(crate) use writer::note_io_failure;
 
 use crate::backend::{Backend, Claim, Unit};
-use crate::logic::{actions, claim, locate};
+use crate::logic::{actions, claim, flow, locate};
 use crate::*;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
@@ -160,6 +160,7 @@ impl Backend for SqliteStore {
         self.writer
             .write_tx(move |tx| {
                 let poller = wanted.poller();
+                let admitted = drive(flow::admit(tx, &wanted, &env))?;
                 for candidate in drive(claim::candidates(tx, &wanted, &[], &env))? {
                     let Some(run) = drive(locate::lock_run(tx, &candidate.run_id, false))? else {
                         continue;
@@ -173,6 +174,9 @@ impl Backend for SqliteStore {
                         &env,
                     ))? {
                         claim::Claimed::Leased(leased) => {
+                            if let Some(admitted) = admitted {
+                                drive(flow::leased_one(tx, &wanted, admitted))?;
+                            }
                             claim::dispatched(&wanted, &candidate, &env);
                             return Ok(Some(*leased));
                         }

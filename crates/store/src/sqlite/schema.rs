@@ -542,6 +542,22 @@ ALTER TABLE tasks ADD COLUMN fairness_weight INTEGER NOT NULL DEFAULT 1;
 CREATE INDEX tasks_dispatch ON tasks (namespace, kind, queue, priority, available_at) WHERE status = 'ready';
 "#,
     ),
+    (
+        28,
+        r#"
+-- Flow control an operator sets per queue and task kind: the limits (JSON) and the rate
+-- limit's token bucket (JSON), locked by every claim of the queue.
+CREATE TABLE queue_limits (
+    namespace   TEXT NOT NULL,
+    task_queue  TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    limits      TEXT NOT NULL,
+    bucket      TEXT NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    PRIMARY KEY (namespace, task_queue, kind)
+);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -9,6 +9,7 @@ mod catalog;
 mod credentials;
 mod dispatch;
 mod external_payloads;
+mod flow;
 mod operators;
 mod schedules;
 mod service_calls;
@@ -21,6 +22,7 @@ pub use catalog::*;
 pub use credentials::*;
 pub use dispatch::*;
 pub use external_payloads::*;
+pub use flow::*;
 pub use operators::*;
 pub use schedules::*;
 pub use service_calls::*;
@@ -1496,6 +1498,8 @@ macro_rules! store_suite {
             claims_take_the_most_urgent_task_first,
             fairness_classes_share_a_priority_by_weight,
             a_queue_shows_its_ready_tasks_by_priority_and_class,
+            a_leased_task_cap_holds_claims_back,
+            a_dispatch_rate_lets_its_burst_through_then_holds_the_rate,
             worker_sessions_are_acquired_renewed_and_closed,
             claims_offer_a_session_activity_only_to_who_may_hold_the_session,
             fenced_deregistrations_keep_their_receipt,

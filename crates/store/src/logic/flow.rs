@@ -1,0 +1,133 @@
+//! Flow control in the claim transaction: a queue's limits row, locked by every claim of the
+//! queue (so nodes sharing the database take turns and never exceed a limit together), admits a
+//! lease or holds the claim back (`task_queue_throttled` with `retry_after_ms`), and records
+//! the lease in its bucket. Setting and reading the limits.
+
+use crate::backend::Claim;
+use crate::tx::{args, locking, Locking, Tx};
+use crate::*;
+use capstan_engine::flow::{self, Bucket, QueueLimits};
+use std::collections::BTreeSet;
+
+const LIMITED_QUEUES: &str = "SELECT namespace, task_queue, kind FROM queue_limits";
+const LOCK_LIMITS: Locking = locking!(
+    "SELECT limits, bucket FROM queue_limits WHERE namespace = $1 AND task_queue = $2 AND kind = $3",
+    "FOR UPDATE"
+);
+const LEASED: &str = "SELECT COUNT(*) FROM tasks WHERE namespace = $1 AND queue = $2 AND kind = $3 AND status = 'leased'";
+const SAVE_BUCKET: &str = "UPDATE queue_limits SET bucket = $4 WHERE namespace = $1 AND task_queue = $2 AND kind = $3";
+const UPSERT_LIMITS: &str = "INSERT INTO queue_limits (namespace, task_queue, kind, limits, bucket, updated_at) VALUES ($1, $2, $3, $4, $5, $6)
+     ON CONFLICT (namespace, task_queue, kind) DO UPDATE SET limits = excluded.limits, bucket = excluded.bucket, updated_at = excluded.updated_at";
+const DELETE_LIMITS: &str = "DELETE FROM queue_limits WHERE namespace = $1 AND task_queue = $2 AND kind = $3";
+const QUEUE_LIMITS: &str =
+    "SELECT kind, limits, bucket, updated_at FROM queue_limits WHERE namespace = $1 AND task_queue = $2 ORDER BY kind";
+
+/// A claim let through by its queue's limits, to be recorded in the bucket when it leases.
+pub(crate) struct Admitted {
+    limits: QueueLimits,
+    bucket: Bucket,
+}
+
+/// Holds the claim back when the queue's limits allow no lease now; `None` when the queue has
+/// none. The limits row stays locked until the claim's transaction ends.
+pub(crate) async fn admit<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> StoreResult<Option<Admitted>> {
+    let (namespace, queue, kind, now) = (wanted.namespace.as_str(), wanted.queue.as_str(), wanted.kind, wanted.now);
+    if env.limited.stale(now) {
+        let mut keys = BTreeSet::new();
+        for row in tx.query(LIMITED_QUEUES, &[]).await? {
+            keys.insert((row.text(0)?, row.text(1)?, row.text(2)?));
+        }
+        env.limited.replace(keys, now);
+    }
+    if !env.limited.contains(namespace, queue, kind) {
+        return Ok(None);
+    }
+    let sql = LOCK_LIMITS.sql(tx.dialect());
+    let Some(row) = tx.query_opt(sql, &args![namespace, queue, kind.as_str()]).await? else {
+        return Ok(None);
+    };
+    let limits: QueueLimits = serde_json::from_str(row.str(0)?)?;
+    let bucket: Bucket = serde_json::from_str(row.str(1)?)?;
+    let leased = match limits.max_leased_tasks {
+        Some(_) => leased(tx, namespace, queue, kind).await?,
+        None => 0,
+    };
+    match flow::admit(&limits, bucket, leased, now) {
+        (bucket, Ok(())) => Ok(Some(Admitted { limits, bucket })),
+        (_, Err((held, retry_after_ms))) => Err(Refusal::new(
+            Reason::TaskQueueThrottled,
+            "The queue's flow-control limits hold this claim back.",
+        )
+        .with("held_by", held.as_str())
+        .with("retry_after_ms", retry_after_ms)
+        .into()),
+    }
+}
+
+/// One lease went out under `admitted`: its bucket pays for it.
+pub(crate) async fn leased_one<T: Tx>(tx: &mut T, wanted: &Claim, admitted: Admitted) -> StoreResult<()> {
+    let bucket = flow::spend(&admitted.limits, admitted.bucket);
+    let bucket = serde_json::to_string(&bucket)?;
+    let args = args![
+        wanted.namespace.as_str(),
+        wanted.queue.as_str(),
+        wanted.kind.as_str(),
+        bucket.as_str()
+    ];
+    tx.execute(SAVE_BUCKET, &args).await.map(drop)
+}
+
+async fn leased<T: Tx>(tx: &mut T, namespace: &str, queue: &str, kind: TaskKind) -> StoreResult<u64> {
+    let row = tx.query_opt(LEASED, &args![namespace, queue, kind.as_str()]).await?;
+    Ok(row.map(|r| r.int(0)).transpose()?.unwrap_or(0).max(0) as u64)
+}
+
+/// Sets (or with no limit in it, clears) the limits of one queue and kind. A new limit starts
+/// with a full bucket; a changed one keeps what is left of its bucket, up to the new burst.
+pub(crate) async fn set<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    queue: &str,
+    kind: TaskKind,
+    limits: &QueueLimits,
+    now: Millis,
+) -> StoreResult<()> {
+    let key = args![namespace, queue, kind.as_str()];
+    if limits.is_empty() {
+        return tx.execute(DELETE_LIMITS, &key).await.map(drop);
+    }
+    let sql = LOCK_LIMITS.sql(tx.dialect());
+    let bucket = match tx.query_opt(sql, &key).await? {
+        Some(row) => {
+            let old: Bucket = serde_json::from_str(row.str(1)?)?;
+            Bucket {
+                tokens: old.tokens.min(limits.burst()),
+                ..old
+            }
+        }
+        None => limits.full(now),
+    };
+    let (limits, bucket) = (serde_json::to_string(limits)?, serde_json::to_string(&bucket)?);
+    let args = args![namespace, queue, kind.as_str(), limits.as_str(), bucket.as_str(), now];
+    tx.execute(UPSERT_LIMITS, &args).await.map(drop)
+}
+
+/// The limits set on a queue, per kind, with how many of its tasks are leased now.
+pub(crate) async fn of_queue<T: Tx>(tx: &mut T, namespace: &str, queue: &str) -> StoreResult<Vec<QueueLimitState>> {
+    let rows = tx.query(QUEUE_LIMITS, &args![namespace, queue]).await?;
+    let mut states = Vec::new();
+    for row in rows {
+        let kind = match row.str(0)? {
+            "workflow" => TaskKind::Workflow,
+            _ => TaskKind::Activity,
+        };
+        states.push(QueueLimitState {
+            kind,
+            limits: serde_json::from_str(row.str(1)?)?,
+            bucket: serde_json::from_str(row.str(2)?)?,
+            updated_at: row.int(3)?,
+            leased: leased(tx, namespace, queue, kind).await?,
+        });
+    }
+    Ok(states)
+}
