@@ -217,21 +217,28 @@ pub trait Tx: Send {
 
 /// `$n` placeholders as SQLite's `?n` (a bare `$n` is a *named* parameter there, numbered by
 /// first appearance, which would bind out of order). Quoted text is left alone.
-pub(crate) fn sqlite_placeholders(sql: &str) -> String {
+pub(crate) fn sqlite_placeholders(sql: &str) -> std::borrow::Cow<'_, str> {
+    // Every statement passes here: bytes, not chars (`$`, `'` and digits are ASCII, so the
+    // cuts fall on character boundaries), and copied in runs.
+    let bytes = sql.as_bytes();
+    if !bytes.contains(&b'$') {
+        return std::borrow::Cow::Borrowed(sql);
+    }
     let mut out = String::with_capacity(sql.len());
-    let mut quoted = false;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\'' {
-            quoted = !quoted;
-        }
-        if c == '$' && !quoted && chars.peek().is_some_and(|next| next.is_ascii_digit()) {
-            out.push('?');
-        } else {
-            out.push(c);
+    let (mut quoted, mut copied) = (false, 0);
+    for (at, byte) in bytes.iter().enumerate() {
+        match byte {
+            b'\'' => quoted = !quoted,
+            b'$' if !quoted && bytes.get(at + 1).is_some_and(u8::is_ascii_digit) => {
+                out.push_str(&sql[copied..at]);
+                out.push('?');
+                copied = at + 1;
+            }
+            _ => {}
         }
     }
-    out
+    out.push_str(&sql[copied..]);
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]

@@ -155,18 +155,15 @@ pub(crate) struct Candidate {
 /// claim already passed over.
 pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[String], env: &Env) -> StoreResult<Vec<Candidate>> {
     let types = &wanted.types;
-    let sql = format!(
-        "SELECT t.task_id, t.run_id, t.priority, t.fairness_key, t.fairness_weight FROM tasks t
-         WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
-           AND (t.compatibility IS NULL
-                OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $5))
-           AND {} AND {}{}{}
-         ORDER BY t.priority, t.available_at, t.task_id LIMIT {CANDIDATES}",
-        sticky_free("t", "$5", "$4"),
-        session_free("t", "$5", "$4"),
-        super::listing::any_of("t.type_name", types, 5),
-        not_any_of("t.task_id", passed, 5 + types.len()),
-    );
+    // The usual claim (any type, nothing passed over yet) reads one text, built once.
+    static ANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| candidates_sql(&[], &[]));
+    let built;
+    let sql = if types.is_empty() && passed.is_empty() {
+        ANY.as_str()
+    } else {
+        built = candidates_sql(types, passed);
+        built.as_str()
+    };
     let mut params = args![
         wanted.namespace.as_str(),
         wanted.kind.as_str(),
@@ -177,7 +174,7 @@ pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[Stri
     .to_vec();
     params.extend(types.iter().chain(passed).map(crate::tx::Param::from));
     let mut read = Vec::new();
-    for row in tx.query(&sql, &params).await? {
+    for row in tx.query(sql, &params).await? {
         let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
         let class = row.opt_str(3)?.unwrap_or(capstan_engine::scheduling::DEFAULT_CLASS).to_string();
         let weight = u16::try_from(row.int(4)?).unwrap_or(1);
@@ -204,6 +201,22 @@ pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[Stri
         .order(&wanted.namespace, wanted.kind, &wanted.queue, &offered, wanted.now);
     let mut slots: Vec<Option<Candidate>> = read.into_iter().map(|(c, _, _)| Some(c)).collect();
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
+}
+
+/// The candidate read for a poller of `types` (any when empty), passing over `passed`.
+fn candidates_sql(types: &[String], passed: &[String]) -> String {
+    format!(
+        "SELECT t.task_id, t.run_id, t.priority, t.fairness_key, t.fairness_weight FROM tasks t
+         WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
+           AND (t.compatibility IS NULL
+                OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $5))
+           AND {} AND {}{}{}
+         ORDER BY t.priority, t.available_at, t.task_id LIMIT {CANDIDATES}",
+        sticky_free("t", "$5", "$4"),
+        session_free("t", "$5", "$4"),
+        super::listing::any_of("t.type_name", types, 5),
+        not_any_of("t.task_id", passed, 5 + types.len()),
+    )
 }
 
 /// A candidate of `wanted`'s queue was leased: its class counts one more recent dispatch.

@@ -14,7 +14,8 @@ const LOCK_LIMITS: Locking = locking!(
     "SELECT limits, bucket FROM queue_limits WHERE namespace = $1 AND task_queue = $2 AND kind = $3",
     "FOR UPDATE"
 );
-const LEASED: &str = "SELECT COUNT(*) FROM tasks WHERE namespace = $1 AND queue = $2 AND kind = $3 AND status = 'leased'";
+/// Served by `tasks_leased` (MySQL: `tasks_ready`, which leads with the status).
+const LEASED: &str = "SELECT COUNT(*) FROM tasks WHERE status = 'leased' AND namespace = $1 AND kind = $3 AND queue = $2";
 const SAVE_BUCKET: &str = "UPDATE queue_limits SET bucket = $4 WHERE namespace = $1 AND task_queue = $2 AND kind = $3";
 const UPSERT_LIMITS: &str = "INSERT INTO queue_limits (namespace, task_queue, kind, limits, bucket, updated_at) VALUES ($1, $2, $3, $4, $5, $6)
      ON CONFLICT (namespace, task_queue, kind) DO UPDATE SET limits = excluded.limits, bucket = excluded.bucket, updated_at = excluded.updated_at";

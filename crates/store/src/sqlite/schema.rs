@@ -540,6 +540,8 @@ ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 5;
 ALTER TABLE tasks ADD COLUMN fairness_key TEXT;
 ALTER TABLE tasks ADD COLUMN fairness_weight INTEGER NOT NULL DEFAULT 1;
 CREATE INDEX tasks_dispatch ON tasks (namespace, kind, queue, priority, available_at) WHERE status = 'ready';
+-- A queue's leased tasks, counted by every claim of a queue with a leased-task cap.
+CREATE INDEX tasks_leased ON tasks (namespace, kind, queue) WHERE status = 'leased';
 "#,
     ),
     (
