@@ -431,14 +431,25 @@ class BackgroundWorker:
 
     async def start(self, ready_timeout: float = 20.0) -> BackgroundWorker:
         self.client = make_client(self.base_url, namespace=self.namespace, token=self.token)
-        self.worker = Worker(
-            self.client,
-            task_queue=self.task_queue,
-            workflows=self.workflows,
-            activities=self.activities,
-            worker_id=self.name,
-            **self.worker_options,
-        )
+        for attempt in range(3):
+            try:
+                self.worker = Worker(
+                    self.client,
+                    task_queue=self.task_queue,
+                    workflows=self.workflows,
+                    activities=self.activities,
+                    worker_id=self.name,
+                    **self.worker_options,
+                )
+                break
+            except SystemError as error:
+                # The SDK parses each workflow class's source here (its definition
+                # fingerprint). CPython 3.11 keeps the AST constructor's recursion depth per
+                # interpreter, not per thread, so a parse that races another thread's can fail
+                # with "AST constructor recursion depth mismatch" (fixed in later CPythons);
+                # parsing again is sound.
+                if "recursion depth mismatch" not in str(error) or attempt == 2:
+                    raise
         self.task = asyncio.create_task(self.worker.run(), name=f"worker {self.name}")
         # Worker.run() registers first (reads /api/cluster/info, then
         # POST /api/worker/register) and sets this event either way.
