@@ -277,28 +277,13 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                 fairness_key,
                 fairness_weight,
             } => {
-                let mut body = json!({"workflow_type": workflow_type, "task_queue": task_queue, "input": arguments(input.as_deref())?});
-                let texts = [
-                    ("workflow_id", workflow_id),
-                    ("business_key", business_key),
-                    ("build_id", build_id),
-                    ("fairness_key", fairness_key),
-                ];
-                for (key, value) in texts {
-                    if let Some(value) = value {
-                        body[key] = json!(value);
-                    }
-                }
-                let numbers = [
-                    ("execution_timeout_seconds", execution_timeout_seconds),
-                    ("priority", priority),
-                    ("fairness_weight", fairness_weight),
-                ];
-                for (key, value) in numbers {
-                    if let Some(value) = value {
-                        body[key] = json!(value);
-                    }
-                }
+                // A field left out goes as null: the server reads null as not given.
+                let body = json!({
+                    "workflow_type": workflow_type, "task_queue": task_queue, "input": arguments(input.as_deref())?,
+                    "workflow_id": workflow_id, "business_key": business_key, "build_id": build_id,
+                    "execution_timeout_seconds": execution_timeout_seconds,
+                    "priority": priority, "fairness_key": fairness_key, "fairness_weight": fairness_weight,
+                });
                 let started = client.call(Method::POST, "/workflows", Some(body)).await?;
                 print(output, &started, &["workflow_id", "run_id", "workflow_type", "outcome"], None);
             }

@@ -60,10 +60,6 @@ impl RecentDispatch {
     pub fn scores(&self, now: Millis) -> Vec<(String, f64)> {
         self.classes.iter().map(|(class, s)| (class.clone(), s.at(now))).collect()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.classes.is_empty()
-    }
 }
 
 /// The order to offer `candidates` in, as indices into it: ascending priority, and inside a

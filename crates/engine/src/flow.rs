@@ -114,18 +114,16 @@ pub fn admit(limits: &QueueLimits, bucket: Bucket, leased: u64, now: Millis) -> 
     (bucket, Ok(()))
 }
 
-/// The bucket after one lease went out.
-pub fn spend(limits: &QueueLimits, bucket: Bucket) -> Bucket {
-    match limits.dispatch_rate_per_second {
-        Some(_) => Bucket {
-            tokens: bucket.tokens - 1.0,
-            ..bucket
-        },
-        None => bucket,
-    }
+/// The bucket after one lease went out; `None` without a rate (nothing to pay, nothing to keep).
+pub fn spend(limits: &QueueLimits, bucket: Bucket) -> Option<Bucket> {
+    limits.dispatch_rate_per_second.map(|_| Bucket {
+        tokens: bucket.tokens - 1.0,
+        ..bucket
+    })
 }
 
-fn refill(limits: &QueueLimits, bucket: Bucket, now: Millis) -> Bucket {
+/// The bucket as of `now`: refilled at the rate since it was last written, up to the burst.
+pub fn refill(limits: &QueueLimits, bucket: Bucket, now: Millis) -> Bucket {
     let Some(rate) = limits.dispatch_rate_per_second else {
         return Bucket {
             tokens: 0.0,
@@ -180,7 +178,7 @@ mod tests {
             bucket = refilled;
             match admitted {
                 Ok(()) => {
-                    bucket = spend(&limits, bucket);
+                    bucket = spend(&limits, bucket).expect("a rate keeps a bucket");
                     leased_at.push(now);
                 }
                 Err((held, wait)) => {

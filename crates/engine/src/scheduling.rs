@@ -47,12 +47,17 @@ impl Default for TaskScheduling {
 impl TaskScheduling {
     /// The fairness class the run's tasks count in.
     pub fn class(&self) -> &str {
-        self.fairness_key.as_deref().unwrap_or(DEFAULT_CLASS)
+        class_of(self.fairness_key.as_deref())
     }
 
     pub fn is_default(&self) -> bool {
         *self == Self::default()
     }
+}
+
+/// The fairness class of a fairness key: the key, or the shared default class without one.
+pub fn class_of(fairness_key: Option<&str>) -> &str {
+    fairness_key.unwrap_or(DEFAULT_CLASS)
 }
 
 /// A requested priority, or the contract's message when it is out of range.

@@ -1,18 +1,19 @@
 //! The guarantees checked after every step and at the end (see [`check_run`]): chains,
 //! acknowledged heads, one terminal fact per durable id, principals, fences, leases, settled
-//! updates, schedules, redrives, no retry of an unknown outcome, and liveness. They read the
+//! updates, schedules, redrives, no retry of an unknown outcome, activity leases within their
+//! cap, and liveness. They read the
 //! world's store and what it has seen, and what the clients know they asked for.
 
 use crate::clients::Clients;
 use crate::program::nexus::check_service_calls;
 use crate::program::Programs;
 use crate::report::Failure;
-use crate::workload::{CHILD_TYPE, NAMESPACE, SIMULATED_CLIENT, SIMULATED_OPERATOR, SIMULATED_WORKER};
+use crate::workload::{CHILD_TYPE, NAMESPACE, QUEUE, SIMULATED_CLIENT, SIMULATED_OPERATOR, SIMULATED_WORKER};
 use crate::world::World;
 use capstan_engine::sticky::STICKY_HOLD_MS;
 use capstan_engine::{
     verify_chain_from, ActivityLeaseGrant, EventType, HistoryEvent, Millis, Principal, ReplayMode, RunId, RunState, Task, TaskDetail,
-    TaskId, UpdateStatus, WorkflowId,
+    TaskId, TaskKind, UpdateStatus, WorkflowId,
 };
 use capstan_store::{FleetStore, RunLocator, RunStore, ScheduleStore};
 use serde_json::{json, Value};
@@ -436,6 +437,19 @@ fn check_unknown_not_retried(world: &mut World, run: &RunState, events: &[Histor
             None => {
                 world.seen.blocked.insert(key, started);
             }
+        }
+    }
+    Ok(())
+}
+
+/// No lease takes the queue's activity tasks past the leased-task cap an operator set.
+pub(crate) async fn check_activity_cap(world: &mut World) -> Result<(), Failure> {
+    let set = world.store().queue_limits(NAMESPACE, QUEUE).await;
+    let set = set.map_err(|e| world.fail(format!("queue limits: {e}")))?;
+    let capped = set.iter().find(|s| s.kind == TaskKind::Activity);
+    if let Some(state) = capped {
+        if state.limits.max_leased_tasks.is_some_and(|cap| state.leased > u64::from(cap)) {
+            return Err(world.fail(format!("a lease took the activity tasks past their cap: {state:?}")));
         }
     }
     Ok(())

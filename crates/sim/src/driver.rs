@@ -4,7 +4,7 @@
 //! must finish), and ends with the checks of the whole seed.
 
 use crate::checks::{check_all, check_settled, check_touched};
-use crate::clients::operators::{limit_activities, resolve_one_unknown, resolve_unknown};
+use crate::clients::operators::{limit_activities, resolve_one_unknown, resolve_unknown, set_activity_limits};
 use crate::clients::queries::send_query;
 use crate::clients::schedules::pause_or_resume;
 use crate::clients::{request_cooperative_cancellation, Clients};
@@ -199,7 +199,8 @@ impl Sim {
         } = self;
         nodes.wake_all(world).await?;
         workers.register(world).await?;
-        lift_limits(world).await?;
+        // A slow rate must not read as a liveness failure: operators lift the limits.
+        set_activity_limits(world, Default::default()).await?;
         clients.redrive_every_failed(world).await?;
         while let Some(delivery) = workers.held.next() {
             world.step += 1;
@@ -256,18 +257,4 @@ async fn open_workflows(world: &mut World) -> Result<Vec<String>, Failure> {
         }
     }
     Ok(open)
-}
-
-/// Operators lift the queue's limits when the faults end: a slow rate must not read as a
-/// liveness failure.
-async fn lift_limits(world: &mut World) -> Result<(), Failure> {
-    let lifted = capstan_app::queue_limits::set(
-        &world.app,
-        crate::workload::NAMESPACE,
-        crate::workload::QUEUE,
-        capstan_engine::TaskKind::Activity,
-        Default::default(),
-    )
-    .await;
-    world.declined(lifted).map(drop)
 }

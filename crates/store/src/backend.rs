@@ -13,7 +13,7 @@
 //! databases (`shared/`) run them on a pooled connection. Units are `'static` because SQLite's
 //! writer needs owned jobs: the contract passes owned arguments.
 
-use crate::logic::{claim, integrity};
+use crate::logic::integrity;
 use crate::tx::Tx;
 use crate::*;
 use std::pin::Pin;
@@ -33,18 +33,6 @@ pub struct Claim {
     pub lease_ms: i64,
     pub now: Millis,
     pub poll: Option<PollKey>,
-}
-
-impl Claim {
-    /// Who claims, as the shared claim logic judges a candidate.
-    pub(crate) fn poller(&self) -> claim::Poller<'_> {
-        claim::Poller {
-            kind: self.kind,
-            owner: &self.owner,
-            lease_ms: self.lease_ms,
-            poll: self.poll.as_ref(),
-        }
-    }
 }
 
 /// A database the store runs on. See the module documentation.

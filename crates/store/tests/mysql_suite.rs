@@ -72,6 +72,13 @@ async fn a_ready_task_on_one_node_wakes_pollers_on_another() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_set_on_one_node_holds_on_another_within_a_second() {
+    let (node_a, guard) = fresh().await;
+    let node_b = in_database(&guard.name).await;
+    capstan_store::suite::a_limit_set_on_one_node_holds_on_another_within_a_second(node_a, node_b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_together_keep_a_leased_task_cap() {
     let (node_a, guard) = fresh().await;
     let node_b = in_database(&guard.name).await;

@@ -95,8 +95,7 @@ pub async fn set_limits<S: Store>(
         dispatch_burst: f.opt_int("dispatch_burst", 0, bound)?.map(|b| b as u32),
         max_leased_tasks: f.opt_int("max_leased_tasks", 0, bound)?.map(|m| m as u32),
     };
-    queue_limits::set(&*state, &namespace, &queue, queue_limits::kind_named(&kind)?, limits).await?;
-    Ok(Json(limits_json(&state, &namespace, &queue).await?))
+    set_and_show(&state, &namespace, &queue, &kind, limits).await
 }
 
 /// `DELETE /api/task-queues/{task_queue}/limits/{kind}`: no limits on the kind.
@@ -107,19 +106,29 @@ pub async fn clear_limits<S: Store>(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
-    let kind = queue_limits::kind_named(&kind)?;
-    queue_limits::set(&*state, &namespace, &queue, kind, QueueLimits::default()).await?;
-    Ok(Json(limits_json(&state, &namespace, &queue).await?))
+    set_and_show(&state, &namespace, &queue, &kind, QueueLimits::default()).await
+}
+
+/// Sets the limits of the kind named `kind`, and answers the queue's limits as they now are.
+async fn set_and_show<S: Store>(
+    state: &Shared<S>,
+    namespace: &str,
+    queue: &str,
+    kind: &str,
+    limits: QueueLimits,
+) -> ApiResult<Json<Value>> {
+    queue_limits::set(&**state, namespace, queue, queue_limits::kind_named(kind)?, limits).await?;
+    Ok(Json(limits_json(state, namespace, queue).await?))
 }
 
 async fn limits_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) -> ApiResult<Value> {
     let set = queue_limits::of_queue(&**state, namespace, queue).await?;
     let of_kind = |kind: TaskKind| {
         set.iter().find(|s| s.kind == kind).map(|s| {
-            let tokens = s.limits.dispatch_rate_per_second.map(|_| {
-                let (bucket, _) = capstan_engine::flow::admit(&s.limits, s.bucket, 0, state.now());
-                bucket.tokens
-            });
+            let tokens = s
+                .limits
+                .dispatch_rate_per_second
+                .map(|_| capstan_engine::flow::refill(&s.limits, s.bucket, state.now()).tokens);
             json!({
                 "dispatch_rate_per_second": s.limits.dispatch_rate_per_second,
                 "dispatch_burst": s.limits.dispatch_rate_per_second.map(|_| s.limits.burst() as u64),

@@ -8,7 +8,7 @@ use crate::world::{Acted, World};
 use capstan_app::{ledger, queue_limits};
 use capstan_engine::flow::QueueLimits;
 use capstan_engine::{LedgerDecision, LedgerState, Payload, Principal, TaskKind};
-use capstan_store::{FleetStore, LedgerFilter, LedgerStore};
+use capstan_store::{LedgerFilter, LedgerStore};
 use rand::Rng;
 use serde_json::json;
 
@@ -79,21 +79,13 @@ pub(crate) async fn limit_activities(world: &mut World) -> Result<Acted, Failure
             max_leased_tasks: Some(world.rng.random_range(1..=3)),
         },
     };
-    world.trace(|| format!("operator limits activity tasks: {limits:?}"));
-    let set = queue_limits::set(&world.app, NAMESPACE, QUEUE, TaskKind::Activity, limits).await;
-    world.declined(set)?;
+    set_activity_limits(world, limits).await?;
     Ok(Acted::Done)
 }
 
-/// No lease takes the queue's activity tasks past the leased-task cap an operator set.
-pub(crate) async fn check_activity_cap(world: &mut World) -> Result<(), Failure> {
-    let set = world.store().queue_limits(NAMESPACE, QUEUE).await;
-    let set = set.map_err(|e| world.fail(format!("queue limits: {e}")))?;
-    let capped = set.iter().find(|s| s.kind == TaskKind::Activity);
-    if let Some(state) = capped {
-        if state.limits.max_leased_tasks.is_some_and(|cap| state.leased > u64::from(cap)) {
-            return Err(world.fail(format!("a lease took the activity tasks past their cap: {state:?}")));
-        }
-    }
-    Ok(())
+/// An operator sets the queue's activity limits to `limits` (none: lifts them).
+pub(crate) async fn set_activity_limits(world: &mut World, limits: QueueLimits) -> Result<(), Failure> {
+    world.trace(|| format!("operator limits activity tasks: {limits:?}"));
+    let set = queue_limits::set(&world.app, NAMESPACE, QUEUE, TaskKind::Activity, limits).await;
+    world.declined(set).map(drop)
 }

@@ -14,7 +14,7 @@ pub(crate) mod deliveries;
 mod local;
 pub(crate) mod probes;
 
-use crate::checks::{check_replay_mode, check_session_holder};
+use crate::checks::{check_activity_cap, check_replay_mode, check_session_holder};
 use crate::clients::request_cooperative_cancellation;
 use crate::program::replay::{command_identity, decide};
 use crate::program::Programs;
@@ -231,7 +231,7 @@ impl Workers {
         };
         self.note_fence(world, &task)?;
         world.seen.acknowledge(&run);
-        crate::clients::operators::check_activity_cap(world).await?;
+        check_activity_cap(world).await?;
         let TaskDetail::Activity {
             attempt_id: Some(attempt_id),
             ..

@@ -23,14 +23,6 @@ pub(crate) enum Claimed {
     Skipped,
 }
 
-/// What a poller asks for.
-pub(crate) struct Poller<'a> {
-    pub kind: TaskKind,
-    pub owner: &'a str,
-    pub lease_ms: i64,
-    pub poll: Option<&'a PollKey>,
-}
-
 const REMEMBER_POLL: &str =
     "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -38,41 +30,44 @@ const REMEMBER_POLL: &str =
      DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at";
 const REPAIR_ROW: &str = "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'";
 
-/// Leases `task_id` of the locked `run` to the poller and persists the lease.
+/// Leases `candidate` of the locked `run` to the poller of `wanted` and persists the lease; a
+/// lease pays the queue's rate limit (`admitted`, when the queue has limits) and counts in its
+/// fairness class's recent dispatch.
 pub(crate) async fn lease_candidate<T: Tx>(
     tx: &mut T,
     mut run: RunState,
-    task_id: TaskId,
-    poller: &Poller<'_>,
-    now: Millis,
+    candidate: &Candidate,
+    wanted: &Claim,
+    admitted: Option<&super::flow::Admitted>,
     env: &Env,
 ) -> StoreResult<Claimed> {
+    let (task_id, now) = (candidate.task_id.clone(), wanted.now);
     let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
         TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
         _ => None,
     });
     // A declared action is checked against its definition as of now, in this transaction, and
     // ledgered before the worker sees it.
-    let definition = match (poller.kind, activity_type) {
+    let definition = match (wanted.kind, activity_type) {
         (TaskKind::Activity, Some(activity_type)) => super::actions::action_definition(tx, &run.namespace, &activity_type).await?,
         _ => None,
     };
     // A session activity runs only on the session's holder: admitted (the session created,
     // renewed or taken over) in this transaction, or left for a worker that may run it.
-    if poller.kind == TaskKind::Activity {
+    if wanted.kind == TaskKind::Activity {
         let requirement = run.tasks.get(&task_id).and_then(|task| run.session_of(task)).cloned();
         if let Some(requirement) = requirement {
-            let admitted = super::sessions::admit_activity(tx, &run.namespace, &requirement, &task_id, poller.owner, now).await?;
-            if admitted.is_none() {
+            let session = super::sessions::admit_activity(tx, &run.namespace, &requirement, &task_id, &wanted.owner, now).await?;
+            if session.is_none() {
                 return Ok(Claimed::Skipped);
             }
         }
     }
     let mut ids = env.ids();
     let mut cx = env.cx(now, &mut ids);
-    let leased = match poller.kind {
-        TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, poller.owner, poller.lease_ms).map(Some),
-        TaskKind::Activity => lease_activity_task_with(&mut run, &mut cx, &task_id, poller.owner, poller.lease_ms, definition.as_ref()),
+    let leased = match wanted.kind {
+        TaskKind::Workflow => lease_workflow_task(&mut run, &mut cx, &task_id, &wanted.owner, wanted.lease_ms).map(Some),
+        TaskKind::Activity => lease_activity_task_with(&mut run, &mut cx, &task_id, &wanted.owner, wanted.lease_ms, definition.as_ref()),
         _ => return Ok(Claimed::Stale),
     };
     let effects = cx.effects;
@@ -83,9 +78,14 @@ pub(crate) async fn lease_candidate<T: Tx>(
         }
         Ok(Some(task)) => {
             persist(tx, &run, &effects, false, env).await?;
-            if let Some(key) = poller.poll {
+            if let Some(key) = &wanted.poll {
                 remember_poll(tx, key, &task, now).await?;
             }
+            if let Some(admitted) = admitted {
+                super::flow::leased_one(tx, wanted, admitted).await?;
+            }
+            env.dispatch
+                .record(&wanted.namespace, wanted.kind, &wanted.queue, &candidate.class, now);
             Ok(Claimed::Leased(Box::new((task, run))))
         }
         Err(refusal) => {
@@ -176,7 +176,7 @@ pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[Stri
     let mut read = Vec::new();
     for row in tx.query(sql, &params).await? {
         let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
-        let class = row.opt_str(3)?.unwrap_or(capstan_engine::scheduling::DEFAULT_CLASS).to_string();
+        let class = capstan_engine::scheduling::class_of(row.opt_str(3)?).to_string();
         let weight = u16::try_from(row.int(4)?).unwrap_or(1);
         read.push((
             Candidate {
@@ -217,12 +217,6 @@ fn candidates_sql(types: &[String], passed: &[String]) -> String {
         super::listing::any_of("t.type_name", types, 5),
         not_any_of("t.task_id", passed, 5 + types.len()),
     )
-}
-
-/// A candidate of `wanted`'s queue was leased: its class counts one more recent dispatch.
-pub(crate) fn dispatched(wanted: &Claim, candidate: &Candidate, env: &Env) {
-    env.dispatch
-        .record(&wanted.namespace, wanted.kind, &wanted.queue, &candidate.class, wanted.now);
 }
 
 /// `AND {column} NOT IN (…)` over `values`; nothing for an empty list.

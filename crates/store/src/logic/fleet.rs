@@ -3,6 +3,7 @@
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Row, Tx};
 use crate::*;
+use std::collections::BTreeMap;
 
 const LOCK_WORKER: Locking = locking!(
     "SELECT namespace, worker_id, task_queue, runtime, sdk_version, build_id, workflow_types, activity_types, fingerprints, document, status, registered_at, last_heartbeat_at
@@ -225,15 +226,14 @@ pub(crate) async fn task_queue_snapshot<T: Tx>(tx: &mut T, namespace: &str, queu
 
 /// See [`FleetStore::priority_fairness`](crate::FleetStore::priority_fairness).
 pub(crate) async fn priority_fairness<T: Tx>(tx: &mut T, namespace: &str, queue: &str, now: Millis, env: &Env) -> StoreResult<QueueShares> {
-    use capstan_engine::scheduling::DEFAULT_CLASS;
     let sql = "SELECT kind, priority, fairness_key, COUNT(*), MAX(fairness_weight) FROM tasks
                WHERE namespace = $1 AND queue = $2 AND status = 'ready' AND kind IN ('workflow', 'activity')
-               GROUP BY kind, priority, fairness_key";
+               GROUP BY kind, priority, fairness_key ORDER BY priority";
     let mut shares = QueueShares::default();
     for row in tx.query(sql, &args![namespace, queue]).await? {
-        let (kind, of_kind) = match row.str(0)? {
-            "workflow" => (TaskKind::Workflow, &mut shares.workflow),
-            _ => (TaskKind::Activity, &mut shares.activity),
+        let of_kind = match row.str(0)? {
+            "workflow" => &mut shares.workflow,
+            _ => &mut shares.activity,
         };
         let priority = u8::try_from(row.int(1)?).unwrap_or_default();
         let class = ClassCount {
@@ -242,21 +242,7 @@ pub(crate) async fn priority_fairness<T: Tx>(tx: &mut T, namespace: &str, queue:
             fairness_weight: u16::try_from(row.int(4)?).unwrap_or(1),
         };
         of_kind.ready_tasks += class.count;
-        let label = class.fairness_key.clone().unwrap_or_else(|| DEFAULT_CLASS.to_string());
-        if !of_kind
-            .recent_dispatch
-            .iter()
-            .any(|(key, _)| key.as_deref().unwrap_or(DEFAULT_CLASS) == label)
-        {
-            let score = env
-                .dispatch
-                .scores(namespace, kind, queue, now)
-                .into_iter()
-                .find(|(c, _)| *c == label)
-                .map_or(0.0, |(_, s)| s);
-            of_kind.recent_dispatch.push((class.fairness_key.clone(), score));
-        }
-        match of_kind.tiers.iter_mut().find(|t| t.priority == priority) {
+        match of_kind.tiers.last_mut().filter(|tier| tier.priority == priority) {
             Some(tier) => {
                 tier.count += class.count;
                 tier.classes.push(class);
@@ -268,13 +254,24 @@ pub(crate) async fn priority_fairness<T: Tx>(tx: &mut T, namespace: &str, queue:
             }),
         }
     }
-    let label = |key: &Option<String>| key.clone().unwrap_or_else(|| DEFAULT_CLASS.to_string());
-    for of_kind in [&mut shares.workflow, &mut shares.activity] {
-        of_kind.tiers.sort_by_key(|t| t.priority);
+    for (kind, of_kind) in [
+        (TaskKind::Workflow, &mut shares.workflow),
+        (TaskKind::Activity, &mut shares.activity),
+    ] {
+        let label = |class: &ClassCount| capstan_engine::scheduling::class_of(class.fairness_key.as_deref()).to_string();
+        // Each class with ready tasks, by label, with its recent dispatch on this node.
+        let mut present = BTreeMap::new();
         for tier in &mut of_kind.tiers {
-            tier.classes.sort_by_key(|c| label(&c.fairness_key));
+            tier.classes.sort_by_key(label);
+            for class in &tier.classes {
+                present.entry(label(class)).or_insert_with(|| class.fairness_key.clone());
+            }
         }
-        of_kind.recent_dispatch.sort_by_key(|(key, _)| label(key));
+        let scores: BTreeMap<String, f64> = env.dispatch.scores(namespace, kind, queue, now).into_iter().collect();
+        of_kind.recent_dispatch = present
+            .into_iter()
+            .map(|(label, key)| (key, scores.get(&label).copied().unwrap_or(0.0)))
+            .collect();
     }
     Ok(shares)
 }

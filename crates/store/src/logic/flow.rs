@@ -65,9 +65,12 @@ pub(crate) async fn admit<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> Store
     }
 }
 
-/// One lease went out under `admitted`: its bucket pays for it.
-pub(crate) async fn leased_one<T: Tx>(tx: &mut T, wanted: &Claim, admitted: Admitted) -> StoreResult<()> {
-    let bucket = flow::spend(&admitted.limits, admitted.bucket);
+/// One lease went out under `admitted`: a rate limit's bucket pays for it (a cap alone keeps
+/// nothing to write).
+pub(crate) async fn leased_one<T: Tx>(tx: &mut T, wanted: &Claim, admitted: &Admitted) -> StoreResult<()> {
+    let Some(bucket) = flow::spend(&admitted.limits, admitted.bucket) else {
+        return Ok(());
+    };
     let bucket = serde_json::to_string(&bucket)?;
     let args = args![
         wanted.namespace.as_str(),

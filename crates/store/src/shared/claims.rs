@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 impl SharedStore {
     pub(super) async fn claim_task_checked(&self, wanted: Claim) -> StoreResult<Option<(Task, RunState)>> {
-        let poller = wanted.poller();
         // A few attempts: a candidate can turn out stale (leased a moment ago through another
         // node), or not this poller's to take now (a session activity of another worker's
         // session); then the next one is tried. A run another poller or node holds is skipped,
@@ -29,16 +28,10 @@ impl SharedStore {
                 }
             }
             let Some((candidate, run)) = leasing else { return Ok(None) };
-            let claimed = claim::lease_candidate(&mut tx, run, candidate.task_id.clone(), &poller, wanted.now, &self.env).await?;
-            if let (claim::Claimed::Leased(_), Some(admitted)) = (&claimed, admitted) {
-                flow::leased_one(&mut tx, &wanted, admitted).await?;
-            }
+            let claimed = claim::lease_candidate(&mut tx, run, &candidate, &wanted, admitted.as_ref(), &self.env).await?;
             self.commit(tx).await?;
             match claimed {
-                claim::Claimed::Leased(leased) => {
-                    claim::dispatched(&wanted, &candidate, &self.env);
-                    return Ok(Some(*leased));
-                }
+                claim::Claimed::Leased(leased) => return Ok(Some(*leased)),
                 claim::Claimed::Skipped | claim::Claimed::Refused | claim::Claimed::Stale => passed.push(candidate.task_id.0),
             }
         }

@@ -159,28 +159,14 @@ impl Backend for SqliteStore {
         let env = self.env.clone();
         self.writer
             .write_tx(move |tx| {
-                let poller = wanted.poller();
                 let admitted = drive(flow::admit(tx, &wanted, &env))?;
                 for candidate in drive(claim::candidates(tx, &wanted, &[], &env))? {
                     let Some(run) = drive(locate::lock_run(tx, &candidate.run_id, false))? else {
                         continue;
                     };
-                    match drive(claim::lease_candidate(
-                        tx,
-                        run,
-                        candidate.task_id.clone(),
-                        &poller,
-                        wanted.now,
-                        &env,
-                    ))? {
-                        claim::Claimed::Leased(leased) => {
-                            if let Some(admitted) = admitted {
-                                drive(flow::leased_one(tx, &wanted, admitted))?;
-                            }
-                            claim::dispatched(&wanted, &candidate, &env);
-                            return Ok(Some(*leased));
-                        }
-                        claim::Claimed::Refused | claim::Claimed::Stale | claim::Claimed::Skipped => continue,
+                    let claimed = drive(claim::lease_candidate(tx, run, &candidate, &wanted, admitted.as_ref(), &env))?;
+                    if let claim::Claimed::Leased(leased) = claimed {
+                        return Ok(Some(*leased));
                     }
                 }
                 Ok(None)

@@ -130,3 +130,18 @@ pub async fn two_nodes_together_keep_a_leased_task_cap<S: Store + Clone>(node_a:
     let set = node_b.queue_limits("default", "shared-cap").await.unwrap();
     assert_eq!(set[0].leased, 3);
 }
+
+/// A limit set through node A holds claims through node B within a second, although node B
+/// had read a moment before that the queue had none.
+pub async fn a_limit_set_on_one_node_holds_on_another_within_a_second<S: Store>(node_a: S, node_b: S) {
+    backlog(&node_a, "late-cap", 3).await;
+    // Node B reads which queues have limits (none yet) on a claim of another queue.
+    assert!(claim(&node_b, "elsewhere", "b0", NOW).await.unwrap().is_none());
+    node_a
+        .set_queue_limits("default", "late-cap", TaskKind::Workflow, cap(1), NOW)
+        .await
+        .unwrap();
+    assert!(claim(&node_a, "late-cap", "a1", NOW).await.unwrap().is_some());
+    let later = NOW + crate::limited_queues::REFRESH_MS;
+    assert_eq!(held(claim(&node_b, "late-cap", "b1", later).await).0, "max_leased_tasks");
+}
