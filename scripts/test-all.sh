@@ -50,7 +50,7 @@ SDK_SUITE=(tests/python/test_sdk_e2e.py
   tests/python/test_sticky_execution.py tests/python/test_worker_sessions.py tests/python/test_worker_plane.py
   tests/python/test_standalone_activities.py tests/python/test_redrive.py tests/python/test_message_streams.py
   tests/python/test_workflow_streams.py tests/python/test_external_payloads.py tests/python/test_nexus.py
-  tests/python/test_priority_fairness.py)
+  tests/python/test_priority_fairness.py tests/python/test_hand_off.py)
 CAPSTAN_TEST_BACKEND=postgres .venv/bin/python -m pytest "${SDK_SUITE[@]}" -q
 # And against a two-node cluster on MariaDB.
 CAPSTAN_TEST_BACKEND=mariadb .venv/bin/python -m pytest "${SDK_SUITE[@]}" -q

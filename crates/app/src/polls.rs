@@ -7,7 +7,7 @@
 use crate::{AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{PollKey, RunLocator, StoreError, WorkerRecord};
+use capstan_store::{HandedOff, Parked, PollKey, Poller, RunLocator, StoreError, WorkerRecord};
 
 /// The registration a poll comes from, checked: it exists, is for this queue, and (when the poll
 /// names one) for this build.
@@ -157,4 +157,58 @@ pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Claim> {
     tracing::info!(namespace = %poll.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id,
         kind = poll.kind.as_str(), fence = task.fence, owner, "task leased");
     Ok(Claim::Leased(Box::new((task, run))))
+}
+
+/// Parks the poll on this node between looks: a transaction that makes a task it may take ready
+/// leases it to the poll there and then (see `capstan_store::parked_polls`).
+pub fn park<V: Services>(services: &V, poll: &Poll) -> Parked {
+    services.store().park_poll(Poller {
+        namespace: poll.namespace.clone(),
+        kind: poll.kind,
+        queue: poll.worker.task_queue.clone(),
+        worker_id: poll.worker.worker_id.clone(),
+        build_id: poll.worker.build_id.clone(),
+        types: poll.types().to_vec(),
+        lease_ms: poll.lease_ms,
+        poll: poll.key(),
+    })
+}
+
+/// A lease handed to a parked poll that went away before its answer: a workflow task is given
+/// back at once (no history changes; its next lease is fenced higher). An activity attempt is
+/// left to its lease, as a claim's lost answer is: its start is history already. The run given
+/// back, if it was.
+pub async fn give_back<V: Services>(services: &V, handed: HandedOff) -> AppResult<Option<RunState>> {
+    let HandedOff { task, run } = handed;
+    let Some(lease) = task.lease().cloned() else { return Ok(None) };
+    if task.kind != TaskKind::Workflow {
+        tracing::info!(namespace = %run.namespace, run_id = %run.run_id, task_id = %task.id,
+            "an activity attempt handed to a poll that went away waits for its lease to run out");
+        return Ok(None);
+    }
+    let task_id = task.id.clone();
+    let given = services
+        .store()
+        .mutate_run(&run.namespace, RunLocator::Task(task_id.clone()), services.now(), move |run, cx| {
+            // Only the lease that was handed: a report or a newer lease since then stands.
+            let held = run
+                .tasks
+                .get(&task_id)
+                .and_then(|t| t.lease())
+                .is_some_and(|l| l.fence == lease.fence);
+            if !held {
+                return Err(Refusal::new(Reason::TaskNotLeased, "The handed lease has ended."));
+            }
+            release_workflow_task(run, cx, &task_id, &lease.owner)
+        })
+        .await;
+    match given {
+        Ok(((), run)) => {
+            tracing::info!(namespace = %run.namespace, run_id = %run.run_id, task_id = %task.id,
+                "a workflow task handed to a poll that went away was given back");
+            Ok(Some(run))
+        }
+        Err(StoreError::Refused(_)) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
 }

@@ -254,6 +254,7 @@ pub async fn serve<S: Store>(
     let (router, state) = app(store, config);
     let clock = tokio::spawn(clock::run(state.clone()));
     let scheduler = tokio::spawn(scheduler::run(state.clone()));
+    let give_back = tokio::spawn(long_poll::give_back_undelivered(state.clone()));
     let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
     let credentials = match state.config.auth.credentials().cloned() {
         Some(credentials) => {
@@ -280,6 +281,7 @@ pub async fn serve<S: Store>(
         .await;
     clock.abort();
     scheduler.abort();
+    give_back.abort();
     for task in [executor, credentials].into_iter().flatten() {
         task.abort();
     }

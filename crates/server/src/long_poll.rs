@@ -6,7 +6,7 @@ use crate::wire::Fields;
 use crate::AppState;
 use capstan_app::polls;
 use capstan_engine::{RunState, Task};
-use capstan_store::{Store, WorkerRecord};
+use capstan_store::{HandedOff, Parked, Store, WorkerRecord};
 use serde_json::{Map, Value};
 use std::time::Duration;
 
@@ -60,8 +60,26 @@ impl From<polls::Claim> for Look<(Task, RunState)> {
     }
 }
 
+/// How a long poll parks between looks (`capstan_app::polls::park`): a transaction that makes a
+/// task it may take ready leases the task to it and answers it after COMMIT, and what that
+/// lease is to the caller.
+pub(crate) struct Parking<'a, T> {
+    pub(crate) park: &'a (dyn Fn() -> Parked + Send + Sync),
+    pub(crate) found: fn(HandedOff) -> T,
+}
+
+/// What ended a wait between looks.
+enum Waited<T> {
+    Handed(T),
+    Woken,
+    /// The re-check came due, or a transaction that took the parked poll rolled back.
+    LookAgain,
+}
+
 /// The long-poll loop: look, and until `wait_ms` is spent, look again whenever the queue is
-/// woken (or at least every second, which also finds tasks whose backoff ran out).
+/// woken (or at least every second, which also finds tasks whose backoff ran out). Between
+/// looks the poll is parked (`parking`), so a task made ready meanwhile on this node is handed
+/// to it in the transaction that makes it.
 ///
 /// An announcement of new work wakes one waiting poller, not all of them (a herd racing for one
 /// task cost a claim transaction per poller, all but one in vain). So the wake-up must not die
@@ -69,7 +87,12 @@ impl From<polls::Claim> for Look<(Task, RunState)> {
 /// announcement may stand for several tasks); one that finds work it cannot take hands it on
 /// once per poll, which walks it through the waiting pollers to one that can; one that finds the
 /// queue empty keeps it. A wake-up that still goes astray costs the one-second re-check.
-pub(crate) async fn wait_for_work<T, F, Fut>(notify: &tokio::sync::Notify, wait_ms: i64, mut look: F) -> ApiResult<Option<T>>
+pub(crate) async fn wait_for_work<T, F, Fut>(
+    notify: &tokio::sync::Notify,
+    wait_ms: i64,
+    parking: Option<Parking<'_, T>>,
+    mut look: F,
+) -> ApiResult<Option<T>>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = ApiResult<Look<T>>>,
@@ -110,10 +133,50 @@ where
             return Ok(None);
         }
         let recheck = left.clamp(Duration::from_millis(1), Duration::from_secs(1));
-        by_announcement = tokio::select! {
-            _ = &mut woken => true,
-            _ = tokio::time::sleep(recheck) => false,
+        let mut parked = parking.as_ref().map(|parking| (parking.park)());
+        let handed = async {
+            match parked.as_mut() {
+                Some(parked) => parked.handed().await,
+                None => std::future::pending().await,
+            }
         };
+        let waited = tokio::select! {
+            handed = handed => match handed {
+                Some(handed) => Waited::Handed(handed),
+                None => Waited::LookAgain,
+            },
+            _ = &mut woken => Waited::Woken,
+            _ = tokio::time::sleep(recheck) => Waited::LookAgain,
+        };
+        // Leaving the registry: a transaction that took the poll meanwhile decides the outcome.
+        let waited = match (waited, parked) {
+            (Waited::Handed(handed), _) => Waited::Handed(handed),
+            (other, Some(parked)) => parked.leave().await.map_or(other, Waited::Handed),
+            (other, None) => other,
+        };
+        by_announcement = match waited {
+            Waited::Handed(handed) => {
+                let found = parking.as_ref().map(|parking| (parking.found)(handed));
+                return Ok(found);
+            }
+            Waited::Woken => true,
+            Waited::LookAgain => false,
+        };
+    }
+}
+
+/// Gives back, as they come, the leases handed to parked polls that went away before their
+/// answer (`capstan_app::polls::give_back`), so a vanished poller holds no workflow task for a
+/// whole lease.
+pub(crate) async fn give_back_undelivered<S: Store>(state: std::sync::Arc<AppState<S>>) {
+    loop {
+        for handed in state.store.undelivered_hand_offs().await {
+            match polls::give_back(&*state, handed).await {
+                Ok(Some(run)) => state.run_changed(&run),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "a lease handed to a poll that went away could not be given back"),
+            }
+        }
     }
 }
 
@@ -165,7 +228,7 @@ mod tests {
                 let queue = queue.clone();
                 async move { Ok(if can_take { queue.take() } else { queue.cannot_take() }) }
             };
-            let found = wait_for_work(&notify, 60_000, look).await.unwrap();
+            let found = wait_for_work(&notify, 60_000, None, look).await.unwrap();
             found.map(|()| began.elapsed())
         })
     }

@@ -55,11 +55,12 @@ pub(crate) fn check_replay_mode(
     task: &Task,
     run: &RunState,
     owner: &str,
+    leased_at: Millis,
 ) -> Result<(), Failure> {
     let TaskDetail::Workflow { replay_mode, .. } = &task.detail else {
         return Ok(());
     };
-    let expected = run.replay_mode_for(owner, world.now);
+    let expected = run.replay_mode_for(owner, leased_at);
     world.counters.replay_modes[expected as usize] += 1;
     if *replay_mode != Some(expected) {
         return Err(world.fail(format!(
@@ -69,7 +70,7 @@ pub(crate) fn check_replay_mode(
     }
     if let (ReplayMode::ForcedColdReplay, Some(affinity)) = (expected, &run.sticky) {
         let held_until = affinity.expires_at.min(task.available_at.max(task.created_at) + STICKY_HOLD_MS);
-        if world.now < held_until && !retired.contains(&affinity.worker_id) {
+        if leased_at < held_until && !retired.contains(&affinity.worker_id) {
             return Err(world.fail(format!(
                 "workflow task {} of {} held for {} until {held_until} went to {owner} before its hold ran out (created {}, available {}, affinity {affinity:?})",
                 task.id, run.workflow_id, affinity.worker_id, task.created_at, task.available_at

@@ -22,6 +22,7 @@ mod limited_queues;
 mod logic;
 mod mysql;
 mod observe;
+pub mod parked_polls;
 mod postgres;
 mod rows;
 mod schedules;
@@ -42,6 +43,7 @@ pub use contract::{
 };
 pub use durability::Durability;
 pub use observe::{Commit, Fact, Observer};
+pub use parked_polls::{HandedOff, Parked, Poller};
 pub use shared::SharedStore;
 
 /// The store traits, for code that calls a concrete store's methods (`use

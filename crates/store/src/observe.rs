@@ -27,6 +27,8 @@ pub enum Fact {
     ActivityTimedOut { namespace: String, timeout_kind: &'static str },
     /// A durable timer fired.
     TimerFired { namespace: String },
+    /// A task was leased to a parked poll in the transaction that made it ready.
+    HandedOff { namespace: String, kind: TaskKind },
 }
 
 impl Fact {

@@ -157,6 +157,9 @@ pub struct Env {
     pub dispatch: std::sync::Arc<crate::dispatch_shares::DispatchShares>,
     /// Which queues have flow-control limits, as last read (shared by every clone).
     pub limited: std::sync::Arc<crate::limited_queues::LimitedQueues>,
+    /// The polls parked on this node, for a transaction that makes a task ready to hand it to
+    /// (shared by every clone).
+    pub parked: std::sync::Arc<crate::parked_polls::ParkedPolls>,
 }
 
 impl Env {
@@ -168,6 +171,7 @@ impl Env {
             observer: Default::default(),
             dispatch: Default::default(),
             limited: Default::default(),
+            parked: Default::default(),
         }
     }
 

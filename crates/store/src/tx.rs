@@ -6,6 +6,7 @@
 //! logic with a trivial executor), PostgreSQL natively. Where the dialects differ the shared
 //! code asks [`Tx::dialect`], and only there.
 
+use crate::parked_polls::Delivery;
 use crate::{Fact, StoreError, StoreResult, WakeKey};
 use std::future::Future;
 
@@ -213,6 +214,10 @@ pub trait Tx: Send {
 
     /// Records a fact for the store's observer; handed on only if this transaction commits.
     fn observe(&mut self, fact: Fact);
+
+    /// A lease for a parked poll: answered only if this transaction commits, dropped (the poll
+    /// looks again) if it does not.
+    fn hand_off(&mut self, delivery: Delivery);
 }
 
 /// `$n` placeholders as SQLite's `?n` (a bare `$n` is a *named* parameter there, numbered by

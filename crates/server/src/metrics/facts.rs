@@ -32,6 +32,10 @@ impl Observer for Metrics {
                     self.namespace_seen(namespace);
                     self.timers_fired.with_label_values(&[namespace]).inc();
                 }
+                Fact::HandedOff { namespace, kind } => {
+                    self.namespace_seen(namespace);
+                    self.hand_offs.with_label_values(&[namespace, kind.as_str()]).inc();
+                }
             }
         }
     }

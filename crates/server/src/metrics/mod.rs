@@ -107,6 +107,7 @@ pub struct Metrics {
     dispatches: IntCounterVec,
     throttled: IntCounterVec,
     lease_expiries: IntCounterVec,
+    hand_offs: IntCounterVec,
     activity_timeouts: IntCounterVec,
     timers_fired: IntCounterVec,
     commit_seconds: Histogram,
@@ -171,6 +172,11 @@ impl Metrics {
             lease_expiries: f.counters(
                 "capstan_lease_expiries_total",
                 "Leased tasks the clock took back before their worker reported.",
+                &["namespace", "kind"],
+            ),
+            hand_offs: f.counters(
+                "capstan_task_hand_offs_total",
+                "Tasks leased to a parked poll in the transaction that made them ready (no claim).",
                 &["namespace", "kind"],
             ),
             activity_timeouts: f.counters(
@@ -242,6 +248,7 @@ impl Metrics {
         seen.insert(namespace.to_string());
         for kind in LEASED_KINDS {
             self.lease_expiries.with_label_values(&[namespace, kind.as_str()]);
+            self.hand_offs.with_label_values(&[namespace, kind.as_str()]);
         }
         for timeout in TIMEOUT_KINDS {
             self.activity_timeouts.with_label_values(&[namespace, timeout]);

@@ -189,7 +189,7 @@ pub async fn poll_query_task<S: Store>(
 async fn long_poll_query<S: Store>(state: &AppState<S>, namespace: &str, request: &PollRequest) -> ApiResult<Option<QueryTask>> {
     let notify = state.hub.channel(namespace, TaskKind::Query, &request.queue);
     let owner = request.worker.worker_id.as_str();
-    wait_for_work(&notify, request.wait_ms, || async move {
+    wait_for_work(&notify, request.wait_ms, None, || async move {
         let claim = QueryClaim {
             namespace: namespace.to_string(),
             queue: request.queue.clone(),

@@ -161,7 +161,7 @@ pub async fn poll<S: Store>(
     let owner = request.worker.worker_id.as_str();
     // A validation poller shares the workflow queue's wake-ups; what else is ready there it
     // cannot tell, so it hands on what it does not use.
-    let found = wait_for_work(&notify, request.wait_ms, || async {
+    let found = wait_for_work(&notify, request.wait_ms, None, || async {
         Ok(match claim(&state, &namespace, &request.queue, owner).await? {
             Some(task) => Look::Found(task),
             None => Look::Missed,

@@ -3,7 +3,7 @@
 use super::validation;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
-use crate::long_poll::{poll_request, wait_for_work, Look, PollRequest};
+use crate::long_poll::{poll_request, wait_for_work, Look, Parking, PollRequest};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;
 use crate::wire::{self, Fields};
@@ -183,7 +183,15 @@ async fn long_poll_with_wait<S: Store>(
     }
     let notify = state.hub.channel(namespace, kind, &request.queue);
     let poll = &poll;
-    wait_for_work(&notify, wait_ms, || async move { Ok(claim_counted(state, poll).await?.into()) }).await
+    let park = || polls::park(state, poll);
+    let parking = Parking {
+        park: &park,
+        found: |handed| (handed.task, handed.run),
+    };
+    wait_for_work(&notify, wait_ms, Some(parking), || async move {
+        Ok(claim_counted(state, poll).await?.into())
+    })
+    .await
 }
 
 fn poll_of<S: Store>(state: &AppState<S>, namespace: &str, request: &PollRequest, kind: TaskKind) -> polls::Poll {
@@ -256,7 +264,12 @@ async fn multiplexed_poll<S: Store>(
     let notify = state.hub.channel(namespace, TaskKind::Workflow, &request.queue);
     let owner = request.worker.worker_id.as_str();
     let poll = &poll_of(state, namespace, request, TaskKind::Workflow);
-    wait_for_work(&notify, request.wait_ms, || async move {
+    let park = || polls::park(state, poll);
+    let parking = kinds.workflow.then_some(Parking {
+        park: &park,
+        found: |handed| Leased::Workflow(Box::new((handed.task, handed.run))),
+    });
+    wait_for_work(&notify, request.wait_ms, parking, || async move {
         if let Some(task) = validation::claim(state, namespace, &request.queue, owner).await? {
             return Ok(Look::Found(Leased::Validation(Box::new(task))));
         }

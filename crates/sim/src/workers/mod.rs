@@ -26,7 +26,7 @@ use crate::world::{Acted, World};
 use cancellation::deliver_requested_cancellation;
 use capstan_app::{polls, queries, workers, AppError};
 use capstan_engine::{Payload, QueryKind, RunState, StickyClaim, Task, TaskDetail, TaskKind, WorkflowCommand};
-use capstan_store::{QueryClaim, RunLocator, RunStore};
+use capstan_store::{HandedOff, Parked, QueryClaim, RunLocator, RunStore, TaskStore};
 use deliveries::{deliver, Delivery, Held};
 use local::run_local_call;
 use rand::Rng;
@@ -44,10 +44,14 @@ const MID_COMMIT_CUTS: f64 = 0.08;
 pub(crate) struct Workers {
     /// The reports the workers hold, to deliver later.
     pub(crate) held: Held,
-    /// The highest fence each task was leased with: a new lease must be higher.
+    /// The highest fence each task was leased with: a new claim's must be higher.
     fences: BTreeMap<String, u64>,
+    /// Every (task, fence) leased: none twice.
+    granted: BTreeSet<(String, u64)>,
     /// Workers retired in the faulty phase (registered again when the calm phase begins).
     retired: BTreeSet<String>,
+    /// Polls parked on the node: a transaction that makes a task ready hands it to one.
+    parked: Vec<ParkedPoll>,
 }
 
 /// One of the workers, at random.
@@ -62,8 +66,9 @@ async fn alive(world: &World, owner: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A worker's poll for a task of `kind`, as the server runs it (one look).
-async fn poll(world: &World, owner: &str, kind: TaskKind, lease_ms: i64) -> Result<Option<(Task, RunState)>, AppError> {
+/// A worker's poll for a task of `kind`, as the server runs it (one look); the poll, to park
+/// it when it found nothing.
+async fn poll(world: &World, owner: &str, kind: TaskKind, lease_ms: i64) -> Result<(polls::Poll, Option<(Task, RunState)>), AppError> {
     let worker = polls::poller(&world.app, NAMESPACE, owner, QUEUE, None).await?;
     let poll = polls::Poll {
         namespace: NAMESPACE.into(),
@@ -72,7 +77,18 @@ async fn poll(world: &World, owner: &str, kind: TaskKind, lease_ms: i64) -> Resu
         poll_request_id: None,
         lease_ms,
     };
-    Ok(polls::claim(&world.app, &poll).await?.into_lease())
+    let leased = polls::claim(&world.app, &poll).await?.into_lease();
+    Ok((poll, leased))
+}
+
+/// At most this many polls stay parked at once.
+const MAX_PARKED: usize = 4;
+
+/// A poll a worker left parked, as the server parks a long poll between looks.
+struct ParkedPoll {
+    owner: String,
+    kind: TaskKind,
+    parked: Parked,
 }
 
 impl Workers {
@@ -114,6 +130,8 @@ impl Workers {
     pub(crate) async fn retire(&mut self, world: &mut World) -> Result<Acted, Failure> {
         let worker = worker(world);
         world.trace(|| format!("{worker} retires"));
+        // Its process is gone, and its parked polls with it.
+        self.parked.retain(|p| p.owner != worker);
         // As the server does: its leased workflow tasks are given back at once.
         let gone = workers::deregister(&world.app, NAMESPACE, &worker).await;
         gone.map_err(|e| world.fail(format!("deregister: {e}")))?;
@@ -122,27 +140,91 @@ impl Workers {
         Ok(Acted::Done)
     }
 
-    fn note_fence(&mut self, world: &World, task: &Task) -> Result<(), Failure> {
-        let previous = self.fences.insert(task.id.as_str().to_string(), task.fence);
-        if let Some(previous) = previous.filter(|p| *p >= task.fence) {
+    /// A worker's lease of a task of `kind`: one a transaction handed to a poll it parked,
+    /// else a claim; a claim that found nothing sometimes stays parked. In the faulty phase a
+    /// parked poll's client sometimes goes away, and what was handed to it and not read is given
+    /// back, as the server's give-back loop does.
+    async fn lease(
+        &mut self,
+        world: &mut World,
+        kind: TaskKind,
+        lease_ms: i64,
+        faulty: bool,
+    ) -> Result<Option<(String, Task, RunState)>, Failure> {
+        if faulty && !self.parked.is_empty() && world.rng.random_bool(0.05) {
+            let gone = self.parked.swap_remove(world.rng.random_range(0..self.parked.len()));
+            world.trace(|| format!("{}'s parked {} poll goes away", gone.owner, gone.kind.as_str()));
+        }
+        self.give_back(world).await?;
+        self.parked.retain(|p| !p.parked.is_spent());
+        for at in 0..self.parked.len() {
+            if self.parked[at].kind != kind {
+                continue;
+            }
+            if let Some(HandedOff { task, run }) = self.parked[at].parked.try_handed() {
+                let ParkedPoll { owner, .. } = self.parked.swap_remove(at);
+                world.counters.hand_offs += 1;
+                world.trace(|| format!("{owner} was handed {} task {} of {}", kind.as_str(), task.id, run.workflow_id));
+                self.note_fence(world, &task, true)?;
+                return Ok(Some((owner, task, run)));
+            }
+        }
+        let owner = worker(world);
+        alive(world, &owner).await?;
+        let claimed = poll(world, &owner, kind, lease_ms).await;
+        match world.declined(claimed)? {
+            Some((_, Some((task, run)))) => {
+                self.note_fence(world, &task, false)?;
+                Ok(Some((owner, task, run)))
+            }
+            Some((poll, None)) if self.parked.len() < MAX_PARKED && world.rng.random_bool(0.5) => {
+                let parked = polls::park(&world.app, &poll);
+                self.parked.push(ParkedPoll { owner, kind, parked });
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Gives back what was handed to parked polls that went away before reading it.
+    async fn give_back(&mut self, world: &mut World) -> Result<(), Failure> {
+        for handed in world.store().take_undelivered_hand_offs() {
+            let task_id = handed.task.id.clone();
+            let given = polls::give_back(&world.app, handed).await;
+            if let Some(Some(_)) = world.declined(given)? {
+                world.trace(|| format!("workflow task {task_id}, handed to a poll that went away, was given back"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A claim's lease must be fenced above every lease of the task before it. A lease handed
+    /// to a parked poll may be read late (the node paused between its commit and the answer,
+    /// and the lease ran out and went to another meanwhile), so it is checked only never to
+    /// repeat a fence the task was leased with.
+    fn note_fence(&mut self, world: &World, task: &Task, handed: bool) -> Result<(), Failure> {
+        if !self.granted.insert((task.id.as_str().to_string(), task.fence)) {
+            return Err(world.fail(format!("task {} leased twice with fence {}", task.id, task.fence)));
+        }
+        let highest = self.fences.entry(task.id.as_str().to_string()).or_default();
+        if task.fence <= *highest && !handed {
             return Err(world.fail(format!(
-                "task {} leased again with fence {} after fence {previous}",
+                "task {} leased again with fence {} after fence {highest}",
                 task.id, task.fence
             )));
         }
+        *highest = (*highest).max(task.fence);
         Ok(())
     }
 
     /// Polls one workflow task; returns whether one was leased.
     pub(crate) async fn poll_workflow_task(&mut self, world: &mut World, programs: &Programs, faulty: bool) -> Result<bool, Failure> {
-        let owner = worker(world);
-        alive(world, &owner).await?;
-        let claimed = poll(world, &owner, TaskKind::Workflow, WORKFLOW_LEASE_MS).await;
-        let Some(Some((task, run))) = world.declined(claimed)? else {
+        let Some((owner, task, run)) = self.lease(world, TaskKind::Workflow, WORKFLOW_LEASE_MS, faulty).await? else {
             return Ok(false);
         };
-        self.note_fence(world, &task)?;
-        check_replay_mode(world, &self.retired, &task, &run, &owner)?;
+        // When it was leased (a lease handed to a parked poll may be read later).
+        let leased_at = task.lease().map_or(world.now, |lease| lease.expires_at - WORKFLOW_LEASE_MS);
+        check_replay_mode(world, &self.retired, &task, &run, &owner, leased_at)?;
         world.seen.acknowledge(&run);
         if !deliver_requested_cancellation(world, &mut self.held, &task, &run, &owner).await? {
             return Ok(true);
@@ -223,13 +305,9 @@ impl Workers {
 
     /// Polls one activity task; returns whether one was leased.
     pub(crate) async fn poll_activity_task(&mut self, world: &mut World, faulty: bool) -> Result<bool, Failure> {
-        let owner = worker(world);
-        alive(world, &owner).await?;
-        let claimed = poll(world, &owner, TaskKind::Activity, ACTIVITY_LEASE_MS).await;
-        let Some(Some((task, run))) = world.declined(claimed)? else {
+        let Some((owner, task, run)) = self.lease(world, TaskKind::Activity, ACTIVITY_LEASE_MS, faulty).await? else {
             return Ok(false);
         };
-        self.note_fence(world, &task)?;
         world.seen.acknowledge(&run);
         check_activity_cap(world).await?;
         let TaskDetail::Activity {

@@ -2,6 +2,7 @@
 
 use crate::backend::{Backend, Claim};
 use crate::logic::{claim, fleet, queries};
+use crate::parked_polls::{HandedOff, Parked, Poller};
 use crate::*;
 
 /// Tasks: claims and ready-queue wake-ups, query and validation tasks, remembered polls.
@@ -61,6 +62,29 @@ pub trait TaskStore: Backend {
                 other => other,
             }
         }
+    }
+
+    /// Parks a poll on this node: a transaction that makes a task it may take ready leases it
+    /// to the poll and answers it after COMMIT (`parked_polls.rs`).
+    fn park_poll(&self, poller: Poller) -> Parked {
+        self.env().parked.park(poller)
+    }
+
+    /// Leases handed to parked polls that went away before the answer: waits for some, then
+    /// takes them all (the caller gives them back).
+    fn undelivered_hand_offs(&self) -> impl Future<Output = Vec<HandedOff>> + Send {
+        let parked = self.env().parked.clone();
+        async move { parked.undelivered().await }
+    }
+
+    /// [`TaskStore::undelivered_hand_offs`] without waiting.
+    fn take_undelivered_hand_offs(&self) -> Vec<HandedOff> {
+        self.env().parked.take_undelivered()
+    }
+
+    /// How many polls are parked on this node.
+    fn parked_polls(&self) -> usize {
+        self.env().parked.parked()
     }
 
     /// Wake-ups published by other nodes sharing the database; `None` for single-node stores

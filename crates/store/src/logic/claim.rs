@@ -98,7 +98,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
 }
 
 /// A poll request id answered with a task: a retried poll gets the same task back.
-async fn remember_poll<T: Tx>(tx: &mut T, key: &PollKey, task: &Task, now: Millis) -> StoreResult<()> {
+pub(crate) async fn remember_poll<T: Tx>(tx: &mut T, key: &PollKey, task: &Task, now: Millis) -> StoreResult<()> {
     let args = args![
         &key.namespace,
         &key.task_queue,

@@ -33,14 +33,7 @@ pub(crate) struct Admitted {
 /// none. The limits row stays locked until the claim's transaction ends.
 pub(crate) async fn admit<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> StoreResult<Option<Admitted>> {
     let (namespace, queue, kind, now) = (wanted.namespace.as_str(), wanted.queue.as_str(), wanted.kind, wanted.now);
-    if env.limited.stale(now) {
-        let mut keys = BTreeSet::new();
-        for row in tx.query(LIMITED_QUEUES, &[]).await? {
-            keys.insert((row.text(0)?, row.text(1)?, row.text(2)?));
-        }
-        env.limited.replace(keys, now);
-    }
-    if !env.limited.contains(namespace, queue, kind) {
+    if !is_limited(tx, env, namespace, queue, kind, now).await? {
         return Ok(None);
     }
     let sql = LOCK_LIMITS.sql(tx.dialect());
@@ -63,6 +56,25 @@ pub(crate) async fn admit<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> Store
         .with("retry_after_ms", retry_after_ms)
         .into()),
     }
+}
+
+/// Whether the queue has flow-control limits (the set read again when it is stale).
+pub(crate) async fn is_limited<T: Tx>(
+    tx: &mut T,
+    env: &Env,
+    namespace: &str,
+    queue: &str,
+    kind: TaskKind,
+    now: Millis,
+) -> StoreResult<bool> {
+    if env.limited.stale(now) {
+        let mut keys = BTreeSet::new();
+        for row in tx.query(LIMITED_QUEUES, &[]).await? {
+            keys.insert((row.text(0)?, row.text(1)?, row.text(2)?));
+        }
+        env.limited.replace(keys, now);
+    }
+    Ok(env.limited.contains(namespace, queue, kind))
 }
 
 /// One lease went out under `admitted`: a rate limit's bucket pays for it (a cap alone keeps

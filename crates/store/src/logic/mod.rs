@@ -12,6 +12,7 @@ pub(crate) mod duties;
 pub(crate) mod external_payloads;
 pub(crate) mod fleet;
 pub(crate) mod flow;
+pub(crate) mod handoff;
 pub(crate) mod integrity;
 pub(crate) mod ledger_reads;
 pub(crate) mod listing;

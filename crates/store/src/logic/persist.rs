@@ -23,7 +23,14 @@ pub(crate) fn persist<'a, T: Tx>(
     env: &'a Env,
 ) -> BoxedStep<'a, ()> {
     Box::pin(async move {
-        run_rows::write_change(tx, run, effects, insert_run).await?;
+        // A task made ready goes to a parked poll when one may take it: the run is written once,
+        // with the lease.
+        let handed = super::handoff::offer(tx, run, effects, env).await?;
+        let (written, leases) = match &handed {
+            Some(handed) => (&handed.run, Some(&handed.effects)),
+            None => (run, None),
+        };
+        run_rows::write_change(tx, written, effects, leases, insert_run).await?;
         if let Some(successor) = &effects.successor {
             // Continue-as-new: the next run is born in the same transaction and becomes current.
             let (next, next_effects) = successor.as_ref();

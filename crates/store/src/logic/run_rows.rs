@@ -8,6 +8,7 @@ use super::external_payloads;
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Statement, Tx};
 use crate::*;
+use std::collections::BTreeSet;
 
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
@@ -39,8 +40,15 @@ pub(super) const INSERT_INSTANCE: &str =
     "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)";
 const SET_CURRENT_RUN: &str = "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1";
 
-/// Writes what one transition changed in `run` (`insert_run`: the run is new).
-pub(crate) async fn write_change<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, insert_run: bool) -> StoreResult<()> {
+/// Writes what one transition changed in `run` (`insert_run`: the run is new), and what the
+/// hand-offs that followed it added (`leases`: their events and leased tasks).
+pub(crate) async fn write_change<T: Tx>(
+    tx: &mut T,
+    run: &RunState,
+    effects: &Effects,
+    leases: Option<&Effects>,
+    insert_run: bool,
+) -> StoreResult<()> {
     debug_assert_eq!(run.invariants_hold(), Ok(()), "run {} as a transition left it", run.run_id.as_str());
     let state = serde_json::to_string(run)?;
     if insert_run {
@@ -67,7 +75,7 @@ pub(crate) async fn write_change<T: Tx>(tx: &mut T, run: &RunState, effects: &Ef
     if touches_search_attributes(effects, insert_run) {
         write_search_attributes(tx, run).await?;
     }
-    write_rows(tx, run, effects, (!insert_run).then_some(state.as_str())).await?;
+    write_rows(tx, run, effects, leases, (!insert_run).then_some(state.as_str())).await?;
     close_tasks(tx, run, effects).await?;
     observe(tx, run, effects, insert_run);
     Ok(())
@@ -96,9 +104,20 @@ fn observe<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, insert_run: boo
 
 /// The run's document update, its events, and its touched task rows: independent statements,
 /// sent together. Then one announcement per queue that gained a ready task.
-async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, updated_state: Option<&str>) -> StoreResult<()> {
-    let payloads = effects
-        .events
+async fn write_rows<T: Tx>(
+    tx: &mut T,
+    run: &RunState,
+    effects: &Effects,
+    leases: Option<&Effects>,
+    updated_state: Option<&str>,
+) -> StoreResult<()> {
+    let events: Vec<&HistoryEvent> = effects.events.iter().chain(leases.into_iter().flat_map(|l| &l.events)).collect();
+    let touched: BTreeSet<&TaskId> = effects
+        .touched_tasks
+        .iter()
+        .chain(leases.into_iter().flat_map(|l| &l.touched_tasks))
+        .collect();
+    let payloads = events
         .iter()
         .map(|event| {
             // Check the chain on the way in, as the verifier checks it on the way out.
@@ -108,9 +127,8 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
         .collect::<Result<Vec<_>, _>>()?;
     let texts: Vec<&str> = payloads.iter().map(String::as_str).collect();
     external_payloads::record_uses(tx, &run.namespace, run.workflow_id.as_str(), &texts).await?;
-    let task_rows: Vec<_> = effects
-        .touched_tasks
-        .iter()
+    let task_rows: Vec<_> = touched
+        .into_iter()
         .map(|task_id| (task_id, run.tasks.get(task_id)))
         .map(|(task_id, task)| (task_id, task.map(|t| (t, task_type_name(run, t), task_compatibility(run, t)))))
         .collect();
@@ -122,7 +140,7 @@ async fn write_rows<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, update
             args: args![run_id, run.status.as_str(), run.closed_at, state].into(),
         });
     }
-    for (event, payload) in effects.events.iter().zip(&payloads) {
+    for (event, payload) in events.iter().zip(&payloads) {
         statements.push(Statement {
             sql: INSERT_EVENT,
             args: args![

@@ -5,6 +5,8 @@
 //! transaction for the other nodes.
 
 use super::dialect::{self, Translated};
+use crate::parked_polls::Delivery;
+use crate::shared::Committed;
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{Fact, StoreError, StoreResult, WakeKey};
 use mysql_async::consts::ColumnType;
@@ -30,6 +32,8 @@ pub struct MyTx {
     /// wake-up log.
     announcer: super::Announcer,
     announced: Vec<WakeKey>,
+    /// Leases for parked polls, answered once the transaction commits.
+    deliveries: Vec<Delivery>,
 }
 
 impl MyTx {
@@ -41,6 +45,7 @@ impl MyTx {
             lent: Some(lent),
             announcer,
             announced: Vec::new(),
+            deliveries: Vec::new(),
         }
     }
 
@@ -59,14 +64,17 @@ impl MyTx {
 
     /// Commits; the facts the transaction recorded. A refusal the database sent means nothing
     /// was applied; a connection lost before the answer leaves the outcome unknown.
-    pub(crate) async fn commit(mut self) -> StoreResult<Vec<Fact>> {
+    pub(crate) async fn commit(mut self) -> StoreResult<Committed> {
         self.open = false;
         match self.conn()?.query_drop("COMMIT").await {
             Ok(()) => {
                 for key in self.announced.drain(..) {
                     let _ = self.announcer.local.send(key);
                 }
-                Ok(std::mem::take(&mut self.facts))
+                Ok(Committed {
+                    facts: std::mem::take(&mut self.facts),
+                    deliveries: std::mem::take(&mut self.deliveries),
+                })
             }
             Err(error @ mysql_async::Error::Server(_)) => Err(error.into()),
             Err(error) => Err(StoreError::OutcomeUnknown(error.to_string())),
@@ -329,6 +337,10 @@ impl Tx for MyTx {
 
     fn observe(&mut self, fact: Fact) {
         self.facts.push(fact);
+    }
+
+    fn hand_off(&mut self, delivery: Delivery) {
+        self.deliveries.push(delivery);
     }
 }
 

@@ -3,6 +3,8 @@
 //! ready tasks are announced with `pg_notify`, which PostgreSQL delivers only when the
 //! transaction commits.
 
+use crate::parked_polls::Delivery;
+use crate::shared::Committed;
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{Fact, StoreError, StoreResult, WakeKey};
 use deadpool_postgres::Object;
@@ -22,6 +24,8 @@ pub struct PgTx {
     announced: Vec<String>,
     /// Facts for the observer, handed on by whoever commits the transaction.
     facts: Vec<Fact>,
+    /// Leases for parked polls, answered once the transaction commits.
+    deliveries: Vec<Delivery>,
 }
 
 impl PgTx {
@@ -34,6 +38,7 @@ impl PgTx {
             wake_channel,
             announced: Vec::new(),
             facts: Vec::new(),
+            deliveries: Vec::new(),
         }
     }
 
@@ -52,10 +57,13 @@ impl PgTx {
     /// Commits; the facts the transaction recorded, for the committer to hand on. An error the
     /// database sent (a failed deferred check, a serialization failure) means nothing was
     /// applied; a connection lost before the answer leaves the outcome unknown.
-    pub(crate) async fn commit(mut self) -> StoreResult<Vec<Fact>> {
+    pub(crate) async fn commit(mut self) -> StoreResult<Committed> {
         self.open = false;
         match self.client().batch_execute("COMMIT").await {
-            Ok(()) => Ok(std::mem::take(&mut self.facts)),
+            Ok(()) => Ok(Committed {
+                facts: std::mem::take(&mut self.facts),
+                deliveries: std::mem::take(&mut self.deliveries),
+            }),
             Err(error) if error.as_db_error().is_some() => Err(error.into()),
             Err(error) => Err(StoreError::OutcomeUnknown(error.to_string())),
         }
@@ -205,6 +213,10 @@ impl Tx for PgTx {
 
     fn observe(&mut self, fact: Fact) {
         self.facts.push(fact);
+    }
+
+    fn hand_off(&mut self, delivery: Delivery) {
+        self.deliveries.push(delivery);
     }
 }
 

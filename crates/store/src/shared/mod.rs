@@ -20,6 +20,7 @@ mod claims;
 use crate::backend::{Backend, Claim, Unit};
 use crate::logic::admin;
 use crate::mysql::{MyTx, Mysql};
+use crate::parked_polls::Delivery;
 use crate::postgres::{PgTx, Postgres};
 use crate::tx::{Dialect, Param, Row, Statement, Tx};
 use crate::*;
@@ -110,6 +111,19 @@ impl Tx for SharedTx {
             SharedTx::Mysql(tx) => tx.observe(fact),
         }
     }
+
+    fn hand_off(&mut self, delivery: Delivery) {
+        match self {
+            SharedTx::Postgres(tx) => tx.hand_off(delivery),
+            SharedTx::Mysql(tx) => tx.hand_off(delivery),
+        }
+    }
+}
+
+/// What a committed transaction hands on: facts for the observer, leases for parked polls.
+pub(crate) struct Committed {
+    pub facts: Vec<Fact>,
+    pub deliveries: Vec<Delivery>,
 }
 
 impl SharedTx {
@@ -221,10 +235,11 @@ impl SharedStore {
         }
     }
 
-    /// Commits `tx`, then hands its facts and the commit's time to the observer.
+    /// Commits `tx`, then hands its facts and the commit's time to the observer and answers
+    /// the parked polls it leased tasks to.
     async fn commit(&self, tx: SharedTx) -> StoreResult<()> {
         let started = std::time::Instant::now();
-        let facts = match tx {
+        let Committed { facts, deliveries } = match tx {
             SharedTx::Postgres(tx) => tx.commit().await?,
             SharedTx::Mysql(tx) => tx.commit().await?,
         };
@@ -234,6 +249,7 @@ impl SharedStore {
             took: started.elapsed(),
         });
         observer.committed(&facts);
+        deliveries.into_iter().for_each(Delivery::deliver);
         Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! completes before it returns, so the futures it hands out are ready at once and the writer
 //! drives the shared logic with [`drive`].
 
+use crate::parked_polls::Delivery;
 use crate::tx::{sqlite_placeholders, Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{Fact, StoreResult, WakeKey};
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -15,6 +16,8 @@ pub enum Notice {
     Wake(WakeKey),
     /// A fact for the observer.
     Fact(Fact),
+    /// A lease for a parked poll: answer it.
+    HandOff(Box<Delivery>),
 }
 
 pub struct SqliteTx<'c> {
@@ -113,6 +116,13 @@ impl Tx for SqliteTx<'_> {
         // A reader writes nothing, so it has nothing to report.
         if let Some(announced) = self.announced.as_mut() {
             announced.push(Notice::Fact(fact));
+        }
+    }
+
+    fn hand_off(&mut self, delivery: Delivery) {
+        // Only the writer's transactions make tasks ready.
+        if let Some(announced) = self.announced.as_mut() {
+            announced.push(Notice::HandOff(Box::new(delivery)));
         }
     }
 }

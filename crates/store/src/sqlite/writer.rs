@@ -68,6 +68,7 @@ impl Writer {
                         let _ = wake.send(key);
                     }
                     Notice::Fact(fact) => observer.committed(std::slice::from_ref(&fact)),
+                    Notice::HandOff(delivery) => delivery.deliver(),
                 })
             })
             .expect("spawn the SQLite writer thread");

@@ -10,6 +10,7 @@ mod credentials;
 mod dispatch;
 mod external_payloads;
 mod flow;
+mod handoff;
 mod operators;
 mod schedules;
 mod service_calls;
@@ -23,6 +24,7 @@ pub use credentials::*;
 pub use dispatch::*;
 pub use external_payloads::*;
 pub use flow::*;
+pub use handoff::*;
 pub use operators::*;
 pub use schedules::*;
 pub use service_calls::*;
@@ -119,7 +121,7 @@ fn timer(delay_seconds: i64) -> WorkflowCommand {
     }
 }
 
-fn activity() -> WorkflowCommand {
+pub(crate) fn activity() -> WorkflowCommand {
     WorkflowCommand::ScheduleActivity(ScheduleActivity {
         activity_type: "suite.activity".into(),
         arguments: Payload::avro("args"),
@@ -1499,6 +1501,10 @@ macro_rules! store_suite {
             fairness_classes_share_a_priority_by_weight,
             a_queue_shows_its_ready_tasks_by_priority_and_class,
             a_leased_task_cap_holds_claims_back,
+            a_ready_task_goes_to_a_parked_poll_in_the_transaction_that_makes_it,
+            a_parked_poll_is_handed_only_what_it_may_take,
+            a_parked_poll_whose_client_went_takes_nothing,
+            a_hand_off_whose_answer_was_not_read_is_kept_to_give_back,
             a_dispatch_rate_lets_its_burst_through_then_holds_the_rate,
             worker_sessions_are_acquired_renewed_and_closed,
             claims_offer_a_session_activity_only_to_who_may_hold_the_session,
