@@ -113,6 +113,16 @@ def test_the_cli_drives_workflows_schedules_and_the_fleet(server_url, worker_url
     limits = cli("task-queue", "limits", idle_queue, output="table")
     row = next(line for line in limits.stdout.splitlines() if line.startswith("workflow"))
     assert row.split()[:4] == ["workflow", "5.0", "5", "2"], limits.stdout
+    keyed = ok(
+        "task-queue", "limit", idle_queue, "--kind", "activity", "--key-max-leased", "2",
+        "--key-limit", "Tenant-B:rate=4,max_leased=5", "--weight", "tenant-a=3",
+    )["activity_task"]
+    assert keyed["fairness_key_limits"]["max_leased_tasks"] == 2, keyed
+    assert keyed["fairness_key_overrides"]["tenant-b"] == {"dispatch_rate_per_second": 4.0, "dispatch_burst": None, "max_leased_tasks": 5}, keyed
+    assert keyed["fairness_weights"] == {"tenant-a": 3}, keyed
+    bad = cli("task-queue", "limit", idle_queue, "--kind", "activity", "--key-limit", "tenant-b:speed=4")
+    assert bad.returncode != 0 and "speed" in bad.stderr, bad.stderr
+    assert ok("task-queue", "limit", idle_queue, "--kind", "activity", "--clear")["activity_task"] is None
     assert ok("task-queue", "limit", idle_queue, "--kind", "workflow", "--clear")["workflow_task"] is None
     refused = cli("workflow", "start", "cli.greeter", "--task-queue", idle_queue, "--priority", "12")
     assert refused.returncode == 1 and "422 validation_failed" in refused.stderr, refused.stderr

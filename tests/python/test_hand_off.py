@@ -83,3 +83,4 @@ def test_a_poll_whose_client_hung_up_swallows_nothing(server_url):
                 assert waited < 2.0, f"the task waited {waited:.1f}s: the gone poll held it"
 
     run_async(main(), timeout=90)
+

@@ -1,6 +1,7 @@
-"""Start-up refusals, with real processes: a ``--database`` value that names no database
-Capstan speaks is refused before anything is created, and a SQLite database is served by
-one process at a time (the second is told which process owns it).
+"""Start-up, with real processes: a ``--database`` value that names no database Capstan
+speaks is refused before anything is created, a SQLite database is served by one process at
+a time (the second is told which process owns it), and task queue limits from the config file
+hold from the start.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from capstan_harness import CapstanServer, capstan_binary, free_port
+from capstan_harness import CONTROL_HEADERS, CapstanServer, capstan_binary, free_port
 
 
 def run_serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -65,3 +66,20 @@ def test_a_second_process_on_one_sqlite_database_is_refused_naming_the_owner(tmp
         assert httpx.get(second.health_url, timeout=5).status_code == 200
     finally:
         second.terminate()
+
+
+def test_limits_from_the_configuration_hold_from_the_start(server_factory, tmp_path):
+    """A queue's limits set by the config file are in force when the server starts, and the
+    API shows them (an operator may change them live until the next start)."""
+    config = tmp_path / "limits.toml"
+    config.write_text(
+        '[[task_queue_limits]]\ntask_queue = "configured"\nkind = "activity"\nmax_leased_tasks = 7\n'
+        'fairness_key_limits = { max_leased_tasks = 2 }\nfairness_weights = { "Tenant-A" = 3 }\n'
+    )
+    server = server_factory.create("--config", str(config))
+    shown = httpx.get(f"{server.url}/api/task-queues/configured/limits", headers=CONTROL_HEADERS, timeout=10).json()
+    activity = shown["activity_task"]
+    assert activity["max_leased_tasks"] == 7, shown
+    assert activity["fairness_key_limits"]["max_leased_tasks"] == 2, shown
+    assert activity["fairness_weights"] == {"tenant-a": 3}, shown
+    assert shown["workflow_task"] is None

@@ -189,11 +189,15 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()
             await page.get_by_label("Task kind").select_option("activity")
             await page.get_by_label("Leased at once, at most").fill("7")
+            await page.get_by_label("Cap per fairness key").fill("2")
+            await page.get_by_label("Fairness key weights").fill("Tenant-A=3")
             await page.get_by_role("button", name="Save limits").click()
             await expect(page.locator("#toast")).to_contain_text("Limits of activity tasks saved")
             await expect(page.locator("table").filter(has_text="Flow-control limits")).to_contain_text("activity")
+            await expect(page.locator("table").filter(has_text="Flow-control limits")).to_contain_text("each key ≤2 leased; tenant-a weight 3")
             limits = (await http.get(f"/api/task-queues/{queue}/limits")).json()
             assert limits["activity_task"]["max_leased_tasks"] == 7, limits
+            assert limits["activity_task"]["fairness_key_limits"]["max_leased_tasks"] == 2, limits
             await page.get_by_label("Task kind").select_option("activity")
             await page.get_by_role("button", name="Clear limits").click()
             await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()

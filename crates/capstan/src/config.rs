@@ -65,23 +65,42 @@ fn settings(serve: &Command, matches: &ArgMatches, path: &Path, text: &str) -> R
         if given {
             continue;
         }
-        let value = match value {
-            toml::Value::String(text) => text.clone(),
-            toml::Value::Integer(number) => number.to_string(),
-            other => {
-                return Err(format!(
-                    "--config {}: `{key}` must be a string or an integer, not {}",
-                    path.display(),
-                    other.type_str()
-                ))
-            }
-        };
-        let long = serve
+        let arg = serve
             .get_arguments()
             .find(|arg| arg.get_id() == key.as_str())
-            .and_then(|arg| arg.get_long())
-            .expect("a known setting has a long flag");
-        out.push((key.clone(), OsString::from(format!("--{long}={value}"))));
+            .expect("a known setting");
+        let long = arg.get_long().expect("a known setting has a long flag");
+        let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
+        // A repeatable flag takes a list (the flag once per item); a table is its JSON (a
+        // task queue limit).
+        let items = match value {
+            toml::Value::Array(items) if repeatable => items.iter().collect(),
+            single => vec![single],
+        };
+        for item in items {
+            let value = match item {
+                toml::Value::String(text) => text.clone(),
+                toml::Value::Integer(number) => number.to_string(),
+                toml::Value::Table(table) if repeatable => {
+                    serde_json::to_string(table).map_err(|e| format!("--config {}: `{key}`: {e}", path.display()))?
+                }
+                other if repeatable => {
+                    return Err(format!(
+                        "--config {}: `{key}` must be a table, a string or a list of them, not {}",
+                        path.display(),
+                        other.type_str()
+                    ))
+                }
+                other => {
+                    return Err(format!(
+                        "--config {}: `{key}` must be a string or an integer, not {}",
+                        path.display(),
+                        other.type_str()
+                    ))
+                }
+            };
+            out.push((key.clone(), OsString::from(format!("--{long}={value}"))));
+        }
     }
     Ok(out)
 }
@@ -105,6 +124,20 @@ pub fn effective(serve: &Command, matches: &ArgMatches, from_file: &BTreeSet<Str
                 _ => "unset",
             }
         };
+        if matches!(arg.get_action(), clap::ArgAction::Append) {
+            let values: Vec<String> = matches
+                .get_raw(id)
+                .into_iter()
+                .flatten()
+                .map(|raw| toml::Value::String(mask(id, &raw.to_string_lossy())).to_string())
+                .collect();
+            if values.is_empty() {
+                out.push_str(&format!("# {id} = (unset)\n"));
+            } else {
+                out.push_str(&format!("{id} = [{}]  # {source}\n", values.join(", ")));
+            }
+            continue;
+        }
         let Some(raw) = matches.get_raw(id).and_then(|mut values| values.next()) else {
             out.push_str(&format!("# {id} = (unset)\n"));
             continue;

@@ -181,6 +181,12 @@ struct ServeArgs {
     /// policy sets no threshold of its own.
     #[arg(long, env = "CAPSTAN_EXTERNAL_PAYLOAD_THRESHOLD_BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     external_payload_threshold_bytes: u64,
+    /// A task queue's flow-control limits, set at start (repeatable): JSON with `task_queue`,
+    /// `kind` (workflow or activity), optionally `namespace`, and the limits as
+    /// `PUT /api/task-queues/{queue}/limits/{kind}` takes them. In the config file:
+    /// `task_queue_limits = [{ task_queue = "orders", kind = "activity", max_leased_tasks = 10 }]`.
+    #[arg(long = "task-queue-limit", value_name = "JSON")]
+    task_queue_limits: Vec<String>,
     /// Most history events one run may hold.
     #[arg(long, env = "CAPSTAN_MAX_HISTORY_EVENTS", default_value_t = 50_000)]
     max_history_events: u64,
@@ -380,6 +386,7 @@ impl From<StartupError> for Stopped {
 fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
     auth_config(args).map_err(Stopped::Refused)?;
     database(args)?;
+    configured_limits(args).map_err(Stopped::Refused)?;
     use std::net::ToSocketAddrs as _;
     let addresses = args
         .listen
@@ -399,6 +406,14 @@ fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
     Ok(())
 }
 
+/// The `--task-queue-limit` settings, each read and checked.
+fn configured_limits(args: &ServeArgs) -> Result<Vec<capstan_app::queue_limits::ConfiguredLimit>, String> {
+    args.task_queue_limits
+        .iter()
+        .map(|text| capstan_app::queue_limits::configured(text).map_err(|e| format!("--task-queue-limit {e}")))
+        .collect()
+}
+
 /// A setting as `--check-config` shows it: secrets masked, a database URL's password hidden.
 fn masked(id: &str, value: &str) -> String {
     match id {
@@ -415,7 +430,9 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     }
     let auth = auth_config(&args).map_err(Stopped::Refused)?;
     let database = database(&args)?;
+    let queue_limits = configured_limits(&args).map_err(Stopped::Refused)?;
     let mut config = ServerConfig {
+        queue_limits,
         auth,
         workflow_task_lease_ms: args.workflow_task_lease_seconds * 1000,
         activity_task_lease_ms: args.activity_task_lease_seconds * 1000,

@@ -5,7 +5,7 @@
 use crate::cli::{finish, parse_json, print, Client, Connection, Output};
 use clap::Subcommand;
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -139,8 +139,24 @@ pub enum TaskQueueCommand {
         /// Tasks leased at once, at most.
         #[arg(long)]
         max_leased: Option<u32>,
+        /// Every fairness key's leases per second, on average (unless it has its own).
+        #[arg(long)]
+        key_rate: Option<f64>,
+        /// Every fairness key's burst.
+        #[arg(long)]
+        key_burst: Option<u32>,
+        /// Every fairness key's tasks leased at once, at most.
+        #[arg(long)]
+        key_max_leased: Option<u32>,
+        /// One fairness key's own limits, e.g. "tenant-a:rate=5,burst=10,max_leased=3"
+        /// (repeatable; "tenant-a:" alone frees the key from the default).
+        #[arg(long = "key-limit")]
+        key_limits: Vec<String>,
+        /// One fairness key's weight, e.g. "tenant-a=3" (repeatable).
+        #[arg(long = "weight")]
+        weights: Vec<String>,
         /// Remove the kind's limits.
-        #[arg(long, conflicts_with_all = ["rate", "burst", "max_leased"])]
+        #[arg(long, conflicts_with_all = ["rate", "burst", "max_leased", "key_rate", "key_burst", "key_max_leased", "key_limits", "weights"])]
         clear: bool,
     },
 }
@@ -550,13 +566,30 @@ pub fn task_queue(connection: Connection, command: TaskQueueCommand) -> ExitCode
                 rate,
                 burst,
                 max_leased,
+                key_rate,
+                key_burst,
+                key_max_leased,
+                key_limits,
+                weights,
                 clear,
             } => {
                 let path = format!("/task-queues/{}/limits/{}", encode(&task_queue), encode(&kind));
                 let limits = if clear {
                     client.call(Method::DELETE, &path, None).await?
                 } else {
-                    let body = json!({"dispatch_rate_per_second": rate, "dispatch_burst": burst, "max_leased_tasks": max_leased});
+                    let key_default = (key_rate.is_some() || key_burst.is_some() || key_max_leased.is_some()).then(
+                        || json!({"dispatch_rate_per_second": key_rate, "dispatch_burst": key_burst, "max_leased_tasks": key_max_leased}),
+                    );
+                    let overrides = key_limits.iter().map(|spec| key_limit(spec)).collect::<Result<Map<_, _>, _>>()?;
+                    let weights = weights.iter().map(|spec| key_weight(spec)).collect::<Result<Map<_, _>, _>>()?;
+                    let body = json!({
+                        "dispatch_rate_per_second": rate,
+                        "dispatch_burst": burst,
+                        "max_leased_tasks": max_leased,
+                        "fairness_key_limits": key_default,
+                        "fairness_key_overrides": overrides,
+                        "fairness_weights": weights,
+                    });
                     client.call(Method::PUT, &path, Some(body)).await?
                 };
                 print_limits(output, &limits);
@@ -589,6 +622,9 @@ fn print_limits(output: Output, limits: &Value) {
         "max_leased_tasks",
         "leased_tasks",
         "available_tokens",
+        "fairness_key_limits",
+        "fairness_key_overrides",
+        "fairness_weights",
     ];
     if output == Output::Json {
         return print(output, limits, &columns, None);
@@ -772,4 +808,44 @@ pub fn server(connection: Connection, command: ServerCommand) -> ExitCode {
         }
         Ok(())
     })
+}
+
+/// `--key-limit "KEY:rate=R,burst=B,max_leased=N"` as the API's `fairness_key_overrides` entry.
+fn key_limit(spec: &str) -> Result<(String, Value), String> {
+    let (key, settings) = spec
+        .split_once(':')
+        .ok_or_else(|| format!("--key-limit {spec:?}: write KEY:rate=R,burst=B,max_leased=N"))?;
+    let mut limits = Map::new();
+    for setting in settings.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, value) = setting
+            .split_once('=')
+            .ok_or_else(|| format!("--key-limit {spec:?}: {setting:?} is not name=value"))?;
+        let field = match name.trim() {
+            "rate" => "dispatch_rate_per_second",
+            "burst" => "dispatch_burst",
+            "max_leased" => "max_leased_tasks",
+            other => return Err(format!("--key-limit {spec:?}: {other:?} is not rate, burst or max_leased")),
+        };
+        let number: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("--key-limit {spec:?}: {name} must be a number"))?;
+        let value = if field == "dispatch_rate_per_second" {
+            json!(number)
+        } else {
+            json!(number as u64)
+        };
+        limits.insert(field.to_string(), value);
+    }
+    Ok((key.trim().to_string(), Value::Object(limits)))
+}
+
+/// `--weight "KEY=W"` as the API's `fairness_weights` entry.
+fn key_weight(spec: &str) -> Result<(String, Value), String> {
+    let (key, weight) = spec.split_once('=').ok_or_else(|| format!("--weight {spec:?}: write KEY=WEIGHT"))?;
+    let weight: u64 = weight
+        .trim()
+        .parse()
+        .map_err(|_| format!("--weight {spec:?}: the weight must be a whole number"))?;
+    Ok((key.trim().to_string(), json!(weight)))
 }

@@ -210,3 +210,41 @@ fn the_container_recipe_runs_a_valid_command_and_builds_where_an_engine_runs() {
         .unwrap();
     assert!(built.status.success(), "{}", text(&built.stderr));
 }
+
+#[test]
+fn task_queue_limits_come_from_the_file_as_tables_and_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "limits.toml",
+        "[[task_queue_limits]]\ntask_queue = \"orders\"\nkind = \"activity\"\nmax_leased_tasks = 10\n\
+         fairness_key_limits = { max_leased_tasks = 2 }\n\n\
+         [[task_queue_limits]]\ntask_queue = \"mail\"\nkind = \"workflow\"\ndispatch_rate_per_second = 5\n",
+    );
+    let output = capstan(&["serve", "--config", &file, "--check-config"], &[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let (value, source) = settings(&output)["task_queue_limits"].clone();
+    assert_eq!(source, "config file");
+    assert!(value.contains("orders") && value.contains("mail"), "{value}");
+    for (contents, expected) in [
+        (
+            "[[task_queue_limits]]\nkind = \"activity\"\nmax_leased_tasks = 1\n",
+            "`task_queue` is required",
+        ),
+        (
+            "[[task_queue_limits]]\ntask_queue = \"q\"\nkind = \"activity\"\nmax_leased_tasks = 0\n",
+            "max_leased_tasks",
+        ),
+        (
+            "[[task_queue_limits]]\ntask_queue = \"q\"\nkind = \"activity\"\nmax_leased = 3\n",
+            "unknown field `max_leased`",
+        ),
+        ("task_queue_limits = 3\n", "must be an object"),
+    ] {
+        let file = write(dir.path(), "bad-limits.toml", contents);
+        let output = capstan(&["serve", "--config", &file, "--check-config"], &[]);
+        assert_eq!(output.status.code(), Some(2), "{contents:?} is refused");
+        let message = text(&output.stderr);
+        assert!(message.contains(expected), "{contents:?}: {message}");
+    }
+}

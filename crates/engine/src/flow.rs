@@ -5,6 +5,7 @@
 
 use crate::Millis;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 pub const RATE_PER_SECOND_MAX: f64 = 1_000_000.0;
 pub const BURST_MAX: u32 = 1_000_000;
@@ -12,7 +13,9 @@ pub const LEASED_MAX: u32 = 1_000_000;
 /// How soon a poller held back by the leased-task cap looks again (a lease ending wakes nobody).
 pub const LEASED_RECHECK_MS: i64 = 250;
 
-/// What an operator set on one queue and task kind; `None`: no such limit.
+/// What an operator set on one queue and task kind; `None`: no such limit. The first three
+/// hold the queue as a whole; the fairness-key settings hold each key (a fairness class,
+/// `scheduling::DEFAULT_CLASS` for runs started without one) on its own.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct QueueLimits {
     /// Leases per second, on average.
@@ -21,42 +24,34 @@ pub struct QueueLimits {
     pub dispatch_burst: Option<u32>,
     /// Tasks of the queue leased at once, at most.
     pub max_leased_tasks: Option<u32>,
+    /// The limits every fairness key of the queue gets unless it has its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness_key_limits: Option<KeyLimits>,
+    /// Named fairness keys' own limits, in place of the default.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fairness_key_overrides: BTreeMap<String, KeyLimits>,
+    /// Named fairness keys' weights, in place of the weight their runs were started with.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fairness_weights: BTreeMap<String, u16>,
 }
 
-impl QueueLimits {
-    /// The first field out of bounds, with why.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
-        if let Some(rate) = self.dispatch_rate_per_second {
-            if !(rate > 0.0 && rate <= RATE_PER_SECOND_MAX) {
-                return Err((
-                    "dispatch_rate_per_second",
-                    format!("dispatch_rate_per_second must be above 0 and at most {RATE_PER_SECOND_MAX}."),
-                ));
-            }
-        }
-        if let Some(burst) = self.dispatch_burst {
-            if !(1..=BURST_MAX).contains(&burst) {
-                return Err(("dispatch_burst", format!("dispatch_burst must be 1 to {BURST_MAX}.")));
-            }
-            if self.dispatch_rate_per_second.is_none() {
-                return Err(("dispatch_burst", "dispatch_burst needs a dispatch_rate_per_second.".into()));
-            }
-        }
-        if let Some(leased) = self.max_leased_tasks {
-            if !(1..=LEASED_MAX).contains(&leased) {
-                return Err(("max_leased_tasks", format!("max_leased_tasks must be 1 to {LEASED_MAX}.")));
-            }
-        }
-        Ok(())
-    }
+/// One fairness key's limits: a dispatch rate with a burst, a cap on its tasks leased at once.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeyLimits {
+    pub dispatch_rate_per_second: Option<f64>,
+    pub dispatch_burst: Option<u32>,
+    pub max_leased_tasks: Option<u32>,
+}
 
-    pub fn is_empty(&self) -> bool {
-        self.dispatch_rate_per_second.is_none() && self.max_leased_tasks.is_none()
-    }
+/// A rate with a burst and a cap: the queue's own, or a fairness key's.
+pub trait Limit {
+    fn rate(&self) -> Option<f64>;
+    fn burst_given(&self) -> Option<u32>;
+    fn cap(&self) -> Option<u32>;
 
     /// The bucket's size.
-    pub fn burst(&self) -> f64 {
-        match (self.dispatch_burst, self.dispatch_rate_per_second) {
+    fn burst(&self) -> f64 {
+        match (self.burst_given(), self.rate()) {
             (Some(burst), _) => f64::from(burst),
             (None, Some(rate)) => rate.ceil().max(1.0),
             (None, None) => 0.0,
@@ -64,10 +59,139 @@ impl QueueLimits {
     }
 
     /// A full bucket: a limit starts by allowing its burst.
-    pub fn full(&self, now: Millis) -> Bucket {
+    fn full(&self, now: Millis) -> Bucket {
         Bucket {
             tokens: self.burst(),
             refilled_at: now,
+        }
+    }
+}
+
+impl Limit for QueueLimits {
+    fn rate(&self) -> Option<f64> {
+        self.dispatch_rate_per_second
+    }
+    fn burst_given(&self) -> Option<u32> {
+        self.dispatch_burst
+    }
+    fn cap(&self) -> Option<u32> {
+        self.max_leased_tasks
+    }
+}
+
+impl Limit for KeyLimits {
+    fn rate(&self) -> Option<f64> {
+        self.dispatch_rate_per_second
+    }
+    fn burst_given(&self) -> Option<u32> {
+        self.dispatch_burst
+    }
+    fn cap(&self) -> Option<u32> {
+        self.max_leased_tasks
+    }
+}
+
+/// The first of a rate, burst and cap out of bounds (`prefix` names where they sit).
+fn check_limit(limit: &impl Limit, prefix: &str) -> Result<(), (String, String)> {
+    let field = |name: &str| format!("{prefix}{name}");
+    if let Some(rate) = limit.rate() {
+        if !(rate > 0.0 && rate <= RATE_PER_SECOND_MAX) {
+            let name = field("dispatch_rate_per_second");
+            return Err((name.clone(), format!("{name} must be above 0 and at most {RATE_PER_SECOND_MAX}.")));
+        }
+    }
+    if let Some(burst) = limit.burst_given() {
+        let name = field("dispatch_burst");
+        if !(1..=BURST_MAX).contains(&burst) {
+            return Err((name.clone(), format!("{name} must be 1 to {BURST_MAX}.")));
+        }
+        if limit.rate().is_none() {
+            return Err((name.clone(), format!("{name} needs a dispatch_rate_per_second beside it.")));
+        }
+    }
+    if let Some(leased) = limit.cap() {
+        if !(1..=LEASED_MAX).contains(&leased) {
+            let name = field("max_leased_tasks");
+            return Err((name.clone(), format!("{name} must be 1 to {LEASED_MAX}.")));
+        }
+    }
+    Ok(())
+}
+
+impl KeyLimits {
+    pub fn is_empty(&self) -> bool {
+        self.dispatch_rate_per_second.is_none() && self.max_leased_tasks.is_none()
+    }
+}
+
+impl QueueLimits {
+    /// The first field out of bounds, with why. Fairness keys must be normalised already
+    /// (`scheduling::fairness_key`, or the default class).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        check_limit(self, "")?;
+        if let Some(default) = &self.fairness_key_limits {
+            check_limit(default, "fairness_key_limits.")?;
+            if default.is_empty() {
+                let message = "fairness_key_limits needs a dispatch_rate_per_second or a max_leased_tasks.";
+                return Err(("fairness_key_limits".into(), message.into()));
+            }
+        }
+        for (key, limits) in &self.fairness_key_overrides {
+            check_limit(limits, &format!("fairness_key_overrides.{key}."))?;
+        }
+        for (key, weight) in &self.fairness_weights {
+            if !(crate::scheduling::FAIRNESS_WEIGHT_MIN..=crate::scheduling::FAIRNESS_WEIGHT_MAX).contains(weight) {
+                let name = format!("fairness_weights.{key}");
+                return Err((name.clone(), format!("{name} must be 1 to 1000.")));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dispatch_rate_per_second.is_none()
+            && self.max_leased_tasks.is_none()
+            && self.fairness_key_limits.is_none()
+            && self.fairness_key_overrides.is_empty()
+            && self.fairness_weights.is_empty()
+    }
+
+    /// The limits a fairness class is held to, if any: its own, else the default. A key's own
+    /// entry with no limit in it frees the key from the default.
+    pub fn of_key(&self, class: &str) -> Option<&KeyLimits> {
+        match self.fairness_key_overrides.get(class) {
+            Some(own) => (!own.is_empty()).then_some(own),
+            None => self.fairness_key_limits.as_ref(),
+        }
+    }
+
+    /// Whether any fairness key is limited.
+    pub fn limits_keys(&self) -> bool {
+        self.fairness_key_limits.is_some() || self.fairness_key_overrides.values().any(|l| !l.is_empty())
+    }
+
+    /// The weight an operator gave a fairness class, if any.
+    pub fn weight_of(&self, class: &str) -> Option<u16> {
+        self.fairness_weights.get(class).copied()
+    }
+}
+
+/// A queue's buckets: its own, and each rate-limited fairness key's (as stored: an old row holds
+/// the queue's alone).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buckets {
+    #[serde(flatten)]
+    pub queue: Bucket,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, Bucket>,
+}
+
+impl Buckets {
+    /// A fairness key's bucket as of `now` (full when the key has not dispatched under its rate).
+    pub fn key(&self, limit: &KeyLimits, class: &str, now: Millis) -> Bucket {
+        match self.keys.get(class) {
+            Some(bucket) => refill(limit, *bucket, now),
+            None => limit.full(now),
         }
     }
 }
@@ -86,6 +210,10 @@ pub enum Held {
     Rate,
     /// As many tasks are leased as the cap allows.
     Leased,
+    /// The fairness key's dispatch rate is spent.
+    KeyRate,
+    /// As many of the fairness key's tasks are leased as its cap allows.
+    KeyLeased,
 }
 
 impl Held {
@@ -93,18 +221,21 @@ impl Held {
         match self {
             Held::Rate => "dispatch_rate",
             Held::Leased => "max_leased_tasks",
+            Held::KeyRate => "fairness_key_dispatch_rate",
+            Held::KeyLeased => "fairness_key_max_leased_tasks",
         }
     }
 }
 
 /// Whether one more lease may go out now with `leased` tasks out: the bucket refilled to `now`,
-/// and either yes or why not and how soon to look again.
-pub fn admit(limits: &QueueLimits, bucket: Bucket, leased: u64, now: Millis) -> (Bucket, Result<(), (Held, i64)>) {
+/// and either yes or why not and how soon to look again. A fairness key's limits answer `Rate`
+/// or `Leased` too; the store names them the key's (`Held::KeyRate`, `Held::KeyLeased`).
+pub fn admit(limits: &impl Limit, bucket: Bucket, leased: u64, now: Millis) -> (Bucket, Result<(), (Held, i64)>) {
     let bucket = refill(limits, bucket, now);
-    if limits.max_leased_tasks.is_some_and(|cap| leased >= u64::from(cap)) {
+    if limits.cap().is_some_and(|cap| leased >= u64::from(cap)) {
         return (bucket, Err((Held::Leased, LEASED_RECHECK_MS)));
     }
-    if let Some(rate) = limits.dispatch_rate_per_second {
+    if let Some(rate) = limits.rate() {
         if bucket.tokens < 1.0 {
             // Less a hair, so float noise does not round a whole millisecond up.
             let wait = ((1.0 - bucket.tokens) * 1000.0 / rate - 1e-6).ceil() as i64;
@@ -115,16 +246,16 @@ pub fn admit(limits: &QueueLimits, bucket: Bucket, leased: u64, now: Millis) -> 
 }
 
 /// The bucket after one lease went out; `None` without a rate (nothing to pay, nothing to keep).
-pub fn spend(limits: &QueueLimits, bucket: Bucket) -> Option<Bucket> {
-    limits.dispatch_rate_per_second.map(|_| Bucket {
+pub fn spend(limits: &impl Limit, bucket: Bucket) -> Option<Bucket> {
+    limits.rate().map(|_| Bucket {
         tokens: bucket.tokens - 1.0,
         ..bucket
     })
 }
 
 /// The bucket as of `now`: refilled at the rate since it was last written, up to the burst.
-pub fn refill(limits: &QueueLimits, bucket: Bucket, now: Millis) -> Bucket {
-    let Some(rate) = limits.dispatch_rate_per_second else {
+pub fn refill(limits: &impl Limit, bucket: Bucket, now: Millis) -> Bucket {
+    let Some(rate) = limits.rate() else {
         return Bucket {
             tokens: 0.0,
             refilled_at: now,
@@ -145,7 +276,7 @@ mod tests {
         QueueLimits {
             dispatch_rate_per_second: Some(per_second),
             dispatch_burst: burst,
-            max_leased_tasks: None,
+            ..QueueLimits::default()
         }
     }
 
@@ -231,5 +362,73 @@ mod tests {
             0,
         );
         assert_eq!(early, Err((Held::Rate, 250)));
+    }
+
+    #[test]
+    fn a_fairness_key_has_its_own_limits_or_the_default() {
+        let cap = |n| KeyLimits {
+            max_leased_tasks: Some(n),
+            ..KeyLimits::default()
+        };
+        let limits = QueueLimits {
+            fairness_key_limits: Some(cap(2)),
+            fairness_key_overrides: [("big".to_string(), cap(10)), ("free".to_string(), KeyLimits::default())].into(),
+            fairness_weights: [("big".to_string(), 3)].into(),
+            ..QueueLimits::default()
+        };
+        assert!(limits.check().is_ok());
+        assert!(limits.limits_keys());
+        assert_eq!(limits.of_key("small"), Some(&cap(2)));
+        assert_eq!(limits.of_key("big"), Some(&cap(10)));
+        assert_eq!(limits.of_key("free"), None, "an empty override frees the key");
+        assert_eq!((limits.weight_of("big"), limits.weight_of("small")), (Some(3), None));
+        assert_eq!(admit(&cap(2), cap(2).full(0), 2, 0).1, Err((Held::Leased, LEASED_RECHECK_MS)));
+    }
+
+    #[test]
+    fn fairness_key_settings_are_checked_by_name() {
+        let bad_rate = QueueLimits {
+            fairness_key_overrides: [(
+                "t1".to_string(),
+                KeyLimits {
+                    dispatch_rate_per_second: Some(-1.0),
+                    ..KeyLimits::default()
+                },
+            )]
+            .into(),
+            ..QueueLimits::default()
+        };
+        assert_eq!(
+            bad_rate.check().unwrap_err().0,
+            "fairness_key_overrides.t1.dispatch_rate_per_second"
+        );
+        let bad_weight = QueueLimits {
+            fairness_weights: [("t1".to_string(), 0)].into(),
+            ..QueueLimits::default()
+        };
+        assert_eq!(bad_weight.check().unwrap_err().0, "fairness_weights.t1");
+        let empty_default = QueueLimits {
+            fairness_key_limits: Some(KeyLimits::default()),
+            ..QueueLimits::default()
+        };
+        assert_eq!(empty_default.check().unwrap_err().0, "fairness_key_limits");
+    }
+
+    #[test]
+    fn a_stored_bucket_from_before_key_buckets_reads_as_the_queues() {
+        let old: Buckets = serde_json::from_str(r#"{"tokens":2.5,"refilled_at":7}"#).unwrap();
+        assert_eq!(
+            old.queue,
+            Bucket {
+                tokens: 2.5,
+                refilled_at: 7
+            }
+        );
+        assert!(old.keys.is_empty());
+        let key = KeyLimits {
+            dispatch_rate_per_second: Some(4.0),
+            ..KeyLimits::default()
+        };
+        assert_eq!(old.key(&key, "t1", 100).tokens, 4.0, "a key not seen yet starts full");
     }
 }

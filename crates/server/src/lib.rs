@@ -94,6 +94,8 @@ pub struct ServerConfig {
     pub telemetry: telemetry::Telemetry,
     /// The external payload transport: its limits and where `local` storage defaults to.
     pub payloads: capstan_app::external_payloads::PayloadSettings,
+    /// Task queue limits the configuration sets, applied at start.
+    pub queue_limits: Vec<capstan_app::queue_limits::ConfiguredLimit>,
 }
 
 impl Default for ServerConfig {
@@ -113,6 +115,7 @@ impl Default for ServerConfig {
             history_cache_bytes: 32 << 20,
             telemetry: telemetry::Telemetry::default(),
             payloads: Default::default(),
+            queue_limits: Vec::new(),
         }
     }
 }
@@ -252,6 +255,9 @@ pub async fn serve<S: Store>(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (router, state) = app(store, config);
+    capstan_app::queue_limits::apply_configured(&*state, &state.config.queue_limits)
+        .await
+        .map_err(|e| std::io::Error::other(format!("task queue limits from the configuration: {e}")))?;
     let clock = tokio::spawn(clock::run(state.clone()));
     let scheduler = tokio::spawn(scheduler::run(state.clone()));
     let give_back = tokio::spawn(long_poll::give_back_undelivered(state.clone()));

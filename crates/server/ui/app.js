@@ -780,11 +780,25 @@ function flowControl(name, limits) {
   const rate = h("input", { id: "limit-rate", type: "number", min: "0", step: "any", placeholder: "no limit" });
   const burst = h("input", { id: "limit-burst", type: "number", min: "1", step: "1", placeholder: "the rate" });
   const cap = h("input", { id: "limit-max-leased", type: "number", min: "1", step: "1", placeholder: "no limit" });
+  const keyCap = h("input", { id: "limit-key-max-leased", type: "number", min: "1", step: "1", placeholder: "no limit" });
+  const weights = h("input", { id: "limit-weights", placeholder: "e.g. tenant-a=3, tenant-b=1" });
   const number = (field) => (field.value.trim() === "" ? null : Number(field.value));
   const path = () => `/task-queues/${enc(name)}/limits/${enc(kind.value)}`;
   const form = h("form", { class: "stack", onsubmit: async (event) => {
     event.preventDefault();
-    const body = { dispatch_rate_per_second: number(rate), dispatch_burst: number(burst), max_leased_tasks: number(cap) };
+    // A key's own limits (set over the API or the CLI) are kept as they are.
+    const current = (kind.value === "workflow" ? limits.workflow_task : limits.activity_task) || {};
+    const fairnessWeights = {};
+    for (const pair of weights.value.split(",").map((p) => p.trim()).filter(Boolean)) {
+      const [key, weight] = pair.split("=").map((p) => p.trim());
+      fairnessWeights[key] = Number(weight);
+    }
+    const body = {
+      dispatch_rate_per_second: number(rate), dispatch_burst: number(burst), max_leased_tasks: number(cap),
+      fairness_key_limits: number(keyCap) == null ? null : { max_leased_tasks: number(keyCap) },
+      fairness_key_overrides: current.fairness_key_overrides || {},
+      fairness_weights: fairnessWeights,
+    };
     await act(`Limits of ${kind.value} tasks saved`, () => api("PUT", path(), body));
     route();
   } },
@@ -792,6 +806,8 @@ function flowControl(name, limits) {
     h("label", { for: "limit-rate" }, "Dispatch rate (per second)", rate),
     h("label", { for: "limit-burst" }, "Burst", burst),
     h("label", { for: "limit-max-leased" }, "Leased at once, at most", cap),
+    h("label", { for: "limit-key-max-leased" }, "Cap per fairness key", keyCap),
+    h("label", { for: "limit-weights" }, "Fairness key weights", weights),
     h("div", { class: "actions" },
       h("button", { type: "submit" }, "Save limits"),
       h("button", { type: "button", onclick: async () => { await act(`Limits of ${kind.value} tasks cleared`, () => api("DELETE", path())); route(); } }, "Clear limits")));
@@ -804,8 +820,22 @@ function flowControl(name, limits) {
       ["Leased at most", (r) => (r.max_leased_tasks == null ? "—" : String(r.max_leased_tasks))],
       ["Leased now", (r) => String(r.leased_tasks)],
       ["Tokens", (r) => (r.available_tokens == null ? "—" : r.available_tokens.toFixed(1))],
+      ["Fairness keys", (r) => fairnessKeySummary(r)],
     ], rows, "No limits: tasks go out as fast as workers take them."),
     form);
+}
+
+/** A kind's per-fairness-key limits and weights, in a line. */
+function fairnessKeySummary(limits) {
+  const limitText = (l) => [
+    l.dispatch_rate_per_second == null ? null : `${l.dispatch_rate_per_second}/s`,
+    l.max_leased_tasks == null ? null : `≤${l.max_leased_tasks} leased`,
+  ].filter(Boolean).join(", ") || "no limit";
+  const parts = [];
+  if (limits.fairness_key_limits) parts.push(`each key ${limitText(limits.fairness_key_limits)}`);
+  for (const [key, own] of Object.entries(limits.fairness_key_overrides || {})) parts.push(`${key}: ${limitText(own)}`);
+  for (const [key, weight] of Object.entries(limits.fairness_weights || {})) parts.push(`${key} weight ${weight}`);
+  return parts.length ? parts.join("; ") : "—";
 }
 
 /** Ready tasks by kind, priority and fairness class, with each class's recent dispatch. */

@@ -8,6 +8,7 @@ use crate::clients::Clients;
 use crate::program::nexus::check_service_calls;
 use crate::program::Programs;
 use crate::report::Failure;
+use crate::workers::WORKERS;
 use crate::workload::{CHILD_TYPE, NAMESPACE, QUEUE, SIMULATED_CLIENT, SIMULATED_OPERATOR, SIMULATED_WORKER};
 use crate::world::World;
 use capstan_engine::sticky::STICKY_HOLD_MS;
@@ -15,7 +16,7 @@ use capstan_engine::{
     verify_chain_from, ActivityLeaseGrant, EventType, HistoryEvent, Millis, Principal, ReplayMode, RunId, RunState, Task, TaskDetail,
     TaskId, TaskKind, UpdateStatus, WorkflowId,
 };
-use capstan_store::{FleetStore, RunLocator, RunStore, ScheduleStore};
+use capstan_store::{FleetStore, RunLocator, RunStore, ScheduleStore, TaskStore};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -443,15 +444,40 @@ fn check_unknown_not_retried(world: &mut World, run: &RunState, events: &[Histor
     Ok(())
 }
 
-/// No lease takes the queue's activity tasks past the leased-task cap an operator set.
-pub(crate) async fn check_activity_cap(world: &mut World) -> Result<(), Failure> {
+/// No lease takes the queue's activity tasks past the leased-task cap an operator set, nor its
+/// fairness key past the key's cap.
+pub(crate) async fn check_activity_cap(world: &mut World, leased_run: &RunState) -> Result<(), Failure> {
     let set = world.store().queue_limits(NAMESPACE, QUEUE).await;
     let set = set.map_err(|e| world.fail(format!("queue limits: {e}")))?;
     let capped = set.iter().find(|s| s.kind == TaskKind::Activity);
-    if let Some(state) = capped {
-        if state.limits.max_leased_tasks.is_some_and(|cap| state.leased > u64::from(cap)) {
-            return Err(world.fail(format!("a lease took the activity tasks past their cap: {state:?}")));
+    let Some(state) = capped else { return Ok(()) };
+    if state.limits.max_leased_tasks.is_some_and(|cap| state.leased > u64::from(cap)) {
+        return Err(world.fail(format!("a lease took the activity tasks past their cap: {state:?}")));
+    }
+    // The lease just made must not have taken its fairness key past the key's cap. (Other
+    // keys may stand above a cap an operator lowered since their leases: a cap holds new
+    // leases back, it takes none away.)
+    let class = capstan_engine::scheduling::class_of(leased_run.scheduling.fairness_key.as_deref()).to_string();
+    let Some(cap) = state.limits.of_key(&class).and_then(|l| l.max_leased_tasks) else {
+        return Ok(());
+    };
+    let mut leased = 0u64;
+    for n in 0..WORKERS {
+        let owner = format!("worker-{n}");
+        let held = world.store().leased_tasks(NAMESPACE, &owner, TaskKind::Activity).await;
+        for task_id in held.map_err(|e| world.fail(format!("leased tasks: {e}")))? {
+            let run = world.store().load_run(NAMESPACE, RunLocator::Task(task_id)).await;
+            let run = run.map_err(|e| world.fail(format!("load: {e}")))?;
+            let of_class = |r: &RunState| capstan_engine::scheduling::class_of(r.scheduling.fairness_key.as_deref()) == class;
+            if run.filter(|r| r.task_queue == QUEUE && of_class(r)).is_some() {
+                leased += 1;
+            }
         }
+    }
+    if leased > u64::from(cap) {
+        return Err(world.fail(format!(
+            "a lease took fairness key {class} to {leased} leased activities, past its cap of {cap}"
+        )));
     }
     Ok(())
 }

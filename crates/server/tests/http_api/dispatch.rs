@@ -184,3 +184,59 @@ async fn an_operator_caps_and_rates_a_queue_live() {
     let cleared = h.cpost_method(Method::DELETE, &limits("workflow"), json!({})).await.ok(200);
     assert!(cleared["workflow_task"].is_null());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_limits_and_weighs_fairness_keys_live() {
+    let h = Harness::start().await;
+    let queue = unique("keyed");
+    let path = format!("/api/task-queues/{queue}/limits/workflow");
+    for (body, field) in [
+        (
+            json!({"fairness_key_limits": {"max_leased_tasks": 0}}),
+            "fairness_key_limits.max_leased_tasks",
+        ),
+        (json!({"fairness_key_limits": {"max_leased": 1}}), "fairness_key_limits.max_leased"),
+        (json!({"fairness_key_limits": {}}), "fairness_key_limits"),
+        (json!({"fairness_key_overrides": {"t1": 3}}), "fairness_key_overrides.t1"),
+        (
+            json!({"fairness_key_overrides": {"no spaces": {"max_leased_tasks": 1}}}),
+            "fairness_key_overrides.no spaces",
+        ),
+        (json!({"fairness_weights": {"t1": 0}}), "fairness_weights.t1"),
+        (json!({"fairness_weights": {"t1": "heavy"}}), "fairness_weights.t1"),
+    ] {
+        let refused = h.cpost_method(Method::PUT, &path, body.clone()).await;
+        assert!(refused.err(422, "validation_failed")["errors"][field].is_array(), "{body}");
+    }
+    let set = h
+        .cpost_method(
+            Method::PUT,
+            &path,
+            json!({"fairness_key_limits": {"max_leased_tasks": 1}, "fairness_weights": {"Tenant-A": 3}}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(set["workflow_task"]["fairness_key_limits"]["max_leased_tasks"], 1);
+    assert_eq!(
+        set["workflow_task"]["fairness_weights"],
+        json!({"tenant-a": 3}),
+        "keys as runs keep them"
+    );
+
+    for (i, key) in ["tenant-a", "tenant-a", "tenant-b"].iter().enumerate() {
+        let body = start_body(&unique(&format!("keyed-{i}")), &queue, json!({"fairness_key": key}));
+        h.cpost("/api/workflows", body).await.ok(201);
+    }
+    h.register("key-a", &queue).await;
+    h.register("key-b", &queue).await;
+    h.register("key-c", &queue).await;
+    let first = h.poll_workflow("key-a", &queue, 1).await;
+    let second = h.poll_workflow("key-b", &queue, 1).await;
+    assert!(first.is_object() && second.is_object());
+    assert!(h.poll_workflow("key-c", &queue, 1).await.is_null(), "each key's cap of one is held");
+    let exposition = scrape(&h).await;
+    let held = format!(
+        "capstan_task_queue_throttled_total{{held_by=\"fairness_key_max_leased_tasks\",kind=\"workflow\",namespace=\"default\",queue=\"{queue}\"}}"
+    );
+    assert!(exposition.lines().any(|l| l.starts_with(&held)), "{held} in\n{exposition}");
+}

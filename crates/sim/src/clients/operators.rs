@@ -6,7 +6,7 @@ use crate::report::Failure;
 use crate::workload::{NAMESPACE, PAYLOAD, QUEUE, SIMULATED_OPERATOR};
 use crate::world::{Acted, World};
 use capstan_app::{ledger, queue_limits};
-use capstan_engine::flow::QueueLimits;
+use capstan_engine::flow::{KeyLimits, QueueLimits};
 use capstan_engine::{LedgerDecision, LedgerState, Payload, Principal, TaskKind};
 use capstan_store::{LedgerFilter, LedgerStore};
 use rand::Rng;
@@ -59,10 +59,10 @@ pub(crate) async fn resolve_one_unknown(world: &mut World) -> Result<bool, Failu
     Ok(true)
 }
 
-/// An operator limits the queue's activity tasks live (a leased-task cap, a dispatch rate, or
-/// both), or lifts the limits.
+/// An operator limits the queue's activity tasks live (a leased-task cap, a dispatch rate, both,
+/// or a cap per fairness key with a key weighted up), or lifts the limits.
 pub(crate) async fn limit_activities(world: &mut World) -> Result<Acted, Failure> {
-    let limits = match world.rng.random_range(0..4) {
+    let limits = match world.rng.random_range(0..5) {
         0 => QueueLimits::default(),
         1 => QueueLimits {
             max_leased_tasks: Some(world.rng.random_range(1..=3)),
@@ -71,12 +71,21 @@ pub(crate) async fn limit_activities(world: &mut World) -> Result<Acted, Failure
         2 => QueueLimits {
             dispatch_rate_per_second: Some(f64::from(world.rng.random_range(1..=8)) / 2.0),
             dispatch_burst: Some(world.rng.random_range(1..=3)),
-            max_leased_tasks: None,
+            ..QueueLimits::default()
         },
-        _ => QueueLimits {
+        3 => QueueLimits {
             dispatch_rate_per_second: Some(2.0),
-            dispatch_burst: None,
             max_leased_tasks: Some(world.rng.random_range(1..=3)),
+            ..QueueLimits::default()
+        },
+        // Per fairness key: a cap for every key, one key weighted up.
+        _ => QueueLimits {
+            fairness_key_limits: Some(KeyLimits {
+                max_leased_tasks: Some(world.rng.random_range(1..=2)),
+                ..KeyLimits::default()
+            }),
+            fairness_weights: [("tenant-a".to_string(), world.rng.random_range(1..=5))].into(),
+            ..QueueLimits::default()
         },
     };
     set_activity_limits(world, limits).await?;

@@ -33,7 +33,7 @@ use rand::Rng;
 use serde_json::{json, Map};
 use std::collections::{BTreeMap, BTreeSet};
 
-const WORKERS: usize = 3;
+pub(crate) const WORKERS: usize = 3;
 /// What the simulated workers register as their SDK (their sticky claims name it as the build).
 const SDK_VERSION: &str = "capstan-sim/1";
 const QUERY_LEASE_MS: i64 = 3_000;
@@ -309,7 +309,7 @@ impl Workers {
             return Ok(false);
         };
         world.seen.acknowledge(&run);
-        check_activity_cap(world).await?;
+        check_activity_cap(world, &run).await?;
         let TaskDetail::Activity {
             attempt_id: Some(attempt_id),
             ..

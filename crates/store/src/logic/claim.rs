@@ -82,7 +82,7 @@ pub(crate) async fn lease_candidate<T: Tx>(
                 remember_poll(tx, key, &task, now).await?;
             }
             if let Some(admitted) = admitted {
-                super::flow::leased_one(tx, wanted, admitted).await?;
+                super::flow::leased_one(tx, wanted, admitted, &candidate.class).await?;
             }
             env.dispatch
                 .record(&wanted.namespace, wanted.kind, &wanted.queue, &candidate.class, now);
@@ -151,17 +151,68 @@ pub(crate) struct Candidate {
 
 /// The queue's ready tasks this poller may take, at most [`CANDIDATES`] read in priority and
 /// then arrival order, handed back in the order to offer them: urgency first, then fairness
-/// classes by their share of recent dispatch (`Env::dispatch`). `passed` are candidates this
-/// claim already passed over.
-pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[String], env: &Env) -> StoreResult<Vec<Candidate>> {
+/// classes by their share of recent dispatch (`Env::dispatch`), weighted as the runs were
+/// started or as the operator set (`admitted`'s limits). `passed` are candidates this claim
+/// already passed over. A class its own limits hold back is passed over; when they hold back
+/// every class there is, the claim is throttled until the soonest of them lets one through.
+pub(crate) async fn candidates<T: Tx>(
+    tx: &mut T,
+    wanted: &Claim,
+    passed: &[String],
+    admitted: Option<&super::flow::Admitted>,
+    env: &Env,
+) -> StoreResult<Vec<Candidate>> {
+    let Some(admitted) = admitted.filter(|a| a.limits.limits_keys()) else {
+        return read_candidates(tx, wanted, passed, &[], admitted, env).await;
+    };
+    let mut held_classes: Vec<String> = Vec::new();
+    let mut soonest: Option<(capstan_engine::flow::Held, i64)> = None;
+    // A few rounds: classes held back are left out of the next read.
+    for _ in 0..3 {
+        let read = read_candidates(tx, wanted, passed, &held_classes, Some(admitted), env).await?;
+        if read.is_empty() {
+            break;
+        }
+        let mut free = Vec::new();
+        for candidate in read {
+            if held_classes.contains(&candidate.class) {
+                continue;
+            }
+            match super::flow::held_class(tx, wanted, admitted, &candidate.class).await? {
+                Some((held, wait)) => {
+                    soonest = Some(soonest.map_or((held, wait), |s| if wait < s.1 { (held, wait) } else { s }));
+                    held_classes.push(candidate.class);
+                }
+                None => free.push(candidate),
+            }
+        }
+        if !free.is_empty() {
+            return Ok(free);
+        }
+    }
+    match soonest {
+        Some((held, wait)) => Err(super::flow::throttled(held, wait)),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// One read of candidates, leaving out the classes `held` (see [`candidates`]).
+async fn read_candidates<T: Tx>(
+    tx: &mut T,
+    wanted: &Claim,
+    passed: &[String],
+    held: &[String],
+    admitted: Option<&super::flow::Admitted>,
+    env: &Env,
+) -> StoreResult<Vec<Candidate>> {
     let types = &wanted.types;
     // The usual claim (any type, nothing passed over yet) reads one text, built once.
-    static ANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| candidates_sql(&[], &[]));
+    static ANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| candidates_sql(&[], &[], &[]));
     let built;
-    let sql = if types.is_empty() && passed.is_empty() {
+    let sql = if types.is_empty() && passed.is_empty() && held.is_empty() {
         ANY.as_str()
     } else {
-        built = candidates_sql(types, passed);
+        built = candidates_sql(types, passed, held);
         built.as_str()
     };
     let mut params = args![
@@ -172,12 +223,13 @@ pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[Stri
         wanted.owner.as_str()
     ]
     .to_vec();
-    params.extend(types.iter().chain(passed).map(crate::tx::Param::from));
+    params.extend(types.iter().chain(passed).chain(held).map(crate::tx::Param::from));
     let mut read = Vec::new();
     for row in tx.query(sql, &params).await? {
         let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
         let class = capstan_engine::scheduling::class_of(row.opt_str(3)?).to_string();
-        let weight = u16::try_from(row.int(4)?).unwrap_or(1);
+        let started_with = u16::try_from(row.int(4)?).unwrap_or(1);
+        let weight = admitted.and_then(|a| a.limits.weight_of(&class)).unwrap_or(started_with);
         read.push((
             Candidate {
                 task_id: TaskId(row.text(0)?),
@@ -203,19 +255,21 @@ pub(crate) async fn candidates<T: Tx>(tx: &mut T, wanted: &Claim, passed: &[Stri
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
-/// The candidate read for a poller of `types` (any when empty), passing over `passed`.
-fn candidates_sql(types: &[String], passed: &[String]) -> String {
+/// The candidate read for a poller of `types` (any when empty), passing over `passed` and the
+/// fairness classes `held`.
+fn candidates_sql(types: &[String], passed: &[String], held: &[String]) -> String {
     format!(
         "SELECT t.task_id, t.run_id, t.priority, t.fairness_key, t.fairness_weight FROM tasks t
          WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
            AND (t.compatibility IS NULL
                 OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $5))
-           AND {} AND {}{}{}
+           AND {} AND {}{}{}{}
          ORDER BY t.priority, t.available_at, t.task_id LIMIT {CANDIDATES}",
         sticky_free("t", "$5", "$4"),
         session_free("t", "$5", "$4"),
         super::listing::any_of("t.type_name", types, 5),
         not_any_of("t.task_id", passed, 5 + types.len()),
+        not_any_of("COALESCE(t.fairness_key, '__default__')", held, 5 + types.len() + passed.len()),
     )
 }
 

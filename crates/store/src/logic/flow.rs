@@ -6,7 +6,7 @@
 use crate::backend::Claim;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
-use capstan_engine::flow::{self, Bucket, QueueLimits};
+use capstan_engine::flow::{self, Bucket, Buckets, Held, Limit, QueueLimits};
 use std::collections::BTreeSet;
 
 const LIMITED_QUEUES: &str = "SELECT namespace, task_queue, kind FROM queue_limits";
@@ -16,6 +16,9 @@ const LOCK_LIMITS: Locking = locking!(
 );
 /// Served by `tasks_leased` (MySQL: `tasks_ready`, which leads with the status).
 const LEASED: &str = "SELECT COUNT(*) FROM tasks WHERE status = 'leased' AND namespace = $1 AND kind = $3 AND queue = $2";
+/// A fairness class's leased tasks (`$4`: the class; runs without a key are the default class).
+const LEASED_OF_CLASS: &str = "SELECT COUNT(*) FROM tasks WHERE status = 'leased' AND namespace = $1 AND kind = $3 AND queue = $2
+     AND COALESCE(fairness_key, '__default__') = $4";
 const SAVE_BUCKET: &str = "UPDATE queue_limits SET bucket = $4 WHERE namespace = $1 AND task_queue = $2 AND kind = $3";
 const UPSERT_LIMITS: &str = "INSERT INTO queue_limits (namespace, task_queue, kind, limits, bucket, updated_at) VALUES ($1, $2, $3, $4, $5, $6)
      ON CONFLICT (namespace, task_queue, kind) DO UPDATE SET limits = excluded.limits, bucket = excluded.bucket, updated_at = excluded.updated_at";
@@ -25,8 +28,8 @@ const QUEUE_LIMITS: &str =
 
 /// A claim let through by its queue's limits, to be recorded in the bucket when it leases.
 pub(crate) struct Admitted {
-    limits: QueueLimits,
-    bucket: Bucket,
+    pub limits: QueueLimits,
+    buckets: Buckets,
 }
 
 /// Holds the claim back when the queue's limits allow no lease now; `None` when the queue has
@@ -41,21 +44,49 @@ pub(crate) async fn admit<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> Store
         return Ok(None);
     };
     let limits: QueueLimits = serde_json::from_str(row.str(0)?)?;
-    let bucket: Bucket = serde_json::from_str(row.str(1)?)?;
+    let Buckets { queue: bucket, keys } = serde_json::from_str(row.str(1)?)?;
     let leased = match limits.max_leased_tasks {
         Some(_) => leased(tx, namespace, queue, kind).await?,
         None => 0,
     };
     match flow::admit(&limits, bucket, leased, now) {
-        (bucket, Ok(())) => Ok(Some(Admitted { limits, bucket })),
-        (_, Err((held, retry_after_ms))) => Err(Refusal::new(
-            Reason::TaskQueueThrottled,
-            "The queue's flow-control limits hold this claim back.",
-        )
+        (queue, Ok(())) => Ok(Some(Admitted {
+            limits,
+            buckets: Buckets { queue, keys },
+        })),
+        (_, Err((held, retry_after_ms))) => Err(throttled(held, retry_after_ms)),
+    }
+}
+
+/// The refusal of a claim the limits hold back: which limit, and how soon to look again.
+pub(crate) fn throttled(held: Held, retry_after_ms: i64) -> StoreError {
+    Refusal::new(Reason::TaskQueueThrottled, "The queue's flow-control limits hold this claim back.")
         .with("held_by", held.as_str())
         .with("retry_after_ms", retry_after_ms)
-        .into()),
-    }
+        .into()
+}
+
+/// Whether a fairness class's own limits hold a lease of its task back now, and for how long.
+pub(crate) async fn held_class<T: Tx>(tx: &mut T, wanted: &Claim, admitted: &Admitted, class: &str) -> StoreResult<Option<(Held, i64)>> {
+    let Some(limit) = admitted.limits.of_key(class) else {
+        return Ok(None);
+    };
+    let leased = match limit.max_leased_tasks {
+        Some(_) => {
+            let args = args![wanted.namespace.as_str(), wanted.queue.as_str(), wanted.kind.as_str(), class];
+            let row = tx.query_opt(LEASED_OF_CLASS, &args).await?;
+            row.map(|r| r.int(0)).transpose()?.unwrap_or(0).max(0) as u64
+        }
+        None => 0,
+    };
+    let bucket = admitted.buckets.key(limit, class, wanted.now);
+    Ok(flow::admit(limit, bucket, leased, wanted.now).1.err().map(|(held, wait)| {
+        let held = match held {
+            Held::Rate => Held::KeyRate,
+            _ => Held::KeyLeased,
+        };
+        (held, wait)
+    }))
 }
 
 /// Whether the queue has flow-control limits (the set read again when it is stale).
@@ -77,13 +108,23 @@ pub(crate) async fn is_limited<T: Tx>(
     Ok(env.limited.contains(namespace, queue, kind))
 }
 
-/// One lease went out under `admitted`: a rate limit's bucket pays for it (a cap alone keeps
-/// nothing to write).
-pub(crate) async fn leased_one<T: Tx>(tx: &mut T, wanted: &Claim, admitted: &Admitted) -> StoreResult<()> {
-    let Some(bucket) = flow::spend(&admitted.limits, admitted.bucket) else {
+/// One lease of a task of fairness class `class` went out under `admitted`: the queue's and the
+/// class's rate limits pay for it (caps alone keep nothing to write).
+pub(crate) async fn leased_one<T: Tx>(tx: &mut T, wanted: &Claim, admitted: &Admitted, class: &str) -> StoreResult<()> {
+    let queue = flow::spend(&admitted.limits, admitted.buckets.queue);
+    let key = admitted
+        .limits
+        .of_key(class)
+        .and_then(|limit| flow::spend(limit, admitted.buckets.key(limit, class, wanted.now)));
+    if queue.is_none() && key.is_none() {
         return Ok(());
-    };
-    let bucket = serde_json::to_string(&bucket)?;
+    }
+    let mut buckets = admitted.buckets.clone();
+    buckets.queue = queue.unwrap_or(buckets.queue);
+    if let Some(key) = key {
+        buckets.keys.insert(class.to_string(), key);
+    }
+    let bucket = serde_json::to_string(&buckets)?;
     let args = args![
         wanted.namespace.as_str(),
         wanted.queue.as_str(),
@@ -115,13 +156,28 @@ pub(crate) async fn set<T: Tx>(
     let sql = LOCK_LIMITS.sql(tx.dialect());
     let bucket = match tx.query_opt(sql, &key).await? {
         Some(row) => {
-            let old: Bucket = serde_json::from_str(row.str(1)?)?;
-            Bucket {
-                tokens: old.tokens.min(limits.burst()),
-                ..old
-            }
+            let old: Buckets = serde_json::from_str(row.str(1)?)?;
+            // What is left of each bucket, up to its new burst; a key no longer rate-limited
+            // keeps none.
+            let keys = old
+                .keys
+                .into_iter()
+                .filter_map(|(class, bucket)| {
+                    let limit = limits.of_key(&class).filter(|l| l.dispatch_rate_per_second.is_some())?;
+                    let tokens = bucket.tokens.min(limit.burst());
+                    Some((class, Bucket { tokens, ..bucket }))
+                })
+                .collect();
+            let queue = Bucket {
+                tokens: old.queue.tokens.min(limits.burst()),
+                ..old.queue
+            };
+            Buckets { queue, keys }
         }
-        None => limits.full(now),
+        None => Buckets {
+            queue: limits.full(now),
+            keys: Default::default(),
+        },
     };
     let (limits, bucket) = (serde_json::to_string(limits)?, serde_json::to_string(&bucket)?);
     let args = args![namespace, queue, kind.as_str(), limits.as_str(), bucket.as_str(), now];

@@ -160,7 +160,7 @@ impl Backend for SqliteStore {
         self.writer
             .write_tx(move |tx| {
                 let admitted = drive(flow::admit(tx, &wanted, &env))?;
-                for candidate in drive(claim::candidates(tx, &wanted, &[], &env))? {
+                for candidate in drive(claim::candidates(tx, &wanted, &[], admitted.as_ref(), &env))? {
                     let Some(run) = drive(locate::lock_run(tx, &candidate.run_id, false))? else {
                         continue;
                     };

@@ -130,3 +130,125 @@ pub async fn a_queue_shows_its_ready_tasks_by_priority_and_class<S: Store>(store
     let elsewhere = store.priority_fairness("default", "other", NOW).await.expect("shares");
     assert_eq!(elsewhere, QueueShares::default());
 }
+
+/// One claim of the shared queue at `at`, by `worker`.
+async fn claim_at<S: Store>(store: &S, worker: &str, at: Millis) -> StoreResult<Option<String>> {
+    let claimed = store
+        .claim_task("default", TaskKind::Workflow, "shared", &[], worker, 60_000, at, None)
+        .await?;
+    Ok(claimed.map(|(_, run)| run.workflow_id.0))
+}
+
+fn held_by(result: StoreResult<Option<String>>) -> String {
+    match result {
+        Err(StoreError::Refused(refusal)) if refusal.reason == Reason::TaskQueueThrottled => {
+            refusal.details["held_by"].as_str().unwrap_or_default().to_string()
+        }
+        other => panic!("expected the claim held back, got {other:?}"),
+    }
+}
+
+fn key_cap(cap: u32) -> capstan_engine::flow::KeyLimits {
+    capstan_engine::flow::KeyLimits {
+        max_leased_tasks: Some(cap),
+        ..Default::default()
+    }
+}
+
+/// A fairness key's own cap holds its tasks back while the other keys' still go out; a key's
+/// own entry replaces the default; when every key is held the claim is throttled by name.
+pub async fn a_fairness_keys_cap_holds_only_that_keys_tasks<S: Store>(store: S) {
+    for i in 0..3 {
+        start_with(&store, &format!("a-{i}"), NOW + i, with(5, Some("tenant-a"), 1)).await;
+        start_with(&store, &format!("b-{i}"), NOW + 10 + i, with(5, Some("tenant-b"), 1)).await;
+    }
+    let limits = capstan_engine::flow::QueueLimits {
+        fairness_key_limits: Some(key_cap(1)),
+        ..Default::default()
+    };
+    store
+        .set_queue_limits("default", "shared", TaskKind::Workflow, limits.clone(), NOW)
+        .await
+        .unwrap();
+    let at = NOW + 1_000;
+    let mut first_two = vec![
+        claim_at(&store, "w1", at).await.unwrap().unwrap(),
+        claim_at(&store, "w2", at).await.unwrap().unwrap(),
+    ];
+    first_two.sort();
+    assert_eq!(first_two, ["a-0", "b-0"], "one of each key, the cap of one reached by both");
+    assert_eq!(held_by(claim_at(&store, "w3", at).await), "fairness_key_max_leased_tasks");
+
+    let limits = capstan_engine::flow::QueueLimits {
+        fairness_key_overrides: [("tenant-b".to_string(), key_cap(2))].into(),
+        ..limits
+    };
+    store
+        .set_queue_limits("default", "shared", TaskKind::Workflow, limits, NOW)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim_at(&store, "w4", at).await.unwrap().as_deref(),
+        Some("b-1"),
+        "its own cap of two"
+    );
+    assert_eq!(held_by(claim_at(&store, "w5", at).await), "fairness_key_max_leased_tasks");
+}
+
+/// A fairness key's rate: its burst at once, then one lease per token, while a key without a
+/// limit of its own (freed by an empty entry) goes out unhindered.
+pub async fn a_fairness_keys_rate_holds_its_rate<S: Store>(store: S) {
+    for i in 0..4 {
+        start_with(&store, &format!("r-{i}"), NOW + i, with(5, Some("rated"), 1)).await;
+        start_with(&store, &format!("f-{i}"), NOW + 10 + i, with(5, Some("free"), 1)).await;
+    }
+    let limits = capstan_engine::flow::QueueLimits {
+        fairness_key_limits: Some(capstan_engine::flow::KeyLimits {
+            dispatch_rate_per_second: Some(1.0),
+            dispatch_burst: Some(1),
+            max_leased_tasks: None,
+        }),
+        fairness_key_overrides: [("free".to_string(), Default::default())].into(),
+        ..Default::default()
+    };
+    store
+        .set_queue_limits("default", "shared", TaskKind::Workflow, limits, NOW)
+        .await
+        .unwrap();
+    let at = NOW + 1_000;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(claim_at(&store, &format!("w{i}"), at).await.unwrap().unwrap());
+    }
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["f-0", "f-1", "f-2", "f-3", "r-0"],
+        "the rated key's burst of one, the free key's all"
+    );
+    assert_eq!(held_by(claim_at(&store, "w5", at).await), "fairness_key_dispatch_rate");
+    assert_eq!(
+        claim_at(&store, "w6", at + 1_000).await.unwrap().as_deref(),
+        Some("r-1"),
+        "a token a second later"
+    );
+}
+
+/// Weights an operator gives fairness keys replace those their runs were started with.
+pub async fn operator_weights_replace_the_started_ones<S: Store>(store: S) {
+    for i in 0..8 {
+        start_with(&store, &format!("heavy-{i}"), NOW + i, with(5, Some("heavy"), 1)).await;
+        start_with(&store, &format!("light-{i}"), NOW + i, with(5, Some("light"), 1)).await;
+    }
+    let limits = capstan_engine::flow::QueueLimits {
+        fairness_weights: [("heavy".to_string(), 3)].into(),
+        ..Default::default()
+    };
+    store
+        .set_queue_limits("default", "shared", TaskKind::Workflow, limits, NOW)
+        .await
+        .unwrap();
+    let first_eight = claimed_ids(&store, 8).await;
+    let heavy = first_eight.iter().filter(|id| id.starts_with("heavy")).count();
+    assert_eq!(heavy, 6, "operator weights 3:1 share 6:2, got {first_eight:?}");
+}

@@ -77,7 +77,7 @@ pub async fn a_dispatch_rate_lets_its_burst_through_then_holds_the_rate<S: Store
     let limits = QueueLimits {
         dispatch_rate_per_second: Some(2.0),
         dispatch_burst: Some(2),
-        max_leased_tasks: None,
+        ..QueueLimits::default()
     };
     store
         .set_queue_limits("default", "rated", TaskKind::Workflow, limits, NOW)
