@@ -67,29 +67,23 @@ pub trait Limit {
     }
 }
 
-impl Limit for QueueLimits {
-    fn rate(&self) -> Option<f64> {
-        self.dispatch_rate_per_second
-    }
-    fn burst_given(&self) -> Option<u32> {
-        self.dispatch_burst
-    }
-    fn cap(&self) -> Option<u32> {
-        self.max_leased_tasks
-    }
+/// [`Limit`] for a type with the three fields under their API names.
+macro_rules! limit_fields {
+    ($($limits:ty),*) => {$(
+        impl Limit for $limits {
+            fn rate(&self) -> Option<f64> {
+                self.dispatch_rate_per_second
+            }
+            fn burst_given(&self) -> Option<u32> {
+                self.dispatch_burst
+            }
+            fn cap(&self) -> Option<u32> {
+                self.max_leased_tasks
+            }
+        }
+    )*};
 }
-
-impl Limit for KeyLimits {
-    fn rate(&self) -> Option<f64> {
-        self.dispatch_rate_per_second
-    }
-    fn burst_given(&self) -> Option<u32> {
-        self.dispatch_burst
-    }
-    fn cap(&self) -> Option<u32> {
-        self.max_leased_tasks
-    }
-}
+limit_fields!(QueueLimits, KeyLimits);
 
 /// The first of a rate, burst and cap out of bounds (`prefix` names where they sit).
 fn check_limit(limit: &impl Limit, prefix: &str) -> Result<(), (String, String)> {
