@@ -4,11 +4,13 @@
 //! once and on every node within a second; the limits row in the database is the authority.
 
 use crate::{AppError, AppResult, Services};
-use capstan_engine::flow::QueueLimits;
+use capstan_engine::flow::{KeyLimits, QueueLimits};
 use capstan_engine::scheduling::{self, DEFAULT_CLASS};
 use capstan_engine::TaskKind;
 use capstan_store::prelude::*;
 use capstan_store::QueueLimitState;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 /// The task kinds a limit can be set on, by the name the API uses.
 pub fn kind_named(name: &str) -> AppResult<TaskKind> {
@@ -82,16 +84,100 @@ pub struct ConfiguredLimit {
     pub limits: QueueLimits,
 }
 
-/// The fields of a configured limit besides the limits' own.
-const PLACE_FIELDS: [&str; 3] = ["namespace", "task_queue", "kind"];
-const LIMITS_FIELDS: [&str; 6] = [
-    "dispatch_rate_per_second",
-    "dispatch_burst",
-    "max_leased_tasks",
-    "fairness_key_limits",
-    "fairness_key_overrides",
-    "fairness_weights",
-];
+const RATE_AND_CAP: [&str; 3] = ["dispatch_rate_per_second", "dispatch_burst", "max_leased_tasks"];
+const FAIRNESS_KEY_FIELDS: [&str; 3] = ["fairness_key_limits", "fairness_key_overrides", "fairness_weights"];
+
+/// Limits from their JSON (the body of `PUT /api/task-queues/{queue}/limits/{kind}`, an entry of
+/// the config file's `task_queue_limits`): a field of the wrong type, or one no limit has, is
+/// refused by its path (`fairness_key_limits.max_leased`), never passed over. Bounds are
+/// [`checked`]'s.
+pub fn from_json(object: &Map<String, Value>) -> AppResult<QueueLimits> {
+    refuse_unknown(object, "", &[&RATE_AND_CAP, &FAIRNESS_KEY_FIELDS])?;
+    let own = key_limits(object, "")?;
+    let fairness_key_limits = match object.get("fairness_key_limits").filter(|v| !v.is_null()) {
+        Some(value) => Some(key_limits(as_object(value, "fairness_key_limits")?, "fairness_key_limits.")?),
+        None => None,
+    };
+    let mut fairness_key_overrides = BTreeMap::new();
+    for (key, value) in entries(object, "fairness_key_overrides")? {
+        let field = format!("fairness_key_overrides.{key}");
+        fairness_key_overrides.insert(key.clone(), key_limits(as_object(value, &field)?, &format!("{field}."))?);
+    }
+    let mut fairness_weights = BTreeMap::new();
+    for (key, value) in entries(object, "fairness_weights")? {
+        let field = format!("fairness_weights.{key}");
+        let weight = value
+            .as_u64()
+            .and_then(|w| u16::try_from(w).ok())
+            .ok_or_else(|| AppError::invalid(&field, format!("{field} must be a whole number.")))?;
+        fairness_weights.insert(key.clone(), weight);
+    }
+    Ok(QueueLimits {
+        dispatch_rate_per_second: own.dispatch_rate_per_second,
+        dispatch_burst: own.dispatch_burst,
+        max_leased_tasks: own.max_leased_tasks,
+        fairness_key_limits,
+        fairness_key_overrides,
+        fairness_weights,
+    })
+}
+
+/// A rate, burst and cap from `object` (`prefix` names where it sits in the request).
+fn key_limits(object: &Map<String, Value>, prefix: &str) -> AppResult<KeyLimits> {
+    if !prefix.is_empty() {
+        refuse_unknown(object, prefix, &[&RATE_AND_CAP])?;
+    }
+    let rate = match object.get("dispatch_rate_per_second").filter(|v| !v.is_null()) {
+        Some(value) => Some(value.as_f64().ok_or_else(|| {
+            let field = format!("{prefix}dispatch_rate_per_second");
+            AppError::invalid(&field, format!("{field} must be a number."))
+        })?),
+        None => None,
+    };
+    let whole = |name: &str| -> AppResult<Option<u32>> {
+        match object.get(name).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(value) => value.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| {
+                let field = format!("{prefix}{name}");
+                AppError::invalid(&field, format!("{field} must be a whole number."))
+            }),
+        }
+    };
+    Ok(KeyLimits {
+        dispatch_rate_per_second: rate,
+        dispatch_burst: whole("dispatch_burst")?,
+        max_leased_tasks: whole("max_leased_tasks")?,
+    })
+}
+
+fn refuse_unknown(object: &Map<String, Value>, prefix: &str, known: &[&[&str]]) -> AppResult<()> {
+    match object.keys().find(|k| !known.iter().any(|names| names.contains(&k.as_str()))) {
+        Some(unknown) => Err(AppError::invalid(
+            format!("{prefix}{unknown}"),
+            format!("unknown field `{prefix}{unknown}`: it is not a flow-control limit."),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn as_object<'a>(value: &'a Value, field: &str) -> AppResult<&'a Map<String, Value>> {
+    value
+        .as_object()
+        .ok_or_else(|| AppError::invalid(field, format!("{field} must be an object of limits.")))
+}
+
+/// The entries of the object field `name` (none when absent or null).
+fn entries<'a>(object: &'a Map<String, Value>, name: &str) -> AppResult<impl Iterator<Item = (&'a String, &'a Value)>> {
+    let map = match object.get(name).filter(|v| !v.is_null()) {
+        Some(value) => Some(
+            value
+                .as_object()
+                .ok_or_else(|| AppError::invalid(name, format!("{name} must be an object.")))?,
+        ),
+        None => None,
+    };
+    Ok(map.into_iter().flatten())
+}
 
 /// One configured limit from its JSON text: `task_queue` and `kind` (`namespace` defaults to
 /// `default`) and the limits as the API's `PUT …/limits/{kind}` takes them. Refused with the
@@ -102,12 +188,6 @@ pub fn configured(text: &str) -> Result<ConfiguredLimit, String> {
         serde_json::Value::Object(object) => object,
         _ => return Err(format!("{text}: must be an object")),
     };
-    if let Some(unknown) = object
-        .keys()
-        .find(|k| !PLACE_FIELDS.contains(&k.as_str()) && !LIMITS_FIELDS.contains(&k.as_str()))
-    {
-        return Err(format!("{text}: unknown field `{unknown}`"));
-    }
     let mut text_field = |name: &str| match object.remove(name) {
         Some(serde_json::Value::String(value)) if !value.is_empty() => Ok(Some(value)),
         None => Ok(None),
@@ -117,7 +197,7 @@ pub fn configured(text: &str) -> Result<ConfiguredLimit, String> {
     let task_queue = text_field("task_queue")?.ok_or_else(|| format!("{text}: `task_queue` is required"))?;
     let kind = text_field("kind")?.ok_or_else(|| format!("{text}: `kind` is required (workflow or activity)"))?;
     let kind = kind_named(&kind).map_err(|e| format!("{text}: {e}"))?;
-    let limits: QueueLimits = serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| format!("{text}: {e}"))?;
+    let limits = from_json(&object).map_err(|e| format!("{text}: {e}"))?;
     let limits = checked(limits).map_err(|e| format!("{text}: {e}"))?;
     Ok(ConfiguredLimit {
         namespace,
@@ -169,6 +249,10 @@ mod tests {
             (
                 r#"{"task_queue": "q", "kind": "activity", "fairness_weights": {"a b": 2}}"#,
                 "fairness_weights.a b",
+            ),
+            (
+                r#"{"task_queue": "q", "kind": "activity", "fairness_key_limits": {"max_leased": 1}}"#,
+                "fairness_key_limits.max_leased",
             ),
         ] {
             let error = configured(text).unwrap_err();

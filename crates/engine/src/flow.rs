@@ -188,6 +188,18 @@ impl Buckets {
             None => limit.full(now),
         }
     }
+
+    /// Drops the key buckets that say nothing an absent one does not (refilled to their burst by
+    /// `now`, or no longer rate-limited), so the row holds only keys dispatching lately, not
+    /// every tenant ever seen.
+    pub fn prune(&mut self, limits: &QueueLimits, now: Millis) {
+        self.keys.retain(|class, bucket| {
+            limits
+                .of_key(class)
+                .filter(|limit| limit.rate().is_some())
+                .is_some_and(|limit| refill(limit, *bucket, now).tokens < limit.burst())
+        });
+    }
 }
 
 /// A rate limit's bucket as of `refilled_at`.
@@ -424,5 +436,43 @@ mod tests {
             ..KeyLimits::default()
         };
         assert_eq!(old.key(&key, "t1", 100).tokens, 4.0, "a key not seen yet starts full");
+    }
+
+    #[test]
+    fn key_buckets_refilled_to_their_burst_are_dropped() {
+        let limits = QueueLimits {
+            fairness_key_limits: Some(KeyLimits {
+                dispatch_rate_per_second: Some(1.0),
+                dispatch_burst: Some(2),
+                max_leased_tasks: None,
+            }),
+            ..QueueLimits::default()
+        };
+        let spent = Bucket {
+            tokens: 0.0,
+            refilled_at: 0,
+        };
+        let mut buckets = Buckets {
+            queue: spent,
+            keys: [
+                (
+                    "busy".to_string(),
+                    Bucket {
+                        tokens: 0.0,
+                        refilled_at: 1_000,
+                    },
+                ),
+                ("idle".to_string(), spent),
+            ]
+            .into(),
+        };
+        buckets.prune(&limits, 2_000);
+        assert_eq!(
+            buckets.keys.keys().collect::<Vec<_>>(),
+            ["busy"],
+            "idle is full again: as good as absent"
+        );
+        buckets.prune(&QueueLimits::default(), 2_000);
+        assert!(buckets.keys.is_empty(), "no key is rate-limited any more");
     }
 }

@@ -3,19 +3,17 @@
 
 use crate::auth::Role;
 use crate::body::JsonObject;
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::planes::Namespace;
-use crate::wire::{refuse_unknown_fields, Fields};
 use crate::Shared;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::{Extension, Json};
 use capstan_app::queue_limits;
-use capstan_engine::flow::{self, KeyLimits, Limit, QueueLimits};
+use capstan_engine::flow::{self, Limit, QueueLimits};
 use capstan_engine::TaskKind;
 use capstan_store::{KindShares, Store};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
 /// `GET /api/task-queues/{task_queue}/priority-fairness`: ready workflow and activity tasks
 /// by priority tier and fairness class, with each class's recent dispatch on this node.
@@ -56,9 +54,6 @@ fn surface(shares: &KindShares) -> Value {
     json!({"ready_tasks": shares.ready_tasks, "priority_tiers": tiers, "recent_dispatch": recent})
 }
 
-const RATE_AND_CAP: &[&str] = &["dispatch_rate_per_second", "dispatch_burst", "max_leased_tasks"];
-const FAIRNESS_KEY_FIELDS: &[&str] = &["fairness_key_limits", "fairness_key_overrides", "fairness_weights"];
-
 /// `GET /api/task-queues/{task_queue}/limits`: the flow-control limits per task kind (`null`:
 /// none), with the leased tasks and the rate limit's tokens now.
 pub async fn limits<S: Store>(
@@ -81,73 +76,8 @@ pub async fn set_limits<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
-    refuse_unknown_fields(&body, &[RATE_AND_CAP, FAIRNESS_KEY_FIELDS], "", "queue limits")?;
-    let f = Fields::new(&body);
-    let own = key_limits(&body, "")?;
-    let fairness_key_limits = match f.opt_object("fairness_key_limits")? {
-        Some(object) => Some(key_limits(object, "fairness_key_limits.")?),
-        None => None,
-    };
-    let mut fairness_key_overrides = BTreeMap::new();
-    for (key, value) in f.opt_object("fairness_key_overrides")?.into_iter().flatten() {
-        let field = format!("fairness_key_overrides.{key}");
-        let object = value
-            .as_object()
-            .ok_or_else(|| ApiError::validation(&field, format!("{field} must be an object of limits.")))?;
-        fairness_key_overrides.insert(key.clone(), key_limits(object, &format!("{field}."))?);
-    }
-    let mut fairness_weights = BTreeMap::new();
-    for (key, value) in f.opt_object("fairness_weights")?.into_iter().flatten() {
-        let field = format!("fairness_weights.{key}");
-        let weight = value
-            .as_u64()
-            .and_then(|w| u16::try_from(w).ok())
-            .ok_or_else(|| ApiError::validation(&field, format!("{field} must be an integer from 1 to 1000.")))?;
-        fairness_weights.insert(key.clone(), weight);
-    }
-    let limits = QueueLimits {
-        dispatch_rate_per_second: own.dispatch_rate_per_second,
-        dispatch_burst: own.dispatch_burst,
-        max_leased_tasks: own.max_leased_tasks,
-        fairness_key_limits,
-        fairness_key_overrides,
-        fairness_weights,
-    };
+    let limits = queue_limits::from_json(&body)?;
     set_and_show(&state, &namespace, &queue, &kind, limits).await
-}
-
-/// A rate, burst and cap from `object` (`prefix` names where it sits); other fields refused.
-fn key_limits(object: &serde_json::Map<String, Value>, prefix: &str) -> ApiResult<KeyLimits> {
-    if !prefix.is_empty() {
-        refuse_unknown_fields(object, &[RATE_AND_CAP], prefix, "fairness-key limits")?;
-    }
-    let f = Fields::new(object);
-    let rate = match f.raw("dispatch_rate_per_second") {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(value.as_f64().ok_or_else(|| {
-            let field = format!("{prefix}dispatch_rate_per_second");
-            ApiError::validation(&field, format!("{field} must be a number."))
-        })?),
-    };
-    let bound = i64::from(u32::MAX);
-    let int = |name: &str| -> ApiResult<Option<u32>> {
-        match object.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => value
-                .as_i64()
-                .filter(|n| (0..=bound).contains(n))
-                .map(|n| Some(n as u32))
-                .ok_or_else(|| {
-                    let field = format!("{prefix}{name}");
-                    ApiError::validation(&field, format!("{field} must be a whole number."))
-                }),
-        }
-    };
-    Ok(KeyLimits {
-        dispatch_rate_per_second: rate,
-        dispatch_burst: int("dispatch_burst")?,
-        max_leased_tasks: int("max_leased_tasks")?,
-    })
 }
 
 /// `DELETE /api/task-queues/{task_queue}/limits/{kind}`: no limits on the kind.

@@ -124,6 +124,7 @@ pub(crate) async fn leased_one<T: Tx>(tx: &mut T, wanted: &Claim, admitted: &Adm
     if let Some(key) = key {
         buckets.keys.insert(class.to_string(), key);
     }
+    buckets.prune(&admitted.limits, wanted.now);
     let bucket = serde_json::to_string(&buckets)?;
     let args = args![
         wanted.namespace.as_str(),

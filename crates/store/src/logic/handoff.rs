@@ -97,6 +97,10 @@ pub(crate) async fn offer<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, 
         }
         handed = Some(HandedRun { run, effects });
     }
+    if taken.is_empty() {
+        // Nothing was leased, so nothing changed: the run is written as the transition left it.
+        return Ok(None);
+    }
     if let Some(done) = &handed {
         for (poll, task) in taken {
             tracing::debug!(task_id = %task.id, worker_id = %poll.poller.worker_id, "task handed to a parked poll");
