@@ -90,3 +90,77 @@ async fn an_unreadable_run_document_opens_one_incident_and_blocks_the_run() {
     });
     capstan_store::suite::an_unreadable_run_document_opens_one_incident_and_blocks_the_run(store, tamper).await;
 }
+
+/// A workflow task's claim writes its task row and leaves the run document alone; the report
+/// writes the document once, with the lease folded in and closed, and clears the row's copy.
+#[tokio::test]
+async fn a_workflow_claim_writes_its_task_row_and_not_the_run_document() {
+    let (store, dir) = fresh().await;
+    let (_, run) = store
+        .start_workflow(start_request("row-only", "q"), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("capstan.db")).unwrap();
+    let document = || -> String {
+        conn.query_row("SELECT state FROM runs WHERE run_id = ?1", [run.run_id.as_str()], |r| r.get(0))
+            .unwrap()
+    };
+    let row = |task: &TaskId| -> (String, Option<String>) {
+        conn.query_row("SELECT status, pending_lease FROM tasks WHERE task_id = ?1", [task.as_str()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap()
+    };
+    let before = document();
+    let (task, _) = store
+        .claim_task("default", TaskKind::Workflow, "q", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("the workflow task");
+    assert_eq!(document(), before, "the claim left the run document alone");
+    let (status, pending) = row(&task.id);
+    assert_eq!(status, "leased");
+    assert!(pending.is_some_and(|p| p.contains("\"owner\":\"w\"")));
+
+    let id = task.id.clone();
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            let timer = WorkflowCommand::StartTimer {
+                delay_seconds: 60,
+                tags: Default::default(),
+            };
+            complete_workflow_task(run, cx, &id, "w", 1, vec![timer])
+        })
+        .await
+        .expect("the report under the row's lease");
+    assert_ne!(document(), before);
+    assert_eq!(row(&task.id), ("completed".to_string(), None));
+}
+
+/// A lease kept on its row whose run document was written around it (by a node that did not
+/// know it) still stands, on the history its worker was handed.
+#[tokio::test]
+async fn a_lease_written_around_folds_on_the_history_its_worker_saw() {
+    let (store, dir) = fresh().await;
+    store
+        .start_workflow(start_request("around", "q"), DuplicatePolicy::Fail, NOW)
+        .await
+        .unwrap();
+    let (task, leased) = store
+        .claim_task("default", TaskKind::Workflow, "q", &[], "w", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .expect("the workflow task");
+    assert!(leased.last_sequence > 1);
+    let conn = rusqlite::Connection::open(dir.path().join("capstan.db")).unwrap();
+    let seen = leased.last_sequence - 1;
+    conn.execute(
+        "UPDATE tasks SET pending_lease = json_set(pending_lease, '$.snapshot', ?2) WHERE task_id = ?1",
+        rusqlite::params![task.id.as_str(), seen as i64],
+    )
+    .unwrap();
+    let read = store.load_run("default", RunLocator::Task(task.id.clone())).await.unwrap().unwrap();
+    let folded = &read.tasks[&task.id];
+    assert_eq!(folded.lease(), task.lease());
+    assert!(matches!(folded.detail, TaskDetail::Workflow { history_snapshot, .. } if history_snapshot == seen));
+}

@@ -77,7 +77,15 @@ pub(crate) async fn lease_candidate<T: Tx>(
             Ok(Claimed::Refused)
         }
         Ok(Some(task)) => {
-            persist(tx, &run, &effects, false, env).await?;
+            // A lease that changes nothing but its task is written to its row alone; the run's
+            // next writer folds it into the document.
+            if super::row_lease::row_only(&task, &effects) {
+                if !super::row_lease::lease_row(tx, &task, now).await? {
+                    return Ok(Claimed::Stale);
+                }
+            } else {
+                persist(tx, &run, &effects, false, env).await?;
+            }
             if let Some(key) = &wanted.poll {
                 remember_poll(tx, key, &task, now).await?;
             }

@@ -2,6 +2,7 @@
 //! report names, by workflow id and run id, or as its instance's current run. A document that
 //! does not parse is a corrupt run, named.
 
+use super::row_lease::{self, Load};
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
 
@@ -14,15 +15,16 @@ const LOCK_RUN_OR_SKIP: Locking = locking!(
     "SELECT state, namespace, workflow_id, run_id FROM runs WHERE run_id = $1",
     "FOR UPDATE SKIP LOCKED"
 );
-// A report names its task: the task's receipt (if it closed) comes along, see `state_of`.
+// A report names its task: the task's receipt (if it closed) and the lease it holds on its row
+// alone (if any) come along, see `run_of`.
 const LOCK_RUN_OF_TASK: Locking = locking!(
-    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt, t.pending_lease FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
     "FOR UPDATE OF r"
 );
 // A duty passes over a run another transaction holds (a node frozen mid-transaction must not
 // stall every other run's deadlines): its claim stands, and its node retries while it lasts.
 pub(super) const LOCK_RUN_OF_TASK_OR_SKIP: Locking = locking!(
-    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
+    "SELECT r.state, r.namespace, r.workflow_id, r.run_id, t.receipt, t.pending_lease FROM tasks t JOIN runs r ON r.run_id = t.run_id WHERE t.task_id = $1 AND t.namespace = $2",
     "FOR UPDATE OF r SKIP LOCKED"
 );
 const LOCK_NAMED_RUN: Locking = locking!(
@@ -34,11 +36,27 @@ const LOCK_CURRENT_RUN: Locking = locking!(
     "FOR UPDATE OF r"
 );
 
-/// The run of a row `(state, namespace, workflow_id, run_id[, receipt])`. A receipt column
-/// holds the named task's receipt, kept on its row when a report closed it: the engine answers
-/// a retried report from `closed_receipts`.
-pub(super) fn state_of(row: Option<crate::tx::Row>) -> StoreResult<Option<RunState>> {
+/// The run of a row `(state, namespace, workflow_id, run_id[, receipt, pending_lease])`, with
+/// the lease a claim left on its workflow task's row folded in (`row_lease`). A row naming a
+/// task (`named`) holds its receipt, kept on its row when a report closed it (the engine
+/// answers a retried report from `closed_receipts`), and its row's pending lease.
+pub(super) async fn run_of<T: Tx>(
+    tx: &mut T,
+    row: Option<crate::tx::Row>,
+    named: Option<&TaskId>,
+    load: Load,
+) -> StoreResult<Option<RunState>> {
     let Some(row) = row else { return Ok(None) };
+    let pending = match named {
+        Some(task_id) if row.0.len() > 5 => Some((task_id.as_str(), row.opt_str(5)?)),
+        _ => None,
+    };
+    let mut run = state_of(&row)?;
+    row_lease::fold(tx, &mut run, pending, load).await?;
+    Ok(Some(run))
+}
+
+fn state_of(row: &crate::tx::Row) -> StoreResult<RunState> {
     let mut run = read_run(row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?)?;
     if row.0.len() > 4 {
         if let Some(text) = row.opt_str(4)? {
@@ -49,7 +67,7 @@ pub(super) fn state_of(row: Option<crate::tx::Row>) -> StoreResult<Option<RunSta
             }
         }
     }
-    Ok(Some(run))
+    Ok(run)
 }
 
 /// A stored run document, or [`StoreError::CorruptRun`] naming the run when it does not parse
@@ -75,18 +93,18 @@ pub(crate) fn read_run(document: &str, namespace: &str, workflow_id: &str, run_i
 pub(crate) async fn lock_run<T: Tx>(tx: &mut T, run_id: &str, skip_locked: bool) -> StoreResult<Option<RunState>> {
     let sql = if skip_locked { LOCK_RUN_OR_SKIP } else { LOCK_RUN }.sql(tx.dialect());
     let row = tx.query_opt(sql, &args![run_id]).await?;
-    state_of(row)
+    run_of(tx, row, None, Load::Locked).await
 }
 
 /// Finds and locks the run `locator` names, in one statement.
 pub(crate) async fn locate_and_lock<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
     let dialect = tx.dialect();
-    locate(tx, namespace, locator, |statement| statement.sql(dialect)).await
+    locate(tx, namespace, locator, |statement| statement.sql(dialect), Load::Locked).await
 }
 
 /// Reads the run `locator` names, without a lock.
 pub(crate) async fn load_run<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
-    locate(tx, namespace, locator, Locking::unlocked).await
+    locate(tx, namespace, locator, Locking::unlocked, Load::Read).await
 }
 
 async fn locate<T: Tx>(
@@ -94,6 +112,7 @@ async fn locate<T: Tx>(
     namespace: &str,
     locator: &RunLocator,
     text: impl Fn(&Locking) -> &'static str,
+    load: Load,
 ) -> StoreResult<Option<RunState>> {
     let row = match locator {
         RunLocator::Task(task_id) => tx.query_opt(text(&LOCK_RUN_OF_TASK), &args![task_id.as_str(), namespace]).await?,
@@ -106,5 +125,9 @@ async fn locate<T: Tx>(
                 .await?
         }
     };
-    state_of(row)
+    let named = match locator {
+        RunLocator::Task(task_id) => Some(task_id),
+        _ => None,
+    };
+    run_of(tx, row, named, load).await
 }

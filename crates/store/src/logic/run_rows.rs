@@ -20,9 +20,12 @@ const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, 
      ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
          deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
          lease_expires_at = excluded.lease_expires_at, fence = excluded.fence,
-         sticky_owner = excluded.sticky_owner, sticky_until = excluded.sticky_until";
-/// `$3`: the receipt of the report that closed the task, if one did.
-const CLOSE_TASK: &str = "UPDATE tasks SET status = $2, deadline_at = NULL, receipt = COALESCE($3, receipt) WHERE task_id = $1";
+         sticky_owner = excluded.sticky_owner, sticky_until = excluded.sticky_until, pending_lease = NULL";
+/// `$3`: the receipt of the report that closed the task, if one did. Writing a task's row from
+/// the document clears the lease a claim kept on the row alone (`row_lease`): the document
+/// holds it now.
+const CLOSE_TASK: &str =
+    "UPDATE tasks SET status = $2, deadline_at = NULL, pending_lease = NULL, receipt = COALESCE($3, receipt) WHERE task_id = $1";
 const KEEP_RECEIPT: &str = "UPDATE tasks SET receipt = $2 WHERE task_id = $1";
 /// A task created and closed within one transition never had a row: record it closed.
 const INSERT_CLOSED_TASK: &str =

@@ -1,8 +1,9 @@
 //! Run transitions over one open transaction: find and lock the run, let the engine decide,
 //! persist what it decided. The same on both backends; the caller commits.
 
-use super::locate::{load_run, locate_and_lock, lock_run, state_of, LOCK_RUN_OF_TASK_OR_SKIP};
+use super::locate::{load_run, locate_and_lock, lock_run, run_of, LOCK_RUN_OF_TASK_OR_SKIP};
 use super::persist::persist;
+use super::row_lease::Load;
 use super::run_rows::{insert_instance, set_current_run};
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Tx};
@@ -175,7 +176,7 @@ where
     let locator = RunLocator::Task(due.task_id.clone());
     let args = args![due.task_id.as_str(), due.namespace.as_str()];
     let row = tx.query_opt(LOCK_RUN_OF_TASK_OR_SKIP.sql(tx.dialect()), &args).await?;
-    let Some(mut run) = state_of(row)? else {
+    let Some(mut run) = run_of(tx, row, Some(&due.task_id), Load::Locked).await? else {
         if load_run(tx, &due.namespace, &locator).await?.is_some() {
             return Err(Refusal::new(
                 Reason::RunLocked,

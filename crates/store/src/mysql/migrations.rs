@@ -132,4 +132,10 @@ CREATE TABLE IF NOT EXISTS queue_limits (namespace VARCHAR(255) NOT NULL, task_q
   limits TEXT NOT NULL, bucket TEXT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (namespace, task_queue, kind)) {table};
 "#,
     ),
+    (
+        30,
+        r#"
+ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
+"#,
+    ),
 ];

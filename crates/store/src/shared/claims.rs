@@ -61,7 +61,8 @@ impl SharedStore {
             return Ok(None);
         };
         let task_id = TaskId(row.text(0)?);
-        let run = locate::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
+        let mut run = locate::read_run(row.str(1)?, row.str(2)?, row.str(3)?, row.str(4)?)?;
+        crate::logic::row_lease::fold(&mut tx, &mut run, None, crate::logic::row_lease::Load::Locked).await?;
         let step = match actions::lease_atomic(&mut tx, run, task_id, &actions, codec, now, &self.env).await? {
             actions::AtomicLease::Nothing => return Ok(None),
             actions::AtomicLease::Refused(outcome) => {

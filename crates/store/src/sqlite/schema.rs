@@ -560,6 +560,14 @@ CREATE TABLE queue_limits (
 );
 "#,
     ),
+    (
+        29,
+        r#"
+-- A claim's workflow-task lease kept on the task row alone until the run's next writer folds
+-- it into the run document (the lease's inputs as JSON; NULL once the document holds it).
+ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -12,6 +12,7 @@ mod external_payloads;
 mod flow;
 mod handoff;
 mod operators;
+mod row_lease;
 mod schedules;
 mod service_calls;
 mod standalone;
@@ -26,6 +27,7 @@ pub use external_payloads::*;
 pub use flow::*;
 pub use handoff::*;
 pub use operators::*;
+pub use row_lease::*;
 pub use schedules::*;
 pub use service_calls::*;
 pub use standalone::*;
@@ -1508,6 +1510,7 @@ macro_rules! store_suite {
             a_parked_poll_is_handed_only_what_it_may_take,
             a_parked_poll_whose_client_went_takes_nothing,
             a_hand_off_whose_answer_was_not_read_is_kept_to_give_back,
+            a_lease_on_its_row_is_seen_by_every_reader_and_writer,
             a_dispatch_rate_lets_its_burst_through_then_holds_the_rate,
             worker_sessions_are_acquired_renewed_and_closed,
             claims_offer_a_session_activity_only_to_who_may_hold_the_session,
