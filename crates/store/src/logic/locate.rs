@@ -96,6 +96,24 @@ pub(crate) async fn lock_run<T: Tx>(tx: &mut T, run_id: &str, skip_locked: bool)
     run_of(tx, row, None, Load::Locked).await
 }
 
+/// Locks the run of a claim's candidate, a task this transaction read ready. Its row is not
+/// read again for a lease kept on it alone: one another claim wrote since is caught when this
+/// claim writes the row (`row_lease::lease_row` leases only a ready row).
+pub(crate) async fn lock_candidate_run<T: Tx>(
+    tx: &mut T,
+    run_id: &str,
+    candidate: &TaskId,
+    skip_locked: bool,
+) -> StoreResult<Option<RunState>> {
+    let sql = if skip_locked { LOCK_RUN_OR_SKIP } else { LOCK_RUN }.sql(tx.dialect());
+    let Some(row) = tx.query_opt(sql, &args![run_id]).await? else {
+        return Ok(None);
+    };
+    let mut run = state_of(&row)?;
+    row_lease::fold(tx, &mut run, Some((candidate.as_str(), None)), Load::Locked).await?;
+    Ok(Some(run))
+}
+
 /// Finds and locks the run `locator` names, in one statement.
 pub(crate) async fn locate_and_lock<T: Tx>(tx: &mut T, namespace: &str, locator: &RunLocator) -> StoreResult<Option<RunState>> {
     let dialect = tx.dialect();

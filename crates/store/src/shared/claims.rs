@@ -22,7 +22,7 @@ impl SharedStore {
             let admitted = flow::admit(&mut tx, &wanted, &self.env).await?;
             let mut leasing = None;
             for candidate in claim::candidates(&mut tx, &wanted, &passed, admitted.as_ref(), &self.env).await? {
-                if let Some(run) = locate::lock_run(&mut tx, &candidate.run_id, true).await? {
+                if let Some(run) = locate::lock_candidate_run(&mut tx, &candidate.run_id, &candidate.task_id, true).await? {
                     leasing = Some((candidate, run));
                     break;
                 }

@@ -161,7 +161,7 @@ impl Backend for SqliteStore {
             .write_tx(move |tx| {
                 let admitted = drive(flow::admit(tx, &wanted, &env))?;
                 for candidate in drive(claim::candidates(tx, &wanted, &[], admitted.as_ref(), &env))? {
-                    let Some(run) = drive(locate::lock_run(tx, &candidate.run_id, false))? else {
+                    let Some(run) = drive(locate::lock_candidate_run(tx, &candidate.run_id, &candidate.task_id, false))? else {
                         continue;
                     };
                     let claimed = drive(claim::lease_candidate(tx, run, &candidate, &wanted, admitted.as_ref(), &env))?;
