@@ -5,6 +5,7 @@
 //! CPU seconds per workflow and peak RSS when it spawned the server itself.
 
 mod avro;
+mod matching;
 mod proc_stats;
 
 use clap::{Parser, ValueEnum};
@@ -33,6 +34,12 @@ enum Workload {
     IdlePolls,
     /// Start --workflows workflows and leave them open (no workers); report the server's RSS.
     Open,
+    /// Two tenants' backlogs (--workflows each), weighted 3:1: their shares of dispatch.
+    Fairness,
+    /// A priority-1 start behind --workflows priority-5 ones: its place in the dispatch order.
+    Priority,
+    /// A backlog drained under --rate-limit and/or --max-leased, by workers on every --node.
+    Limits,
 }
 
 #[derive(Parser, Debug)]
@@ -81,6 +88,21 @@ struct Args {
     /// mode first (e.g. `non_atomic`), so every dispatch is ledgered: the ledger's cost.
     #[arg(long)]
     declare_action: Option<String>,
+    /// Matching workloads: how long to drain the backlog.
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// Matching workloads: how long a worker holds each workflow task before completing it.
+    #[arg(long, default_value_t = 0)]
+    think_ms: u64,
+    /// `limits`: the queue's dispatch rate limit (workflow tasks per second).
+    #[arg(long)]
+    rate_limit: Option<f64>,
+    /// `limits`: the queue's cap on workflow tasks leased at once.
+    #[arg(long)]
+    max_leased: Option<u64>,
+    /// Matching workloads: more nodes of the same cluster; workers poll every node in turn.
+    #[arg(long)]
+    node: Vec<String>,
 }
 
 const WORKER_HEADERS: [(&str, &str); 2] = [("X-Durable-Workflow-Protocol-Version", "1.20"), ("X-Namespace", "default")];
@@ -193,7 +215,7 @@ fn decide(workload: Workload, steps: usize, task: &Value, events: &[Value]) -> V
             commands.push(json!({"type": "complete_workflow", "result": input}));
             commands
         }
-        Workload::IdlePolls | Workload::Open => vec![],
+        Workload::IdlePolls | Workload::Open | Workload::Fairness | Workload::Priority | Workload::Limits => vec![],
     }
 }
 
@@ -427,6 +449,35 @@ async fn main() {
         );
     }
     let cpu_before = spawned.as_ref().map(|s| s.cpu_seconds()).unwrap_or(0.0);
+
+    if matches!(args.workload, Workload::Fairness | Workload::Priority | Workload::Limits) {
+        let mut nodes = vec![api.clone()];
+        nodes.extend(args.node.iter().map(|url| {
+            Arc::new(Api {
+                http: api.http.clone(),
+                base: url.trim_end_matches('/').to_string(),
+                served: AtomicU64::new(0),
+            })
+        }));
+        let setup = matching::Setup {
+            nodes,
+            queue: queue.clone(),
+            workflows: args.workflows,
+            concurrency: args.concurrency,
+            workers: args.workers,
+            seconds: args.seconds,
+            think_ms: args.think_ms,
+            rate_limit: args.rate_limit,
+            max_leased: args.max_leased,
+        };
+        let report = match args.workload {
+            Workload::Fairness => matching::fairness(&setup).await,
+            Workload::Priority => matching::priority(&setup).await,
+            _ => matching::limits(&setup).await,
+        };
+        println!("{report}");
+        return;
+    }
 
     if args.workload == Workload::IdlePolls {
         let report = idle_polls(api.clone(), &args, &queue).await;

@@ -9,9 +9,14 @@ use std::sync::Mutex;
 
 type QueueKey = (String, &'static str, String);
 
+/// How long a queue's list of classes with ready work is trusted before a claim reads it again.
+pub const READY_CLASSES_TTL_MS: Millis = 2_000;
+
 #[derive(Debug, Default)]
 pub struct DispatchShares {
     queues: Mutex<BTreeMap<QueueKey, RecentDispatch>>,
+    /// Each queue's fairness classes with ready work, and when that was read.
+    ready_classes: Mutex<BTreeMap<QueueKey, (Millis, Vec<String>)>>,
 }
 
 impl DispatchShares {
@@ -33,6 +38,23 @@ impl DispatchShares {
     pub fn scores(&self, namespace: &str, kind: TaskKind, queue: &str, now: Millis) -> Vec<(String, f64)> {
         let queues = self.queues.lock().expect("dispatch shares");
         queues.get(&key(namespace, kind, queue)).map(|r| r.scores(now)).unwrap_or_default()
+    }
+}
+
+impl DispatchShares {
+    /// The queue's classes with ready work, as last read, unless that was over
+    /// [`READY_CLASSES_TTL_MS`] ago.
+    pub fn ready_classes(&self, namespace: &str, kind: TaskKind, queue: &str, now: Millis) -> Option<Vec<String>> {
+        let read = self.ready_classes.lock().expect("ready classes");
+        read.get(&key(namespace, kind, queue))
+            .filter(|(at, _)| now - at < READY_CLASSES_TTL_MS)
+            .map(|(_, classes)| classes.clone())
+    }
+
+    /// The queue's classes with ready work, read at `now`.
+    pub fn note_ready_classes(&self, namespace: &str, kind: TaskKind, queue: &str, classes: Vec<String>, now: Millis) {
+        let mut read = self.ready_classes.lock().expect("ready classes");
+        read.insert(key(namespace, kind, queue), (now, classes));
     }
 }
 

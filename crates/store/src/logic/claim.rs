@@ -204,7 +204,9 @@ pub(crate) async fn candidates<T: Tx>(
     }
 }
 
-/// One read of candidates, leaving out the classes `held` (see [`candidates`]).
+/// One read of candidates, leaving out the classes `held` (see [`candidates`]): the oldest ten,
+/// and the oldest of every other class with ready work, so a class whose whole backlog arrived
+/// after another's still gets its share.
 async fn read_candidates<T: Tx>(
     tx: &mut T,
     wanted: &Claim,
@@ -215,12 +217,12 @@ async fn read_candidates<T: Tx>(
 ) -> StoreResult<Vec<Candidate>> {
     let types = &wanted.types;
     // The usual claim (any type, nothing passed over yet) reads one text, built once.
-    static ANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| candidates_sql(&[], &[], &[]));
+    static ANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| candidates_sql(&[], &[], &[], None));
     let built;
     let sql = if types.is_empty() && passed.is_empty() && held.is_empty() {
         ANY.as_str()
     } else {
-        built = candidates_sql(types, passed, held);
+        built = candidates_sql(types, passed, held, None);
         built.as_str()
     };
     let mut params = args![
@@ -234,19 +236,20 @@ async fn read_candidates<T: Tx>(
     params.extend(types.iter().chain(passed).chain(held).map(crate::tx::Param::from));
     let mut read = Vec::new();
     for row in tx.query(sql, &params).await? {
-        let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
-        let class = capstan_engine::scheduling::class_of(row.opt_str(3)?).to_string();
-        let started_with = u16::try_from(row.int(4)?).unwrap_or(1);
-        let weight = admitted.and_then(|a| a.limits.weight_of(&class)).unwrap_or(started_with);
-        read.push((
-            Candidate {
-                task_id: TaskId(row.text(0)?),
-                run_id: row.text(1)?,
-                class,
-            },
-            priority,
-            weight,
-        ));
+        read.push(candidate_of(&row, admitted)?);
+    }
+    for class in ready_classes(tx, wanted, env).await? {
+        if held.contains(&class) || read.iter().any(|(c, _, _)| c.class == class) {
+            continue;
+        }
+        let sql = candidates_sql(types, passed, held, Some(&class));
+        let mut params = params.clone();
+        if class != capstan_engine::scheduling::DEFAULT_CLASS {
+            params.push(crate::tx::Param::from(class.as_str()));
+        }
+        if let Some(row) = tx.query_opt(&sql, &params).await? {
+            read.push(candidate_of(&row, admitted)?);
+        }
     }
     let offered: Vec<_> = read
         .iter()
@@ -263,16 +266,58 @@ async fn read_candidates<T: Tx>(
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
+/// A candidate row `(task_id, run_id, priority, fairness_key, fairness_weight)`, with its
+/// priority and its weight (the operator's, over the one its run was started with).
+fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) -> StoreResult<(Candidate, u8, u16)> {
+    let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
+    let class = capstan_engine::scheduling::class_of(row.opt_str(3)?).to_string();
+    let started_with = u16::try_from(row.int(4)?).unwrap_or(1);
+    let weight = admitted.and_then(|a| a.limits.weight_of(&class)).unwrap_or(started_with);
+    let candidate = Candidate {
+        task_id: TaskId(row.text(0)?),
+        run_id: row.text(1)?,
+        class,
+    };
+    Ok((candidate, priority, weight))
+}
+
+/// At most this many fairness classes with ready work are read per queue.
+const READY_CLASSES: usize = 64;
+
+/// The queue's fairness classes with ready work: read again when the last read is older than
+/// `dispatch_shares::READY_CLASSES_TTL_MS` (work another node made ready shows up then).
+async fn ready_classes<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> StoreResult<Vec<String>> {
+    let (namespace, kind, queue, now) = (&wanted.namespace, wanted.kind, &wanted.queue, wanted.now);
+    if let Some(classes) = env.dispatch.ready_classes(namespace, kind, queue, now) {
+        return Ok(classes);
+    }
+    let sql = format!(
+        "SELECT DISTINCT fairness_key FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' LIMIT {READY_CLASSES}"
+    );
+    let mut classes = Vec::new();
+    for row in tx.query(&sql, &args![namespace.as_str(), kind.as_str(), queue.as_str()]).await? {
+        classes.push(capstan_engine::scheduling::class_of(row.opt_str(0)?).to_string());
+    }
+    env.dispatch.note_ready_classes(namespace, kind, queue, classes.clone(), now);
+    Ok(classes)
+}
+
 /// The candidate read for a poller of `types` (any when empty), passing over `passed` and the
-/// fairness classes `held`.
-fn candidates_sql(types: &[String], passed: &[String], held: &[String]) -> String {
+/// fairness classes `held`: the oldest ten, or the oldest one of `class`.
+fn candidates_sql(types: &[String], passed: &[String], held: &[String], class: Option<&str>) -> String {
+    let taken = 5 + types.len() + passed.len() + held.len();
+    let (of_class, limit) = match class {
+        None => (String::new(), CANDIDATES),
+        Some(capstan_engine::scheduling::DEFAULT_CLASS) => (" AND t.fairness_key IS NULL".to_string(), 1),
+        Some(_) => (format!(" AND t.fairness_key = ${}", taken + 1), 1),
+    };
     format!(
         "SELECT t.task_id, t.run_id, t.priority, t.fairness_key, t.fairness_weight FROM tasks t
          WHERE t.namespace = $1 AND t.kind = $2 AND t.queue = $3 AND t.status = 'ready' AND t.available_at <= $4
            AND (t.compatibility IS NULL
                 OR t.compatibility = (SELECT w.build_id FROM workers w WHERE w.namespace = $1 AND w.worker_id = $5))
-           AND {} AND {}{}{}{}
-         ORDER BY t.priority, t.available_at, t.task_id LIMIT {CANDIDATES}",
+           AND {} AND {}{}{}{}{of_class}
+         ORDER BY t.priority, t.available_at, t.task_id LIMIT {limit}",
         sticky_free("t", "$5", "$4"),
         session_free("t", "$5", "$4"),
         super::listing::any_of("t.type_name", types, 5),

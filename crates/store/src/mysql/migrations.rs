@@ -138,4 +138,10 @@ CREATE TABLE IF NOT EXISTS queue_limits (namespace VARCHAR(255) NOT NULL, task_q
 ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
 "#,
     ),
+    (
+        31,
+        r#"
+CREATE INDEX tasks_fair ON tasks (status, namespace(128), kind, queue(255), fairness_key, priority, available_at);
+"#,
+    ),
 ];

@@ -568,4 +568,12 @@ CREATE TABLE queue_limits (
 ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
 "#,
     ),
+    (
+        31,
+        r#"
+-- The oldest ready task of each fairness class, read by a claim so that a class whose whole
+-- backlog arrived after another's still gets its share.
+CREATE INDEX tasks_fair ON tasks (namespace, kind, queue, fairness_key, priority, available_at) WHERE status = 'ready';
+"#,
+    ),
 ];

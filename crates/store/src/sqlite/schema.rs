@@ -568,6 +568,14 @@ CREATE TABLE queue_limits (
 ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
 "#,
     ),
+    (
+        30,
+        r#"
+-- The oldest ready task of each fairness class, read by a claim so that a class whose whole
+-- backlog arrived after another's still gets its share.
+CREATE INDEX tasks_fair ON tasks (namespace, kind, queue, fairness_key, priority, available_at) WHERE status = 'ready';
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

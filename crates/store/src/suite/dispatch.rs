@@ -252,3 +252,22 @@ pub async fn operator_weights_replace_the_started_ones<S: Store>(store: S) {
     let heavy = first_eight.iter().filter(|id| id.starts_with("heavy")).count();
     assert_eq!(heavy, 6, "operator weights 3:1 share 6:2, got {first_eight:?}");
 }
+
+/// A class whose whole backlog arrived after another's deep one is not among the oldest ready
+/// tasks a claim reads, yet gets its share: the oldest task of every class with ready work is
+/// offered too.
+pub async fn a_class_behind_a_deep_backlog_still_gets_its_share<S: Store>(store: S) {
+    for i in 0..30 {
+        start_with(&store, &format!("deep-{i:02}"), NOW + i, with(5, Some("deep"), 1)).await;
+    }
+    for i in 0..4 {
+        start_with(&store, &format!("late-{i}"), NOW + 100 + i, with(5, Some("late"), 3)).await;
+    }
+    start_with(&store, "plain", NOW + 200, with(5, None, 1)).await;
+    let first = claimed_ids(&store, 8).await;
+    let late = first.iter().filter(|id| id.starts_with("late")).count();
+    assert_eq!(late, 4, "weights 3:1 give the late class its share at once: {first:?}");
+    assert!(first.contains(&"plain".to_string()), "the default class too: {first:?}");
+    let deep: Vec<_> = first.iter().filter(|id| id.starts_with("deep")).cloned().collect();
+    assert_eq!(deep, ["deep-00", "deep-01", "deep-02"], "a class stays in order: {first:?}");
+}
