@@ -15,8 +15,9 @@ pub const READY_CLASSES_TTL_MS: Millis = 2_000;
 #[derive(Debug, Default)]
 pub struct DispatchShares {
     queues: Mutex<BTreeMap<QueueKey, RecentDispatch>>,
-    /// Each queue's fairness classes with ready work, and when that was read.
-    ready_classes: Mutex<BTreeMap<QueueKey, (Millis, Vec<String>)>>,
+    /// Each queue's fairness classes with ready work (with the weight they were started with),
+    /// and when that was read.
+    ready_classes: Mutex<BTreeMap<QueueKey, (Millis, Vec<(String, u16)>)>>,
 }
 
 impl DispatchShares {
@@ -44,7 +45,7 @@ impl DispatchShares {
 impl DispatchShares {
     /// The queue's classes with ready work, as last read, unless that was over
     /// [`READY_CLASSES_TTL_MS`] ago.
-    pub fn ready_classes(&self, namespace: &str, kind: TaskKind, queue: &str, now: Millis) -> Option<Vec<String>> {
+    pub fn ready_classes(&self, namespace: &str, kind: TaskKind, queue: &str, now: Millis) -> Option<Vec<(String, u16)>> {
         let read = self.ready_classes.lock().expect("ready classes");
         read.get(&key(namespace, kind, queue))
             .filter(|(at, _)| now - at < READY_CLASSES_TTL_MS)
@@ -52,7 +53,7 @@ impl DispatchShares {
     }
 
     /// The queue's classes with ready work, read at `now`.
-    pub fn note_ready_classes(&self, namespace: &str, kind: TaskKind, queue: &str, classes: Vec<String>, now: Millis) {
+    pub fn note_ready_classes(&self, namespace: &str, kind: TaskKind, queue: &str, classes: Vec<(String, u16)>, now: Millis) {
         let mut read = self.ready_classes.lock().expect("ready classes");
         read.insert(key(namespace, kind, queue), (now, classes));
     }

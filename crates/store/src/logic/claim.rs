@@ -238,10 +238,7 @@ async fn read_candidates<T: Tx>(
     for row in tx.query(sql, &params).await? {
         read.push(candidate_of(&row, admitted)?);
     }
-    for class in ready_classes(tx, wanted, env).await? {
-        if held.contains(&class) || read.iter().any(|(c, _, _)| c.class == class) {
-            continue;
-        }
+    for class in next_absent_classes(tx, wanted, held, &read, admitted, env).await? {
         let sql = candidates_sql(types, passed, held, Some(&class));
         let mut params = params.clone();
         if class != capstan_engine::scheduling::DEFAULT_CLASS {
@@ -281,22 +278,59 @@ fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) 
     Ok((candidate, priority, weight))
 }
 
-/// At most this many fairness classes with ready work are read per queue.
+/// At most this many fairness classes with ready work are known per queue.
 const READY_CLASSES: usize = 64;
+/// At most this many classes absent from the oldest ten have their oldest task read per claim:
+/// the ones the fair order would pick first.
+const ABSENT_CLASSES_READ: usize = 3;
 
-/// The queue's fairness classes with ready work: read again when the last read is older than
-/// `dispatch_shares::READY_CLASSES_TTL_MS` (work another node made ready shows up then).
-async fn ready_classes<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> StoreResult<Vec<String>> {
+/// The classes with ready work that are not among `read` (nor `held`) and that the fair order
+/// would pick first: least recent dispatch per unit of weight.
+async fn next_absent_classes<T: Tx>(
+    tx: &mut T,
+    wanted: &Claim,
+    held: &[String],
+    read: &[(Candidate, u8, u16)],
+    admitted: Option<&super::flow::Admitted>,
+    env: &Env,
+) -> StoreResult<Vec<String>> {
+    let known = ready_classes(tx, wanted, env).await?;
+    let absent: Vec<(String, u16)> = known
+        .into_iter()
+        .filter(|(class, _)| !held.contains(class) && !read.iter().any(|(c, _, _)| c.class == *class))
+        .collect();
+    if absent.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scores = env.dispatch.scores(&wanted.namespace, wanted.kind, &wanted.queue, wanted.now);
+    let mut ranked: Vec<(String, f64)> = absent
+        .into_iter()
+        .map(|(class, started_with)| {
+            let weight = admitted.and_then(|a| a.limits.weight_of(&class)).unwrap_or(started_with).max(1);
+            let score = scores.iter().find(|(c, _)| *c == class).map_or(0.0, |(_, score)| *score);
+            (class, score / f64::from(weight))
+        })
+        .collect();
+    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+    Ok(ranked.into_iter().take(ABSENT_CLASSES_READ).map(|(class, _)| class).collect())
+}
+
+/// The queue's fairness classes with ready work, each with the weight its work was started
+/// with: read again when the last read is older than `dispatch_shares::READY_CLASSES_TTL_MS`
+/// (work another node made ready shows up then).
+async fn ready_classes<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> StoreResult<Vec<(String, u16)>> {
     let (namespace, kind, queue, now) = (&wanted.namespace, wanted.kind, &wanted.queue, wanted.now);
     if let Some(classes) = env.dispatch.ready_classes(namespace, kind, queue, now) {
         return Ok(classes);
     }
     let sql = format!(
-        "SELECT DISTINCT fairness_key FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' LIMIT {READY_CLASSES}"
+        "SELECT fairness_key, MAX(fairness_weight) FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready'
+         GROUP BY fairness_key LIMIT {READY_CLASSES}"
     );
     let mut classes = Vec::new();
     for row in tx.query(&sql, &args![namespace.as_str(), kind.as_str(), queue.as_str()]).await? {
-        classes.push(capstan_engine::scheduling::class_of(row.opt_str(0)?).to_string());
+        let class = capstan_engine::scheduling::class_of(row.opt_str(0)?).to_string();
+        classes.push((class, u16::try_from(row.int(1)?).unwrap_or(1)));
     }
     env.dispatch.note_ready_classes(namespace, kind, queue, classes.clone(), now);
     Ok(classes)

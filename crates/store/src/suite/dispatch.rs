@@ -271,3 +271,25 @@ pub async fn a_class_behind_a_deep_backlog_still_gets_its_share<S: Store>(store:
     let deep: Vec<_> = first.iter().filter(|id| id.starts_with("deep")).cloned().collect();
     assert_eq!(deep, ["deep-00", "deep-01", "deep-02"], "a class stays in order: {first:?}");
 }
+
+/// With many classes behind a deep backlog, a claim reads the oldest task of only the few the
+/// fair order wants next, and every class still gets its turn.
+pub async fn many_classes_behind_a_deep_backlog_each_get_a_turn<S: Store>(store: S) {
+    for i in 0..20 {
+        start_with(&store, &format!("deep-{i:02}"), NOW + i, with(5, Some("deep"), 1)).await;
+    }
+    for tenant in 0..6 {
+        for i in 0..2 {
+            start_with(
+                &store,
+                &format!("t{tenant}-{i}"),
+                NOW + 100 + tenant * 10 + i,
+                with(5, Some(&format!("t{tenant}")), 1),
+            )
+            .await;
+        }
+    }
+    let first = claimed_ids(&store, 7).await;
+    let classes: std::collections::BTreeSet<&str> = first.iter().map(|id| id.split('-').next().unwrap_or_default()).collect();
+    assert_eq!(classes.len(), 7, "seven claims, seven classes: {first:?}");
+}

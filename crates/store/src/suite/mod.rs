@@ -1502,6 +1502,7 @@ macro_rules! store_suite {
             claims_take_the_most_urgent_task_first,
             fairness_classes_share_a_priority_by_weight,
             a_class_behind_a_deep_backlog_still_gets_its_share,
+            many_classes_behind_a_deep_backlog_each_get_a_turn,
             a_queue_shows_its_ready_tasks_by_priority_and_class,
             a_leased_task_cap_holds_claims_back,
             a_fairness_keys_cap_holds_only_that_keys_tasks,
