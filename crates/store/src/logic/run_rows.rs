@@ -13,8 +13,30 @@ use std::collections::BTreeSet;
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1";
-const INSERT_EVENT: &str = "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+/// Events go in one statement per transaction (up to [`EVENTS_PER_INSERT`] rows each).
+const EVENTS_PER_INSERT: usize = 32;
+const EVENT_COLUMNS: usize = 10;
+
+/// The insert of `rows` events, its text built once per row count.
+fn insert_events(rows: usize) -> &'static str {
+    static TEXTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        (1..=EVENTS_PER_INSERT)
+            .map(|rows| {
+                let values: Vec<String> = (0..rows)
+                    .map(|row| {
+                        let marks: Vec<String> = (1..=EVENT_COLUMNS).map(|c| format!("${}", row * EVENT_COLUMNS + c)).collect();
+                        format!("({})", marks.join(", "))
+                    })
+                    .collect();
+                format!(
+                    "INSERT INTO history_events (run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at, prev_hash, hash) VALUES {}",
+                    values.join(", ")
+                )
+            })
+            .collect()
+    });
+    &TEXTS[rows - 1]
+}
 const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility, sticky_owner, sticky_until, session_id, priority, fairness_key, fairness_weight)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
      ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
@@ -143,10 +165,11 @@ async fn write_rows<T: Tx>(
             args: args![run_id, run.status.as_str(), run.closed_at, state].into(),
         });
     }
-    for (event, payload) in events.iter().zip(&payloads) {
-        statements.push(Statement {
-            sql: INSERT_EVENT,
-            args: args![
+    let rows: Vec<(&&HistoryEvent, &String)> = events.iter().zip(&payloads).collect();
+    for chunk in rows.chunks(EVENTS_PER_INSERT) {
+        let mut args = Vec::with_capacity(chunk.len() * EVENT_COLUMNS);
+        for (event, payload) in chunk {
+            args.extend(args![
                 run_id,
                 event.sequence as i64,
                 event.id.as_str(),
@@ -157,8 +180,11 @@ async fn write_rows<T: Tx>(
                 event.recorded_at,
                 event.prev_hash.as_str(),
                 event.hash.as_str(),
-            ]
-            .into(),
+            ]);
+        }
+        statements.push(Statement {
+            sql: insert_events(chunk.len()),
+            args,
         });
     }
     let mut ready_queues: Vec<WakeKey> = Vec::new();

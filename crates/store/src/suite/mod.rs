@@ -1519,6 +1519,7 @@ macro_rules! store_suite {
             fenced_deregistrations_keep_their_receipt,
             a_refused_transition_writes_nothing,
             transitions_persist_events_and_tasks,
+            a_transition_with_many_events_writes_them_all,
             a_retried_report_is_answered_from_its_tasks_receipt,
             children_follow_a_parents_delivery_and_close_in_its_transaction,
             deadlines_are_reported_when_due,
@@ -1563,4 +1564,21 @@ macro_rules! store_suite {
             }
         )*
     };
+}
+
+/// A transition's events go in multi-row inserts of a bounded size: one with more events than
+/// fit in one statement keeps them all, in order, on the chain.
+pub async fn a_transition_with_many_events_writes_them_all<S: Store>(store: S) {
+    let run = started(&store, "many-events", "q").await;
+    let timers: Vec<WorkflowCommand> = (0..70).map(|i| timer(60 + i)).collect();
+    let after = complete_next(&store, "q", timers).await;
+    assert!(after.last_sequence >= run.last_sequence + 70);
+    let history = all_history(&store, &after).await;
+    assert_eq!(history.len() as u64, after.last_sequence);
+    assert_eq!(
+        history.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (1..=after.last_sequence).collect::<Vec<_>>()
+    );
+    assert_eq!(history.iter().filter(|e| e.event_type == EventType::TimerScheduled).count(), 70);
+    verify_chain(&history).unwrap();
 }
