@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 type QueueKey = (String, &'static str, String);
+/// A queue's fairness classes with ready work, each with its started weight, and when read.
+type ReadyClasses = (Millis, Vec<(String, u16)>);
 
 /// How long a queue's list of classes with ready work is trusted before a claim reads it again.
 pub const READY_CLASSES_TTL_MS: Millis = 2_000;
@@ -17,7 +19,7 @@ pub struct DispatchShares {
     queues: Mutex<BTreeMap<QueueKey, RecentDispatch>>,
     /// Each queue's fairness classes with ready work (with the weight they were started with),
     /// and when that was read.
-    ready_classes: Mutex<BTreeMap<QueueKey, (Millis, Vec<(String, u16)>)>>,
+    ready_classes: Mutex<BTreeMap<QueueKey, ReadyClasses>>,
 }
 
 impl DispatchShares {
