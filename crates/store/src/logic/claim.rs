@@ -205,8 +205,8 @@ pub(crate) async fn candidates<T: Tx>(
 }
 
 /// One read of candidates, leaving out the classes `held` (see [`candidates`]): the oldest ten,
-/// and the oldest of every other class with ready work, so a class whose whole backlog arrived
-/// after another's still gets its share.
+/// and the oldest task of the few classes absent from them that the fair order wants next
+/// (`class_heads`), so a class whose whole backlog arrived after another's gets its share.
 async fn read_candidates<T: Tx>(
     tx: &mut T,
     wanted: &Claim,
@@ -238,7 +238,12 @@ async fn read_candidates<T: Tx>(
     for row in tx.query(sql, &params).await? {
         read.push(candidate_of(&row, admitted)?);
     }
-    for class in next_absent_classes(tx, wanted, held, &read, admitted, env).await? {
+    // Fewer than ten read: every ready task this poller may take is among them.
+    let absent = match read.len() {
+        n if n < CANDIDATES => Vec::new(),
+        _ => super::class_heads::wanted_next(tx, wanted, held, &read, admitted, env).await?,
+    };
+    for class in absent {
         let sql = candidates_sql(types, passed, held, Some(&class));
         let mut params = params.clone();
         if class != capstan_engine::scheduling::DEFAULT_CLASS {
@@ -263,9 +268,12 @@ async fn read_candidates<T: Tx>(
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
+/// A candidate with its priority and weight.
+pub(crate) type Offered = (Candidate, u8, u16);
+
 /// A candidate row `(task_id, run_id, priority, fairness_key, fairness_weight)`, with its
 /// priority and its weight (the operator's, over the one its run was started with).
-fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) -> StoreResult<(Candidate, u8, u16)> {
+fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) -> StoreResult<Offered> {
     let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
     let class = capstan_engine::scheduling::class_of(row.opt_str(3)?).to_string();
     let started_with = u16::try_from(row.int(4)?).unwrap_or(1);
@@ -276,64 +284,6 @@ fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) 
         class,
     };
     Ok((candidate, priority, weight))
-}
-
-/// At most this many fairness classes with ready work are known per queue.
-const READY_CLASSES: usize = 64;
-/// At most this many classes absent from the oldest ten have their oldest task read per claim:
-/// the ones the fair order would pick first.
-const ABSENT_CLASSES_READ: usize = 3;
-
-/// The classes with ready work that are not among `read` (nor `held`) and that the fair order
-/// would pick first: least recent dispatch per unit of weight.
-async fn next_absent_classes<T: Tx>(
-    tx: &mut T,
-    wanted: &Claim,
-    held: &[String],
-    read: &[(Candidate, u8, u16)],
-    admitted: Option<&super::flow::Admitted>,
-    env: &Env,
-) -> StoreResult<Vec<String>> {
-    let known = ready_classes(tx, wanted, env).await?;
-    let absent: Vec<(String, u16)> = known
-        .into_iter()
-        .filter(|(class, _)| !held.contains(class) && !read.iter().any(|(c, _, _)| c.class == *class))
-        .collect();
-    if absent.is_empty() {
-        return Ok(Vec::new());
-    }
-    let scores = env.dispatch.scores(&wanted.namespace, wanted.kind, &wanted.queue, wanted.now);
-    let mut ranked: Vec<(String, f64)> = absent
-        .into_iter()
-        .map(|(class, started_with)| {
-            let weight = admitted.and_then(|a| a.limits.weight_of(&class)).unwrap_or(started_with).max(1);
-            let score = scores.iter().find(|(c, _)| *c == class).map_or(0.0, |(_, score)| *score);
-            (class, score / f64::from(weight))
-        })
-        .collect();
-    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-    Ok(ranked.into_iter().take(ABSENT_CLASSES_READ).map(|(class, _)| class).collect())
-}
-
-/// The queue's fairness classes with ready work, each with the weight its work was started
-/// with: read again when the last read is older than `dispatch_shares::READY_CLASSES_TTL_MS`
-/// (work another node made ready shows up then).
-async fn ready_classes<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> StoreResult<Vec<(String, u16)>> {
-    let (namespace, kind, queue, now) = (&wanted.namespace, wanted.kind, &wanted.queue, wanted.now);
-    if let Some(classes) = env.dispatch.ready_classes(namespace, kind, queue, now) {
-        return Ok(classes);
-    }
-    let sql = format!(
-        "SELECT fairness_key, MAX(fairness_weight) FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready'
-         GROUP BY fairness_key LIMIT {READY_CLASSES}"
-    );
-    let mut classes = Vec::new();
-    for row in tx.query(&sql, &args![namespace.as_str(), kind.as_str(), queue.as_str()]).await? {
-        let class = capstan_engine::scheduling::class_of(row.opt_str(0)?).to_string();
-        classes.push((class, u16::try_from(row.int(1)?).unwrap_or(1)));
-    }
-    env.dispatch.note_ready_classes(namespace, kind, queue, classes.clone(), now);
-    Ok(classes)
 }
 
 /// The candidate read for a poller of `types` (any when empty), passing over `passed` and the

@@ -6,6 +6,7 @@ pub(crate) mod actions;
 pub(crate) mod admin;
 pub(crate) mod audit;
 pub(crate) mod catalog;
+pub(crate) mod class_heads;
 pub(crate) mod claim;
 pub(crate) mod credentials;
 pub(crate) mod duties;
