@@ -75,14 +75,10 @@ impl Poll {
     }
 }
 
-/// The lease an earlier poll with the same request id took, if it is still this worker's.
-pub async fn recall<V: Services>(services: &V, poll: &Poll) -> AppResult<Option<(Task, RunState)>> {
-    let Some(key) = poll.key() else { return Ok(None) };
-    let store = services.store();
-    let Some((task_id, fence)) = store.recall_poll(key).await? else {
-        return Ok(None);
-    };
-    let Some(run) = store.load_run(&poll.namespace, RunLocator::Task(task_id.clone())).await? else {
+/// The lease an earlier poll with the same request id took (`task_id` at `fence`), if it is
+/// still this worker's.
+async fn recalled<V: Services>(services: &V, poll: &Poll, task_id: TaskId, fence: u64) -> AppResult<Option<(Task, RunState)>> {
+    let Some(run) = services.store().load_run(&poll.namespace, RunLocator::Task(task_id.clone())).await? else {
         return Ok(None);
     };
     let now = services.now();
@@ -121,12 +117,20 @@ impl Claim {
     }
 }
 
-/// Leases the oldest ready task the worker can run, if there is one now.
+/// A retried poll's earlier lease while it is live (see the module's note), else the oldest ready
+/// task the worker can run, if there is one now.
 pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Claim> {
     let store = services.store();
     let now = services.now();
     let queue = poll.worker.task_queue.as_str();
-    let ready = store.has_ready_task(&poll.namespace, poll.kind, queue, poll.types(), now).await?;
+    let ready = store
+        .has_ready_task(&poll.namespace, poll.kind, queue, poll.types(), now, poll.key())
+        .await?;
+    if let Some((task_id, fence)) = ready.recalled {
+        if let Some(lease) = recalled(services, poll, task_id, fence).await? {
+            return Ok(Claim::Leased(Box::new(lease)));
+        }
+    }
     if !ready.matching {
         return Ok(if ready.any { Claim::Missed } else { Claim::Idle });
     }

@@ -901,11 +901,13 @@ impl<T> Store for T where
 }
 
 /// What is ready on a queue for a poll: a task of one of its types (`matching`), or of any type
-/// (`any`; a poll that cannot take what is ready passes its wake-up on to another poller).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (`any`; a poll that cannot take what is ready passes its wake-up on to another poller); and
+/// the task (with its fence) an earlier poll with the same `poll_request_id` was answered with.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Readiness {
     pub any: bool,
     pub matching: bool,
+    pub recalled: Option<(TaskId, u64)>,
 }
 
 /// `(namespace, queue, worker, kind, poll_request_id)`: the scope of poll idempotency.

@@ -178,9 +178,6 @@ async fn long_poll_with_wait<S: Store>(
 ) -> ApiResult<Option<(Task, RunState)>> {
     let poll = poll_of(state, namespace, request, kind);
     let _turn = turn(state, &poll).await;
-    if let Some(recalled) = polls::recall(state, &poll).await? {
-        return Ok(Some(recalled));
-    }
     let notify = state.hub.channel(namespace, kind, &request.queue);
     let poll = &poll;
     let park = || polls::park(state, poll);
@@ -222,12 +219,9 @@ async fn turn<S: Store>(state: &AppState<S>, poll: &polls::Poll) -> Option<capst
     Some(state.poll_requests.lock(&name).await)
 }
 
-/// One look of a poll: a retried poll's earlier lease, else a claim.
+/// One look of a poll: a retried poll's earlier lease, else a claim (both `polls::claim`).
 async fn look_for_task<S: Store>(state: &AppState<S>, poll: &polls::Poll) -> ApiResult<Look<(Task, RunState)>> {
     let _turn = turn(state, poll).await;
-    if let Some(recalled) = polls::recall(state, poll).await? {
-        return Ok(Look::Found(recalled));
-    }
     Ok(claim_counted(state, poll).await?.into())
 }
 

@@ -13,8 +13,9 @@ pub trait TaskStore: Backend {
         self.read(move |tx| Box::pin(async move { fleet::leased_tasks(tx, &namespace, &owner, kind).await }))
     }
 
-    /// Whether a poll of this shape could lease something right now, and whether anything at
-    /// all is ready on the queue (a read, no writer trip).
+    /// Whether a poll of this shape could lease something right now, whether anything at all is
+    /// ready on the queue, and the task a poll with the same key (`recall`) was answered with:
+    /// one statement, no writer trip.
     fn has_ready_task(
         &self,
         namespace: &str,
@@ -22,9 +23,10 @@ pub trait TaskStore: Backend {
         queue: &str,
         types: &[String],
         now: Millis,
+        recall: Option<PollKey>,
     ) -> impl Future<Output = StoreResult<Readiness>> + Send {
         let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
-        self.read(move |tx| Box::pin(async move { claim::readiness(tx, &namespace, kind, &queue, &types, now).await }))
+        self.read(move |tx| Box::pin(async move { claim::readiness(tx, &namespace, kind, &queue, &types, now, recall.as_ref()).await }))
     }
 
     /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports, and in
@@ -117,10 +119,6 @@ pub trait TaskStore: Backend {
     fn delete_query_task(&self, namespace: &str, id: &str) -> impl Future<Output = StoreResult<()>> + Send {
         let (namespace, id) = (namespace.to_string(), id.to_string());
         self.write_one(move |tx| Box::pin(async move { queries::delete_query_task(tx, &namespace, &id).await }))
-    }
-
-    fn recall_poll(&self, key: PollKey) -> impl Future<Output = StoreResult<Option<(TaskId, u64)>>> + Send {
-        self.read(move |tx| Box::pin(async move { queries::recall_poll(tx, &key).await }))
     }
 }
 

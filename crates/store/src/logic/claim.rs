@@ -120,7 +120,9 @@ pub(crate) async fn remember_poll<T: Tx>(tx: &mut T, key: &PollKey, task: &Task,
     tx.execute(REMEMBER_POLL, &args).await.map(drop)
 }
 
-/// Whether a ready task waits on the queue at all, and one of `types` (any type when empty).
+/// Whether a ready task waits on the queue at all, and one of `types` (any type when empty); and,
+/// for a poll with a request id, the task that id was answered with. One statement: a poll's
+/// first look costs one round trip.
 pub(crate) async fn readiness<T: Tx>(
     tx: &mut T,
     namespace: &str,
@@ -128,21 +130,36 @@ pub(crate) async fn readiness<T: Tx>(
     queue: &str,
     types: &[String],
     now: Millis,
+    recall: Option<&PollKey>,
 ) -> StoreResult<Readiness> {
     const READY: &str = "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4";
-    let sql = format!(
+    let mut sql = format!(
         "SELECT EXISTS({READY}), EXISTS({READY}{})",
         super::listing::any_of("type_name", types, 4)
     );
     let mut params = args![namespace, kind.as_str(), queue, now].to_vec();
     params.extend(types.iter().map(crate::tx::Param::from));
+    if let Some(key) = recall {
+        let (worker, id) = (params.len() + 1, params.len() + 2);
+        let answered = format!(
+            "FROM poll_requests WHERE namespace = $1 AND task_queue = $3 AND kind = $2 AND worker_id = ${worker} AND poll_request_id = ${id}"
+        );
+        sql.push_str(&format!(", (SELECT task_id {answered}), (SELECT fence {answered})"));
+        params.push(crate::tx::Param::from(key.worker_id.as_str()));
+        params.push(crate::tx::Param::from(key.poll_request_id.as_str()));
+    }
     let row = tx
         .query_opt(&sql, &params)
         .await?
         .ok_or_else(|| StoreError::Storage("no readiness row".into()))?;
+    let recalled = match recall {
+        Some(_) => row.opt_str(2)?.map(|task| Ok::<_, StoreError>((TaskId(task.to_string()), row.int(3)? as u64))).transpose()?,
+        None => None,
+    };
     Ok(Readiness {
         any: row.int(0)? != 0,
         matching: row.int(1)? != 0,
+        recalled,
     })
 }
 

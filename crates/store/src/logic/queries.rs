@@ -107,18 +107,3 @@ pub(crate) async fn delete_query_task<T: Tx>(tx: &mut T, namespace: &str, id: &s
     tx.execute(sql, &args![id, namespace]).await.map(drop)
 }
 
-/// The task (and its fence) a poll request was answered with.
-pub(crate) async fn recall_poll<T: Tx>(tx: &mut T, key: &PollKey) -> StoreResult<Option<(TaskId, u64)>> {
-    let sql = "SELECT task_id, fence FROM poll_requests WHERE namespace = $1 AND task_queue = $2 AND worker_id = $3 AND kind = $4 AND poll_request_id = $5";
-    let args = args![
-        &key.namespace,
-        &key.task_queue,
-        &key.worker_id,
-        key.kind.as_str(),
-        &key.poll_request_id
-    ];
-    match tx.query_opt(sql, &args).await? {
-        Some(row) => Ok(Some((TaskId(row.text(0)?), row.int(1)? as u64))),
-        None => Ok(None),
-    }
-}

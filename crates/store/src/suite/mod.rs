@@ -210,12 +210,13 @@ pub async fn a_claim_goes_to_exactly_one_poller<S: Store + Clone>(store: S) {
     });
     let results = futures_join(claims.collect()).await;
     assert_eq!(results.iter().filter(|r| r.is_some()).count(), 1);
-    let ready = store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW).await.unwrap();
+    let ready = store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW, None).await.unwrap();
     assert_eq!(
         ready,
         Readiness {
             any: false,
-            matching: false
+            matching: false,
+            recalled: None
         }
     );
 }
@@ -245,12 +246,13 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
     // Not this poll's type, but ready for another: a poll woken for it hands the wake-up on.
     assert_eq!(
         store
-            .has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW)
+            .has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW, None)
             .await
             .unwrap(),
         Readiness {
             any: true,
-            matching: false
+            matching: false,
+            recalled: None
         }
     );
     assert!(store
@@ -261,10 +263,14 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
     let this_type = vec!["suite.workflow".to_string()];
     assert_eq!(
         store
-            .has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW)
+            .has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW, None)
             .await
             .unwrap(),
-        Readiness { any: true, matching: true }
+        Readiness {
+            any: true,
+            matching: true,
+            recalled: None
+        }
     );
     let (task, run) = store
         .claim_task("default", TaskKind::Workflow, "q", &this_type, "w", 60_000, NOW, None)
@@ -495,7 +501,7 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     let run = complete_next(&store, "q", vec![activity()]).await;
     assert!(
         store
-            .has_ready_task("default", TaskKind::Activity, "q", &[], NOW)
+            .has_ready_task("default", TaskKind::Activity, "q", &[], NOW, None)
             .await
             .unwrap()
             .matching
@@ -520,7 +526,7 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
         .unwrap();
     assert!(
         store
-            .has_ready_task("default", TaskKind::Workflow, "q", &[], NOW)
+            .has_ready_task("default", TaskKind::Workflow, "q", &[], NOW, None)
             .await
             .unwrap()
             .matching,
@@ -760,6 +766,13 @@ pub async fn keyed_commands_are_idempotent<S: Store>(store: S) {
     assert_eq!(signals, 1);
 }
 
+/// The task a poll with `key` was answered with, as a poll's first look reads it.
+pub(crate) async fn recall<S: Store>(store: &S, key: PollKey) -> Option<(TaskId, u64)> {
+    let (kind, queue) = (key.kind, key.task_queue.clone());
+    let ready = store.has_ready_task(&key.namespace.clone(), kind, &queue, &[], NOW, Some(key)).await;
+    ready.unwrap().recalled
+}
+
 pub async fn poll_memos_round_trip<S: Store>(store: S) {
     started(&store, "memo", "q").await;
     let key = PollKey {
@@ -769,25 +782,25 @@ pub async fn poll_memos_round_trip<S: Store>(store: S) {
         kind: TaskKind::Workflow,
         poll_request_id: "p1".into(),
     };
-    assert!(store.recall_poll(key.clone()).await.unwrap().is_none());
+    assert!(recall(&store, key.clone()).await.is_none());
     let (task, _) = store
         .claim_task("default", TaskKind::Workflow, "q", &[], "w", 60_000, NOW, Some(key.clone()))
         .await
         .unwrap()
         .expect("claimed");
-    assert_eq!(store.recall_poll(key.clone()).await.unwrap(), Some((task.id.clone(), task.fence)));
+    assert_eq!(recall(&store, key.clone()).await, Some((task.id.clone(), task.fence)));
     let other = PollKey {
         kind: TaskKind::Activity,
         ..key.clone()
     };
-    assert!(store.recall_poll(other).await.unwrap().is_none());
+    assert!(recall(&store, other).await.is_none());
     store.prune(NOW - 1).await.unwrap();
     assert!(
-        store.recall_poll(key.clone()).await.unwrap().is_some(),
+        recall(&store, key.clone()).await.is_some(),
         "young memos survive pruning"
     );
     store.prune(NOW + 1).await.unwrap();
-    assert!(store.recall_poll(key).await.unwrap().is_none());
+    assert!(recall(&store, key).await.is_none());
 }
 
 fn query_task(id: &str) -> QueryTask {
