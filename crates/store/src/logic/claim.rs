@@ -23,11 +23,8 @@ pub(crate) enum Claimed {
     Skipped,
 }
 
-const REMEMBER_POLL: &str =
-    "INSERT INTO poll_requests (namespace, task_queue, worker_id, kind, poll_request_id, task_id, fence, created_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-     ON CONFLICT (namespace, task_queue, worker_id, kind, poll_request_id)
-     DO UPDATE SET task_id = excluded.task_id, fence = excluded.fence, created_at = excluded.created_at";
+/// The poll a lease written with its run was taken by (a row lease writes it itself).
+const KEEP_POLL: &str = "UPDATE tasks SET poll_request_id = $2 WHERE task_id = $1";
 const REPAIR_ROW: &str = "UPDATE tasks SET status = $2 WHERE task_id = $1 AND status = 'ready'";
 
 /// Leases `candidate` of the locked `run` to the poller of `wanted` and persists the lease; a
@@ -78,16 +75,18 @@ pub(crate) async fn lease_candidate<T: Tx>(
         }
         Ok(Some(task)) => {
             // A lease that changes nothing but its task is written to its row alone; the run's
-            // next writer folds it into the document.
+            // next writer folds it into the document. The row keeps the poll's request id for
+            // a retry of it.
+            let poll = wanted.poll.as_ref().map(|key| key.poll_request_id.as_str());
             if super::row_lease::row_only(&task, &effects) {
-                if !super::row_lease::lease_row(tx, &task, now).await? {
+                if !super::row_lease::lease_row(tx, &task, now, poll).await? {
                     return Ok(Claimed::Stale);
                 }
             } else {
                 persist(tx, &run, &effects, false, env).await?;
-            }
-            if let Some(key) = &wanted.poll {
-                remember_poll(tx, key, &task, now).await?;
+                if let Some(poll) = poll {
+                    tx.execute(KEEP_POLL, &args![task.id.as_str(), poll]).await?;
+                }
             }
             if let Some(admitted) = admitted {
                 super::flow::leased_one(tx, wanted, admitted, &candidate.class).await?;
@@ -105,20 +104,6 @@ pub(crate) async fn lease_candidate<T: Tx>(
     }
 }
 
-/// A poll request id answered with a task: a retried poll gets the same task back.
-pub(crate) async fn remember_poll<T: Tx>(tx: &mut T, key: &PollKey, task: &Task, now: Millis) -> StoreResult<()> {
-    let args = args![
-        &key.namespace,
-        &key.task_queue,
-        &key.worker_id,
-        key.kind.as_str(),
-        &key.poll_request_id,
-        task.id.as_str(),
-        task.fence as i64,
-        now
-    ];
-    tx.execute(REMEMBER_POLL, &args).await.map(drop)
-}
 
 /// Whether a ready task waits on the queue at all, and one of `types` (any type when empty); and,
 /// for a poll with a request id, the task that id was answered with. One statement: a poll's
@@ -142,7 +127,7 @@ pub(crate) async fn readiness<T: Tx>(
     if let Some(key) = recall {
         let (worker, id) = (params.len() + 1, params.len() + 2);
         let answered = format!(
-            "FROM poll_requests WHERE namespace = $1 AND task_queue = $3 AND kind = $2 AND worker_id = ${worker} AND poll_request_id = ${id}"
+            "FROM tasks WHERE poll_request_id = ${id} AND namespace = $1 AND queue = $3 AND kind = $2 AND lease_owner = ${worker}"
         );
         sql.push_str(&format!(", (SELECT task_id {answered}), (SELECT fence {answered})"));
         params.push(crate::tx::Param::from(key.worker_id.as_str()));

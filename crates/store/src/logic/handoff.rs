@@ -9,17 +9,25 @@
 //! a session activity (its session row), a declared action (its definition and ledger). Those
 //! tasks stay ready and are announced, as before.
 
-use super::claim::remember_poll;
 use crate::parked_polls::{Delivery, HandedOff, Poller, Taken};
 use crate::rows::{task_compatibility, task_type_name};
 use crate::tx::Tx;
 use crate::*;
 
-/// The run as the hand-offs left it, and what they added to the transition's effects (the
-/// leases' events and touched tasks); `None` when nothing was handed off.
+/// The run as the hand-offs left it, what they added to the transition's effects (the leases'
+/// events and touched tasks), and the request id of each poll that took a task; `None` when
+/// nothing was handed off.
 pub(crate) struct HandedRun {
     pub run: RunState,
     pub effects: Effects,
+    pub polls: Vec<(TaskId, String)>,
+}
+
+impl HandedRun {
+    /// The request id of the poll `task` was handed to, kept on its row for a retry of it.
+    pub(crate) fn poll_of(&self, task: &TaskId) -> Option<&str> {
+        self.polls.iter().find(|(id, _)| id == task).map(|(_, poll)| poll.as_str())
+    }
 }
 
 /// Leases each task `effects` made ready to a parked poll that may take it; the deliveries are
@@ -68,9 +76,10 @@ pub(crate) async fn offer<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, 
         let Some(poll) = env.parked.take(&current.namespace, kind, &task.queue, fits) else {
             continue;
         };
-        let HandedRun { mut run, effects } = handed.take().unwrap_or_else(|| HandedRun {
+        let HandedRun { mut run, effects, mut polls } = handed.take().unwrap_or_else(|| HandedRun {
             run: run.clone(),
             effects: Effects::default(),
+            polls: Vec::new(),
         });
         let mut ids = env.ids();
         let mut cx = env.cx(now, &mut ids);
@@ -85,7 +94,7 @@ pub(crate) async fn offer<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, 
         // looks again when `poll` drops.
         if let Ok(Some(task)) = leased {
             if let Some(key) = &poll.poller.poll {
-                remember_poll(tx, key, &task, now).await?;
+                polls.push((task.id.clone(), key.poll_request_id.clone()));
             }
             let class = capstan_engine::scheduling::class_of(run.scheduling.fairness_key.as_deref());
             env.dispatch.record(&run.namespace, kind, &task.queue, class, now);
@@ -95,7 +104,7 @@ pub(crate) async fn offer<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, 
             });
             taken.push((poll, task));
         }
-        handed = Some(HandedRun { run, effects });
+        handed = Some(HandedRun { run, effects, polls });
     }
     if taken.is_empty() {
         // Nothing was leased, so nothing changed: the run is written as the transition left it.

@@ -27,7 +27,7 @@ pub(crate) fn persist<'a, T: Tx>(
         // with the lease.
         let handed = super::handoff::offer(tx, run, effects, env).await?;
         let (written, leases) = match &handed {
-            Some(handed) => (&handed.run, Some(&handed.effects)),
+            Some(handed) => (&handed.run, Some(handed)),
             None => (run, None),
         };
         run_rows::write_change(tx, written, effects, leases, insert_run).await?;

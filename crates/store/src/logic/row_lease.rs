@@ -31,11 +31,13 @@ struct PendingLease {
 
 /// Leases the ready row (a claim on another node may have leased it since its candidate read).
 const LEASE_ROW: &str =
-    "UPDATE tasks SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = $4, deadline_at = $5, pending_lease = $6
+    "UPDATE tasks SET status = 'leased', lease_owner = $2, lease_expires_at = $3, fence = $4, deadline_at = $5, pending_lease = $6,
+         poll_request_id = $7
      WHERE task_id = $1 AND status = 'ready'";
 const PENDING_OF: &str = "SELECT pending_lease FROM tasks WHERE task_id = $1";
 const DROP_LEASE: &str =
-    "UPDATE tasks SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, fence = $2, deadline_at = $3, pending_lease = NULL
+    "UPDATE tasks SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, fence = $2, deadline_at = $3, pending_lease = NULL,
+         poll_request_id = NULL
      WHERE task_id = $1";
 
 /// Whether the lease of `task` that produced `effects` may live on its row alone.
@@ -47,9 +49,10 @@ pub(crate) fn row_only(task: &Task, effects: &Effects) -> bool {
     task.kind == TaskKind::Workflow && *effects == only_the_task
 }
 
-/// Writes the lease `task` holds (leased at `leased_at`) to its row alone. False when the row
-/// is no longer ready: the candidate was leased elsewhere since it was read.
-pub(crate) async fn lease_row<T: Tx>(tx: &mut T, task: &Task, leased_at: Millis) -> StoreResult<bool> {
+/// Writes the lease `task` holds (leased at `leased_at`, by the poll with request id `poll`) to
+/// its row alone. False when the row is no longer ready: the candidate was leased elsewhere
+/// since it was read.
+pub(crate) async fn lease_row<T: Tx>(tx: &mut T, task: &Task, leased_at: Millis, poll: Option<&str>) -> StoreResult<bool> {
     let Some(lease) = task.lease() else {
         return Ok(false);
     };
@@ -67,7 +70,8 @@ pub(crate) async fn lease_row<T: Tx>(tx: &mut T, task: &Task, leased_at: Millis)
         lease.expires_at,
         task.fence as i64,
         task.deadline_at,
-        text.as_str()
+        text.as_str(),
+        poll
     ];
     Ok(tx.execute(LEASE_ROW, &args).await? == 1)
 }

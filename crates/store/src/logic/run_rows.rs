@@ -5,6 +5,7 @@
 //! `persist.rs`.
 
 use super::external_payloads;
+use super::handoff::HandedRun;
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Statement, Tx};
 use crate::*;
@@ -37,9 +38,15 @@ fn insert_events(rows: usize) -> &'static str {
     });
     &TEXTS[rows - 1]
 }
-const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility, sticky_owner, sticky_until, session_id, priority, fairness_key, fairness_weight)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
-     ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, available_at = excluded.available_at,
+/// `$21`: the request id of the poll a hand-off gave the lease to. A row keeps the one it has
+/// while its fence (its lease) stands; the assignment comes first, as MySQL's upsert reads the
+/// row's columns as the assignments before it left them.
+const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, queue, type_name, status, available_at, deadline_at, lease_owner, lease_expires_at, fence, created_at, compatibility, sticky_owner, sticky_until, session_id, priority, fairness_key, fairness_weight, poll_request_id)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+     ON CONFLICT (task_id) DO UPDATE SET
+         poll_request_id = CASE WHEN excluded.poll_request_id IS NOT NULL THEN excluded.poll_request_id
+                                WHEN tasks.fence = excluded.fence THEN tasks.poll_request_id END,
+         status = excluded.status, available_at = excluded.available_at,
          deadline_at = excluded.deadline_at, lease_owner = excluded.lease_owner,
          lease_expires_at = excluded.lease_expires_at, fence = excluded.fence,
          sticky_owner = excluded.sticky_owner, sticky_until = excluded.sticky_until, pending_lease = NULL";
@@ -47,7 +54,7 @@ const UPSERT_TASK: &str = "INSERT INTO tasks (task_id, namespace, run_id, kind, 
 /// the document clears the lease a claim kept on the row alone (`row_lease`): the document
 /// holds it now.
 const CLOSE_TASK: &str =
-    "UPDATE tasks SET status = $2, deadline_at = NULL, pending_lease = NULL, receipt = COALESCE($3, receipt) WHERE task_id = $1";
+    "UPDATE tasks SET status = $2, deadline_at = NULL, pending_lease = NULL, poll_request_id = NULL, receipt = COALESCE($3, receipt) WHERE task_id = $1";
 const KEEP_RECEIPT: &str = "UPDATE tasks SET receipt = $2 WHERE task_id = $1";
 /// A task created and closed within one transition never had a row: record it closed.
 const INSERT_CLOSED_TASK: &str =
@@ -66,12 +73,12 @@ pub(super) const INSERT_INSTANCE: &str =
 const SET_CURRENT_RUN: &str = "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1";
 
 /// Writes what one transition changed in `run` (`insert_run`: the run is new), and what the
-/// hand-offs that followed it added (`leases`: their events and leased tasks).
+/// hand-offs that followed it added (`leases`: their events, leased tasks and polls).
 pub(crate) async fn write_change<T: Tx>(
     tx: &mut T,
     run: &RunState,
     effects: &Effects,
-    leases: Option<&Effects>,
+    leases: Option<&HandedRun>,
     insert_run: bool,
 ) -> StoreResult<()> {
     debug_assert_eq!(run.invariants_hold(), Ok(()), "run {} as a transition left it", run.run_id.as_str());
@@ -133,14 +140,18 @@ async fn write_rows<T: Tx>(
     tx: &mut T,
     run: &RunState,
     effects: &Effects,
-    leases: Option<&Effects>,
+    leases: Option<&HandedRun>,
     updated_state: Option<&str>,
 ) -> StoreResult<()> {
-    let events: Vec<&HistoryEvent> = effects.events.iter().chain(leases.into_iter().flat_map(|l| &l.events)).collect();
+    let events: Vec<&HistoryEvent> = effects
+        .events
+        .iter()
+        .chain(leases.into_iter().flat_map(|l| &l.effects.events))
+        .collect();
     let touched: BTreeSet<&TaskId> = effects
         .touched_tasks
         .iter()
-        .chain(leases.into_iter().flat_map(|l| &l.touched_tasks))
+        .chain(leases.into_iter().flat_map(|l| &l.effects.touched_tasks))
         .collect();
     let payloads = events
         .iter()
@@ -222,6 +233,7 @@ async fn write_rows<T: Tx>(
                 i64::from(run.scheduling.priority),
                 run.scheduling.fairness_key.as_deref(),
                 i64::from(run.scheduling.fairness_weight),
+                leases.and_then(|l| l.poll_of(task_id)),
             ]
             .into(),
         });

@@ -144,4 +144,11 @@ ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
 CREATE INDEX tasks_fair ON tasks (status, namespace(128), kind, queue(255), fairness_key, priority, available_at);
 "#,
     ),
+    (
+        32,
+        r#"
+ALTER TABLE tasks ADD COLUMN poll_request_id VARCHAR(255);
+CREATE INDEX tasks_poll ON tasks (poll_request_id);
+"#,
+    ),
 ];

@@ -576,6 +576,16 @@ ALTER TABLE tasks ADD COLUMN pending_lease TEXT;
 CREATE INDEX tasks_fair ON tasks (namespace, kind, queue, fairness_key, priority, available_at) WHERE status = 'ready';
 "#,
     ),
+    (
+        31,
+        r#"
+-- The poll request id of the poll that took the task's current lease, so that a retry of that
+-- poll (its answer was lost) gets the same lease back. Written with the lease, in the same
+-- statement, instead of a row of its own in poll_requests (kept for older binaries' rows).
+ALTER TABLE tasks ADD COLUMN poll_request_id TEXT;
+CREATE INDEX tasks_poll ON tasks (poll_request_id) WHERE poll_request_id IS NOT NULL;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -794,12 +794,28 @@ pub async fn poll_memos_round_trip<S: Store>(store: S) {
         ..key.clone()
     };
     assert!(recall(&store, other).await.is_none());
-    store.prune(NOW - 1).await.unwrap();
-    assert!(
-        recall(&store, key.clone()).await.is_some(),
-        "young memos survive pruning"
-    );
-    store.prune(NOW + 1).await.unwrap();
+    let someone_else = PollKey {
+        worker_id: "w2".into(),
+        ..key.clone()
+    };
+    assert!(recall(&store, someone_else).await.is_none());
+    // A transition that rewrites the task's row while its lease stands keeps the poll.
+    let id = task.id.clone();
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            heartbeat_workflow_task(run, cx, &id, "w", task.fence, 60_000)
+        })
+        .await
+        .expect("a heartbeat");
+    assert_eq!(recall(&store, key.clone()).await, Some((task.id.clone(), task.fence)));
+    // Once the task is done, a retry of its poll gets nothing back.
+    let id = task.id.clone();
+    store
+        .mutate_run("default", RunLocator::Task(id.clone()), NOW, move |run, cx| {
+            complete_workflow_task(run, cx, &id, "w", task.fence, vec![timer(60)])
+        })
+        .await
+        .expect("complete");
     assert!(recall(&store, key).await.is_none());
 }
 
