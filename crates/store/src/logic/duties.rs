@@ -32,6 +32,8 @@ pub(crate) async fn next_deadline<T: Tx>(tx: &mut T) -> StoreResult<Option<Milli
     Ok(tx.query_opt(sql, &[]).await?.map(|row| row.opt_int(0)).transpose()?.flatten())
 }
 
+/// Old query tasks, and poll memos of binaries before the memo moved to the task row (a
+/// database shared with one still gets them).
 pub(crate) async fn prune<T: Tx>(tx: &mut T, older_than: Millis) -> StoreResult<()> {
     tx.execute("DELETE FROM poll_requests WHERE created_at < $1", &args![older_than])
         .await?;
