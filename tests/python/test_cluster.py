@@ -12,6 +12,8 @@ C; the database is dropped afterwards.
 * durable timers claimed by a node that dies are taken over by another node
   and fire exactly once;
 * a long poll on one node wakes up for a workflow started on another;
+* a worker registered again through another node, for other types, gets no task of a type it
+  dropped;
 * Python SDK workers on two nodes, the client on a third, one node SIGKILLed
   mid-flight: every workflow completes exactly once.
 """
@@ -371,6 +373,41 @@ def test_long_poll_wakes_up_for_a_workflow_started_on_another_node(cluster_facto
               + f"; median {statistics.median(latencies) * 1000:.0f} ms")
 
     run_async(main(), timeout=90)
+
+
+def test_a_worker_registered_again_through_another_node_is_polled_on_its_new_registration(cluster_factory):
+    """A node serves a poll from the registration it last saw, and every look reads the
+    registration as it stands: a worker that registered again elsewhere, for other types, is
+    never handed a task of a type it dropped."""
+    a, b = cluster_factory.create(2)
+    queue = unique("cluster-rereg")
+
+    async def main():
+        async with ControlPlane(a.url) as on_a, RawWorker(queue) as worker:
+            async def register(node, workflow_type: str) -> None:
+                resp = await worker.post(node.url, "/worker/register", {
+                    "worker_id": worker.worker_id,
+                    "task_queue": queue,
+                    "runtime": "python",
+                    "sdk_version": "capstan-tests/raw",
+                    "supported_workflow_types": [workflow_type],
+                    "supported_activity_types": [],
+                })
+                assert resp.status_code in (200, 201), f"register via {node.url} -> {resp.status_code}: {resp.text[:500]}"
+
+            await register(a, "cluster.dropped")
+            assert await worker.poll_workflow_task(a.url, timeout_seconds=0) is None
+            await register(b, "cluster.kept")
+            await on_a.start_workflow("cluster.dropped", unique("dropped"), queue, [1])
+            for _ in range(2):
+                task = await worker.poll_workflow_task(a.url, timeout_seconds=1)
+                assert task is None, f"A handed the worker a type its registration through B dropped: {task}"
+            kept = unique("kept")
+            await on_a.start_workflow("cluster.kept", kept, queue, [2])
+            task = await worker.next_workflow_task(a.url, within=15)
+            assert task["workflow_id"] == kept and task["workflow_type"] == "cluster.kept", task
+
+    run_async(main(), timeout=60)
 
 
 # ── e. SDK workers on two nodes, client on a third, one node crashes ─────

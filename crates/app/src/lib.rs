@@ -70,6 +70,11 @@ pub trait Services: Send + Sync {
         self.store().build_id_rollouts(namespace, queue)
     }
 
+    /// The worker registrations this node last saw, if it keeps them (`polls::poller`).
+    fn known_registrations(&self) -> Option<&polls::KnownRegistrations> {
+        None
+    }
+
     fn now(&self) -> Millis {
         self.sources().now_ms()
     }

@@ -7,10 +7,11 @@
 use crate::{AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{HandedOff, Parked, PollKey, Poller, RunLocator, StoreError, WorkerRecord};
+use capstan_store::{HandedOff, LookAsk, Parked, PollKey, Poller, RunLocator, StoreError, WorkerRecord};
 
 /// The registration a poll comes from, checked: it exists, is for this queue, and (when the poll
-/// names one) for this build.
+/// names one) for this build. The one this node last saw serves when it passes: the poll's
+/// looks read the registration as it stands anyway (`claim`).
 pub async fn poller<V: Services>(
     services: &V,
     namespace: &str,
@@ -18,30 +19,74 @@ pub async fn poller<V: Services>(
     queue: &str,
     build_id: Option<&str>,
 ) -> AppResult<WorkerRecord> {
+    let known = services.known_registrations();
+    if let Some(worker) = known.and_then(|known| known.get(namespace, worker_id)) {
+        if fits(&worker, queue, build_id).is_ok() {
+            return Ok(worker);
+        }
+    }
     let worker = services
         .store()
         .get_worker(namespace, worker_id)
         .await?
-        .ok_or_else(|| Refusal::new(Reason::WorkerNotRegistered, "Register the worker before polling.").with("worker_id", worker_id))?;
+        .ok_or_else(|| not_registered(worker_id))?;
+    if let Some(known) = known {
+        known.note(&worker);
+    }
+    fits(&worker, queue, build_id)?;
+    Ok(worker)
+}
+
+fn not_registered(worker_id: &str) -> Refusal {
+    Refusal::new(Reason::WorkerNotRegistered, "Register the worker before polling.").with("worker_id", worker_id)
+}
+
+/// Whether a poll for `queue` (and `build_id`, when it names one) may come from `worker`.
+fn fits(worker: &WorkerRecord, queue: &str, build_id: Option<&str>) -> Result<(), Refusal> {
     if worker.task_queue != queue {
-        return Err(
-            Refusal::new(Reason::TaskQueueMismatch, "The worker is registered for another task queue.")
-                .with("registered_task_queue", worker.task_queue.clone())
-                .with("requested_task_queue", queue)
-                .into(),
-        );
+        return Err(Refusal::new(Reason::TaskQueueMismatch, "The worker is registered for another task queue.")
+            .with("registered_task_queue", worker.task_queue.clone())
+            .with("requested_task_queue", queue));
     }
     if let (Some(asked), Some(registered)) = (build_id, &worker.build_id) {
         if asked != registered {
             return Err(
                 Refusal::new(Reason::BuildIdMismatch, "The poll's build id differs from the registration's.")
                     .with("registered_build_id", registered.clone())
-                    .with("requested_build_id", asked)
-                    .into(),
+                    .with("requested_build_id", asked),
             );
         }
     }
-    Ok(worker)
+    Ok(())
+}
+
+/// The worker registrations a node last saw, so that a poll does not read its worker's before
+/// its first look. Bounded: past [`KnownRegistrations::MAX`] it starts over.
+#[derive(Debug, Default)]
+pub struct KnownRegistrations {
+    seen: std::sync::Mutex<std::collections::HashMap<(String, String), WorkerRecord>>,
+}
+
+impl KnownRegistrations {
+    const MAX: usize = 4_096;
+
+    pub fn get(&self, namespace: &str, worker_id: &str) -> Option<WorkerRecord> {
+        let seen = self.seen.lock().expect("known registrations");
+        seen.get(&(namespace.to_string(), worker_id.to_string())).cloned()
+    }
+
+    pub fn note(&self, worker: &WorkerRecord) {
+        let mut seen = self.seen.lock().expect("known registrations");
+        if seen.len() >= Self::MAX {
+            seen.clear();
+        }
+        seen.insert((worker.namespace.clone(), worker.worker_id.clone()), worker.clone());
+    }
+
+    pub fn forget(&self, namespace: &str, worker_id: &str) {
+        let mut seen = self.seen.lock().expect("known registrations");
+        seen.remove(&(namespace.to_string(), worker_id.to_string()));
+    }
 }
 
 /// One poll for a task of `kind`.
@@ -106,13 +151,16 @@ pub enum Claim {
         held_by: String,
         retry_after_ms: i64,
     },
+    /// The worker registered again, differently, since the poll read its registration: the poll
+    /// ends without work, and the worker's next poll runs on the new registration.
+    Reregistered,
 }
 
 impl Claim {
     pub fn into_lease(self) -> Option<(Task, RunState)> {
         match self {
             Claim::Leased(leased) => Some(*leased),
-            Claim::Missed | Claim::Idle | Claim::Throttled { .. } => None,
+            Claim::Missed | Claim::Idle | Claim::Throttled { .. } | Claim::Reregistered => None,
         }
     }
 }
@@ -124,8 +172,21 @@ pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Claim> {
     let now = services.now();
     let queue = poll.worker.task_queue.as_str();
     let ready = store
-        .has_ready_task(&poll.namespace, poll.kind, queue, poll.types(), now, poll.key())
+        .look(LookAsk {
+            namespace: poll.namespace.clone(),
+            kind: poll.kind,
+            queue: queue.to_string(),
+            types: poll.types().to_vec(),
+            now,
+            recall: poll.key(),
+            worker_id: Some(poll.worker.worker_id.clone()),
+        })
         .await?;
+    if let Some(current) = &ready.registration {
+        if !current.as_ref().is_some_and(|current| current.same_registration(&poll.worker)) {
+            return reregistered(services, poll, current.as_ref());
+        }
+    }
     if let Some((task_id, fence)) = ready.recalled {
         if let Some(lease) = recalled(services, poll, task_id, fence).await? {
             return Ok(Claim::Leased(Box::new(lease)));
@@ -161,6 +222,22 @@ pub async fn claim<V: Services>(services: &V, poll: &Poll) -> AppResult<Claim> {
     tracing::info!(namespace = %poll.namespace, workflow_id = %run.workflow_id, run_id = %run.run_id, task_id = %task.id,
         kind = poll.kind.as_str(), fence = task.fence, owner, "task leased");
     Ok(Claim::Leased(Box::new((task, run))))
+}
+
+/// A poll whose worker's registration is not the one it started with: gone, refused; changed,
+/// ended without work (a poll does not change its types or build mid-way).
+fn reregistered<V: Services>(services: &V, poll: &Poll, current: Option<&WorkerRecord>) -> AppResult<Claim> {
+    let known = services.known_registrations();
+    let Some(current) = current else {
+        if let Some(known) = known {
+            known.forget(&poll.namespace, &poll.worker.worker_id);
+        }
+        return Err(not_registered(&poll.worker.worker_id).into());
+    };
+    if let Some(known) = known {
+        known.note(current);
+    }
+    Ok(Claim::Reregistered)
 }
 
 /// Parks the poll on this node between looks: a transaction that makes a task it may take ready

@@ -61,6 +61,9 @@ pub async fn register<S: Services>(services: &S, registration: Registration) -> 
         last_heartbeat_at: now,
     };
     let record = services.store().register_worker(record).await?;
+    if let Some(known) = services.known_registrations() {
+        known.note(&record);
+    }
     Ok(Registered {
         record,
         registration_token,
@@ -83,10 +86,18 @@ pub async fn heartbeat<S: Services>(services: &S, namespace: &str, worker_id: &s
 /// Removes a registration; `None` when there was none, else the runs whose workflow tasks the
 /// worker held and that were given back.
 pub async fn deregister<S: Services>(services: &S, namespace: &str, worker_id: &str) -> AppResult<Option<Vec<RunState>>> {
+    forget(services, namespace, worker_id);
     if !services.store().deregister_worker(namespace, worker_id).await? {
         return Ok(None);
     }
     Ok(Some(release_leased_workflow_tasks(services, namespace, worker_id).await?))
+}
+
+/// The node no longer serves polls from the registration it last saw.
+fn forget<S: Services>(services: &S, namespace: &str, worker_id: &str) {
+    if let Some(known) = services.known_registrations() {
+        known.forget(namespace, worker_id);
+    }
 }
 
 /// A fenced deregistration (see `FleetStore::deregister_fenced`): the receipt, and the runs
@@ -101,6 +112,7 @@ pub async fn deregister_fenced<S: Services>(
         .store()
         .deregister_fenced(namespace, worker_id, token, services.now())
         .await?;
+    forget(services, namespace, worker_id);
     if replayed {
         return Ok((receipt, None));
     }

@@ -136,6 +136,8 @@ pub struct AppState<S: Store> {
     scheduler_kick: tokio::sync::Notify,
     /// Build-id drain intents per (namespace, queue), read at most once a second per queue.
     rollouts: std::sync::Mutex<RolloutCache>,
+    /// The worker registrations this node last saw (`capstan_app::polls::poller`).
+    registrations: capstan_app::polls::KnownRegistrations,
     /// The last `server_time` stamped on a reply, in microseconds.
     last_server_time_us: std::sync::atomic::AtomicI64,
     /// Rendered history events for worker history pages.
@@ -166,6 +168,10 @@ impl<S: Store> capstan_app::Services for AppState<S> {
 
     fn limits(&self) -> &Limits {
         &self.config.limits
+    }
+
+    fn known_registrations(&self) -> Option<&capstan_app::polls::KnownRegistrations> {
+        Some(&self.registrations)
     }
 
     /// Drain intents change rarely and are read on every poll: read at most once a second per
@@ -239,6 +245,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         clock: Default::default(),
         scheduler_kick: tokio::sync::Notify::new(),
         rollouts: Default::default(),
+        registrations: Default::default(),
         last_server_time_us: Default::default(),
         payload_stores: Default::default(),
         offload_thresholds: Default::default(),

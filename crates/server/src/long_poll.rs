@@ -47,6 +47,8 @@ pub(crate) enum Look<T> {
     Idle,
     /// The queue's flow-control limits hold claims back for this many milliseconds.
     Throttled(i64),
+    /// The poll ends now without work (its worker registered again, differently).
+    Ended,
 }
 
 impl From<polls::Claim> for Look<(Task, RunState)> {
@@ -56,6 +58,7 @@ impl From<polls::Claim> for Look<(Task, RunState)> {
             polls::Claim::Missed => Look::Missed,
             polls::Claim::Idle => Look::Idle,
             polls::Claim::Throttled { retry_after_ms, .. } => Look::Throttled(retry_after_ms),
+            polls::Claim::Reregistered => Look::Ended,
         }
     }
 }
@@ -126,6 +129,7 @@ where
                 by_announcement = false;
                 continue;
             }
+            Look::Ended => return Ok(None),
             Look::Missed | Look::Idle => {}
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

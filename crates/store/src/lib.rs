@@ -326,6 +326,37 @@ pub struct WorkerRecord {
 }
 
 impl WorkerRecord {
+    /// Whether `other` is the same registration, heartbeats apart.
+    pub fn same_registration(&self, other: &WorkerRecord) -> bool {
+        let WorkerRecord {
+            namespace,
+            worker_id,
+            task_queue,
+            runtime,
+            sdk_version,
+            build_id,
+            supported_workflow_types,
+            supported_activity_types,
+            workflow_definition_fingerprints,
+            document,
+            status,
+            registered_at,
+            last_heartbeat_at: _,
+        } = self;
+        *namespace == other.namespace
+            && *worker_id == other.worker_id
+            && *task_queue == other.task_queue
+            && *runtime == other.runtime
+            && *sdk_version == other.sdk_version
+            && *build_id == other.build_id
+            && *supported_workflow_types == other.supported_workflow_types
+            && *supported_activity_types == other.supported_activity_types
+            && *workflow_definition_fingerprints == other.workflow_definition_fingerprints
+            && *document == other.document
+            && *status == other.status
+            && *registered_at == other.registered_at
+    }
+
     /// Whether the registration listed `capability` among its `capabilities`.
     pub fn has_capability(&self, capability: &str) -> bool {
         self.document
@@ -901,13 +932,30 @@ impl<T> Store for T where
 }
 
 /// What is ready on a queue for a poll: a task of one of its types (`matching`), or of any type
-/// (`any`; a poll that cannot take what is ready passes its wake-up on to another poller); and
-/// the task (with its fence) an earlier poll with the same `poll_request_id` was answered with.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// (`any`; a poll that cannot take what is ready passes its wake-up on to another poller); the
+/// task (with its fence) an earlier poll with the same `poll_request_id` was answered with; and,
+/// when asked, the poller's registration as it stands (`None` inside: not registered).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Readiness {
     pub any: bool,
     pub matching: bool,
     pub recalled: Option<(TaskId, u64)>,
+    pub registration: Option<Option<WorkerRecord>>,
+}
+
+/// One look of a poll at its queue, read in one statement (`TaskStore::look`).
+#[derive(Clone, Debug)]
+pub struct LookAsk {
+    pub namespace: String,
+    pub kind: TaskKind,
+    pub queue: String,
+    /// The types the poller runs (any when empty).
+    pub types: Vec<String>,
+    pub now: Millis,
+    /// The poll's idempotency key: the lease an earlier poll with it took is read too.
+    pub recall: Option<PollKey>,
+    /// The poller, whose registration is read too (its types, queue and build may have changed).
+    pub worker_id: Option<String>,
 }
 
 /// `(namespace, queue, worker, kind, poll_request_id)`: the scope of poll idempotency.

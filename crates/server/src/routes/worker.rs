@@ -276,6 +276,7 @@ async fn multiplexed_poll<S: Store>(
             Look::Missed => Look::Missed,
             Look::Idle => Look::Idle,
             Look::Throttled(ms) => Look::Throttled(ms),
+            Look::Ended => Look::Ended,
         })
     })
     .await

@@ -33,6 +33,7 @@ pub(crate) struct SimServices {
     clock: Arc<ManualClock>,
     sources: Sources,
     limits: Limits,
+    registrations: capstan_app::polls::KnownRegistrations,
 }
 
 impl Services for SimServices {
@@ -48,6 +49,10 @@ impl Services for SimServices {
 
     fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    fn known_registrations(&self) -> Option<&capstan_app::polls::KnownRegistrations> {
+        Some(&self.registrations)
     }
 
     async fn rollouts(&self, namespace: &str, queue: &str) -> StoreResult<Vec<BuildIdRollout>> {
@@ -148,6 +153,7 @@ impl World {
                 clock,
                 sources,
                 limits: Limits::default(),
+                registrations: Default::default(),
             },
             seen: Seen::default(),
             counters: Counters::default(),

@@ -13,9 +13,8 @@ pub trait TaskStore: Backend {
         self.read(move |tx| Box::pin(async move { fleet::leased_tasks(tx, &namespace, &owner, kind).await }))
     }
 
-    /// Whether a poll of this shape could lease something right now, whether anything at all is
-    /// ready on the queue, and the task a poll with the same key (`recall`) was answered with:
-    /// one statement, no writer trip.
+    /// Whether a poll of this shape could lease something right now, and whether anything at
+    /// all is ready on the queue (a read, no writer trip).
     fn has_ready_task(
         &self,
         namespace: &str,
@@ -23,10 +22,22 @@ pub trait TaskStore: Backend {
         queue: &str,
         types: &[String],
         now: Millis,
-        recall: Option<PollKey>,
     ) -> impl Future<Output = StoreResult<Readiness>> + Send {
-        let (namespace, queue, types) = (namespace.to_string(), queue.to_string(), types.to_vec());
-        self.read(move |tx| Box::pin(async move { claim::readiness(tx, &namespace, kind, &queue, &types, now, recall.as_ref()).await }))
+        self.look(LookAsk {
+            namespace: namespace.to_string(),
+            kind,
+            queue: queue.to_string(),
+            types: types.to_vec(),
+            now,
+            recall: None,
+            worker_id: None,
+        })
+    }
+
+    /// A poll's look at its queue: its readiness, the lease a retried poll took, the poller's
+    /// registration as it stands; one statement, no writer trip.
+    fn look(&self, ask: LookAsk) -> impl Future<Output = StoreResult<Readiness>> + Send {
+        self.read(move |tx| Box::pin(async move { claim::readiness(tx, &ask).await }))
     }
 
     /// Leases the oldest ready task of `kind` on `queue` whose type the worker supports, and in

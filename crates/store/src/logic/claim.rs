@@ -105,46 +105,53 @@ pub(crate) async fn lease_candidate<T: Tx>(
 }
 
 
-/// Whether a ready task waits on the queue at all, and one of `types` (any type when empty); and,
-/// for a poll with a request id, the task that id was answered with. One statement: a poll's
-/// first look costs one round trip.
-pub(crate) async fn readiness<T: Tx>(
-    tx: &mut T,
-    namespace: &str,
-    kind: TaskKind,
-    queue: &str,
-    types: &[String],
-    now: Millis,
-    recall: Option<&PollKey>,
-) -> StoreResult<Readiness> {
+/// Whether a ready task waits on the queue at all, and one of the poller's types (any type when
+/// none); for a poll with a request id, the task that id was answered with; and, when asked, the
+/// poller's registration. One statement: a poll's look costs one round trip.
+pub(crate) async fn readiness<T: Tx>(tx: &mut T, ask: &LookAsk) -> StoreResult<Readiness> {
     const READY: &str = "SELECT 1 FROM tasks WHERE namespace = $1 AND kind = $2 AND queue = $3 AND status = 'ready' AND available_at <= $4";
-    let mut sql = format!(
-        "SELECT EXISTS({READY}), EXISTS({READY}{})",
-        super::listing::any_of("type_name", types, 4)
-    );
-    let mut params = args![namespace, kind.as_str(), queue, now].to_vec();
-    params.extend(types.iter().map(crate::tx::Param::from));
-    if let Some(key) = recall {
+    let mut columns = vec![
+        format!("EXISTS({READY})"),
+        format!("EXISTS({READY}{})", super::listing::any_of("type_name", &ask.types, 4)),
+    ];
+    let mut params = args![ask.namespace.as_str(), ask.kind.as_str(), ask.queue.as_str(), ask.now].to_vec();
+    params.extend(ask.types.iter().map(crate::tx::Param::from));
+    if let Some(key) = &ask.recall {
         let (worker, id) = (params.len() + 1, params.len() + 2);
         let answered = format!(
             "FROM tasks WHERE poll_request_id = ${id} AND namespace = $1 AND queue = $3 AND kind = $2 AND lease_owner = ${worker}"
         );
-        sql.push_str(&format!(", (SELECT task_id {answered}), (SELECT fence {answered})"));
+        columns.push(format!("(SELECT task_id {answered})"));
+        columns.push(format!("(SELECT fence {answered})"));
         params.push(crate::tx::Param::from(key.worker_id.as_str()));
         params.push(crate::tx::Param::from(key.poll_request_id.as_str()));
     }
+    let registration_at = columns.len();
+    let mut from = String::new();
+    if let Some(worker_id) = &ask.worker_id {
+        columns.extend(WORKER_COLUMNS.split(", ").map(|column| format!("w.{column}")));
+        params.push(crate::tx::Param::from(worker_id.as_str()));
+        from = format!(" FROM (SELECT 1 AS one) o LEFT JOIN workers w ON w.namespace = $1 AND w.worker_id = ${}", params.len());
+    }
+    let sql = format!("SELECT {}{from}", columns.join(", "));
     let row = tx
         .query_opt(&sql, &params)
         .await?
         .ok_or_else(|| StoreError::Storage("no readiness row".into()))?;
-    let recalled = match recall {
+    let recalled = match &ask.recall {
         Some(_) => row.opt_str(2)?.map(|task| Ok::<_, StoreError>((TaskId(task.to_string()), row.int(3)? as u64))).transpose()?,
+        None => None,
+    };
+    let registration = match &ask.worker_id {
+        Some(_) if row.opt_str(registration_at)?.is_none() => Some(None),
+        Some(_) => Some(Some(super::fleet::worker_at(&row, registration_at)?)),
         None => None,
     };
     Ok(Readiness {
         any: row.int(0)? != 0,
         matching: row.int(1)? != 0,
         recalled,
+        registration,
     })
 }
 

@@ -20,20 +20,26 @@ const UPSERT_WORKER: &str = "INSERT INTO workers (namespace, worker_id, task_que
 /// A worker row (columns in `WORKER_COLUMNS` order). A stored list or map that does not parse
 /// is a corrupt row, said so, never read as empty.
 fn worker_of(row: &Row) -> StoreResult<WorkerRecord> {
+    worker_at(row, 0)
+}
+
+/// The worker in the row's columns from `first` on (in `WORKER_COLUMNS` order).
+pub(crate) fn worker_at(row: &Row, first: usize) -> StoreResult<WorkerRecord> {
+    let column = |i: usize| first + i;
     Ok(WorkerRecord {
-        namespace: row.text(0)?,
-        worker_id: row.text(1)?,
-        task_queue: row.text(2)?,
-        runtime: row.text(3)?,
-        sdk_version: row.opt_str(4)?.map(str::to_string),
-        build_id: row.opt_str(5)?.map(str::to_string),
-        supported_workflow_types: serde_json::from_str(row.str(6)?)?,
-        supported_activity_types: serde_json::from_str(row.str(7)?)?,
-        workflow_definition_fingerprints: serde_json::from_str(row.str(8)?)?,
-        document: serde_json::from_str(row.str(9)?)?,
-        status: row.text(10)?,
-        registered_at: row.int(11)?,
-        last_heartbeat_at: row.int(12)?,
+        namespace: row.text(column(0))?,
+        worker_id: row.text(column(1))?,
+        task_queue: row.text(column(2))?,
+        runtime: row.text(column(3))?,
+        sdk_version: row.opt_str(column(4))?.map(str::to_string),
+        build_id: row.opt_str(column(5))?.map(str::to_string),
+        supported_workflow_types: serde_json::from_str(row.str(column(6))?)?,
+        supported_activity_types: serde_json::from_str(row.str(column(7))?)?,
+        workflow_definition_fingerprints: serde_json::from_str(row.str(column(8))?)?,
+        document: serde_json::from_str(row.str(column(9))?)?,
+        status: row.text(column(10))?,
+        registered_at: row.int(column(11))?,
+        last_heartbeat_at: row.int(column(12))?,
     })
 }
 

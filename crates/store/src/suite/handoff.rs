@@ -56,7 +56,7 @@ pub async fn a_ready_task_goes_to_a_parked_poll_in_the_transaction_that_makes_it
     let stored = store.load_run("default", RunLocator::Task(task.id.clone())).await.unwrap().unwrap();
     assert_eq!(stored.tasks[&task.id].lease(), Some(&lease));
     assert_eq!(stored, leased_run);
-    let ready = store.has_ready_task("default", TaskKind::Workflow, "ho", &[], NOW, None).await.unwrap();
+    let ready = store.has_ready_task("default", TaskKind::Workflow, "ho", &[], NOW).await.unwrap();
     assert!(!ready.any, "nothing is left for a claim");
     let claimed = store
         .claim_task("default", TaskKind::Workflow, "ho", &[], "other", 60_000, NOW, None)

@@ -210,13 +210,14 @@ pub async fn a_claim_goes_to_exactly_one_poller<S: Store + Clone>(store: S) {
     });
     let results = futures_join(claims.collect()).await;
     assert_eq!(results.iter().filter(|r| r.is_some()).count(), 1);
-    let ready = store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW, None).await.unwrap();
+    let ready = store.has_ready_task("default", TaskKind::Workflow, "q", &[], NOW).await.unwrap();
     assert_eq!(
         ready,
         Readiness {
             any: false,
             matching: false,
-            recalled: None
+            recalled: None,
+            registration: None
         }
     );
 }
@@ -246,13 +247,14 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
     // Not this poll's type, but ready for another: a poll woken for it hands the wake-up on.
     assert_eq!(
         store
-            .has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW, None)
+            .has_ready_task("default", TaskKind::Workflow, "q", &other_type, NOW)
             .await
             .unwrap(),
         Readiness {
             any: true,
             matching: false,
-            recalled: None
+            recalled: None,
+            registration: None
         }
     );
     assert!(store
@@ -263,13 +265,14 @@ pub async fn claims_respect_queue_type_and_availability<S: Store>(store: S) {
     let this_type = vec!["suite.workflow".to_string()];
     assert_eq!(
         store
-            .has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW, None)
+            .has_ready_task("default", TaskKind::Workflow, "q", &this_type, NOW)
             .await
             .unwrap(),
         Readiness {
             any: true,
             matching: true,
-            recalled: None
+            recalled: None,
+            registration: None
         }
     );
     let (task, run) = store
@@ -501,7 +504,7 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
     let run = complete_next(&store, "q", vec![activity()]).await;
     assert!(
         store
-            .has_ready_task("default", TaskKind::Activity, "q", &[], NOW, None)
+            .has_ready_task("default", TaskKind::Activity, "q", &[], NOW)
             .await
             .unwrap()
             .matching
@@ -526,7 +529,7 @@ pub async fn transitions_persist_events_and_tasks<S: Store>(store: S) {
         .unwrap();
     assert!(
         store
-            .has_ready_task("default", TaskKind::Workflow, "q", &[], NOW, None)
+            .has_ready_task("default", TaskKind::Workflow, "q", &[], NOW)
             .await
             .unwrap()
             .matching,
@@ -768,9 +771,16 @@ pub async fn keyed_commands_are_idempotent<S: Store>(store: S) {
 
 /// The task a poll with `key` was answered with, as a poll's first look reads it.
 pub(crate) async fn recall<S: Store>(store: &S, key: PollKey) -> Option<(TaskId, u64)> {
-    let (kind, queue) = (key.kind, key.task_queue.clone());
-    let ready = store.has_ready_task(&key.namespace.clone(), kind, &queue, &[], NOW, Some(key)).await;
-    ready.unwrap().recalled
+    let ask = LookAsk {
+        namespace: key.namespace.clone(),
+        kind: key.kind,
+        queue: key.task_queue.clone(),
+        types: Vec::new(),
+        now: NOW,
+        recall: Some(key),
+        worker_id: None,
+    };
+    store.look(ask).await.unwrap().recalled
 }
 
 pub async fn poll_memos_round_trip<S: Store>(store: S) {
@@ -1302,9 +1312,25 @@ pub async fn worker_registrations<S: Store>(store: S) {
     );
     assert!(store.heartbeat_worker("default", "ghost", NOW).await.unwrap().is_none());
     assert_eq!(store.get_worker("default", "w1").await.unwrap().unwrap().task_queue, "q");
+    // A poll's look reads the registration as it stands, with the queue's readiness.
+    let look = |worker_id: &str| LookAsk {
+        namespace: "default".into(),
+        kind: TaskKind::Workflow,
+        queue: "q".into(),
+        types: vec!["t".into()],
+        now: NOW,
+        recall: None,
+        worker_id: Some(worker_id.into()),
+    };
+    let stored = store.get_worker("default", "w1").await.unwrap();
+    let seen = store.look(look("w1")).await.unwrap();
+    assert_eq!(seen.registration, Some(stored));
+    assert!(!seen.any && !seen.matching);
+    assert_eq!(store.look(look("ghost")).await.unwrap().registration, Some(None));
     assert!(store.deregister_worker("default", "w1").await.unwrap());
     assert!(!store.deregister_worker("default", "w1").await.unwrap());
     assert!(store.get_worker("default", "w1").await.unwrap().is_none());
+    assert_eq!(store.look(look("w1")).await.unwrap().registration, Some(None));
 }
 
 pub async fn listing_filters_and_pages<S: Store>(store: S) {
