@@ -44,9 +44,11 @@ fn not_registered(worker_id: &str) -> Refusal {
 /// Whether a poll for `queue` (and `build_id`, when it names one) may come from `worker`.
 fn fits(worker: &WorkerRecord, queue: &str, build_id: Option<&str>) -> Result<(), Refusal> {
     if worker.task_queue != queue {
-        return Err(Refusal::new(Reason::TaskQueueMismatch, "The worker is registered for another task queue.")
-            .with("registered_task_queue", worker.task_queue.clone())
-            .with("requested_task_queue", queue));
+        return Err(
+            Refusal::new(Reason::TaskQueueMismatch, "The worker is registered for another task queue.")
+                .with("registered_task_queue", worker.task_queue.clone())
+                .with("requested_task_queue", queue),
+        );
     }
     if let (Some(asked), Some(registered)) = (build_id, &worker.build_id) {
         if asked != registered {
@@ -123,7 +125,11 @@ impl Poll {
 /// The lease an earlier poll with the same request id took (`task_id` at `fence`), if it is
 /// still this worker's.
 async fn recalled<V: Services>(services: &V, poll: &Poll, task_id: TaskId, fence: u64) -> AppResult<Option<(Task, RunState)>> {
-    let Some(run) = services.store().load_run(&poll.namespace, RunLocator::Task(task_id.clone())).await? else {
+    let Some(run) = services
+        .store()
+        .load_run(&poll.namespace, RunLocator::Task(task_id.clone()))
+        .await?
+    else {
         return Ok(None);
     };
     let now = services.now();

@@ -76,7 +76,11 @@ pub(crate) async fn offer<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, 
         let Some(poll) = env.parked.take(&current.namespace, kind, &task.queue, fits) else {
             continue;
         };
-        let HandedRun { mut run, effects, mut polls } = handed.take().unwrap_or_else(|| HandedRun {
+        let HandedRun {
+            mut run,
+            effects,
+            mut polls,
+        } = handed.take().unwrap_or_else(|| HandedRun {
             run: run.clone(),
             effects: Effects::default(),
             polls: Vec::new(),

@@ -106,4 +106,3 @@ pub(crate) async fn delete_query_task<T: Tx>(tx: &mut T, namespace: &str, id: &s
     let sql = "DELETE FROM query_tasks WHERE query_task_id = $1 AND namespace = $2";
     tx.execute(sql, &args![id, namespace]).await.map(drop)
 }
-
