@@ -20,9 +20,34 @@ pub struct DispatchShares {
     /// Each queue's fairness classes with ready work (with the weight they were started with),
     /// and when that was read.
     ready_classes: Mutex<BTreeMap<QueueKey, ReadyClasses>>,
+    /// This node's claims under way, to spread concurrent ones over the candidates
+    /// (`logic::claim::spread`).
+    claims_under_way: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A claim's place among the claims under way on this node when it began (0: it is alone);
+/// it leaves their count when dropped.
+pub struct ClaimTurn {
+    pub turn: usize,
+    under_way: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for ClaimTurn {
+    fn drop(&mut self) {
+        self.under_way.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl DispatchShares {
+    /// A claim's turn: how many other claims were under way on this node as it began.
+    pub fn claim_turn(&self) -> ClaimTurn {
+        let turn = self.claims_under_way.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ClaimTurn {
+            turn,
+            under_way: self.claims_under_way.clone(),
+        }
+    }
+
     /// The order to offer a queue's `candidates` in (indices into it).
     pub fn order(&self, namespace: &str, kind: TaskKind, queue: &str, candidates: &[Candidate<'_>], now: Millis) -> Vec<usize> {
         let queues = self.queues.lock().expect("dispatch shares");

@@ -104,7 +104,6 @@ pub(crate) async fn lease_candidate<T: Tx>(
     }
 }
 
-
 /// Whether a ready task waits on the queue at all, and one of the poller's types (any type when
 /// none); for a poll with a request id, the task that id was answered with; and, when asked, the
 /// poller's registration. One statement: a poll's look costs one round trip.
@@ -118,9 +117,8 @@ pub(crate) async fn readiness<T: Tx>(tx: &mut T, ask: &LookAsk) -> StoreResult<R
     params.extend(ask.types.iter().map(crate::tx::Param::from));
     if let Some(key) = &ask.recall {
         let (worker, id) = (params.len() + 1, params.len() + 2);
-        let answered = format!(
-            "FROM tasks WHERE poll_request_id = ${id} AND namespace = $1 AND queue = $3 AND kind = $2 AND lease_owner = ${worker}"
-        );
+        let answered =
+            format!("FROM tasks WHERE poll_request_id = ${id} AND namespace = $1 AND queue = $3 AND kind = $2 AND lease_owner = ${worker}");
         columns.push(format!("(SELECT task_id {answered})"));
         columns.push(format!("(SELECT fence {answered})"));
         params.push(crate::tx::Param::from(key.worker_id.as_str()));
@@ -131,7 +129,10 @@ pub(crate) async fn readiness<T: Tx>(tx: &mut T, ask: &LookAsk) -> StoreResult<R
     if let Some(worker_id) = &ask.worker_id {
         columns.extend(WORKER_COLUMNS.split(", ").map(|column| format!("w.{column}")));
         params.push(crate::tx::Param::from(worker_id.as_str()));
-        from = format!(" FROM (SELECT 1 AS one) o LEFT JOIN workers w ON w.namespace = $1 AND w.worker_id = ${}", params.len());
+        from = format!(
+            " FROM (SELECT 1 AS one) o LEFT JOIN workers w ON w.namespace = $1 AND w.worker_id = ${}",
+            params.len()
+        );
     }
     let sql = format!("SELECT {}{from}", columns.join(", "));
     let row = tx
@@ -139,7 +140,10 @@ pub(crate) async fn readiness<T: Tx>(tx: &mut T, ask: &LookAsk) -> StoreResult<R
         .await?
         .ok_or_else(|| StoreError::Storage("no readiness row".into()))?;
     let recalled = match &ask.recall {
-        Some(_) => row.opt_str(2)?.map(|task| Ok::<_, StoreError>((TaskId(task.to_string()), row.int(3)? as u64))).transpose()?,
+        Some(_) => row
+            .opt_str(2)?
+            .map(|task| Ok::<_, StoreError>((TaskId(task.to_string()), row.int(3)? as u64)))
+            .transpose()?,
         None => None,
     };
     let registration = match &ask.worker_id {
@@ -159,11 +163,34 @@ pub(crate) async fn readiness<T: Tx>(tx: &mut T, ask: &LookAsk) -> StoreResult<R
 const CANDIDATES: usize = 10;
 
 /// A ready task a poller may be offered.
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Candidate {
     pub task_id: TaskId,
     pub run_id: String,
+    pub priority: u8,
     /// Its fairness class (`capstan_engine::scheduling::DEFAULT_CLASS` without a key).
     pub class: String,
+}
+
+/// At most this many of the first candidates are spread over concurrent claims.
+const SPREAD: usize = 4;
+
+/// `candidates` with their head rotated by `turn` (how many other claims were under way on this
+/// node as this one began; 0 keeps arrival order): the first few of the first one's priority and
+/// class, which the fair order holds equally due (only their arrival order differs). Claims
+/// racing on a shared database then try different runs first instead of all locking the same
+/// one, each loser paying a `SKIP LOCKED` miss per run it tries.
+pub(crate) fn spread(mut candidates: Vec<Candidate>, turn: usize) -> Vec<Candidate> {
+    let Some((priority, class)) = candidates.first().map(|c| (c.priority, c.class.clone())) else {
+        return candidates;
+    };
+    let equal = candidates
+        .iter()
+        .take(SPREAD)
+        .take_while(|c| c.priority == priority && c.class == class)
+        .count();
+    candidates[..equal].rotate_left(turn % equal);
+    candidates
 }
 
 /// The queue's ready tasks this poller may take, at most [`CANDIDATES`] read in priority and
@@ -290,6 +317,7 @@ fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) 
     let candidate = Candidate {
         task_id: TaskId(row.text(0)?),
         run_id: row.text(1)?,
+        priority,
         class,
     };
     Ok((candidate, priority, weight))
@@ -332,5 +360,42 @@ pub(crate) fn lock_run_skipping(dialect: crate::tx::Dialect) -> &'static str {
     match dialect {
         crate::tx::Dialect::Sqlite => "",
         crate::tx::Dialect::Postgres | crate::tx::Dialect::Mysql => "FOR UPDATE OF r SKIP LOCKED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(id: &str, priority: u8, class: &str) -> Candidate {
+        Candidate {
+            task_id: TaskId(id.into()),
+            run_id: format!("run-{id}"),
+            priority,
+            class: class.into(),
+        }
+    }
+
+    fn ids(candidates: &[Candidate]) -> Vec<&str> {
+        candidates.iter().map(|c| c.task_id.0.as_str()).collect()
+    }
+
+    #[test]
+    fn spreading_rotates_only_the_equally_due_head() {
+        let offer = vec![
+            candidate("a", 5, "x"),
+            candidate("b", 5, "x"),
+            candidate("c", 5, "y"),
+            candidate("d", 5, "x"),
+        ];
+        assert_eq!(ids(&spread(offer.clone(), 0)), ["a", "b", "c", "d"]);
+        assert_eq!(ids(&spread(offer.clone(), 1)), ["b", "a", "c", "d"]);
+        assert_eq!(ids(&spread(offer.clone(), 2)), ["a", "b", "c", "d"]);
+        let urgent_first = vec![candidate("u", 1, "x"), candidate("a", 5, "x"), candidate("b", 5, "x")];
+        assert_eq!(ids(&spread(urgent_first, 7)), ["u", "a", "b"], "a more urgent task stays first");
+        let many: Vec<_> = (0..10).map(|n| candidate(&n.to_string(), 5, "x")).collect();
+        assert_eq!(ids(&spread(many.clone(), 3)), ["3", "0", "1", "2", "4", "5", "6", "7", "8", "9"]);
+        assert_eq!(ids(&spread(many, 4)), ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]);
+        assert!(spread(Vec::new(), 3).is_empty());
     }
 }

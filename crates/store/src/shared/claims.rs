@@ -17,11 +17,13 @@ impl SharedStore {
         // session); then the next one is tried. A run another poller or node holds is skipped,
         // not waited for.
         let mut passed: Vec<String> = Vec::new();
+        let turn = self.env.dispatch.claim_turn();
         for _ in 0..4 {
             let mut tx = self.begin().await?;
             let admitted = flow::admit(&mut tx, &wanted, &self.env).await?;
             let mut leasing = None;
-            for candidate in claim::candidates(&mut tx, &wanted, &passed, admitted.as_ref(), &self.env).await? {
+            let offer = claim::candidates(&mut tx, &wanted, &passed, admitted.as_ref(), &self.env).await?;
+            for candidate in claim::spread(offer, turn.turn) {
                 if let Some(run) = locate::lock_candidate_run(&mut tx, &candidate.run_id, &candidate.task_id, true).await? {
                     leasing = Some((candidate, run));
                     break;
