@@ -89,3 +89,19 @@ impl DispatchShares {
 fn key(namespace: &str, kind: TaskKind, queue: &str) -> QueueKey {
     (namespace.to_string(), kind.as_str(), queue.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_turn_counts_the_claims_under_way_and_leaves_with_it() {
+        let shares = DispatchShares::default();
+        let first = shares.claim_turn();
+        let second = shares.claim_turn();
+        assert_eq!((first.turn, second.turn), (0, 1));
+        drop(first);
+        drop(second);
+        assert_eq!(shares.claim_turn().turn, 0, "a claim alone again keeps arrival order");
+    }
+}

@@ -291,8 +291,8 @@ async fn read_candidates<T: Tx>(
     }
     let offered: Vec<_> = read
         .iter()
-        .map(|(c, priority, weight)| capstan_engine::fairness::Candidate {
-            priority: *priority,
+        .map(|(c, weight)| capstan_engine::fairness::Candidate {
+            priority: c.priority,
             class: &c.class,
             weight: *weight,
         })
@@ -300,15 +300,15 @@ async fn read_candidates<T: Tx>(
     let order = env
         .dispatch
         .order(&wanted.namespace, wanted.kind, &wanted.queue, &offered, wanted.now);
-    let mut slots: Vec<Option<Candidate>> = read.into_iter().map(|(c, _, _)| Some(c)).collect();
+    let mut slots: Vec<Option<Candidate>> = read.into_iter().map(|(c, _)| Some(c)).collect();
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
-/// A candidate with its priority and weight.
-pub(crate) type Offered = (Candidate, u8, u16);
+/// A candidate with its weight.
+pub(crate) type Offered = (Candidate, u16);
 
 /// A candidate row `(task_id, run_id, priority, fairness_key, fairness_weight)`, with its
-/// priority and its weight (the operator's, over the one its run was started with).
+/// weight (the operator's, over the one its run was started with).
 fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) -> StoreResult<Offered> {
     let priority = u8::try_from(row.int(2)?).unwrap_or(capstan_engine::scheduling::PRIORITY_DEFAULT);
     let class = capstan_engine::scheduling::class_of(row.opt_str(3)?).to_string();
@@ -320,7 +320,7 @@ fn candidate_of(row: &crate::tx::Row, admitted: Option<&super::flow::Admitted>) 
         priority,
         class,
     };
-    Ok((candidate, priority, weight))
+    Ok((candidate, weight))
 }
 
 /// The candidate read for a poller of `types` (any when empty), passing over `passed` and the

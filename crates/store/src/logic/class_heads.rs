@@ -55,7 +55,7 @@ pub(crate) async fn wanted_next<T: Tx>(
     let known = ready_classes(tx, wanted, env).await?;
     let absent: Vec<(String, u16)> = known
         .into_iter()
-        .filter(|(class, _)| !held.contains(class) && !read.iter().any(|(c, _, _)| c.class == *class))
+        .filter(|(class, _)| !held.contains(class) && !read.iter().any(|(c, _)| c.class == *class))
         .collect();
     if absent.is_empty() {
         return Ok(Vec::new());
