@@ -6,6 +6,7 @@ worker (its leased workflow tasks are handed back at once).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import httpx
@@ -62,7 +63,12 @@ def test_workers_and_task_queues_are_visible_and_removable(server_url, worker_ur
     (listed,) = [w for w in roster.workers if w.task_queue == queue]
     assert listed.status == "active" and listed.runtime == "python" and "fleet.job" in listed.supported_workflow_types
     assert worker_view.worker_id == listed.worker_id and worker_view.heartbeat_interval_seconds == 60
+    # The slots and process metrics the SDK reports are kept and shown (not null).
+    assert set(worker_view.task_slots) == {"workflow_available", "activity_available", "session_available"}, worker_view
+    assert worker_view.process_metrics["process_id"] == os.getpid(), worker_view.process_metrics
     assert [p["worker_id"] for p in described_queue.pollers] == [listed.worker_id]
+    assert described_queue.pollers[0]["task_slots"] == worker_view.task_slots
+    assert described_queue.pollers[0]["process_metrics"]["process_id"] == os.getpid()
     (lease,) = described_queue.current_leases
     assert lease["task_kind"] == "activity" and lease["lease_owner"] == listed.worker_id and lease["type"] == "fleet.slow"
     assert described_queue.stats["activity_tasks"]["leased_count"] == 1
@@ -70,6 +76,38 @@ def test_workers_and_task_queues_are_visible_and_removable(server_url, worker_ur
     assert idle["stats"]["backlog"] == 1 and idle["pollers"] == []
     assert idle["diagnostics"][0]["reason"] == "no_live_worker", idle
     assert missing.status_code == 404 and missing.json()["reason"] == "worker_not_found"
+
+
+def test_a_heartbeat_reports_slots_metrics_and_its_own_cadence(server_url, worker_url):
+    """What a heartbeat carries is kept: free slots (shown clamped to the registered maximum),
+    process metrics as reported, and a declared cadence, which the server answers with and
+    judges staleness by. A field a heartbeat may not carry is refused by name."""
+    from capstan_harness import RawWorker
+
+    queue = unique("fleet-beat")
+
+    async def main():
+        async with make_client(worker_url) as client, RawWorker(queue) as raw:
+            await raw.register(worker_url)
+            ack = await client.heartbeat_worker(
+                worker_id=raw.worker_id,
+                task_slots={"workflow_available": 7, "activity_available": 2},
+                process_metrics={"process_id": 4242, "memory_bytes": 1048576, "host": "box-1"},
+                heartbeat_interval_seconds=300,
+            )
+            view = await client.describe_worker(raw.worker_id)
+            refused = await raw.post(worker_url, "/worker/heartbeat", {"worker_id": raw.worker_id, "active_slots": 3})
+            bad_slots = await raw.post(worker_url, "/worker/heartbeat",
+                                       {"worker_id": raw.worker_id, "task_slots": {"gpu_available": 1}})
+        return ack, view, refused, bad_slots
+
+    ack, view, refused, bad_slots = run_async(main(), timeout=60)
+    assert ack["heartbeat_interval_seconds"] == 300 and ack["stale_after_seconds"] == 600, ack
+    assert view.heartbeat_interval_seconds == 300 and view.status == "active"
+    assert view.process_metrics == {"process_id": 4242, "memory_bytes": 1048576, "host": "box-1"}
+    assert view.task_slots["activity_available"] == 2
+    assert refused.status_code == 422 and "active_slots" in refused.json()["errors"], refused.text
+    assert bad_slots.status_code == 422 and "task_slots.gpu_available" in bad_slots.json()["errors"], bad_slots.text
 
 
 def test_an_operator_removes_a_worker_and_its_workflow_lease_is_handed_back(server_url, worker_url):

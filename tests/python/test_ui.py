@@ -178,12 +178,16 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             # Workers and queues.
             await open_page(page, f"{server_url}/#/workers")
             await expect(page.get_by_role("link", name=queue).first).to_be_visible()
+            # The slots and process the SDK's heartbeat reported are shown, not blank.
+            await expect(page.locator(".worker-slots").first).to_contain_text("workflow")
+            await expect(page.locator(".worker-process").first).to_contain_text(f"pid {os.getpid()}")
             await screenshot(page, "workers")
             listed_queues = (await http.get("/api/task-queues")).json()["task_queues"]
             assert queue in [q["name"] for q in listed_queues] and all(q["name"] for q in listed_queues), listed_queues
             await open_page(page, f"{server_url}/#/task-queues/{queue}")
             await expect(page.get_by_text("Workers polling this queue")).to_be_visible()
             await expect(page.locator("table").filter(has_text="Workers polling this queue")).to_contain_text("active")
+            await expect(page.locator(".poller-slots").first).to_contain_text("activity")
             await expect(page.get_by_role("heading", name="Ready by priority and fairness class")).to_be_visible()
             # Flow control, set live from the page.
             await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()

@@ -78,9 +78,51 @@ fn registration_token(fresh_id: &str, worker_id: &str) -> String {
     hex::encode(&digest[..16])
 }
 
-/// A worker's heartbeat; `None` when it is not registered (it should register again).
-pub async fn heartbeat<S: Services>(services: &S, namespace: &str, worker_id: &str) -> AppResult<Option<WorkerRecord>> {
-    Ok(services.store().heartbeat_worker(namespace, worker_id, services.now()).await?)
+/// How often a worker heartbeats and when it counts as stale: its own declared cadence
+/// (`heartbeat_interval_seconds`, kept in its document), else the server's; stale after two
+/// missed beats, never sooner than [`STALE_AFTER_SECONDS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cadence {
+    pub interval_seconds: i64,
+    pub stale_after_seconds: i64,
+}
+
+impl Cadence {
+    pub fn of(document: &Map<String, Value>) -> Self {
+        match document
+            .get("heartbeat_interval_seconds")
+            .and_then(Value::as_i64)
+            .filter(|s| *s > 0)
+        {
+            Some(declared) => Cadence {
+                interval_seconds: declared,
+                stale_after_seconds: STALE_AFTER_SECONDS.max(declared.saturating_mul(2)),
+            },
+            None => Cadence {
+                interval_seconds: HEARTBEAT_INTERVAL_SECONDS,
+                stale_after_seconds: STALE_AFTER_SECONDS,
+            },
+        }
+    }
+
+    /// Whether a worker last heard from at `last_heartbeat_at` is stale at `now`.
+    pub fn stale(&self, last_heartbeat_at: Millis, now: Millis) -> bool {
+        now - last_heartbeat_at > self.stale_after_seconds * 1000
+    }
+}
+
+/// A worker's heartbeat with what it reported (free slots, process metrics, cadence); `None`
+/// when it is not registered (it should register again).
+pub async fn heartbeat<S: Services>(
+    services: &S,
+    namespace: &str,
+    worker_id: &str,
+    reported: Map<String, Value>,
+) -> AppResult<Option<WorkerRecord>> {
+    Ok(services
+        .store()
+        .heartbeat_worker(namespace, worker_id, services.now(), reported)
+        .await?)
 }
 
 /// Removes a registration; `None` when there was none, else the runs whose workflow tasks the

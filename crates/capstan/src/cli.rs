@@ -189,6 +189,38 @@ pub(crate) fn print(output: Output, value: &Value, columns: &[&str], list_key: O
     }
 }
 
+/// A failing workflow task (`workflow_task_failure` on describe and history answers), printed
+/// first: it is why a run makes no progress. The stack trace follows, indented.
+pub(crate) fn print_task_failure(failure: &Value) {
+    if failure.is_null() {
+        return;
+    }
+    let text = |key: &str| failure[key].as_str().unwrap_or("-").to_string();
+    println!(
+        "! workflow task failing ({} in a row since {}): {}",
+        failure["consecutive_failures"],
+        text("first_failed_at"),
+        text("message")
+    );
+    println!(
+        "  type: {}  reason: {}  attempt: {}  worker: {}  last failed: {}",
+        text("type"),
+        text("reason"),
+        failure["workflow_task_attempt"],
+        text("lease_owner"),
+        text("failed_at")
+    );
+    if let Some(stack) = failure["stack_trace"].as_str() {
+        for line in stack.lines() {
+            println!("    {line}");
+        }
+    }
+    if let Some(cut) = failure["truncated_bytes"].as_object() {
+        let sizes: Vec<String> = cut.iter().map(|(field, bytes)| format!("{field} was {bytes} bytes")).collect();
+        println!("  (cut to the stored limit: {})", sizes.join(", "));
+    }
+}
+
 pub(crate) fn finish(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,7 @@
 //! schedules and the server itself. Arguments and results are JSON for people; the CLI turns
 //! them into (and out of) the Avro envelopes the wire carries.
 
-use crate::cli::{finish, parse_json, print, Client, Connection, Output};
+use crate::cli::{finish, parse_json, print, print_task_failure, Client, Connection, Output};
 use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{json, Map, Value};
@@ -327,6 +327,7 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                 match output {
                     Output::Json => print(output, &described, &columns, None),
                     Output::Table => {
+                        print_task_failure(&described["workflow_task_failure"]);
                         print(output, &described, &columns, None);
                         println!("started_by: {}", who(&described["started_by"]));
                         for key in ["input", "output", "closed_reason", "compatibility", "blocked_by"] {
@@ -453,6 +454,7 @@ async fn print_history(client: &Client, output: Output, workflow_id: &str, run_i
             .to_string(),
     };
     let mut token: Option<String> = None;
+    let mut failure_shown = Value::Null;
     loop {
         let mut path = format!("/workflows/{}/runs/{}/history?page_size=1000", encode(workflow_id), encode(&run_id));
         if let Some(token) = &token {
@@ -479,6 +481,11 @@ async fn print_history(client: &Client, output: Output, workflow_id: &str, run_i
             .into_iter()
             .flatten()
             .any(|e| matches!(e["event_type"].as_str(), Some(t) if t.starts_with("Workflow") && t != "WorkflowStarted"));
+        let failure = &page["workflow_task_failure"];
+        if output == Output::Table && page["next_page_token"].is_null() && failure["failed_at"] != failure_shown["failed_at"] {
+            print_task_failure(failure);
+            failure_shown = failure.clone();
+        }
         match page["next_page_token"].as_str() {
             Some(next) => token = Some(next.to_string()),
             None if follow && !closed => {}

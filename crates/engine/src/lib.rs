@@ -42,6 +42,7 @@ pub mod status;
 pub mod step_log;
 pub mod sticky;
 pub mod task;
+pub mod task_failure;
 pub mod timefmt;
 pub mod trace;
 mod transitions;
@@ -73,6 +74,7 @@ pub use standalone::{StandaloneActivity, STANDALONE_ACTIVITY_TYPE};
 pub use status::{ClosedReason, RunStatus};
 pub use sticky::{ReplayMode, StickyAffinity, StickyClaim};
 pub use task::*;
+pub use task_failure::{TaskFailureNote, WorkflowTaskFailure};
 pub use trace::TraceContext;
 pub use transitions::*;
 

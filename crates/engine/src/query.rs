@@ -47,6 +47,9 @@ pub enum QueryOutcome {
         reason: Option<String>,
         message: String,
         failure_type: Option<String>,
+        /// The worker's stack trace, returned to the caller with the refusal.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stack_trace: Option<String>,
     },
 }
 

@@ -372,6 +372,9 @@ pub struct RunState {
     /// Set on a reconciliation probe's host run: the ledger entry its answer resolves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_of: Option<crate::ledger_probe::ProbeTarget>,
+    /// The workflow task's latest failure while it keeps failing; a completed task clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_task_failure: Option<crate::task_failure::TaskFailureNote>,
 }
 
 fn first_document_version() -> u32 {

@@ -363,6 +363,9 @@ fn an_activity_timer_and_repair_run_ends_at_its_known_head() {
         let failure = WorkflowTaskFailure {
             message: "replay diverged".into(),
             failure_type: Some("NonDeterminism".into()),
+            reason: Some("history_shape_mismatch".into()),
+            sequence: Some(2),
+            stack_trace: Some("at replay()".into()),
         };
         fail_workflow_task(run, cx, &task, "worker-1", fence, failure)
     });

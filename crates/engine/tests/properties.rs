@@ -239,6 +239,7 @@ impl World {
                     let failure = WorkflowTaskFailure {
                         message: "x".into(),
                         failure_type: Some(if benign { WAITING_FOR_HISTORY_FAILURE } else { "Boom" }.into()),
+                        ..Default::default()
                     };
                     let _ = self.apply(|run, cx| fail_workflow_task(run, cx, &id, OWNERS[owner], fence, failure));
                 }

@@ -1113,6 +1113,42 @@ fn deferred_signals_are_recorded_when_the_lease_expires_or_the_run_closes() {
 }
 
 #[test]
+fn a_failing_workflow_task_keeps_its_cause_until_a_task_completes() {
+    let mut sim = Sim::start();
+    let events_before = sim.history.len();
+    for (round, message) in ["diverged at step 2", "diverged again"].into_iter().enumerate() {
+        let (task, fence) = sim.lease_workflow("w");
+        let failure = WorkflowTaskFailure {
+            message: message.into(),
+            failure_type: Some("NonDeterministicError".into()),
+            reason: Some("history_shape_mismatch".into()),
+            sequence: Some(2),
+            stack_trace: Some("at workflow.run()".into()),
+        };
+        sim.apply(|run, cx| fail_workflow_task(run, cx, &task, "w", fence, failure))
+            .unwrap();
+        let note = sim.run.workflow_task_failure.clone().expect("the failure is kept");
+        assert_eq!(
+            (note.message.as_str(), note.attempt, note.consecutive),
+            (message, fence, round as u32 + 1)
+        );
+        assert_eq!(note.reason.as_deref(), Some("history_shape_mismatch"));
+        assert_eq!(note.stack_trace.as_deref(), Some("at workflow.run()"));
+        assert_eq!((note.sequence, note.task_id), (Some(2), task));
+        sim.advance(60_000); // the longest backoff
+    }
+    assert_eq!(sim.history.len(), events_before, "a task failure writes no history, as in DW");
+    let first = sim.run.workflow_task_failure.as_ref().unwrap().first_failed_at;
+    assert!(
+        first < sim.run.workflow_task_failure.as_ref().unwrap().failed_at,
+        "the streak keeps its start"
+    );
+
+    sim.complete_workflow("w", vec![timer_command(60)]).unwrap();
+    assert_eq!(sim.run.workflow_task_failure, None, "a completed task ends the streak");
+}
+
+#[test]
 fn admission_uses_the_recorded_contract_then_the_registered_one() {
     let mut sim = Sim::start();
     let declared = CommandContract {

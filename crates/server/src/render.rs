@@ -133,18 +133,27 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         .tasks
         .values()
         .map(|t| {
+            // DW's task view: the workflow task carries its last failure's message.
+            let last_error = match (&run.workflow_task_failure, run.workflow_task.as_ref()) {
+                (Some(note), Some(current)) if current == &t.id => Some(note.message.clone()),
+                _ => None,
+            };
             json!({
                 "task_id": t.id,
                 "kind": t.kind.as_str(),
                 "status": if t.is_ready() { "ready" } else { "leased" },
                 "queue": t.queue,
                 "fence": t.fence,
+                "attempt_count": t.fence,
+                "available_at": time(t.available_at),
                 "lease_owner": t.lease().map(|l| l.owner.clone()),
                 "lease_expires_at": opt_time(t.lease().map(|l| l.expires_at)),
                 "deadline_at": opt_time(t.deadline_at),
+                "last_error": last_error,
             })
         })
         .collect();
+    let task_failure = run.workflow_task_failure.as_ref().map(task_failure);
     let mut body = json!({
         "workflow_id": run.workflow_id,
         "run_id": run.run_id,
@@ -178,7 +187,9 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "closed_at": opt_time(run.closed_at),
         "last_progress_at": time(run.last_progress_at),
         "wait_kind": run.wait_kind(),
-        "wait_reason": Value::Null,
+        "wait_reason": run.workflow_task_failure.as_ref().filter(|_| !closed).map(|note| format!(
+            "The workflow task has failed {} time(s) in a row: {}", note.consecutive, note.message)),
+        "workflow_task_failure": task_failure,
         "memo": run.memo,
         "search_attributes": run.search_attributes,
         "history_event_count": run.last_sequence,
@@ -242,6 +253,25 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
     let declared = run.contract.as_ref().map(CommandContract::declared_fields).unwrap_or_default();
     body.as_object_mut().expect("an object").extend(declared);
     body
+}
+
+/// The workflow task's latest failure as its worker reported it (DW's `failure` fields), with
+/// the streak it belongs to. Shown on describe and history responses.
+pub fn task_failure(note: &TaskFailureNote) -> Value {
+    json!({
+        "task_id": note.task_id,
+        "workflow_task_attempt": note.attempt,
+        "lease_owner": note.lease_owner,
+        "failed_at": time(note.failed_at),
+        "first_failed_at": time(note.first_failed_at),
+        "consecutive_failures": note.consecutive,
+        "message": note.message,
+        "type": note.failure_type,
+        "reason": note.reason,
+        "sequence": note.sequence,
+        "stack_trace": note.stack_trace,
+        "truncated_bytes": (!note.truncated.is_empty()).then_some(&note.truncated),
+    })
 }
 
 /// Open activity executions with their current attempt's task: what an operator looks at when a

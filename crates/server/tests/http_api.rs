@@ -1380,16 +1380,55 @@ async fn failed_workflow_task_is_offered_again() {
     h.wpost(&fail, json!({"lease_owner": "w1", "failure": {"message": "x"}}))
         .await
         .err(422, "validation_failed");
+    let refused = h
+        .wpost(
+            &fail,
+            json!({"lease_owner": "w1", "workflow_task_attempt": 1, "failure": {"message": "x", "cause": "y"}}),
+        )
+        .await
+        .err(422, "validation_failed");
+    assert!(
+        refused["errors"]["failure.cause"].is_array(),
+        "the refusal names the field: {refused}"
+    );
+    assert!(h.describe("retry-task").await["workflow_task_failure"].is_null());
     let failed = h
         .wpost(
             &fail,
             json!({"lease_owner": "w1", "workflow_task_attempt": 1,
-                             "failure": {"message": "replay blew up", "type": "NondeterminismError"}}),
+                   "failure": {"message": "replay blew up", "type": "NondeterminismError", "reason": "history_shape_mismatch",
+                               "sequence": 3, "stack_trace": "at run()\nat replay()"}}),
         )
         .await
         .ok(200);
     assert_eq!(failed["outcome"], "failed");
     assert_eq!(failed["recorded"], true);
+    // Every field of the report is kept and shown, on describe and beside the history.
+    let described = h.describe("retry-task").await;
+    let kept = &described["workflow_task_failure"];
+    for (field, value) in [
+        ("message", json!("replay blew up")),
+        ("type", json!("NondeterminismError")),
+        ("reason", json!("history_shape_mismatch")),
+        ("sequence", json!(3)),
+        ("stack_trace", json!("at run()\nat replay()")),
+        ("workflow_task_attempt", json!(1)),
+        ("lease_owner", json!("w1")),
+        ("consecutive_failures", json!(1)),
+        ("task_id", json!(task_id)),
+    ] {
+        assert_eq!(kept[field], value, "{field} in {kept}");
+    }
+    let workflow_task = described["open_tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "workflow")
+        .cloned();
+    assert_eq!(workflow_task.expect("the task is open")["last_error"], "replay blew up");
+    let run_id = start["run_id"].as_str().unwrap();
+    let history = h.cget(&format!("/api/workflows/retry-task/runs/{run_id}/history")).await.ok(200);
+    assert_eq!(history["workflow_task_failure"], *kept);
     let again = h.next_workflow_task("w1", "q").await;
     assert_eq!(again["task_id"], task_id);
     assert_eq!(again["workflow_task_attempt"], 2);
@@ -2537,16 +2576,23 @@ async fn query_failures_map_to_the_dw_reasons() {
         };
         let task = poll_query(&h, "qw", &queue).await["task"].clone();
         let id = task["query_task_id"].as_str().unwrap();
-        h.wpost(
-            &format!("/api/worker/query-tasks/{id}/fail"),
-            json!({"lease_owner": "qw", "query_task_attempt": 1, "failure": {"message": "no", "reason": reason}}),
-        )
-        .await
-        .ok(200);
+        let fail = format!("/api/worker/query-tasks/{id}/fail");
+        let unknown = json!({"lease_owner": "qw", "query_task_attempt": 1, "failure": {"message": "no", "hint": "x"}});
+        let refused = h.wpost(&fail, unknown).await.err(422, "validation_failed");
+        assert!(refused["errors"]["failure.hint"].is_array(), "{refused}");
+        let failure = json!({"message": "no", "reason": reason, "type": "QueryError", "stack_trace": "at handler()"});
+        h.wpost(&fail, json!({"lease_owner": "qw", "query_task_attempt": 1, "failure": failure}))
+            .await
+            .ok(200);
         let answer = ask.await.unwrap();
         assert_eq!(answer.status().as_u16(), status, "{reason}");
         let body: Value = answer.json().await.unwrap();
         assert_eq!(body["reason"], reason);
+        assert_eq!(
+            (&body["failure_type"], &body["stack_trace"]),
+            (&json!("QueryError"), &json!("at handler()")),
+            "{body}"
+        );
     }
 }
 

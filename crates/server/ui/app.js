@@ -418,6 +418,25 @@ async function workflowsPage(params) {
 
 const CLOSING = /^Workflow(Completed|Failed|Cancelled|Terminated|TimedOut|ContinuedAsNew)$/;
 
+
+/** A failing workflow task, first on the run page: the worker's message, type, reason and stack. */
+function taskFailureBox(failure, open) {
+  const cut = failure.truncated_bytes ? Object.entries(failure.truncated_bytes).map(([field, bytes]) => `${field} was ${bytes} bytes`).join(", ") : null;
+  return h("div", { class: "error-box", role: "alert", id: "task-failure" },
+    h("strong", {}, open ? "The workflow task is failing" : "The workflow task was failing when the run closed"),
+    ` (${failure.consecutive_failures} in a row since `, when(failure.first_failed_at), "): ",
+    h("span", { id: "task-failure-message" }, failure.message || "no message"),
+    h("div", { class: "muted" }, [
+      failure.type ? `type ${failure.type}` : null,
+      failure.reason ? `reason ${failure.reason}` : null,
+      failure.sequence != null ? `at sequence ${failure.sequence}` : null,
+      `attempt ${failure.workflow_task_attempt}`,
+      `worker ${failure.lease_owner}`,
+    ].filter(Boolean).join(" · ")),
+    failure.stack_trace ? h("details", { open: true }, h("summary", {}, "Stack trace"), h("pre", { class: "mono", id: "task-failure-stack" }, failure.stack_trace)) : null,
+    cut ? h("div", { class: "muted" }, `Cut to the stored limit: ${cut}.`) : null);
+}
+
 async function runPage(workflowId, runId) {
   const path = `/workflows/${enc(workflowId)}` + (runId ? `/runs/${enc(runId)}` : "");
   const run = await api("GET", path);
@@ -475,6 +494,7 @@ async function runPage(workflowId, runId) {
   show(
     h("p", {}, h("a", { href: "#/workflows" }, "← Workflows")),
     h("div", { class: "title-row" }, h("h1", {}, h("span", { id: "run-title" }, workflowId), badge(run.status)), liveToggle, buttons),
+    run.workflow_task_failure ? taskFailureBox(run.workflow_task_failure, open) : null,
     run.integrity_incident ? h("div", { class: "error-box", role: "alert" }, "This run is blocked by an integrity incident: its stored history does not verify.") : null,
     run.blocked_by ? h("div", { class: "diagnostic" }, "Blocked: ", run.blocked_by.reason || "", " ", run.blocked_by.ledger_key ? h("a", { href: `#/ledger/${enc(run.blocked_by.ledger_key)}` }, run.blocked_by.ledger_key) : "") : null,
     h("div", { class: "grid" },
@@ -704,6 +724,25 @@ async function ledgerEntryPage(key) {
 // ---------------------------------------------------------------------------------------------
 // Workers and task queues
 
+/** A worker's free slots as its last heartbeat reported them. */
+function slotsText(slots) {
+  if (!slots) return "—";
+  const names = { workflow_available: "workflow", activity_available: "activity", session_available: "session" };
+  return Object.entries(slots).map(([family, free]) => `${free} ${names[family] || family}`).join(" · ") || "—";
+}
+
+/** The process metrics a worker reported: pid, resident memory, CPU share, uptime. */
+function metricsText(metrics) {
+  if (!metrics) return "—";
+  return [
+    metrics.host ? `${metrics.host}` : null,
+    metrics.process_id != null ? `pid ${metrics.process_id}` : null,
+    metrics.memory_bytes != null ? `${(metrics.memory_bytes / 1048576).toFixed(1)} MiB` : null,
+    metrics.cpu_percent != null ? `${Number(metrics.cpu_percent).toFixed(1)}% CPU` : null,
+    metrics.process_uptime_seconds != null ? `up ${metrics.process_uptime_seconds} s` : null,
+  ].filter(Boolean).join(" · ") || "—";
+}
+
 async function workersPage() {
   const [workers, queues] = await Promise.all([api("GET", "/workers"), api("GET", "/task-queues")]);
   show(
@@ -724,6 +763,8 @@ async function workersPage() {
       ["Build", (w) => w.build_id || "unversioned"],
       ["Runtime", (w) => `${w.runtime || "?"} ${w.sdk_version || ""}`],
       ["Last seen", (w) => when(w.last_heartbeat_at)],
+      ["Free slots", (w) => h("span", { class: "worker-slots" }, slotsText(w.task_slots))],
+      ["Process", (w) => h("span", { class: "worker-process" }, metricsText(w.process_metrics)), "wrap"],
       ["Types", (w) => [...(w.supported_workflow_types || []), ...(w.supported_activity_types || [])].join(", ") || "—", "wrap"],
     ], workers.workers || [], "No worker is registered in this namespace."));
 }
@@ -762,6 +803,8 @@ async function taskQueuePage(name) {
       ["Build", (p) => p.build_id || "unversioned"],
       ["Runtime", (p) => `${p.runtime || "?"} ${p.sdk_version || ""}`],
       ["Last seen", (p) => when(p.last_heartbeat_at)],
+      ["Free slots", (p) => h("span", { class: "poller-slots" }, slotsText(p.task_slots))],
+      ["Process", (p) => metricsText(p.process_metrics), "wrap"],
     ], queue.pollers || [], "No worker polls this queue."),
     h("h2", {}, "Current leases"),
     table("Leased tasks", [

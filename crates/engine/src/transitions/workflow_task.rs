@@ -5,7 +5,7 @@ use crate::transitions::commands::{apply_command, validate_commands};
 use crate::transitions::{events, integrity_refusal, iso8601, min_opt};
 use crate::{
     ActivityAttemptId, ClosedTaskReceipt, CommandId, Cx, Lease, Receipt, ReportKind, ResumeContext, RunState, SignalId, Task, TaskClosure,
-    TaskDetail, TaskId, TaskKind, TaskState, TimerId, UpdateStatus, WorkflowCommand,
+    TaskDetail, TaskFailureNote, TaskId, TaskKind, TaskState, TimerId, UpdateStatus, WorkflowCommand, WorkflowTaskFailure,
 };
 use crate::{ClosedReason, EventType, Millis, Payload, Reason, Refusal, RunStatus};
 
@@ -200,6 +200,7 @@ pub fn complete_workflow_task_with(
         apply_command(run, cx, task_id, command)?;
     }
     run.close_task(cx, task_id, TaskClosure::Completed);
+    run.workflow_task_failure = None;
     if let TaskDetail::Workflow { history_snapshot, .. } = &task.detail {
         run.command_traces.retain(|trace| trace.sequence > *history_snapshot);
     }
@@ -328,16 +329,10 @@ pub fn run_closed_refusal(run: &RunState) -> Refusal {
         .with("run_closed_at", run.closed_at.map(iso8601))
 }
 
-/// A worker's failure report for a workflow task.
-#[derive(Clone, Debug, Default)]
-pub struct WorkflowTaskFailure {
-    pub message: String,
-    pub failure_type: Option<String>,
-}
-
 /// A failed workflow task records no history of its own (only signals deferred during its lease).
 /// `WorkflowTaskWaitingForHistory` closes it (nothing
-/// new to do); any other failure offers it again after a capped exponential backoff.
+/// new to do); any other failure offers it again after a capped exponential backoff and is kept
+/// on the run ([`TaskFailureNote`]) until a workflow task completes.
 pub fn fail_workflow_task(
     run: &mut RunState,
     cx: &mut Cx,
@@ -357,11 +352,14 @@ pub fn fail_workflow_task(
         !run.activities.is_empty() || !run.timers.is_empty() || !run.condition_waits.is_empty() || !run.signal_waits.is_empty();
     if failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE) && something_pending {
         run.close_task(cx, task_id, TaskClosure::Completed);
+        run.workflow_task_failure = None; // the worker replayed the history: not a failure
         if run.status == RunStatus::Running {
             run.status = RunStatus::Waiting;
         }
         created.extend(run.follow_up_workflow_task(cx));
     } else {
+        let note = TaskFailureNote::new(failure, task_id, attempt, owner, cx.now, run.workflow_task_failure.as_ref());
+        run.workflow_task_failure = Some(note);
         let backoff = (1000i64 << attempt.saturating_sub(1).min(16)).min(WORKFLOW_TASK_RETRY_BACKOFF_MAX_MS);
         let now = cx.now;
         let task = run.task_mut(cx, task_id).expect("lease checked");

@@ -418,6 +418,8 @@ pub async fn history<S: Store>(
         "run_id": run_id,
         "events": rows,
         "next_page_token": (last < run.last_sequence).then(|| render::page_token(last)),
+        // A failing workflow task writes no event; its cause is shown beside the history.
+        "workflow_task_failure": run.workflow_task_failure.as_ref().map(render::task_failure),
     })))
 }
 

@@ -40,8 +40,10 @@ async fn counts_json<S: Store>(state: &Shared<S>, namespace: &str) -> ApiResult<
         entry[status.as_str()] = json!(count);
     }
     let workers = state.store.workers(namespace).await?;
-    let stale_ms = capstan_app::workers::STALE_AFTER_SECONDS * 1000;
-    let stale = workers.iter().filter(|w| now - w.last_heartbeat_at > stale_ms).count();
+    let stale = workers
+        .iter()
+        .filter(|w| capstan_app::workers::Cadence::of(&w.document).stale(w.last_heartbeat_at, now))
+        .count();
     Ok(json!({
         "namespace": namespace,
         "generated_at": render::time(now),

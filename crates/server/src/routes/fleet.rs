@@ -6,6 +6,7 @@ use crate::auth::Role;
 use crate::body::JsonObject;
 use crate::error::{ApiError, ApiResult};
 use crate::planes::Namespace;
+use crate::wire::worker_report;
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 const LEASES_SHOWN: usize = 100;
 
 fn status_of(worker: &WorkerRecord, now: Millis) -> &str {
-    if now - worker.last_heartbeat_at > workers::STALE_AFTER_SECONDS * 1000 {
+    if workers::Cadence::of(&worker.document).stale(worker.last_heartbeat_at, now) {
         "stale"
     } else {
         &worker.status
@@ -58,14 +59,15 @@ fn worker_json(worker: &WorkerRecord, now: Millis) -> Value {
         "workflow_definition_fingerprints": worker.workflow_definition_fingerprints,
         "max_concurrent_workflow_tasks": doc.get("max_concurrent_workflow_tasks"),
         "max_concurrent_activity_tasks": doc.get("max_concurrent_activity_tasks"),
-        "task_slots": doc.get("task_slots"),
+        "task_slots": worker_report::shown_task_slots(doc),
         "process_metrics": doc.get("process_metrics"),
         "capabilities": doc.get("capabilities"),
         "status": status_of(worker, now),
         "last_heartbeat_at": render::time(worker.last_heartbeat_at),
         "registered_at": render::time(worker.registered_at),
         "updated_at": render::time(worker.last_heartbeat_at.max(worker.registered_at)),
-        "heartbeat_interval_seconds": workers::HEARTBEAT_INTERVAL_SECONDS,
+        "heartbeat_interval_seconds": workers::Cadence::of(doc).interval_seconds,
+        "stale_after_seconds": workers::Cadence::of(doc).stale_after_seconds,
     })
 }
 
@@ -258,7 +260,8 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
         "pollers": workers.iter().map(|w| json!({
             "worker_id": w.worker_id, "runtime": w.runtime, "sdk_version": w.sdk_version, "build_id": w.build_id,
             "status": status_of(w, now), "last_heartbeat_at": render::time(w.last_heartbeat_at),
-            "task_slots": w.document.get("task_slots"),
+            "task_slots": worker_report::shown_task_slots(&w.document),
+            "process_metrics": w.document.get("process_metrics"),
         })).collect::<Vec<_>>(),
         "current_leases": snapshot.leases.iter().map(|l| json!({
             "task_id": l.task_id, "task_kind": l.kind, "type": l.type_name, "workflow_id": l.workflow_id,

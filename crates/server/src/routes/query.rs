@@ -10,7 +10,7 @@ use crate::long_poll::{wait_for_work, Look};
 use crate::metrics::PollTimer;
 use crate::planes::Namespace;
 use crate::wait;
-use crate::wire::Fields;
+use crate::wire::{self, Fields};
 use crate::{render, AppState, Shared};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -129,13 +129,18 @@ async fn ask<S: Store>(state: Shared<S>, target: Asked, caller: Caller, body: Ma
             reason,
             message,
             failure_type,
+            stack_trace,
         } => {
             let (status, reason) = match reason.as_deref() {
                 Some("rejected_unknown_query") => (StatusCode::NOT_FOUND, Reason::RejectedUnknownQuery),
                 Some("invalid_query_arguments") => (StatusCode::UNPROCESSABLE_ENTITY, Reason::InvalidQueryArguments),
                 _ => (StatusCode::CONFLICT, Reason::QueryRejected),
             };
-            Err(fail(ApiError::new(status, reason, message).with("failure_type", failure_type)))
+            Err(fail(
+                ApiError::new(status, reason, message)
+                    .with("failure_type", failure_type)
+                    .with("stack_trace", stack_trace),
+            ))
         }
     }
 }
@@ -371,11 +376,18 @@ pub async fn fail_query_task<S: Store>(
 ) -> ApiResult<Json<Value>> {
     let (owner, attempt) = claim(&body)?;
     let failure = Fields::new(&body).opt_object("failure")?.cloned().unwrap_or_default();
+    wire::refuse_unknown_fields(
+        &failure,
+        &[&["message", "reason", "type", "stack_trace"]],
+        "failure.",
+        "query task failures",
+    )?;
     let f = Fields::nested(&failure, "failure.".into());
     let outcome = QueryOutcome::Failed {
         reason: f.opt_str("reason", 255)?,
         message: f.opt_str("message", 1_000_000)?.unwrap_or_else(|| "The query failed.".into()),
         failure_type: f.opt_str("type", 1000)?,
+        stack_trace: f.opt_str("stack_trace", 1_000_000)?,
     };
     answer(&state, &namespace, &id, &owner, attempt, outcome).await
 }

@@ -293,6 +293,7 @@ pub async fn reject<S: Store>(
             reason: Some("update_validation_worker_failed".into()),
             message,
             failure_type,
+            stack_trace: f.opt_str("stack_trace", 1_000_000)?,
         },
         _ => QueryOutcome::Rejected {
             message,

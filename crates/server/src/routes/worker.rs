@@ -45,21 +45,20 @@ pub async fn register<S: Store>(
     let task_queue = f.req_str("task_queue", 255)?;
     let runtime = f.req_str("runtime", 64)?;
     let fingerprints = f.opt_object("workflow_definition_fingerprints")?.cloned().unwrap_or_default();
-    let mut document = Map::new();
+    let mut document = wire::worker_report::worker_report(&f)?;
     for key in [
         "capabilities",
         "capability_manifest",
         "workflow_command_contracts",
         "max_concurrent_workflow_tasks",
         "max_concurrent_activity_tasks",
-        "task_slots",
-        "process_metrics",
         "max_concurrent_worker_sessions",
     ] {
         if let Some(value) = f.raw(key) {
             document.insert(key.to_string(), value.clone());
         }
     }
+    let cadence = workers::Cadence::of(&document);
     let registration = workers::Registration {
         namespace: namespace.clone(),
         worker_id,
@@ -85,7 +84,8 @@ pub async fn register<S: Store>(
         "runtime": record.runtime,
         "build_id": record.build_id,
         "status": record.status,
-        "heartbeat_interval_seconds": workers::HEARTBEAT_INTERVAL_SECONDS,
+        "heartbeat_interval_seconds": cadence.interval_seconds,
+        "stale_after_seconds": cadence.stale_after_seconds,
         "capabilities": body.get("capabilities").cloned().unwrap_or(json!([])),
         "capability_manifest": body.get("capability_manifest").cloned().unwrap_or(json!({})),
         "registration_token": registration_token,
@@ -93,16 +93,24 @@ pub async fn register<S: Store>(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
+/// What a worker heartbeat may carry (both SDKs send a subset).
+const HEARTBEAT_FIELDS: &[&str] = &["worker_id", "task_slots", "process_metrics", "heartbeat_interval_seconds"];
+
 pub async fn heartbeat<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
-    let worker_id = Fields::new(&body).req_str("worker_id", 255)?;
-    match workers::heartbeat(&*state, &namespace, &worker_id).await? {
-        Some(_) => Ok(Json(
-            json!({"worker_id": worker_id, "acknowledged": true, "heartbeat_interval_seconds": workers::HEARTBEAT_INTERVAL_SECONDS, "stale_after_seconds": workers::STALE_AFTER_SECONDS}),
-        )),
+    wire::refuse_unknown_fields(&body, &[HEARTBEAT_FIELDS], "", "worker heartbeats")?;
+    let f = Fields::new(&body);
+    let worker_id = f.req_str("worker_id", 255)?;
+    let reported = wire::worker_report::worker_report(&f)?;
+    match workers::heartbeat(&*state, &namespace, &worker_id, reported).await? {
+        Some(worker) => {
+            let cadence = workers::Cadence::of(&worker.document);
+            Ok(Json(json!({"worker_id": worker_id, "acknowledged": true,
+                "heartbeat_interval_seconds": cadence.interval_seconds, "stale_after_seconds": cadence.stale_after_seconds})))
+        }
         None => Err(not_registered(&worker_id)),
     }
 }
@@ -602,12 +610,7 @@ pub async fn fail_workflow_task<S: Store>(
     JsonObject(body): JsonObject,
 ) -> ApiResult<Json<Value>> {
     let claim = workflow_claim(&body)?;
-    let failure_map = Fields::new(&body).opt_object("failure")?.cloned().unwrap_or_default();
-    let ff = Fields::nested(&failure_map, "failure.".into());
-    let failure = WorkflowTaskFailure {
-        message: ff.opt_str("message", 1_000_000)?.unwrap_or_default(),
-        failure_type: ff.opt_str("type", 1000)?,
-    };
+    let failure = workflow_task_failure(&body)?;
     let benign = failure.failure_type.as_deref() == Some(WAITING_FOR_HISTORY_FAILURE);
     let message = failure.message.clone();
     let mut lease = workflow_lease(&namespace, &task_id, &claim);
@@ -630,6 +633,24 @@ pub async fn fail_workflow_task<S: Store>(
         "reason": null,
         "next_task_id": receipt.created_task_ids.first(),
     })))
+}
+
+/// The fields of DW's workflow-task `failure` object; others are refused by name.
+const WORKFLOW_TASK_FAILURE_FIELDS: &[&str] = &["message", "type", "reason", "sequence", "stack_trace"];
+
+/// A workflow-task failure report's `failure`, every field kept (message and stack trace are
+/// bounded on the run, see `capstan_engine::task_failure`).
+fn workflow_task_failure(body: &Map<String, Value>) -> ApiResult<WorkflowTaskFailure> {
+    let failure_map = Fields::new(body).opt_object("failure")?.cloned().unwrap_or_default();
+    wire::refuse_unknown_fields(&failure_map, &[WORKFLOW_TASK_FAILURE_FIELDS], "failure.", "workflow task failures")?;
+    let ff = Fields::nested(&failure_map, "failure.".into());
+    Ok(WorkflowTaskFailure {
+        message: ff.opt_str("message", 1_000_000)?.unwrap_or_default(),
+        failure_type: ff.opt_str("type", 1000)?,
+        reason: ff.opt_str("reason", 1000)?,
+        sequence: ff.opt_int("sequence", 0, i64::MAX)?.map(|s| s as u64),
+        stack_trace: ff.opt_str("stack_trace", 1_000_000)?,
+    })
 }
 
 pub(super) fn workflow_lease(namespace: &str, task_id: &str, claim: &WorkflowLeaseClaim) -> reports::WorkflowLease {

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 mod fields;
 pub(crate) mod nexus;
 pub(crate) mod streams;
+pub mod worker_report;
 
 pub use fields::{refuse_unknown_fields, Fields};
 

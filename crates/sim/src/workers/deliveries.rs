@@ -233,6 +233,7 @@ async fn complete_workflow_task(
         let waiting = WorkflowTaskFailure {
             message: "Workflow task waiting for scheduled history.".into(),
             failure_type: Some(WAITING_FOR_HISTORY_FAILURE.into()),
+            ..Default::default()
         };
         reports::fail_workflow_task(&world.app, lease, waiting).await
     } else {

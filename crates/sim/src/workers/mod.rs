@@ -60,9 +60,15 @@ fn worker(world: &mut World) -> String {
 }
 
 /// A polling worker is alive: its registration is refreshed.
-async fn alive(world: &World, owner: &str) -> Result<(), Failure> {
-    let beat = workers::heartbeat(&world.app, NAMESPACE, owner).await;
-    beat.map_err(|e| world.fail(format!("worker heartbeat: {e}")))?;
+/// Its heartbeat reports the slots it has free, which the registration must keep.
+async fn alive(world: &World, owner: &str, free_slots: usize) -> Result<(), Failure> {
+    let slots = serde_json::json!({"workflow_available": free_slots});
+    let reported = serde_json::Map::from_iter([("task_slots".to_string(), slots.clone())]);
+    let beat = workers::heartbeat(&world.app, NAMESPACE, owner, reported).await;
+    let record = beat.map_err(|e| world.fail(format!("worker heartbeat: {e}")))?;
+    if record.is_some_and(|r| r.document.get("task_slots") != Some(&slots)) {
+        return Err(world.fail(format!("worker heartbeat: {owner}'s reported slots were not kept")));
+    }
     Ok(())
 }
 
@@ -170,7 +176,7 @@ impl Workers {
             }
         }
         let owner = worker(world);
-        alive(world, &owner).await?;
+        alive(world, &owner, self.parked.len()).await?;
         let claimed = poll(world, &owner, kind, lease_ms).await;
         match world.declined(claimed)? {
             Some((_, Some((task, run)))) => {
@@ -370,7 +376,7 @@ impl Workers {
     /// A worker polls for a query task; returns whether one was leased.
     pub(crate) async fn poll_query_task(&mut self, world: &mut World, faulty: bool) -> Result<bool, Failure> {
         let owner = worker(world);
-        alive(world, &owner).await?;
+        alive(world, &owner, self.parked.len()).await?;
         let claim = QueryClaim {
             namespace: NAMESPACE.into(),
             queue: QUEUE.into(),

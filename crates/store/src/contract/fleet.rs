@@ -12,14 +12,17 @@ pub trait FleetStore: Backend {
         self.write(move |tx| Box::pin(async move { fleet::register_worker(tx, worker).await }))
     }
 
+    /// A worker's heartbeat at `now`; `reported` fields (its free slots, its process metrics)
+    /// replace those of its document. `None` when the worker is not registered.
     fn heartbeat_worker(
         &self,
         namespace: &str,
         worker_id: &str,
         now: Millis,
+        reported: Map<String, Value>,
     ) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send {
         let (namespace, worker_id) = (namespace.to_string(), worker_id.to_string());
-        self.write_one(move |tx| Box::pin(async move { fleet::heartbeat_worker(tx, &namespace, &worker_id, now).await }))
+        self.write_one(move |tx| Box::pin(async move { fleet::heartbeat_worker(tx, &namespace, &worker_id, now, reported).await }))
     }
 
     fn get_worker(&self, namespace: &str, worker_id: &str) -> impl Future<Output = StoreResult<Option<WorkerRecord>>> + Send {

@@ -85,10 +85,29 @@ pub(crate) async fn heartbeat_worker<T: Tx>(
     namespace: &str,
     worker_id: &str,
     now: Millis,
+    reported: Map<String, Value>,
 ) -> StoreResult<Option<WorkerRecord>> {
-    let sql = "UPDATE workers SET last_heartbeat_at = $3 WHERE namespace = $1 AND worker_id = $2";
-    tx.execute(sql, &args![namespace, worker_id, now]).await?;
-    get_worker(tx, namespace, worker_id).await
+    if reported.is_empty() {
+        let sql = "UPDATE workers SET last_heartbeat_at = $3 WHERE namespace = $1 AND worker_id = $2";
+        tx.execute(sql, &args![namespace, worker_id, now]).await?;
+        return get_worker(tx, namespace, worker_id).await;
+    }
+    let sql = LOCK_WORKER.sql(tx.dialect());
+    let Some(mut worker) = tx
+        .query_opt(sql, &args![namespace, worker_id])
+        .await?
+        .as_ref()
+        .map(worker_of)
+        .transpose()?
+    else {
+        return Ok(None);
+    };
+    worker.document.extend(reported);
+    worker.last_heartbeat_at = now;
+    let document = serde_json::to_string(&worker.document)?;
+    let sql = "UPDATE workers SET last_heartbeat_at = $3, document = $4 WHERE namespace = $1 AND worker_id = $2";
+    tx.execute(sql, &args![namespace, worker_id, now, document.as_str()]).await?;
+    Ok(Some(worker))
 }
 
 pub(crate) async fn get_worker<T: Tx>(tx: &mut T, namespace: &str, worker_id: &str) -> StoreResult<Option<WorkerRecord>> {

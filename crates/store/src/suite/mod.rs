@@ -1296,6 +1296,7 @@ pub async fn query_tasks_are_leased_and_answered_once<S: Store>(store: S) {
 pub async fn worker_registrations<S: Store>(store: S) {
     let mut w = worker("w1", "q");
     w.workflow_definition_fingerprints.insert("t".into(), json!("fp-1"));
+    w.document.insert("capabilities".into(), json!(["sticky"]));
     store.register_worker(w.clone()).await.unwrap();
     store.register_worker(w.clone()).await.expect("re-registration is idempotent");
     let mut changed = w.clone();
@@ -1303,14 +1304,38 @@ pub async fn worker_registrations<S: Store>(store: S) {
     assert_eq!(reason(store.register_worker(changed).await), Reason::WorkflowDefinitionChanged);
     assert_eq!(
         store
-            .heartbeat_worker("default", "w1", NOW + 5)
+            .heartbeat_worker("default", "w1", NOW + 5, Map::new())
             .await
             .unwrap()
             .unwrap()
             .last_heartbeat_at,
         NOW + 5
     );
-    assert!(store.heartbeat_worker("default", "ghost", NOW).await.unwrap().is_none());
+    // What a heartbeat reports replaces those fields of the document and keeps the others.
+    let reported = json!({"task_slots": {"workflow_available": 3}, "process_metrics": {"process_id": 7}});
+    let beat = store
+        .heartbeat_worker("default", "w1", NOW + 6, reported.as_object().unwrap().clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let stored = store.get_worker("default", "w1").await.unwrap().unwrap();
+    assert_eq!(stored.document, beat.document);
+    assert_eq!(
+        (stored.last_heartbeat_at, &stored.document["task_slots"]),
+        (NOW + 6, &json!({"workflow_available": 3}))
+    );
+    assert_eq!(stored.document["process_metrics"], json!({"process_id": 7}));
+    assert_eq!(
+        stored.document["capabilities"],
+        json!(["sticky"]),
+        "the registration's fields are kept"
+    );
+    assert!(store.heartbeat_worker("default", "ghost", NOW, Map::new()).await.unwrap().is_none());
+    assert!(store
+        .heartbeat_worker("default", "ghost", NOW, reported.as_object().unwrap().clone())
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(store.get_worker("default", "w1").await.unwrap().unwrap().task_queue, "q");
     // A poll's look reads the registration as it stands, with the queue's readiness.
     let look = |worker_id: &str| LookAsk {

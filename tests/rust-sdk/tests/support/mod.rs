@@ -228,6 +228,23 @@ impl CapstanServer {
         }
     }
 
+    /// A control-plane `GET /api{path}` answer (the tests read fields the SDK does not surface).
+    pub async fn control_get(&self, path: &str) -> Value {
+        let url = format!("{}/api{path}", self.base_url);
+        let response = reqwest::Client::new()
+            .get(&url)
+            .timeout(Duration::from_secs(10))
+            .header("X-Durable-Workflow-Control-Plane-Version", "2")
+            .header("X-Namespace", "default")
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("GET {url}: {error}"));
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(status.is_success(), "GET {url} -> {status}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|error| panic!("GET {url} returned non-JSON ({error}): {body}"))
+    }
+
     /// Control-plane `GET /api/workflows/{id}/runs/{run}/history`, following
     /// `next_page_token`, returning every event object.
     ///
