@@ -141,3 +141,43 @@ fn update_validation() -> Value {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COVERAGE: &str = include_str!("../../../../docs/protocol-coverage.md");
+
+    /// The rows of the markdown table under `heading`: each row's first cell, unquoted.
+    fn table_keys(heading: &str) -> Vec<String> {
+        let section = COVERAGE.split(heading).nth(1).expect("the section exists");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_advertised_capability_has_a_row_and_every_row_is_advertised() {
+        let mut advertised: Vec<String> = server_capabilities().as_object().expect("an object").keys().cloned().collect();
+        advertised.sort();
+        let mut rows = table_keys("## Advertised worker capabilities");
+        rows.sort();
+        assert_eq!(
+            rows, advertised,
+            "docs/protocol-coverage.md's capability table and server_capabilities()"
+        );
+    }
+
+    #[test]
+    fn every_served_command_has_a_row_in_the_command_field_table() {
+        let mut rows = table_keys("## Command fields");
+        rows.sort();
+        let mut served: Vec<String> = SUPPORTED_COMMANDS.iter().map(|c| c.to_string()).collect();
+        served.sort();
+        assert_eq!(rows, served, "docs/protocol-coverage.md's command table and SUPPORTED_COMMANDS");
+    }
+}
