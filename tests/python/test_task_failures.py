@@ -88,6 +88,9 @@ def test_a_failing_workflow_task_shows_its_cause_until_it_completes(server_url, 
                 await expect(box).to_contain_text("The workflow task is failing")
                 await expect(box).to_contain_text("workflow_entry_arguments_mismatch")
                 await expect(page.locator("#task-failure-stack")).to_contain_text("Traceback")
+                # The history budget is on the page: this small run is not near it.
+                await expect(page.locator("#history-budget")).to_contain_text("2 events")
+                await expect(page.locator("#history-budget .badge")).to_have_count(0)
                 await screenshot(page, "workflow-task-failing")
                 await browser.close()
 

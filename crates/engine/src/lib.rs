@@ -18,6 +18,7 @@ pub mod contract;
 pub mod fairness;
 pub mod flow;
 pub mod history;
+pub mod history_budget;
 pub mod ids;
 pub mod ledger;
 pub mod ledger_probe;
@@ -54,6 +55,7 @@ pub use cancellation::{AwaitedStops, CancellationDelivery, CancellationRequest, 
 pub use command::*;
 pub use contract::CommandContract;
 pub use history::{chain_hash, verify_chain, verify_chain_from, EventType, HistoryEvent, GENESIS_HASH};
+pub use history_budget::HistoryBudget;
 pub use ids::*;
 pub use ledger::{ActionDefinition, ActionPin, LedgerCheckpoint, LedgerEntry, LedgerState, RecoveryMode};
 pub use limits::Limits;

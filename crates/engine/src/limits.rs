@@ -14,6 +14,8 @@ pub struct Limits {
     pub pending_activities_max: usize,
     /// Open timers per run.
     pub pending_timers_max: usize,
+    /// Signals accepted and not yet handed to workflow code, per run (DW's `pending_signal_count`).
+    pub pending_signals_max: usize,
     /// Receipts kept in the run document per kind (prepared local attempts and checkpoints) so an
     /// identical retried report gets its original answer. Worker task receipts live on task rows.
     pub closed_task_receipts_max: usize,
@@ -29,6 +31,7 @@ impl Default for Limits {
             commands_per_completion_max: 1_000,
             pending_activities_max: 2_000,
             pending_timers_max: 2_000,
+            pending_signals_max: 5_000,
             closed_task_receipts_max: 64,
             delay_seconds_max: 10 * 365 * 24 * 3600,
         }

@@ -16,4 +16,7 @@ pub enum Observation {
     ActivityTimedOut { timeout_kind: &'static str },
     /// A durable timer fired.
     TimerFired,
+    /// The run's history crossed a budget threshold: `approaching` or
+    /// `continue_as_new_recommended` (`crate::history_budget`).
+    HistoryBudgetCrossed { pressure: &'static str },
 }

@@ -66,6 +66,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 impl ActivityExecution {
     /// The key the provider deduplicates this action by: read from the arguments where the
     /// definition points, else the `activity_execution_id`, stable across attempts.
@@ -259,6 +263,13 @@ pub struct RunState {
     pub last_sequence: u64,
     /// Hash of the last history event (the genesis hash before the first).
     pub last_hash: String,
+    /// Bytes of history so far (each event's type and JSON payload; DW's history budget). Runs
+    /// written before the field existed count from their first event written after it.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub history_size_bytes: u64,
+    /// The largest `parallel_group_size` any event of the run recorded (DW's fan-out).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub history_fan_out: u64,
     /// Next workflow step sequence to hand out (steps start at 1).
     pub next_step: u32,
     /// What each recorded step was, by step sequence.
@@ -682,6 +693,7 @@ impl RunState {
             hash: String::new(),
         };
         event.hash = chain_hash(&event.prev_hash, &event.canonical_json());
+        self.count_budget(cx, &event);
         if let (Some(command_id), Some(carrier)) = (command_id, event.payload.get("observability_context")) {
             crate::trace::note_command_trace(&mut self.command_traces, command_id, event.sequence, carrier);
         }
@@ -785,6 +797,40 @@ impl RunState {
     /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
     /// task: creates one if none exists, otherwise remembers to create one when the leased task
     /// ends. A signal gets its own resume task so its arguments reach the worker with it.
+    /// Adds `event` to the history budget's counters; a crossed threshold is observed.
+    fn count_budget(&mut self, cx: &mut Cx, event: &HistoryEvent) {
+        use crate::history_budget::{event_fan_out, event_size_bytes, HistoryBudget};
+        let before = HistoryBudget::pressure_of(self.last_sequence, self.history_size_bytes, self.history_fan_out);
+        self.history_size_bytes += event_size_bytes(event.event_type.as_str(), &event.payload);
+        self.history_fan_out = self.history_fan_out.max(event_fan_out(&event.payload));
+        let after = HistoryBudget::pressure_of(event.sequence, self.history_size_bytes, self.history_fan_out);
+        if after > before {
+            let pressure = after.as_str();
+            cx.effects.observations.push(crate::Observation::HistoryBudgetCrossed { pressure });
+        }
+    }
+
+    /// Signals accepted and not yet handed to workflow code: those waiting for a resume task, and
+    /// the one the ready workflow task carries.
+    pub fn pending_signal_count(&self) -> usize {
+        let waiting = self
+            .pending_resumes
+            .iter()
+            .filter(|r| matches!(r, ResumeContext::Signal { .. }))
+            .count();
+        let ready = self.workflow_task.as_ref().and_then(|id| self.tasks.get(id)).is_some_and(|t| {
+            t.is_ready()
+                && matches!(
+                    t.detail,
+                    TaskDetail::Workflow {
+                        resume: Some(ResumeContext::Signal { .. }),
+                        ..
+                    }
+                )
+        });
+        waiting + usize::from(ready)
+    }
+
     pub(crate) fn want_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> Option<TaskId> {
         // A standalone activity's host run has no workflow code to wake.
         if self.is_closed() || self.standalone.is_some() {

@@ -339,6 +339,22 @@ impl World {
     fn check_invariants(&self) {
         verify_chain(&self.history).expect("history chain and sequences stay valid");
 
+        // The history budget's counters are exactly what the history holds.
+        let size: u64 = self
+            .history
+            .iter()
+            .map(|e| capstan_engine::history_budget::event_size_bytes(e.event_type.as_str(), &e.payload))
+            .sum();
+        let fan_out = self
+            .history
+            .iter()
+            .map(|e| capstan_engine::history_budget::event_fan_out(&e.payload))
+            .max();
+        assert_eq!(
+            (self.run.history_size_bytes, self.run.history_fan_out),
+            (size, fan_out.unwrap_or(0))
+        );
+
         // At most one ready-or-leased workflow task per run.
         let workflow_tasks = self.run.tasks.values().filter(|t| t.kind == TaskKind::Workflow).count();
         assert!(workflow_tasks <= 1, "{workflow_tasks} open workflow tasks");

@@ -1753,3 +1753,63 @@ fn an_attempt_whose_lease_runs_out_before_its_budgets_is_named_a_lease_expiry() 
     assert_eq!(retried.payload["timeout_kind"], json!("lease_expired"), "{:?}", retried.payload);
     assert!(retried.payload["message"].as_str().unwrap().contains("lease expired"));
 }
+
+#[test]
+fn the_history_budget_counts_every_event_and_observes_a_crossed_threshold() {
+    use capstan_engine::history_budget::{event_size_bytes, Pressure, SIZE_WARNING_BYTES};
+    let mut sim = Sim::start();
+    let counted = |sim: &Sim| -> u64 {
+        sim.history
+            .iter()
+            .map(|e| event_size_bytes(e.event_type.as_str(), &e.payload))
+            .sum()
+    };
+    assert_eq!(sim.run.history_size_bytes, counted(&sim));
+    let big = "a".repeat(SIZE_WARNING_BYTES as usize);
+    let observed = sim
+        .apply(|run, cx| {
+            signal(run, cx, "s", Payload::avro(big), "c1".into())?;
+            Ok(cx.effects.observations.clone())
+        })
+        .unwrap();
+    assert_eq!(observed, vec![Observation::HistoryBudgetCrossed { pressure: "approaching" }]);
+    assert_eq!(sim.run.history_size_bytes, counted(&sim), "the counter is the sum over the history");
+    let budget = HistoryBudget::of(&sim.run);
+    assert_eq!((budget.pressure, budget.dimensions), (Pressure::Approaching, vec!["size_bytes"]));
+    let again = sim
+        .apply(|run, cx| {
+            signal(run, cx, "s", Payload::avro("small"), "c2".into())?;
+            Ok(cx.effects.observations.clone())
+        })
+        .unwrap();
+    assert!(again.is_empty(), "a threshold is observed once, when it is crossed");
+}
+
+#[test]
+fn signals_past_the_pending_cap_are_refused_until_workflow_code_takes_them() {
+    let mut sim = Sim::start();
+    sim.limits.pending_signals_max = 3;
+    for i in 0..3 {
+        sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("x"), format!("c{i}").into()))
+            .unwrap();
+    }
+    assert_eq!(sim.run.pending_signal_count(), 3);
+    let events = sim.history.len();
+    let refused = sim
+        .apply(|run, cx| signal(run, cx, "s", Payload::avro("x"), "c3".into()))
+        .unwrap_err();
+    assert_eq!(refused.reason, Reason::StructuralLimitExceeded);
+    assert_eq!(refused.details["limit_kind"], "pending_signal_count");
+    assert_eq!(
+        (
+            refused.details["current_value"].as_u64(),
+            refused.details["configured_limit"].as_u64()
+        ),
+        (Some(3), Some(3))
+    );
+    assert_eq!(sim.history.len(), events, "a refused signal records nothing");
+    // Workflow code takes the first signal: there is room again.
+    sim.complete_workflow("w", vec![timer_command(60)]).unwrap();
+    assert!(sim.run.pending_signal_count() < 3);
+    sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("x"), "c4".into())).unwrap();
+}

@@ -247,12 +247,45 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
             "parent_close_policy": child.parent_close_policy,
         }))
         .collect::<Vec<_>>());
+    let object = body.as_object_mut().expect("an object");
+    object.extend(history_budget(run));
+    object.extend(history_budget_thresholds());
     body["blocked_by"] = blocked_by(run);
     body["integrity_incident"] = json!(run.integrity_incident);
     body["ledger"] = json!(run_entries(run));
     let declared = run.contract.as_ref().map(CommandContract::declared_fields).unwrap_or_default();
     body.as_object_mut().expect("an object").extend(declared);
     body
+}
+
+/// DW's history budget of `run` (`history_budget_pressure` and the counters behind it), as the
+/// task, history and describe answers carry it.
+pub fn history_budget(run: &RunState) -> Map<String, Value> {
+    let budget = HistoryBudget::of(run);
+    let mut fields = Map::new();
+    fields.insert("history_size_bytes".into(), json!(budget.size_bytes));
+    fields.insert("history_fan_out".into(), json!(budget.fan_out));
+    fields.insert("continue_as_new_recommended".into(), json!(budget.continue_as_new_recommended()));
+    fields.insert("history_budget_pressure".into(), json!(budget.pressure.as_str()));
+    fields.insert("history_budget_pressure_dimensions".into(), json!(budget.dimensions));
+    fields
+}
+
+/// The thresholds behind the history budget (DW's run detail shows them to explain the pressure).
+pub fn history_budget_thresholds() -> Map<String, Value> {
+    use capstan_engine::history_budget::*;
+    let mut fields = Map::new();
+    for (key, value) in [
+        ("history_event_threshold", EVENT_CONTINUE_AS_NEW),
+        ("history_event_warning_threshold", EVENT_WARNING),
+        ("history_size_bytes_threshold", SIZE_CONTINUE_AS_NEW_BYTES),
+        ("history_size_bytes_warning_threshold", SIZE_WARNING_BYTES),
+        ("history_fan_out_threshold", FAN_OUT_CONTINUE_AS_NEW),
+        ("history_fan_out_warning_threshold", FAN_OUT_WARNING),
+    ] {
+        fields.insert(key.into(), json!(value));
+    }
+    fields
 }
 
 /// The workflow task's latest failure as its worker reported it (DW's `failure` fields), with
@@ -501,6 +534,7 @@ pub fn workflow_task(run: &RunState, task: &Task, next_token: Option<String>) ->
         body["workflow_command_id"] = json!(command_id);
         body["workflow_wait_kind"] = json!("signal");
     }
+    body.as_object_mut().expect("an object").extend(history_budget(run));
     if let Some(request) = &run.cancellation {
         body["cancellation_request"] = cancellation_request(request);
     }

@@ -15,6 +15,8 @@ mod deadlines;
 mod dispatch;
 #[path = "http_api/external_payloads.rs"]
 mod external_payloads;
+#[path = "http_api/history_budget.rs"]
+mod history_budget;
 #[path = "http_api/metrics.rs"]
 mod metrics;
 #[path = "http_api/prepared_local.rs"]

@@ -512,6 +512,11 @@ async function runPage(workflowId, runId) {
           ["Closed", run.closed_at ? [when(run.closed_at), " (", run.closed_reason || "", ")"] : "—"],
           ["Duration", span(run.started_at, run.closed_at)],
           ["Waiting on", run.wait_kind || "—"],
+          ["History", h("span", { id: "history-budget" }, `${run.history_event_count} events, ${((run.history_size_bytes || 0) / 1048576).toFixed(2)} MiB `,
+            run.history_budget_pressure && run.history_budget_pressure !== "ok"
+              ? h("span", { class: `badge ${run.history_budget_pressure === "approaching" ? "warn" : "bad"}`, title: `past the threshold of ${(run.history_budget_pressure_dimensions || []).join(", ")}` },
+                  run.history_budget_pressure === "approaching" ? "approaching history budget" : "continue as new recommended")
+              : null)],
           ["Fence high water", String(run.fence_high_water ?? "—")],
           ["Lease", leases.length ? leases.map((t) => `${t.kind} task held by ${t.lease_owner} until ${t.lease_expires_at} (fence ${t.fence})`).join("; ") : "none held"],
           run.compatibility ? ["Build", run.compatibility] : null,

@@ -29,6 +29,8 @@ pub enum Fact {
     TimerFired { namespace: String },
     /// A task was leased to a parked poll in the transaction that made it ready.
     HandedOff { namespace: String, kind: TaskKind },
+    /// A run's history crossed a budget threshold (`approaching`, `continue_as_new_recommended`).
+    HistoryBudgetCrossed { namespace: String, pressure: &'static str },
 }
 
 impl Fact {
@@ -38,6 +40,7 @@ impl Fact {
             Observation::LeaseExpired { kind } => Fact::LeaseExpired { namespace, kind },
             Observation::ActivityTimedOut { timeout_kind } => Fact::ActivityTimedOut { namespace, timeout_kind },
             Observation::TimerFired => Fact::TimerFired { namespace },
+            Observation::HistoryBudgetCrossed { pressure } => Fact::HistoryBudgetCrossed { namespace, pressure },
         }
     }
 }

@@ -10,6 +10,8 @@
 mod cluster;
 #[path = "sdk_e2e/external_payloads.rs"]
 mod external_payloads;
+#[path = "sdk_e2e/history_budget.rs"]
+mod history_budget;
 #[path = "sdk_e2e/message_streams.rs"]
 mod message_streams;
 #[path = "sdk_e2e/nexus.rs"]

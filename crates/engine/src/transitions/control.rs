@@ -81,6 +81,17 @@ pub fn signal(
     command_id: CommandId,
 ) -> Result<CommandReceipt, Refusal> {
     require_open(run)?;
+    let pending = run.pending_signal_count();
+    if pending >= cx.limits.pending_signals_max {
+        let limit = cx.limits.pending_signals_max;
+        return Err(Refusal::new(
+            Reason::StructuralLimitExceeded,
+            format!("Structural limit exceeded: {pending} pending signals (limit {limit})."),
+        )
+        .with("limit_kind", "pending_signal_count")
+        .with("current_value", pending)
+        .with("configured_limit", limit));
+    }
     let signal_id = record_signal(run, cx, signal_name, arguments, command_id.clone());
     Ok(CommandReceipt {
         command_id,

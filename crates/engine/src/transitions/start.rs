@@ -93,6 +93,8 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         chain_origin: crate::history::GENESIS_HASH.to_string(),
         last_sequence: 0,
         last_hash: String::new(),
+        history_size_bytes: 0,
+        history_fan_out: 0,
         next_step: 1,
         steps: Default::default(),
         command_count: 1,

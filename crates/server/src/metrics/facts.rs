@@ -36,6 +36,10 @@ impl Observer for Metrics {
                     self.namespace_seen(namespace);
                     self.hand_offs.with_label_values(&[namespace, kind.as_str()]).inc();
                 }
+                Fact::HistoryBudgetCrossed { namespace, pressure } => {
+                    self.namespace_seen(namespace);
+                    self.history_budget_crossings.with_label_values(&[namespace, pressure]).inc();
+                }
             }
         }
     }

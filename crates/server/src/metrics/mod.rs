@@ -110,6 +110,7 @@ pub struct Metrics {
     hand_offs: IntCounterVec,
     activity_timeouts: IntCounterVec,
     timers_fired: IntCounterVec,
+    history_budget_crossings: IntCounterVec,
     commit_seconds: Histogram,
     commit_transactions: Histogram,
     schedule_starts: IntCounterVec,
@@ -185,6 +186,11 @@ impl Metrics {
                 &["namespace", "timeout"],
             ),
             timers_fired: f.counters("capstan_timers_fired_total", "Durable timers fired.", &["namespace"]),
+            history_budget_crossings: f.counters(
+                "capstan_history_budget_crossings_total",
+                "Runs whose history crossed a budget threshold (pressure: approaching, continue_as_new_recommended).",
+                &["namespace", "pressure"],
+            ),
             commit_seconds: f.histogram(
                 "capstan_store_commit_seconds",
                 "Time of each durable COMMIT (SQLite: one group commit with its fsync; PostgreSQL: one transaction).",
@@ -254,6 +260,9 @@ impl Metrics {
             self.activity_timeouts.with_label_values(&[namespace, timeout]);
         }
         self.timers_fired.with_label_values(&[namespace]);
+        for pressure in ["approaching", "continue_as_new_recommended"] {
+            self.history_budget_crossings.with_label_values(&[namespace, pressure]);
+        }
         self.schedule_starts.with_label_values(&[namespace]);
         self.schedule_lateness.with_label_values(&[namespace]);
     }

@@ -413,14 +413,16 @@ pub async fn history<S: Store>(
     let events = state.store.history(&run.run_id, after, run.last_sequence, page_size).await?;
     let last = events.last().map(|e| e.sequence).unwrap_or(after);
     let rows: Vec<Value> = events.iter().map(render::control_event).collect();
-    Ok(Json(json!({
+    let mut body = json!({
         "workflow_id": workflow_id,
         "run_id": run_id,
         "events": rows,
         "next_page_token": (last < run.last_sequence).then(|| render::page_token(last)),
         // A failing workflow task writes no event; its cause is shown beside the history.
         "workflow_task_failure": run.workflow_task_failure.as_ref().map(render::task_failure),
-    })))
+    });
+    body.as_object_mut().expect("an object").extend(render::history_budget(&run));
+    Ok(Json(body))
 }
 
 // ------------------------------------------------------------------------------------------

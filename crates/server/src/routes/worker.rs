@@ -506,12 +506,13 @@ pub async fn workflow_task_history<S: Store>(
         .await?;
     let last = events.last.unwrap_or(after);
     let next = (last < snapshot).then(|| render::page_token(last));
-    let page = json!({
+    let mut page = json!({
         "task_id": task_id,
         "workflow_task_attempt": claim.attempt,
         "total_history_events": snapshot,
         "next_history_page_token": next,
     });
+    page.as_object_mut().expect("an object").extend(render::history_budget(&run));
     Ok(render::RawJson(render::with_raw_member(&page, "history_events", &events.json)))
 }
 
