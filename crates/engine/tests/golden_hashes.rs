@@ -682,7 +682,8 @@ fn a_declared_action_with_an_unknown_outcome_ends_at_its_known_heads() {
 }
 
 /// Computed by the code before the timer and update payloads got their builders (the timeout
-/// paths and `fail_update` are not in the scenarios above).
+/// paths and `fail_update` are not in the scenarios above); the condition timeout's own event
+/// added since.
 #[test]
 fn wait_timeouts_and_a_failed_update_end_at_their_known_head() {
     let mut world = World::new();
@@ -729,8 +730,10 @@ fn wait_timeouts_and_a_failed_update_end_at_their_known_head() {
             },
         }],
     );
+    // Updated deliberately (issue 43): the condition wait's timeout now records DW's
+    // `ConditionWaitTimedOut` after its timer's `TimerFired` (12 events before, 13 now).
     assert_eq!(
         chain.head(),
-        ("84921a7f4e3c44c041e07bc5d90fa3881b5d69aac0a7bcd86371ef624921ff77", 12)
+        ("dc5a54ca648fa404396e3e05a56f0ad6b42efa73fa7a287f72da3b9959a4abd4", 13)
     );
 }

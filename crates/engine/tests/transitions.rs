@@ -277,6 +277,51 @@ fn a_signal_resumes_a_condition_wait_and_cancels_its_timeout() {
 }
 
 #[test]
+fn a_condition_wait_that_times_out_records_its_timer_then_its_own_timeout() {
+    let mut sim = Sim::start();
+    let wait = WorkflowCommand::OpenConditionWait {
+        condition_key: Some("approved".into()),
+        fingerprint: Some("fp".into()),
+        timeout_seconds: Some(30),
+        tags: json!({"parallel_group_path": [{"parallel_group_id": "g"}]})
+            .as_object()
+            .unwrap()
+            .clone(),
+        occurrence_id: Some("occ-1".into()),
+    };
+    sim.complete_workflow("w", vec![wait]).unwrap();
+    let opened = sim
+        .history
+        .iter()
+        .find(|e| e.event_type == EventType::ConditionWaitOpened)
+        .unwrap()
+        .payload
+        .clone();
+    sim.advance(30_000);
+    let n = sim.history.len();
+    assert_eq!(sim.event_types()[n - 2..], ["TimerFired", "ConditionWaitTimedOut"]);
+    let (fired, timed_out) = (&sim.history[n - 2].payload, &sim.history[n - 1].payload);
+    assert_eq!(fired["timer_kind"], "condition_timeout");
+    for key in [
+        "condition_wait_id",
+        "condition_key",
+        "condition_definition_fingerprint",
+        "sequence",
+        "timeout_seconds",
+    ] {
+        assert_eq!(timed_out[key], opened[key], "{key}");
+    }
+    assert_eq!(timed_out["timer_id"], fired["timer_id"]);
+    assert_eq!(timed_out["condition_wait_occurrence_id"], "occ-1");
+    assert_eq!(
+        timed_out["parallel_group_path"], opened["parallel_group_path"],
+        "the wait's step tags go with it"
+    );
+    assert!(sim.run.condition_waits.is_empty());
+    assert!(sim.run.tasks.values().any(|t| t.kind == TaskKind::Workflow && t.is_ready()));
+}
+
+#[test]
 fn reopening_the_same_condition_wait_records_no_satisfied_row() {
     let mut sim = Sim::start();
     sim.complete_workflow("w", vec![open_wait()]).unwrap();

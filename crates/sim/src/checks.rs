@@ -185,6 +185,7 @@ pub(crate) async fn check_run(world: &mut World, clients: &Clients, run_id: &str
     check_acknowledged_head(world, run_id, &events)?;
     check_terminal_facts(world, &clients.programs, &run, &events)?;
     check_local_attempt_ends(world, run_id, &events)?;
+    check_condition_waits(world, run_id, &events)?;
     check_updates_settled(world, &run)?;
     check_redriven(world, &run, &events)?;
     check_unknown_not_retried(world, &run, &events)
@@ -380,6 +381,44 @@ fn check_local_attempt_ends(world: &World, run_id: &str, events: &[HistoryEvent]
     }
     match attempt_ends.iter().find(|(_, count)| **count > 1) {
         Some((attempt, count)) => Err(world.fail(format!("{run_id}: local attempt {attempt} ended {count} times"))),
+        None => Ok(()),
+    }
+}
+
+/// Every condition wait ends at most once (satisfied or timed out), and a timeout is its own
+/// `ConditionWaitTimedOut` right after its timer's `TimerFired`, naming the same wait and timer.
+fn check_condition_waits(world: &mut World, run_id: &str, events: &[HistoryEvent]) -> Result<(), Failure> {
+    let mut ended: BTreeMap<&str, usize> = BTreeMap::new();
+    for (at, event) in events.iter().enumerate() {
+        let wait = event.payload.get("condition_wait_id").and_then(Value::as_str).unwrap_or("");
+        match event.event_type {
+            EventType::ConditionWaitSatisfied => *ended.entry(wait).or_default() += 1,
+            EventType::ConditionWaitTimedOut => {
+                *ended.entry(wait).or_default() += 1;
+                world.counters.condition_timeouts += 1;
+                let fired = at.checked_sub(1).map(|i| &events[i]);
+                let same = |key: &str| fired.and_then(|f| f.payload.get(key)) == event.payload.get(key);
+                let after_its_timer =
+                    fired.is_some_and(|f| f.event_type == EventType::TimerFired) && same("condition_wait_id") && same("timer_id");
+                if !after_its_timer {
+                    return Err(world.fail(format!(
+                        "{run_id}: condition wait {wait} timed out without its timer's TimerFired before it"
+                    )));
+                }
+            }
+            EventType::TimerFired
+                if event.payload.get("timer_kind").and_then(Value::as_str) == Some("condition_timeout")
+                    && events.get(at + 1).map(|next| next.event_type) != Some(EventType::ConditionWaitTimedOut) =>
+            {
+                return Err(world.fail(format!(
+                    "{run_id}: condition wait {wait}'s timer fired without its ConditionWaitTimedOut"
+                )));
+            }
+            _ => {}
+        }
+    }
+    match ended.iter().find(|(_, count)| **count > 1) {
+        Some((wait, count)) => Err(world.fail(format!("{run_id}: condition wait {wait} ended {count} times"))),
         None => Ok(()),
     }
 }

@@ -73,6 +73,8 @@ counters! {
     workers_retired: usize,
     /// Tasks handed to a parked poll in the transaction that made them.
     hand_offs: usize,
+    /// Condition waits that timed out (`ConditionWaitTimedOut`, checked after its timer).
+    condition_timeouts: usize,
     /// Activity lease renewals granted.
     lease_renewals: usize,
     /// Uploaded payloads that nothing named, collected.
@@ -168,7 +170,7 @@ impl Totals {
         let c = &self.counters;
         let refusals: Vec<String> = c.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} hand-offs to parked polls, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} hand-offs to parked polls, {} condition waits timed out, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             c.completed,
@@ -189,6 +191,7 @@ impl Totals {
             c.session_attempts,
             c.workers_retired,
             c.hand_offs,
+            c.condition_timeouts,
             c.lease_renewals,
             c.cancellations[0],
             c.cancellations[1],

@@ -135,6 +135,11 @@ fn fire_timer(run: &mut RunState, cx: &mut Cx, timer_id: &TimerId) {
     };
     let payload = events::timer_fired(&timer, wait, cx.now);
     run.append(cx, EventType::TimerFired, payload, None, None);
+    // The wait's own resolution follows its timer, as DW records it.
+    if let Some(condition) = &condition {
+        let payload = events::condition_wait_timed_out(condition, &timer.tags);
+        run.append(cx, EventType::ConditionWaitTimedOut, payload, None, None);
+    }
     run.want_workflow_task(cx, None);
 }
 

@@ -290,6 +290,7 @@ fn random_program(world: &mut World) -> Vec<Step> {
             10 if world.rng.random_bool(0.5) => Step::Nexus(CallMode::Sync),
             10 => Step::Nexus(CallMode::Async),
             11 => Step::SessionActivity,
+            12 if world.rng.random_bool(0.5) => Step::Condition(world.rng.random_range(1..=3)),
             _ if continued => Step::Stream,
             _ => {
                 continued = true;

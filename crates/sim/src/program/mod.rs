@@ -21,6 +21,9 @@ pub(crate) enum Step {
     Timer(i64),
     /// Waits for the signal `go-N`.
     Signal(usize),
+    /// Opens a condition wait nothing satisfies (a signal may) with this timeout, in seconds:
+    /// it ends as its timer's `TimerFired` and its own `ConditionWaitTimedOut`.
+    Condition(i64),
     /// Starts a child workflow and waits for it to close.
     Child,
     /// Calls the catalog operation bound to the child type: `Sync` waits for the linked run's

@@ -166,6 +166,7 @@ struct Replay<'a> {
     activities: (usize, usize),
     locals: (usize, usize),
     timers: (usize, usize),
+    conditions: (usize, usize),
     children: (usize, usize),
     calls: (usize, usize),
     side_effects: usize,
@@ -177,6 +178,7 @@ struct Replay<'a> {
 struct Walked {
     activity: usize,
     timer: usize,
+    condition: usize,
     child: usize,
     local: usize,
     stream: usize,
@@ -189,6 +191,13 @@ impl<'a> Replay<'a> {
             history
                 .iter()
                 .filter(|e| types.contains(&e.event_type) && is_local(e) == local)
+                .count()
+        };
+        // A wait's timeout timer is the wait's, not a timer step of the program.
+        let user_timers = |event_type: EventType| {
+            history
+                .iter()
+                .filter(|e| e.event_type == event_type && !e.payload.contains_key("timer_kind"))
                 .count()
         };
         let ends = [EventType::ActivityCompleted, EventType::ActivityFailed, EventType::ActivityTimedOut];
@@ -210,7 +219,11 @@ impl<'a> Replay<'a> {
             run_number,
             activities: (count(&[EventType::ActivityScheduled], false) + reused, count(&ends, false)),
             locals: (count(&[EventType::ActivityScheduled], true), count(&ends, true)),
-            timers: (count(&[EventType::TimerScheduled], false), count(&[EventType::TimerFired], false)),
+            timers: (user_timers(EventType::TimerScheduled), user_timers(EventType::TimerFired)),
+            conditions: (
+                count(&[EventType::ConditionWaitOpened], false),
+                count(&[EventType::ConditionWaitSatisfied, EventType::ConditionWaitTimedOut], false),
+            ),
             children: (count(&[EventType::ChildWorkflowScheduled], false), count(&child_ends, false)),
             calls: nexus::call_progress(history),
             side_effects: count(&[EventType::SideEffectRecorded], false),
@@ -244,6 +257,17 @@ impl<'a> Replay<'a> {
                     tags: Map::new(),
                 };
                 command(walked.timer, self.timers, &timer)
+            }
+            Step::Condition(seconds) => {
+                walked.condition += 1;
+                let wait = || WorkflowCommand::OpenConditionWait {
+                    condition_key: Some("never".into()),
+                    fingerprint: None,
+                    timeout_seconds: Some(*seconds),
+                    tags: Map::new(),
+                    occurrence_id: None,
+                };
+                command(walked.condition, self.conditions, &wait)
             }
             Step::Signal(n) => {
                 let name = format!("go-{n}");

@@ -27,6 +27,9 @@ async fn workflow_code_reads_the_servers_history_budget() {
     assert_eq!(result["pressure"], "ok", "{result}");
     assert_eq!(result["continue_as_new"], false);
     assert!(result["events"].as_u64() >= Some(2), "{result}");
-    assert!(result["bytes"].as_u64().is_some_and(|b| b > 0), "the server publishes the history's bytes: {result}");
+    assert!(
+        result["bytes"].as_u64().is_some_and(|b| b > 0),
+        "the server publishes the history's bytes: {result}"
+    );
     running.shutdown().await;
 }

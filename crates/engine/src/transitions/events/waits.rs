@@ -65,6 +65,21 @@ pub(in crate::transitions) enum Receiver<'a> {
     },
 }
 
+/// `ConditionWaitTimedOut`: the wait's own resolution row after its timeout timer fired (DW's
+/// payload: the wait's identity, its step, its timer and timeout).
+pub(in crate::transitions) fn condition_wait_timed_out(wait: &ConditionWait, tags: &StepTags) -> Map<String, Value> {
+    let payload = obj!(
+        "condition_wait_id" => wait.id,
+        "condition_key" => wait.condition_key,
+        "condition_definition_fingerprint" => wait.fingerprint,
+        "sequence" => wait.step,
+        "timer_id" => wait.timer_id,
+        "timeout_seconds" => wait.timeout_seconds,
+    );
+    // The wait's step tags (a selection member's group path among them), as its opening had.
+    tagged(with_occurrence(payload, wait), tags)
+}
+
 /// `ConditionWaitSatisfied`.
 pub(in crate::transitions) fn condition_wait_satisfied(wait: &ConditionWait, receiver: Receiver) -> Map<String, Value> {
     let mut payload = obj!(
