@@ -92,6 +92,9 @@ def test_a_failing_workflow_task_shows_its_cause_until_it_completes(server_url, 
                 await expect(page.locator("#history-budget")).to_contain_text("2 events")
                 await expect(page.locator("#history-budget .badge")).to_have_count(0)
                 await screenshot(page, "workflow-task-failing")
+                # The list says which runs are failing their task.
+                await open_page(page, f"{server_url}/#/workflows?query={workflow_id}")
+                await expect(page.locator(".task-failing").first).to_contain_text("task failing")
                 await browser.close()
 
             async with run_worker(worker_url, queue, workflows=[OneArgumentEntry]):

@@ -278,7 +278,16 @@ fn run(body: impl std::future::Future<Output = Result<(), String>>) -> ExitCode 
 pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
     let output = connection.output;
     let client = Client::new(connection);
-    let columns = ["workflow_id", "run_id", "workflow_type", "status", "task_queue", "started_at"];
+    let columns = [
+        "workflow_id",
+        "run_id",
+        "workflow_type",
+        "status",
+        "task_queue",
+        "started_at",
+        "workflow_task_failing",
+        "history_budget_pressure",
+    ];
     run(async move {
         match command {
             WorkflowCommand::Start {

@@ -190,6 +190,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "wait_reason": run.workflow_task_failure.as_ref().filter(|_| !closed).map(|note| format!(
             "The workflow task has failed {} time(s) in a row: {}", note.consecutive, note.message)),
         "workflow_task_failure": task_failure,
+        "workflow_task_failing": run.workflow_task_failure.is_some() && !closed,
         "memo": run.memo,
         "search_attributes": run.search_attributes,
         "history_event_count": run.last_sequence,
@@ -368,6 +369,13 @@ pub fn summary(row: &RunSummary) -> Value {
         "memo": row.memo,
         "namespace": row.namespace,
         "payload_codec": payload::AVRO_CODEC,
+        "history_event_count": row.history_budget.event_count,
+        "history_size_bytes": row.history_budget.size_bytes,
+        "continue_as_new_recommended": row.history_budget.continue_as_new_recommended(),
+        "history_budget_pressure": row.history_budget.pressure.as_str(),
+        "workflow_task_failing": row.workflow_task_failing.is_some(),
+        "workflow_task_consecutive_failures": row.workflow_task_failing.as_ref().map(|f| f.0),
+        "workflow_task_last_error": row.workflow_task_failing.as_ref().map(|f| f.1.clone()),
     })
 }
 

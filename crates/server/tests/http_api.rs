@@ -1431,6 +1431,15 @@ async fn failed_workflow_task_is_offered_again() {
     let run_id = start["run_id"].as_str().unwrap();
     let history = h.cget(&format!("/api/workflows/retry-task/runs/{run_id}/history")).await.ok(200);
     assert_eq!(history["workflow_task_failure"], *kept);
+    assert_eq!(described["workflow_task_failing"], true);
+    let listed = h.cget("/api/workflows?query=retry-task").await.ok(200);
+    let item = &listed["workflows"][0];
+    assert_eq!(
+        (&item["workflow_task_failing"], &item["workflow_task_consecutive_failures"]),
+        (&json!(true), &json!(1)),
+        "{item}"
+    );
+    assert_eq!(item["workflow_task_last_error"], "replay blew up");
     let again = h.next_workflow_task("w1", "q").await;
     assert_eq!(again["task_id"], task_id);
     assert_eq!(again["workflow_task_attempt"], 2);

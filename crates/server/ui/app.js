@@ -401,7 +401,11 @@ async function workflowsPage(params) {
     table("Current runs, newest first", [
       ["Workflow ID", (w) => h("a", { href: `#/workflows/${enc(w.workflow_id)}` }, w.workflow_id), "wrap"],
       ["Type", (w) => w.workflow_type],
-      ["Status", (w) => badge(w.status)],
+      ["Status", (w) => [badge(w.status),
+        w.workflow_task_failing ? [" ", h("span", { class: "badge bad task-failing", title: w.workflow_task_last_error || "" }, `task failing ×${w.workflow_task_consecutive_failures}`)] : null,
+        w.history_budget_pressure && w.history_budget_pressure !== "ok"
+          ? [" ", h("span", { class: `badge ${w.history_budget_pressure === "approaching" ? "warn" : "bad"}` }, w.history_budget_pressure === "approaching" ? "history budget" : "continue as new")]
+          : null]],
       ["Task queue", (w) => h("a", { href: `#/task-queues/${enc(w.task_queue)}` }, w.task_queue)],
       ["Run", (w) => "#" + w.run_number],
       ["Started", (w) => when(w.started_at)],

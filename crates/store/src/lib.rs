@@ -849,6 +849,10 @@ pub struct RunSummary {
     pub closed_at: Option<Millis>,
     pub search_attributes: Map<String, Value>,
     pub memo: Map<String, Value>,
+    /// DW's history budget of the run (its events, bytes and largest parallel group).
+    pub history_budget: capstan_engine::HistoryBudget,
+    /// The workflow task's failures in a row and the last one's message, while it keeps failing.
+    pub workflow_task_failing: Option<(u32, String)>,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -55,6 +55,12 @@ pub(crate) fn summary_of(run: &RunState) -> RunSummary {
         closed_at: run.closed_at,
         search_attributes: run.search_attributes.clone(),
         memo: run.memo.clone(),
+        history_budget: capstan_engine::HistoryBudget::of(run),
+        workflow_task_failing: run
+            .workflow_task_failure
+            .as_ref()
+            .filter(|_| !run.is_closed())
+            .map(|f| (f.consecutive, f.message.clone())),
     }
 }
 

@@ -24,6 +24,19 @@ async fn the_history_budget_is_reported_where_dw_reports_it() {
     assert_eq!(described["history_event_warning_threshold"], 8_000);
     assert_eq!(described["history_size_bytes_threshold"], 5 * 1024 * 1024);
     assert_eq!(described["history_fan_out_warning_threshold"], 160);
+    let listed = h.cget("/api/workflows?query=budget").await.ok(200);
+    let item = &listed["workflows"][0];
+    assert_eq!(
+        (&item["workflow_id"], &item["history_budget_pressure"]),
+        (&json!("budget"), &json!("ok")),
+        "{listed}"
+    );
+    assert_eq!(item["history_event_count"], described["history_event_count"]);
+    assert_eq!(item["history_size_bytes"], described["history_size_bytes"]);
+    assert_eq!(
+        (&item["continue_as_new_recommended"], &item["workflow_task_failing"]),
+        (&json!(false), &json!(false))
+    );
     let before = described["history_size_bytes"].as_u64().unwrap();
     let task_id = task["task_id"].as_str().unwrap();
     let page = h
