@@ -150,10 +150,12 @@ impl Sim {
             95 => workers.retire(world).await?,
             _ if world.rng.random_bool(0.5) => {
                 world.power_cut()?;
+                workers.server_went_down();
                 Acted::ServerBack
             }
             _ => {
                 world.restart()?;
+                workers.server_went_down();
                 Acted::ServerBack
             }
         })

@@ -42,6 +42,7 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && counted.message_retries > 0
             && counted.message_conflicts > 0
             && counted.stream_items > 0
+            && counted.condition_timeouts > 0
             && counted.payloads_collected > 0
             && counted.service_calls > 0
             && counted.node_pauses > 0

@@ -60,9 +60,9 @@ impl Clients {
             self.standalone.start(world, &mut self.programs).await?;
             return Ok(Acted::Done);
         }
-        if world.rng.random_bool(0.2) {
+        if world.rng.random_bool(0.3) {
             // A line of plain activities that fails with a failed one: a client may redrive it.
-            let steps = world.rng.random_range(2..=4);
+            let steps = world.rng.random_range(3..=5);
             let program = std::iter::once(Step::FailWithActivity).chain((0..steps).map(|_| Step::Activity(PLAIN)));
             self.start_program(world, program.collect()).await?;
             return Ok(Acted::Done);
@@ -277,7 +277,7 @@ fn random_program(world: &mut World) -> Vec<Step> {
     let mut signals = 0;
     let mut continued = false;
     (0..length)
-        .map(|_| match world.rng.random_range(0..15) {
+        .map(|_| match world.rng.random_range(0..16) {
             13..=14 => Step::LocalActivity,
             0..=2 => Step::Activity(PLAIN),
             3..=4 => Step::Activity(DECLARED),
@@ -290,7 +290,7 @@ fn random_program(world: &mut World) -> Vec<Step> {
             10 if world.rng.random_bool(0.5) => Step::Nexus(CallMode::Sync),
             10 => Step::Nexus(CallMode::Async),
             11 => Step::SessionActivity,
-            12 if world.rng.random_bool(0.5) => Step::Condition(world.rng.random_range(1..=3)),
+            15 => Step::Condition(world.rng.random_range(1..=3)),
             _ if continued => Step::Stream,
             _ => {
                 continued = true;

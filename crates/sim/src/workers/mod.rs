@@ -131,6 +131,13 @@ impl Workers {
         Ok(())
     }
 
+    /// The server went down (a restart, a power cut): every parked poll's connection died with
+    /// it, so nothing a transaction handed to one is read — least of all a hand-off of a commit
+    /// the power cut lost.
+    pub(crate) fn server_went_down(&mut self) {
+        self.parked.clear();
+    }
+
     /// A worker process goes away for good (its registration removed, as at shutdown or by an
     /// operator): its sticky runs and its worker sessions must move on to the others.
     pub(crate) async fn retire(&mut self, world: &mut World) -> Result<Acted, Failure> {
@@ -437,6 +444,7 @@ impl Workers {
         let when = if cut.after_sync { "after" } else { "before" };
         world.trace(|| format!("power cut inside a commit, {when} its sync ({lost} unsynced writes lost)"));
         world.seen.unhear(heard);
+        self.server_went_down();
         self.held.hold(delivery);
         world.counters.mid_commit_cuts += 1;
         world.back_on_next_disk(&cut.disk, lost)?;

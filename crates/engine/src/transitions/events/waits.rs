@@ -65,31 +65,27 @@ pub(in crate::transitions) enum Receiver<'a> {
     },
 }
 
-/// `ConditionWaitTimedOut`: the wait's own resolution row after its timeout timer fired (DW's
-/// payload: the wait's identity, its step, its timer and timeout).
-pub(in crate::transitions) fn condition_wait_timed_out(wait: &ConditionWait, tags: &StepTags) -> Map<String, Value> {
-    let payload = obj!(
+/// What a condition wait's resolution repeats of it: its identity, step, timer and timeout.
+fn condition_resolution(wait: &ConditionWait) -> Map<String, Value> {
+    obj!(
         "condition_wait_id" => wait.id,
         "condition_key" => wait.condition_key,
         "condition_definition_fingerprint" => wait.fingerprint,
         "sequence" => wait.step,
         "timer_id" => wait.timer_id,
         "timeout_seconds" => wait.timeout_seconds,
-    );
-    // The wait's step tags (a selection member's group path among them), as its opening had.
-    tagged(with_occurrence(payload, wait), tags)
+    )
+}
+
+/// `ConditionWaitTimedOut`: the wait's own resolution row after its timeout timer fired, with
+/// the wait's step tags (a selection member's group path among them), as its opening had.
+pub(in crate::transitions) fn condition_wait_timed_out(wait: &ConditionWait, tags: &StepTags) -> Map<String, Value> {
+    tagged(with_occurrence(condition_resolution(wait), wait), tags)
 }
 
 /// `ConditionWaitSatisfied`.
 pub(in crate::transitions) fn condition_wait_satisfied(wait: &ConditionWait, receiver: Receiver) -> Map<String, Value> {
-    let mut payload = obj!(
-        "condition_wait_id" => wait.id,
-        "condition_key" => wait.condition_key,
-        "condition_definition_fingerprint" => wait.fingerprint,
-        "sequence" => wait.step,
-        "timer_id" => wait.timer_id,
-        "timeout_seconds" => wait.timeout_seconds,
-    );
+    let mut payload = condition_resolution(wait);
     match receiver {
         Receiver::Signal { signal_id, signal_name } => {
             payload.insert("workflow_signal_id".into(), json!(signal_id));
