@@ -23,9 +23,25 @@ pub(crate) fn to_string(value: &Value) -> String {
 
 /// The canonical text of an object with these members (in any order).
 pub(crate) fn object(members: Vec<(&str, Member<'_>)>) -> String {
+    object_measuring(members, "").0
+}
+
+/// [`object`], with the length of the text written for the member named `measured` (0 when
+/// there is none): what a caller would otherwise serialize a second time to learn.
+pub(crate) fn object_measuring(members: Vec<(&str, Member<'_>)>, measured: &str) -> (String, usize) {
     let mut out = Vec::new();
-    write_members(&mut out, members);
-    into_string(out)
+    let mut length = 0;
+    write_sorted(&mut out, members, |out, key, member| {
+        let start = out.len();
+        match member {
+            Member::Value(value) => write_value(out, value),
+            Member::Object(map) => write_map(out, map),
+        }
+        if key == measured {
+            length = out.len() - start;
+        }
+    });
+    (into_string(out), length)
 }
 
 fn into_string(out: Vec<u8>) -> String {
@@ -50,20 +66,15 @@ fn write_value(out: &mut Vec<u8>, value: &Value) {
 }
 
 fn write_map(out: &mut Vec<u8>, map: &Map<String, Value>) {
-    write_sorted(out, map.iter().map(|(key, value)| (key.as_str(), value)).collect(), |out, value| {
-        write_value(out, value)
-    });
-}
-
-fn write_members(out: &mut Vec<u8>, members: Vec<(&str, Member<'_>)>) {
-    write_sorted(out, members, |out, member| match member {
-        Member::Value(value) => write_value(out, value),
-        Member::Object(map) => write_map(out, map),
-    });
+    write_sorted(
+        out,
+        map.iter().map(|(key, value)| (key.as_str(), value)).collect(),
+        |out, _, value| write_value(out, value),
+    );
 }
 
 /// `{"key":value,…}` with the members sorted by key bytes.
-fn write_sorted<T>(out: &mut Vec<u8>, mut members: Vec<(&str, T)>, write: impl Fn(&mut Vec<u8>, &T)) {
+fn write_sorted<T>(out: &mut Vec<u8>, mut members: Vec<(&str, T)>, mut write: impl FnMut(&mut Vec<u8>, &str, &T)) {
     members.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
     out.push(b'{');
     for (index, (key, value)) in members.iter().enumerate() {
@@ -72,7 +83,7 @@ fn write_sorted<T>(out: &mut Vec<u8>, mut members: Vec<(&str, T)>, write: impl F
         }
         write_scalar(out, *key);
         out.push(b':');
-        write(out, value);
+        write(out, key, value);
     }
     out.push(b'}');
 }

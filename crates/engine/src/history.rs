@@ -150,18 +150,27 @@ impl HistoryEvent {
     /// The canonical form hashed into the chain, written by [`crate::canonical`] so that the key
     /// order never depends on how serde_json's `Map` was built.
     pub fn canonical_json(&self) -> String {
+        self.canonical_json_measuring_payload().0
+    }
+
+    /// [`Self::canonical_json`] with the length of its payload's text: the payload's compact
+    /// JSON, which the history budget counts (only the key order differs from serde's).
+    pub fn canonical_json_measuring_payload(&self) -> (String, usize) {
         let optional_id = |id: Option<&str>| Member::Value(id.map_or(Value::Null, Value::from));
-        canonical::object(vec![
-            ("event_type", Member::Value(self.event_type.as_str().into())),
-            ("payload", Member::Object(&self.payload)),
-            ("recorded_at", Member::Value(self.recorded_at.into())),
-            ("sequence", Member::Value(self.sequence.into())),
-            (
-                "workflow_command_id",
-                optional_id(self.workflow_command_id.as_ref().map(CommandId::as_str)),
-            ),
-            ("workflow_task_id", optional_id(self.workflow_task_id.as_ref().map(TaskId::as_str))),
-        ])
+        canonical::object_measuring(
+            vec![
+                ("event_type", Member::Value(self.event_type.as_str().into())),
+                ("payload", Member::Object(&self.payload)),
+                ("recorded_at", Member::Value(self.recorded_at.into())),
+                ("sequence", Member::Value(self.sequence.into())),
+                (
+                    "workflow_command_id",
+                    optional_id(self.workflow_command_id.as_ref().map(CommandId::as_str)),
+                ),
+                ("workflow_task_id", optional_id(self.workflow_task_id.as_ref().map(TaskId::as_str))),
+            ],
+            "payload",
+        )
     }
 
     pub fn computed_hash(&self) -> String {

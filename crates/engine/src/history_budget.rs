@@ -96,6 +96,8 @@ impl HistoryBudget {
 }
 
 /// What one event adds to the size dimension: its type's name and its JSON payload, in bytes.
+/// The definition; a run counts the same bytes from the canonical text it hashes (see
+/// `RunState::append`), and a property test holds the two equal.
 pub fn event_size_bytes(event_type: &str, payload: &Map<String, Value>) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {

@@ -692,8 +692,9 @@ impl RunState {
             },
             hash: String::new(),
         };
-        event.hash = chain_hash(&event.prev_hash, &event.canonical_json());
-        self.count_budget(cx, &event);
+        let (canonical, payload_bytes) = event.canonical_json_measuring_payload();
+        event.hash = chain_hash(&event.prev_hash, &canonical);
+        self.count_budget(cx, &event, payload_bytes as u64);
         if let (Some(command_id), Some(carrier)) = (command_id, event.payload.get("observability_context")) {
             crate::trace::note_command_trace(&mut self.command_traces, command_id, event.sequence, carrier);
         }
@@ -794,14 +795,12 @@ impl RunState {
         }
     }
 
-    /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
-    /// task: creates one if none exists, otherwise remembers to create one when the leased task
-    /// ends. A signal gets its own resume task so its arguments reach the worker with it.
-    /// Adds `event` to the history budget's counters; a crossed threshold is observed.
-    fn count_budget(&mut self, cx: &mut Cx, event: &HistoryEvent) {
-        use crate::history_budget::{event_fan_out, event_size_bytes, HistoryBudget};
+    /// Adds `event` (whose payload's JSON is `payload_bytes` long, measured while it was
+    /// hashed) to the history budget's counters; a crossed threshold is observed.
+    fn count_budget(&mut self, cx: &mut Cx, event: &HistoryEvent, payload_bytes: u64) {
+        use crate::history_budget::{event_fan_out, HistoryBudget};
         let before = HistoryBudget::pressure_of(self.last_sequence, self.history_size_bytes, self.history_fan_out);
-        self.history_size_bytes += event_size_bytes(event.event_type.as_str(), &event.payload);
+        self.history_size_bytes += event.event_type.as_str().len() as u64 + payload_bytes;
         self.history_fan_out = self.history_fan_out.max(event_fan_out(&event.payload));
         let after = HistoryBudget::pressure_of(event.sequence, self.history_size_bytes, self.history_fan_out);
         if after > before {
@@ -831,6 +830,9 @@ impl RunState {
         waiting + usize::from(ready)
     }
 
+    /// Something the workflow must see happened. Guarantees exactly one ready-or-leased workflow
+    /// task: creates one if none exists, otherwise remembers to create one when the leased task
+    /// ends. A signal gets its own resume task so its arguments reach the worker with it.
     pub(crate) fn want_workflow_task(&mut self, cx: &mut Cx, resume: Option<ResumeContext>) -> Option<TaskId> {
         // A standalone activity's host run has no workflow code to wake.
         if self.is_closed() || self.standalone.is_some() {

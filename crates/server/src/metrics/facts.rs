@@ -97,6 +97,21 @@ mod tests {
             sample(&text, r#"capstan_lease_expiries_total{kind="workflow",namespace="billing"}"#),
             Some(0.0)
         );
+        metrics.committed(&[Fact::HistoryBudgetCrossed {
+            namespace: "billing".into(),
+            pressure: "continue_as_new_recommended",
+        }]);
+        let text = metrics.families_text();
+        let crossings = |pressure: &str| {
+            sample(
+                &text,
+                &format!(r#"capstan_history_budget_crossings_total{{namespace="billing",pressure="{pressure}"}}"#),
+            )
+        };
+        assert_eq!(
+            (crossings("continue_as_new_recommended"), crossings("approaching")),
+            (Some(1.0), Some(0.0))
+        );
         for n in 0..super::super::LABEL_VALUES_MAX {
             metrics.committed(&[started(&format!("type-{n}"))]);
         }

@@ -47,6 +47,7 @@ fn effective_status<'a>(worker: &'a WorkerRecord, rollouts: &[BuildIdRollout], n
 
 fn worker_json(worker: &WorkerRecord, now: Millis) -> Value {
     let doc = &worker.document;
+    let cadence = workers::Cadence::of(doc);
     json!({
         "worker_id": worker.worker_id,
         "namespace": worker.namespace,
@@ -66,8 +67,8 @@ fn worker_json(worker: &WorkerRecord, now: Millis) -> Value {
         "last_heartbeat_at": render::time(worker.last_heartbeat_at),
         "registered_at": render::time(worker.registered_at),
         "updated_at": render::time(worker.last_heartbeat_at.max(worker.registered_at)),
-        "heartbeat_interval_seconds": workers::Cadence::of(doc).interval_seconds,
-        "stale_after_seconds": workers::Cadence::of(doc).stale_after_seconds,
+        "heartbeat_interval_seconds": cadence.interval_seconds,
+        "stale_after_seconds": cadence.stale_after_seconds,
     })
 }
 
