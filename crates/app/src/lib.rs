@@ -34,6 +34,7 @@ pub mod control;
 pub mod credentials;
 pub mod duties;
 pub mod external_payloads;
+pub mod imports;
 pub mod ledger;
 pub mod local_activities;
 pub mod message_streams;

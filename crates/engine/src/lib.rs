@@ -20,6 +20,7 @@ pub mod flow;
 pub mod history;
 pub mod history_budget;
 pub mod ids;
+pub mod import;
 pub mod ledger;
 pub mod ledger_probe;
 pub mod limits;

@@ -200,6 +200,11 @@ reasons! {
     StoredRecordCorrupt => "stored_record_corrupt",
     /// A run document does not parse, or was written by a newer build.
     RunDocumentCorrupt => "run_document_corrupt",
+    // Importing history bundles (DW's embedded-v2 import contract; the rules are in `errors`).
+    /// The bundle breaks a rule of the contract (422): nothing was written.
+    ImportRejected => "import_rejected",
+    /// The run id (or its instance's run number) is taken by a run this bundle did not write (409).
+    ImportRunConflict => "import_run_conflict",
     // Request and server-level answers.
     /// A request field is missing, malformed or out of bounds (`errors` names it).
     ValidationFailed => "validation_failed",

@@ -386,6 +386,9 @@ pub struct RunState {
     /// The workflow task's latest failure while it keeps failing; a completed task clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workflow_task_failure: Option<crate::task_failure::TaskFailureNote>,
+    /// Set on a run imported from a history bundle: where it came from (`crate::import`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<crate::import::ImportStamp>,
 }
 
 fn first_document_version() -> u32 {
@@ -716,6 +719,33 @@ impl RunState {
             self.append(cx, EventType::SelectionResolved, resolved, None, None);
         }
         id
+    }
+
+    /// Appends an event copied from an imported history: its id, payload (with the principal it
+    /// recorded) and time are kept; only its place in this store's hash chain is new.
+    pub(crate) fn append_copied(&mut self, cx: &mut Cx, copied: crate::import::ImportedEvent) {
+        let mut event = HistoryEvent {
+            id: copied.id,
+            sequence: self.last_sequence + 1,
+            event_type: copied.event_type,
+            payload: copied.payload,
+            workflow_task_id: copied.workflow_task_id,
+            workflow_command_id: copied.workflow_command_id,
+            recorded_at: copied.recorded_at,
+            prev_hash: if self.last_sequence == 0 {
+                self.chain_origin.clone()
+            } else {
+                self.last_hash.clone()
+            },
+            hash: String::new(),
+        };
+        let (canonical, payload_bytes) = event.canonical_json_measuring_payload();
+        event.hash = chain_hash(&event.prev_hash, &canonical);
+        self.count_budget(cx, &event, payload_bytes as u64);
+        self.last_sequence = event.sequence;
+        self.last_hash = event.hash.clone();
+        self.last_progress_at = event.recorded_at;
+        cx.effects.events.push(event);
     }
 
     pub(crate) fn put_task(&mut self, cx: &mut Cx, task: Task) {

@@ -14,6 +14,21 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    pub const ALL: [RunStatus; 7] = [
+        RunStatus::Pending,
+        RunStatus::Running,
+        RunStatus::Waiting,
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::Terminated,
+    ];
+
+    /// The status of its wire name (`as_str`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Pending => "pending",
@@ -55,6 +70,20 @@ pub enum ClosedReason {
 }
 
 impl ClosedReason {
+    pub const ALL: [ClosedReason; 6] = [
+        ClosedReason::Completed,
+        ClosedReason::Failed,
+        ClosedReason::Cancelled,
+        ClosedReason::Terminated,
+        ClosedReason::TimedOut,
+        ClosedReason::Continued,
+    ];
+
+    /// The reason of its wire name (`as_str`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|reason| reason.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ClosedReason::Completed => "completed",

@@ -92,7 +92,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::InvalidCronExpression
         | Reason::InvalidMessageStreamProgress
         | Reason::RuntimeReservedSignal
-        | Reason::InvalidWorkflowStreamCommand => StatusCode::UNPROCESSABLE_ENTITY,
+        | Reason::InvalidWorkflowStreamCommand
+        | Reason::ImportRejected => StatusCode::UNPROCESSABLE_ENTITY,
         Reason::MessageStreamBacklogFull | Reason::StreamFull | Reason::TaskQueueThrottled => StatusCode::TOO_MANY_REQUESTS,
         Reason::InvalidStreamName => StatusCode::BAD_REQUEST,
         Reason::InvalidJson

@@ -38,6 +38,7 @@ use std::sync::Arc;
 
 pub use auth::{AuthConfig, Role};
 pub use avro::{empty_arguments_blob, null_blob};
+pub use wire::history_bundle::checksum as history_bundle_checksum;
 
 /// The Avro envelope of a JSON value list as workflow or signal arguments (for clients such as
 /// the CLI that take JSON from people).

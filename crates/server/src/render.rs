@@ -118,6 +118,27 @@ pub fn parse_page_token(token: &str) -> Option<u64> {
 }
 
 /// `GET /workflows/{id}` and `/runs/{run}`.
+/// DW's run-detail fields of an imported run (`capstan_engine::import`): null on a run that
+/// started here, whose `engine_source` is `v2` as in DW.
+pub fn import_fields(run: &RunState) -> Map<String, Value> {
+    let stamp = run.import.as_ref();
+    let fields = json!({
+        "engine_source": if stamp.is_some() { capstan_engine::import::ENGINE_SOURCE } else { "v2" },
+        "import_source": stamp.map(|s| &s.source),
+        "import_id": stamp.map(|s| &s.import_id),
+        "import_dedupe_key": stamp.map(|s| &s.dedupe_key),
+        "import_contract_version": stamp.map(|s| s.contract_version),
+        "imported_at": stamp.map_or(Value::Null, |s| time(s.imported_at)),
+        "import_source_runtime": stamp.map(|s| &s.source_runtime),
+        "import_source_namespace": stamp.and_then(|s| s.source_namespace.as_ref()),
+        "import_bundle_checksum": stamp.map(|s| &s.bundle_checksum),
+    });
+    match fields {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
+    }
+}
+
 pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Value {
     let closed = run.is_closed();
     let failure = run.failure.as_ref().map(|f| {
@@ -251,6 +272,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
     let object = body.as_object_mut().expect("an object");
     object.extend(history_budget(run));
     object.extend(history_budget_thresholds());
+    object.extend(import_fields(run));
     body["blocked_by"] = blocked_by(run);
     body["integrity_incident"] = json!(run.integrity_incident);
     body["ledger"] = json!(run_entries(run));

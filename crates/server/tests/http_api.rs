@@ -17,6 +17,8 @@ mod dispatch;
 mod external_payloads;
 #[path = "http_api/history_budget.rs"]
 mod history_budget;
+#[path = "http_api/imports.rs"]
+mod imports;
 #[path = "http_api/metrics.rs"]
 mod metrics;
 #[path = "http_api/prepared_local.rs"]

@@ -198,6 +198,17 @@ pub enum DuplicatePolicy {
     UseExisting,
 }
 
+/// What importing a run from a history bundle did (`RunStore::import_run`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ImportOutcome {
+    /// Written, with its instance when it was new.
+    Imported(RunState),
+    /// This bundle's run (run id and dedupe key) was imported before: nothing changed.
+    AlreadyImported(RunState),
+    /// A dry run: the run the import would write; nothing was.
+    WouldImport(RunState),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StartOutcome {
     StartedNew,

@@ -132,6 +132,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         service_call_ids: Vec::new(),
         probe_of: None,
         workflow_task_failure: None,
+        import: None,
         origin_trace: start.origin_trace,
         command_traces: Vec::new(),
     }

@@ -13,6 +13,7 @@ mod dispatch;
 mod duties;
 mod external_payloads;
 mod fleet;
+mod imports;
 mod ledger;
 mod local_activities;
 mod message_streams;
@@ -187,6 +188,8 @@ fn control_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
             state.clone(),
             crate::offload::offload_large_payloads::<S>,
         ))
+        // A bundle is imported byte for byte as its checksum covers it: never offloaded.
+        .route("/workflows/import/embedded-v2", post(imports::embedded_v2::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), planes::control_plane::<S>))
 }
 

@@ -120,6 +120,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
             "version": WORKER_PROTOCOL_VERSION,
             "server_capabilities": capabilities,
         },
+        "embedded_v2_import_contract": super::imports::contract_manifest(),
         "auth_composition_contract": {
             "schema": "durable-workflow.v2.auth-composition.contract",
             "version": 1,

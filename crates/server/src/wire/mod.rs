@@ -7,6 +7,7 @@ use capstan_engine::*;
 use serde_json::{Map, Value};
 
 mod fields;
+pub mod history_bundle;
 pub(crate) mod nexus;
 pub(crate) mod streams;
 pub mod worker_report;

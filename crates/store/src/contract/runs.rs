@@ -1,7 +1,7 @@
 //! Runs: starting them, changing them through engine transitions, reading them back.
 
 use crate::backend::Backend;
-use crate::logic::{audit, ledger_reads, listing, locate, runs};
+use crate::logic::{audit, imports, ledger_reads, listing, locate, runs};
 use crate::*;
 use serde_json::Value;
 use std::sync::Arc;
@@ -49,6 +49,22 @@ pub trait RunStore: Backend {
     fn start_standalone_activity(&self, start: StartStandaloneActivity, now: Millis) -> impl Future<Output = StoreResult<RunState>> + Send {
         let env = self.env().clone();
         self.write_guarded(move |tx| Box::pin(async move { runs::start_standalone_activity(tx, start, now, &env).await }))
+    }
+
+    /// Imports a closed run from a history bundle (`capstan_engine::import`) in one
+    /// transaction: its instance is created or locked, the run written with its copied history
+    /// and made current when it is the instance's latest. The same bundle again (run id and
+    /// dedupe key) changes nothing; a run id or run number taken otherwise is refused
+    /// (`import_run_conflict`). `dry_run`: every check, and nothing written.
+    fn import_run(
+        &self,
+        run: capstan_engine::import::ImportedRun,
+        in_flight: capstan_engine::import::InFlight,
+        now: Millis,
+        dry_run: bool,
+    ) -> impl Future<Output = StoreResult<ImportOutcome>> + Send {
+        let env = self.env().clone();
+        self.write_guarded(move |tx| Box::pin(async move { imports::import_run(tx, run, in_flight, now, dry_run, &env).await }))
     }
 
     /// Runs one engine transition on one run, atomically and durably.

@@ -14,6 +14,7 @@ pub(crate) mod external_payloads;
 pub(crate) mod fleet;
 pub(crate) mod flow;
 pub(crate) mod handoff;
+pub(crate) mod imports;
 pub(crate) mod integrity;
 pub(crate) mod ledger_reads;
 pub(crate) mod listing;

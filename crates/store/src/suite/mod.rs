@@ -11,6 +11,7 @@ mod dispatch;
 mod external_payloads;
 mod flow;
 mod handoff;
+mod imports;
 mod operators;
 mod row_lease;
 mod schedules;
@@ -26,6 +27,7 @@ pub use dispatch::*;
 pub use external_payloads::*;
 pub use flow::*;
 pub use handoff::*;
+pub use imports::*;
 pub use operators::*;
 pub use row_lease::*;
 pub use schedules::*;
@@ -1568,6 +1570,7 @@ macro_rules! store_suite {
         $crate::store_suite!(@tests $make;
             start_then_load_by_every_locator,
             duplicate_starts_follow_the_policy,
+            imported_closed_runs_are_written_once_and_conflicts_refused,
             standalone_activities_hold_their_id_until_they_end,
             workflow_streams_append_read_close_and_expire,
             external_payloads_are_kept_while_an_instance_names_them,

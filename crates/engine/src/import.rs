@@ -1,0 +1,375 @@
+//! Moving a run in from another runtime: DW's embedded-v2 import contract. A
+//! `durable-workflow.v2.history-export` bundle is copied into the store in one transaction.
+//!
+//! The bundle's history is the authority. Its events keep their ids, types, payloads (with the
+//! principal they recorded) and times; they are re-linked into Capstan's hash chain starting
+//! from the bundle's own checksum, so the copy stays tied to the bundle it came from. The run is
+//! stamped with where it came from ([`ImportStamp`]), and a second import of the same bundle is
+//! known by run id and dedupe key. What cannot be honoured is refused by a named rule
+//! ([`Finding`]) before anything is written.
+
+use crate::ids::{CommandId, EventId, RunId, TaskId, WorkflowId};
+use crate::{ClosedReason, EventType, Millis, Payload, RunStatus};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub const CONTRACT_SCHEMA: &str = "durable-workflow.v2.embedded-v2-import.contract";
+pub const CONTRACT_VERSION: u32 = 1;
+/// `import_source` on every imported run: the contract it came in by.
+pub const IMPORT_SOURCE: &str = "embedded_v2";
+/// The `engine_source` DW shows for an imported run.
+pub const ENGINE_SOURCE: &str = "embedded_v2_import";
+pub const REPORT_SCHEMA: &str = "durable-workflow.v2.embedded-v2-import.report";
+pub const REPORT_SCHEMA_VERSION: u32 = 1;
+pub const BUNDLE_SCHEMA: &str = "durable-workflow.v2.history-export";
+/// DW's embedded (Laravel) runtime, and Capstan's own exports.
+pub const SOURCE_RUNTIMES: [&str; 2] = ["embedded", "capstan"];
+
+/// Where an imported run came from, kept on the run and shown wherever it is described.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImportStamp {
+    /// [`IMPORT_SOURCE`].
+    pub source: String,
+    pub import_id: String,
+    /// The bundle's `dedupe_key`: with the run id, what makes a second import a repeat.
+    pub dedupe_key: String,
+    pub contract_version: u32,
+    pub imported_at: Millis,
+    /// `workflow.source_runtime` of the bundle.
+    pub source_runtime: String,
+    /// The bundle's verified SHA-256: the run's hash chain starts from it.
+    pub bundle_checksum: String,
+    /// The namespace the run had where it was exported from, when the bundle names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_namespace: Option<String>,
+}
+
+/// One history event as the bundle holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportedEvent {
+    pub id: EventId,
+    pub sequence: u64,
+    pub event_type: EventType,
+    pub payload: Map<String, Value>,
+    pub workflow_task_id: Option<TaskId>,
+    pub workflow_command_id: Option<CommandId>,
+    pub recorded_at: Millis,
+}
+
+/// A bundle's run, read and checked for shape by the caller (the wire layer).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportedRun {
+    pub namespace: String,
+    pub workflow_id: WorkflowId,
+    pub run_id: RunId,
+    pub run_number: u32,
+    pub workflow_type: String,
+    pub task_queue: String,
+    pub status: RunStatus,
+    pub closed_reason: Option<ClosedReason>,
+    pub input: Payload,
+    pub output: Option<Payload>,
+    pub business_key: Option<String>,
+    pub memo: Map<String, Value>,
+    pub search_attributes: Map<String, Value>,
+    pub compatibility: Option<String>,
+    pub started_at: Option<Millis>,
+    pub is_current_run: bool,
+    pub continued_from_run_id: Option<RunId>,
+    pub events: Vec<ImportedEvent>,
+    pub stamp: ImportStamp,
+}
+
+/// What the bundle says of the work that was under way when it was exported.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InFlight {
+    pub history_complete: bool,
+    /// Tasks the bundle lists as leased.
+    pub leased_tasks: usize,
+    /// Activity attempts the bundle lists as running.
+    pub running_attempts: usize,
+    /// `redaction.paths`: payloads the exporter replaced.
+    pub redacted_paths: Vec<String>,
+}
+
+/// One rule a bundle breaks (an error refuses the import), in DW's `{rule, message}` shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub rule: String,
+    pub message: String,
+}
+
+impl Finding {
+    pub fn new(rule: &str, message: impl Into<String>) -> Self {
+        Self {
+            rule: rule.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The status and closed reason the event that closed a run stands for.
+pub fn closing_of(event_type: EventType) -> Option<(RunStatus, ClosedReason)> {
+    Some(match event_type {
+        EventType::WorkflowCompleted => (RunStatus::Completed, ClosedReason::Completed),
+        EventType::WorkflowContinuedAsNew => (RunStatus::Completed, ClosedReason::Continued),
+        EventType::WorkflowFailed => (RunStatus::Failed, ClosedReason::Failed),
+        EventType::WorkflowTimedOut => (RunStatus::Failed, ClosedReason::TimedOut),
+        EventType::WorkflowCancelled => (RunStatus::Cancelled, ClosedReason::Cancelled),
+        EventType::WorkflowTerminated => (RunStatus::Terminated, ClosedReason::Terminated),
+        _ => return None,
+    })
+}
+
+/// The rules of DW's contract (and Capstan's own) a bundle's run breaks; none means importable.
+/// `history_events_max` is the store's history limit.
+pub fn eligibility(run: &ImportedRun, in_flight: &InFlight, history_events_max: usize) -> Vec<Finding> {
+    let mut errors = Vec::new();
+    if !SOURCE_RUNTIMES.contains(&run.stamp.source_runtime.as_str()) {
+        errors.push(Finding::new(
+            "workflow.source_runtime_unsupported",
+            format!(
+                "Bundle workflow.source_runtime must be one of {SOURCE_RUNTIMES:?}; found {:?}.",
+                run.stamp.source_runtime
+            ),
+        ));
+    }
+    if !in_flight.redacted_paths.is_empty() {
+        errors.push(Finding::new(
+            "bundle.redacted_payloads",
+            format!(
+                "Redacted history bundles cannot be imported as server-managed state (redacted: {}).",
+                in_flight.redacted_paths.join(", ")
+            ),
+        ));
+    }
+    if in_flight.leased_tasks > 0 {
+        errors.push(Finding::new(
+            "tasks.leased_task_present",
+            "Leased workflow or activity tasks must be completed, failed, or released before import.",
+        ));
+    }
+    if in_flight.running_attempts > 0 {
+        errors.push(Finding::new(
+            "activities.running_attempt_present",
+            "Running activity attempts must be released before import.",
+        ));
+    }
+    if run.status.is_terminal() {
+        if !in_flight.history_complete {
+            errors.push(Finding::new(
+                "workflow.terminal_history_incomplete",
+                "Terminal run imports require history_complete=true.",
+            ));
+        }
+    } else if !run.is_current_run {
+        errors.push(Finding::new(
+            "workflow.non_terminal_not_current",
+            "Non-terminal embedded v2 imports must be the current run.",
+        ));
+    } else {
+        errors.push(Finding::new(
+            "workflow.open_run_unsupported",
+            format!(
+                "The run is {}: this Capstan imports closed runs; let it close on its source runtime, then import it.",
+                run.status.as_str()
+            ),
+        ));
+    }
+    errors.extend(history_findings(run, history_events_max));
+    errors
+}
+
+/// The history must be whole (sequences 1..=n), within the store's limit, and a closed run's
+/// must end with the one event that closed it, agreeing with the bundle's status.
+fn history_findings(run: &ImportedRun, history_events_max: usize) -> Vec<Finding> {
+    let mut errors = Vec::new();
+    if run.events.is_empty() {
+        errors.push(Finding::new("history_events.empty", "The bundle carries no history events."));
+        return errors;
+    }
+    if run.events.len() > history_events_max {
+        errors.push(Finding::new(
+            "history_events.limit_exceeded",
+            format!(
+                "The history has {} events; this server keeps at most {history_events_max} per run.",
+                run.events.len()
+            ),
+        ));
+    }
+    if let Some((index, event)) = run.events.iter().enumerate().find(|(i, e)| e.sequence != *i as u64 + 1) {
+        errors.push(Finding::new(
+            "history_events.sequence_gap",
+            format!(
+                "History event {index} has sequence {}; an importable history is contiguous from 1.",
+                event.sequence
+            ),
+        ));
+    }
+    let terminal_events = run.events.iter().filter(|e| e.event_type.is_run_terminal()).count();
+    let last = run.events.last().expect("not empty");
+    if run.status.is_terminal() {
+        match closing_of(last.event_type) {
+            None => errors.push(Finding::new(
+                "workflow.terminal_event_missing",
+                format!(
+                    "The run is {} but its history ends with {}, not the event that closed it.",
+                    run.status.as_str(),
+                    last.event_type.as_str()
+                ),
+            )),
+            Some((status, reason)) if status != run.status || run.closed_reason.is_some_and(|r| r != reason) => errors.push(Finding::new(
+                "workflow.status_mismatch",
+                format!(
+                    "The bundle says {} ({}) but its history closes the run with {}.",
+                    run.status.as_str(),
+                    run.closed_reason.map_or("no closed_reason", ClosedReason::as_str),
+                    last.event_type.as_str()
+                ),
+            )),
+            Some(_) if terminal_events > 1 => errors.push(Finding::new(
+                "history_events.terminal_event_repeated",
+                "The history closes the run more than once.",
+            )),
+            Some(_) => {}
+        }
+    } else if terminal_events > 0 {
+        errors.push(Finding::new(
+            "workflow.status_mismatch",
+            format!("The bundle says {} but its history closes the run.", run.status.as_str()),
+        ));
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(sequence: u64, event_type: EventType) -> ImportedEvent {
+        ImportedEvent {
+            id: EventId(format!("e{sequence}")),
+            sequence,
+            event_type,
+            payload: Map::new(),
+            workflow_task_id: None,
+            workflow_command_id: None,
+            recorded_at: 1_000 + sequence as i64,
+        }
+    }
+
+    pub(crate) fn completed_run() -> ImportedRun {
+        ImportedRun {
+            namespace: "default".into(),
+            workflow_id: WorkflowId("moved".into()),
+            run_id: RunId("run-1".into()),
+            run_number: 1,
+            workflow_type: "Greeter".into(),
+            task_queue: "q".into(),
+            status: RunStatus::Completed,
+            closed_reason: Some(ClosedReason::Completed),
+            input: Payload::avro("AA=="),
+            output: None,
+            business_key: None,
+            memo: Map::new(),
+            search_attributes: Map::new(),
+            compatibility: None,
+            started_at: None,
+            is_current_run: true,
+            continued_from_run_id: None,
+            events: vec![
+                event(1, EventType::StartAccepted),
+                event(2, EventType::WorkflowStarted),
+                event(3, EventType::WorkflowCompleted),
+            ],
+            stamp: ImportStamp {
+                source: IMPORT_SOURCE.into(),
+                import_id: "imp".into(),
+                dedupe_key: "run-1:3:x".into(),
+                contract_version: CONTRACT_VERSION,
+                imported_at: 5_000,
+                source_runtime: "embedded".into(),
+                bundle_checksum: "ab".repeat(32),
+                source_namespace: None,
+            },
+        }
+    }
+
+    fn complete() -> InFlight {
+        InFlight {
+            history_complete: true,
+            ..InFlight::default()
+        }
+    }
+
+    fn rules(findings: Vec<Finding>) -> Vec<String> {
+        findings.into_iter().map(|f| f.rule).collect()
+    }
+
+    #[test]
+    fn a_whole_closed_history_is_eligible() {
+        assert_eq!(eligibility(&completed_run(), &complete(), 100), vec![]);
+    }
+
+    #[test]
+    fn each_contract_rule_is_named() {
+        let run = completed_run();
+        let in_flight = InFlight {
+            history_complete: false,
+            leased_tasks: 1,
+            running_attempts: 2,
+            redacted_paths: vec!["payloads.arguments".into()],
+        };
+        assert_eq!(
+            rules(eligibility(&run, &in_flight, 100)),
+            [
+                "bundle.redacted_payloads",
+                "tasks.leased_task_present",
+                "activities.running_attempt_present",
+                "workflow.terminal_history_incomplete"
+            ]
+        );
+        let mut foreign = completed_run();
+        foreign.stamp.source_runtime = "v1".into();
+        assert_eq!(
+            rules(eligibility(&foreign, &complete(), 100)),
+            ["workflow.source_runtime_unsupported"]
+        );
+        assert_eq!(rules(eligibility(&run, &complete(), 2)), ["history_events.limit_exceeded"]);
+    }
+
+    #[test]
+    fn an_open_run_is_refused_by_name_and_must_be_current() {
+        let mut open = completed_run();
+        open.status = RunStatus::Waiting;
+        open.closed_reason = None;
+        open.events.pop();
+        assert_eq!(rules(eligibility(&open, &complete(), 100)), ["workflow.open_run_unsupported"]);
+        open.is_current_run = false;
+        assert_eq!(rules(eligibility(&open, &complete(), 100)), ["workflow.non_terminal_not_current"]);
+    }
+
+    #[test]
+    fn the_history_must_agree_with_the_status_and_be_whole() {
+        let mut gap = completed_run();
+        gap.events[1].sequence = 7;
+        assert_eq!(rules(eligibility(&gap, &complete(), 100)), ["history_events.sequence_gap"]);
+        let mut unclosed = completed_run();
+        unclosed.events.pop();
+        assert_eq!(rules(eligibility(&unclosed, &complete(), 100)), ["workflow.terminal_event_missing"]);
+        let mut wrong = completed_run();
+        wrong.status = RunStatus::Failed;
+        wrong.closed_reason = None;
+        assert_eq!(rules(eligibility(&wrong, &complete(), 100)), ["workflow.status_mismatch"]);
+        let mut twice = completed_run();
+        twice.events.insert(2, event(3, EventType::WorkflowFailed));
+        twice.events[3].sequence = 4;
+        assert_eq!(
+            rules(eligibility(&twice, &complete(), 100)),
+            ["history_events.terminal_event_repeated"]
+        );
+        let mut empty = completed_run();
+        empty.events.clear();
+        assert_eq!(rules(eligibility(&empty, &complete(), 100)), ["history_events.empty"]);
+    }
+}
