@@ -9,13 +9,13 @@ use std::process::ExitCode;
 pub struct Connection {
     /// Server base URL.
     #[arg(long, global = true, env = "CAPSTAN_SERVER", default_value = "http://127.0.0.1:8080")]
-    server: String,
+    pub(crate) server: String,
     /// Namespace.
     #[arg(long, global = true, env = "CAPSTAN_NAMESPACE", default_value = "default")]
-    namespace: String,
+    pub(crate) namespace: String,
     /// Bearer token (also read from DURABLE_WORKFLOW_AUTH_TOKEN).
     #[arg(long, global = true, env = "CAPSTAN_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    pub(crate) token: Option<String>,
     /// Output format: a table for people, JSON (stable) for scripts.
     #[arg(long, global = true, value_enum, default_value = "table")]
     pub(crate) output: Output,
@@ -112,6 +112,20 @@ impl Client {
     }
 
     pub(crate) async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, String> {
+        let (status, body) = self.exchange(method, path, body).await?;
+        if (200..300).contains(&status) {
+            Ok(body)
+        } else {
+            Err(format!(
+                "{status} {}: {}",
+                body["reason"].as_str().unwrap_or("error"),
+                body["message"].as_str().unwrap_or("")
+            ))
+        }
+    }
+
+    /// The answer's status and body, whatever the status (an error body is DW's shape).
+    pub(crate) async fn exchange(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<(u16, Value), String> {
         let url = format!("{}/api{path}", self.connection.server.trim_end_matches('/'));
         let mut request = self
             .http
@@ -131,18 +145,9 @@ impl Client {
             request = request.json(&body);
         }
         let response = request.send().await.map_err(|e| format!("cannot reach {url}: {e}"))?;
-        let status = response.status();
+        let status = response.status().as_u16();
         let body: Value = response.json().await.unwrap_or(Value::Null);
-        if status.is_success() {
-            Ok(body)
-        } else {
-            Err(format!(
-                "{} {}: {}",
-                status.as_u16(),
-                body["reason"].as_str().unwrap_or("error"),
-                body["message"].as_str().unwrap_or("")
-            ))
-        }
+        Ok((status, body))
     }
 }
 

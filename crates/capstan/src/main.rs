@@ -6,6 +6,7 @@
 mod cli;
 mod config;
 mod credentials;
+mod import;
 mod ops;
 mod owner;
 
@@ -82,6 +83,14 @@ enum Command {
         connection: cli::Connection,
         #[command(subcommand)]
         command: ops::ServerCommand,
+    },
+    /// Import history bundles (DW's embedded-v2 import): files, directories of them, or every
+    /// run of a running DW or Capstan server (`--from URL`). Exit 1 if any bundle was refused.
+    Import {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(flatten)]
+        args: import::ImportArgs,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
@@ -536,6 +545,7 @@ fn main() -> ExitCode {
         Command::TaskQueue { connection, command } => ops::task_queue(connection, command),
         Command::Schedule { connection, command } => ops::schedule(connection, command),
         Command::Server { connection, command } => ops::server(connection, command),
+        Command::Import { connection, args } => import::run(connection, args),
         Command::Credentials { connection, command } => credentials::run(connection, command),
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "capstan", &mut std::io::stdout());
