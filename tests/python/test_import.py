@@ -152,3 +152,69 @@ def test_a_directory_import_killed_halfway_finishes_on_the_second_run(server_fac
     assert verified.returncode == 0, (verified.stdout, verified.stderr)
     report = json.loads(verified.stdout)
     assert report["runs_checked"] == len(runs) and not report["problems"], report
+
+
+@workflow.defn(name="import.waiter")
+class Waiter:
+    def __init__(self) -> None:
+        self.done = False
+        self.note = ""
+
+    @workflow.signal("finish")
+    def finish(self, note: str) -> None:
+        self.note = note
+        self.done = True
+
+    def run(self, ctx, name):
+        said = yield ctx.schedule_activity("import.shout", [name])
+        yield ctx.wait_condition(lambda: self.done)
+        yield ctx.sleep(1)
+        return f"{said} {self.note}"
+
+
+def test_open_runs_move_mid_flight_and_the_same_workers_finish_them(server_factory, tmp_path):
+    """Runs waiting for a signal move to a new server; the SDK's worker there replays their
+    histories, the signal reaches them there, and their timers fire there."""
+    source = server_factory.create()
+    target = server_factory.create()
+    queue = unique("import-open")
+    ids = [unique("waiting") for _ in range(4)]
+
+    async def start_and_park():
+        async with make_client(source.url) as client:
+            async with running_worker(source.url, queue, workflows=[Waiter], activities=[shout]):
+                for i, workflow_id in enumerate(ids):
+                    await client.start_workflow(workflow_type="import.waiter", task_queue=queue,
+                                                workflow_id=workflow_id, input=[f"n{i}"])
+                for _ in range(200):
+                    described = [httpx.get(f"{source.url}/api/workflows/{wid}", headers=CONTROL).json() for wid in ids]
+                    working = [t for d in described for t in d["open_tasks"] if t["kind"] in ("workflow", "activity")]
+                    if all(d["status"] == "waiting" for d in described) and not working:
+                        return described
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"the runs never parked: {described}")
+
+    run_async(start_and_park(), timeout=90)
+    # The old workers have stopped; the runs move.
+    moved = cli("import", "--from", source.url, "--server", target.url, "--progress", str(tmp_path / "p.json"))
+    assert moved.returncode == 0 and "4 imported" in moved.stdout, (moved.stdout, moved.stderr)
+
+    async def finish_on_target():
+        async with make_client(target.url) as client:
+            async with running_worker(target.url, queue, workflows=[Waiter], activities=[shout]) as worker:
+                results = []
+                for workflow_id in ids:
+                    handle = client.get_workflow_handle(workflow_id)
+                    await handle.signal("finish", ["moved"])
+                    results.append(await wait_result(handle, timeout=60, workers=[worker]))
+                return results
+
+    assert run_async(finish_on_target(), timeout=120) == [f"N{i} moved" for i in range(4)]
+    for workflow_id in ids:
+        run_id = runs_of(target.url, workflow_id)[0]["run_id"]
+        bundle = export(target.url, workflow_id, run_id)
+        kinds = [e["type"] for e in bundle["history_events"]]
+        assert kinds.count("ActivityCompleted") == 1 and kinds[-1] == "WorkflowCompleted", kinds
+        assert verify_bundle(bundle)["status"] == "ok"
+        outcome = replay(Waiter, bundle["history_events"], [f"n{ids.index(workflow_id)}"], workflow_id=workflow_id, run_id=run_id)
+        assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands

@@ -8,8 +8,9 @@
 //! known by run id and dedupe key. What cannot be honoured is refused by a named rule
 //! ([`Finding`]) before anything is written.
 
+use crate::history::{chain_hash, HistoryEvent};
 use crate::ids::{CommandId, EventId, RunId, TaskId, WorkflowId};
-use crate::{ClosedReason, EventType, Millis, Payload, RunStatus};
+use crate::{ClosedReason, EventType, Millis, Payload, RunState, RunStatus, RUN_DOCUMENT_VERSION};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -78,6 +79,10 @@ pub struct ImportedRun {
     pub continued_from_run_id: Option<RunId>,
     pub events: Vec<ImportedEvent>,
     pub stamp: ImportStamp,
+    /// An open run's state as Capstan kept it where it was exported (`capstan_run_state`):
+    /// what it waits on, its timers, activities and tasks. Checked against the history before
+    /// it is trusted ([`carried_state_findings`]).
+    pub carried_state: Option<Box<RunState>>,
 }
 
 /// What the bundle says of the work that was under way when it was exported.
@@ -167,17 +172,109 @@ pub fn eligibility(run: &ImportedRun, in_flight: &InFlight, history_events_max: 
             "workflow.non_terminal_not_current",
             "Non-terminal embedded v2 imports must be the current run.",
         ));
-    } else {
+    } else if run.carried_state.is_none() {
         errors.push(Finding::new(
             "workflow.open_run_unsupported",
             format!(
-                "The run is {}: this Capstan imports closed runs; let it close on its source runtime, then import it.",
+                "The run is {}, and its bundle carries no Capstan run state: open runs are imported from Capstan's own exports; one from DW's embedded runtime must close there first.",
                 run.status.as_str()
             ),
         ));
+    } else {
+        errors.extend(carried_state_findings(run));
     }
     errors.extend(history_findings(run, history_events_max));
+    // The bundle's sections and a carried state may both say so: each rule is named once.
+    let mut named = std::collections::BTreeSet::new();
+    errors.retain(|finding| named.insert(finding.rule.clone()));
     errors
+}
+
+/// The rules an open run's carried state must meet before it is trusted: written by a build
+/// this one reads, of this very run, agreeing with the history (its head hash is the bundle's
+/// events chained from its origin), with no lease still held on the source, and using no
+/// feature whose other half lives outside the run (children, a parent, service calls, a ledger).
+pub fn carried_state_findings(run: &ImportedRun) -> Vec<Finding> {
+    let Some(state) = run.carried_state.as_deref() else {
+        return Vec::new();
+    };
+    let mismatch = |what: &str| {
+        Finding::new(
+            "capstan_run_state.mismatch",
+            format!("The carried run state disagrees with the bundle: {what}."),
+        )
+    };
+    let mut errors = Vec::new();
+    if state.document_version > RUN_DOCUMENT_VERSION {
+        errors.push(Finding::new(
+            "capstan_run_state.version_unsupported",
+            format!(
+                "The run state was written by a newer Capstan (document version {}; this build reads up to {RUN_DOCUMENT_VERSION}).",
+                state.document_version
+            ),
+        ));
+        return errors;
+    }
+    if state.workflow_id != run.workflow_id || state.run_id != run.run_id || state.run_number != run.run_number {
+        errors.push(mismatch("another workflow, run or run number"));
+    }
+    if state.status != run.status || state.is_closed() {
+        errors.push(mismatch("another status"));
+    }
+    if state.last_sequence != run.events.len() as u64 || state.last_hash != source_head(&state.chain_origin, &run.events) {
+        errors.push(Finding::new(
+            "capstan_run_state.history_mismatch",
+            "The carried run state's history head is not the bundle's history: export the run again.",
+        ));
+    }
+    if state.tasks.values().any(|task| !task.is_ready()) {
+        errors.push(Finding::new(
+            "tasks.leased_task_present",
+            "A workflow or activity task of the run is still leased on the source: stop its workers and let the lease lapse, then export again.",
+        ));
+    }
+    let outside = [
+        (!state.children.is_empty(), "open child workflows"),
+        (state.parent.is_some(), "a parent workflow"),
+        (
+            !state.service_call_ids.is_empty() || !state.service_waits.is_empty(),
+            "Nexus service calls",
+        ),
+        (
+            state.probe_of.is_some() || state.standalone.is_some(),
+            "a standalone activity or ledger probe",
+        ),
+        (!state.ledger.is_empty(), "recovery-ledger entries"),
+        (!state.prepared_locals.is_empty(), "prepared local activities"),
+        (state.integrity_incident.is_some(), "an open integrity incident"),
+    ];
+    for (_, feature) in outside.iter().filter(|(uses, _)| *uses) {
+        errors.push(Finding::new(
+            "workflow.open_feature_unsupported",
+            format!("The open run has {feature}, whose other half is not in its bundle: let it close on its source, then import it."),
+        ));
+    }
+    errors
+}
+
+/// The head of the source's hash chain over `events`, from `origin`.
+fn source_head(origin: &str, events: &[ImportedEvent]) -> String {
+    let mut head = origin.to_string();
+    for copied in events {
+        let event = HistoryEvent {
+            id: copied.id.clone(),
+            sequence: copied.sequence,
+            event_type: copied.event_type,
+            payload: copied.payload.clone(),
+            workflow_task_id: copied.workflow_task_id.clone(),
+            workflow_command_id: copied.workflow_command_id.clone(),
+            recorded_at: copied.recorded_at,
+            prev_hash: head.clone(),
+            hash: String::new(),
+        };
+        head = chain_hash(&head, &event.canonical_json());
+    }
+    head
 }
 
 /// The history must be whole (sequences 1..=n), within the store's limit, and a closed run's
@@ -292,6 +389,7 @@ mod tests {
                 bundle_checksum: "ab".repeat(32),
                 source_namespace: None,
             },
+            carried_state: None,
         }
     }
 

@@ -14,6 +14,7 @@ mod clock;
 pub mod error;
 pub mod fuzzing;
 mod history_cache;
+mod history_export;
 mod hub;
 pub mod integrity;
 mod long_poll;

@@ -1,4 +1,5 @@
-//! An imported run: a closed run rebuilt from a bundle's history (see `crate::import`).
+//! An imported run (see `crate::import`): a closed run rebuilt from a bundle's history, or an
+//! open one from the state its Capstan source kept, which then goes on here.
 
 use super::start::{blank_run, StartRun};
 use crate::import::{closing_of, eligibility, ImportedRun, InFlight};
@@ -6,16 +7,56 @@ use crate::refusal::{Reason, Refusal};
 use crate::{Cx, RunState, TaskScheduling, WorkflowFailure};
 use serde_json::Value;
 
-/// The closed run a bundle describes, its history copied and re-chained from the bundle's
-/// checksum. Refused (`import_rejected`, with the rules broken) when the bundle is not
-/// importable.
-pub fn import_closed_run(cx: &mut Cx, imported: ImportedRun, in_flight: &InFlight) -> Result<RunState, Refusal> {
+/// The run a bundle describes, its history copied and re-chained from the bundle's checksum.
+/// Refused (`import_rejected`, with the rules broken) when the bundle is not importable.
+pub fn import_run(cx: &mut Cx, imported: ImportedRun, in_flight: &InFlight) -> Result<RunState, Refusal> {
     let findings = eligibility(&imported, in_flight, cx.limits.history_events_max as usize);
     if let Some(first) = findings.first() {
         return Err(Refusal::new(Reason::ImportRejected, first.message.clone())
             .with("rule", first.rule.clone())
             .with("errors", serde_json::to_value(&findings).unwrap_or(Value::Null)));
     }
+    if imported.status.is_terminal() {
+        Ok(closed_run(cx, imported))
+    } else {
+        Ok(open_run(cx, imported))
+    }
+}
+
+/// An open run goes on from the state its source kept (checked against the history by
+/// `eligibility`): its tasks are written here as they stood, ready, under the fences they had,
+/// and its history is re-linked from the bundle's checksum. A source worker's cache means
+/// nothing here, so no sticky claim comes along.
+fn open_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
+    let ImportedRun {
+        namespace,
+        events,
+        stamp,
+        carried_state,
+        ..
+    } = imported;
+    let mut run = *carried_state.expect("an eligible open run carries its state");
+    let last_progress_at = run.last_progress_at;
+    run.namespace = namespace;
+    run.document_version = crate::RUN_DOCUMENT_VERSION;
+    run.sticky = None;
+    run.chain_origin = stamp.bundle_checksum.clone();
+    run.last_sequence = 0;
+    run.last_hash = String::new();
+    run.history_size_bytes = 0;
+    run.history_fan_out = 0;
+    run.import = Some(stamp);
+    for event in events {
+        run.append_copied(cx, event);
+    }
+    run.last_progress_at = last_progress_at;
+    let tasks: Vec<_> = run.tasks.keys().cloned().collect();
+    cx.effects.touched_tasks.extend(tasks);
+    run
+}
+
+/// A closed run, its fields taken from the event that closed it.
+fn closed_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
     let ImportedRun {
         namespace,
         workflow_id,
@@ -70,7 +111,7 @@ pub fn import_closed_run(cx: &mut Cx, imported: ImportedRun, in_flight: &InFligh
     for event in events {
         run.append_copied(cx, event);
     }
-    Ok(run)
+    run
 }
 
 /// The failure a run's closing event recorded (a failed or timed-out run's describe shows it).

@@ -72,7 +72,7 @@ pub use children::*;
 pub use control::*;
 pub use deadline::*;
 use events::{AttemptRef, LocalActivityRef, LocalAttemptRef, NextAttempt, TimerWait, UpdateEnd, UpdateRef};
-pub use import::import_closed_run;
+pub use import::import_run;
 pub use ledger_probe::answer_probe;
 use ledger_probe::{mark_outcome_unknown, probe_answer};
 pub use ledger_steps::*;

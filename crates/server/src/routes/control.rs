@@ -615,65 +615,13 @@ pub async fn export_history<S: Store>(
         .store
         .history(&run.run_id, 0, run.last_sequence, state.config.limits.history_events_max as usize)
         .await?;
-    let history: Vec<Value> = events
-        .iter()
-        .map(|e| {
-            let mut event = render::worker_event(&namespace, e);
-            event["type"] = json!(e.event_type.as_str());
-            event
-        })
-        .collect();
-    let envelope = |payload: Option<&Payload>| match payload {
-        Some(p) => json!({"available": true, "data": render::envelope(p)}),
-        None => json!({"available": false, "data": null}),
-    };
-    let mut bundle = json!({
-        "schema": "durable-workflow.v2.history-export",
-        "schema_version": 1,
-        "exported_at": render::time(state.now()),
-        "dedupe_key": format!("{}:{}:{}", run.run_id, run.last_sequence, run.last_hash),
-        "history_complete": run.is_closed(),
-        "workflow": {
-            "instance_id": run.workflow_id,
-            "run_id": run.run_id,
-            "run_number": run.run_number,
-            "is_current_run": run.run_id == current,
-            "current_run_id": current,
-            "workflow_type": run.workflow_type,
-            "business_key": run.business_key,
-            "memo": run.memo,
-            "search_attributes": run.search_attributes,
-            "status": run.status.as_str(),
-            "status_bucket": run.status.bucket(),
-            "closed_reason": run.closed_reason.map(|r| r.as_str()),
-            "last_history_sequence": run.last_sequence,
-            "history_chain_origin": run.chain_origin,
-            "history_head_hash": run.last_hash,
-            "source_runtime": "capstan",
-            "namespace": namespace,
-            "queue": run.task_queue,
-            "compatibility": run.compatibility,
-            "started_at": render::time(run.started_at),
-            "closed_at": render::opt_time(run.closed_at),
-            "last_progress_at": render::time(run.last_progress_at),
-        },
-        "payloads": {"codec": payload::AVRO_CODEC, "arguments": envelope(Some(&run.input)), "output": envelope(run.output.as_ref())},
-        "history_events": history,
-        "commands": [], "signals": [],
-        "updates": run.updates.iter().map(|(id, update)| render::update_export(id, update)).collect::<Vec<_>>(),
-        "tasks": [], "activities": [], "timers": [], "failures": [],
-        "links": {"continued_from_run_id": run.continued_from_run_id, "parent_workflow_id": run.parent.as_ref().map(|p| p.workflow_id.clone())},
-        "redaction": {"applied": false, "paths": []},
-        "codec_schemas": {},
-        "payload_manifest": {"version": 1, "entries": []},
-    });
-    let checksum = {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(crate::canonical::canonical_json(&bundle).as_bytes()))
-    };
-    bundle["integrity"] =
-        json!({"canonicalization": "json-recursive-ksort-v1", "checksum_algorithm": "sha256", "checksum": checksum, "signature": null});
-    Ok(Json(bundle))
+    Ok(Json(crate::history_export::bundle(
+        &namespace,
+        &run,
+        &current,
+        &events,
+        state.now(),
+    )))
 }
 
 /// `POST /workflows/{id}/repair`: offer a stuck run's workflow task again (see `engine::repair`).

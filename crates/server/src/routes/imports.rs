@@ -226,7 +226,13 @@ pub fn contract_manifest() -> Value {
             "required_bundle_schema_version": 1,
             "v1_history": "out_of_scope",
             "terminal_run_rules": {"history_complete_must_be_true": true, "may_import_non_current_runs_for_visibility": true},
-            "live_run_rules": {"non_terminal_runs": "rejected (workflow.open_run_unsupported)"},
+            "live_run_rules": {
+                "non_terminal_runs_must_be_current": true,
+                "leased_workflow_or_activity_tasks": "rejected",
+                "running_activity_attempts": "rejected",
+                "non_terminal_runs_from_capstan": "continued from the carried capstan_run_state, checked against the history",
+                "non_terminal_runs_from_embedded": "rejected (workflow.open_run_unsupported)",
+            },
             "rejected": ["redacted_payloads", "external_storage_payloads", "unknown_event_types", "leased_tasks", "running_activity_attempts"],
         },
         "source_of_truth": {

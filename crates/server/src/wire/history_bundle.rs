@@ -28,6 +28,9 @@ const SECTIONS: [(&str, bool); 14] = [
     ("codec_schemas", true),
     ("payload_manifest", true),
 ];
+/// Where Capstan's export carries an open run's state (beside DW's sections; the checksum
+/// covers it like the rest).
+pub const CARRIED_STATE: &str = "capstan_run_state";
 /// Keys that name payload bytes kept outside the bundle (in the source's object store).
 const EXTERNAL_KEYS: [&str; 2] = [payload::RUNTIME_REFERENCE_KEY, payload::DIRECT_REFERENCE_KEY];
 
@@ -259,6 +262,19 @@ pub fn read_run(
     let (input, output) = run_payloads(object("payloads"), limits, &mut errors);
     let events = read_events(bundle.get("history_events"), &mut errors);
     refuse_external_payloads(bundle, &mut errors);
+    let carried_state = match bundle.get(CARRIED_STATE) {
+        None | Some(Value::Null) => None,
+        Some(state) => match serde_json::from_value::<capstan_engine::RunState>(state.clone()) {
+            Ok(state) => Some(Box::new(state)),
+            Err(problem) => {
+                errors.push(Finding::new(
+                    "capstan_run_state.invalid",
+                    format!("{CARRIED_STATE} is not a Capstan run state: {problem}."),
+                ));
+                None
+            }
+        },
+    };
     let links = object("links");
     let continued_from_run_id = links
         .get("continued_from_run_id")
@@ -318,6 +334,7 @@ pub fn read_run(
             bundle_checksum: checksum.to_string(),
             source_namespace: text("namespace"),
         },
+        carried_state,
     };
     Ok((run, in_flight))
 }

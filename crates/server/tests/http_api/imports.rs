@@ -150,17 +150,18 @@ async fn what_cannot_be_honoured_is_refused_by_name_with_nothing_written() {
         .err(422, "import_rejected");
     assert_eq!(rules(&report), ["workflow.terminal_history_incomplete"]);
 
-    // An open run is refused by name (it must close on its source first).
+    // An open run whose bundle carries no Capstan state (as DW's embedded runtime writes it) is
+    // refused by name: it must close on its source first.
     let open = source.start_workflow("still-open", "q").await;
     let open_run = open["run_id"].as_str().unwrap();
     let open_bundle = source
         .cget(&format!("/api/workflows/still-open/runs/{open_run}/history/export"))
         .await
         .ok(200);
-    let report = target
-        .cpost(IMPORT, json!({"bundle": open_bundle}))
-        .await
-        .err(422, "import_rejected");
+    let stateless = resealed(&open_bundle, |b| {
+        b.remove("capstan_run_state");
+    });
+    let report = target.cpost(IMPORT, json!({"bundle": stateless})).await.err(422, "import_rejected");
     assert_eq!(rules(&report), ["workflow.open_run_unsupported"]);
 
     // Options Capstan does not know are refused, not ignored.
@@ -181,4 +182,67 @@ async fn what_cannot_be_honoured_is_refused_by_name_with_nothing_written() {
     let report = target.cpost(IMPORT, json!({"bundle": other})).await.err(409, "import_run_conflict");
     assert_eq!(rules(&report), ["target.run_id_conflict"]);
     target.cget("/api/workflows/elsewhere").await.err(404, "instance_not_found");
+}
+
+/// A mid-flight run moves: its pending activity is dispatched and its timer kept on the target,
+/// a signal reaches it there, and a worker on the target finishes it from the imported history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_moves_and_goes_on_where_it_was() {
+    let source = Harness::start().await;
+    let (start, task) = source.started_and_leased("in-flight", "w1", "q").await;
+    let run_id = start["run_id"].as_str().unwrap();
+    let commands = json!([schedule_activity("charge", "q"), {"type": "start_timer", "delay_seconds": 3600}]);
+    source.complete_workflow_task(&task, commands).await.ok(200);
+
+    // While its activity is running on the source, the run cannot move.
+    let leased = source.next_activity_task("w1", "q").await;
+    let busy = source
+        .cget(&format!("/api/workflows/in-flight/runs/{run_id}/history/export"))
+        .await
+        .ok(200);
+    let target = Harness::start().await;
+    let report = target.cpost(IMPORT, json!({"bundle": busy})).await.err(422, "import_rejected");
+    assert_eq!(rules(&report), ["tasks.leased_task_present", "activities.running_attempt_present"]);
+    source.fail_activity(&leased, "the old worker stops").await.ok(200);
+    let bundle = source
+        .cget(&format!("/api/workflows/in-flight/runs/{run_id}/history/export"))
+        .await
+        .ok(200);
+    let checksum = bundle["integrity"]["checksum"].as_str().unwrap().to_string();
+
+    // A carried state that disagrees with the history is not trusted.
+    let stale = resealed(&bundle, |b| b["capstan_run_state"]["last_sequence"] = json!(1));
+    let report = target.cpost(IMPORT, json!({"bundle": stale})).await.err(422, "import_rejected");
+    assert_eq!(rules(&report), ["capstan_run_state.history_mismatch"]);
+
+    let report = target.cpost(IMPORT, json!({"bundle": bundle})).await.ok(201);
+    assert_eq!(report["run"]["status"], "waiting", "{report}");
+    let described = target.describe("in-flight").await;
+    assert_eq!(described["pending_timers"].as_array().unwrap().len(), 1, "{described}");
+    assert_eq!(described["pending_activities"].as_array().unwrap().len(), 1, "{described}");
+    assert_eq!(described["engine_source"], "embedded_v2_import");
+
+    // The target dispatches the activity's next attempt and records a signal.
+    target.register("w2", "q").await;
+    let retried = target.next_activity_task("w2", "q").await;
+    assert!(retried["attempt_number"].as_u64().unwrap() >= 2, "{retried}");
+    target.complete_activity(&retried, EMPTY_ARGS).await.ok(200);
+    target.cpost("/api/workflows/in-flight/signal/hurry", json!({})).await.ok(202);
+    let resumed = target.next_workflow_task("w2", "q").await;
+    let history = resumed["history_events"].as_array().expect("history");
+    assert_eq!(
+        history.first().map(|e| &e["id"]),
+        bundle["history_events"][0].get("id"),
+        "{resumed}"
+    );
+    let kinds = event_types(history);
+    assert!(kinds.contains(&"ActivityCompleted".to_string()), "{kinds:?}");
+    target
+        .complete_workflow_task(&resumed, json!([complete_workflow(EMPTY_ARGS)]))
+        .await
+        .ok(200);
+    assert_eq!(target.describe("in-flight").await["status"], "completed");
+    let events = target.history_from("in-flight", run_id, &checksum).await;
+    assert_eq!(event_types(&events).last().map(String::as_str), Some("WorkflowCompleted"));
+    assert!(target.verify_offline().await.ok(), "the store verifies");
 }

@@ -75,6 +75,15 @@ pub(crate) async fn import_run<T: Tx>(
             .await?
             .ok_or_else(|| StoreError::Storage(format!("instance points at missing run {current_run_id}")))?;
         becomes_current = imported.run_number > current.run_number;
+        // An open run goes on here only as its instance's current run.
+        if !becomes_current && !imported.status.is_terminal() {
+            return Err(conflict(
+                "target.newer_run_present",
+                "The instance here already has a later run; an open earlier run cannot go on beside it.",
+            )
+            .with("current_run_id", current_run_id)
+            .into());
+        }
         // A later run may not replace a run still open here; an earlier one is only history.
         if becomes_current && !current.is_closed() {
             return Err(conflict(
@@ -87,7 +96,7 @@ pub(crate) async fn import_run<T: Tx>(
     }
     let mut ids = env.ids();
     let mut cx = env.cx(now, &mut ids);
-    let run = capstan_engine::import_closed_run(&mut cx, imported, &in_flight)?;
+    let run = capstan_engine::import_run(&mut cx, imported, &in_flight)?;
     if dry_run {
         return Ok(ImportOutcome::WouldImport(run));
     }

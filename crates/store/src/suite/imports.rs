@@ -55,6 +55,7 @@ fn as_bundle(
             bundle_checksum: CHECKSUM.into(),
             source_namespace: Some("legacy".into()),
         },
+        carried_state: None,
     }
 }
 
