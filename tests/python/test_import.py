@@ -218,3 +218,80 @@ def test_open_runs_move_mid_flight_and_the_same_workers_finish_them(server_facto
         assert verify_bundle(bundle)["status"] == "ok"
         outcome = replay(Waiter, bundle["history_events"], [f"n{ids.index(workflow_id)}"], workflow_id=workflow_id, run_id=run_id)
         assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands
+
+
+def as_dw_embedded(bundle: dict) -> dict:
+    """The bundle as DW's embedded runtime writes it (HistoryExport): `source_runtime:
+    embedded`, the payload blob as `data` beside the codec, PHP's `[]` for an empty map, times
+    with an offset, events without Capstan's chain fields; sealed again by DW's canonical form."""
+    import copy
+    import hashlib
+
+    from durable_workflow.history_bundle_verify import _canonicalize
+
+    dw = copy.deepcopy(bundle)
+    dw.pop("integrity")
+    workflow = dw["workflow"]
+    workflow.update(source_runtime="embedded", workflow_class="App\\Workflows\\Greeter", connection="redis")
+    for key in ("memo", "search_attributes"):
+        workflow[key] = workflow[key] or []
+    for key in ("arguments", "output"):
+        section = dw["payloads"][key]
+        if section["available"]:
+            section["data"] = section["data"]["blob"]
+            section["codec"] = "avro"
+    dw["history_events"] = [
+        {
+            "id": e["id"], "sequence": e["sequence"], "type": e["type"],
+            "workflow_task_id": e["workflow_task_id"], "workflow_command_id": e["workflow_command_id"],
+            "recorded_at": e["recorded_at"].replace("Z", "+00:00"),
+            "payload": e["payload"] or [],
+        }
+        for e in dw["history_events"]
+    ]
+    dw["integrity"] = {
+        "canonicalization": "json-recursive-ksort-v1", "checksum_algorithm": "sha256",
+        "checksum": hashlib.sha256(_canonicalize(dw).encode()).hexdigest(),
+        "signature_algorithm": None, "signature": None, "key_id": None,
+    }
+    return dw
+
+
+def test_a_bundle_in_dws_embedded_shape_is_imported_and_replays(server_factory, tmp_path):
+    source = server_factory.create()
+    queue = unique("import-dw")
+    ids = run_source(source, queue)
+    workflow_id = ids[1]
+    run_id = runs_of(source.url, workflow_id)[0]["run_id"]
+    dw = as_dw_embedded(export(source.url, workflow_id, run_id))
+    assert verify_bundle(dw)["status"] == "ok", verify_bundle(dw)["findings"]
+    path = tmp_path / "dw-bundle.json"
+    path.write_text(json.dumps(dw))
+    target = server_factory.create()
+
+    dry = cli("import", str(path), "--server", target.url, "--dry-run")
+    assert dry.returncode == 0 and "1 dry_run" in dry.stdout, dry.stdout
+    done = cli("import", str(path), "--server", target.url)
+    assert done.returncode == 0 and "1 imported" in done.stdout, (done.stdout, done.stderr)
+    described = httpx.get(f"{target.url}/api/workflows/{workflow_id}", headers=CONTROL).json()
+    assert described["status"] == "completed" and described["import_source_runtime"] == "embedded", described
+    imported = export(target.url, workflow_id, run_id)
+    assert [e["id"] for e in imported["history_events"]] == [e["id"] for e in dw["history_events"]]
+    outcome = replay(Greeter, imported["history_events"], ["name-1", 0], workflow_id=workflow_id, run_id=run_id)
+    assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands
+
+    # A DW embedded bundle of an open run carries no Capstan state: refused by name.
+    open_id = unique("dw-open")
+
+    async def start_open():
+        async with make_client(source.url) as client:
+            handle = await client.start_workflow(workflow_type="import.greeter", task_queue=queue,
+                                                 workflow_id=open_id, input=["x", 0])
+            return handle.run_id
+
+    open_run = run_async(start_open(), timeout=30)
+    open_bundle = export(source.url, open_id, open_run)
+    open_bundle.pop("capstan_run_state")
+    (tmp_path / "open.json").write_text(json.dumps(as_dw_embedded(open_bundle)))
+    refused = cli("import", str(tmp_path / "open.json"), "--server", target.url)
+    assert refused.returncode == 1 and "workflow.open_run_unsupported" in refused.stdout, refused.stdout

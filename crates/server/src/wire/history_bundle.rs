@@ -456,45 +456,62 @@ fn read_events(events: Option<&Value>, errors: &mut Vec<Finding>) -> Vec<Importe
 }
 
 /// Bytes kept in the source's object store are not in the bundle, and this server cannot
-/// fetch them: such a bundle is refused, naming the first place one is referenced.
+/// fetch them: such a bundle is refused, naming the first place one is referenced. A reference
+/// is an envelope (`codec` beside `external_payload` or `external_storage`); memo and search
+/// attribute events hold user data, which may look like anything, and are not searched.
 fn refuse_external_payloads(bundle: &Map<String, Value>, errors: &mut Vec<Finding>) {
     fn find(value: &Value, path: &mut Vec<String>) -> bool {
         match value {
-            Value::Object(map) => map.iter().any(|(key, value)| {
-                if EXTERNAL_KEYS.contains(&key.as_str()) && !value.is_null() {
-                    path.push(key.clone());
-                    return true;
+            Value::Object(map) => {
+                if map.get("codec").is_some_and(Value::is_string) {
+                    if let Some(key) = EXTERNAL_KEYS.iter().find(|key| map.get(**key).is_some_and(Value::is_object)) {
+                        path.push(key.to_string());
+                        return true;
+                    }
                 }
-                path.push(key.clone());
-                let found = find(value, path);
-                if !found {
-                    path.pop();
-                }
-                found
-            }),
-            Value::Array(items) => items.iter().enumerate().any(|(i, item)| {
-                path.push(i.to_string());
-                let found = find(item, path);
-                if !found {
-                    path.pop();
-                }
-                found
-            }),
+                map.iter().any(|(key, value)| descend(key.clone(), value, path))
+            }
+            Value::Array(items) => items.iter().enumerate().any(|(i, item)| descend(i.to_string(), item, path)),
             _ => false,
         }
     }
-    for section in ["payloads", "history_events"] {
-        let mut path = vec![section.to_string()];
-        if bundle.get(section).is_some_and(|value| find(value, &mut path)) {
-            errors.push(Finding::new(
-                "payloads.external_storage_unsupported",
-                format!(
-                    "{} references payload bytes in the source's external storage, which an import cannot bring along.",
-                    path.join(".")
-                ),
-            ));
-            return;
+    fn descend(step: String, value: &Value, path: &mut Vec<String>) -> bool {
+        path.push(step);
+        let found = find(value, path);
+        if !found {
+            path.pop();
         }
+        found
+    }
+    let user_data = |event: &Value| {
+        let kind = event.get("type").or_else(|| event.get("event_type")).and_then(Value::as_str);
+        matches!(kind, Some("MemoUpserted" | "SearchAttributesUpserted"))
+    };
+    let mut path = vec!["payloads".to_string()];
+    let mut found = bundle.get("payloads").is_some_and(|value| find(value, &mut path));
+    if !found {
+        for (index, event) in bundle
+            .get("history_events")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            path = vec!["history_events".to_string(), index.to_string()];
+            if !user_data(event) && find(event, &mut path) {
+                found = true;
+                break;
+            }
+        }
+    }
+    if found {
+        errors.push(Finding::new(
+            "payloads.external_storage_unsupported",
+            format!(
+                "{} references payload bytes in the source's external storage, which an import cannot bring along.",
+                path.join(".")
+            ),
+        ));
     }
 }
 
@@ -581,5 +598,17 @@ mod tests {
             errors[1].message.starts_with("history_events.0.payload.result.external_storage"),
             "{errors:?}"
         );
+    }
+
+    /// User metadata that merely looks like a payload reference is data, not a reference.
+    #[test]
+    fn memos_that_look_like_references_are_kept() {
+        let mut bundle = bundle();
+        let lookalike = json!({"codec": "customer-codec", "external_storage": {"uri": "mine"}});
+        bundle["history_events"][0]["type"] = json!("MemoUpserted");
+        bundle["history_events"][0]["payload"] = json!({"entries": {"meta": lookalike}});
+        bundle["workflow"]["memo"] = json!({"meta": {"payload_codec": "customer-codec"}});
+        let (run, _) = read_run(&bundle, "default", "sum", &Limits::default()).expect("readable");
+        assert_eq!(run.memo["meta"]["payload_codec"], "customer-codec");
     }
 }
