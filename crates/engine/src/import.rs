@@ -126,6 +126,17 @@ pub fn closing_of(event_type: EventType) -> Option<(RunStatus, ClosedReason)> {
     })
 }
 
+/// Whether a bundle's closed reason agrees with the one its closing event stands for: a
+/// `WorkflowFailed` also closes a run that timed out (a standalone activity's host run).
+fn reason_agrees(given: ClosedReason, closing: ClosedReason) -> bool {
+    given == closing || (closing == ClosedReason::Failed && given == ClosedReason::TimedOut)
+}
+
+/// The closed reason an imported run keeps: the bundle's when it agrees with the closing event.
+pub fn closed_reason_of(given: Option<ClosedReason>, closing: ClosedReason) -> ClosedReason {
+    given.filter(|g| reason_agrees(*g, closing)).unwrap_or(closing)
+}
+
 /// The rules of DW's contract (and Capstan's own) a bundle's run breaks; none means importable.
 /// `history_events_max` is the store's history limit.
 pub fn eligibility(run: &ImportedRun, in_flight: &InFlight, history_events_max: usize) -> Vec<Finding> {
@@ -315,15 +326,17 @@ fn history_findings(run: &ImportedRun, history_events_max: usize) -> Vec<Finding
                     last.event_type.as_str()
                 ),
             )),
-            Some((status, reason)) if status != run.status || run.closed_reason.is_some_and(|r| r != reason) => errors.push(Finding::new(
-                "workflow.status_mismatch",
-                format!(
-                    "The bundle says {} ({}) but its history closes the run with {}.",
-                    run.status.as_str(),
-                    run.closed_reason.map_or("no closed_reason", ClosedReason::as_str),
-                    last.event_type.as_str()
-                ),
-            )),
+            Some((status, reason)) if status != run.status || run.closed_reason.is_some_and(|r| !reason_agrees(r, reason)) => {
+                errors.push(Finding::new(
+                    "workflow.status_mismatch",
+                    format!(
+                        "The bundle says {} ({}) but its history closes the run with {}.",
+                        run.status.as_str(),
+                        run.closed_reason.map_or("no closed_reason", ClosedReason::as_str),
+                        last.event_type.as_str()
+                    ),
+                ))
+            }
             Some(_) if terminal_events > 1 => errors.push(Finding::new(
                 "history_events.terminal_event_repeated",
                 "The history closes the run more than once.",
@@ -465,6 +478,15 @@ mod tests {
         assert_eq!(
             rules(eligibility(&twice, &complete(), 100)),
             ["history_events.terminal_event_repeated"]
+        );
+        let mut host_timed_out = completed_run();
+        host_timed_out.status = RunStatus::Failed;
+        host_timed_out.closed_reason = Some(ClosedReason::TimedOut);
+        host_timed_out.events[2].event_type = EventType::WorkflowFailed;
+        assert_eq!(
+            eligibility(&host_timed_out, &complete(), 100),
+            vec![],
+            "a host run's timeout closes with WorkflowFailed"
         );
         let mut empty = completed_run();
         empty.events.clear();

@@ -164,7 +164,7 @@ pub(crate) async fn check_touched(world: &mut World, clients: &Clients) -> Resul
 }
 
 /// Everything acknowledged (after a restart or a power cut, and at the end): every run, every
-/// schedule, every payload an instance names.
+/// schedule, every import, every payload an instance names.
 pub(crate) async fn check_all(world: &mut World, clients: &Clients) -> Result<(), Failure> {
     world.seen.touched.clear();
     for run_id in world.seen.acked.keys().cloned().collect::<Vec<_>>() {
@@ -173,6 +173,7 @@ pub(crate) async fn check_all(world: &mut World, clients: &Clients) -> Result<()
     for schedule_id in clients.schedules.ids() {
         check_schedule(world, &schedule_id).await?;
     }
+    clients.imports.check(world).await?;
     clients.uploads.check_held(world).await
 }
 

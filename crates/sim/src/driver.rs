@@ -138,7 +138,8 @@ impl Sim {
                 None => Acted::Idle,
             },
             71..=75 => clients.send_update(world).await?,
-            76..=78 => send_query(world).await?,
+            76..=77 => send_query(world).await?,
+            78 => clients.imports.import_one(world).await?,
             79..=81 => {
                 workers.poll_query_task(world, true).await?;
                 Acted::Done

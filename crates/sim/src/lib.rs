@@ -22,7 +22,7 @@
 //! - `world`: the clock, the disk and its power cuts, the server (restarts, its nodes' duties),
 //!   the services the use cases run on, the counters and what was acknowledged;
 //! - `clients`: what clients do and know (starts, signals, updates, queries, cancellations,
-//!   schedules, operator resolutions, uploads, redrives, standalone activities, messages);
+//!   schedules, operator resolutions, uploads, redrives, imports, standalone activities, messages);
 //! - `workers`: polls, replays, held reports and their delivery, worker registration;
 //! - `program`: the workflow programs and how a worker replays them;
 //! - `checks`: the guarantees; `driver`: the run loop; `report`: what a seed tells;

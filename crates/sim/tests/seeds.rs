@@ -43,6 +43,7 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
             && counted.message_conflicts > 0
             && counted.stream_items > 0
             && counted.condition_timeouts > 0
+            && counted.imports.iter().all(|n| *n > 0)
             && counted.payloads_collected > 0
             && counted.service_calls > 0
             && counted.node_pauses > 0

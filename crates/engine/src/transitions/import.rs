@@ -2,7 +2,7 @@
 //! open one from the state its Capstan source kept, which then goes on here.
 
 use super::start::{blank_run, StartRun};
-use crate::import::{closing_of, eligibility, ImportedRun, InFlight};
+use crate::import::{closed_reason_of, closing_of, eligibility, ImportedRun, InFlight};
 use crate::refusal::{Reason, Refusal};
 use crate::{Cx, RunState, TaskScheduling, WorkflowFailure};
 use serde_json::Value;
@@ -64,6 +64,7 @@ fn closed_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
         run_number,
         workflow_type,
         task_queue,
+        closed_reason,
         input,
         output,
         business_key,
@@ -78,7 +79,8 @@ fn closed_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
     } = imported;
     let first = events.first().expect("an eligible history is not empty");
     let last = events.last().expect("an eligible history is not empty");
-    let (status, reason) = closing_of(last.event_type).expect("an eligible closed history ends with its closing event");
+    let (status, closing) = closing_of(last.event_type).expect("an eligible closed history ends with its closing event");
+    let reason = closed_reason_of(closed_reason, closing);
     let start = StartRun {
         namespace,
         workflow_id,

@@ -4,9 +4,11 @@
 //! the stream messages they know were ingested and their standalone activities.
 //!
 //! Each kind of request has its room: `keyed` (how a keyed command is sent and judged),
-//! `queries`, `operators` (resolutions of unknown outcomes), `schedules`, and the features
-//! `payloads`, `redrive`, `standalone` and `streams`.
+//! `queries`, `operators` (resolutions of unknown outcomes), `imports` (closed runs copied in
+//! by the import contract), `schedules`, and the features `payloads`, `redrive`, `standalone`
+//! and `streams`.
 
+pub(crate) mod imports;
 mod keyed;
 pub(crate) mod operators;
 pub(crate) mod payloads;
@@ -47,6 +49,8 @@ pub(crate) struct Clients {
     pub(crate) ingested: Ingested,
     /// The ids of the standalone activities clients started (a host run each, no program).
     standalone: Standalone,
+    /// The closed runs operators imported, and what each copy must hold.
+    pub(crate) imports: imports::Imports,
 }
 
 impl Clients {
