@@ -8,7 +8,7 @@
 //! known by run id and dedupe key. What cannot be honoured is refused by a named rule
 //! ([`Finding`]) before anything is written.
 
-use crate::history::{chain_hash, HistoryEvent};
+use crate::history::HistoryEvent;
 use crate::ids::{CommandId, EventId, RunId, TaskId, WorkflowId};
 use crate::{ClosedReason, EventType, Millis, Payload, RunState, RunStatus, RUN_DOCUMENT_VERSION};
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,39 @@ pub struct ImportedEvent {
     pub recorded_at: Millis,
 }
 
+impl ImportedEvent {
+    /// The event at `sequence` of a chain whose head is `prev_hash`, sealed with its hash.
+    pub fn at(self, sequence: u64, prev_hash: String) -> HistoryEvent {
+        let mut event = HistoryEvent {
+            id: self.id,
+            sequence,
+            event_type: self.event_type,
+            payload: self.payload,
+            workflow_task_id: self.workflow_task_id,
+            workflow_command_id: self.workflow_command_id,
+            recorded_at: self.recorded_at,
+            prev_hash,
+            hash: String::new(),
+        };
+        event.hash = event.computed_hash();
+        event
+    }
+}
+
+impl From<&HistoryEvent> for ImportedEvent {
+    fn from(event: &HistoryEvent) -> Self {
+        Self {
+            id: event.id.clone(),
+            sequence: event.sequence,
+            event_type: event.event_type,
+            payload: event.payload.clone(),
+            workflow_task_id: event.workflow_task_id.clone(),
+            workflow_command_id: event.workflow_command_id.clone(),
+            recorded_at: event.recorded_at,
+        }
+    }
+}
+
 /// A bundle's run, read and checked for shape by the caller (the wire layer).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImportedRun {
@@ -83,6 +116,35 @@ pub struct ImportedRun {
     /// what it waits on, its timers, activities and tasks. Checked against the history before
     /// it is trusted ([`carried_state_findings`]).
     pub carried_state: Option<Box<RunState>>,
+}
+
+impl ImportedRun {
+    /// A closed run of this store as another server's bundle brings it, under `workflow_id`
+    /// and `run_id`: its fields and history as they are, its stamp as given.
+    pub fn copy_of(source: &RunState, events: &[HistoryEvent], workflow_id: WorkflowId, run_id: RunId, stamp: ImportStamp) -> Self {
+        Self {
+            namespace: source.namespace.clone(),
+            workflow_id,
+            run_id,
+            run_number: source.run_number,
+            workflow_type: source.workflow_type.clone(),
+            task_queue: source.task_queue.clone(),
+            status: source.status,
+            closed_reason: source.closed_reason,
+            input: source.input.clone(),
+            output: source.output.clone(),
+            business_key: source.business_key.clone(),
+            memo: source.memo.clone(),
+            search_attributes: source.search_attributes.clone(),
+            compatibility: source.compatibility.clone(),
+            started_at: Some(source.started_at),
+            is_current_run: true,
+            continued_from_run_id: None,
+            events: events.iter().map(ImportedEvent::from).collect(),
+            stamp,
+            carried_state: None,
+        }
+    }
 }
 
 /// What the bundle says of the work that was under way when it was exported.
@@ -270,22 +332,9 @@ pub fn carried_state_findings(run: &ImportedRun) -> Vec<Finding> {
 
 /// The head of the source's hash chain over `events`, from `origin`.
 fn source_head(origin: &str, events: &[ImportedEvent]) -> String {
-    let mut head = origin.to_string();
-    for copied in events {
-        let event = HistoryEvent {
-            id: copied.id.clone(),
-            sequence: copied.sequence,
-            event_type: copied.event_type,
-            payload: copied.payload.clone(),
-            workflow_task_id: copied.workflow_task_id.clone(),
-            workflow_command_id: copied.workflow_command_id.clone(),
-            recorded_at: copied.recorded_at,
-            prev_hash: head.clone(),
-            hash: String::new(),
-        };
-        head = chain_hash(&head, &event.canonical_json());
-    }
-    head
+    events
+        .iter()
+        .fold(origin.to_string(), |head, copied| copied.clone().at(copied.sequence, head).hash)
 }
 
 /// The history must be whole (sequences 1..=n), within the store's limit, and a closed run's

@@ -680,7 +680,7 @@ impl RunState {
             Some(principal) => payload.insert("principal".into(), principal.to_json()),
             None => payload.remove("principal"),
         };
-        let mut event = HistoryEvent {
+        let event = HistoryEvent {
             id: cx.id(),
             sequence: self.last_sequence + 1,
             event_type,
@@ -688,16 +688,10 @@ impl RunState {
             workflow_task_id: task_id.cloned(),
             workflow_command_id: command_id.cloned(),
             recorded_at: cx.now,
-            prev_hash: if self.last_sequence == 0 {
-                self.chain_origin.clone()
-            } else {
-                self.last_hash.clone()
-            },
+            prev_hash: self.chain_head(),
             hash: String::new(),
         };
-        let (canonical, payload_bytes) = event.canonical_json_measuring_payload();
-        event.hash = chain_hash(&event.prev_hash, &canonical);
-        self.count_budget(cx, &event, payload_bytes as u64);
+        let event = self.link(cx, event);
         if let (Some(command_id), Some(carrier)) = (command_id, event.payload.get("observability_context")) {
             crate::trace::note_command_trace(&mut self.command_traces, command_id, event.sequence, carrier);
         }
@@ -708,8 +702,6 @@ impl RunState {
                 }
             }
         }
-        self.last_sequence = event.sequence;
-        self.last_hash = event.hash.clone();
         self.last_progress_at = cx.now;
         let resolved = self.selections.observe(event.id.as_str(), event.event_type, &event.payload);
         let id = event.id.clone();
@@ -724,28 +716,30 @@ impl RunState {
     /// Appends an event copied from an imported history: its id, payload (with the principal it
     /// recorded) and time are kept; only its place in this store's hash chain is new.
     pub(crate) fn append_copied(&mut self, cx: &mut Cx, copied: crate::import::ImportedEvent) {
-        let mut event = HistoryEvent {
-            id: copied.id,
-            sequence: self.last_sequence + 1,
-            event_type: copied.event_type,
-            payload: copied.payload,
-            workflow_task_id: copied.workflow_task_id,
-            workflow_command_id: copied.workflow_command_id,
-            recorded_at: copied.recorded_at,
-            prev_hash: if self.last_sequence == 0 {
-                self.chain_origin.clone()
-            } else {
-                self.last_hash.clone()
-            },
-            hash: String::new(),
-        };
+        let event = copied.at(self.last_sequence + 1, self.chain_head());
+        let event = self.link(cx, event);
+        self.last_progress_at = event.recorded_at;
+        cx.effects.events.push(event);
+    }
+
+    /// The hash the next event links to.
+    fn chain_head(&self) -> String {
+        if self.last_sequence == 0 {
+            self.chain_origin.clone()
+        } else {
+            self.last_hash.clone()
+        }
+    }
+
+    /// Seals `event` into the chain (its hash), counts it against the history budget and makes
+    /// it the head.
+    fn link(&mut self, cx: &mut Cx, mut event: HistoryEvent) -> HistoryEvent {
         let (canonical, payload_bytes) = event.canonical_json_measuring_payload();
         event.hash = chain_hash(&event.prev_hash, &canonical);
         self.count_budget(cx, &event, payload_bytes as u64);
         self.last_sequence = event.sequence;
         self.last_hash = event.hash.clone();
-        self.last_progress_at = event.recorded_at;
-        cx.effects.events.push(event);
+        event
     }
 
     pub(crate) fn put_task(&mut self, cx: &mut Cx, task: Task) {

@@ -8,7 +8,7 @@ use crate::report::Failure;
 use crate::workload::NAMESPACE;
 use crate::world::{Acted, World};
 use capstan_app::imports::{import_run, ImportRequest, ImportVerdict};
-use capstan_engine::import::{ImportStamp, ImportedEvent, ImportedRun, InFlight, CONTRACT_VERSION, IMPORT_SOURCE};
+use capstan_engine::import::{ImportStamp, ImportedRun, InFlight, CONTRACT_VERSION, IMPORT_SOURCE};
 use capstan_engine::{verify_chain_from, HistoryEvent, RunId, RunState, WorkflowId};
 use capstan_store::{RunLocator, RunStore};
 use rand::Rng;
@@ -133,48 +133,28 @@ fn fact(event: &HistoryEvent) -> String {
 
 /// The closed run as a bundle from another server brings it, under a new instance id.
 fn bundle_of(source: &RunState, events: &[HistoryEvent], copy: usize) -> ImportedRun {
-    ImportedRun {
-        namespace: NAMESPACE.into(),
-        workflow_id: WorkflowId(format!("{}.copy{copy}", source.workflow_id.as_str())),
-        run_id: RunId(format!("{}.c{copy}", source.run_id.as_str())),
-        run_number: 1,
-        workflow_type: source.workflow_type.clone(),
-        task_queue: source.task_queue.clone(),
-        status: source.status,
-        closed_reason: source.closed_reason,
-        input: source.input.clone(),
-        output: source.output.clone(),
-        business_key: source.business_key.clone(),
-        memo: source.memo.clone(),
-        search_attributes: source.search_attributes.clone(),
-        compatibility: None,
-        started_at: Some(source.started_at),
-        is_current_run: true,
-        continued_from_run_id: None,
-        events: events
-            .iter()
-            .map(|e| ImportedEvent {
-                id: e.id.clone(),
-                sequence: e.sequence,
-                event_type: e.event_type,
-                payload: e.payload.clone(),
-                workflow_task_id: e.workflow_task_id.clone(),
-                workflow_command_id: e.workflow_command_id.clone(),
-                recorded_at: e.recorded_at,
-            })
-            .collect(),
-        stamp: ImportStamp {
-            source: IMPORT_SOURCE.into(),
-            import_id: String::new(),
-            dedupe_key: format!("{}:{}", source.run_id.as_str(), source.last_sequence),
-            contract_version: CONTRACT_VERSION,
-            imported_at: 0,
-            source_runtime: "capstan".into(),
-            // The source's head hash stands in for the bundle's checksum: 64 hex digits, and
-            // the copy's chain must start from it.
-            bundle_checksum: source.last_hash.clone(),
-            source_namespace: Some(NAMESPACE.into()),
-        },
-        carried_state: None,
-    }
+    let stamp = ImportStamp {
+        source: IMPORT_SOURCE.into(),
+        import_id: String::new(),
+        dedupe_key: format!("{}:{}", source.run_id.as_str(), source.last_sequence),
+        contract_version: CONTRACT_VERSION,
+        imported_at: 0,
+        source_runtime: "capstan".into(),
+        // The source's head hash stands in for the bundle's checksum: 64 hex digits, and the
+        // copy's chain must start from it.
+        bundle_checksum: source.last_hash.clone(),
+        source_namespace: Some(NAMESPACE.into()),
+    };
+    let workflow_id = WorkflowId(format!("{}.copy{copy}", source.workflow_id.as_str()));
+    let mut bundle = ImportedRun::copy_of(
+        source,
+        events,
+        workflow_id,
+        RunId(format!("{}.c{copy}", source.run_id.as_str())),
+        stamp,
+    );
+    // A copy is run 1 of its own instance, pinned to no build.
+    bundle.run_number = 1;
+    bundle.compatibility = None;
+    bundle
 }

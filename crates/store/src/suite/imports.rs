@@ -2,7 +2,7 @@
 //! broken bundles refused with nothing written.
 
 use super::*;
-use capstan_engine::import::{ImportStamp, ImportedEvent, ImportedRun, InFlight, CONTRACT_VERSION, IMPORT_SOURCE};
+use capstan_engine::import::{ImportStamp, ImportedRun, InFlight, CONTRACT_VERSION, IMPORT_SOURCE};
 
 const CHECKSUM: &str = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
 
@@ -15,48 +15,19 @@ fn as_bundle(
     run_number: u32,
     dedupe_key: &str,
 ) -> ImportedRun {
-    ImportedRun {
-        namespace: "default".into(),
-        workflow_id: WorkflowId(workflow_id.into()),
-        run_id: RunId(run_id.into()),
-        run_number,
-        workflow_type: source.workflow_type.clone(),
-        task_queue: source.task_queue.clone(),
-        status: source.status,
-        closed_reason: source.closed_reason,
-        input: source.input.clone(),
-        output: source.output.clone(),
-        business_key: source.business_key.clone(),
-        memo: source.memo.clone(),
-        search_attributes: source.search_attributes.clone(),
-        compatibility: None,
-        started_at: Some(source.started_at),
-        is_current_run: true,
-        continued_from_run_id: None,
-        events: history
-            .iter()
-            .map(|e| ImportedEvent {
-                id: e.id.clone(),
-                sequence: e.sequence,
-                event_type: e.event_type,
-                payload: e.payload.clone(),
-                workflow_task_id: e.workflow_task_id.clone(),
-                workflow_command_id: e.workflow_command_id.clone(),
-                recorded_at: e.recorded_at,
-            })
-            .collect(),
-        stamp: ImportStamp {
-            source: IMPORT_SOURCE.into(),
-            import_id: format!("import-{run_id}"),
-            dedupe_key: dedupe_key.into(),
-            contract_version: CONTRACT_VERSION,
-            imported_at: NOW + 5,
-            source_runtime: "embedded".into(),
-            bundle_checksum: CHECKSUM.into(),
-            source_namespace: Some("legacy".into()),
-        },
-        carried_state: None,
-    }
+    let stamp = ImportStamp {
+        source: IMPORT_SOURCE.into(),
+        import_id: format!("import-{run_id}"),
+        dedupe_key: dedupe_key.into(),
+        contract_version: CONTRACT_VERSION,
+        imported_at: NOW + 5,
+        source_runtime: "embedded".into(),
+        bundle_checksum: CHECKSUM.into(),
+        source_namespace: Some("legacy".into()),
+    };
+    let mut bundle = ImportedRun::copy_of(source, history, WorkflowId(workflow_id.into()), RunId(run_id.into()), stamp);
+    bundle.run_number = run_number;
+    bundle
 }
 
 fn whole() -> InFlight {
