@@ -111,6 +111,9 @@ def test_closed_runs_migrate_from_a_running_server_resumably(server_factory, tmp
         assert described["run_id"] == source_runs[-1]["run_id"] and described["status"] == "completed", described
         assert described["engine_source"] == "embedded_v2_import"
 
+    shown = cli("workflow", "describe", ids[0], "--server", target.url)
+    assert shown.returncode == 0 and "imported: from capstan at " in shown.stdout, shown.stdout
+
     # A worker on the target answers a query from an imported history: its code replays it.
     async def query():
         async with make_client(target.url) as client:

@@ -550,3 +550,34 @@ def test_a_run_is_a_timeline_the_page_follows_live_and_the_server_has_charts(ser
     result, problems = run_async(main(), timeout=150)
     assert result == "done on attempt 2", result
     assert problems == [], problems
+
+
+def test_an_imported_run_shows_where_it_came_from(server_factory, run_worker):
+    """A run moved in from another server by the import contract says so on its page (from
+    which runtime and namespace, when), and its chain verifies from the bundle it came from."""
+    source = server_factory.create()
+    target = server_factory.create()
+    queue = unique("ui-import")
+    workflow_id = unique("ui-imported")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=source.url, headers=CONTROL_HEADERS, timeout=30.0) as old, \
+                httpx.AsyncClient(base_url=target.url, headers=CONTROL_HEADERS, timeout=30.0) as new, \
+                make_client(source.url) as client, async_playwright() as playwright:
+            async with run_worker(source.url, queue, workflows=[Greeter]) as worker:
+                handle = await client.start_workflow(workflow_type="ui.greeter", task_queue=queue,
+                                                     workflow_id=workflow_id, input=["Ada", False])
+                await wait_result(handle, timeout=30, workers=[worker])
+            bundle = (await old.get(f"/api/workflows/{workflow_id}/runs/{handle.run_id}/history/export")).json()
+            imported = await new.post("/api/workflows/import/embedded-v2", json={"bundle": bundle})
+            assert imported.status_code == 201, imported.text
+
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 900})
+            await open_page(page, f"{target.url}/#/workflows/{workflow_id}")
+            await expect(page.locator("#imported-from")).to_contain_text("imported from capstan namespace default")
+            await expect(page.locator("#chain-status")).to_contain_text("ok")
+            await screenshot(page, "imported-run")
+            await browser.close()
+
+    run_async(main(), timeout=90)

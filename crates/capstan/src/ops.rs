@@ -344,6 +344,14 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                                 println!("{key}: {}", described[key]);
                             }
                         }
+                        if let Some(runtime) = described["import_source_runtime"].as_str() {
+                            println!(
+                                "imported: from {runtime} at {} (import {}, bundle checksum {})",
+                                described["imported_at"].as_str().unwrap_or("-"),
+                                described["import_id"].as_str().unwrap_or("-"),
+                                described["import_bundle_checksum"].as_str().unwrap_or("-")
+                            );
+                        }
                     }
                 }
             }
