@@ -15,6 +15,8 @@ pub struct ImportRequest {
     pub integrity_errors: Vec<Finding>,
     /// The caller's id for this import; a new one when `None`.
     pub import_id: Option<String>,
+    /// Who imports it, as the server authenticated them (kept on the run's stamp).
+    pub principal: Option<capstan_engine::Principal>,
     pub dry_run: bool,
 }
 
@@ -50,6 +52,7 @@ pub async fn import_run<V: Services>(services: &V, request: ImportRequest) -> Ap
         in_flight,
         integrity_errors,
         import_id,
+        principal,
         dry_run,
     } = request;
     let mut errors = integrity_errors;
@@ -65,6 +68,7 @@ pub async fn import_run<V: Services>(services: &V, request: ImportRequest) -> Ap
     let now = services.now();
     run.stamp.import_id = import_id.unwrap_or_else(|| services.new_id());
     run.stamp.imported_at = now;
+    run.stamp.imported_by = principal.map(|p| p.to_json());
     match services.store().import_run(run, in_flight, now, dry_run).await {
         Ok(ImportOutcome::Imported(run)) => Ok(ImportVerdict::Imported(run)),
         Ok(ImportOutcome::AlreadyImported(run)) => Ok(ImportVerdict::AlreadyImported(run)),

@@ -43,6 +43,9 @@ pub struct ImportStamp {
     /// The namespace the run had where it was exported from, when the bundle names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_namespace: Option<String>,
+    /// Who imported it (the principal as history records one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported_by: Option<Value>,
 }
 
 /// One history event as the bundle holds it.
@@ -288,6 +291,12 @@ pub fn carried_state_findings(run: &ImportedRun) -> Vec<Finding> {
         ));
         return errors;
     }
+    if let Err(problem) = state.invariants_hold() {
+        errors.push(Finding::new(
+            "capstan_run_state.invalid",
+            format!("The carried run state breaks an invariant of a run: {problem}."),
+        ));
+    }
     if state.workflow_id != run.workflow_id || state.run_id != run.run_id || state.run_number != run.run_number {
         errors.push(mismatch("another workflow, run or run number"));
     }
@@ -450,6 +459,7 @@ mod tests {
                 source_runtime: "embedded".into(),
                 bundle_checksum: "ab".repeat(32),
                 source_namespace: None,
+                imported_by: None,
             },
             carried_state: None,
         }

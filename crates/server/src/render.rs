@@ -132,6 +132,7 @@ pub fn import_fields(run: &RunState) -> Map<String, Value> {
         "import_source_runtime": stamp.map(|s| &s.source_runtime),
         "import_source_namespace": stamp.and_then(|s| s.source_namespace.as_ref()),
         "import_bundle_checksum": stamp.map(|s| &s.bundle_checksum),
+        "imported_by": stamp.and_then(|s| s.imported_by.as_ref()),
     });
     match fields {
         Value::Object(map) => map,

@@ -83,7 +83,7 @@ fn options(mut body: Map<String, Value>, namespace: &str) -> ApiResult<Options> 
 pub async fn embedded_v2<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
-    Extension(_caller): Extension<Caller>,
+    Extension(caller): Extension<Caller>,
     JsonObject(body): JsonObject,
 ) -> ApiResult<Response> {
     let options = options(body, &namespace)?;
@@ -109,6 +109,7 @@ pub async fn embedded_v2<S: Store>(
                 in_flight,
                 integrity_errors: errors,
                 import_id: options.import_id.clone(),
+                principal: Some(caller.principal.clone()),
                 dry_run: options.dry_run,
             };
             import_run(&*state, request).await?

@@ -333,6 +333,7 @@ pub fn read_run(
             source_runtime: text("source_runtime").unwrap_or_default(),
             bundle_checksum: checksum.to_string(),
             source_namespace: text("namespace"),
+            imported_by: None,
         },
         carried_state,
     };

@@ -76,6 +76,7 @@ async fn a_closed_run_moves_between_servers_exactly_once() {
     assert_eq!(described["engine_source"], "embedded_v2_import");
     assert_eq!(described["import_dedupe_key"], bundle["dedupe_key"]);
     assert_eq!(described["import_source_runtime"], "capstan");
+    assert!(described["imported_by"]["id"].is_string(), "who imported it: {described}");
     assert_eq!(source.describe("moving").await["engine_source"], "v2");
     let original = source.history("moving", run_id).await;
     let copied = target.history_from("moving", run_id, &checksum).await;
@@ -214,6 +215,14 @@ async fn an_open_run_moves_and_goes_on_where_it_was() {
     let stale = resealed(&bundle, |b| b["capstan_run_state"]["last_sequence"] = json!(1));
     let report = target.cpost(IMPORT, json!({"bundle": stale})).await.err(422, "import_rejected");
     assert_eq!(rules(&report), ["capstan_run_state.history_mismatch"]);
+    let broken = resealed(&bundle, |b| b["capstan_run_state"]["workflow_task"] = json!("no-such-task"));
+    let report = target.cpost(IMPORT, json!({"bundle": broken})).await.err(422, "import_rejected");
+    assert_eq!(rules(&report), ["capstan_run_state.invalid"]);
+    let child = resealed(&bundle, |b| {
+        b["capstan_run_state"]["parent"] = json!({"workflow_id": "elsewhere", "run_id": "r", "sequence": 1})
+    });
+    let report = target.cpost(IMPORT, json!({"bundle": child})).await.err(422, "import_rejected");
+    assert_eq!(rules(&report), ["workflow.open_feature_unsupported"]);
 
     let report = target.cpost(IMPORT, json!({"bundle": bundle})).await.ok(201);
     assert_eq!(report["run"]["status"], "waiting", "{report}");

@@ -115,6 +115,7 @@ async fn send(world: &mut World, bundle: ImportedRun) -> Result<Option<ImportVer
             ..InFlight::default()
         },
         integrity_errors: Vec::new(),
+        principal: Some(capstan_engine::Principal::token(crate::workload::SIMULATED_OPERATOR)),
         dry_run: false,
     };
     let verdict = import_run(&world.app, request).await;
@@ -144,6 +145,7 @@ fn bundle_of(source: &RunState, events: &[HistoryEvent], copy: usize) -> Importe
         // copy's chain must start from it.
         bundle_checksum: source.last_hash.clone(),
         source_namespace: Some(NAMESPACE.into()),
+        imported_by: None,
     };
     let workflow_id = WorkflowId(format!("{}.copy{copy}", source.workflow_id.as_str()));
     let mut bundle = ImportedRun::copy_of(

@@ -24,6 +24,7 @@ fn as_bundle(
         source_runtime: "embedded".into(),
         bundle_checksum: CHECKSUM.into(),
         source_namespace: Some("legacy".into()),
+        imported_by: None,
     };
     let mut bundle = ImportedRun::copy_of(source, history, WorkflowId(workflow_id.into()), RunId(run_id.into()), stamp);
     bundle.run_number = run_number;
