@@ -56,13 +56,15 @@ pub async fn import_run<V: Services>(services: &V, request: ImportRequest) -> Ap
         dry_run,
     } = request;
     let mut errors = integrity_errors;
-    errors.extend(eligibility(&run, &in_flight, services.limits().history_events_max as usize));
     if let Err(crate::AppError::Invalid { message, .. }) =
         crate::search_attributes::check_bounds("workflow.search_attributes", &run.search_attributes)
     {
         errors.push(Finding::new("workflow.search_attributes_invalid", message));
     }
     if !errors.is_empty() {
+        // Refused already: the report names the contract's rules the bundle breaks too. (An
+        // importable-looking bundle is checked once, by the transition that writes it.)
+        errors.extend(eligibility(&run, &in_flight, services.limits().history_events_max as usize));
         return Ok(ImportVerdict::Rejected(errors));
     }
     let now = services.now();
@@ -74,12 +76,17 @@ pub async fn import_run<V: Services>(services: &V, request: ImportRequest) -> Ap
         Ok(ImportOutcome::AlreadyImported(run)) => Ok(ImportVerdict::AlreadyImported(run)),
         Ok(ImportOutcome::WouldImport(run)) => Ok(ImportVerdict::DryRun(run)),
         Err(StoreError::Refused(refusal)) if matches!(refusal.reason, Reason::ImportRunConflict | Reason::ImportRejected) => {
-            let rule = refusal.details.get("rule").and_then(|r| r.as_str()).unwrap_or("target.conflict");
-            let finding = Finding::new(rule, refusal.message.clone());
+            // Both refusals carry every rule broken under `errors`.
+            let findings = refusal
+                .details
+                .get("errors")
+                .and_then(|errors| serde_json::from_value::<Vec<Finding>>(errors.clone()).ok())
+                .filter(|findings| !findings.is_empty())
+                .unwrap_or_else(|| vec![Finding::new("target.conflict", refusal.message.clone())]);
             Ok(if refusal.reason == Reason::ImportRunConflict {
-                ImportVerdict::Conflict(vec![finding])
+                ImportVerdict::Conflict(findings)
             } else {
-                ImportVerdict::Rejected(vec![finding])
+                ImportVerdict::Rejected(findings)
             })
         }
         Err(StoreError::Refused(refusal)) if refusal.reason == Reason::WorkflowIdReservedInNamespace => {

@@ -61,9 +61,10 @@ pub struct ImportedEvent {
 }
 
 impl ImportedEvent {
-    /// The event at `sequence` of a chain whose head is `prev_hash`, sealed with its hash.
+    /// The event at `sequence` of a chain whose head is `prev_hash`, not yet sealed: whoever
+    /// links it computes its hash (once).
     pub fn at(self, sequence: u64, prev_hash: String) -> HistoryEvent {
-        let mut event = HistoryEvent {
+        HistoryEvent {
             id: self.id,
             sequence,
             event_type: self.event_type,
@@ -73,9 +74,7 @@ impl ImportedEvent {
             recorded_at: self.recorded_at,
             prev_hash,
             hash: String::new(),
-        };
-        event.hash = event.computed_hash();
-        event
+        }
     }
 }
 
@@ -163,7 +162,7 @@ pub struct InFlight {
 }
 
 /// One rule a bundle breaks (an error refuses the import), in DW's `{rule, message}` shape.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     pub rule: String,
     pub message: String,
@@ -341,9 +340,9 @@ pub fn carried_state_findings(run: &ImportedRun) -> Vec<Finding> {
 
 /// The head of the source's hash chain over `events`, from `origin`.
 fn source_head(origin: &str, events: &[ImportedEvent]) -> String {
-    events
-        .iter()
-        .fold(origin.to_string(), |head, copied| copied.clone().at(copied.sequence, head).hash)
+    events.iter().fold(origin.to_string(), |head, copied| {
+        copied.clone().at(copied.sequence, head).computed_hash()
+    })
 }
 
 /// The history must be whole (sequences 1..=n), within the store's limit, and a closed run's

@@ -2,7 +2,7 @@
 //! Object keys sorted, no whitespace, non-ASCII escaped as UTF-16 `\uXXXX` (PHP's encoding),
 //! floats in PHP's notation.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::fmt::Write;
 
 pub fn canonical_json(value: &Value) -> String {
@@ -11,22 +11,32 @@ pub fn canonical_json(value: &Value) -> String {
     out
 }
 
+/// The canonical text of `map` as if it had no member `left_out` (a bundle without its
+/// `integrity`), without copying the map.
+pub fn canonical_object_without(map: &Map<String, Value>, left_out: &str) -> String {
+    let mut out = String::new();
+    write_object(map, Some(left_out), &mut out);
+    out
+}
+
+fn write_object(map: &Map<String, Value>, left_out: Option<&str>, out: &mut String) {
+    let mut keys: Vec<&String> = map.keys().filter(|key| Some(key.as_str()) != left_out).collect();
+    keys.sort();
+    out.push('{');
+    for (i, key) in keys.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, out);
+        out.push(':');
+        write_value(&map[*key], out);
+    }
+    out.push('}');
+}
+
 fn write_value(value: &Value, out: &mut String) {
     match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_string(key, out);
-                out.push(':');
-                write_value(&map[*key], out);
-            }
-            out.push('}');
-        }
+        Value::Object(map) => write_object(map, None, out),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {

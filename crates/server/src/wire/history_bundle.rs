@@ -44,14 +44,17 @@ pub struct Integrity {
 
 /// `hex(SHA-256(canonical bundle without integrity))`.
 pub fn checksum(bundle: &Map<String, Value>) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(unsigned_canonical(bundle).as_bytes()))
+    sha256_hex(&unsigned_canonical(bundle))
 }
 
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// What the checksum and the signature are taken over: the bundle without its `integrity`.
 fn unsigned_canonical(bundle: &Map<String, Value>) -> String {
-    let mut unsigned = bundle.clone();
-    unsigned.remove("integrity");
-    crate::canonical::canonical_json(&Value::Object(unsigned))
+    crate::canonical::canonical_object_without(bundle, "integrity")
 }
 
 /// Checks the bundle's schema, sections and integrity block. `signing_key`: verify the HMAC
@@ -94,7 +97,9 @@ pub fn verify(bundle: &Map<String, Value>, signing_key: Option<&str>, require_si
             )),
         }
     }
-    let recomputed = checksum(bundle);
+    // Written once: the checksum and the signature are both taken over it.
+    let unsigned = unsigned_canonical(bundle);
+    let recomputed = sha256_hex(&unsigned);
     let recorded = bundle.get("integrity").and_then(Value::as_object);
     let text = |key: &str| recorded.and_then(|i| i.get(key)).and_then(Value::as_str).map(str::to_string);
     let (expected, signature) = (text("checksum"), text("signature"));
@@ -128,7 +133,7 @@ pub fn verify(bundle: &Map<String, Value>, signing_key: Option<&str>, require_si
                 ));
             }
             if let (Some(key), Some(signature)) = (signing_key, signature.as_deref()) {
-                let verified = hmac_hex(key, &unsigned_canonical(bundle)) == signature.to_ascii_lowercase();
+                let verified = hmac_hex(key, &unsigned) == signature.to_ascii_lowercase();
                 signature_verified = Some(verified);
                 if !verified {
                     errors.push(Finding::new(

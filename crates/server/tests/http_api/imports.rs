@@ -223,6 +223,12 @@ async fn an_open_run_moves_and_goes_on_where_it_was() {
     });
     let report = target.cpost(IMPORT, json!({"bundle": child})).await.err(422, "import_rejected");
     assert_eq!(rules(&report), ["workflow.open_feature_unsupported"]);
+    let other_run = resealed(&bundle, |b| b["capstan_run_state"]["run_number"] = json!(7));
+    let report = target.cpost(IMPORT, json!({"bundle": other_run})).await.err(422, "import_rejected");
+    assert_eq!(rules(&report), ["capstan_run_state.mismatch"]);
+    let newer = resealed(&bundle, |b| b["capstan_run_state"]["document_version"] = json!(99));
+    let report = target.cpost(IMPORT, json!({"bundle": newer})).await.err(422, "import_rejected");
+    assert_eq!(rules(&report), ["capstan_run_state.version_unsupported"]);
 
     let report = target.cpost(IMPORT, json!({"bundle": bundle})).await.ok(201);
     assert_eq!(report["run"]["status"], "waiting", "{report}");

@@ -51,9 +51,10 @@ pub trait RunStore: Backend {
         self.write_guarded(move |tx| Box::pin(async move { runs::start_standalone_activity(tx, start, now, &env).await }))
     }
 
-    /// Imports a closed run from a history bundle (`capstan_engine::import`) in one
-    /// transaction: its instance is created or locked, the run written with its copied history
-    /// and made current when it is the instance's latest. The same bundle again (run id and
+    /// Imports a run from a history bundle (`capstan_engine::import`: a closed run, or an open
+    /// one with the state its Capstan source kept) in one transaction: its instance is created
+    /// or locked, the run written with its copied history and made current when it is the
+    /// instance's latest. The same bundle again (run id and
     /// dedupe key) changes nothing; a run id or run number taken otherwise is refused
     /// (`import_run_conflict`). `dry_run`: every check, and nothing written.
     fn import_run(

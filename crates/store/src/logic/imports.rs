@@ -4,15 +4,11 @@
 
 use super::locate::lock_run;
 use super::persist::persist;
-use super::run_rows::{insert_instance, set_current_run};
-use crate::tx::{args, locking, Locking, Tx};
+use super::run_rows::{insert_instance, set_current_run, LOCK_INSTANCE};
+use crate::tx::{args, Tx};
 use crate::*;
 use capstan_engine::import::{ImportedRun, InFlight};
 
-const LOCK_INSTANCE: Locking = locking!(
-    "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1",
-    "FOR UPDATE"
-);
 const RUN_NUMBER_TAKEN: &str = "SELECT run_id FROM runs WHERE workflow_id = $1 AND run_number = $2";
 
 fn conflict(rule: &str, message: &str) -> Refusal {

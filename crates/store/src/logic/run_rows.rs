@@ -18,6 +18,12 @@ const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $
 const EVENTS_PER_INSERT: usize = 32;
 const EVENT_COLUMNS: usize = 10;
 
+/// An instance's namespace and current run, held until commit (a start, an import).
+pub(super) const LOCK_INSTANCE: Locking = locking!(
+    "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1",
+    "FOR UPDATE"
+);
+
 /// The insert of `rows` events, its text built once per row count.
 fn insert_events(rows: usize) -> &'static str {
     static TEXTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {

@@ -4,15 +4,11 @@
 use super::locate::{load_run, locate_and_lock, lock_run, run_of, LOCK_RUN_OF_TASK_OR_SKIP};
 use super::persist::persist;
 use super::row_lease::Load;
-use super::run_rows::{insert_instance, set_current_run};
+use super::run_rows::{insert_instance, set_current_run, LOCK_INSTANCE};
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Tx};
 use crate::*;
 
-const LOCK_INSTANCE: Locking = locking!(
-    "SELECT namespace, current_run_id FROM workflow_instances WHERE workflow_id = $1",
-    "FOR UPDATE"
-);
 const STORED_RECEIPT: &str =
     "SELECT intent_hash, receipt FROM command_requests WHERE namespace = $1 AND workflow_id = $2 AND command_type = $3 AND request_id = $4";
 const INSERT_RECEIPT: &str =

@@ -133,3 +133,51 @@ pub async fn imported_closed_runs_are_written_once_and_conflicts_refused<S: Stor
     let partial = RunLocator::Current(WorkflowId("partial".into()));
     assert!(store.load_run("default", partial).await.unwrap().is_none());
 }
+
+/// An open run goes on from the state its source kept, as its instance's current run; it may
+/// not go on beside a later run of its instance.
+pub async fn an_open_run_is_imported_from_its_carried_state_as_the_current_run<S: Store>(store: S) {
+    let source = started(&store, "open-source", "q").await;
+    let history = all_history(&store, &source).await;
+    let carried = |workflow_id: &str, run_id: &str| {
+        let mut state = source.clone();
+        state.workflow_id = WorkflowId(workflow_id.into());
+        state.run_id = RunId(run_id.into());
+        // Task ids are global: the copy in this same store goes on without the source's.
+        state.tasks.clear();
+        state.workflow_task = None;
+        let mut bundle = as_bundle(&source, &history, workflow_id, run_id, 1, "open:1");
+        bundle.carried_state = Some(Box::new(state));
+        bundle
+    };
+    let ImportOutcome::Imported(run) = store
+        .import_run(carried("moved-open", "run-moved-open"), whole(), NOW, false)
+        .await
+        .unwrap()
+    else {
+        panic!("imported")
+    };
+    assert!(!run.is_closed());
+    assert_eq!(run.chain_origin, CHECKSUM);
+    let current = store
+        .load_run("default", RunLocator::Current(WorkflowId("moved-open".into())))
+        .await
+        .unwrap()
+        .expect("current");
+    assert_eq!(current.run_id, run.run_id);
+    verify_chain_from(CHECKSUM, &all_history(&store, &run).await).expect("re-chained from the bundle's checksum");
+
+    // An instance here whose run 2 has closed: the open run 1 may not go on beside it.
+    let done = WorkflowCommand::CompleteWorkflow {
+        result: Payload::avro("wwHioz3/VYAiNwwA"),
+    };
+    started(&store, "closed-source", "q2").await;
+    let closed = complete_next(&store, "q2", vec![done]).await;
+    let closed_history = all_history(&store, &closed).await;
+    let later = as_bundle(&closed, &closed_history, "two-runs", "run-two-2", 2, "two:2");
+    store.import_run(later, whole(), NOW, false).await.unwrap();
+    assert_eq!(
+        conflict_rule(store.import_run(carried("two-runs", "run-two-1"), whole(), NOW, false).await),
+        "target.newer_run_present"
+    );
+}

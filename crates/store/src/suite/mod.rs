@@ -1571,6 +1571,7 @@ macro_rules! store_suite {
             start_then_load_by_every_locator,
             duplicate_starts_follow_the_policy,
             imported_closed_runs_are_written_once_and_conflicts_refused,
+            an_open_run_is_imported_from_its_carried_state_as_the_current_run,
             standalone_activities_hold_their_id_until_they_end,
             workflow_streams_append_read_close_and_expire,
             external_payloads_are_kept_while_an_instance_names_them,
