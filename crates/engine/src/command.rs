@@ -8,6 +8,30 @@ use serde_json::{Map, Value};
 /// Parallel-group and other descriptive fields copied verbatim from a command onto its events.
 pub type StepTags = Map<String, Value>;
 
+/// The parallel-group and selection fields a step command carries and its events repeat.
+pub const STEP_TAG_FIELDS: &[&str] = &[
+    "parallel_group_id",
+    "parallel_group_kind",
+    "parallel_group_base_sequence",
+    "parallel_group_size",
+    "parallel_group_index",
+    "parallel_group_path",
+    "parallel_group_mode",
+    "selection_member_key",
+    "selection_member_index",
+    "selection_member_base_sequence",
+    "selection_member_size",
+    "selection_member_kind",
+];
+
+/// The step tags of a command or of an event that repeats them (null fields are no tags).
+pub fn step_tags_of(fields: &Map<String, Value>) -> StepTags {
+    STEP_TAG_FIELDS
+        .iter()
+        .filter_map(|k| fields.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())))
+        .collect()
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum WorkflowCommand {
     ScheduleActivity(ScheduleActivity),

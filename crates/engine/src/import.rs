@@ -118,6 +118,75 @@ pub struct ImportedRun {
     /// what it waits on, its timers, activities and tasks. Checked against the history before
     /// it is trusted ([`carried_state_findings`]).
     pub carried_state: Option<Box<RunState>>,
+    /// What the bundle's sections say of an open run's work beyond its history; the run is
+    /// rebuilt from both when it carries no Capstan state (DW's embedded runtime).
+    pub sections: OpenRunSections,
+}
+
+/// The parts of an open run's bundle its history does not hold: a worker activity's arguments
+/// and applied retry policy (`activities`), a ready workflow task (`tasks`), and which signals
+/// still wait for the workflow to see them (`signals` with status `received`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpenRunSections {
+    pub activities: std::collections::BTreeMap<String, SectionActivity>,
+    /// `available_at` of the ready workflow task the bundle lists, if it lists one.
+    pub workflow_task_available_at: Option<Millis>,
+    /// What the workflow is still to be woken for, in order (the first is the workflow task's):
+    /// the signals received and not yet applied, and (Capstan's) the turns after updates.
+    pub resumes: Vec<PendingResume>,
+}
+
+/// One wake-up of the workflow still to come.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingResume {
+    /// A received signal, by id.
+    Signal(String),
+    /// The regular turn after an update's handler ran, by update id.
+    AfterUpdate(String),
+}
+
+impl OpenRunSections {
+    /// What an open run of this store's bundle says beyond its history (what the export writes
+    /// in its sections, and a rebuild reads back).
+    pub fn of(run: &RunState) -> Self {
+        let activities = run
+            .activities
+            .values()
+            .map(|execution| {
+                let section = SectionActivity {
+                    arguments: Some(execution.arguments.clone()),
+                    retry_policy: Some(execution.retry_policy.to_json()),
+                };
+                (execution.id.as_str().to_string(), section)
+            })
+            .collect();
+        let workflow_task = run.workflow_task.as_ref().and_then(|id| run.tasks.get(id));
+        let current = workflow_task.and_then(|task| match &task.detail {
+            crate::TaskDetail::Workflow { resume, .. } => resume.as_ref(),
+            _ => None,
+        });
+        let resumes = current
+            .into_iter()
+            .chain(run.pending_resumes.iter())
+            .filter_map(|resume| match resume {
+                crate::ResumeContext::Signal { signal_id, .. } => Some(PendingResume::Signal(signal_id.as_str().to_string())),
+                crate::ResumeContext::AfterUpdate { update_id } => Some(PendingResume::AfterUpdate(update_id.clone())),
+                crate::ResumeContext::Update { .. } => None,
+            })
+            .collect();
+        Self {
+            activities,
+            workflow_task_available_at: workflow_task.filter(|task| task.is_ready()).map(|task| task.available_at),
+            resumes,
+        }
+    }
+}
+
+/// One open activity as the `activities` section lists it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SectionActivity {
+    pub arguments: Option<Payload>,
+    pub retry_policy: Option<Value>,
 }
 
 impl ImportedRun {
@@ -145,6 +214,7 @@ impl ImportedRun {
             events: events.iter().map(ImportedEvent::from).collect(),
             stamp,
             carried_state: None,
+            sections: OpenRunSections::default(),
         }
     }
 }
@@ -247,15 +317,9 @@ pub fn eligibility(run: &ImportedRun, in_flight: &InFlight, history_events_max: 
             "workflow.non_terminal_not_current",
             "Non-terminal embedded v2 imports must be the current run.",
         ));
-    } else if run.carried_state.is_none() {
-        errors.push(Finding::new(
-            "workflow.open_run_unsupported",
-            format!(
-                "The run is {}, and its bundle carries no Capstan run state: open runs are imported from Capstan's own exports; one from DW's embedded runtime must close there first.",
-                run.status.as_str()
-            ),
-        ));
     } else {
+        // A run without carried state is rebuilt from its history; what that cannot honour is
+        // found while it is rebuilt (`transitions::import::rebuild`).
         errors.extend(carried_state_findings(run));
     }
     errors.extend(history_findings(run, history_events_max));
@@ -461,6 +525,7 @@ mod tests {
                 imported_by: None,
             },
             carried_state: None,
+            sections: OpenRunSections::default(),
         }
     }
 
@@ -508,12 +573,12 @@ mod tests {
     }
 
     #[test]
-    fn an_open_run_is_refused_by_name_and_must_be_current() {
+    fn an_open_run_must_be_current() {
         let mut open = completed_run();
         open.status = RunStatus::Waiting;
         open.closed_reason = None;
         open.events.pop();
-        assert_eq!(rules(eligibility(&open, &complete(), 100)), ["workflow.open_run_unsupported"]);
+        assert!(eligibility(&open, &complete(), 100).is_empty());
         open.is_current_run = false;
         assert_eq!(rules(eligibility(&open, &complete(), 100)), ["workflow.non_terminal_not_current"]);
     }

@@ -5,7 +5,9 @@
 //! another Capstan continues the run (`docs/import.md`).
 
 use crate::render;
+use crate::wire::bundle_sections;
 use crate::wire::history_bundle::{checksum, CANONICALIZATION, CARRIED_STATE};
+use capstan_engine::import::{OpenRunSections, PendingResume};
 use capstan_engine::*;
 use serde_json::{json, Value};
 
@@ -22,6 +24,7 @@ pub fn bundle(namespace: &str, run: &RunState, current_run_id: &RunId, events: &
         Some(p) => json!({"available": true, "data": render::envelope(p)}),
         None => json!({"available": false, "data": null}),
     };
+    let sections = OpenRunSections::of(run);
     let mut bundle = json!({
         "schema": capstan_engine::import::BUNDLE_SCHEMA,
         "schema_version": 1,
@@ -54,9 +57,10 @@ pub fn bundle(namespace: &str, run: &RunState, current_run_id: &RunId, events: &
         },
         "payloads": {"codec": payload::AVRO_CODEC, "arguments": envelope(Some(&run.input)), "output": envelope(run.output.as_ref())},
         "history_events": history,
-        "commands": [], "signals": [],
+        "commands": [],
+        "signals": signals(events, &sections.resumes),
         "updates": run.updates.iter().map(|(id, update)| render::update_export(id, update)).collect::<Vec<_>>(),
-        "tasks": run.tasks.values().filter_map(task).collect::<Vec<_>>(),
+        "tasks": run.tasks.values().filter_map(|t| task(run, t, &sections.resumes)).collect::<Vec<_>>(),
         "activities": run.activities.values().map(|a| activity(run, a)).collect::<Vec<_>>(),
         "timers": run.timers.values().map(timer).collect::<Vec<_>>(),
         "failures": [],
@@ -82,8 +86,29 @@ fn task_status(task: &Task) -> &'static str {
     }
 }
 
-/// An open worker task in DW's `tasks` shape (timers are listed under `timers`).
-fn task(task: &Task) -> Option<Value> {
+/// Every signal the run received, `received` while the workflow has yet to see it (DW's
+/// statuses), else `applied`.
+fn signals(events: &[HistoryEvent], pending: &[PendingResume]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e.event_type == EventType::SignalReceived)
+        .map(|e| {
+            let id = e.payload.get("signal_id").and_then(Value::as_str).unwrap_or_default();
+            let received = pending.contains(&PendingResume::Signal(id.to_string()));
+            json!({
+                "id": id,
+                "command_id": e.payload.get("workflow_command_id"),
+                "name": e.payload.get("signal_name"),
+                "status": if received { "received" } else { "applied" },
+                "received_at": render::time(e.recorded_at),
+            })
+        })
+        .collect()
+}
+
+/// An open worker task in DW's `tasks` shape (timers are listed under `timers`); the workflow
+/// task's payload lists what the workflow is still to be woken for.
+fn task(run: &RunState, task: &Task, resumes: &[PendingResume]) -> Option<Value> {
     let kind = match task.kind {
         TaskKind::Workflow => "workflow",
         TaskKind::Activity => "activity",
@@ -100,6 +125,7 @@ fn task(task: &Task) -> Option<Value> {
         "lease_owner": lease.map(|l| l.owner.clone()),
         "lease_expires_at": lease.map(|l| render::time(l.expires_at)),
         "created_at": render::time(task.created_at),
+        "payload": if run.workflow_task.as_ref() == Some(&task.id) { bundle_sections::resumes_payload(resumes) } else { json!({}) },
     }))
 }
 
@@ -119,6 +145,8 @@ fn activity(run: &RunState, execution: &ActivityExecution) -> Value {
         "status": if running { "running" } else { "pending" },
         "queue": execution.queue,
         "attempt_count": execution.attempt_count,
+        "arguments": render::envelope(&execution.arguments),
+        "retry_policy": execution.retry_policy.to_json(),
         "current_attempt_id": attempt,
         "attempts": attempt.iter().map(|id| json!({"id": id, "status": if running { "running" } else { "pending" }})).collect::<Vec<_>>(),
     })

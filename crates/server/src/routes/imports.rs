@@ -232,7 +232,7 @@ pub fn contract_manifest() -> Value {
                 "leased_workflow_or_activity_tasks": "rejected",
                 "running_activity_attempts": "rejected",
                 "non_terminal_runs_from_capstan": "continued from the carried capstan_run_state, checked against the history",
-                "non_terminal_runs_from_embedded": "rejected (workflow.open_run_unsupported)",
+                "non_terminal_runs_from_embedded": "rebuilt from the history and the activities, tasks and signals sections; refused by name (workflow.open_feature_unsupported) where the history uses children, service calls, message streams, cooperative cancellation, selection cancels, worker sessions, prepared local activities or an update not yet handled",
             },
             "rejected": ["redacted_payloads", "external_storage_payloads", "unknown_event_types", "leased_tasks", "running_activity_attempts"],
         },

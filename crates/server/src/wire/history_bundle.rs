@@ -267,6 +267,7 @@ pub fn read_run(
     let (input, output) = run_payloads(object("payloads"), limits, &mut errors);
     let events = read_events(bundle.get("history_events"), &mut errors);
     refuse_external_payloads(bundle, &mut errors);
+    let sections = super::bundle_sections::read(bundle, limits, &mut errors);
     let carried_state = match bundle.get(CARRIED_STATE) {
         None | Some(Value::Null) => None,
         Some(state) => match serde_json::from_value::<capstan_engine::RunState>(state.clone()) {
@@ -341,6 +342,7 @@ pub fn read_run(
             imported_by: None,
         },
         carried_state,
+        sections,
     };
     Ok((run, in_flight))
 }

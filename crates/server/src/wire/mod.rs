@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use capstan_engine::*;
 use serde_json::{Map, Value};
 
+pub mod bundle_sections;
 mod fields;
 pub mod history_bundle;
 pub(crate) mod nexus;
@@ -14,27 +15,8 @@ pub mod worker_report;
 
 pub use fields::{refuse_unknown_fields, Fields};
 
-/// The parallel-group and selection fields copied from a step command onto its events.
-pub(crate) const TAG_FIELDS: &[&str] = &[
-    "parallel_group_id",
-    "parallel_group_kind",
-    "parallel_group_base_sequence",
-    "parallel_group_size",
-    "parallel_group_index",
-    "parallel_group_path",
-    "parallel_group_mode",
-    "selection_member_key",
-    "selection_member_index",
-    "selection_member_base_sequence",
-    "selection_member_size",
-    "selection_member_kind",
-];
-
 pub(crate) fn step_tags(command: &Map<String, Value>) -> StepTags {
-    TAG_FIELDS
-        .iter()
-        .filter_map(|k| command.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone())))
-        .collect()
+    capstan_engine::step_tags_of(command)
 }
 
 /// Commands this server applies; anything else is `invalid_commands`.
@@ -178,10 +160,10 @@ fn parse_command(map: &Map<String, Value>, index: usize, limits: &Limits) -> Api
 
 /// Every field each command type takes: each is honoured or recorded on its events (see
 /// `docs/protocol-coverage.md`). Step commands also take the parallel-group and selection
-/// fields (`TAG_FIELDS`). Anything else is refused, naming the field: a field accepted and
+/// fields (`STEP_TAG_FIELDS`). Anything else is refused, naming the field: a field accepted and
 /// dropped would be lost on replay without anyone noticing.
 const COMMAND_FIELDS: &[(&str, bool, &[&str])] = &[
-    // (command type, takes TAG_FIELDS, its own fields besides `type`)
+    // (command type, takes STEP_TAG_FIELDS, its own fields besides `type`)
     (
         "schedule_activity",
         true,
@@ -325,7 +307,7 @@ fn check_command_fields(map: &Map<String, Value>, kind: &str, index: usize) -> A
     let Some((_, tagged, fields)) = COMMAND_FIELDS.iter().find(|(name, _, _)| *name == kind) else {
         return Ok(()); // an unknown type is refused as such
     };
-    let tags: &[&str] = if *tagged { TAG_FIELDS } else { &[] };
+    let tags: &[&str] = if *tagged { STEP_TAG_FIELDS } else { &[] };
     let at = format!("commands.{index}.");
     let shared: &[&str] = if kind == "start_service_operation" {
         nexus::SHARED_CALL_FIELDS

@@ -151,19 +151,36 @@ async fn what_cannot_be_honoured_is_refused_by_name_with_nothing_written() {
         .err(422, "import_rejected");
     assert_eq!(rules(&report), ["workflow.terminal_history_incomplete"]);
 
-    // An open run whose bundle carries no Capstan state (as DW's embedded runtime writes it) is
-    // refused by name: it must close on its source first.
+    // An open run rebuilt from its history (as DW's embedded runtime exports it, without
+    // Capstan's state) is refused by name where its history uses what cannot be rebuilt.
     let open = source.start_workflow("still-open", "q").await;
     let open_run = open["run_id"].as_str().unwrap();
     let open_bundle = source
         .cget(&format!("/api/workflows/still-open/runs/{open_run}/history/export"))
         .await
         .ok(200);
-    let stateless = resealed(&open_bundle, |b| {
+    let with_child = resealed(&open_bundle, |b| {
         b.remove("capstan_run_state");
+        let events = b["history_events"].as_array_mut().unwrap();
+        let mut child = events.last().unwrap().clone();
+        child["id"] = json!("child-event");
+        child["sequence"] = json!(events.len() + 1);
+        child["type"] = json!("ChildWorkflowScheduled");
+        child["event_type"] = json!("ChildWorkflowScheduled");
+        events.push(child);
     });
-    let report = target.cpost(IMPORT, json!({"bundle": stateless})).await.err(422, "import_rejected");
-    assert_eq!(rules(&report), ["workflow.open_run_unsupported"]);
+    let report = target
+        .cpost(IMPORT, json!({"bundle": with_child}))
+        .await
+        .err(422, "import_rejected");
+    assert_eq!(rules(&report), ["workflow.open_feature_unsupported"]);
+    assert!(
+        report["eligibility"]["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ChildWorkflowScheduled"),
+        "{report}"
+    );
 
     // Options Capstan does not know are refused, not ignored.
     target
@@ -209,7 +226,6 @@ async fn an_open_run_moves_and_goes_on_where_it_was() {
         .cget(&format!("/api/workflows/in-flight/runs/{run_id}/history/export"))
         .await
         .ok(200);
-    let checksum = bundle["integrity"]["checksum"].as_str().unwrap().to_string();
 
     // A carried state that disagrees with the history is not trusted.
     let stale = resealed(&bundle, |b| b["capstan_run_state"]["last_sequence"] = json!(1));
@@ -230,6 +246,20 @@ async fn an_open_run_moves_and_goes_on_where_it_was() {
     let report = target.cpost(IMPORT, json!({"bundle": newer})).await.err(422, "import_rejected");
     assert_eq!(rules(&report), ["capstan_run_state.version_unsupported"]);
 
+    goes_on_from(&target, &bundle, run_id).await;
+
+    // Without the state Capstan carried (as DW's embedded runtime exports a run), the run is
+    // rebuilt from its history and sections, and goes on the same way.
+    let stateless = resealed(&bundle, |b| {
+        b.remove("capstan_run_state");
+    });
+    goes_on_from(&Harness::start().await, &stateless, run_id).await;
+}
+
+/// Imports an open run's `bundle` (an activity whose attempt failed, a timer, both pending) into
+/// `target`, and finishes it there with a new worker.
+async fn goes_on_from(target: &Harness, bundle: &Value, run_id: &str) {
+    let checksum = bundle["integrity"]["checksum"].as_str().unwrap().to_string();
     let report = target.cpost(IMPORT, json!({"bundle": bundle})).await.ok(201);
     assert_eq!(report["run"]["status"], "waiting", "{report}");
     let described = target.describe("in-flight").await;

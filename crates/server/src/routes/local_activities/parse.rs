@@ -85,7 +85,12 @@ pub fn group_members(body: &Map<String, Value>, limits: &Limits) -> ApiResult<Ve
 /// taken as a `record_local_activity`: a group member's later `prepare` sends it so.
 fn descriptor_at(map: &Map<String, Value>, at: &str, kind: &str, limits: &Limits) -> ApiResult<LocalDescriptor> {
     let prefix = format!("{at}.");
-    wire::refuse_unknown_fields(map, &[DESCRIPTOR_FIELDS, wire::TAG_FIELDS], &prefix, "local activity descriptors")?;
+    wire::refuse_unknown_fields(
+        map,
+        &[DESCRIPTOR_FIELDS, capstan_engine::STEP_TAG_FIELDS],
+        &prefix,
+        "local activity descriptors",
+    )?;
     let f = Fields::nested(map, prefix.clone());
     if f.req_str("type", 64)? != kind {
         return Err(ApiError::validation(&format!("{at}.type"), format!("{at}.type is {kind}.")));

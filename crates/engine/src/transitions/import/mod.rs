@@ -1,8 +1,11 @@
-//! An imported run (see `crate::import`): a closed run rebuilt from a bundle's history, or an
-//! open one from the state its Capstan source kept, which then goes on here.
+//! An imported run (see `crate::import`): a closed run rebuilt from a bundle's history, an open
+//! one from the state its Capstan source kept, or an open one from DW's embedded runtime rebuilt
+//! from its history (`rebuild`); an open run then goes on here.
+
+mod rebuild;
 
 use super::start::{blank_run, StartRun};
-use crate::import::{closed_reason_of, closing_of, eligibility, ImportedRun, InFlight};
+use crate::import::{closed_reason_of, closing_of, eligibility, Finding, ImportedEvent, ImportedRun, InFlight};
 use crate::refusal::{Reason, Refusal};
 use crate::{Cx, RunState, TaskScheduling, WorkflowFailure};
 use serde_json::Value;
@@ -11,16 +14,24 @@ use serde_json::Value;
 /// Refused (`import_rejected`, with the rules broken) when the bundle is not importable.
 pub fn import_run(cx: &mut Cx, imported: ImportedRun, in_flight: &InFlight) -> Result<RunState, Refusal> {
     let findings = eligibility(&imported, in_flight, cx.limits.history_events_max as usize);
-    if let Some(first) = findings.first() {
-        return Err(Refusal::new(Reason::ImportRejected, first.message.clone())
-            .with("rule", first.rule.clone())
-            .with("errors", serde_json::to_value(&findings).unwrap_or(Value::Null)));
+    if !findings.is_empty() {
+        return Err(rejected(&findings));
     }
     if imported.status.is_terminal() {
         Ok(closed_run(cx, imported))
-    } else {
+    } else if imported.carried_state.is_some() {
         Ok(open_run(cx, imported))
+    } else {
+        rebuilt_run(cx, imported)
     }
+}
+
+/// `import_rejected`, naming the first rule broken and listing them all.
+fn rejected(findings: &[Finding]) -> Refusal {
+    let first = &findings[0];
+    Refusal::new(Reason::ImportRejected, first.message.clone())
+        .with("rule", first.rule.clone())
+        .with("errors", serde_json::to_value(findings).unwrap_or(Value::Null))
 }
 
 /// An open run goes on from the state its source kept (checked against the history by
@@ -57,63 +68,67 @@ fn open_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
 
 /// A closed run, its fields taken from the event that closed it.
 fn closed_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
-    let ImportedRun {
-        namespace,
-        workflow_id,
-        run_id,
-        run_number,
-        workflow_type,
-        task_queue,
-        closed_reason,
-        input,
-        output,
-        business_key,
-        memo,
-        search_attributes,
-        compatibility,
-        started_at,
-        continued_from_run_id,
-        events,
-        stamp,
-        ..
-    } = imported;
-    let first = events.first().expect("an eligible history is not empty");
-    let last = events.last().expect("an eligible history is not empty");
+    let mut run = base_run(cx, &imported);
+    let last = imported.events.last().expect("an eligible history is not empty");
     let (status, closing) = closing_of(last.event_type).expect("an eligible closed history ends with its closing event");
-    let reason = closed_reason_of(closed_reason, closing);
+    run.status = status;
+    run.closed_reason = Some(closed_reason_of(imported.closed_reason, closing));
+    run.closed_at = Some(last.recorded_at);
+    run.output = imported.output;
+    run.failure = recorded_failure(&last.payload, last.event_type);
+    copy_history(&mut run, cx, imported.events);
+    run
+}
+
+/// An open run whose bundle carries no Capstan state (DW's embedded runtime): rebuilt from its
+/// history and sections (`rebuild`), then its history copied.
+fn rebuilt_run(cx: &mut Cx, imported: ImportedRun) -> Result<RunState, Refusal> {
+    let mut run = base_run(cx, &imported);
+    run.status = imported.status;
+    if let Err(findings) = rebuild::rebuild(&mut run, cx, &imported.events, &imported.sections) {
+        return Err(rejected(&findings));
+    }
+    let last_progress_at = imported.events.last().map_or(run.started_at, |e| e.recorded_at);
+    copy_history(&mut run, cx, imported.events);
+    run.last_progress_at = last_progress_at;
+    Ok(run)
+}
+
+/// The run a bundle names, before anything happened in it: its identity, input, memo and
+/// attributes, stamped with where it came from, its chain starting from the bundle's checksum.
+fn base_run(cx: &mut Cx, imported: &ImportedRun) -> RunState {
+    let first = imported.events.first().expect("an eligible history is not empty");
     let start = StartRun {
-        namespace,
-        workflow_id,
-        run_id,
-        workflow_type,
-        task_queue,
-        input,
+        namespace: imported.namespace.clone(),
+        workflow_id: imported.workflow_id.clone(),
+        run_id: imported.run_id.clone(),
+        workflow_type: imported.workflow_type.clone(),
+        task_queue: imported.task_queue.clone(),
+        input: imported.input.clone(),
         execution_timeout_seconds: None,
         run_timeout_seconds: None,
-        business_key,
-        memo,
-        search_attributes,
+        business_key: imported.business_key.clone(),
+        memo: imported.memo.clone(),
+        search_attributes: imported.search_attributes.clone(),
         command_id: first.workflow_command_id.clone().unwrap_or_else(|| cx.id()),
         contract: None,
-        compatibility,
+        compatibility: imported.compatibility.clone(),
         origin_trace: None,
         principal: None,
         scheduling: TaskScheduling::default(),
     };
-    let mut run = blank_run(cx, start, run_number, None);
-    run.started_at = started_at.unwrap_or(first.recorded_at);
-    run.status = status;
-    run.closed_reason = Some(reason);
-    run.closed_at = Some(last.recorded_at);
-    run.output = output;
-    run.failure = recorded_failure(&last.payload, last.event_type);
-    run.continued_from_run_id = continued_from_run_id;
-    run.chain_origin = stamp.bundle_checksum.clone();
-    run.import = Some(stamp);
+    let mut run = blank_run(cx, start, imported.run_number, None);
+    run.started_at = imported.started_at.unwrap_or(first.recorded_at);
+    run.continued_from_run_id = imported.continued_from_run_id.clone();
+    run.chain_origin = imported.stamp.bundle_checksum.clone();
+    run.import = Some(imported.stamp.clone());
+    run
+}
+
+fn copy_history(run: &mut RunState, cx: &mut Cx, events: Vec<ImportedEvent>) {
     for event in events {
         run.append_copied(cx, event);
     }
-    run
 }
 
 /// The failure a run's closing event recorded (a failed or timed-out run's describe shows it).
