@@ -11,6 +11,7 @@ import json
 import subprocess
 
 import httpx
+import pytest
 from durable_workflow import activity, workflow
 from durable_workflow.history_bundle_verify import verify_bundle
 from durable_workflow.workflow import replay
@@ -175,9 +176,12 @@ class Waiter:
         return f"{said} {self.note}"
 
 
-def test_open_runs_move_mid_flight_and_the_same_workers_finish_them(server_factory, tmp_path):
+@pytest.mark.parametrize("shape", ["capstan", "dw_embedded"])
+def test_open_runs_move_mid_flight_and_the_same_workers_finish_them(server_factory, tmp_path, shape):
     """Runs waiting for a signal move to a new server; the SDK's worker there replays their
-    histories, the signal reaches them there, and their timers fire there."""
+    histories, the signal reaches them there, and their timers fire there. From Capstan they
+    move with the state Capstan kept (`--from`); in DW's embedded shape, without it, they are
+    rebuilt from their histories and sections (a directory of bundles)."""
     source = server_factory.create()
     target = server_factory.create()
     queue = unique("import-open")
@@ -199,7 +203,14 @@ def test_open_runs_move_mid_flight_and_the_same_workers_finish_them(server_facto
 
     run_async(start_and_park(), timeout=90)
     # The old workers have stopped; the runs move.
-    moved = cli("import", "--from", source.url, "--server", target.url, "--progress", str(tmp_path / "p.json"))
+    if shape == "capstan":
+        moved = cli("import", "--from", source.url, "--server", target.url, "--progress", str(tmp_path / "p.json"))
+    else:
+        for workflow_id in ids:
+            bundle = export(source.url, workflow_id, runs_of(source.url, workflow_id)[0]["run_id"])
+            bundle.pop("capstan_run_state")
+            (tmp_path / f"{workflow_id}.json").write_text(json.dumps(as_dw_embedded(bundle)))
+        moved = cli("import", str(tmp_path), "--server", target.url)
     assert moved.returncode == 0 and "4 imported" in moved.stdout, (moved.stdout, moved.stderr)
 
     async def finish_on_target():
@@ -243,6 +254,13 @@ def as_dw_embedded(bundle: dict) -> dict:
         if section["available"]:
             section["data"] = section["data"]["blob"]
             section["codec"] = "avro"
+    # DW keeps an activity's arguments as a bare blob beside its codec, and a task's payload
+    # as its own map (Capstan's list of pending resumes is not in it).
+    for activity in dw["activities"]:
+        activity["arguments"] = activity["arguments"]["blob"]
+        activity["payload_codec"] = "avro"
+    for task in dw["tasks"]:
+        task["payload"] = []
     dw["history_events"] = [
         {
             "id": e["id"], "sequence": e["sequence"], "type": e["type"],
@@ -283,7 +301,7 @@ def test_a_bundle_in_dws_embedded_shape_is_imported_and_replays(server_factory, 
     outcome = replay(Greeter, imported["history_events"], ["name-1", 0], workflow_id=workflow_id, run_id=run_id)
     assert [type(c).__name__ for c in outcome.commands] == ["CompleteWorkflow"], outcome.commands
 
-    # A DW embedded bundle of an open run carries no Capstan state: refused by name.
+    # An open run whose history uses what an import cannot rebuild is refused by name.
     open_id = unique("dw-open")
 
     async def start_open():
@@ -295,6 +313,10 @@ def test_a_bundle_in_dws_embedded_shape_is_imported_and_replays(server_factory, 
     open_run = run_async(start_open(), timeout=30)
     open_bundle = export(source.url, open_id, open_run)
     open_bundle.pop("capstan_run_state")
+    last = open_bundle["history_events"][-1]
+    open_bundle["history_events"].append(
+        {**last, "id": unique("ev"), "sequence": last["sequence"] + 1, "type": "ServiceCallStarted", "payload": {}}
+    )
     (tmp_path / "open.json").write_text(json.dumps(as_dw_embedded(open_bundle)))
     refused = cli("import", str(tmp_path / "open.json"), "--server", target.url)
-    assert refused.returncode == 1 and "workflow.open_run_unsupported" in refused.stdout, refused.stdout
+    assert refused.returncode == 1 and "workflow.open_feature_unsupported" in refused.stdout, refused.stdout
