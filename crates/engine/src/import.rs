@@ -129,11 +129,20 @@ pub struct ImportedRun {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OpenRunSections {
     pub activities: std::collections::BTreeMap<String, SectionActivity>,
-    /// `available_at` of the ready workflow task the bundle lists, if it lists one.
-    pub workflow_task_available_at: Option<Millis>,
-    /// What the workflow is still to be woken for, in order (the first is the workflow task's):
-    /// the signals received and not yet applied, and (Capstan's) the turns after updates.
+    /// The ready workflow task the bundle lists, if it lists one.
+    pub workflow_task: Option<SectionWorkflowTask>,
+    /// What the workflow is still to be woken for behind that task, in order: the signals
+    /// received and not yet applied, and (Capstan's) the turns after updates.
     pub resumes: Vec<PendingResume>,
+    /// Accepted updates waiting for their own task, in order (Capstan's).
+    pub pending_updates: Vec<String>,
+}
+
+/// A ready workflow task: when it may be leased and what it wakes the workflow for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SectionWorkflowTask {
+    pub available_at: Millis,
+    pub resume: Option<PendingResume>,
 }
 
 /// One wake-up of the workflow still to come.
@@ -143,6 +152,18 @@ pub enum PendingResume {
     Signal(String),
     /// The regular turn after an update's handler ran, by update id.
     AfterUpdate(String),
+    /// The task that runs an update's handler, by update id.
+    Update(String),
+}
+
+impl PendingResume {
+    fn of(resume: &crate::ResumeContext) -> Self {
+        match resume {
+            crate::ResumeContext::Signal { signal_id, .. } => Self::Signal(signal_id.as_str().to_string()),
+            crate::ResumeContext::AfterUpdate { update_id } => Self::AfterUpdate(update_id.clone()),
+            crate::ResumeContext::Update { update_id, .. } => Self::Update(update_id.clone()),
+        }
+    }
 }
 
 impl OpenRunSections {
@@ -160,24 +181,31 @@ impl OpenRunSections {
                 (execution.id.as_str().to_string(), section)
             })
             .collect();
-        let workflow_task = run.workflow_task.as_ref().and_then(|id| run.tasks.get(id));
-        let current = workflow_task.and_then(|task| match &task.detail {
-            crate::TaskDetail::Workflow { resume, .. } => resume.as_ref(),
-            _ => None,
+        let workflow_task = run
+            .workflow_task
+            .as_ref()
+            .and_then(|id| run.tasks.get(id))
+            .filter(|task| task.is_ready());
+        let workflow_task = workflow_task.map(|task| SectionWorkflowTask {
+            available_at: task.available_at,
+            resume: match &task.detail {
+                crate::TaskDetail::Workflow { resume, .. } => resume.as_ref().map(PendingResume::of),
+                _ => None,
+            },
         });
-        let resumes = current
-            .into_iter()
-            .chain(run.pending_resumes.iter())
+        let pending_updates = run
+            .pending_updates
+            .iter()
             .filter_map(|resume| match resume {
-                crate::ResumeContext::Signal { signal_id, .. } => Some(PendingResume::Signal(signal_id.as_str().to_string())),
-                crate::ResumeContext::AfterUpdate { update_id } => Some(PendingResume::AfterUpdate(update_id.clone())),
-                crate::ResumeContext::Update { .. } => None,
+                crate::ResumeContext::Update { update_id, .. } => Some(update_id.clone()),
+                _ => None,
             })
             .collect();
         Self {
             activities,
-            workflow_task_available_at: workflow_task.filter(|task| task.is_ready()).map(|task| task.available_at),
-            resumes,
+            workflow_task,
+            resumes: run.pending_resumes.iter().map(PendingResume::of).collect(),
+            pending_updates,
         }
     }
 }
@@ -245,6 +273,61 @@ impl Finding {
             message: message.into(),
         }
     }
+}
+
+/// What an open run's future depends on, the ids of its tasks left out (each task by what it
+/// is): a run rebuilt from its history must equal its source here (the import's property tests
+/// and the simulator hold it to that).
+pub fn continuation_of(run: &RunState) -> Value {
+    let mut activities = to_json(&run.activities);
+    for execution in activities.as_object_mut().expect("a map").values_mut() {
+        execution["task_id"] = Value::Null;
+    }
+    let mut timers = to_json(&run.timers);
+    for timer in timers.as_object_mut().expect("a map").values_mut() {
+        timer["task_id"] = Value::Null;
+    }
+    let mut tasks: Vec<Value> = run
+        .tasks
+        .values()
+        .map(|task| {
+            let detail = match &task.detail {
+                crate::TaskDetail::Workflow { resume, .. } => serde_json::json!({"workflow": to_json(resume)}),
+                other => to_json(other),
+            };
+            serde_json::json!({
+                "kind": task.kind.as_str(),
+                "queue": task.queue,
+                // A timer or deadline is due at its deadline, whenever its task was made.
+                "available_at": matches!(task.kind, crate::TaskKind::Workflow | crate::TaskKind::Activity).then_some(task.available_at),
+                "deadline_at": task.deadline_at,
+                "detail": detail,
+            })
+        })
+        .collect();
+    tasks.sort_by_key(|t| t.to_string());
+    serde_json::json!({
+        "status": run.status.as_str(),
+        "activities": activities,
+        "timers": timers,
+        "tasks": tasks,
+        "workflow_task": run.workflow_task.is_some(),
+        "pending_resumes": to_json(&run.pending_resumes),
+        "condition_waits": to_json(&run.condition_waits),
+        "signal_waits": to_json(&run.signal_waits),
+        "next_step": run.next_step,
+        "steps": to_json(&run.steps),
+        "selections": to_json(&run.selections),
+        "updates": to_json(&run.updates),
+        "command_count": run.command_count,
+        "memo_merged": to_json(&run.memo_merged),
+        "deadlines": [run.execution_timeout_seconds, run.run_timeout_seconds, run.execution_deadline_at, run.run_deadline_at],
+        "search_attributes": run.search_attributes,
+    })
+}
+
+fn to_json(value: &impl Serialize) -> Value {
+    serde_json::to_value(value).expect("a run's parts serialize")
 }
 
 /// The status and closed reason the event that closed a run stands for.

@@ -58,9 +58,9 @@ pub fn bundle(namespace: &str, run: &RunState, current_run_id: &RunId, events: &
         "payloads": {"codec": payload::AVRO_CODEC, "arguments": envelope(Some(&run.input)), "output": envelope(run.output.as_ref())},
         "history_events": history,
         "commands": [],
-        "signals": signals(events, &sections.resumes),
+        "signals": signals(events, &sections),
         "updates": run.updates.iter().map(|(id, update)| render::update_export(id, update)).collect::<Vec<_>>(),
-        "tasks": run.tasks.values().filter_map(|t| task(run, t, &sections.resumes)).collect::<Vec<_>>(),
+        "tasks": run.tasks.values().filter_map(|t| task(run, t, &sections)).collect::<Vec<_>>(),
         "activities": run.activities.values().map(|a| activity(run, a)).collect::<Vec<_>>(),
         "timers": run.timers.values().map(timer).collect::<Vec<_>>(),
         "failures": [],
@@ -88,13 +88,15 @@ fn task_status(task: &Task) -> &'static str {
 
 /// Every signal the run received, `received` while the workflow has yet to see it (DW's
 /// statuses), else `applied`.
-fn signals(events: &[HistoryEvent], pending: &[PendingResume]) -> Vec<Value> {
+fn signals(events: &[HistoryEvent], sections: &OpenRunSections) -> Vec<Value> {
+    let current = sections.workflow_task.iter().filter_map(|task| task.resume.as_ref());
+    let pending: Vec<&PendingResume> = current.chain(&sections.resumes).collect();
     events
         .iter()
         .filter(|e| e.event_type == EventType::SignalReceived)
         .map(|e| {
             let id = e.payload.get("signal_id").and_then(Value::as_str).unwrap_or_default();
-            let received = pending.contains(&PendingResume::Signal(id.to_string()));
+            let received = pending.contains(&&PendingResume::Signal(id.to_string()));
             json!({
                 "id": id,
                 "command_id": e.payload.get("workflow_command_id"),
@@ -108,7 +110,7 @@ fn signals(events: &[HistoryEvent], pending: &[PendingResume]) -> Vec<Value> {
 
 /// An open worker task in DW's `tasks` shape (timers are listed under `timers`); the workflow
 /// task's payload lists what the workflow is still to be woken for.
-fn task(run: &RunState, task: &Task, resumes: &[PendingResume]) -> Option<Value> {
+fn task(run: &RunState, task: &Task, sections: &OpenRunSections) -> Option<Value> {
     let kind = match task.kind {
         TaskKind::Workflow => "workflow",
         TaskKind::Activity => "activity",
@@ -125,7 +127,7 @@ fn task(run: &RunState, task: &Task, resumes: &[PendingResume]) -> Option<Value>
         "lease_owner": lease.map(|l| l.owner.clone()),
         "lease_expires_at": lease.map(|l| render::time(l.expires_at)),
         "created_at": render::time(task.created_at),
-        "payload": if run.workflow_task.as_ref() == Some(&task.id) { bundle_sections::resumes_payload(resumes) } else { json!({}) },
+        "payload": if run.workflow_task.as_ref() == Some(&task.id) { bundle_sections::workflow_task_payload(sections) } else { json!({}) },
     }))
 }
 

@@ -99,8 +99,9 @@ counters! {
     message_conflicts: usize,
     /// Failed runs redriven.
     redrives: usize,
-    /// Closed runs imported under a new id, and imports sent again (answered `already_imported`).
-    imports: [usize; 2],
+    /// Closed runs imported under a new id, imports sent again (answered `already_imported`),
+    /// and open runs rebuilt from their histories that matched the runs.
+    imports: [usize; 3],
     /// Nodes frozen between claiming duties and acting on them.
     node_pauses: usize,
     /// Duty claims that took over an earlier claim.
@@ -172,7 +173,7 @@ impl Totals {
         let c = &self.counters;
         let refusals: Vec<String> = c.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} hand-offs to parked polls, {} condition waits timed out, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, closed runs imported/imports repeated {}/{}, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} hand-offs to parked polls, {} condition waits timed out, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, closed runs imported/imports repeated/open runs rebuilt {}/{}/{}, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             c.completed,
@@ -207,6 +208,7 @@ impl Totals {
             c.redrives,
             c.imports[0],
             c.imports[1],
+            c.imports[2],
             c.messages_ingested,
             c.message_retries,
             c.message_conflicts,

@@ -2,14 +2,15 @@
 //! run's history is copied in under a new instance id, as a bundle from another server would
 //! bring it. The copy must hold exactly the source's events, chained from the bundle's
 //! checksum, once, whatever restarts and power cuts follow; importing the same bundle again
-//! changes nothing.
+//! changes nothing. An open run is rebuilt from its history alone (as one from DW's embedded
+//! runtime is) and must come out as the run it is.
 
 use crate::report::Failure;
 use crate::workload::NAMESPACE;
 use crate::world::{Acted, World};
 use capstan_app::imports::{import_run, ImportRequest, ImportVerdict};
-use capstan_engine::import::{ImportStamp, ImportedRun, InFlight, CONTRACT_VERSION, IMPORT_SOURCE};
-use capstan_engine::{verify_chain_from, HistoryEvent, RunId, RunState, WorkflowId};
+use capstan_engine::import::{continuation_of, ImportStamp, ImportedRun, InFlight, OpenRunSections, CONTRACT_VERSION, IMPORT_SOURCE};
+use capstan_engine::{verify_chain_from, Cx, HistoryEvent, Limits, RunId, RunState, SequentialIds, WorkflowId};
 use capstan_store::{RunLocator, RunStore};
 use rand::Rng;
 
@@ -49,7 +50,7 @@ impl Imports {
             return Ok(Acted::Idle);
         };
         if !source.is_closed() {
-            return Ok(Acted::Idle);
+            return rebuild_matches(world, &source).await;
         }
         let events = world
             .store()
@@ -106,6 +107,48 @@ impl Imports {
     }
 }
 
+/// An open run, where no lease is held, imported without the state Capstan kept (as DW's
+/// embedded runtime exports one) is rebuilt from its history and sections to the run it is, or
+/// refused by a named rule for what cannot be rebuilt. Only the engine's transition runs: the
+/// rebuilt run is compared, not written.
+async fn rebuild_matches(world: &mut World, source: &RunState) -> Result<Acted, Failure> {
+    // Declared actions are Capstan's own (a run from DW has none): their pins and ledger live
+    // beside history, so a Capstan run that uses them moves with its carried state instead.
+    let declared_actions = source.activities.values().any(|a| a.action.is_some()) || !source.ledger.is_empty();
+    if declared_actions || source.tasks.values().any(|task| !task.is_ready()) || !source.deferred_signals.is_empty() {
+        return Ok(Acted::Idle);
+    }
+    let events = world
+        .store()
+        .history(&source.run_id, 0, source.last_sequence, 100_000)
+        .await
+        .map_err(|e| world.fail(format!("history: {e}")))?;
+    let mut bundle = ImportedRun::copy_of(source, &events, source.workflow_id.clone(), source.run_id.clone(), stamp_of(source));
+    bundle.sections = OpenRunSections::of(source);
+    let mut ids = SequentialIds::new("rebuild");
+    let limits = Limits::default();
+    let mut cx = Cx::new(world.now, &mut ids, &limits);
+    match capstan_engine::import_run(&mut cx, bundle, &InFlight::default()) {
+        Ok(rebuilt) if continuation_of(&rebuilt) == continuation_of(source) => {
+            world.counters.imports[2] += 1;
+            Ok(Acted::Done)
+        }
+        Ok(rebuilt) => Err(world.fail(format!(
+            "the open run {} rebuilt from its history differs from it: {} vs {}",
+            source.run_id.as_str(),
+            continuation_of(&rebuilt),
+            continuation_of(source)
+        ))),
+        Err(refusal) if REBUILD_REFUSALS.contains(&refusal.details.get("rule").and_then(|r| r.as_str()).unwrap_or_default()) => {
+            Ok(Acted::Done)
+        }
+        Err(refusal) => Err(world.fail(format!("an open run's rebuild was refused: {refusal:?}"))),
+    }
+}
+
+/// What a rebuild may refuse: a feature whose state history does not hold.
+const REBUILD_REFUSALS: [&str; 1] = ["workflow.open_feature_unsupported"];
+
 async fn send(world: &mut World, bundle: ImportedRun) -> Result<Option<ImportVerdict>, Failure> {
     let request = ImportRequest {
         import_id: Some(format!("sim-{}", bundle.run_id.as_str())),
@@ -134,7 +177,22 @@ fn fact(event: &HistoryEvent) -> String {
 
 /// The closed run as a bundle from another server brings it, under a new instance id.
 fn bundle_of(source: &RunState, events: &[HistoryEvent], copy: usize) -> ImportedRun {
-    let stamp = ImportStamp {
+    let workflow_id = WorkflowId(format!("{}.copy{copy}", source.workflow_id.as_str()));
+    let mut bundle = ImportedRun::copy_of(
+        source,
+        events,
+        workflow_id,
+        RunId(format!("{}.c{copy}", source.run_id.as_str())),
+        stamp_of(source),
+    );
+    // A copy is run 1 of its own instance, pinned to no build.
+    bundle.run_number = 1;
+    bundle.compatibility = None;
+    bundle
+}
+
+fn stamp_of(source: &RunState) -> ImportStamp {
+    ImportStamp {
         source: IMPORT_SOURCE.into(),
         import_id: String::new(),
         dedupe_key: format!("{}:{}", source.run_id.as_str(), source.last_sequence),
@@ -146,17 +204,5 @@ fn bundle_of(source: &RunState, events: &[HistoryEvent], copy: usize) -> Importe
         bundle_checksum: source.last_hash.clone(),
         source_namespace: Some(NAMESPACE.into()),
         imported_by: None,
-    };
-    let workflow_id = WorkflowId(format!("{}.copy{copy}", source.workflow_id.as_str()));
-    let mut bundle = ImportedRun::copy_of(
-        source,
-        events,
-        workflow_id,
-        RunId(format!("{}.c{copy}", source.run_id.as_str())),
-        stamp,
-    );
-    // A copy is run 1 of its own instance, pinned to no build.
-    bundle.run_number = 1;
-    bundle.compatibility = None;
-    bundle
+    }
 }

@@ -490,10 +490,8 @@ impl Fold {
                 ),
             ));
         }
-        if self.updates.values().any(|u| u.status == UpdateStatus::Accepted) {
-            self.unsupported("an accepted update whose handler has not run");
-        }
-        for resume in &sections.resumes {
+        let listed = sections.workflow_task.iter().filter_map(|task| task.resume.as_ref());
+        for resume in listed.chain(&sections.resumes) {
             let PendingResume::Signal(id) = resume else { continue };
             match self.signals.iter().find(|s| &s.signal_id == id).map(|s| &s.resume) {
                 None => self.findings.push(Finding::new(
@@ -513,6 +511,21 @@ impl Fold {
         }
     }
 
+    /// The resume a workflow task carries for `resume`, from what history recorded of it.
+    fn resume_context(&self, resume: &PendingResume) -> Option<ResumeContext> {
+        match resume {
+            PendingResume::Signal(id) => self.signals.iter().find(|s| &s.signal_id == id).map(|s| s.resume.clone()),
+            PendingResume::AfterUpdate(update_id) => Some(ResumeContext::AfterUpdate {
+                update_id: update_id.clone(),
+            }),
+            PendingResume::Update(update_id) => self.updates.get(update_id).map(|update| ResumeContext::Update {
+                update_id: update_id.clone(),
+                update_name: update.update_name.clone(),
+                command_id: update.command_id.clone(),
+            }),
+        }
+    }
+
     /// Writes the folded state into `run` and makes its tasks.
     fn install(self, run: &mut RunState, cx: &mut Cx, sections: &OpenRunSections) {
         let started = &self.started;
@@ -520,6 +533,21 @@ impl Fold {
         run.run_timeout_seconds = number(started, "run_timeout_seconds");
         run.execution_deadline_at = instant(started, "execution_deadline_at");
         run.run_deadline_at = instant(started, "run_deadline_at");
+        let context = |resume: &PendingResume| self.resume_context(resume);
+        let mut pending: VecDeque<ResumeContext> = sections.resumes.iter().filter_map(context).collect();
+        let mut updates: VecDeque<ResumeContext> = sections
+            .pending_updates
+            .iter()
+            .filter_map(|id| context(&PendingResume::Update(id.clone())))
+            .collect();
+        // The task the bundle lists, as it stood; else one for the first wake-up still due (an
+        // update's handler before a signal, as Capstan orders them).
+        let task = match &sections.workflow_task {
+            Some(listed) => Some((listed.resume.as_ref().and_then(context), Some(listed.available_at))),
+            None if !updates.is_empty() => Some((updates.pop_front(), None)),
+            None if !pending.is_empty() => Some((pending.pop_front(), None)),
+            None => None,
+        };
         run.steps = self.steps;
         run.next_step = self.next_step;
         run.condition_waits = self.condition_waits;
@@ -536,26 +564,14 @@ impl Fold {
         for (_, timer) in self.timers {
             arm_timer(run, cx, timer);
         }
-        let signals = self.signals;
-        let mut pending: VecDeque<ResumeContext> = sections
-            .resumes
-            .iter()
-            .filter_map(|resume| match resume {
-                PendingResume::Signal(id) => signals.iter().find(|s| &s.signal_id == id).map(|s| s.resume.clone()),
-                PendingResume::AfterUpdate(update_id) => Some(ResumeContext::AfterUpdate {
-                    update_id: update_id.clone(),
-                }),
-            })
-            .collect();
-        if sections.workflow_task_available_at.is_some() || !pending.is_empty() {
-            let id = run
-                .want_workflow_task(cx, pending.pop_front())
-                .expect("an open run takes a workflow task");
-            if let Some(at) = sections.workflow_task_available_at {
+        if let Some((resume, available_at)) = task {
+            let id = run.want_workflow_task(cx, resume).expect("an open run takes a workflow task");
+            if let Some(at) = available_at {
                 run.task_mut(cx, &id).expect("just made").available_at = at;
             }
         }
         run.pending_resumes = pending;
+        run.pending_updates = updates;
         if let Some(deadline) = min_opt(run.execution_deadline_at, run.run_deadline_at) {
             let id = run.new_task(cx, TaskKind::RunDeadline, "", TaskDetail::RunDeadline);
             run.task_mut(cx, &id).expect("just created").deadline_at = Some(deadline);
