@@ -344,28 +344,34 @@ impl World {
         }
     }
 
+    /// A closed run imported keeps how each of its updates ended, for their callers.
+    fn check_closed_import(&mut self) {
+        let (workflow_id, run_id) = (self.run.workflow_id.clone(), self.run.run_id.clone());
+        let imported = ImportedRun::copy_of(&self.run, &self.history, workflow_id, run_id, stamp());
+        let in_flight = InFlight {
+            history_complete: true,
+            ..InFlight::default()
+        };
+        let mut ids = SequentialIds::new("imp");
+        let mut cx = Cx::new(self.now, &mut ids, &self.limits);
+        let copy = import_run(&mut cx, imported, &in_flight).expect("a closed run imports");
+        assert_eq!(copy.updates, self.run.updates, "the closed copy's updates differ");
+    }
+
     /// Where no lease is held, the run rebuilt from its history is the run.
     fn check_rebuild(&mut self) {
-        if self.run.is_closed() || self.run.tasks.values().any(|t| !t.is_ready()) {
+        if self.run.is_closed() {
+            return self.check_closed_import();
+        }
+        if self.run.tasks.values().any(|t| !t.is_ready()) {
             return;
         }
-        let stamp = ImportStamp {
-            source: IMPORT_SOURCE.into(),
-            import_id: "imp".into(),
-            dedupe_key: "d".into(),
-            contract_version: CONTRACT_VERSION,
-            imported_at: self.now,
-            source_runtime: "embedded".into(),
-            bundle_checksum: "ab".repeat(32),
-            source_namespace: None,
-            imported_by: None,
-        };
         let mut imported = ImportedRun::copy_of(
             &self.run,
             &self.history,
             self.run.workflow_id.clone(),
             self.run.run_id.clone(),
-            stamp,
+            stamp(),
         );
         imported.sections = OpenRunSections::of(&self.run);
         let mut ids = SequentialIds::new("imp");
@@ -395,6 +401,20 @@ proptest! {
             world.step(op);
             world.check_rebuild();
         }
+    }
+}
+
+fn stamp() -> ImportStamp {
+    ImportStamp {
+        source: IMPORT_SOURCE.into(),
+        import_id: "imp".into(),
+        dedupe_key: "d".into(),
+        contract_version: CONTRACT_VERSION,
+        imported_at: 0,
+        source_runtime: "embedded".into(),
+        bundle_checksum: "ab".repeat(32),
+        source_namespace: None,
+        imported_by: None,
     }
 }
 

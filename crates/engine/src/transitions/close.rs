@@ -2,10 +2,11 @@
 
 use crate::transitions::{events, mark_outcome_unknown, probe_answer, LinkedRunClosed};
 use crate::{
-    ActivityExecution, ChildOutcome, CloseCommand, ClosedReason, Cx, Effects, EventType, LedgerState, RunState, RunStatus, TaskClosure,
-    TaskId, UpdateStatus, WorkflowFailure,
+    ActivityExecution, ChildOutcome, CloseCommand, ClosedReason, Cx, Effects, EventType, LedgerState, Millis, RunState, RunStatus,
+    TaskClosure, TaskId, UpdateRecord, UpdateStatus, WorkflowFailure,
 };
 use serde_json::json;
+use std::collections::BTreeMap;
 
 /// Closes a run: every open task, timer, wait and activity of it ends with it.
 pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reason: ClosedReason) {
@@ -93,15 +94,21 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
     run.signal_waits.clear();
     run.pending_resumes.clear();
     run.pending_updates.clear();
-    for update in run.updates.values_mut().filter(|u| u.status == UpdateStatus::Accepted) {
+    fail_unapplied_updates(&mut run.updates, cx.now);
+    run.workflow_task_wanted = false;
+}
+
+/// Updates accepted and never applied fail when their run closes (at `closed_at`): no event
+/// records it, so an imported closed run's updates end the same way.
+pub(super) fn fail_unapplied_updates(updates: &mut BTreeMap<String, UpdateRecord>, closed_at: Millis) {
+    for update in updates.values_mut().filter(|u| u.status == UpdateStatus::Accepted) {
         update.status = UpdateStatus::Failed;
-        update.closed_at = Some(cx.now);
+        update.closed_at = Some(closed_at);
         update.failure = Some(WorkflowFailure {
             message: "The workflow run closed before the update was applied.".into(),
             ..Default::default()
         });
     }
-    run.workflow_task_wanted = false;
 }
 
 /// Closes the run's in-flight workflow task too: used by closes that do not come from a

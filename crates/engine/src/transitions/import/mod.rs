@@ -76,6 +76,8 @@ fn closed_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
     run.closed_at = Some(last.recorded_at);
     run.output = imported.output;
     run.failure = recorded_failure(&last.payload, last.event_type);
+    run.updates = rebuild::updates_of(&imported.events);
+    super::close::fail_unapplied_updates(&mut run.updates, last.recorded_at);
     copy_history(&mut run, cx, imported.events);
     run
 }

@@ -76,6 +76,20 @@ pub(super) fn rebuild(run: &mut RunState, cx: &mut Cx, events: &[ImportedEvent],
     Ok(())
 }
 
+/// The updates a history records and how each ended (a closed run keeps them for their
+/// callers, as one that closed here does).
+pub(super) fn updates_of(events: &[ImportedEvent]) -> BTreeMap<String, UpdateRecord> {
+    let mut fold = Fold::default();
+    for event in events {
+        match event.event_type {
+            EventType::UpdateAccepted | EventType::UpdateRejected => fold.update_received(event),
+            EventType::UpdateCompleted => fold.update_completed(event),
+            _ => {}
+        }
+    }
+    fold.updates
+}
+
 fn text(payload: &Map<String, Value>, key: &str) -> Option<String> {
     payload.get(key).and_then(Value::as_str).map(str::to_string)
 }
