@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -150,6 +151,9 @@ class CapstanServer:
         # Extra environment for the process (e.g. CAPSTAN_TEST_PAUSE_AT).
         self.env = dict(env or {})
         self.binary = Path(binary) if binary is not None else capstan_binary()
+        # The CA that signed the server's certificate when it serves TLS (``--tls-cert``):
+        # ``url`` is then https, and the readiness probe trusts this CA only.
+        self.tls_ca: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.history: list[str] = []  # what happened to each process, for reports
@@ -160,7 +164,14 @@ class CapstanServer:
     @property
     def url(self) -> str:
         """Server origin for ``Client`` (the SDK appends ``/api`` itself)."""
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls_ca is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def trust(self) -> ssl.SSLContext | bool:
+        """What a client must trust to reach this server (``verify`` for httpx)."""
+        if self.tls_ca is None:
+            return True
+        return ssl.create_default_context(cafile=str(self.tls_ca))
 
     @property
     def health_url(self) -> str:
@@ -229,7 +240,7 @@ class CapstanServer:
         """Poll GET /api/health until it answers 200 (blocking)."""
         deadline = time.monotonic() + timeout
         last = "no probe yet"
-        with httpx.Client(timeout=2.0) as http:
+        with httpx.Client(timeout=2.0, verify=self.trust()) as http:
             while True:
                 self._check_alive()
                 try:
@@ -247,7 +258,7 @@ class CapstanServer:
         """Same as wait_ready but without blocking a running event loop."""
         deadline = time.monotonic() + timeout
         last = "no probe yet"
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        async with httpx.AsyncClient(timeout=2.0, verify=self.trust()) as http:
             while True:
                 self._check_alive()
                 try:
@@ -380,13 +391,15 @@ def _json_or_text(resp: httpx.Response) -> Any:
 
 def make_client(
     base_url: str, *, patient: bool = False, timeout: float = 30.0, namespace: str = NAMESPACE, token: str | None = None,
+    tls_context: ssl.SSLContext | None = None,
 ) -> Client:
-    """A control-plane Client. ``patient`` rides out a server restart."""
+    """A control-plane Client. ``patient`` rides out a server restart; ``tls_context`` is the
+    SDK's own trust option for a server serving TLS."""
     retry = (
         TransportRetryPolicy(max_attempts=40, initial_backoff_seconds=0.1, max_backoff_seconds=1.0)
         if patient else None
     )
-    return Client(base_url, namespace=namespace, timeout=timeout, retry_policy=retry, token=token)
+    return Client(base_url, namespace=namespace, timeout=timeout, retry_policy=retry, token=token, tls_context=tls_context)
 
 
 class WorkerStartupError(RuntimeError):
@@ -412,11 +425,13 @@ class BackgroundWorker:
         name: str | None = None,
         namespace: str = NAMESPACE,
         token: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
         **worker_options: Any,
     ) -> None:
         self.base_url = base_url
         self.namespace = namespace
         self.token = token
+        self.tls_context = tls_context
         self.task_queue = task_queue
         self.workflows = list(workflows)
         self.activities = list(activities)
@@ -430,7 +445,7 @@ class BackgroundWorker:
         self.stop_error: BaseException | None = None
 
     async def start(self, ready_timeout: float = 20.0) -> BackgroundWorker:
-        self.client = make_client(self.base_url, namespace=self.namespace, token=self.token)
+        self.client = make_client(self.base_url, namespace=self.namespace, token=self.token, tls_context=self.tls_context)
         for attempt in range(3):
             try:
                 self.worker = Worker(

@@ -81,6 +81,7 @@ fn settings(serve: &Command, matches: &ArgMatches, path: &Path, text: &str) -> R
             let value = match item {
                 toml::Value::String(text) => text.clone(),
                 toml::Value::Integer(number) => number.to_string(),
+                toml::Value::Boolean(flag) => flag.to_string(),
                 toml::Value::Table(table) if repeatable => {
                     serde_json::to_string(table).map_err(|e| format!("--config {}: `{key}`: {e}", path.display()))?
                 }
@@ -93,7 +94,7 @@ fn settings(serve: &Command, matches: &ArgMatches, path: &Path, text: &str) -> R
                 }
                 other => {
                     return Err(format!(
-                        "--config {}: `{key}` must be a string or an integer, not {}",
+                        "--config {}: `{key}` must be a string, an integer or a boolean, not {}",
                         path.display(),
                         other.type_str()
                     ))

@@ -6,6 +6,7 @@
 mod cli;
 mod config;
 mod credentials;
+mod exposure;
 mod import;
 mod ops;
 mod owner;
@@ -152,6 +153,16 @@ struct ServeArgs {
     /// Authentication: `none`, or `token` (bearer tokens below).
     #[arg(long, env = "CAPSTAN_AUTH", value_enum, default_value = "none")]
     auth: AuthMode,
+    /// Serve HTTPS with this certificate chain (PEM), read again when the file changes.
+    #[arg(long, env = "CAPSTAN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM), read again when the file changes.
+    #[arg(long, env = "CAPSTAN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve with `--auth none` on an address other machines can reach, when a proxy in front
+    /// authenticates every request. Without it such a server refuses to start.
+    #[arg(long, env = "CAPSTAN_ALLOW_UNAUTHENTICATED_NETWORK", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    allow_unauthenticated_network: bool,
     /// Shared token, valid for every role.
     #[arg(long, env = "CAPSTAN_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -391,23 +402,56 @@ impl From<StartupError> for Stopped {
     }
 }
 
+/// The addresses `--listen` names, and what serving there demands (`exposure`): refused, or
+/// started with these warnings.
+fn listening(args: &ServeArgs) -> Result<(Vec<std::net::SocketAddr>, Vec<exposure::Warning>), Stopped> {
+    use std::net::ToSocketAddrs as _;
+    let addresses: Vec<_> = args
+        .listen
+        .to_socket_addrs()
+        .map_err(|e| Stopped::Refused(format!("--listen {}: {e}", args.listen)))?
+        .collect();
+    if addresses.is_empty() {
+        return Err(Stopped::Refused(format!("--listen {}: names no address", args.listen)));
+    }
+    let warnings = exposure::assess(&exposure::Listening {
+        listen: &args.listen,
+        addresses: &addresses,
+        unauthenticated: args.auth == AuthMode::None,
+        tls: args.tls_cert.is_some(),
+        allow_unauthenticated: args.allow_unauthenticated_network,
+    })
+    .map_err(Stopped::Refused)?;
+    Ok((addresses, warnings))
+}
+
+/// `--tls-cert` and `--tls-key`, loaded once to refuse a start that could not serve them.
+fn tls_settings(args: &ServeArgs) -> Result<Option<capstan_server::tls::TlsSettings>, Stopped> {
+    let (Some(cert_path), Some(key_path)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let settings = capstan_server::tls::TlsSettings {
+        cert_path: cert_path.clone(),
+        key_path: key_path.clone(),
+    };
+    capstan_server::tls::load(&settings).map_err(Stopped::Refused)?;
+    Ok(Some(settings))
+}
+
 /// `--check-config`: what `serve` would refuse, refused the same way; else the settings.
 fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
     auth_config(args).map_err(Stopped::Refused)?;
+    tls_settings(args)?;
     database(args)?;
     configured_limits(args).map_err(Stopped::Refused)?;
-    use std::net::ToSocketAddrs as _;
-    let addresses = args
-        .listen
-        .to_socket_addrs()
-        .map_err(|e| Stopped::Refused(format!("--listen {}: {e}", args.listen)))?;
-    if addresses.len() == 0 {
-        return Err(Stopped::Refused(format!("--listen {}: names no address", args.listen)));
-    }
+    let (_, warnings) = listening(args)?;
     if let Some(otlp) = OtlpSettings::from_env(|name| std::env::var(name).ok()) {
         Telemetry::otlp(&otlp).map_err(Stopped::Refused)?;
     }
     print!("{effective}");
+    for warning in &warnings {
+        eprintln!("capstan: warning: {}", warning.message);
+    }
     if only_stored_credentials(args) {
         eprintln!("capstan: note: {NO_WAY_IN}: serve starts only if the database holds such an admin");
     }
@@ -440,8 +484,21 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     let auth = auth_config(&args).map_err(Stopped::Refused)?;
     let database = database(&args)?;
     let queue_limits = configured_limits(&args).map_err(Stopped::Refused)?;
+    let tls = tls_settings(&args)?;
+    let (addresses, warnings) = listening(&args)?;
+    for warning in &warnings {
+        tracing::warn!(code = warning.code, "{}", warning.message);
+    }
     let mut config = ServerConfig {
+        tls,
         queue_limits,
+        diagnostics: warnings
+            .iter()
+            .map(|w| capstan_server::Diagnostic {
+                code: w.code.to_string(),
+                message: w.message.clone(),
+            })
+            .collect(),
         auth,
         workflow_task_lease_ms: args.workflow_task_lease_seconds * 1000,
         activity_task_lease_ms: args.activity_task_lease_seconds * 1000,
@@ -463,7 +520,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
         tracing::info!(endpoint = %otlp.traces_endpoint, service = %otlp.service_name, "exporting the server's spans over OTLP");
     }
     let now = config.sources.now_ms();
-    let listener = tokio::net::TcpListener::bind(&args.listen)
+    let listener = tokio::net::TcpListener::bind(addresses.as_slice())
         .await
         .map_err(|e| format!("listen on {}: {e}", args.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
@@ -478,7 +535,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
                 require_stored_admin(&store).await?;
             }
             let opened = std::fs::canonicalize(&path).unwrap_or(path);
-            tracing::info!(%address, database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
+            tracing::info!(%address, tls = config.tls.is_some(), database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await
                 .map_err(|e| e.to_string())?)
@@ -499,7 +556,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
             if only_stored_credentials(&args) {
                 require_stored_admin(&store).await?;
             }
-            tracing::info!(%address, database = %redacted(&url), node = %config.server_id, "capstan serving (shared database)");
+            tracing::info!(%address, tls = config.tls.is_some(), database = %redacted(&url), node = %config.server_id, "capstan serving (shared database)");
             Ok(capstan_server::serve(listener, store, config, shutdown_signal())
                 .await
                 .map_err(|e| e.to_string())?)

@@ -76,7 +76,11 @@ fn a_bad_file_is_refused_naming_what_is_wrong() {
         ("check_config = \"yes\"\n", "unknown setting `check_config`"),
         ("workflow_task_lease_seconds = 0\n", "0 is not in 1..=3600"),
         ("auth = \"kerberos\"\n", "invalid value 'kerberos'"),
-        ("listen = [\"a\"]\n", "`listen` must be a string or an integer, not array"),
+        (
+            "listen = [\"a\"]\n",
+            "`listen` must be a string, an integer or a boolean, not array",
+        ),
+        ("allow_unauthenticated_network = \"maybe\"\n", "invalid value 'maybe'"),
         ("listen = \n", "--config"),
         ("database = \"mysqll://u:secret@h/db\"\n", "unknown scheme \"mysqll\""),
     ] {
@@ -187,14 +191,22 @@ fn the_container_recipe_runs_a_valid_command_and_builds_where_an_engine_runs() {
     assert!(recipe.contains("cargo build --release --locked -p capstan"), "{recipe}");
     assert!(recipe.contains("ENTRYPOINT [\"/usr/local/bin/capstan\"]") && recipe.contains("CMD [\"serve\"]"));
     let dir = tempfile::tempdir().unwrap();
-    let output = capstan(
-        &["serve", "--check-config"],
-        &[
-            ("CAPSTAN_LISTEN", "0.0.0.0:8080"),
-            ("CAPSTAN_DATA_DIR", dir.path().to_str().unwrap()),
-            ("CAPSTAN_LOG_FORMAT", "json"),
-        ],
+    let recipe_env = [
+        ("CAPSTAN_LISTEN", "0.0.0.0:8080"),
+        ("CAPSTAN_DATA_DIR", dir.path().to_str().unwrap()),
+        ("CAPSTAN_LOG_FORMAT", "json"),
+    ];
+    // The container listens where other machines reach it: it starts only once the operator
+    // chooses authentication (docs/deploy.md), as `docker run -e CAPSTAN_AUTH=token …` does.
+    let open_door = capstan(&["serve", "--check-config"], &recipe_env);
+    assert_eq!(open_door.status.code(), Some(2));
+    assert!(
+        text(&open_door.stderr).contains("--allow-unauthenticated-network"),
+        "{}",
+        text(&open_door.stderr)
     );
+    let with_token = [recipe_env.as_slice(), &[("CAPSTAN_AUTH", "token"), ("CAPSTAN_OPERATOR_TOKEN", "t")]].concat();
+    let output = capstan(&["serve", "--check-config"], &with_token);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let engine = ["docker", "podman"]
         .into_iter()

@@ -27,6 +27,7 @@ mod render;
 mod routes;
 mod scheduler;
 pub mod telemetry;
+pub mod tls;
 mod ui;
 mod wait;
 mod wire;
@@ -98,6 +99,18 @@ pub struct ServerConfig {
     pub payloads: capstan_app::external_payloads::PayloadSettings,
     /// Task queue limits the configuration sets, applied at start.
     pub queue_limits: Vec<capstan_app::queue_limits::ConfiguredLimit>,
+    /// Serve over TLS with this certificate and key (reloaded when they change), else plain HTTP.
+    pub tls: Option<tls::TlsSettings>,
+    /// What the configuration lets start but an operator must know (a listener reachable from
+    /// the network without TLS…), shown on `GET /api/cluster/info` under `diagnostics`.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// One warning about how the server was configured.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Diagnostic {
+    pub code: String,
+    pub message: String,
 }
 
 impl Default for ServerConfig {
@@ -118,6 +131,8 @@ impl Default for ServerConfig {
             telemetry: telemetry::Telemetry::default(),
             payloads: Default::default(),
             queue_limits: Vec::new(),
+            tls: None,
+            diagnostics: Vec::new(),
         }
     }
 }
@@ -291,9 +306,20 @@ pub async fn serve<S: Store>(
             }
         });
     }
-    let result = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let result = match state.config.tls.clone() {
+        None => {
+            axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(settings) => {
+            let certificates = tls::Certificates::load(settings).map_err(std::io::Error::other)?;
+            let follower = tokio::spawn(certificates.clone().follow());
+            let served = tls::serve(listener, router, certificates, shutdown).await;
+            follower.abort();
+            served
+        }
+    };
     clock.abort();
     scheduler.abort();
     give_back.abort();

@@ -25,6 +25,8 @@ mod sticky;
 mod support;
 #[path = "sdk_e2e/task_failures.rs"]
 mod task_failures;
+#[path = "sdk_e2e/tls.rs"]
+mod tls;
 #[path = "sdk_e2e/worker_plane.rs"]
 mod worker_plane;
 #[path = "sdk_e2e/workflow_streams.rs"]

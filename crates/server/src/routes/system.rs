@@ -121,6 +121,7 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
             "server_capabilities": capabilities,
         },
         "embedded_v2_import_contract": super::imports::contract_manifest(),
+        "diagnostics": {"configuration_warnings": state.config.diagnostics},
         "auth_composition_contract": {
             "schema": "durable-workflow.v2.auth-composition.contract",
             "version": 1,

@@ -84,6 +84,64 @@ fn spawn_serve(binary: &Path, serve_args: &[String], log: File) -> Child {
         .unwrap_or_else(|error| panic!("spawn {}: {error}", binary.display()))
 }
 
+/// A CA and a certificate for 127.0.0.1 and localhost it signed, made by openssl in `dir`:
+/// the CA's, the certificate's and the key's paths.
+pub fn make_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let openssl = |args: &[&str]| {
+        let done = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
+        assert!(done.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&done.stderr));
+    };
+    let curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &curve,
+            &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=e2e-ca"],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &curve,
+            &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write the extensions");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    (dir.join("ca.pem"), dir.join("server.pem"), dir.join("server.key"))
+}
+
+/// The client that probes `GET /api/health` (trusting `tls_ca_pem` when the server serves TLS).
+fn health_client(tls_ca_pem: Option<&[u8]>) -> reqwest::Client {
+    let mut http = reqwest::Client::builder().timeout(Duration::from_secs(2));
+    if let Some(pem) = tls_ca_pem {
+        http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).expect("a PEM CA"));
+    }
+    http.build().expect("build health-check HTTP client")
+}
+
 fn free_loopback_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
     listener.local_addr().expect("read the ephemeral port").port()
@@ -96,6 +154,8 @@ pub struct CapstanServer {
     log_path: PathBuf,
     /// What `restart` runs again: the `capstan serve` arguments after the subcommand.
     serve_args: Vec<String>,
+    /// The CA that signed the server's certificate, when it serves TLS.
+    tls_ca_pem: Option<Vec<u8>>,
     // Held for its Drop: removes the data directory and log after the process is gone.
     _root: tempfile::TempDir,
 }
@@ -108,6 +168,24 @@ impl CapstanServer {
 
     /// [`CapstanServer::spawn`] with extra `capstan serve` arguments.
     pub async fn spawn_with(extra_args: &[&str]) -> Self {
+        Self::spawn_serving(extra_args, None).await
+    }
+
+    /// A server serving TLS (`--tls-cert`, `--tls-key`) with a certificate for 127.0.0.1 that
+    /// its own CA signed (made by openssl); [`CapstanServer::client`] trusts that CA.
+    pub async fn spawn_tls() -> Self {
+        let certificates = tempfile::Builder::new().prefix("capstan-tls-").tempdir().expect("a directory");
+        let (ca, cert, key) = make_certificates(certificates.path());
+        let cert = cert.to_string_lossy().into_owned();
+        let key = key.to_string_lossy().into_owned();
+        let ca_pem = std::fs::read(ca).expect("read the CA");
+        let server = Self::spawn_serving(&["--tls-cert", &cert, "--tls-key", &key], Some(ca_pem)).await;
+        // The files are read at start and on change only: the directory may go.
+        drop(certificates);
+        server
+    }
+
+    async fn spawn_serving(extra_args: &[&str], tls_ca_pem: Option<Vec<u8>>) -> Self {
         let binary = capstan_binary();
         assert!(
             binary.is_file(),
@@ -115,10 +193,8 @@ impl CapstanServer {
             binary.display()
         );
 
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .expect("build health-check HTTP client");
+        let http = health_client(tls_ca_pem.as_deref());
+        let scheme = if tls_ca_pem.is_some() { "https" } else { "http" };
 
         // The port is released before the server binds it, so another process
         // may take it in between; retry with a fresh port if the server exits.
@@ -142,9 +218,10 @@ impl CapstanServer {
 
             let mut server = CapstanServer {
                 child,
-                base_url: format!("http://{listen}"),
+                base_url: format!("{scheme}://{listen}"),
                 log_path,
                 serve_args,
+                tls_ca_pem: tls_ca_pem.clone(),
                 _root: root,
             };
             match server.wait_until_healthy(&http).await {
@@ -168,10 +245,7 @@ impl CapstanServer {
             .open(&self.log_path)
             .expect("reopen server log");
         self.child = spawn_serve(&capstan_binary(), &self.serve_args, log);
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .expect("build health-check HTTP client");
+        let http = health_client(self.tls_ca_pem.as_deref());
         if let Err(failure) = self.wait_until_healthy(&http).await {
             panic!("capstan did not come back after a restart: {failure}");
         }
@@ -207,13 +281,16 @@ impl CapstanServer {
         &self.base_url
     }
 
-    /// An SDK client for namespace `default`, without credentials.
+    /// An SDK client for namespace `default`, without credentials (trusting the server's CA,
+    /// by the SDK's own option, when it serves TLS).
     pub fn client(&self) -> Client {
-        Client::builder(self.base_url.clone())
+        let mut builder = Client::builder(self.base_url.clone())
             .namespace("default")
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("build durable-workflow client")
+            .timeout(Duration::from_secs(60));
+        if let Some(pem) = &self.tls_ca_pem {
+            builder = builder.additional_root_certificates_pem(pem).expect("a PEM CA");
+        }
+        builder.build().expect("build durable-workflow client")
     }
 
     /// The last part of the server's combined stdout/stderr.

@@ -1,0 +1,161 @@
+//! TLS for `capstan serve` (`docs/deploy.md`, "TLS"): rustls with its safe defaults (TLS 1.2
+//! and 1.3, forward-secret AEAD suites only), HTTP/2 and HTTP/1.1 chosen by ALPN. The
+//! certificate chain and key are read again when either file changes, so a rotated certificate
+//! is served from the next connection on without a restart; connections already open keep the
+//! one they began with. A file that cannot be read or parsed keeps the previous certificate in
+//! service and says so in the log.
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+use tower::ServiceExt as _;
+
+/// How often the certificate files are looked at for a change.
+pub const RELOAD_CHECK: Duration = Duration::from_secs(2);
+/// A client that has not finished its handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections may finish their requests at shutdown.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Where the server's certificate chain and private key are (PEM files).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+}
+
+/// The rustls configuration `settings` names, or why it cannot be made (naming the file).
+pub fn load(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, String> {
+    let cert_path = &settings.cert_path;
+    let certificates = CertificateDer::pem_file_iter(cert_path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert {}: {e}", cert_path.display()))?;
+    if certificates.is_empty() {
+        return Err(format!("--tls-cert {}: no PEM certificate in it", cert_path.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(&settings.key_path)
+        .map_err(|e| format!("--tls-key {}: no PEM private key in it ({e})", settings.key_path.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certificates, key)
+        .map_err(|e| {
+            format!(
+                "--tls-cert {} with --tls-key {}: {e}",
+                cert_path.display(),
+                settings.key_path.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The configuration new connections get, replaced when the files change.
+pub struct Certificates {
+    settings: TlsSettings,
+    current: RwLock<Arc<rustls::ServerConfig>>,
+}
+
+/// What identifies a file's content cheaply: its modification time and length.
+type Stamp = Option<(SystemTime, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+impl Certificates {
+    pub fn load(settings: TlsSettings) -> Result<Arc<Self>, String> {
+        let config = load(&settings)?;
+        Ok(Arc::new(Self {
+            settings,
+            current: RwLock::new(config),
+        }))
+    }
+
+    fn current(&self) -> Arc<rustls::ServerConfig> {
+        self.current.read().expect("the certificate lock is never poisoned").clone()
+    }
+
+    /// Reads the files again whenever they change; a change that does not load is logged and
+    /// the previous certificate kept.
+    pub async fn follow(self: Arc<Self>) {
+        let stamps = || (stamp(&self.settings.cert_path), stamp(&self.settings.key_path));
+        let mut seen = stamps();
+        loop {
+            tokio::time::sleep(RELOAD_CHECK).await;
+            let now = stamps();
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match load(&self.settings) {
+                Ok(config) => {
+                    *self.current.write().expect("the certificate lock is never poisoned") = config;
+                    tracing::info!(cert = %self.settings.cert_path.display(), "TLS certificate reloaded");
+                }
+                Err(error) => tracing::error!(%error, "TLS certificate not reloaded; still serving the previous one"),
+            }
+        }
+    }
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown`, then lets open connections finish
+/// their requests (at most [`DRAIN`]).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    certificates: Arc<Certificates>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors and the like: keep serving the connections there are.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(certificates.current());
+        let router = router.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake refused"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+            };
+            let service = router.map_request(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            });
+            let connection = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
+            if let Err(error) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open after {DRAIN:?}: closing them");
+    }
+    Ok(())
+}
