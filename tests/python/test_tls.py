@@ -3,7 +3,10 @@ The published Python SDK's client and worker reach it with the SDK's own trust o
 (`tls_context`) and run a workflow; a client that does not trust the certificate, or a server
 certificate that has expired, is refused by the handshake with the SSL error naming why; a
 certificate replaced on disk is served from the next connection without a restart; a
-certificate file that is not one refuses the start (exit 2), naming it.
+certificate file that is not one refuses the start (exit 2), naming it. With `--tls-client-ca`, a
+client certificate a named credential lists authenticates the SDK's client and worker, and
+history records the principal it maps to; a client without one, or with one no credential
+names, is refused.
 """
 from __future__ import annotations
 
@@ -42,10 +45,12 @@ def authority(directory: Path, name: str) -> Path:
     return directory / f"{name}.pem"
 
 
-def server_certificate(directory: Path, ca: str, name: str, days: int = 2) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost signed by `ca`; `days` below 0 is expired."""
+def server_certificate(directory: Path, ca: str, name: str, days: int = 2, *, client: str | None = None) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost signed by `ca`; `days` below 0 is expired. With
+    `client`, a client certificate for that DNS name instead."""
+    names, usage = (f"DNS:{client}", "clientAuth") if client else ("IP:127.0.0.1,DNS:localhost", "serverAuth")
     (directory / "ext.cnf").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+        f"subjectAltName={names}\nbasicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"
     )
     openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=localhost", cwd=directory)
@@ -170,3 +175,68 @@ def test_an_expired_certificate_is_refused_by_clients_and_a_bad_file_refuses_the
         capture_output=True, text=True, timeout=30,
     )
     assert only_key.returncode == 2 and "--tls-cert" in only_key.stderr, only_key.stderr
+
+
+def test_client_certificates_authenticate_as_the_credential_that_names_them(server_factory, tmp_path):
+    ca = authority(tmp_path, "server-ca")
+    cert, key = server_certificate(tmp_path, "server-ca", "served")
+    clients = authority(tmp_path, "clients")
+    worker_cert, worker_key = server_certificate(tmp_path, "clients", "worker-a", client="worker-a.capstan.test")
+    stranger_cert, stranger_key = server_certificate(tmp_path, "clients", "stranger", client="stranger.capstan.test")
+    credentials = tmp_path / "credentials.toml"
+    credentials.write_text(
+        '[[credential]]\nprincipal = "worker-a"\nroles = ["worker", "operator"]\n'
+        'client_certificates = ["worker-a.capstan.test"]\n'
+    )
+    server = server_factory.create(
+        "--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(clients),
+        "--auth", "token", "--credentials-file", str(credentials), start=False,
+    )
+    server.tls_ca = ca
+    server.spawn()
+
+    def presenting(certificate: Path, private_key: Path) -> ssl.SSLContext:
+        context = trusting(ca)
+        context.load_cert_chain(str(certificate), str(private_key))
+        return context
+
+    worker_context = presenting(worker_cert, worker_key)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{server.url}/api/health", verify=worker_context, timeout=5)
+            break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log_tail()
+            time.sleep(0.1)
+    queue = unique("mtls")
+
+    async def main():
+        async with make_client(server.url, tls_context=worker_context) as client:
+            async with running_worker(server.url, queue, workflows=[Greeter], activities=[greet],
+                                      tls_context=worker_context) as worker:
+                handle = await client.start_workflow(workflow_type="tls.greeter", task_queue=queue,
+                                                     workflow_id=unique("mtls-wf"), input=["by certificate"])
+                return handle, await wait_result(handle, timeout=60, workers=[worker])
+
+    handle, result = run_async(main(), timeout=90)
+    assert result == "hello by certificate"
+    headers = {"X-Durable-Workflow-Control-Plane-Version": "2", "X-Namespace": "default"}
+    history = httpx.get(f"{server.url}/api/workflows/{handle.workflow_id}/runs/{handle.run_id}/history",
+                        headers=headers, verify=worker_context).json()["events"]
+    started = next(e for e in history if e["event_type"] == "StartAccepted")
+    assert started["payload"]["principal"] == {"type": "auth:mtls", "id": "worker-a"}, started
+    whoami = httpx.get(f"{server.url}/api/auth/whoami", verify=worker_context).json()
+    assert whoami["principal"] == {"type": "auth:mtls", "id": "worker-a"}, whoami
+
+    # A certificate the CA signed that no credential names is authenticated by TLS but acts as
+    # no one; a forged principal header changes nothing.
+    stranger = httpx.get(f"{server.url}/api/cluster/info", verify=presenting(stranger_cert, stranger_key),
+                         headers={"X-Capstan-Certified-Principal": "worker-a"})
+    assert stranger.status_code == 401 and stranger.json()["reason"] == "unauthorized", stranger.text
+    # Without a client certificate the handshake fails.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{server.url}/api/cluster/info", verify=trusting(ca), timeout=5)
+    info = httpx.get(f"{server.url}/api/cluster/info", verify=worker_context).json()
+    mtls = info["auth_composition_contract"]["auth_material"]["mtls"]
+    assert mtls["status"] == "reserved" and mtls["capstan_server"]["supported"] is True, mtls

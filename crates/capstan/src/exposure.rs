@@ -46,7 +46,8 @@ pub fn assess(listening: &Listening) -> Result<Vec<Warning>, String> {
         if !listening.allow_unauthenticated {
             return Err(format!(
                 "--listen {listen} can be reached from the network and --auth is none: anyone who reaches it could start, \
-                 terminate and read every workflow. Set --auth token (docs/principals.md), or pass {ALLOW_FLAG} \
+                 terminate and read every workflow. Set --auth token (docs/principals.md), require client certificates \
+                 (--tls-client-ca), or pass {ALLOW_FLAG} \
                  (CAPSTAN_ALLOW_UNAUTHENTICATED_NETWORK=true) when a proxy in front authenticates every request"
             ));
         }

@@ -159,6 +159,10 @@ struct ServeArgs {
     /// The private key of `--tls-cert` (PEM), read again when the file changes.
     #[arg(long, env = "CAPSTAN_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by one of these CAs (PEM); with `--auth token`, a
+    /// credential whose `client_certificates` names the certificate authenticates its requests.
+    #[arg(long, env = "CAPSTAN_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Serve with `--auth none` on an address other machines can reach, when a proxy in front
     /// authenticates every request. Without it such a server refuses to start.
     #[arg(long, env = "CAPSTAN_ALLOW_UNAUTHENTICATED_NETWORK", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
@@ -417,7 +421,8 @@ fn listening(args: &ServeArgs) -> Result<(Vec<std::net::SocketAddr>, Vec<exposur
     let warnings = exposure::assess(&exposure::Listening {
         listen: &args.listen,
         addresses: &addresses,
-        unauthenticated: args.auth == AuthMode::None,
+        // A required client certificate lets in only those a trusted CA vouched for.
+        unauthenticated: args.auth == AuthMode::None && args.tls_client_ca.is_none(),
         tls: args.tls_cert.is_some(),
         allow_unauthenticated: args.allow_unauthenticated_network,
     })
@@ -433,6 +438,7 @@ fn tls_settings(args: &ServeArgs) -> Result<Option<capstan_server::tls::TlsSetti
     let settings = capstan_server::tls::TlsSettings {
         cert_path: cert_path.clone(),
         key_path: key_path.clone(),
+        client_ca_path: args.tls_client_ca.clone(),
     };
     capstan_server::tls::load(&settings).map_err(Stopped::Refused)?;
     Ok(Some(settings))

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 /// An authenticated actor, in DW's shape: `{"type": "auth:token", "id": "alice"}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Principal {
-    /// `auth:token` for a bearer token; `server` for the anonymous caller of a server without
-    /// authentication.
+    /// `auth:token` for a bearer token, `auth:mtls` for a client certificate; `server` for the
+    /// anonymous caller of a server without authentication.
     pub kind: String,
     pub id: String,
 }
@@ -18,6 +18,14 @@ impl Principal {
     pub fn token(id: &str) -> Self {
         Self {
             kind: "auth:token".into(),
+            id: id.to_string(),
+        }
+    }
+
+    /// A client certificate's principal: the named credential its certificate's name maps to.
+    pub fn certificate(id: &str) -> Self {
+        Self {
+            kind: "auth:mtls".into(),
             id: id.to_string(),
         }
     }

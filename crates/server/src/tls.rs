@@ -4,6 +4,10 @@
 //! is served from the next connection on without a restart; connections already open keep the
 //! one they began with. A file that cannot be read or parsed keeps the previous certificate in
 //! service and says so in the log.
+//!
+//! With a client CA (`--tls-client-ca`), every client must present a certificate that CA signed;
+//! the verified certificate rides on each of its connection's requests ([`ClientCertificate`]),
+//! and a credential naming it authenticates the request (`auth::CERTIFIED_PRINCIPAL`).
 
 use axum::extract::ConnectInfo;
 use axum::Router;
@@ -29,6 +33,34 @@ const DRAIN: Duration = Duration::from_secs(30);
 pub struct TlsSettings {
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
+    /// CAs whose client certificates are required (PEM); `None`: no client certificate asked.
+    pub client_ca_path: Option<PathBuf>,
+}
+
+/// The verified certificate the client presented, on every request of its connection.
+#[derive(Clone, Debug)]
+pub struct ClientCertificate(pub Arc<CertificateDer<'static>>);
+
+/// The verifier that requires a client certificate one of `path`'s CAs signed.
+fn client_verifier(
+    path: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certificates = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-client-ca {}: {e}", path.display()))?;
+    for certificate in certificates {
+        roots
+            .add(certificate)
+            .map_err(|e| format!("--tls-client-ca {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("--tls-client-ca {}: no PEM certificate in it", path.display()));
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| format!("--tls-client-ca {}: {e}", path.display()))
 }
 
 /// The rustls configuration `settings` names, or why it cannot be made (naming the file).
@@ -43,18 +75,20 @@ pub fn load(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, String>
     let key = PrivateKeyDer::from_pem_file(&settings.key_path)
         .map_err(|e| format!("--tls-key {}: no PEM private key in it ({e})", settings.key_path.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certificates, key)
-        .map_err(|e| {
-            format!(
-                "--tls-cert {} with --tls-key {}: {e}",
-                cert_path.display(),
-                settings.key_path.display()
-            )
-        })?;
+        .map_err(|e| e.to_string())?;
+    let builder = match &settings.client_ca_path {
+        Some(path) => builder.with_client_cert_verifier(client_verifier(path, provider)?),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certificates, key).map_err(|e| {
+        format!(
+            "--tls-cert {} with --tls-key {}: {e}",
+            cert_path.display(),
+            settings.key_path.display()
+        )
+    })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -89,7 +123,11 @@ impl Certificates {
     /// Reads the files again whenever they change; a change that does not load is logged and
     /// the previous certificate kept.
     pub async fn follow(self: Arc<Self>) {
-        let stamps = || (stamp(&self.settings.cert_path), stamp(&self.settings.key_path));
+        let client_ca = self.settings.client_ca_path.as_deref();
+        let stamps = || {
+            let ca = client_ca.map(stamp);
+            (stamp(&self.settings.cert_path), stamp(&self.settings.key_path), ca)
+        };
         let mut seen = stamps();
         loop {
             tokio::time::sleep(RELOAD_CHECK).await;
@@ -143,8 +181,13 @@ pub async fn serve(
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake refused"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
+            let presented = tls.get_ref().1.peer_certificates().and_then(|chain| chain.first());
+            let certificate = presented.map(|c| ClientCertificate(Arc::new(c.clone().into_owned())));
             let service = router.map_request(move |mut request: axum::extract::Request<hyper::body::Incoming>| {
                 request.extensions_mut().insert(ConnectInfo(peer));
+                if let Some(certificate) = &certificate {
+                    request.extensions_mut().insert(certificate.clone());
+                }
                 request
             });
             let connection = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));

@@ -10,7 +10,11 @@
 //! roles = ["operator"]
 //! namespaces = ["billing"]            # absent: every namespace
 //! secrets = ["sha256:9f86d081884c…"] # `capstan credentials hash` prints one
+//! client_certificates = ["alice.clients.example"] # names a client certificate may carry
 //! ```
+//!
+//! With `--tls-client-ca`, a client certificate whose subjectAltName holds one of a credential's
+//! `client_certificates` names (matched as TLS matches a server's name) authenticates as it.
 
 use super::Role;
 use serde::Deserialize;
@@ -33,6 +37,8 @@ pub struct Credential {
     pub namespaces: Option<BTreeSet<String>>,
     /// SHA-256 digests of its secrets.
     digests: Vec<[u8; 32]>,
+    /// DNS names (or IP addresses) a client certificate's subjectAltName may carry to act as it.
+    pub client_certificates: Vec<String>,
 }
 
 impl Credential {
@@ -42,7 +48,16 @@ impl Credential {
             roles: roles.iter().copied().collect(),
             namespaces: namespaces.map(|names| names.iter().map(|n| n.to_string()).collect()),
             digests: secrets.iter().map(|secret| digest(secret)).collect(),
+            client_certificates: Vec::new(),
         }
+    }
+
+    /// Whether `certificate` (a verified client certificate) carries one of its names.
+    fn accepts_certificate(&self, certificate: &webpki::EndEntityCert) -> bool {
+        self.client_certificates.iter().any(|name| {
+            rustls::pki_types::ServerName::try_from(name.as_str())
+                .is_ok_and(|name| certificate.verify_is_valid_for_subject_name(&name).is_ok())
+        })
     }
 
     /// Whether `presented` (a token's digest) is one of its secrets; every secret is compared
@@ -80,6 +95,7 @@ impl Credential {
             roles,
             namespaces: record.namespaces.as_ref().map(|names| names.iter().cloned().collect()),
             digests,
+            client_certificates: Vec::new(),
         })
     }
 }
@@ -171,6 +187,23 @@ impl Credentials {
             .cloned()
     }
 
+    /// The credential a verified client certificate acts as: the first (the file's before the
+    /// database's) one of whose `client_certificates` names the certificate carries.
+    pub fn for_certificate(&self, certificate: &rustls::pki_types::CertificateDer<'_>) -> Option<Credential> {
+        let certificate = webpki::EndEntityCert::try_from(certificate).ok()?;
+        let (file, managed) = (self.of_file(), self.managed());
+        file.iter()
+            .chain(managed.iter())
+            .find(|credential| credential.accepts_certificate(&certificate))
+            .cloned()
+    }
+
+    /// The credential of `principal`.
+    pub fn by_principal(&self, principal: &str) -> Option<Credential> {
+        let (file, managed) = (self.of_file(), self.managed());
+        file.iter().chain(managed.iter()).find(|c| c.principal == principal).cloned()
+    }
+
     /// The credentials the file holds.
     pub fn of_file(&self) -> Arc<Vec<Credential>> {
         self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
@@ -248,7 +281,10 @@ struct Entry {
     principal: String,
     roles: Vec<String>,
     namespaces: Option<Vec<String>>,
+    #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default)]
+    client_certificates: Vec<String>,
 }
 
 fn read_file(path: &Path) -> Result<Vec<Credential>, String> {
@@ -282,8 +318,15 @@ pub fn parse(text: &str) -> Result<Vec<Credential>, String> {
         if roles.is_empty() {
             return Err(format!("principal {principal:?} has no roles"));
         }
-        if entry.secrets.is_empty() {
-            return Err(format!("principal {principal:?} has no secrets"));
+        if entry.secrets.is_empty() && entry.client_certificates.is_empty() {
+            return Err(format!("principal {principal:?} has no secrets and no client_certificates"));
+        }
+        for name in &entry.client_certificates {
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                return Err(format!(
+                    "principal {principal:?}: client certificate name {name:?} is not a DNS name or an IP address"
+                ));
+            }
         }
         let mut digests = Vec::with_capacity(entry.secrets.len());
         for secret in &entry.secrets {
@@ -312,6 +355,7 @@ pub fn parse(text: &str) -> Result<Vec<Credential>, String> {
             roles,
             namespaces,
             digests,
+            client_certificates: entry.client_certificates,
         });
     }
     Ok(credentials)
@@ -392,5 +436,22 @@ mod tests {
             credentials.find("second-and-longer").is_some(),
             "an invalid file keeps what was in force"
         );
+    }
+
+    #[test]
+    fn a_credential_may_name_client_certificates_instead_of_secrets() {
+        let text = "[[credential]]\nprincipal = \"w\"\nroles = [\"worker\"]\nclient_certificates = [\"w.example\", \"10.0.0.7\"]\n";
+        let parsed = parse(text).unwrap();
+        assert_eq!(parsed[0].client_certificates, ["w.example", "10.0.0.7"]);
+        assert_eq!(parsed[0].secret_count(), 0);
+        let neither = "[[credential]]\nprincipal = \"w\"\nroles = [\"worker\"]\n";
+        assert!(parse(neither).unwrap_err().contains("no secrets and no client_certificates"));
+        let bad = "[[credential]]\nprincipal = \"w\"\nroles = [\"worker\"]\nclient_certificates = [\"not a name\"]\n";
+        assert!(parse(bad).unwrap_err().contains("not a DNS name"));
+        let credentials = Credentials::fixed(parsed);
+        assert_eq!(credentials.by_principal("w").map(|c| c.principal), Some("w".to_string()));
+        assert!(credentials
+            .for_certificate(&rustls::pki_types::CertificateDer::from(vec![0u8; 3]))
+            .is_none());
     }
 }

@@ -7,6 +7,11 @@ use capstan_engine::Reason;
 
 mod credentials;
 
+/// The header the server itself sets to the principal a connection's verified client
+/// certificate maps to (`routes::certify`). Whatever a client sends under this name is removed
+/// before anything reads it.
+pub const CERTIFIED_PRINCIPAL: &str = "x-capstan-certified-principal";
+
 use credentials::constant_time_eq;
 pub use credentials::{generate_secret, stored_form, Credential, Credentials};
 
@@ -110,8 +115,22 @@ impl AuthConfig {
         else {
             return Ok(Caller::everyone());
         };
-        let token = bearer_token(headers)
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, Reason::Unauthorized, "A bearer token is required."))?;
+        let Some(token) = bearer_token(headers) else {
+            // A verified client certificate mapped to a credential (`crate::tls`) stands for one.
+            let certified = headers.get(CERTIFIED_PRINCIPAL).and_then(|v| v.to_str().ok());
+            if let Some(credential) = certified.and_then(|principal| credentials.by_principal(principal)) {
+                return Ok(Caller {
+                    principal: Principal::certificate(&credential.principal),
+                    roles: credential.roles.iter().copied().collect(),
+                    namespaces: credential.namespaces.clone(),
+                });
+            }
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                Reason::Unauthorized,
+                "A bearer token, or a client certificate a credential names, is required.",
+            ));
+        };
         if let Some(credential) = credentials.find(token) {
             return Ok(Caller {
                 principal: Principal::token(&credential.principal),

@@ -34,7 +34,7 @@ mod workflow_streams;
 
 use crate::error::ApiError;
 use crate::{planes, Shared};
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -84,6 +84,7 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::record::<S>))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(mark_loopback))
+        .layer(middleware::from_fn_with_state(state.clone(), certify::<S>))
         .layer(tower_http::compression::CompressionLayer::new().compress_when(Compressible))
         .with_state(state)
 }
@@ -398,6 +399,19 @@ fn payload_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
 /// time (a loopback copy is faster than gzip), so it goes out as it is.
 #[derive(Clone, Copy)]
 struct Loopback;
+
+/// Removes whatever a client sent as [`crate::auth::CERTIFIED_PRINCIPAL`], then sets it to the
+/// credential the connection's verified client certificate maps to, if one does: only the
+/// server speaks under that name.
+async fn certify<S: Store>(State(state): State<Shared<S>>, mut request: Request, next: Next) -> Response {
+    request.headers_mut().remove(crate::auth::CERTIFIED_PRINCIPAL);
+    let certificate = request.extensions().get::<crate::tls::ClientCertificate>().cloned();
+    let credential = certificate.and_then(|certificate| state.config.auth.credentials()?.for_certificate(&certificate.0));
+    if let Some(principal) = credential.and_then(|c| axum::http::HeaderValue::from_str(&c.principal).ok()) {
+        request.headers_mut().insert(crate::auth::CERTIFIED_PRINCIPAL, principal);
+    }
+    next.run(request).await
+}
 
 async fn mark_loopback(request: Request, next: Next) -> Response {
     let local = request

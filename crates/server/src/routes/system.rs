@@ -138,7 +138,9 @@ pub async fn cluster_info<S: Store>(State(state): State<Shared<S>>, headers: Hea
             },
             "auth_material": {
                 "token": {"status": "supported", "effective_config_value": "redacted"},
-                "mtls": {"status": "reserved"},
+                // DW's SDKs require `reserved` here (client-side mTLS material is DW's to
+                // define); what Capstan serves is said beside it.
+                "mtls": {"status": "reserved", "capstan_server": {"supported": true, "server_option": "--tls-client-ca", "principal_type": "auth:mtls"}},
                 "signed_headers": {"status": "reserved"},
             },
             "effective_config": {"required_fields": ["server_url", "namespace", "profile", "auth", "tls", "identity"]},
