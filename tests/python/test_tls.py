@@ -63,6 +63,25 @@ def trusting(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
 
 
+def answered(outcome) -> bool:
+    return isinstance(outcome, httpx.Response)
+
+
+def polled(server, context: ssl.SSLContext, until, seconds: float = 20):
+    """`GET /api/health` trusting `context` until `until` accepts the outcome: the response, or
+    the error the connection ended with (the server may still be starting or reloading)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            outcome = httpx.get(f"{server.url}/api/health", verify=context, timeout=5)
+        except httpx.HTTPError as error:
+            outcome = error
+        if until(outcome):
+            return outcome
+        assert time.monotonic() < deadline and server.proc.poll() is None, f"{outcome!r}\n{server.log_tail()}"
+        time.sleep(0.1)
+
+
 def handshake_error(url: str, context: ssl.SSLContext) -> str:
     with pytest.raises(httpx.ConnectError) as refused:
         httpx.get(f"{url}/api/health", verify=context, timeout=5)
@@ -125,14 +144,7 @@ def test_a_replaced_certificate_is_served_without_a_restart(server_factory, tmp_
         staged = target.with_suffix(".staged")
         staged.write_bytes(source.read_bytes())
         staged.replace(target)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            answer = httpx.get(f"{server.url}/api/health", verify=trusting(new_ca), timeout=5)
-            break
-        except httpx.ConnectError:
-            assert time.monotonic() < deadline, "the new certificate was never served"
-            time.sleep(0.2)
+    answer = polled(server, trusting(new_ca), answered)
     assert answer.status_code == 200 and server.proc.pid == pid
     assert "CERTIFICATE_VERIFY_FAILED" in handshake_error(server.url, trusting(server.tls_ca))
 
@@ -149,17 +161,9 @@ def test_an_expired_certificate_is_refused_by_clients_and_a_bad_file_refuses_the
     server = server_factory.create("--tls-cert", str(cert), "--tls-key", str(key), start=False)
     server.tls_ca = ca
     server.spawn()
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            httpx.get(f"{server.url}/api/health", verify=trusting(ca), timeout=5)
-            raise AssertionError("an expired certificate was accepted")
-        except httpx.ConnectError as error:
-            if "CERTIFICATE_VERIFY_FAILED" in str(error):
-                assert "expired" in str(error), error
-                break
-            assert time.monotonic() < deadline, error
-            time.sleep(0.1)
+    outcome = polled(server, trusting(ca), lambda o: answered(o) or "CERTIFICATE_VERIFY_FAILED" in str(o))
+    assert not answered(outcome), "an expired certificate was accepted"
+    assert "expired" in str(outcome), outcome
 
     bad = tmp_path / "bad.pem"
     bad.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
@@ -201,14 +205,7 @@ def test_client_certificates_authenticate_as_the_credential_that_names_them(serv
         return context
 
     worker_context = presenting(worker_cert, worker_key)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{server.url}/api/health", verify=worker_context, timeout=5)
-            break
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline and server.proc.poll() is None, server.log_tail()
-            time.sleep(0.1)
+    polled(server, worker_context, answered, seconds=30)
     queue = unique("mtls")
 
     async def main():

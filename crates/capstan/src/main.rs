@@ -430,8 +430,9 @@ fn listening(args: &ServeArgs) -> Result<(Vec<std::net::SocketAddr>, Vec<exposur
     Ok((addresses, warnings))
 }
 
-/// `--tls-cert` and `--tls-key`, loaded once to refuse a start that could not serve them.
-fn tls_settings(args: &ServeArgs) -> Result<Option<capstan_server::tls::TlsSettings>, Stopped> {
+/// `--tls-cert`, `--tls-key` and `--tls-client-ca`, loaded: a start that could not serve them is
+/// refused.
+fn tls_certificates(args: &ServeArgs) -> Result<Option<std::sync::Arc<capstan_server::tls::Certificates>>, Stopped> {
     let (Some(cert_path), Some(key_path)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
@@ -440,14 +441,15 @@ fn tls_settings(args: &ServeArgs) -> Result<Option<capstan_server::tls::TlsSetti
         key_path: key_path.clone(),
         client_ca_path: args.tls_client_ca.clone(),
     };
-    capstan_server::tls::load(&settings).map_err(Stopped::Refused)?;
-    Ok(Some(settings))
+    capstan_server::tls::Certificates::load(settings)
+        .map(Some)
+        .map_err(Stopped::Refused)
 }
 
 /// `--check-config`: what `serve` would refuse, refused the same way; else the settings.
 fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
     auth_config(args).map_err(Stopped::Refused)?;
-    tls_settings(args)?;
+    tls_certificates(args)?;
     database(args)?;
     configured_limits(args).map_err(Stopped::Refused)?;
     let (_, warnings) = listening(args)?;
@@ -490,7 +492,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
     let auth = auth_config(&args).map_err(Stopped::Refused)?;
     let database = database(&args)?;
     let queue_limits = configured_limits(&args).map_err(Stopped::Refused)?;
-    let tls = tls_settings(&args)?;
+    let tls = tls_certificates(&args)?;
     let (addresses, warnings) = listening(&args)?;
     for warning in &warnings {
         tracing::warn!(code = warning.code, "{}", warning.message);

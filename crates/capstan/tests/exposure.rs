@@ -132,3 +132,50 @@ fn tokens_over_plain_http_on_the_network_start_with_a_loud_warning() {
     let log = text(&output.stderr);
     assert!(log.contains("WARN") && log.contains("without TLS"), "{log}");
 }
+
+/// A self-signed certificate for localhost made by openssl in `dir`: its and its key's paths.
+fn self_signed(dir: &std::path::Path) -> (String, String) {
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+        .args(["-keyout", "key.pem", "-out", "cert.pem", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    (path("cert.pem"), path("key.pem"))
+}
+
+#[test]
+fn tls_quiets_the_warning_and_required_client_certificates_open_the_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(dir.path());
+    let listen = format!("0.0.0.0:{}", free_port());
+    let check = |extra: &[&str]| {
+        capstan()
+            .args([
+                "serve",
+                "--check-config",
+                "--listen",
+                &listen,
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // TLS alone does not authenticate anyone.
+    assert!(refused(&check(&[])).contains("--tls-client-ca"));
+    // Only holders of a certificate the CA signed get in: no proxy needed, no warning.
+    let mutual = check(&["--tls-client-ca", &cert]);
+    assert!(mutual.status.success(), "{}", text(&mutual.stderr));
+    assert!(!text(&mutual.stderr).contains("warning"), "{}", text(&mutual.stderr));
+    // Tokens over TLS: nothing crosses in clear text.
+    let tokens = check(&["--auth", "token", "--token", "t"]);
+    assert!(tokens.status.success(), "{}", text(&tokens.stderr));
+    assert!(!text(&tokens.stderr).contains("warning"), "{}", text(&tokens.stderr));
+}

@@ -9,6 +9,9 @@ use capstan_engine::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use serde_json::{json, Map};
+use support::Sim;
+
+mod support;
 
 const LEASE_MS: i64 = 5_000;
 
@@ -156,11 +159,7 @@ fn plan(plan: usize) -> Vec<WorkflowCommand> {
 }
 
 struct World {
-    run: RunState,
-    ids: SequentialIds,
-    limits: Limits,
-    now: Millis,
-    history: Vec<HistoryEvent>,
+    sim: Sim,
     attempts: Vec<(TaskId, ActivityAttemptId)>,
     /// Lease-free points compared.
     compared: usize,
@@ -168,69 +167,18 @@ struct World {
 
 impl World {
     fn new() -> Self {
-        let limits = Limits::default();
-        let mut ids = SequentialIds::new("src");
-        let now = 50_000_000;
-        let mut cx = Cx::new(now, &mut ids, &limits);
-        let run = start_run(
-            &mut cx,
-            StartRun {
-                scheduling: Default::default(),
-                namespace: "default".into(),
-                workflow_id: "wf".into(),
-                run_id: "run".into(),
-                workflow_type: "t".into(),
-                task_queue: "q".into(),
-                input: Payload::avro("in"),
-                execution_timeout_seconds: Some(3_600),
-                run_timeout_seconds: None,
-                business_key: None,
-                memo: Map::new(),
-                search_attributes: Map::new(),
-                command_id: "start".into(),
-                contract: None,
-                compatibility: None,
-                origin_trace: None,
-                principal: None,
-            },
-        );
-        let history = cx.effects.events;
         Self {
-            run,
-            ids,
-            limits,
-            now,
-            history,
+            sim: Sim::start(),
             attempts: vec![],
             compared: 0,
         }
     }
 
-    fn apply<T>(&mut self, f: impl FnOnce(&mut RunState, &mut Cx) -> Result<T, Refusal>) -> Result<T, Refusal> {
-        let before = self.run.clone();
-        let mut cx = Cx::new(self.now, &mut self.ids, &self.limits);
-        match f(&mut self.run, &mut cx) {
-            Ok(value) => {
-                self.history.extend(cx.effects.events);
-                Ok(value)
-            }
-            Err(refusal) => {
-                self.run = before;
-                Err(refusal)
-            }
-        }
-    }
-
-    fn ready(&self, kind: TaskKind) -> Option<TaskId> {
-        let ready = |t: &&Task| t.kind == kind && t.is_ready() && t.available_at <= self.now;
-        self.run.tasks.values().find(ready).map(|t| t.id.clone())
-    }
-
     fn step(&mut self, op: Op) {
         match op {
             Op::WorkflowTurn { plan: p } => {
-                let Some(id) = self.ready(TaskKind::Workflow) else { return };
-                let task = self.apply(|run, cx| lease_workflow_task(run, cx, &id, "w", LEASE_MS)).unwrap();
+                let Some(id) = self.sim.ready(TaskKind::Workflow) else { return };
+                let task = self.sim.apply(|run, cx| lease_workflow_task(run, cx, &id, "w", LEASE_MS)).unwrap();
                 let commands = match &task.detail {
                     TaskDetail::Workflow {
                         resume: Some(ResumeContext::Update { update_id, .. }),
@@ -242,23 +190,25 @@ impl World {
                     TaskDetail::Workflow { resume, .. } => self.sdk_like(plan(p), resume.as_ref()),
                     _ => unreachable!(),
                 };
-                self.apply(|run, cx| complete_workflow_task(run, cx, &id, "w", task.fence, commands))
+                self.sim
+                    .apply(|run, cx| complete_workflow_task(run, cx, &id, "w", task.fence, commands))
                     .unwrap();
             }
             Op::WorkflowFails => {
-                let Some(id) = self.ready(TaskKind::Workflow) else { return };
-                let task = self.apply(|run, cx| lease_workflow_task(run, cx, &id, "w", LEASE_MS)).unwrap();
+                let Some(id) = self.sim.ready(TaskKind::Workflow) else { return };
+                let task = self.sim.apply(|run, cx| lease_workflow_task(run, cx, &id, "w", LEASE_MS)).unwrap();
                 let failure = WorkflowTaskFailure {
                     message: "x".into(),
                     failure_type: Some("Boom".into()),
                     ..Default::default()
                 };
-                self.apply(|run, cx| fail_workflow_task(run, cx, &id, "w", task.fence, failure))
+                self.sim
+                    .apply(|run, cx| fail_workflow_task(run, cx, &id, "w", task.fence, failure))
                     .unwrap();
             }
             Op::StartActivity => {
-                let Some(id) = self.ready(TaskKind::Activity) else { return };
-                let task = self.apply(|run, cx| lease_activity_task(run, cx, &id, "w", LEASE_MS)).unwrap();
+                let Some(id) = self.sim.ready(TaskKind::Activity) else { return };
+                let task = self.sim.apply(|run, cx| lease_activity_task(run, cx, &id, "w", LEASE_MS)).unwrap();
                 if let TaskDetail::Activity {
                     attempt_id: Some(attempt), ..
                 } = task.detail
@@ -272,50 +222,45 @@ impl World {
                 }
                 let (id, attempt) = self.attempts.remove(pick % self.attempts.len());
                 let _ = match outcome {
-                    0 => self.apply(|run, cx| complete_activity(run, cx, &id, &attempt, "w", Payload::avro("r")).map(|_| ())),
+                    0 => self
+                        .sim
+                        .apply(|run, cx| complete_activity(run, cx, &id, &attempt, "w", Payload::avro("r")).map(|_| ())),
                     fatal => {
                         let failure = ActivityFailure {
                             message: "f".into(),
                             non_retryable: fatal == 2,
                             ..Default::default()
                         };
-                        self.apply(|run, cx| fail_activity(run, cx, &id, &attempt, "w", failure).map(|_| ()))
+                        self.sim
+                            .apply(|run, cx| fail_activity(run, cx, &id, &attempt, "w", failure).map(|_| ()))
                     }
                 };
             }
             Op::Heartbeat { pick } => {
                 if let Some((id, attempt)) = self.attempts.get(pick % self.attempts.len().max(1)).cloned() {
                     let details = Some(json!({"done": pick}));
-                    let _ = self.apply(|run, cx| heartbeat_activity(run, cx, &id, &attempt, "w", LEASE_MS, details));
+                    let _ = self
+                        .sim
+                        .apply(|run, cx| heartbeat_activity(run, cx, &id, &attempt, "w", LEASE_MS, details));
                 }
             }
             Op::Signal { name } => {
                 let name = ["s", "t"][name];
-                let _ = self.apply(|run, cx| {
+                let _ = self.sim.apply(|run, cx| {
                     let command = cx.id();
                     signal(run, cx, name, Payload::avro("v"), command)
                 });
             }
             Op::Update => {
-                let _ = self.apply(|run, cx| {
+                let _ = self.sim.apply(|run, cx| {
                     let command = cx.id();
                     accept_update(run, cx, "u", Payload::avro("v"), command)
                 });
             }
             Op::Advance { ms } => {
-                self.now += ms;
-                let due: Vec<TaskId> = self
-                    .run
-                    .tasks
-                    .values()
-                    .filter(|t| t.deadline_at.is_some_and(|d| d <= self.now))
-                    .map(|t| t.id.clone())
-                    .collect();
-                for id in due {
-                    self.apply(|run, cx| Ok(on_deadline(run, cx, &id))).unwrap();
-                }
+                self.sim.advance(ms);
                 self.attempts
-                    .retain(|(id, _)| self.run.tasks.get(id).is_some_and(|t| !t.is_ready()));
+                    .retain(|(id, _)| self.sim.run.tasks.get(id).is_some_and(|t| !t.is_ready()));
             }
         }
     }
@@ -325,14 +270,14 @@ impl World {
     /// something else.
     fn sdk_like(&self, commands: Vec<WorkflowCommand>, resume: Option<&ResumeContext>) -> Vec<WorkflowCommand> {
         let resolves_newest = match resume {
-            Some(ResumeContext::Signal { signal_name, .. }) => !self.run.signal_waits.iter().any(|w| &w.signal_name == signal_name),
+            Some(ResumeContext::Signal { signal_name, .. }) => !self.sim.run.signal_waits.iter().any(|w| &w.signal_name == signal_name),
             Some(ResumeContext::AfterUpdate { .. }) => true,
             _ => false,
         };
-        let newest = self.run.condition_waits.last().map(|w| &w.condition_key);
+        let newest = self.sim.run.condition_waits.last().map(|w| &w.condition_key);
         let refused = commands.iter().any(|c| match c {
             WorkflowCommand::OpenConditionWait { condition_key, .. } => {
-                let open = self.run.condition_waits.iter().any(|w| &w.condition_key == condition_key);
+                let open = self.sim.run.condition_waits.iter().any(|w| &w.condition_key == condition_key);
                 open && !(resolves_newest && newest == Some(condition_key))
             }
             _ => false,
@@ -346,43 +291,43 @@ impl World {
 
     /// A closed run imported keeps how each of its updates ended, for their callers.
     fn check_closed_import(&mut self) {
-        let (workflow_id, run_id) = (self.run.workflow_id.clone(), self.run.run_id.clone());
-        let imported = ImportedRun::copy_of(&self.run, &self.history, workflow_id, run_id, stamp());
+        let (workflow_id, run_id) = (self.sim.run.workflow_id.clone(), self.sim.run.run_id.clone());
+        let imported = ImportedRun::copy_of(&self.sim.run, &self.sim.history, workflow_id, run_id, stamp());
         let in_flight = InFlight {
             history_complete: true,
             ..InFlight::default()
         };
         let mut ids = SequentialIds::new("imp");
-        let mut cx = Cx::new(self.now, &mut ids, &self.limits);
+        let mut cx = Cx::new(self.sim.now, &mut ids, &self.sim.limits);
         let copy = import_run(&mut cx, imported, &in_flight).expect("a closed run imports");
-        assert_eq!(copy.updates, self.run.updates, "the closed copy's updates differ");
+        assert_eq!(copy.updates, self.sim.run.updates, "the closed copy's updates differ");
     }
 
     /// Where no lease is held, the run rebuilt from its history is the run.
     fn check_rebuild(&mut self) {
-        if self.run.is_closed() {
+        if self.sim.run.is_closed() {
             return self.check_closed_import();
         }
-        if self.run.tasks.values().any(|t| !t.is_ready()) {
+        if self.sim.run.tasks.values().any(|t| !t.is_ready()) {
             return;
         }
         let mut imported = ImportedRun::copy_of(
-            &self.run,
-            &self.history,
-            self.run.workflow_id.clone(),
-            self.run.run_id.clone(),
+            &self.sim.run,
+            &self.sim.history,
+            self.sim.run.workflow_id.clone(),
+            self.sim.run.run_id.clone(),
             stamp(),
         );
-        imported.sections = OpenRunSections::of(&self.run);
+        imported.sections = OpenRunSections::of(&self.sim.run);
         let mut ids = SequentialIds::new("imp");
-        let mut cx = Cx::new(self.now + 60_000, &mut ids, &self.limits);
+        let mut cx = Cx::new(self.sim.now + 60_000, &mut ids, &self.sim.limits);
         match import_run(&mut cx, imported, &InFlight::default()) {
             Ok(rebuilt) => {
-                let (rebuilt, kept) = (continuation_of(&rebuilt), continuation_of(&self.run));
+                let (rebuilt, kept) = (continuation_of(&rebuilt), continuation_of(&self.sim.run));
                 for (key, value) in kept.as_object().unwrap() {
                     assert_eq!(&rebuilt[key], value, "the rebuilt run's {key} differs from the run's");
                 }
-                assert_eq!(cx.effects.events.len(), self.history.len());
+                assert_eq!(cx.effects.events.len(), self.sim.history.len());
                 self.compared += 1;
             }
             Err(refusal) => panic!("an open run of supported features was refused: {refusal:?}"),

@@ -99,8 +99,9 @@ pub struct ServerConfig {
     pub payloads: capstan_app::external_payloads::PayloadSettings,
     /// Task queue limits the configuration sets, applied at start.
     pub queue_limits: Vec<capstan_app::queue_limits::ConfiguredLimit>,
-    /// Serve over TLS with this certificate and key (reloaded when they change), else plain HTTP.
-    pub tls: Option<tls::TlsSettings>,
+    /// Serve over TLS with these certificates (loaded at start, reloaded when their files
+    /// change), else plain HTTP.
+    pub tls: Option<std::sync::Arc<tls::Certificates>>,
     /// What the configuration lets start but an operator must know (a listener reachable from
     /// the network without TLS…), shown on `GET /api/cluster/info` under `diagnostics`.
     pub diagnostics: Vec<Diagnostic>,
@@ -312,8 +313,7 @@ pub async fn serve<S: Store>(
                 .with_graceful_shutdown(shutdown)
                 .await
         }
-        Some(settings) => {
-            let certificates = tls::Certificates::load(settings).map_err(std::io::Error::other)?;
+        Some(certificates) => {
             let follower = tokio::spawn(certificates.clone().follow());
             let served = tls::serve(listener, router, certificates, shutdown).await;
             follower.abort();

@@ -64,7 +64,7 @@ fn client_verifier(
 }
 
 /// The rustls configuration `settings` names, or why it cannot be made (naming the file).
-pub fn load(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, String> {
+fn load(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, String> {
     let cert_path = &settings.cert_path;
     let certificates = CertificateDer::pem_file_iter(cert_path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
@@ -94,6 +94,7 @@ pub fn load(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, String>
 }
 
 /// The configuration new connections get, replaced when the files change.
+#[derive(Debug)]
 pub struct Certificates {
     settings: TlsSettings,
     current: RwLock<Arc<rustls::ServerConfig>>,

@@ -14,14 +14,41 @@ use serde_json::{json, Map, Value};
 /// The internal task queue of atomic actions: only the server's atomic executor claims it.
 pub const ATOMIC_QUEUE: &str = "__capstan_atomic";
 
-pub(super) fn set_ready_activity_deadline(run: &mut RunState, cx: &mut Cx, task_id: &TaskId, execution: &ActivityExecution) {
-    let now = cx.now;
+/// The deadline of a ready activity task made at `readied_at`: schedule-to-start from when it
+/// may first be leased, or the execution's schedule-to-close, whichever comes first.
+pub(super) fn set_ready_activity_deadline(
+    run: &mut RunState,
+    cx: &mut Cx,
+    task_id: &TaskId,
+    execution: &ActivityExecution,
+    readied_at: Millis,
+) {
     let task = run.task_mut(cx, task_id).expect("open activity task");
     let schedule_to_start = execution
         .timeouts
         .schedule_to_start_seconds
-        .map(|s| task.available_at.max(now) + s * 1000);
+        .map(|s| task.available_at.max(readied_at) + s * 1000);
     task.deadline_at = min_opt(schedule_to_start, execution.schedule_to_close_deadline);
+}
+
+/// The ready task of `execution`'s next attempt (after the `attempt_count` that started), first
+/// leasable at `available_at`.
+pub(super) fn next_attempt_task(run: &mut RunState, cx: &mut Cx, execution: &ActivityExecution, available_at: Millis) -> TaskId {
+    let task_id = run.new_task(
+        cx,
+        TaskKind::Activity,
+        &execution.queue,
+        TaskDetail::Activity {
+            execution_id: execution.id.clone(),
+            activity_type: execution.activity_type.clone(),
+            attempt_number: execution.attempt_count + 1,
+            attempt_id: None,
+            last_heartbeat_at: None,
+            started_at: None,
+        },
+    );
+    run.task_mut(cx, &task_id).expect("just created").available_at = available_at;
+    task_id
 }
 
 pub(super) fn execution_of<'r>(run: &'r RunState, task: &Task) -> Option<&'r ActivityExecution> {
@@ -406,24 +433,12 @@ pub(super) fn end_attempt(run: &mut RunState, cx: &mut Cx, task: &Task, executio
         number: attempt_number,
     };
     if let Some((retry_at, backoff_seconds)) = retry {
-        let retry_task = run.new_task(
-            cx,
-            TaskKind::Activity,
-            &execution.queue,
-            TaskDetail::Activity {
-                execution_id: execution.id.clone(),
-                activity_type: execution.activity_type.clone(),
-                attempt_number: attempt_number + 1,
-                attempt_id: None,
-                last_heartbeat_at: None,
-                started_at: None,
-            },
-        );
-        run.task_mut(cx, &retry_task).expect("just created").available_at = retry_at;
+        let retry_task = next_attempt_task(run, cx, execution, retry_at);
         let stored = run.activities.get_mut(&execution.id).expect("open execution");
         stored.task_id = retry_task.clone();
         let stored = stored.clone();
-        set_ready_activity_deadline(run, cx, &retry_task, &stored);
+        let now = cx.now;
+        set_ready_activity_deadline(run, cx, &retry_task, &stored, now);
         let payload = events::activity_retry_scheduled(events::Retry::Policy {
             attempt,
             end: &end,

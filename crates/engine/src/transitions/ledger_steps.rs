@@ -4,7 +4,7 @@
 use crate::transitions::{activity_resolved, events, iso8601, mark_outcome_unknown, AttemptRef, NextAttempt, Resolution, ResultClass};
 use crate::{
     ActionPin, ActivityAttemptId, ActivityExecution, Cx, EventType, LedgerCheckpoint, LedgerEntry, LedgerState, Millis, Payload, Reason,
-    Receipt, RecoveryMode, Refusal, RunState, Task, TaskClosure, TaskDetail, TaskId, TaskKind,
+    Receipt, RecoveryMode, Refusal, RunState, Task, TaskClosure, TaskDetail, TaskId,
 };
 use serde_json::{json, Map, Value};
 
@@ -158,20 +158,7 @@ pub(super) fn ledger_poll_again(
     }
     run.close_task(cx, &task.id, TaskClosure::Completed);
     let poll_at = cx.now + interval_seconds * 1000;
-    let poll_task = run.new_task(
-        cx,
-        TaskKind::Activity,
-        &execution.queue,
-        TaskDetail::Activity {
-            execution_id: execution.id.clone(),
-            activity_type: execution.activity_type.clone(),
-            attempt_number: execution.attempt_count + 1,
-            attempt_id: None,
-            last_heartbeat_at: None,
-            started_at: None,
-        },
-    );
-    run.task_mut(cx, &poll_task).expect("just created").available_at = poll_at;
+    let poll_task = super::next_attempt_task(run, cx, execution, poll_at);
     let stored = run.activities.get_mut(&execution.id).expect("open execution");
     stored.task_id = poll_task.clone();
     stored.ledger_key = None;
@@ -306,19 +293,8 @@ pub(crate) fn resolve_entry_as(
             activity_resolved(run, cx, &execution, Resolution::Completed(&result));
         }
         LedgerDecision::EffectAbsent => {
-            let retry_task = run.new_task(
-                cx,
-                TaskKind::Activity,
-                &execution.queue,
-                TaskDetail::Activity {
-                    execution_id: execution.id.clone(),
-                    activity_type: execution.activity_type.clone(),
-                    attempt_number: execution.attempt_count + 1,
-                    attempt_id: None,
-                    last_heartbeat_at: None,
-                    started_at: None,
-                },
-            );
+            let now = cx.now;
+            let retry_task = super::next_attempt_task(run, cx, &execution, now);
             let stored = run.activities.get_mut(&execution.id).expect("open execution");
             stored.task_id = retry_task.clone();
             stored.blocked_by = None;

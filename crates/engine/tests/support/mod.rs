@@ -72,12 +72,16 @@ impl Sim {
     }
 
     pub fn ready_task(&self, kind: TaskKind) -> TaskId {
+        self.ready(kind).expect("a ready task")
+    }
+
+    /// A task of `kind` a worker could lease now, if there is one.
+    pub fn ready(&self, kind: TaskKind) -> Option<TaskId> {
         self.run
             .tasks
             .values()
             .find(|t| t.kind == kind && t.is_ready() && t.available_at <= self.now)
             .map(|t| t.id.clone())
-            .expect("a ready task")
     }
 
     pub fn lease_workflow(&mut self, owner: &str) -> (TaskId, u64) {

@@ -158,6 +158,8 @@ pub struct CapstanServer {
     tls_ca_pem: Option<Vec<u8>>,
     // Held for its Drop: removes the data directory and log after the process is gone.
     _root: tempfile::TempDir,
+    /// The TLS certificates' directory, for a server serving TLS (held like `_root`).
+    _certificates: Option<tempfile::TempDir>,
 }
 
 impl CapstanServer {
@@ -179,9 +181,9 @@ impl CapstanServer {
         let cert = cert.to_string_lossy().into_owned();
         let key = key.to_string_lossy().into_owned();
         let ca_pem = std::fs::read(ca).expect("read the CA");
-        let server = Self::spawn_serving(&["--tls-cert", &cert, "--tls-key", &key], Some(ca_pem)).await;
-        // The files are read at start and on change only: the directory may go.
-        drop(certificates);
+        let mut server = Self::spawn_serving(&["--tls-cert", &cert, "--tls-key", &key], Some(ca_pem)).await;
+        // The server watches the files for rotation: they stay as long as it runs.
+        server._certificates = Some(certificates);
         server
     }
 
@@ -223,6 +225,7 @@ impl CapstanServer {
                 serve_args,
                 tls_ca_pem: tls_ca_pem.clone(),
                 _root: root,
+                _certificates: None,
             };
             match server.wait_until_healthy(&http).await {
                 Ok(()) => return server,

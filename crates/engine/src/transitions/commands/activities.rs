@@ -69,7 +69,7 @@ pub(in crate::transitions) fn schedule_activity(run: &mut RunState, cx: &mut Cx,
             run.task_mut(cx, &task_id).expect("just created").queue = ATOMIC_QUEUE.to_string();
         }
     }
-    set_ready_activity_deadline(run, cx, &task, &execution);
+    set_ready_activity_deadline(run, cx, &task, &execution, now);
     let payload = events::activity_scheduled(events::Scheduled::Worker {
         execution: &execution,
         task_id: &task,

@@ -139,13 +139,5 @@ fn recorded_failure(payload: &serde_json::Map<String, Value>, event_type: crate:
     if !matches!(event_type, WorkflowFailed | WorkflowTimedOut) {
         return None;
     }
-    let text = |key: &str| payload.get(key).and_then(Value::as_str).map(str::to_string);
-    Some(WorkflowFailure {
-        message: text("message").unwrap_or_default(),
-        exception_type: text("exception_type"),
-        exception_class: text("exception_class"),
-        exception: payload.get("exception").filter(|v| !v.is_null()).cloned(),
-        non_retryable: payload.get("non_retryable").and_then(Value::as_bool).unwrap_or(false),
-        boundary: None,
-    })
+    Some(rebuild::failure_of(payload))
 }

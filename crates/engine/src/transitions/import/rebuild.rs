@@ -11,7 +11,7 @@
 //! name, so nothing is half rebuilt. A run Capstan exported is rebuilt to the state it carries
 //! (the property tests hold it to that).
 
-use super::super::min_opt;
+use super::super::{min_opt, next_attempt_task, set_ready_activity_deadline};
 use crate::import::{Finding, ImportedEvent, OpenRunSections, PendingResume};
 use crate::schedule::parse_instant;
 use crate::selection::SelectionBook;
@@ -88,6 +88,19 @@ pub(super) fn updates_of(events: &[ImportedEvent]) -> BTreeMap<String, UpdateRec
         }
     }
     fold.updates
+}
+
+/// An application failure as an event records it (a run's `WorkflowFailed`, an update's
+/// `UpdateCompleted` without a result).
+pub(super) fn failure_of(payload: &Map<String, Value>) -> WorkflowFailure {
+    WorkflowFailure {
+        message: text(payload, "message").unwrap_or_default(),
+        exception_type: text(payload, "exception_type"),
+        exception_class: text(payload, "exception_class"),
+        exception: payload.get("exception").filter(|v| !v.is_null()).cloned(),
+        non_retryable: payload.get("non_retryable").and_then(Value::as_bool).unwrap_or(false),
+        boundary: None,
+    }
 }
 
 fn text(payload: &Map<String, Value>, key: &str) -> Option<String> {
@@ -473,14 +486,7 @@ impl Fold {
             record.result = recorded_payload(payload.get("result"), payload.get("payload_codec"));
         } else {
             record.status = UpdateStatus::Failed;
-            record.failure = Some(WorkflowFailure {
-                message: text(payload, "message").unwrap_or_default(),
-                exception_type: text(payload, "exception_type"),
-                exception_class: text(payload, "exception_class"),
-                exception: payload.get("exception").filter(|v| !v.is_null()).cloned(),
-                non_retryable: payload.get("non_retryable").and_then(Value::as_bool).unwrap_or(false),
-                boundary: None,
-            });
+            record.failure = Some(failure_of(payload));
         }
     }
 
@@ -602,26 +608,8 @@ fn arm_activity(run: &mut RunState, cx: &mut Cx, open: OpenActivity) {
         available_at,
         ..
     } = open;
-    let task_id = run.new_task(
-        cx,
-        TaskKind::Activity,
-        &execution.queue,
-        TaskDetail::Activity {
-            execution_id: execution.id.clone(),
-            activity_type: execution.activity_type.clone(),
-            attempt_number: execution.attempt_count + 1,
-            attempt_id: None,
-            last_heartbeat_at: None,
-            started_at: None,
-        },
-    );
-    let schedule_to_start = execution
-        .timeouts
-        .schedule_to_start_seconds
-        .map(|s| available_at.max(readied_at) + s * 1000);
-    let task = run.task_mut(cx, &task_id).expect("just created");
-    task.available_at = available_at;
-    task.deadline_at = min_opt(schedule_to_start, execution.schedule_to_close_deadline);
+    let task_id = next_attempt_task(run, cx, &execution, available_at);
+    set_ready_activity_deadline(run, cx, &task_id, &execution, readied_at);
     execution.task_id = task_id;
     run.activities.insert(execution.id.clone(), execution);
 }
