@@ -143,6 +143,10 @@ class CapstanServer:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
         self.port = port or free_port()
+        # A port the harness chose may be taken by another process (a client's ephemeral port)
+        # before the server binds it: until the server first serves, it may choose again.
+        self._chose_port = port is None
+        self._served = False
         self.extra_args = list(extra_args)
         # ``--database`` URL (a shared PostgreSQL database in cluster mode);
         # None = the embedded SQLite database in ``data_dir``.
@@ -273,12 +277,22 @@ class CapstanServer:
                 await asyncio.sleep(0.05)
 
     def start(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        self.spawn()
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.kill()
-            raise
+        for attempt in range(3):
+            self.spawn()
+            try:
+                self.wait_ready(timeout)
+                self._served = True
+                return
+            except CapstanStartupError as error:
+                self.kill()
+                taken = "Address already in use" in str(error)
+                if not (taken and self._chose_port and not self._served and attempt < 2):
+                    raise
+                self.history.append(f"port {self.port} was taken before the server bound it")
+                self.port = free_port()
+            except BaseException:
+                self.kill()
+                raise
 
     @property
     def running(self) -> bool:
