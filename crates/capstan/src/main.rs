@@ -3,6 +3,7 @@
 //! This binary is glue: it parses flags, sets up logging, opens the store and runs the server
 //! library until SIGINT or SIGTERM.
 
+mod backup;
 mod cli;
 mod config;
 mod credentials;
@@ -93,6 +94,12 @@ enum Command {
         #[command(flatten)]
         args: import::ImportArgs,
     },
+    /// Back up an embedded (SQLite) server, running or not: an online, consistent snapshot of
+    /// its database and its external payload directory (docs/backup.md).
+    Backup(backup::BackupArgs),
+    /// Restore a backup directory or a continuous replica (to a point in time) into a new data
+    /// directory, then verify it. Exit 2: nothing restored; 1: restored but broken.
+    Restore(backup::RestoreArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
     /// Named credentials: how a secret is written in a credentials file; those an admin
@@ -229,6 +236,8 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, env = "CAPSTAN_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
+    #[command(flatten)]
+    replica: backup::ReplicaArgs,
 }
 
 fn init_logging(format: LogFormat) {
@@ -542,12 +551,21 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
             if only_stored_credentials(&args) {
                 require_stored_admin(&store).await?;
             }
+            let replica = backup::start_replica(&store, &args.replica, config.sources.clone())
+                .await
+                .map_err(Stopped::Refused)?;
             let opened = std::fs::canonicalize(&path).unwrap_or(path);
             tracing::info!(%address, tls = config.tls.is_some(), database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
-            Ok(capstan_server::serve(listener, store, config, shutdown_signal())
-                .await
-                .map_err(|e| e.to_string())?)
+            let served = capstan_server::serve(listener, store, config, shutdown_signal()).await;
+            if let Some(replica) = replica {
+                replica.finish().await;
+            }
+            Ok(served.map_err(|e| e.to_string())?)
         }
+        Database::Shared(_) if args.replica.replicate_to.is_some() => Err(Stopped::Refused(
+            "--replicate-to replicates the embedded SQLite database; a shared database is replicated by its own tools (docs/backup.md)"
+                .into(),
+        )),
         Database::Shared(url) => {
             let store = SharedStore::connect(&url, config.limits.clone(), now)
                 .await
@@ -612,6 +630,8 @@ fn main() -> ExitCode {
         Command::Server { connection, command } => ops::server(connection, command),
         Command::Import { connection, args } => import::run(connection, args),
         Command::Credentials { connection, command } => credentials::run(connection, command),
+        Command::Backup(args) => backup::backup(args),
+        Command::Restore(args) => backup::restore(args),
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "capstan", &mut std::io::stdout());
             ExitCode::SUCCESS

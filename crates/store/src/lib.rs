@@ -61,7 +61,7 @@ pub use logic::streams::{StoredStreamItem, StreamAppend, StreamState, StreamTarg
 pub use schedules::{BACKFILL_MAX, FIRE_BATCH};
 pub(crate) use sources::Env;
 pub use sources::{Clock, IdMint, ManualClock, MintedIds, RandomIds, SeededIds, Sources, SystemClock};
-pub use sqlite::SqliteStore;
+pub use sqlite::{Replication as SqliteReplication, SqliteStore, WritesPaused};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -1,11 +1,14 @@
 //! [`Store`] on an embedded SQLite file: WAL journal, `synchronous=FULL`, one writer thread with
 //! group commit (see `writer.rs`) and a small pool of reader connections.
 
+mod replication;
 mod schema;
 mod tx;
 mod writer;
 
+pub use replication::Replication;
 pub(crate) use writer::note_io_failure;
+pub use writer::WritesPaused;
 
 use crate::backend::{Backend, Claim, Unit};
 use crate::logic::{actions, claim, flow, locate};

@@ -35,7 +35,16 @@ pub fn note_io_failure() {
 pub struct Writer {
     jobs: group_commit::Sender<Job<Sqlite>>,
     health: Arc<Health>,
+    gate: Gate,
 }
+
+/// Held by the writer thread for each group commit, from BEGIN to COMMIT or ROLLBACK; whoever
+/// else holds it (the replica, while it copies the WAL's tail and checkpoints) has the writer
+/// parked between transactions.
+type Gate = Arc<tokio::sync::Mutex<()>>;
+
+/// The writer parked between transactions while this lives (see [`Writer::pause`]).
+pub struct WritesPaused(#[allow(dead_code)] tokio::sync::OwnedMutexGuard<()>);
 
 /// Whether the last group commit failed, and commit failures a fault test asked for.
 #[derive(Default)]
@@ -50,11 +59,14 @@ impl Writer {
     pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, observer: ObserverSlot) -> Self {
         let (jobs, inbox) = group_commit::channel::<Job<Sqlite>>();
         let health = Arc::new(Health::default());
+        let gate = Gate::default();
         let mut backend = Sqlite {
             conn,
             health: health.clone(),
             observer: observer.clone(),
             jobs_in_batch: 0,
+            gate: gate.clone(),
+            holding: None,
         };
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
@@ -72,7 +84,18 @@ impl Writer {
                 })
             })
             .expect("spawn the SQLite writer thread");
-        Self { jobs, health }
+        Self { jobs, health, gate }
+    }
+
+    /// Parks the writer between transactions until the returned guard is dropped: no COMMIT
+    /// happens meanwhile. Resolves once the transaction in progress (if any) has ended.
+    pub async fn pause(&self) -> WritesPaused {
+        WritesPaused(self.gate.clone().lock_owned().await)
+    }
+
+    /// Runs `f` on the writer's connection between transactions (a connection setting).
+    pub async fn configure(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) -> StoreResult<()> {
+        self.write(move |conn| Ok(f(conn)?)).await
     }
 
     /// Whether the last transaction failed to begin or commit (a full disk, an IO error, a
@@ -136,6 +159,9 @@ struct Sqlite {
     observer: ObserverSlot,
     /// Jobs run in the open batch (its group commit's size).
     jobs_in_batch: usize,
+    gate: Gate,
+    /// The gate, held from BEGIN to the transaction's end.
+    holding: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Backend for Sqlite {
@@ -150,9 +176,11 @@ impl Backend for Sqlite {
     fn begin(&mut self) -> Result<(), String> {
         IO_FAILED.with(|f| f.set(false));
         self.jobs_in_batch = 0;
+        self.holding = Some(self.gate.clone().blocking_lock_owned());
         self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|error| {
             tracing::error!(%error, "could not begin a write transaction");
             self.health.failing.store(true, Ordering::SeqCst);
+            self.holding = None;
             error.to_string()
         })
     }
@@ -203,6 +231,7 @@ impl Backend for Sqlite {
             tracing::error!(%error, "a group commit failed; its changes were rolled back and no job in it was acknowledged");
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+        self.holding = None;
         let io_failed = IO_FAILED.with(|f| f.replace(false));
         self.health.failing.store(commit.is_err() || io_failed, Ordering::SeqCst);
         commit.map_err(|error| error.to_string())
@@ -211,6 +240,7 @@ impl Backend for Sqlite {
     fn rollback(&mut self) {
         tracing::error!("a group commit was rolled back whole, a failed write in it not undone; no job in it was acknowledged");
         let _ = self.conn.execute_batch("ROLLBACK");
+        self.holding = None;
         IO_FAILED.with(|f| f.set(false));
         self.health.failing.store(true, Ordering::SeqCst);
     }

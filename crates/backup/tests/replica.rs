@@ -1,0 +1,165 @@
+//! The continuous replica against a real store: every committed transaction reaches the
+//! replica once, across the replica's own checkpoints (the WAL restarting many times), a
+//! checkpoint it did not take (a new generation), and a restore to a point in time in the
+//! middle gives exactly what was committed by then.
+
+use capstan_backup::replicate::{self, Settings};
+use capstan_backup::restore;
+use capstan_backup::target::Target;
+use capstan_engine::Limits;
+use capstan_store::prelude::*;
+use capstan_store::{NamespaceRecord, Sources, SqliteStore};
+use std::time::Duration;
+
+fn settings(target: &Target) -> Settings {
+    Settings {
+        target: target.clone(),
+        interval: Duration::from_millis(20),
+        snapshot_interval: Duration::from_secs(3600),
+        retention: Duration::from_secs(3600),
+        // Small, so the log restarts many times under the writes.
+        checkpoint_frames: 30,
+        pending_bytes_max: 64 << 20,
+    }
+}
+
+fn namespace(name: &str) -> NamespaceRecord {
+    NamespaceRecord {
+        name: name.into(),
+        // A few pages' worth, so transactions span frames.
+        description: Some("x".repeat(3000)),
+        retention_days: None,
+        status: "active".into(),
+        created_at: 0,
+        updated_at: 0,
+        external_payload_storage: None,
+    }
+}
+
+async fn names(store: &SqliteStore) -> Vec<String> {
+    let mut names: Vec<String> = store.namespaces().await.unwrap().into_iter().map(|n| n.name).collect();
+    names.sort();
+    names
+}
+
+async fn wait_until_shipped(replica: &replicate::Replica, sources: &Sources) {
+    let asked = sources.now_ms();
+    for _ in 0..500 {
+        if replica.status.replicated_through_ms.load(std::sync::atomic::Ordering::Relaxed) > asked {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the replica did not ship within 5 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_has_every_committed_transaction_and_a_point_in_time_has_only_those_before_it() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("data/capstan.db");
+    let sources = Sources::system();
+    let store = SqliteStore::open(&database, Limits::default(), sources.now_ms()).unwrap();
+    let target = Target::parse(dir.path().join("replica").to_str().unwrap()).unwrap();
+    let replica = replicate::start(store.replication(), settings(&target), sources.clone())
+        .await
+        .unwrap();
+
+    // Writes from several tasks at once, so group commits and checkpoints interleave.
+    let write = |from: usize, to: usize| {
+        let store = store.clone();
+        async move {
+            for i in from..to {
+                store.create_namespace(namespace(&format!("ns-{i:04}"))).await.unwrap();
+            }
+        }
+    };
+    tokio::join!(write(0, 60), write(100, 160), write(200, 260));
+    wait_until_shipped(&replica, &sources).await;
+    let midway = names(&store).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let midway_at = sources.now_ms();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    tokio::join!(write(300, 360), write(400, 460));
+    replica.finish().await;
+    let everything = names(&store).await;
+    assert!(everything.len() > midway.len());
+
+    let generations = restore::generations(&target).await.unwrap();
+    assert_eq!(generations.len(), 1, "one unbroken generation");
+    assert!(generations[0].segments.len() >= 3, "{:?}", generations[0].segments);
+
+    let restored = dir.path().join("restored/capstan.db");
+    std::fs::create_dir_all(restored.parent().unwrap()).unwrap();
+    let report = restore::restore(&target, &restored, None).await.unwrap();
+    assert!(report.transactions > 10 && report.segments >= 3, "{report:?}");
+    let opened = SqliteStore::open(&restored, Limits::default(), sources.now_ms()).unwrap();
+    let got = names(&opened).await;
+    let missing: Vec<_> = everything.iter().filter(|n| !got.contains(n)).collect();
+    assert_eq!(got, everything, "every committed namespace, nothing else; missing {missing:?}");
+
+    let earlier = dir.path().join("earlier.db");
+    restore::restore(&target, &earlier, Some(midway_at)).await.unwrap();
+    let opened = SqliteStore::open(&earlier, Limits::default(), sources.now_ms()).unwrap();
+    assert_eq!(names(&opened).await, midway, "the point in time: what was committed by then");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_the_replica_did_not_take_begins_a_new_generation_and_nothing_is_lost() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("capstan.db");
+    let sources = Sources::system();
+    let store = SqliteStore::open(&database, Limits::default(), sources.now_ms()).unwrap();
+    let target = Target::parse(&format!("file://{}", dir.path().join("replica").display())).unwrap();
+    let mut settings = settings(&target);
+    settings.interval = Duration::from_millis(200);
+    let replica = replicate::start(store.replication(), settings, sources.clone()).await.unwrap();
+    for i in 0..10 {
+        store.create_namespace(namespace(&format!("a-{i}"))).await.unwrap();
+    }
+    wait_until_shipped(&replica, &sources).await;
+    // Another process checkpoints behind the replica's back, and the log restarts under frames
+    // it has not read yet.
+    for i in 0..10 {
+        store.create_namespace(namespace(&format!("b-{i}"))).await.unwrap();
+    }
+    let foreign = rusqlite::Connection::open(&database).unwrap();
+    let checkpointed: (i64, i64, i64) = foreign
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap();
+    eprintln!("foreign checkpoint {checkpointed:?}");
+    for i in 0..10 {
+        store.create_namespace(namespace(&format!("c-{i}"))).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for i in 0..10 {
+        store.create_namespace(namespace(&format!("d-{i}"))).await.unwrap();
+    }
+    replica.finish().await;
+    let generations = restore::generations(&target).await.unwrap();
+    assert_eq!(generations.len(), 2, "the broken chain ended its generation: {generations:?}");
+    let restored = dir.path().join("restored.db");
+    restore::restore(&target, &restored, None).await.unwrap();
+    let opened = SqliteStore::open(&restored, Limits::default(), sources.now_ms()).unwrap();
+    assert_eq!(names(&opened).await, names(&store).await);
+}
+
+#[tokio::test]
+async fn a_restore_refuses_an_existing_file_and_a_time_before_the_replica() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let sources = Sources::system();
+    let store = SqliteStore::open(&dir.path().join("capstan.db"), Limits::default(), sources.now_ms()).unwrap();
+    let target = Target::parse(dir.path().join("replica").to_str().unwrap()).unwrap();
+    let replica = replicate::start(store.replication(), settings(&target), sources.clone())
+        .await
+        .unwrap();
+    replica.finish().await;
+    let existing = dir.path().join("capstan.db");
+    let refused = restore::restore(&target, &existing, None).await.unwrap_err();
+    assert!(refused.to_string().contains("already exists"), "{refused}");
+    let refused = restore::restore(&target, &dir.path().join("new.db"), Some(1)).await.unwrap_err();
+    assert!(refused.to_string().contains("nothing retained"), "{refused}");
+    assert!(Target::parse("ftp://host/x").is_err());
+}
