@@ -23,7 +23,7 @@ import time
 import urllib.parse
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1117,3 +1117,26 @@ class ControlPlane:
         resp = await self.http.get("/api/cluster/info", headers=WORKER_HEADERS)
         assert resp.status_code == 200, f"cluster info via {self.base_url} -> {resp.status_code}: {resp.text[:300]}"
         return resp.json()
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """A local S3-compatible server (moto in server mode); yields its endpoint URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(endpoint, timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto server did not start")
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

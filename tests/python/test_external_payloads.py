@@ -13,12 +13,8 @@
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +22,7 @@ from durable_workflow import Client, activity, workflow
 from durable_workflow.external_storage import LocalFilesystemExternalStorage
 
 from capstan_harness import (
-    CONTROL_HEADERS, fetch_history_raw, free_port, make_client, run_async, unique, wait_result,
+    CONTROL_HEADERS, fetch_history_raw, make_client, moto_server, run_async, unique, wait_result,
 )
 
 BIG = 40_000  # characters: far above the 1 KiB threshold, below the inline limit either way
@@ -150,28 +146,6 @@ def test_direct_references_from_the_sdks_own_driver_are_kept_verbatim(server_url
     assert text.count('"external_storage"') >= 3, text[:2000]
     assert "durable-workflow.v2.external-payload-reference.v1" in text
     assert any(path.is_file() for path in (tmp_path / "sdk-store").rglob("*"))
-
-
-@contextlib.contextmanager
-def moto_server():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(endpoint, timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto server did not start")
-                time.sleep(0.2)
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_s3_storage_serves_the_transport_and_survives_a_restart(server_factory, run_worker, monkeypatch):

@@ -33,6 +33,9 @@ pub struct PayloadSettings {
     /// How long an uploaded payload that nothing uses yet is kept (an SDK uploads, then sends the
     /// request naming it).
     pub unused_grace_ms: Millis,
+    /// Where `default_root` was before a backup was restored into it: locations in history
+    /// written then still resolve (`capstan restore` records them; docs/backup.md).
+    pub former_roots: Vec<PathBuf>,
 }
 
 impl Default for PayloadSettings {
@@ -43,6 +46,7 @@ impl Default for PayloadSettings {
             default_threshold_bytes: 256 << 10,
             request_timeout_seconds: 60,
             unused_grace_ms: 3_600_000,
+            former_roots: Vec::new(),
         }
     }
 }
@@ -110,7 +114,12 @@ pub fn storage_state(record: &NamespaceRecord, settings: &PayloadSettings) -> St
         return StorageState::Disabled(policy);
     }
     let root = settings.default_root.join(&record.name);
+    let in_default_root = policy.config.get("uri").and_then(|v| v.as_str()).is_none_or(str::is_empty);
     match BlobStore::from_policy(&policy.driver, &policy.config, &root) {
+        Ok(store) if in_default_root => {
+            let former = settings.former_roots.iter().map(|r| r.join(&record.name));
+            StorageState::Available(policy, store.also_holding(former))
+        }
         Ok(store) => StorageState::Available(policy, store),
         Err(error) => StorageState::Unusable(policy, error.to_string()),
     }

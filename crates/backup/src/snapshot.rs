@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 pub const DATABASE: &str = "capstan.db";
 pub const PAYLOADS: &str = "external-payloads";
 pub const MANIFEST: &str = "backup.json";
+/// In a payload directory: the directories it was restored from, one per line. History names
+/// each payload by the location it was written at, so the server also answers for these.
+pub const FORMER_ROOTS: &str = ".former-roots";
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct BackupManifest {
@@ -25,6 +28,9 @@ pub struct BackupManifest {
     pub database_bytes: u64,
     pub payload_files: u64,
     pub payload_bytes: u64,
+    /// The payload directory backed up (absolute), when there was one.
+    #[serde(default)]
+    pub payloads_source: Option<String>,
 }
 
 /// Backs up the database at `database` (a running server's, or one at rest) and the payload
@@ -56,6 +62,7 @@ pub fn backup(database: &Path, payloads: &Path, to: &Path, now: Millis) -> Resul
     } else {
         (0, 0)
     };
+    let payloads_source = payloads.canonicalize().ok().map(|p| p.display().to_string());
     let manifest = BackupManifest {
         format: 1,
         created_at_ms: now,
@@ -63,6 +70,7 @@ pub fn backup(database: &Path, payloads: &Path, to: &Path, now: Millis) -> Resul
         database_bytes: std::fs::metadata(&copy).map_err(io(&copy))?.len(),
         payload_files,
         payload_bytes,
+        payloads_source,
     };
     let written = serde_json::to_vec_pretty(&manifest).expect("manifest");
     std::fs::write(to.join(MANIFEST), written).map_err(io(to))?;
@@ -96,8 +104,22 @@ pub fn restore(from: &Path, database: &Path, payloads: &Path) -> Result<BackupMa
     std::fs::File::open(database).and_then(|f| f.sync_all()).map_err(io(database))?;
     if from.join(PAYLOADS).exists() {
         copy_tree(&from.join(PAYLOADS), payloads)?;
+        if let Some(source) = &manifest.payloads_source {
+            let record = payloads.join(FORMER_ROOTS);
+            let mut roots = std::fs::read_to_string(&record).unwrap_or_default();
+            roots.push_str(source);
+            roots.push('\n');
+            std::fs::write(&record, roots).map_err(io(&record))?;
+        }
     }
     Ok(manifest)
+}
+
+/// The directories the payload directory `root` was restored from (see [`FORMER_ROOTS`]).
+pub fn former_roots(root: &Path) -> Vec<PathBuf> {
+    std::fs::read_to_string(root.join(FORMER_ROOTS))
+        .map(|text| text.lines().filter(|l| !l.trim().is_empty()).map(PathBuf::from).collect())
+        .unwrap_or_default()
 }
 
 /// Copies a directory tree, each file synced; how many files and bytes.

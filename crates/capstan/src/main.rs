@@ -530,6 +530,7 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
         .external_payload_dir
         .clone()
         .unwrap_or_else(|| args.data_dir.join("external-payloads"));
+    config.payloads.former_roots = capstan_backup::snapshot::former_roots(&config.payloads.default_root);
     config.payloads.max_bytes = args.max_external_payload_bytes;
     config.payloads.default_threshold_bytes = args.external_payload_threshold_bytes.min(args.max_external_payload_bytes);
     if let Some(otlp) = OtlpSettings::from_env(|name| std::env::var(name).ok()) {

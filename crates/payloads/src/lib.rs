@@ -45,6 +45,9 @@ pub struct BlobStore {
     /// Object key prefix (no leading or trailing `/`), possibly empty.
     prefix: String,
     driver: &'static str,
+    /// Where this store's root was before it was restored elsewhere (`file:///old/root`):
+    /// locations recorded then still name its objects (see [`BlobStore::also_holding`]).
+    former_bases: Vec<String>,
 }
 
 impl BlobStore {
@@ -81,7 +84,19 @@ impl BlobStore {
             base: format!("file://{}", root.display()),
             prefix,
             driver: "local",
+            former_bases: Vec::new(),
         })
+    }
+
+    /// This local store, also answering for locations recorded under `former_roots`: the
+    /// directories its objects lived in before a backup was restored into its root (history
+    /// keeps each location as it was written).
+    pub fn also_holding(mut self, former_roots: impl IntoIterator<Item = PathBuf>) -> Self {
+        if self.driver == "local" {
+            self.former_bases
+                .extend(former_roots.into_iter().map(|root| format!("file://{}", root.display())));
+        }
+        self
     }
 
     /// Credentials come from the usual `AWS_*` environment variables.
@@ -103,6 +118,7 @@ impl BlobStore {
             base: format!("s3://{bucket}"),
             prefix,
             driver: "s3",
+            former_bases: Vec::new(),
         })
     }
 
@@ -152,9 +168,9 @@ impl BlobStore {
 
     fn path_of(&self, location: &str) -> BlobResult<ObjectPath> {
         let foreign = || BlobError::Foreign(format!("{location} is not an object of the configured {} store", self.driver));
-        let key = location
-            .strip_prefix(&self.base)
-            .and_then(|rest| rest.strip_prefix('/'))
+        let key = std::iter::once(&self.base)
+            .chain(&self.former_bases)
+            .find_map(|base| location.strip_prefix(base.as_str()).and_then(|rest| rest.strip_prefix('/')))
             .ok_or_else(foreign)?;
         let path = ObjectPath::parse(key).map_err(|_| foreign())?;
         if !self.prefix.is_empty() && !key.starts_with(&format!("{}/", self.prefix)) {
@@ -212,6 +228,26 @@ mod tests {
         ] {
             assert!(matches!(store.get(foreign).await, Err(BlobError::Foreign(_))), "{foreign}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_restored_store_answers_for_locations_written_under_its_former_root() {
+        let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let config = Map::new();
+        let before = BlobStore::from_policy("local", &config, old.path()).unwrap();
+        let location = before.put("default/ep_1", Bytes::from_static(b"kept")).await.unwrap();
+        // The directory copied elsewhere, as a restore does.
+        std::fs::create_dir_all(new.path().join("default")).unwrap();
+        std::fs::copy(old.path().join("default/ep_1"), new.path().join("default/ep_1")).unwrap();
+        let restored = BlobStore::from_policy("local", &config, new.path()).unwrap();
+        assert!(matches!(restored.get(&location).await, Err(BlobError::Foreign(_))));
+        let restored = restored.also_holding([old.path().canonicalize().unwrap()]);
+        drop(old);
+        assert_eq!(restored.get(&location).await.unwrap().unwrap(), Bytes::from_static(b"kept"));
+        assert!(matches!(
+            restored.get("file:///elsewhere/default/ep_1").await,
+            Err(BlobError::Foreign(_))
+        ));
     }
 
     #[test]
