@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import boto3
+import httpx
 from durable_workflow import activity, workflow
 
 from capstan_harness import (
@@ -134,6 +135,11 @@ def test_a_destroyed_server_restores_from_its_s3_replica_and_its_workers_finish_
             stop = asyncio.Event()
             load = asyncio.create_task(start_under_load(server.url, queue, prefix, acked, stop))
             await asyncio.sleep(LOAD_SECONDS)
+            metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+            shipped = re.search(r"^capstan_replica_segments_total (\d+)", metrics, re.M)
+            assert shipped and int(shipped.group(1)) > 0, metrics[-2000:]
+            lag = re.search(r"^capstan_replica_lag_seconds (\d+)", metrics, re.M)
+            assert lag and int(lag.group(1)) <= 2, "the replica keeps up under this load"
             killed_at = time.time()
             server.kill()
             stop.set()
@@ -233,3 +239,20 @@ def test_an_online_backup_under_load_verifies_restores_and_keeps_its_external_pa
         assert refused.returncode == 2 and "already exists" in refused.stderr, refused.stderr
 
     run_async(scenario(), timeout=240)
+
+
+def test_check_config_refuses_a_replica_it_could_not_make(tmp_path):
+    for args, why in [
+        (["--replicate-to", "ftp://host/backups"], "not a directory or an s3:// location"),
+        (["--replicate-to", "s3://bucket/p?colour=red"], "unknown setting"),
+        (["--replicate-to", str(tmp_path / "r"), "--database", "postgres://u@127.0.0.1:1/x"], "shared database"),
+    ]:
+        checked = capstan("serve", "--check-config", "--data-dir", str(tmp_path / "d"), *args)
+        assert checked.returncode == 2 and why in checked.stderr, (args, checked.stderr)
+    assert not (tmp_path / "r").exists(), "a check makes nothing"
+    ok = capstan("serve", "--check-config", "--data-dir", str(tmp_path / "d"), "--replicate-to", str(tmp_path / "r"))
+    assert ok.returncode == 0, ok.stderr
+    assert not (tmp_path / "r").exists(), "a check makes nothing"
+    missing = capstan("restore", "--from", str(tmp_path / "absent"), "--data-dir", str(tmp_path / "new"))
+    assert missing.returncode == 2 and "no such directory" in missing.stderr, missing.stderr
+    assert not (tmp_path / "absent").exists() and not (tmp_path / "new").exists(), "a refused restore leaves nothing"

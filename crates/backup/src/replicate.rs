@@ -36,8 +36,8 @@ pub struct Settings {
     pub pending_bytes_max: usize,
 }
 
-/// What the replica has done, for metrics and `cluster/info`.
-#[derive(Default)]
+/// What the replica has done (the server's `/metrics` reads it).
+#[derive(Debug, Default)]
 pub struct Status {
     pub generation: Mutex<String>,
     /// When the newest uploaded segment (or snapshot) was read: everything committed before
@@ -49,6 +49,9 @@ pub struct Status {
     pub failures: AtomicU64,
     pub pending_bytes: AtomicU64,
 }
+
+/// The longest wait between rounds while they fail.
+const FAILING_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// The running replica; [`finish`](Self::finish) ships what is left when the server stops.
 pub struct Replica {
@@ -156,11 +159,10 @@ struct Checkpointed {
 
 impl Replicator {
     async fn run(&mut self, mut stopped: tokio::sync::watch::Receiver<bool>) {
-        let mut ticks = tokio::time::interval(self.settings.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wait = self.settings.interval;
         loop {
             let stopping = tokio::select! {
-                _ = ticks.tick() => false,
+                _ = tokio::time::sleep(wait) => false,
                 _ = stopped.changed() => true,
             };
             // Read before the step: a stop asked during it is seen by the next `changed`, so
@@ -173,8 +175,15 @@ impl Replicator {
                     self.failing_since = Some(now);
                     tracing::error!(%error, target = %self.settings.target.shown, "the replica could not ship; it keeps trying");
                 }
-            } else if let Some(since) = self.failing_since.take() {
-                tracing::info!(after_ms = self.sources.now_ms() - since, "the replica ships again");
+                // Each failed round (a snapshot compressed and refused, a checkpoint kept from
+                // completing) waits longer before the next, up to `FAILING_WAIT_MAX`; every
+                // round checkpoints first, so the WAL stays bounded meanwhile.
+                wait = (wait * 2).min(FAILING_WAIT_MAX.max(self.settings.interval));
+            } else {
+                wait = self.settings.interval;
+                if let Some(since) = self.failing_since.take() {
+                    tracing::info!(after_ms = self.sources.now_ms() - since, "the replica ships again");
+                }
             }
             if stopping {
                 tracing::info!(generation = %self.status.generation.lock().expect("status").clone(), pending = self.pending.len(), "the replica stopped");

@@ -96,8 +96,25 @@ pub async fn restore(target: &Target, into: &Path, at: Option<Millis>) -> Result
             )),
             (Some(_), None) => unreachable!("a generation is found when no time is asked"),
         })?;
-    let snapshot = target.get(&layout::snapshot(&chosen.id)).await?;
     let partial = partial_path(into);
+    let applied = apply(target, chosen, &partial, at).await.and_then(|restored| {
+        check_integrity(&partial)?;
+        Ok(restored)
+    });
+    let restored = match applied {
+        Ok(restored) => restored,
+        Err(error) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(error);
+        }
+    };
+    std::fs::rename(&partial, into).map_err(io(into))?;
+    Ok(restored)
+}
+
+/// The generation's snapshot and its segments up to `at`, written into `partial`.
+async fn apply(target: &Target, chosen: &GenerationInfo, partial: &Path, at: Option<Millis>) -> Result<Restored> {
+    let snapshot = target.get(&layout::snapshot(&chosen.id)).await?;
     let page_size = chosen.manifest.page_size as usize;
     let mut restored = Restored {
         generation: chosen.id.clone(),
@@ -106,7 +123,7 @@ pub async fn restore(target: &Target, into: &Path, at: Option<Millis>) -> Result
         transactions: 0,
     };
     {
-        let mut file = std::fs::File::create(&partial).map_err(io(&partial))?;
+        let mut file = std::fs::File::create(partial).map_err(io(partial))?;
         let mut decoder = lz4_flex::frame::FrameDecoder::new(snapshot.as_slice());
         std::io::copy(&mut decoder, &mut file).map_err(|e| Error::Corrupt(format!("generation {}: snapshot: {e}", chosen.id)))?;
         let mut applier = Applier::new(file, page_size);
@@ -122,14 +139,12 @@ pub async fn restore(target: &Target, into: &Path, at: Option<Millis>) -> Result
                 .ok()
                 .and_then(|bytes| wal::decode(&bytes, page_size))
                 .ok_or_else(|| Error::Corrupt(format!("generation {}: segment {sequence} does not decode", chosen.id)))?;
-            restored.transactions += applier.apply(&frames).map_err(io(&partial))?;
+            restored.transactions += applier.apply(&frames).map_err(io(partial))?;
             restored.segments += 1;
             restored.restored_through_ms = shipped_at;
         }
-        applier.finish().map_err(io(&partial))?;
+        applier.finish().map_err(io(partial))?;
     }
-    check_integrity(&partial)?;
-    std::fs::rename(&partial, into).map_err(io(into))?;
     Ok(restored)
 }
 

@@ -20,7 +20,39 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn parse(location: &str) -> Result<Self> {
+    /// The replica's target, its directory made when missing.
+    pub fn create(location: &str) -> Result<Self> {
+        Self::open(location, true)
+    }
+
+    /// An existing replica, to restore from: a missing directory is refused, not made.
+    pub fn existing(location: &str) -> Result<Self> {
+        Self::open(location, false)
+    }
+
+    /// Whether `location` is well formed, touching nothing (`serve --check-config`).
+    pub fn check(location: &str) -> Result<()> {
+        if location.starts_with("s3://") {
+            return Self::open(location, false).map(|_| ());
+        }
+        Self::local_dir(location).map(|_| ())
+    }
+
+    fn refusal(location: &str, why: &str) -> Error {
+        Error::Config(format!(
+            "replica location {location:?}: {why}; accepted: file:///DIR, a directory path, or s3://BUCKET/PREFIX[?endpoint=URL&region=NAME]"
+        ))
+    }
+
+    fn local_dir(location: &str) -> Result<&str> {
+        let dir = location.strip_prefix("file://").unwrap_or(location);
+        if dir.is_empty() || dir.contains("://") {
+            return Err(Self::refusal(location, "not a directory or an s3:// location"));
+        }
+        Ok(dir)
+    }
+
+    fn open(location: &str, create: bool) -> Result<Self> {
         let refuse = |why: &str| {
             Error::Config(format!("replica location {location:?}: {why}; accepted: file:///DIR, a directory path, or s3://BUCKET/PREFIX[?endpoint=URL&region=NAME]"))
         };
@@ -57,11 +89,12 @@ impl Target {
                 shown: location.to_string(),
             });
         }
-        let dir = location.strip_prefix("file://").unwrap_or(location);
-        if dir.is_empty() || dir.contains("://") {
-            return Err(refuse("not a directory or an s3:// location"));
+        let dir = Self::local_dir(location)?;
+        if create {
+            std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("create {dir}: {e}")))?;
+        } else if !std::path::Path::new(dir).is_dir() {
+            return Err(refuse("no such directory"));
         }
-        std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("create {dir}: {e}")))?;
         let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| refuse(&e.to_string()))?;
         Ok(Self {
             store: Arc::new(store),

@@ -60,7 +60,7 @@ async fn a_restore_has_every_committed_transaction_and_a_point_in_time_has_only_
     let database = dir.path().join("data/capstan.db");
     let sources = Sources::system();
     let store = SqliteStore::open(&database, Limits::default(), sources.now_ms()).unwrap();
-    let target = Target::parse(dir.path().join("replica").to_str().unwrap()).unwrap();
+    let target = Target::create(dir.path().join("replica").to_str().unwrap()).unwrap();
     let replica = replicate::start(store.replication(), settings(&target), sources.clone())
         .await
         .unwrap();
@@ -111,7 +111,7 @@ async fn a_checkpoint_the_replica_did_not_take_begins_a_new_generation_and_nothi
     let database = dir.path().join("capstan.db");
     let sources = Sources::system();
     let store = SqliteStore::open(&database, Limits::default(), sources.now_ms()).unwrap();
-    let target = Target::parse(&format!("file://{}", dir.path().join("replica").display())).unwrap();
+    let target = Target::create(&format!("file://{}", dir.path().join("replica").display())).unwrap();
     let mut settings = settings(&target);
     settings.interval = Duration::from_millis(200);
     let replica = replicate::start(store.replication(), settings, sources.clone()).await.unwrap();
@@ -151,7 +151,7 @@ async fn a_restore_refuses_an_existing_file_and_a_time_before_the_replica() {
     let dir = tempfile::tempdir().unwrap();
     let sources = Sources::system();
     let store = SqliteStore::open(&dir.path().join("capstan.db"), Limits::default(), sources.now_ms()).unwrap();
-    let target = Target::parse(dir.path().join("replica").to_str().unwrap()).unwrap();
+    let target = Target::create(dir.path().join("replica").to_str().unwrap()).unwrap();
     let replica = replicate::start(store.replication(), settings(&target), sources.clone())
         .await
         .unwrap();
@@ -161,5 +161,62 @@ async fn a_restore_refuses_an_existing_file_and_a_time_before_the_replica() {
     assert!(refused.to_string().contains("already exists"), "{refused}");
     let refused = restore::restore(&target, &dir.path().join("new.db"), Some(1)).await.unwrap_err();
     assert!(refused.to_string().contains("nothing retained"), "{refused}");
-    assert!(Target::parse("ftp://host/x").is_err());
+    assert!(Target::create("ftp://host/x").is_err());
+    assert!(
+        Target::existing(dir.path().join("absent").to_str().unwrap()).is_err(),
+        "a restore makes no directory"
+    );
+    assert!(Target::check("s3://").is_err() && Target::check("s3://bucket/p?colour=red").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_target_is_ridden_out_and_past_its_bound_a_new_generation_begins() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let sources = Sources::system();
+    let store = SqliteStore::open(&dir.path().join("capstan.db"), Limits::default(), sources.now_ms()).unwrap();
+    let location = dir.path().join("replica");
+    let target = Target::create(location.to_str().unwrap()).unwrap();
+    let mut settings = settings(&target);
+    // Any segment held back is past the bound: the chain is given up at the first refusal.
+    settings.pending_bytes_max = 1;
+    let replica = replicate::start(store.replication(), settings, sources.clone()).await.unwrap();
+    for i in 0..5 {
+        store.create_namespace(namespace(&format!("before-{i}"))).await.unwrap();
+    }
+    wait_until_shipped(&replica, &sources).await;
+
+    // The target goes away: its directory replaced by a file, so every upload fails.
+    let away = dir.path().join("replica.away");
+    std::fs::rename(&location, &away).unwrap();
+    std::fs::write(&location, b"not a directory").unwrap();
+    for i in 0..20 {
+        store.create_namespace(namespace(&format!("during-{i}"))).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let failures = replica.status.failures.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(failures > 0, "the refused uploads are counted");
+    let wal = replicate::wal_path(&dir.path().join("capstan.db"));
+    assert!(
+        std::fs::metadata(&wal).map_or(0, |m| m.len()) < 8 << 20,
+        "the WAL is still checkpointed while the target is away"
+    );
+
+    std::fs::remove_file(&location).unwrap();
+    std::fs::rename(&away, &location).unwrap();
+    for i in 0..5 {
+        store.create_namespace(namespace(&format!("after-{i}"))).await.unwrap();
+    }
+    wait_until_shipped(&replica, &sources).await;
+    replica.finish().await;
+    let generations = restore::generations(&target).await.unwrap();
+    assert!(generations.len() >= 2, "the broken chain began a new generation: {generations:?}");
+    let restored = dir.path().join("restored.db");
+    restore::restore(&target, &restored, None).await.unwrap();
+    let opened = SqliteStore::open(&restored, Limits::default(), sources.now_ms()).unwrap();
+    assert_eq!(
+        names(&opened).await,
+        names(&store).await,
+        "nothing committed while it was away is missing"
+    );
 }

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+pub const SHARED_REPLICA: &str =
+    "--replicate-to replicates the embedded SQLite database; a shared database is replicated by its own tools (docs/backup.md)";
+
 /// The continuous replica's settings on `serve`.
 #[derive(clap::Args, Clone)]
 pub struct ReplicaArgs {
@@ -28,10 +31,18 @@ pub struct ReplicaArgs {
 }
 
 impl ReplicaArgs {
+    /// Whether the replica's location is well formed, touching nothing (`--check-config`).
+    pub fn check(&self) -> Result<(), String> {
+        match &self.replicate_to {
+            Some(location) => Target::check(location).map_err(|e| format!("--replicate-to: {e}")),
+            None => Ok(()),
+        }
+    }
+
     /// The replica's settings, or `None` when none was asked for.
     pub fn settings(&self) -> Result<Option<replicate::Settings>, String> {
         let Some(location) = &self.replicate_to else { return Ok(None) };
-        let target = Target::parse(location).map_err(|e| format!("--replicate-to: {e}"))?;
+        let target = Target::create(location).map_err(|e| format!("--replicate-to: {e}"))?;
         Ok(Some(replicate::Settings {
             target,
             interval: Duration::from_millis(self.replica_interval_ms),
@@ -144,7 +155,7 @@ async fn run_restore(args: &RestoreArgs) -> Result<(), (u8, String)> {
             args.data_dir.display()
         );
     } else {
-        let target = Target::parse(&args.from).map_err(|e| refused(e.to_string()))?;
+        let target = Target::existing(&args.from).map_err(|e| refused(e.to_string()))?;
         if args.list {
             let generations = restore::generations(&target).await.map_err(|e| refused(e.to_string()))?;
             for generation in &generations {
@@ -159,8 +170,15 @@ async fn run_restore(args: &RestoreArgs) -> Result<(), (u8, String)> {
             return Ok(());
         }
         let at = args.at.as_deref().map(parse_time).transpose().map_err(refused)?;
+        let made = !args.data_dir.exists();
         std::fs::create_dir_all(&args.data_dir).map_err(|e| refused(format!("create {}: {e}", args.data_dir.display())))?;
-        let restored = restore::restore(&target, &database, at).await.map_err(|e| refused(e.to_string()))?;
+        let restored = restore::restore(&target, &database, at).await.map_err(|e| {
+            if made {
+                // Only if still empty: nothing of anyone else's is removed.
+                let _ = std::fs::remove_dir(&args.data_dir);
+            }
+            refused(e.to_string())
+        })?;
         println!(
             "restored generation {} through {} ({} transactions in {} segments after its snapshot) into {}",
             restored.generation,
@@ -201,6 +219,58 @@ fn parse_time(value: &str) -> Result<capstan_engine::Millis, String> {
     chrono::DateTime::parse_from_rfc3339(value)
         .map(|t| t.timestamp_millis())
         .map_err(|e| format!("--at {value:?}: {e} (RFC 3339, e.g. 2026-12-07T09:30:00Z, or Unix milliseconds)"))
+}
+
+/// The replica's figures on `/metrics` (docs/metrics.md).
+#[derive(Debug)]
+pub struct ReplicaReadings(pub std::sync::Arc<replicate::Status>);
+
+impl capstan_server::metrics::Reporter for ReplicaReadings {
+    fn readings(&self, now: capstan_engine::Millis) -> Vec<capstan_server::metrics::Reading> {
+        use capstan_server::metrics::Reading;
+        use std::sync::atomic::Ordering::Relaxed;
+        let status = &self.0;
+        let through = status.replicated_through_ms.load(Relaxed);
+        let count = |value: u64| value.min(i64::MAX as u64) as i64;
+        vec![
+            Reading {
+                name: "capstan_replica_lag_seconds",
+                help: "How far the continuous replica is behind: seconds since the newest point whose every commit it holds (the recovery point if the disk were lost now).",
+                counter: false,
+                value: if through == 0 { 0 } else { ((now - through) / 1000).max(0) },
+            },
+            Reading {
+                name: "capstan_replica_pending_bytes",
+                help: "Compressed WAL read but not yet uploaded to the replica's target.",
+                counter: false,
+                value: count(status.pending_bytes.load(Relaxed)),
+            },
+            Reading {
+                name: "capstan_replica_segments_total",
+                help: "WAL segments uploaded to the replica's target.",
+                counter: true,
+                value: count(status.segments.load(Relaxed)),
+            },
+            Reading {
+                name: "capstan_replica_shipped_bytes_total",
+                help: "Compressed bytes of WAL segments uploaded to the replica's target.",
+                counter: true,
+                value: count(status.bytes.load(Relaxed)),
+            },
+            Reading {
+                name: "capstan_replica_generations_total",
+                help: "Generations (snapshots) the replica began: at start, every snapshot interval, and when its chain broke.",
+                counter: true,
+                value: count(status.generations.load(Relaxed)),
+            },
+            Reading {
+                name: "capstan_replica_failures_total",
+                help: "Replica rounds that failed (the target unreachable, a checkpoint kept from completing); it keeps trying.",
+                counter: true,
+                value: count(status.failures.load(Relaxed)),
+            },
+        ]
+    }
 }
 
 /// Starts the replica of a SQLite server's store when one was asked for.

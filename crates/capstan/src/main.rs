@@ -459,7 +459,11 @@ fn tls_certificates(args: &ServeArgs) -> Result<Option<std::sync::Arc<capstan_se
 fn check_config(args: &ServeArgs, effective: &str) -> Result<(), Stopped> {
     auth_config(args).map_err(Stopped::Refused)?;
     tls_certificates(args)?;
-    database(args)?;
+    let database = database(args)?;
+    args.replica.check().map_err(Stopped::Refused)?;
+    if matches!(database, Database::Shared(_)) && args.replica.replicate_to.is_some() {
+        return Err(Stopped::Refused(backup::SHARED_REPLICA.into()));
+    }
     configured_limits(args).map_err(Stopped::Refused)?;
     let (_, warnings) = listening(args)?;
     if let Some(otlp) = OtlpSettings::from_env(|name| std::env::var(name).ok()) {
@@ -555,6 +559,11 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
             let replica = backup::start_replica(&store, &args.replica, config.sources.clone())
                 .await
                 .map_err(Stopped::Refused)?;
+            if let Some(replica) = &replica {
+                config
+                    .reporters
+                    .push(std::sync::Arc::new(backup::ReplicaReadings(replica.status.clone())));
+            }
             let opened = std::fs::canonicalize(&path).unwrap_or(path);
             tracing::info!(%address, tls = config.tls.is_some(), database = %opened.display(), node = %config.server_id, "capstan serving (SQLite)");
             let served = capstan_server::serve(listener, store, config, shutdown_signal()).await;

@@ -105,6 +105,8 @@ pub struct ServerConfig {
     /// What the configuration lets start but an operator must know (a listener reachable from
     /// the network without TLS…), shown on `GET /api/cluster/info` under `diagnostics`.
     pub diagnostics: Vec<Diagnostic>,
+    /// Series of components beside the server (the continuous replica), read at each scrape.
+    pub reporters: Vec<std::sync::Arc<dyn metrics::Reporter>>,
 }
 
 /// One warning about how the server was configured.
@@ -134,6 +136,7 @@ impl Default for ServerConfig {
             queue_limits: Vec::new(),
             tls: None,
             diagnostics: Vec::new(),
+            reporters: Vec::new(),
         }
     }
 }

@@ -96,6 +96,21 @@ impl Families {
     }
 }
 
+/// A figure a component beside the server (the continuous replica) reports at each scrape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// A counter (only grows) rather than a gauge.
+    pub counter: bool,
+    pub value: i64,
+}
+
+/// What reports [`Reading`]s (`ServerConfig::reporters`); its series are process-wide.
+pub trait Reporter: Send + Sync + std::fmt::Debug + 'static {
+    fn readings(&self, now: capstan_engine::Millis) -> Vec<Reading>;
+}
+
 /// The counters and histograms of one server process.
 pub struct Metrics {
     families: Families,

@@ -25,7 +25,22 @@ pub(crate) async fn render<S: Store>(state: &AppState<S>, only: Option<&BTreeSet
     queue_gauges(&mut gauges, &loads, now);
     ledger_gauges(&mut gauges, &namespaces, &ledger, now);
     pool_gauges(&mut gauges, state.store.pool_use());
+    for reporter in &state.config.reporters {
+        reported(&mut gauges, reporter.readings(now));
+    }
     Ok(state.metrics.text_with(&gauges, only))
+}
+
+fn reported(f: &mut Families, readings: Vec<super::Reading>) {
+    for reading in readings {
+        if reading.counter {
+            f.counters(reading.name, reading.help, &[])
+                .with_label_values(&[])
+                .inc_by(reading.value.max(0) as u64);
+        } else {
+            f.gauges(reading.name, reading.help, &[]).with_label_values(&[]).set(reading.value);
+        }
+    }
 }
 
 fn queue_gauges(f: &mut Families, loads: &[QueueLoad], now: Millis) {
