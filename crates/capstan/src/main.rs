@@ -233,6 +233,14 @@ struct ServeArgs {
     /// (least recently used runs leave first; 0 turns it off).
     #[arg(long, env = "CAPSTAN_HISTORY_CACHE_MIB", default_value_t = 32, value_parser = clap::value_parser!(u64).range(0..=65536))]
     history_cache_mib: u64,
+    /// Overload: when writes stand in line longer than this, new work (starts, signals,
+    /// updates) is refused with 503 and Retry-After; polls are shed at half of it, worker
+    /// reports at twice it (docs/reliability.md, Overload). 0 turns refusals off.
+    #[arg(long, env = "CAPSTAN_OVERLOAD_QUEUE_DELAY_MS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    overload_queue_delay_ms: u64,
+    /// Long polls this node holds at most; more are refused with 429 and Retry-After.
+    #[arg(long, env = "CAPSTAN_MAX_PARKED_POLLS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_parked_polls: u64,
     /// Log format.
     #[arg(long, env = "CAPSTAN_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
@@ -526,6 +534,10 @@ async fn serve(args: ServeArgs) -> Result<(), Stopped> {
         duty_lease_ms: args.duty_lease_seconds * 1000,
         schedule_catchup_window_ms: args.schedule_catchup_window_seconds * 1000,
         history_cache_bytes: (args.history_cache_mib as usize) << 20,
+        admission: capstan_server::admission::AdmissionSettings {
+            queue_delay_target: std::time::Duration::from_millis(args.overload_queue_delay_ms),
+            max_parked_polls: args.max_parked_polls as usize,
+        },
         ..ServerConfig::default()
     };
     config.limits.payload_bytes_max = args.max_payload_bytes;

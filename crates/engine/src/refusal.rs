@@ -191,6 +191,12 @@ reasons! {
     CredentialManagedByFile => "credential_managed_by_file",
     /// The database failed and the change was not applied: the one retryable storage answer.
     StorageUnavailable => "storage_unavailable",
+    /// Writes stand in line longer than the server's admission target: the request was refused
+    /// before it did anything (`retryable`, `retry_after_seconds`).
+    ServerOverloaded => "server_overloaded",
+    /// A long poll refused before it parked: the node holds its most, or sheds polls first
+    /// under load (`retry_after_seconds`; the SDKs sleep that long and poll again).
+    LongPollCapacityExhausted => "long_poll_capacity_exhausted",
     /// The database connection was lost after COMMIT was sent: the change may or may not have
     /// been applied. Retryable with the same idempotency key, which finds a committed change.
     CommitOutcomeUnknown => "commit_outcome_unknown",

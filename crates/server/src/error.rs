@@ -94,7 +94,9 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::RuntimeReservedSignal
         | Reason::InvalidWorkflowStreamCommand
         | Reason::ImportRejected => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::MessageStreamBacklogFull | Reason::StreamFull | Reason::TaskQueueThrottled => StatusCode::TOO_MANY_REQUESTS,
+        Reason::MessageStreamBacklogFull | Reason::StreamFull | Reason::TaskQueueThrottled | Reason::LongPollCapacityExhausted => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         Reason::InvalidStreamName => StatusCode::BAD_REQUEST,
         Reason::InvalidJson
         | Reason::MissingProtocolVersion
@@ -116,7 +118,7 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::ExternalStorageNotConfigured
         | Reason::ExternalStorageDisabled
         | Reason::StorageDriverUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::StorageUnavailable | Reason::CommitOutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::StorageUnavailable | Reason::CommitOutcomeUnknown | Reason::ServerOverloaded => StatusCode::SERVICE_UNAVAILABLE,
         Reason::StoredRecordCorrupt | Reason::RunDocumentCorrupt => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }
@@ -214,7 +216,15 @@ impl From<capstan_app::AppError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let reason = self.reason;
-        let mut response = (self.status, axum::Json(Value::Object(self.body()))).into_response();
+        let body = self.body();
+        // A refusal that says when to come back says it in HTTP's words too.
+        let retry_after = body.get("retry_after_seconds").and_then(Value::as_u64);
+        let mut response = (self.status, axum::Json(Value::Object(body))).into_response();
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+        }
         // For the request metrics: refusals are counted by reason.
         response.extensions_mut().insert(crate::metrics::http::Refused(reason));
         response

@@ -5,6 +5,7 @@
 //! server also owns the long-poll wake-up hub and the background clock that fires timers and
 //! expires leases. It is a library: `capstan serve` is a thin shell around [`serve`].
 
+pub mod admission;
 mod atomic;
 pub mod auth;
 mod avro;
@@ -107,6 +108,8 @@ pub struct ServerConfig {
     pub diagnostics: Vec<Diagnostic>,
     /// Series of components beside the server (the continuous replica), read at each scrape.
     pub reporters: Vec<std::sync::Arc<dyn metrics::Reporter>>,
+    /// When requests are refused rather than queued (`admission`).
+    pub admission: admission::AdmissionSettings,
 }
 
 /// One warning about how the server was configured.
@@ -137,6 +140,7 @@ impl Default for ServerConfig {
             tls: None,
             diagnostics: Vec::new(),
             reporters: Vec::new(),
+            admission: admission::AdmissionSettings::default(),
         }
     }
 }

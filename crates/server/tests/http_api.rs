@@ -6,6 +6,8 @@
 mod activity_lease;
 #[path = "http_api/activity_stop.rs"]
 mod activity_stop;
+#[path = "http_api/admission.rs"]
+mod admission;
 mod common;
 #[path = "http_api/credentials_api.rs"]
 mod credentials_api;

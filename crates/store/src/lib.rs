@@ -24,6 +24,7 @@ mod mysql;
 mod observe;
 pub mod parked_polls;
 mod postgres;
+pub mod pressure;
 mod rows;
 mod schedules;
 pub mod schema_floor;

@@ -160,6 +160,8 @@ pub struct Env {
     /// The polls parked on this node, for a transaction that makes a task ready to hand it to
     /// (shared by every clone).
     pub parked: std::sync::Arc<crate::parked_polls::ParkedPolls>,
+    /// How long writes wait before they run (shared by every clone).
+    pub write_delay: std::sync::Arc<crate::pressure::WriteDelay>,
 }
 
 impl Env {
@@ -172,6 +174,7 @@ impl Env {
             dispatch: Default::default(),
             limited: Default::default(),
             parked: Default::default(),
+            write_delay: Default::default(),
         }
     }
 

@@ -53,6 +53,9 @@ pub trait Backend {
     fn commit(&mut self) -> Result<(), Self::Error>;
     /// Rolls the transaction back.
     fn rollback(&mut self);
+    /// A batch is about to begin; its first job was queued this long ago (how long writes
+    /// wait for the writer: what admission control reads).
+    fn queued(&mut self, _waited: std::time::Duration) {}
 }
 
 /// How a job's caller is answered once its batch is over.
@@ -70,7 +73,10 @@ type RunJob<B> = dyn FnOnce(&mut <B as Backend>::Conn, &mut Vec<<B as Backend>::
 
 /// A unit of work queued for the writer, made by [`job`]. Dropped unrun (never run, the writer
 /// gone), it answers its caller with an error.
-pub struct Job<B: Backend>(Box<RunJob<B>>);
+pub struct Job<B: Backend> {
+    run: Box<RunJob<B>>,
+    queued_at: std::time::Instant,
+}
 
 /// What a caller hears: the commit's outcome and the job's own result.
 pub struct Answer<T, E, C> {
@@ -101,7 +107,7 @@ where
     W: FnOnce(&mut B::Conn, &mut Vec<B::Announcement>) -> Result<T, E> + Send + 'static,
 {
     let (answer, answered) = oneshot::channel();
-    let job = Job(Box::new(move |conn: &mut B::Conn, announced: &mut Vec<B::Announcement>| {
+    let run = Box::new(move |conn: &mut B::Conn, announced: &mut Vec<B::Announcement>| {
         // A bug that panics inside one job must not take the writer (and with it every later
         // write) down. Caught here, where nothing else is held: the reply closes (its caller
         // hears the job was dropped) only once the unwinding is over.
@@ -122,7 +128,11 @@ where
         } else {
             Ran::Undone(finish)
         }
-    }));
+    });
+    let job = Job {
+        run,
+        queued_at: std::time::Instant::now(),
+    };
     (job, answered)
 }
 
@@ -142,6 +152,9 @@ pub fn run<B: Backend>(backend: &mut B, inbox: &Receiver<Job<B>>, mut announce: 
 
 /// One group commit.
 fn commit_batch<B: Backend>(backend: &mut B, batch: Vec<Job<B>>, announce: &mut impl FnMut(B::Announcement)) {
+    if let Some(first) = batch.first() {
+        backend.queued(first.queued_at.elapsed());
+    }
     // Never run a job outside a transaction: dropping the batch answers each caller with an
     // error.
     if backend.begin().is_err() {
@@ -156,7 +169,7 @@ fn commit_batch<B: Backend>(backend: &mut B, batch: Vec<Job<B>>, announce: &mut 
             continue; // dropped unrun: its caller hears so
         }
         let mut job_announced = Vec::new();
-        let (ending, finish) = match (job.0)(backend.conn(), &mut job_announced) {
+        let (ending, finish) = match (job.run)(backend.conn(), &mut job_announced) {
             Ran::Kept(finish) => (Ending::Keep, Some(finish)),
             Ran::Undone(finish) => (Ending::Undo, Some(finish)),
             Ran::Panicked => (Ending::Panicked, None),

@@ -130,6 +130,7 @@ pub struct Metrics {
     commit_transactions: Histogram,
     schedule_starts: IntCounterVec,
     schedule_lateness: HistogramVec,
+    admission_refusals: IntCounterVec,
     /// Workflow types with series of their own, per namespace (looked up without allocating:
     /// this runs on the committing thread for every fact).
     workflow_types: Mutex<(HashMap<String, HashSet<String>>, usize)>,
@@ -227,6 +228,11 @@ impl Metrics {
                 &["namespace"],
                 LATENESS_SECONDS,
             ),
+            admission_refusals: f.counters(
+                "capstan_admission_refused_total",
+                "Requests refused before they did anything because the server was overloaded (429/503 with Retry-After), by what sheds: poll, control (new work), worker (reports).",
+                &["plane"],
+            ),
             http,
             workflow_types: Mutex::new((HashMap::new(), 0)),
             namespaces: Mutex::new(HashSet::new()),
@@ -243,6 +249,9 @@ impl Metrics {
             for delivery in ["first", "again"] {
                 metrics.dispatches.with_label_values(&[kind.as_str(), delivery]);
             }
+        }
+        for plane in crate::admission::Plane::ALL {
+            metrics.admission_refusals.with_label_values(&[plane.as_str()]);
         }
         metrics.namespace_seen("default");
         metrics
@@ -318,6 +327,11 @@ impl Metrics {
     pub fn dispatched(&self, kind: TaskKind, fence: u64) {
         let delivery = if fence > 1 { "again" } else { "first" };
         self.dispatches.with_label_values(&[kind.as_str(), delivery]).inc();
+    }
+
+    /// A request refused by admission control (`crate::admission`).
+    pub fn admission_refused(&self, plane: &str) {
+        self.admission_refusals.with_label_values(&[plane]).inc();
     }
 
     /// Workflows a schedule started on its own time, each `lateness_ms` after its occurrence.

@@ -25,6 +25,14 @@ pub(crate) async fn render<S: Store>(state: &AppState<S>, only: Option<&BTreeSet
     queue_gauges(&mut gauges, &loads, now);
     ledger_gauges(&mut gauges, &namespaces, &ledger, now);
     pool_gauges(&mut gauges, state.store.pool_use());
+    gauges
+        .gauges(
+            "capstan_write_queue_delay_milliseconds",
+            "How long writes stand in line before they run now: the smallest wait of the last 100 ms (SQLite's writer queue, a shared database's connection pool). Admission refuses work past its target.",
+            &[],
+        )
+        .with_label_values(&[])
+        .set(state.store.write_queue_delay().as_millis() as i64);
     for reporter in &state.config.reporters {
         reported(&mut gauges, reporter.readings(now));
     }

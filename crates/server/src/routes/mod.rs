@@ -177,6 +177,7 @@ fn worker_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
             state.clone(),
             crate::offload::offload_large_payloads::<S>,
         ))
+        .route_layer(middleware::from_fn_with_state(state.clone(), crate::admission::admit_worker::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), planes::worker_plane::<S>))
 }
 
@@ -191,6 +192,7 @@ fn control_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
         ))
         // A bundle is imported byte for byte as its checksum covers it: never offloaded.
         .route("/workflows/import/embedded-v2", post(imports::embedded_v2::<S>))
+        .route_layer(middleware::from_fn_with_state(state.clone(), crate::admission::admit_control::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), planes::control_plane::<S>))
 }
 

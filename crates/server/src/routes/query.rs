@@ -178,16 +178,28 @@ pub async fn poll_query_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
     let timer = PollTimer::start("query");
-    let request = poll_request(&state, &namespace, &body).await?;
+    let mut request = poll_request(&state, &namespace, &body).await?;
+    if let Some(shed) = crate::admission::shed_poll(&state, "query_task", &request.queue, request.poll_request_id.as_deref()) {
+        return Ok(shed);
+    }
+    let parking_full = crate::admission::parking_full(&state);
+    if parking_full {
+        request.wait_ms = 0;
+    }
     let found = long_poll_query(&state, &namespace, &request).await?;
     timer.answered(&state.metrics, found.is_some());
     match found {
-        Some(task) => Ok(Json(
-            json!({"task": render_query_task(&state, &task).await?, "poll_status": "leased"}),
+        Some(task) => Ok(Json(json!({"task": render_query_task(&state, &task).await?, "poll_status": "leased"})).into_response()),
+        None if parking_full => Ok(crate::admission::parking_refused(
+            &state,
+            "query_task",
+            &request.queue,
+            request.poll_request_id.as_deref(),
         )),
-        None => Ok(Json(json!({"task": null, "poll_status": "empty"}))),
+        None => Ok(Json(json!({"task": null, "poll_status": "empty"})).into_response()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The worker plane: registration, long polls, and fenced task reports.
 
 use super::validation;
+use crate::admission;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::long_poll::{poll_request, wait_for_work, Look, Parking, PollRequest};
@@ -363,6 +364,13 @@ pub async fn poll_workflow_task<S: Store>(
     let timer = PollTimer::start("workflow");
     let kinds = poll_kinds(&body)?;
     let mut request = poll_request(&state, &namespace, &body).await?;
+    if let Some(shed) = admission::shed_poll(&state, "workflow_task", &request.queue, request.poll_request_id.as_deref()) {
+        return Ok(shed);
+    }
+    let parking_full = admission::parking_full(&state);
+    if parking_full {
+        request.wait_ms = 0;
+    }
     if let Some(drained) = hold_if_draining(&state, &mut request).await? {
         return Ok(drained.into_response());
     }
@@ -377,6 +385,14 @@ pub async fn poll_workflow_task<S: Store>(
             .map(|leased| Leased::Workflow(Box::new(leased)))
     };
     let (task, run) = match leased {
+        None if parking_full => {
+            return Ok(admission::parking_refused(
+                &state,
+                "workflow_task",
+                &request.queue,
+                request.poll_request_id.as_deref(),
+            ));
+        }
         None => {
             timer.answered(&state.metrics, false);
             return Ok(empty_poll().into_response());
@@ -414,11 +430,18 @@ pub async fn poll_activity_task<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,
     JsonObject(body): JsonObject,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let timer = PollTimer::start("activity");
     let mut request = poll_request(&state, &namespace, &body).await?;
+    if let Some(shed) = admission::shed_poll(&state, "activity_task", &request.queue, request.poll_request_id.as_deref()) {
+        return Ok(shed);
+    }
+    let parking_full = admission::parking_full(&state);
+    if parking_full {
+        request.wait_ms = 0;
+    }
     if let Some(drained) = hold_if_draining(&state, &mut request).await? {
-        return Ok(drained);
+        return Ok(drained.into_response());
     }
     let leased = long_poll(&state, &namespace, &request, TaskKind::Activity).await?;
     timer.answered(&state.metrics, leased.is_some());
@@ -434,9 +457,15 @@ pub async fn poll_activity_task<S: Store>(
             }
             // Lease-renewing SDKs count the claim's lease from this instant.
             let server_time = capstan_engine::timefmt::iso8601_micros(state.server_time_us());
-            Ok(Json(json!({"task": rendered, "server_time": server_time})))
+            Ok(Json(json!({"task": rendered, "server_time": server_time})).into_response())
         }
-        None => Ok(empty_poll()),
+        None if parking_full => Ok(admission::parking_refused(
+            &state,
+            "activity_task",
+            &request.queue,
+            request.poll_request_id.as_deref(),
+        )),
+        None => Ok(empty_poll().into_response()),
     }
 }
 

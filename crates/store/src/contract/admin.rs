@@ -66,6 +66,11 @@ pub trait AdminStore: Backend {
         self.connections()
     }
 
+    /// How long writes stand in line before they run now (`crate::pressure`).
+    fn write_queue_delay(&self) -> std::time::Duration {
+        self.env().write_delay.standing()
+    }
+
     /// The outcome recorded for a bridge delivery, if it was accepted before.
     fn bridge_delivery(&self, namespace: &str, adapter: &str, key: &str) -> impl Future<Output = StoreResult<Option<Value>>> + Send {
         let (namespace, adapter, key) = (namespace.to_string(), adapter.to_string(), key.to_string());

@@ -219,12 +219,16 @@ impl SharedStore {
         }
     }
 
-    /// A pooled connection inside a new transaction.
+    /// A pooled connection inside a new transaction. The wait for it (the pool's queue) is
+    /// how long this write waited before it ran: admission control reads it.
     async fn begin(&self) -> StoreResult<SharedTx> {
-        match &self.database {
-            Database::Postgres(pg) => Ok(SharedTx::Postgres(pg.begin().await?)),
-            Database::Mysql(my) => Ok(SharedTx::Mysql(my.begin().await?)),
-        }
+        let asked = std::time::Instant::now();
+        let tx = match &self.database {
+            Database::Postgres(pg) => SharedTx::Postgres(pg.begin().await?),
+            Database::Mysql(my) => SharedTx::Mysql(my.begin().await?),
+        };
+        self.env.write_delay.observe(asked.elapsed());
+        Ok(tx)
     }
 
     /// Rolls `tx` back before answering: a refused change leaves no lock behind it.

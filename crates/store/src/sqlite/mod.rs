@@ -84,7 +84,7 @@ impl SqliteStore {
         let (wake, wakeups) = tokio::sync::mpsc::unbounded_channel();
         let env = Env::new(limits);
         Ok(Self {
-            writer: Writer::start(conn, wake, env.observer.clone()),
+            writer: Writer::start(conn, wake, env.observer.clone(), env.write_delay.clone()),
             wakeups: Arc::new(Mutex::new(Some(wakeups))),
             readers: Arc::new(Mutex::new(readers)),
             path: path.to_path_buf(),
@@ -101,6 +101,12 @@ impl SqliteStore {
     /// the fault; `u32::MAX` keeps it until lifted).
     pub fn inject_commit_failures(&self, count: u32) {
         self.writer.inject_commit_failures(count);
+    }
+
+    /// Fault injection for tests: writes read as standing in line for `standing` now (see
+    /// `crate::pressure::WriteDelay::inject`).
+    pub fn inject_write_delay(&self, standing: std::time::Duration) {
+        self.env.write_delay.inject(standing);
     }
 
     /// Takes a pooled reader connection (or opens one when all are lent) and gives it back.

@@ -56,7 +56,12 @@ struct Health {
 impl Writer {
     /// Starts the writer thread; committed ready-task announcements go to `wake`, committed
     /// facts and commit times to `observer`.
-    pub fn start(conn: Connection, wake: tokio::sync::mpsc::UnboundedSender<WakeKey>, observer: ObserverSlot) -> Self {
+    pub fn start(
+        conn: Connection,
+        wake: tokio::sync::mpsc::UnboundedSender<WakeKey>,
+        observer: ObserverSlot,
+        delay: Arc<crate::pressure::WriteDelay>,
+    ) -> Self {
         let (jobs, inbox) = group_commit::channel::<Job<Sqlite>>();
         let health = Arc::new(Health::default());
         let gate = Gate::default();
@@ -67,6 +72,7 @@ impl Writer {
             jobs_in_batch: 0,
             gate: gate.clone(),
             holding: None,
+            delay,
         };
         std::thread::Builder::new()
             .name("capstan-sqlite-writer".into())
@@ -162,6 +168,8 @@ struct Sqlite {
     gate: Gate,
     /// The gate, held from BEGIN to the transaction's end.
     holding: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// How long jobs wait for the writer (admission control reads it).
+    delay: Arc<crate::pressure::WriteDelay>,
 }
 
 impl Backend for Sqlite {
@@ -237,6 +245,10 @@ impl Backend for Sqlite {
         commit.map_err(|error| error.to_string())
     }
 
+    fn queued(&mut self, waited: std::time::Duration) {
+        self.delay.observe(waited);
+    }
+
     fn rollback(&mut self) {
         tracing::error!("a group commit was rolled back whole, a failed write in it not undone; no job in it was acknowledged");
         let _ = self.conn.execute_batch("ROLLBACK");
@@ -257,7 +269,7 @@ mod tests {
         let conn = Connection::open(dir.path().join("w.db")).unwrap();
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)").unwrap();
         let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
-        (Writer::start(conn, wake, ObserverSlot::default()), woken, dir)
+        (Writer::start(conn, wake, ObserverSlot::default(), Default::default()), woken, dir)
     }
 
     /// Keeps what it is told.
@@ -290,7 +302,7 @@ mod tests {
         let slot = ObserverSlot::default();
         let heard = Arc::new(Heard::default());
         slot.set(heard.clone());
-        let writer = Writer::start(conn, wake, slot);
+        let writer = Writer::start(conn, wake, slot, Default::default());
         let refused = writer
             .write_tx(|tx| {
                 tx.observe(timer_fired("refused"));
