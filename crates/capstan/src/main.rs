@@ -236,7 +236,7 @@ struct ServeArgs {
     /// Overload: when writes stand in line longer than this, new work (starts, signals,
     /// updates) is refused with 503 and Retry-After; polls are shed at half of it, worker
     /// reports at twice it (docs/reliability.md, Overload). 0 turns refusals off.
-    #[arg(long, env = "CAPSTAN_OVERLOAD_QUEUE_DELAY_MS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    #[arg(long, env = "CAPSTAN_OVERLOAD_QUEUE_DELAY_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     overload_queue_delay_ms: u64,
     /// Long polls this node holds at most; more are refused with 429 and Retry-After.
     #[arg(long, env = "CAPSTAN_MAX_PARKED_POLLS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

@@ -44,7 +44,7 @@ pub struct AdmissionSettings {
 impl Default for AdmissionSettings {
     fn default() -> Self {
         Self {
-            queue_delay_target: Duration::from_millis(20),
+            queue_delay_target: Duration::from_millis(100),
             max_parked_polls: 10_000,
         }
     }
