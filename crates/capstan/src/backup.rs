@@ -232,43 +232,50 @@ impl capstan_server::metrics::Reporter for ReplicaReadings {
         let status = &self.0;
         let through = status.replicated_through_ms.load(Relaxed);
         let count = |value: u64| value.min(i64::MAX as u64) as i64;
+        let reading = |name, help, counter, value| Reading {
+            name,
+            help,
+            counter,
+            value,
+        };
+        let lag = if through == 0 { 0 } else { ((now - through) / 1000).max(0) };
         vec![
-            Reading {
-                name: "capstan_replica_lag_seconds",
-                help: "How far the continuous replica is behind: seconds since the newest point whose every commit it holds (the recovery point if the disk were lost now).",
-                counter: false,
-                value: if through == 0 { 0 } else { ((now - through) / 1000).max(0) },
-            },
-            Reading {
-                name: "capstan_replica_pending_bytes",
-                help: "Compressed WAL read but not yet uploaded to the replica's target.",
-                counter: false,
-                value: count(status.pending_bytes.load(Relaxed)),
-            },
-            Reading {
-                name: "capstan_replica_segments_total",
-                help: "WAL segments uploaded to the replica's target.",
-                counter: true,
-                value: count(status.segments.load(Relaxed)),
-            },
-            Reading {
-                name: "capstan_replica_shipped_bytes_total",
-                help: "Compressed bytes of WAL segments uploaded to the replica's target.",
-                counter: true,
-                value: count(status.bytes.load(Relaxed)),
-            },
-            Reading {
-                name: "capstan_replica_generations_total",
-                help: "Generations (snapshots) the replica began: at start, every snapshot interval, and when its chain broke.",
-                counter: true,
-                value: count(status.generations.load(Relaxed)),
-            },
-            Reading {
-                name: "capstan_replica_failures_total",
-                help: "Replica rounds that failed (the target unreachable, a checkpoint kept from completing); it keeps trying.",
-                counter: true,
-                value: count(status.failures.load(Relaxed)),
-            },
+            reading(
+                "capstan_replica_lag_seconds",
+                "How far the continuous replica is behind: seconds since the newest point whose every commit it holds (the recovery point if the disk were lost now).",
+                false,
+                lag,
+            ),
+            reading(
+                "capstan_replica_pending_bytes",
+                "Compressed WAL read but not yet uploaded to the replica's target.",
+                false,
+                count(status.pending_bytes.load(Relaxed)),
+            ),
+            reading(
+                "capstan_replica_segments_total",
+                "WAL segments uploaded to the replica's target.",
+                true,
+                count(status.segments.load(Relaxed)),
+            ),
+            reading(
+                "capstan_replica_shipped_bytes_total",
+                "Compressed bytes of WAL segments uploaded to the replica's target.",
+                true,
+                count(status.bytes.load(Relaxed)),
+            ),
+            reading(
+                "capstan_replica_generations_total",
+                "Generations (snapshots) the replica began: at start, every snapshot interval, and when its chain broke.",
+                true,
+                count(status.generations.load(Relaxed)),
+            ),
+            reading(
+                "capstan_replica_failures_total",
+                "Replica rounds that failed (the target unreachable, a checkpoint kept from completing); it keeps trying.",
+                true,
+                count(status.failures.load(Relaxed)),
+            ),
         ]
     }
 }
