@@ -6,6 +6,7 @@
 
 mod avro;
 mod matching;
+mod overload;
 mod proc_stats;
 
 use clap::{Parser, ValueEnum};
@@ -40,6 +41,10 @@ enum Workload {
     Priority,
     /// A backlog drained under --rate-limit and/or --max-leased, by workers on every --node.
     Limits,
+    /// Starts offered at --overload-multiple times what the machine sustains, for --seconds:
+    /// refusals, the admitted starts' latency against the unloaded one, memory, recovery, and
+    /// `capstan verify` against the acknowledged starts. Spawns its own servers (--spawn).
+    Overload,
 }
 
 #[derive(Parser, Debug)]
@@ -88,7 +93,14 @@ struct Args {
     /// mode first (e.g. `non_atomic`), so every dispatch is ledgered: the ledger's cost.
     #[arg(long)]
     declare_action: Option<String>,
-    /// Matching workloads: how long to drain the backlog.
+    /// `overload`: the offered load, as a multiple of what the machine sustains.
+    #[arg(long, default_value_t = 3.0)]
+    overload_multiple: f64,
+    /// `overload`: run the spawned servers on this CPU only (run the generator on another with
+    /// `taskset -c M`).
+    #[arg(long)]
+    server_cpu: Option<usize>,
+    /// Matching workloads and `overload`: how long to drain the backlog, or to overload.
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
     /// Matching workloads: how long a worker holds each workflow task before completing it.
@@ -215,7 +227,7 @@ fn decide(workload: Workload, steps: usize, task: &Value, events: &[Value]) -> V
             commands.push(json!({"type": "complete_workflow", "result": input}));
             commands
         }
-        Workload::IdlePolls | Workload::Open | Workload::Fairness | Workload::Priority | Workload::Limits => vec![],
+        Workload::IdlePolls | Workload::Open | Workload::Fairness | Workload::Priority | Workload::Limits | Workload::Overload => vec![],
     }
 }
 
@@ -412,6 +424,17 @@ async fn verify(api: &Api, workflow_ids: &[String], expected_blob: &str, workloa
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    if args.workload == Workload::Overload {
+        let setup = overload::Setup {
+            binary: args.spawn.clone(),
+            server_args: args.server_args.clone(),
+            server_cpu: args.server_cpu,
+            seconds: args.seconds,
+            multiple: args.overload_multiple,
+        };
+        println!("{}", overload::run(&setup).await);
+        return;
+    }
     let mut spawned = None;
     let base = match &args.server {
         Some(url) => url.trim_end_matches('/').to_string(),

@@ -6,14 +6,26 @@ use std::time::{Duration, Instant};
 pub struct SpawnedServer {
     child: Child,
     pub url: String,
-    _data: tempfile::TempDir,
+    data: tempfile::TempDir,
 }
 
 impl SpawnedServer {
     pub async fn start(binary: &str, extra_args: Option<&str>) -> Self {
+        Self::start_on(binary, extra_args, None).await
+    }
+
+    /// The server, on one CPU only when `cpu` is given (`taskset`).
+    pub async fn start_on(binary: &str, extra_args: Option<&str>, cpu: Option<usize>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let data = tempfile::tempdir().expect("tempdir");
-        let mut command = Command::new(binary);
+        let mut command = match cpu {
+            Some(cpu) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", &cpu.to_string(), binary]);
+                taskset
+            }
+            None => Command::new(binary),
+        };
         command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(data.path());
@@ -36,18 +48,30 @@ impl SpawnedServer {
             assert!(Instant::now() < deadline, "capstan did not become healthy");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Self { child, url, _data: data }
+        Self { child, url, data }
+    }
+
+    /// Stops the server (SIGKILL: what it acknowledged must be on disk already).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// `capstan verify --json` on the stopped server's data directory.
+    pub fn verify(&self, binary: &str) -> serde_json::Value {
+        let output = Command::new(binary)
+            .args(["verify", "--json", "--data-dir"])
+            .arg(self.data.path())
+            .output()
+            .unwrap_or_else(|e| panic!("run {binary} verify: {e}"));
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+            serde_json::json!({"unreadable": String::from_utf8_lossy(&output.stdout), "stderr": String::from_utf8_lossy(&output.stderr)})
+        })
     }
 
     /// User + system CPU seconds the server has used so far.
     pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
-        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-            + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        ticks / 100.0
+        cpu_seconds_of(self.child.id())
     }
 
     /// Peak resident set size (VmHWM) in MiB.
@@ -76,4 +100,15 @@ impl Drop for SpawnedServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// User + system CPU seconds process `pid` has used so far.
+pub fn cpu_seconds_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks / 100.0
 }

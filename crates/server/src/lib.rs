@@ -173,6 +173,8 @@ pub struct AppState<S: Store> {
     pub(crate) offload_thresholds: offload::Thresholds,
     /// This process's counters and histograms (`/metrics`).
     pub metrics: Arc<metrics::Metrics>,
+    /// The planes' in-flight limits (`admission`).
+    pub(crate) admission: admission::Limits,
 }
 
 pub type Shared<S> = Arc<AppState<S>>;
@@ -275,6 +277,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> (Router, Shared<S>) {
         payload_stores: Default::default(),
         offload_thresholds: Default::default(),
         metrics,
+        admission: Default::default(),
     });
     (routes::router(state.clone()), state)
 }

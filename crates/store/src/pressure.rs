@@ -1,6 +1,6 @@
 //! How long writes wait before they run: the SQLite writer's queue (from a job's queueing to
 //! its batch's start), or a shared database's connection pool (the wait for a connection).
-//! Admission control reads it (`crates/server/src/admission.rs`).
+//! Admission control reads it (`crates/server/src/admission/`).
 //!
 //! The measure is CoDel's: the smallest wait seen over a window. A burst that drains within
 //! the window has one short wait in it and does not count; a standing queue (every write of a

@@ -33,10 +33,30 @@ pub(crate) async fn render<S: Store>(state: &AppState<S>, only: Option<&BTreeSet
         )
         .with_label_values(&[])
         .set(state.store.write_queue_delay().as_millis() as i64);
+    admission_gauges(&mut gauges, state);
     for reporter in &state.config.reporters {
         reported(&mut gauges, reporter.readings(now));
     }
     Ok(state.metrics.text_with(&gauges, only))
+}
+
+fn admission_gauges<S: Store>(f: &mut Families, state: &AppState<S>) {
+    let limits = f.gauges(
+        "capstan_admission_inflight_limit",
+        "Requests of a plane this node admits at once now: a limit that follows their latency (it shrinks when every request of a window is slow). Past it, new ones are refused with 503.",
+        &["plane"],
+    );
+    for (plane, limit) in state.admission.limits() {
+        limits.with_label_values(&[plane.as_str()]).set(limit as i64);
+    }
+    let inflight = f.gauges(
+        "capstan_admission_inflight",
+        "Requests of a plane in flight on this node now.",
+        &["plane"],
+    );
+    for (plane, now) in state.admission.inflight() {
+        inflight.with_label_values(&[plane.as_str()]).set(now as i64);
+    }
 }
 
 fn reported(f: &mut Families, readings: Vec<super::Reading>) {

@@ -86,6 +86,8 @@ pub fn router<S: Store>(state: Shared<S>) -> Router {
         .layer(middleware::from_fn(mark_loopback))
         .layer(middleware::from_fn_with_state(state.clone(), certify::<S>))
         .layer(tower_http::compression::CompressionLayer::new().compress_when(Compressible))
+        // Outermost: a refusal under overload costs next to nothing.
+        .layer(middleware::from_fn_with_state(state.clone(), crate::admission::gate::<S>))
         .with_state(state)
 }
 
@@ -177,7 +179,6 @@ fn worker_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
             state.clone(),
             crate::offload::offload_large_payloads::<S>,
         ))
-        .route_layer(middleware::from_fn_with_state(state.clone(), crate::admission::admit_worker::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), planes::worker_plane::<S>))
 }
 
@@ -192,7 +193,6 @@ fn control_plane<S: Store>(state: &Shared<S>) -> ServerTable<S> {
         ))
         // A bundle is imported byte for byte as its checksum covers it: never offloaded.
         .route("/workflows/import/embedded-v2", post(imports::embedded_v2::<S>))
-        .route_layer(middleware::from_fn_with_state(state.clone(), crate::admission::admit_control::<S>))
         .route_layer(middleware::from_fn_with_state(state.clone(), planes::control_plane::<S>))
 }
 

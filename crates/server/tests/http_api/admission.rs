@@ -1,4 +1,4 @@
-//! Overload that bends (`crates/server/src/admission.rs`): once writes stand in line past the
+//! Overload that bends (`crates/server/src/admission/`): once writes stand in line past the
 //! target, new work is refused with 503 `server_overloaded` and polls with 429
 //! `long_poll_capacity_exhausted`, both with `Retry-After`, nothing done; reads go on; and
 //! when the line is gone everything is admitted again. (SQLite: the standing queue is
@@ -72,4 +72,58 @@ async fn a_standing_write_queue_refuses_new_work_and_polls_with_retry_after_and_
             .unwrap();
         assert!(count >= 1, "{plane}: {count}");
     }
+}
+
+/// The in-flight limit is a hard bound: with the writer held, the starts past it are refused at
+/// once (503, `Retry-After`, nothing done) while the admitted ones wait, and those all finish
+/// when it is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_work_past_the_in_flight_limit_is_refused_at_once_and_the_admitted_finish() {
+    let h = Harness::start().await;
+    let Some(store) = h.sqlite() else { return };
+    let limit = gauge(&h, "capstan_admission_inflight_limit{plane=\"control\"}").await;
+    assert!(limit >= 16, "the control plane's limit: {limit}");
+    let held = store.replication().pause_writes().await;
+    let offered = limit + 10;
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..offered {
+        let request = h
+            .client(Method::POST, "/api/workflows")
+            .json(&json!({"workflow_id": format!("held-{n}"), "workflow_type": "t", "task_queue": "q", "input": env(EMPTY_ARGS)}));
+        let answers = answers.clone();
+        tokio::spawn(async move { answers.send((n, send_allowing_server_errors(request).await)) });
+    }
+    let mut refused = Vec::new();
+    while refused.len() < 10 {
+        let (n, response) = tokio::time::timeout(Duration::from_secs(10), answered.recv())
+            .await
+            .expect("the starts past the limit are answered while the writer is held")
+            .unwrap();
+        assert_eq!(response.header("retry-after").as_deref(), Some("1"));
+        response.err(503, "server_overloaded");
+        refused.push(n);
+    }
+    assert_eq!(gauge(&h, "capstan_admission_inflight{plane=\"control\"}").await, limit);
+
+    drop(held);
+    for _ in 0..limit {
+        let (_, response) = tokio::time::timeout(Duration::from_secs(10), answered.recv())
+            .await
+            .expect("the admitted starts finish")
+            .unwrap();
+        assert_eq!(response.status.as_u16(), 201);
+    }
+    for n in refused {
+        h.cget(&format!("/api/workflows/held-{n}")).await.err(404, "instance_not_found");
+    }
+}
+
+async fn gauge(h: &Harness, series: &str) -> u64 {
+    let text = h.bare(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    let line = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .unwrap_or_else(|| panic!("{series} in /metrics"))
+        .parse()
+        .unwrap()
 }

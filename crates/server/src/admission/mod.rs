@@ -9,14 +9,21 @@
 //!    advertised second and polls again (both DW SDKs honour it), and takes no new work
 //!    meanwhile. A node holding `max_parked_polls` already lets a poll take a task that is
 //!    ready, but refuses it the wait for one;
-//! 2. **new work** (the control plane's writes, at the target): starts, signals, updates,
-//!    cancellations are answered `503 server_overloaded` (`retryable`, `retry_after_seconds`);
-//!    the SDKs' transports retry them with backoff;
+//! 2. **new work** (writes to workflows, activities and schedules, at the target): starts,
+//!    signals, updates, cancellations are answered `503 server_overloaded` (`retryable`,
+//!    `retry_after_seconds`); the SDKs' transports retry them with backoff;
 //! 3. **progress of work already admitted** (a worker's reports, at twice the target): task
 //!    completions, heartbeats, registrations; they free leases, so they go last.
 //!
-//! Reads, health, cluster info, metrics and the operators' own routes (namespaces,
-//! credentials) are never refused here. docs/reliability.md, Overload.
+//! New work and reports also each have a limit on requests in flight that follows their
+//! latency (`limit.rs`): a server that waits for its CPU rather than its writes is bent by
+//! that. Both refusals are made by the outermost layer ([`gate`]) from a body rendered once,
+//! so that refusing costs next to nothing. Reads, health, cluster info, metrics and the
+//! operators' own routes are never refused here. docs/reliability.md, Overload.
+
+mod limit;
+
+pub use limit::InflightLimit;
 
 use crate::error::ApiError;
 use crate::{AppState, Shared};
@@ -130,35 +137,102 @@ fn poll_refusal<S: Store>(state: &AppState<S>, why: String, task_kind: &str, que
     refused(state, Plane::Poll, refusal)
 }
 
-fn refuse_work<S: Store>(state: &AppState<S>, plane: Plane) -> Option<Response> {
-    let standing = overloaded(state, plane)?;
-    let refusal = Refusal::new(
-        Reason::ServerOverloaded,
-        format!(
-            "The server is overloaded (writes wait {} ms); nothing was done. Retry in {RETRY_AFTER_SECONDS} s.",
-            standing.as_millis()
-        ),
+/// The in-flight limits of the planes that have one (polls wait by design: they have none).
+#[derive(Debug, Default)]
+pub struct Limits {
+    pub control: InflightLimit,
+    pub worker: InflightLimit,
+}
+
+impl Limits {
+    fn of(&self, plane: Plane) -> &InflightLimit {
+        match plane {
+            Plane::Worker => &self.worker,
+            _ => &self.control,
+        }
+    }
+
+    /// Each limited plane's limit now (`/metrics`).
+    pub fn limits(&self) -> [(Plane, usize); 2] {
+        [(Plane::Control, self.control.limit()), (Plane::Worker, self.worker.limit())]
+    }
+
+    /// Each limited plane's requests in flight now (`/metrics`).
+    pub fn inflight(&self) -> [(Plane, usize); 2] {
+        [(Plane::Control, self.control.inflight()), (Plane::Worker, self.worker.inflight())]
+    }
+}
+
+/// The plane a request sheds with, by its method and path; `None`: never refused here (reads,
+/// polls, the operators' routes).
+fn plane_of(method: &Method, path: &str) -> Option<Plane> {
+    if *method == Method::GET {
+        return None;
+    }
+    let path = path.strip_prefix("/api")?;
+    if let Some(worker) = path.strip_prefix("/worker/") {
+        return (!worker.ends_with("/poll")).then_some(Plane::Worker);
+    }
+    ["/workflows", "/activities", "/schedules"]
+        .iter()
+        .any(|new_work| path.starts_with(new_work))
+        .then_some(Plane::Control)
+}
+
+/// The refusal of new work or a report, rendered once: under overload the refusals must cost
+/// next to nothing, or they take the CPU the admitted requests need.
+fn overloaded_response() -> Response {
+    static BODY: &str = concat!(
+        r#"{"reason":"server_overloaded","message":"The server is overloaded; nothing was done. Retry in 1 s.","#,
+        r#""retryable":true,"retry_after_seconds":1}"#
     );
-    Some(refused(state, plane, refusal))
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (axum::http::header::CONTENT_TYPE, "application/json"),
+            (axum::http::header::RETRY_AFTER, "1"),
+        ],
+        BODY,
+    )
+        .into_response()
 }
 
-/// The control plane's writes: refused past the target.
-pub async fn admit_control<S: Store>(State(state): State<Shared<S>>, request: Request, next: Next) -> Response {
-    if request.method() != Method::GET {
-        if let Some(refusal) = refuse_work(&state, Plane::Control) {
-            return refusal;
-        }
+/// The outermost layer: new work and worker reports are refused here, before anything else
+/// reads them, when their plane is past its share of the writes' queue or its in-flight limit.
+pub async fn gate<S: Store>(State(state): State<Shared<S>>, request: Request, next: Next) -> Response {
+    let Some(plane) = plane_of(request.method(), request.uri().path()) else {
+        return next.run(request).await;
+    };
+    if state.config.admission.queue_delay_target.is_zero() {
+        return next.run(request).await;
     }
-    next.run(request).await
+    let place = match overloaded(&state, plane) {
+        Some(_) => None,
+        None => state.admission.of(plane).try_acquire(),
+    };
+    let Some(place) = place else {
+        state.metrics.admission_refused(plane.as_str());
+        return overloaded_response();
+    };
+    let response = next.run(request).await;
+    drop(place);
+    response
 }
 
-/// A worker's reports: refused past twice the target. Polls are admitted by their handlers
-/// ([`shed_poll`]), which know the queue the refusal must name.
-pub async fn admit_worker<S: Store>(State(state): State<Shared<S>>, request: Request, next: Next) -> Response {
-    if request.method() != Method::GET && !request.uri().path().ends_with("/poll") {
-        if let Some(refusal) = refuse_work(&state, Plane::Worker) {
-            return refusal;
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_work_and_reports_shed_and_reads_polls_and_operators_do_not() {
+        let post = Method::POST;
+        assert_eq!(plane_of(&post, "/api/workflows"), Some(Plane::Control));
+        assert_eq!(plane_of(&post, "/api/workflows/w/signal/s"), Some(Plane::Control));
+        assert_eq!(plane_of(&post, "/api/worker/workflow-tasks/t/complete"), Some(Plane::Worker));
+        assert_eq!(plane_of(&post, "/api/worker/workflow-tasks/poll"), None);
+        assert_eq!(plane_of(&Method::GET, "/api/workflows"), None);
+        assert_eq!(plane_of(&post, "/api/namespaces"), None);
+        assert_eq!(plane_of(&post, "/api/ledger/x/resolve"), None);
+        assert_eq!(plane_of(&post, "/metrics"), None);
     }
-    next.run(request).await
 }
