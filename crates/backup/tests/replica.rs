@@ -220,3 +220,79 @@ async fn an_unreachable_target_is_ridden_out_and_past_its_bound_a_new_generation
         "nothing committed while it was away is missing"
     );
 }
+
+/// A snapshot interval begins a new generation on time; retention deletes the generations no
+/// point of the window needs, and every point of the window still restores exactly what was
+/// committed by then, from whichever generation holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_begin_generations_and_retention_keeps_every_point_of_the_window() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let sources = Sources::system();
+    let store = SqliteStore::open(&dir.path().join("capstan.db"), Limits::default(), sources.now_ms()).unwrap();
+    let target = Target::create(dir.path().join("replica").to_str().unwrap()).unwrap();
+    let retention = Duration::from_millis(900);
+    let settings = Settings {
+        snapshot_interval: Duration::from_millis(300),
+        retention,
+        ..settings(&target)
+    };
+    let replica = replicate::start(store.replication(), settings, sources.clone()).await.unwrap();
+
+    // Writes in steps; after each, what was committed by a known time.
+    let mut points: Vec<(i64, Vec<String>)> = Vec::new();
+    let began = std::time::Instant::now();
+    let mut step = 0;
+    let mut first_generation = None;
+    while began.elapsed() < Duration::from_millis(3000) {
+        for i in 0..3 {
+            store.create_namespace(namespace(&format!("ns-{step:03}-{i}"))).await.unwrap();
+        }
+        step += 1;
+        wait_until_shipped(&replica, &sources).await;
+        if first_generation.is_none() {
+            first_generation = Some(restore::generations(&target).await.unwrap()[0].id.clone());
+        }
+        let committed = names(&store).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        points.push((sources.now_ms(), committed));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let status = replica.status.clone();
+    replica.finish().await;
+    let finished = sources.now_ms();
+
+    let generations = restore::generations(&target).await.unwrap();
+    let begun = status.generations.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(begun >= 6, "a generation every 300 ms over 3 s: {begun}");
+    assert!(
+        (generations.len() as u64) < begun && generations.len() >= 2,
+        "{} of {begun} generations kept",
+        generations.len()
+    );
+    assert_ne!(Some(&generations[0].id), first_generation.as_ref(), "the first is deleted");
+    // Expiry runs as each generation begins: by the newest one's start, every generation
+    // whose successor began before the window (as it stood then) is gone.
+    let newest_began = generations.last().unwrap().manifest.started_at_ms;
+    for pair in generations.windows(2) {
+        assert!(
+            pair[1].manifest.started_at_ms >= newest_began - retention.as_millis() as i64,
+            "kept a generation no point of the window needs: {pair:?}"
+        );
+    }
+    assert!(
+        generations[0].manifest.started_at_ms <= finished - retention.as_millis() as i64,
+        "the oldest kept covers the start of the window"
+    );
+
+    // Every point of the window restores what was committed by then.
+    let window_start = finished - retention.as_millis() as i64 + 50;
+    let in_window: Vec<_> = points.iter().filter(|(at, _)| *at >= window_start).collect();
+    assert!(in_window.len() >= 3, "{} points in the window", in_window.len());
+    for (n, (at, committed)) in in_window.iter().enumerate() {
+        let restored = dir.path().join(format!("at-{n}.db"));
+        restore::restore(&target, &restored, Some(*at)).await.unwrap();
+        let opened = SqliteStore::open(&restored, Limits::default(), sources.now_ms()).unwrap();
+        assert_eq!(&names(&opened).await, committed, "the point {at}");
+    }
+}

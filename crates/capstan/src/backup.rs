@@ -294,3 +294,18 @@ pub async fn start_replica(
     tracing::info!(target = %shown, interval_ms = args.replica_interval_ms, "replicating the database continuously");
     Ok(Some(replica))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_point_in_time_is_rfc3339_with_any_offset_or_unix_milliseconds() {
+        assert_eq!(parse_time("2026-12-07T09:30:00Z"), Ok(1_796_635_800_000));
+        assert_eq!(parse_time("2026-12-07T10:30:00.250+01:00"), Ok(1_796_635_800_250));
+        assert_eq!(parse_time("1796635800000"), Ok(1_796_635_800_000));
+        let refused = parse_time("yesterday").unwrap_err();
+        assert!(refused.contains("--at \"yesterday\"") && refused.contains("RFC 3339"), "{refused}");
+        assert_eq!(shown_time(1_796_635_800_250), "2026-12-07T09:30:00.250Z");
+    }
+}
