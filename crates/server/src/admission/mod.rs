@@ -27,13 +27,15 @@ pub use limit::InflightLimit;
 
 use crate::error::ApiError;
 use crate::{AppState, Shared};
+use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::Method;
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use capstan_engine::{Reason, Refusal};
 use capstan_store::Store;
 use serde_json::Value;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// How long a refused client is told to wait.
@@ -179,20 +181,27 @@ fn plane_of(method: &Method, path: &str) -> Option<Plane> {
         .then_some(Plane::Control)
 }
 
-/// The refusal of new work or a report, rendered once: under overload the refusals must cost
-/// next to nothing, or they take the CPU the admitted requests need.
+/// The refusal of new work or a report, rendered once (from the catalogue, in the shape every
+/// refusal has): under overload the refusals must cost next to nothing, or they take the CPU
+/// the admitted requests need.
 fn overloaded_response() -> Response {
-    static BODY: &str = concat!(
-        r#"{"reason":"server_overloaded","message":"The server is overloaded; nothing was done. Retry in 1 s.","#,
-        r#""retryable":true,"retry_after_seconds":1}"#
-    );
+    static BODY: LazyLock<Bytes> = LazyLock::new(|| {
+        let refusal = Refusal::new(
+            Reason::ServerOverloaded,
+            format!("The server is overloaded; nothing was done. Retry in {RETRY_AFTER_SECONDS} s."),
+        )
+        .with("retryable", true)
+        .with("retry_after_seconds", RETRY_AFTER_SECONDS);
+        let body = Value::Object(ApiError::from(refusal).body());
+        Bytes::from(serde_json::to_vec(&body).expect("a refusal serializes"))
+    });
     (
-        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        crate::error::status_of(Reason::ServerOverloaded),
         [
-            (axum::http::header::CONTENT_TYPE, "application/json"),
-            (axum::http::header::RETRY_AFTER, "1"),
+            (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS)),
         ],
-        BODY,
+        BODY.clone(),
     )
         .into_response()
 }
@@ -234,5 +243,20 @@ mod tests {
         assert_eq!(plane_of(&post, "/api/namespaces"), None);
         assert_eq!(plane_of(&post, "/api/ledger/x/resolve"), None);
         assert_eq!(plane_of(&post, "/metrics"), None);
+    }
+
+    #[tokio::test]
+    async fn the_prerendered_refusal_is_the_catalogues_503_with_retry_after() {
+        let response = overloaded_response();
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["reason"], Reason::ServerOverloaded.as_str());
+        assert_eq!(
+            (body["retryable"].clone(), body["retry_after_seconds"].clone()),
+            (Value::Bool(true), 1.into())
+        );
+        assert!(body["message"].as_str().unwrap().contains("nothing was done"));
     }
 }
