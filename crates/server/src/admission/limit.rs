@@ -24,6 +24,8 @@ const BASELINE_DRIFT: f64 = 1.002;
 #[derive(Debug)]
 pub struct InflightLimit {
     inflight: AtomicUsize,
+    /// `State::limit` as a whole number, read without the lock on every request.
+    current: AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -42,6 +44,7 @@ impl Default for InflightLimit {
     fn default() -> Self {
         Self {
             inflight: AtomicUsize::new(0),
+            current: AtomicUsize::new(INITIAL_LIMIT as usize),
             state: Mutex::new(State {
                 limit: INITIAL_LIMIT,
                 baseline: None,
@@ -69,7 +72,7 @@ impl Drop for Permit<'_> {
 impl InflightLimit {
     /// A place for one more request, or `None` when the limit is reached.
     pub fn try_acquire(&self) -> Option<Permit<'_>> {
-        let limit = self.state.lock().expect("inflight limit").limit as usize;
+        let limit = self.current.load(Ordering::Acquire);
         let admitted = self
             .inflight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
@@ -83,7 +86,7 @@ impl InflightLimit {
     }
 
     pub fn limit(&self) -> usize {
-        self.state.lock().expect("inflight limit").limit as usize
+        self.current.load(Ordering::Acquire)
     }
 
     pub fn inflight(&self) -> usize {
@@ -104,6 +107,7 @@ impl InflightLimit {
         } else if state.busiest as f64 >= state.limit * 0.8 {
             state.limit = (state.limit + 2.0).min(MAX_LIMIT);
         }
+        self.current.store(state.limit as usize, Ordering::Release);
         state.window_started = now;
         state.fastest = None;
         state.busiest = self.inflight.load(Ordering::Acquire);

@@ -147,21 +147,16 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Each limited plane and its limit (`/metrics` reads them all).
+    pub fn planes(&self) -> [(Plane, &InflightLimit); 2] {
+        [(Plane::Control, &self.control), (Plane::Worker, &self.worker)]
+    }
+
     fn of(&self, plane: Plane) -> &InflightLimit {
         match plane {
             Plane::Worker => &self.worker,
             _ => &self.control,
         }
-    }
-
-    /// Each limited plane's limit now (`/metrics`).
-    pub fn limits(&self) -> [(Plane, usize); 2] {
-        [(Plane::Control, self.control.limit()), (Plane::Worker, self.worker.limit())]
-    }
-
-    /// Each limited plane's requests in flight now (`/metrics`).
-    pub fn inflight(&self) -> [(Plane, usize); 2] {
-        [(Plane::Control, self.control.inflight()), (Plane::Worker, self.worker.inflight())]
     }
 }
 

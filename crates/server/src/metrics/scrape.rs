@@ -46,16 +46,14 @@ fn admission_gauges<S: Store>(f: &mut Families, state: &AppState<S>) {
         "Requests of a plane this node admits at once now: a limit that follows their latency (it shrinks when every request of a window is slow). Past it, new ones are refused with 503.",
         &["plane"],
     );
-    for (plane, limit) in state.admission.limits() {
-        limits.with_label_values(&[plane.as_str()]).set(limit as i64);
-    }
     let inflight = f.gauges(
         "capstan_admission_inflight",
         "Requests of a plane in flight on this node now.",
         &["plane"],
     );
-    for (plane, now) in state.admission.inflight() {
-        inflight.with_label_values(&[plane.as_str()]).set(now as i64);
+    for (plane, limit) in state.admission.planes() {
+        limits.with_label_values(&[plane.as_str()]).set(limit.limit() as i64);
+        inflight.with_label_values(&[plane.as_str()]).set(limit.inflight() as i64);
     }
 }
 
