@@ -238,6 +238,17 @@ pub async fn retention_pass<S: Store>(
     Ok(ids)
 }
 
+/// Rebuilds a namespace's kept run counts from a full count of its runs (a repair: they are
+/// kept exact in every transaction, so only a fault or an older binary leaves them wrong);
+/// how many keys were wrong.
+pub async fn rebuild_run_counts<S: Store>(store: &S, namespace: &str) -> StoreResult<usize> {
+    let rebuilt = store.recount_runs(Some(namespace)).await?;
+    if rebuilt > 0 {
+        tracing::warn!(namespace, rebuilt, "run counts differed from a full count; rebuilt");
+    }
+    Ok(rebuilt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

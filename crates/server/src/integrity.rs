@@ -24,7 +24,8 @@ impl IntegrityReport {
 
 const RUNS_PAGE: usize = 500;
 
-/// Walks every run and every ledger chain in the store.
+/// Walks every run and every ledger chain in the store, and compares the kept run counts with
+/// a full count.
 pub async fn verify<S: Store>(store: &S) -> StoreResult<IntegrityReport> {
     let mut report = IntegrityReport::default();
     let mut after = None;
@@ -60,6 +61,19 @@ pub async fn verify<S: Store>(store: &S) -> StoreResult<IntegrityReport> {
                     .push(format!("{place}: the last event's hash differs from the run's head"));
             }
         }
+    }
+    for drift in store.run_count_drift(None).await? {
+        let key = &drift.key;
+        report.problems.push(format!(
+            "run counts of {} ({} on {}, {}{}): kept {}, a full count gives {}; POST /api/system/run-counts/rebuild repairs them",
+            key.namespace,
+            key.workflow_type,
+            key.task_queue,
+            key.class,
+            if key.current { ", current" } else { "" },
+            drift.kept,
+            drift.counted
+        ));
     }
     for (namespace, workflow_id) in store.ledger_instances().await? {
         report.ledger_instances_checked += 1;

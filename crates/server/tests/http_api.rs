@@ -1867,6 +1867,11 @@ async fn list_filters_and_pages() {
     );
     let counts = h.cget("/api/workflow-counts?query=list-&status=completed").await.ok(200);
     assert_eq!((&counts["running"], &counts["failed"]), (&json!(2), &json!(1)));
+    // The unfiltered counts above are kept in the transactions; they match a full count.
+    let check = h.cget("/api/system/run-counts").await.ok(200);
+    assert_eq!((&check["exact"], &check["drift"]), (&json!(true), &json!([])), "{check}");
+    let rebuilt = h.cpost("/api/system/run-counts/rebuild", json!({})).await.ok(200);
+    assert_eq!(rebuilt["keys_rebuilt"], 0);
     h.cget("/api/workflow-counts?query=Nope%20%3D%201")
         .await
         .err(422, "unknown_search_attribute");
@@ -4133,6 +4138,7 @@ async fn every_route_family_checks_its_roles() {
         (Method::GET, "/api/system/metrics", json!(null), A),
         (Method::GET, "/api/system/retention", json!(null), A),
         (Method::POST, "/api/system/repair/pass", json!({}), A),
+        (Method::GET, "/api/system/run-counts", json!(null), A),
         (Method::GET, "/metrics", json!(null), O | A),
     ];
     let worker_plane = |path: &str| path.starts_with("/api/worker/");

@@ -1,7 +1,7 @@
 //! The guarantees checked after every step and at the end (see [`check_run`]): chains,
 //! acknowledged heads, one terminal fact per durable id, principals, fences, leases, settled
 //! updates, schedules, redrives, no retry of an unknown outcome, activity leases within their
-//! cap, and liveness. They read the
+//! cap, kept run counts equal to a full count, and liveness. They read the
 //! world's store and what it has seen, and what the clients know they asked for.
 
 use crate::clients::Clients;
@@ -174,7 +174,22 @@ pub(crate) async fn check_all(world: &mut World, clients: &Clients) -> Result<()
         check_schedule(world, &schedule_id).await?;
     }
     clients.imports.check(world).await?;
-    clients.uploads.check_held(world).await
+    clients.uploads.check_held(world).await?;
+    check_run_counts(world).await
+}
+
+/// The run counts kept in the store's transactions equal a full count of its runs, through
+/// every transition and power cut the seed made.
+async fn check_run_counts(world: &mut World) -> Result<(), Failure> {
+    let drift = world
+        .store()
+        .run_count_drift(None)
+        .await
+        .map_err(|e| world.fail(format!("run counts: {e}")))?;
+    match drift.is_empty() {
+        true => Ok(()),
+        false => Err(world.fail(format!("kept run counts differ from a full count: {drift:?}"))),
+    }
 }
 
 /// The guarantees of one run, from its stored state and history.

@@ -56,6 +56,7 @@ pub mod prelude {
 }
 pub use logic::fleet::DEREGISTRATION_RECEIPT_RETENTION_MS;
 pub use logic::queries::{QueryAnswer, QueryClaim};
+pub use logic::run_counts::{CountDrift, CountKey};
 pub use logic::service_calls::propagates as cancellation_propagates;
 pub use logic::sessions::{SessionAnswer, SessionStep};
 pub use logic::streams::{StoredStreamItem, StreamAppend, StreamState, StreamTarget};

@@ -3,16 +3,23 @@
 //! Migrations only add (tables, columns with defaults, indexes), so a binary that knows fewer
 //! migrations than a database holds can still run against it — what a rolling upgrade of a
 //! cluster needs. A change older binaries cannot run against (a migration that removes or
-//! reinterprets, a run document they cannot read) raises [`SCHEMA_FLOOR`] to the lowest schema
+//! reinterprets, a run document they cannot read) raises [`schema_floor`] to the lowest schema
 //! version a binary must know; every binary stores the highest floor it has seen on opening,
 //! and refuses a database whose floor is above the migrations it knows, with a message that
 //! says what to do, instead of misreading it.
 
+use crate::tx::Dialect;
 use crate::{StoreError, StoreResult};
 
-/// The lowest migration version a binary must know to run against what this binary writes.
-/// Nothing yet breaks an older binary.
-pub const SCHEMA_FLOOR: i64 = 1;
+/// The lowest migration version a binary must know to run against what this binary writes,
+/// per backend (their migrations are numbered apart). Raised by the kept run counts
+/// (`run_counts`): an older binary would change runs without counting them.
+pub fn schema_floor(dialect: Dialect) -> i64 {
+    match dialect {
+        Dialect::Sqlite => 32,
+        Dialect::Postgres | Dialect::Mysql => 33,
+    }
+}
 
 /// The table that holds a database's floor (one row). Created outside the numbered migrations,
 /// so that every binary from this one on can read it before it migrates.

@@ -6,6 +6,7 @@
 //! logic with a trivial executor), PostgreSQL natively. Where the dialects differ the shared
 //! code asks [`Tx::dialect`], and only there.
 
+use crate::logic::run_counts::{CountKey, Recounts};
 use crate::parked_polls::Delivery;
 use crate::{Fact, StoreError, StoreResult, WakeKey};
 use std::future::Future;
@@ -218,6 +219,13 @@ pub trait Tx: Send {
     /// A lease for a parked poll: answered only if this transaction commits, dropped (the poll
     /// looks again) if it does not.
     fn hand_off(&mut self, delivery: Delivery);
+
+    /// Adds `delta` to a kept run count (`logic::run_counts`); the changes are summed and
+    /// applied just before the transaction commits.
+    fn recount(&mut self, key: CountKey, delta: i64);
+
+    /// The kept counts' changes not yet applied, taken: the caller applies them.
+    fn take_recounts(&mut self) -> Recounts;
 }
 
 /// `$n` placeholders as SQLite's `?n` (a bare `$n` is a *named* parameter there, numbered by

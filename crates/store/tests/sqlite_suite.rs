@@ -164,3 +164,39 @@ async fn a_lease_written_around_folds_on_the_history_its_worker_saw() {
     assert_eq!(folded.lease(), task.lease());
     assert!(matches!(folded.detail, TaskDetail::Workflow { history_snapshot, .. } if history_snapshot == seen));
 }
+
+/// The migration that brought kept run counts fills them from the runs already there, and a
+/// count that drifted (written by hand here) is found and rebuilt.
+#[tokio::test]
+async fn kept_run_counts_are_backfilled_and_a_drift_is_found_and_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capstan.db");
+    {
+        let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+        for id in ["before-1", "before-2"] {
+            store
+                .start_workflow(start_request(id, "q"), DuplicatePolicy::Fail, NOW)
+                .await
+                .unwrap();
+        }
+    }
+    // As a database from before the migration: no table, the migration not applied.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("DROP TABLE run_counts; DELETE FROM schema_migrations WHERE version = 32; UPDATE schema_floor SET floor = 1")
+        .unwrap();
+    let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+    let running = |store: SqliteStore| async move { store.count_runs("default", ListFilter::default()).await.unwrap().running };
+    assert_eq!(running(store.clone()).await, 2, "backfilled");
+    assert!(store.run_count_drift(None).await.unwrap().is_empty());
+    let floor: i64 = conn.query_row("SELECT floor FROM schema_floor", [], |r| r.get(0)).unwrap();
+    assert_eq!(floor, 32, "binaries that do not count runs may no longer open the file");
+
+    conn.execute("UPDATE run_counts SET n = n + 5", []).unwrap();
+    assert_eq!(running(store.clone()).await, 7);
+    let drift = store.run_count_drift(Some("default")).await.unwrap();
+    assert_eq!(drift.len(), 1, "{drift:?}");
+    assert_eq!((drift[0].kept, drift[0].counted), (7, 2));
+    assert_eq!(store.recount_runs(Some("default")).await.unwrap(), 1);
+    assert_eq!(running(store.clone()).await, 2);
+    assert!(store.run_count_drift(None).await.unwrap().is_empty());
+}

@@ -83,6 +83,36 @@ pub async fn operator_metrics<S: Store>(
     Ok(Json(body))
 }
 
+/// Where the kept run counts differ from a full count of the namespace's runs (which this reads
+/// whole): a check, for `capstan verify` and operators.
+pub async fn run_counts<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    admin(&state, &headers)?;
+    let drift = state.store.run_count_drift(Some(&namespace)).await?;
+    Ok(Json(json!({
+        "namespace": namespace,
+        "exact": drift.is_empty(),
+        "drift": drift.iter().map(|d| json!({
+            "workflow_type": d.key.workflow_type, "task_queue": d.key.task_queue, "class": d.key.class,
+            "current": d.key.current, "kept": d.kept, "counted": d.counted,
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+/// Rebuilds the namespace's kept run counts from a full count.
+pub async fn rebuild_run_counts<S: Store>(
+    State(state): State<Shared<S>>,
+    Extension(Namespace(namespace)): Extension<Namespace>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    admin(&state, &headers)?;
+    let rebuilt = duties::rebuild_run_counts(&state.store, &namespace).await?;
+    Ok(Json(json!({"namespace": namespace, "keys_rebuilt": rebuilt})))
+}
+
 pub async fn repair_status<S: Store>(
     State(state): State<Shared<S>>,
     Extension(Namespace(namespace)): Extension<Namespace>,

@@ -292,6 +292,8 @@ fn operator_routes<S: Store>() -> ServerTable<S> {
         .route("/system/activity-timeouts/pass", post(duties::activity_timeouts_pass::<S>))
         .route("/system/retention", get(duties::retention_status::<S>))
         .route("/system/retention/pass", post(duties::retention_pass::<S>))
+        .route("/system/run-counts", get(duties::run_counts::<S>))
+        .route("/system/run-counts/rebuild", post(duties::rebuild_run_counts::<S>))
         .route(
             "/search-attributes",
             get(search_attributes::list::<S>).post(search_attributes::create::<S>),

@@ -35,6 +35,8 @@ const SPANNING: &[(&str, &str)] = &[
     ("POST", "/api/system/activity-timeouts/pass"),
     ("GET", "/api/system/retention"),
     ("POST", "/api/system/retention/pass"),
+    ("GET", "/api/system/run-counts"),
+    ("POST", "/api/system/run-counts/rebuild"),
     ("GET", "/api/auth/credentials"),
     ("POST", "/api/auth/credentials"),
     ("GET", "/api/auth/credentials/someone"),

@@ -1,7 +1,7 @@
 //! Runs: starting them, changing them through engine transitions, reading them back.
 
 use crate::backend::Backend;
-use crate::logic::{audit, imports, ledger_reads, listing, locate, runs};
+use crate::logic::{audit, imports, ledger_reads, listing, locate, run_counts, runs};
 use crate::*;
 use serde_json::Value;
 use std::sync::Arc;
@@ -204,6 +204,19 @@ pub trait RunStore: Backend {
     fn count_runs(&self, namespace: &str, filter: ListFilter) -> impl Future<Output = StoreResult<RunCounts>> + Send {
         let namespace = namespace.to_string();
         self.read(move |tx| Box::pin(async move { listing::count_runs(tx, &namespace, &filter).await }))
+    }
+
+    /// Where the kept run counts differ from a full count of the runs, in `namespace` or in
+    /// every namespace: empty when they are exact. Reads every run.
+    fn run_count_drift(&self, namespace: Option<&str>) -> impl Future<Output = StoreResult<Vec<CountDrift>>> + Send {
+        let namespace = namespace.map(str::to_string);
+        self.read(move |tx| Box::pin(async move { run_counts::drift(tx, namespace.as_deref()).await }))
+    }
+
+    /// Rebuilds the kept run counts from a full count (a repair); how many keys were wrong.
+    fn recount_runs(&self, namespace: Option<&str>) -> impl Future<Output = StoreResult<usize>> + Send {
+        let namespace = namespace.map(str::to_string);
+        self.write(move |tx| Box::pin(async move { run_counts::rebuild(tx, namespace.as_deref()).await }))
     }
 
     /// All runs of an instance, oldest first.

@@ -1,6 +1,7 @@
 //! The background duties' reads and writes: the next deadline, pruning of poll and query
 //! records, namespace retention, and the figures `/api/system` shows.
 
+use super::run_counts;
 use crate::tx::{args, locking, Locking, Param, Tx};
 use crate::*;
 
@@ -64,12 +65,31 @@ pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow
         if tx.query_opt(sql, &args![workflow_id, namespace, cutoff]).await?.is_none() {
             continue;
         }
+        uncount_instance(tx, workflow_id, namespace).await?;
         for sql in REMOVE_INSTANCE {
             tx.execute(sql, &args![workflow_id, namespace]).await?;
         }
         pruned += 1;
     }
     Ok(pruned)
+}
+
+/// Takes an instance's runs out of the kept counts, before they are removed.
+async fn uncount_instance<T: Tx>(tx: &mut T, workflow_id: &str, namespace: &str) -> StoreResult<()> {
+    let sql = "SELECT r.workflow_type, r.task_queue, r.run_id, r.status, CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END
+               FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
+               WHERE r.workflow_id = $1 AND r.namespace = $2";
+    for row in tx.query(sql, &args![workflow_id, namespace]).await? {
+        let run = run_counts::Counted {
+            namespace,
+            workflow_type: row.str(0)?,
+            task_queue: row.str(1)?,
+            run_id: row.str(2)?,
+        };
+        let class = run_counts::class_of_status(row.str(3)?);
+        run_counts::shift(tx, &run, Some((class, row.int(4)? != 0)), None);
+    }
+    Ok(())
 }
 
 /// Workflow and activity work per queue: ready now (count, oldest) and leased; the busiest
@@ -108,13 +128,13 @@ fn queue_load((namespace, kind, queue): (String, String, String)) -> QueueLoad {
 }
 
 pub(crate) async fn system_counts<T: Tx>(tx: &mut T, namespace: &str, now: Millis) -> StoreResult<SystemCounts> {
-    let sql = "SELECT status, COUNT(*) FROM runs WHERE namespace = $1 GROUP BY status ORDER BY status";
-    let runs_by_status = tx
-        .query(sql, &args![namespace])
+    // Kept counts: open runs are DW's `running`, closed ones go by their status.
+    let runs_by_status = run_counts::all(tx, namespace)
         .await?
-        .iter()
-        .map(|r| Ok((r.text(0)?, r.int(1)?)))
-        .collect::<StoreResult<_>>()?;
+        .into_iter()
+        .filter(|(_, count)| *count != 0)
+        .map(|(class, count)| (if class == "open" { "running".to_string() } else { class }, count))
+        .collect();
     let sql = "SELECT kind, status, COUNT(*) FROM tasks WHERE namespace = $1 AND status IN ('ready', 'leased')
                GROUP BY kind, status ORDER BY kind, status";
     let tasks = tx

@@ -160,8 +160,17 @@ pub(crate) async fn list_runs<T: Tx>(
     Ok((summaries, more))
 }
 
-/// How many current runs match, by status.
+/// How many current runs match, by status: from the kept counts when the filter is at most a
+/// type and a queue, else counted.
 pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &ListFilter) -> StoreResult<RunCounts> {
+    if kept_counts_answer(filter) {
+        let mut counts = RunCounts::default();
+        let kept = super::run_counts::current(tx, namespace, filter.workflow_type.as_deref(), filter.task_queue.as_deref()).await?;
+        for (class, count) in kept {
+            count_into(&mut counts, if class == "open" { "running" } else { &class }, count.max(0) as u64);
+        }
+        return Ok(counts);
+    }
     let dialect = CurrentRuns::of(tx.dialect());
     let mut binds = Binds(Vec::new());
     let sql = format!(
@@ -174,6 +183,23 @@ pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &List
         count_into(&mut counts, row.str(0)?, row.int(1)? as u64);
     }
     Ok(counts)
+}
+
+/// Whether the kept counts answer a count under `filter`: they are kept per type and queue
+/// only (its status bucket and cursor do not apply to counts).
+fn kept_counts_answer(filter: &ListFilter) -> bool {
+    let ListFilter {
+        workflow_type: _,
+        task_queue: _,
+        after: _,
+        status_bucket: _,
+        query,
+        attributes,
+        workflow_id,
+        business_key,
+        filter,
+    } = filter;
+    query.is_none() && attributes.is_empty() && workflow_id.is_none() && business_key.is_none() && filter.is_none()
 }
 
 /// `AND {column} IN ($n, …)` over `values`, numbered after `taken` parameters; nothing for an

@@ -23,6 +23,7 @@ pub(crate) mod namespaces;
 pub(crate) mod persist;
 pub(crate) mod queries;
 pub(crate) mod row_lease;
+pub(crate) mod run_counts;
 pub(crate) mod run_rows;
 pub(crate) mod runs;
 pub(crate) mod service_calls;

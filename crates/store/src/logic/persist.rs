@@ -46,16 +46,12 @@ pub(crate) fn persist<'a, T: Tx>(
 fn follow_on<'a, T: Tx>(tx: &'a mut T, effects: &'a Effects, env: &'a Env) -> BoxedStep<'a, ()> {
     Box::pin(async move {
         for (child, child_effects) in effects.children_started.iter().chain(&effects.probes_started) {
-            let args = args![
-                child.workflow_id.as_str(),
-                &child.namespace,
-                child.run_id.as_str(),
-                child.started_at
-            ];
-            tx.execute(run_rows::INSERT_INSTANCE, &args).await.map_err(|error| match error {
-                StoreError::Conflict { message, .. } => StoreError::Storage(format!("start {}: {message}", child.workflow_id)),
-                other => other,
-            })?;
+            run_rows::insert_instance(tx, child, child.started_at)
+                .await
+                .map_err(|error| match error {
+                    StoreError::Conflict { message, .. } => StoreError::Storage(format!("start {}: {message}", child.workflow_id)),
+                    other => other,
+                })?;
             persist(tx, child, child_effects, true, env).await?;
         }
         if let Some(answer) = &effects.probe_answer {

@@ -6,6 +6,7 @@
 
 use super::external_payloads;
 use super::handoff::HandedRun;
+use super::run_counts;
 use crate::rows::*;
 use crate::tx::{args, locking, Locking, Statement, Tx};
 use crate::*;
@@ -74,8 +75,7 @@ const UPDATE_LEDGER_ENTRY: &str = "UPDATE ledger_entries SET state = $2, updated
 const INSERT_CHECKPOINT: &str =
     "INSERT INTO ledger_checkpoints (namespace, workflow_id, hash, prev_hash, ledger_key, recorded_at, doc) VALUES ($1, $2, $3, $4, $5, $6, $7)";
 const STORED_CHECKPOINT: &str = "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 AND hash = $3";
-pub(super) const INSERT_INSTANCE: &str =
-    "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)";
+const INSERT_INSTANCE: &str = "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)";
 const SET_CURRENT_RUN: &str = "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1";
 
 /// Writes what one transition changed in `run` (`insert_run`: the run is new), and what the
@@ -105,6 +105,9 @@ pub(crate) async fn write_change<T: Tx>(
             state.as_str(),
         ];
         tx.execute(INSERT_RUN, &args).await?;
+        run_counts::inserted(tx, run);
+    } else if closes_run(effects) {
+        run_counts::closed(tx, run);
     }
     persist_ledger(tx, run, effects).await?;
     // The run document keeps payloads it will hand out later (messages, updates, a child's input).
@@ -119,6 +122,11 @@ pub(crate) async fn write_change<T: Tx>(
     Ok(())
 }
 
+/// Whether the change closed the run.
+fn closes_run(effects: &Effects) -> bool {
+    effects.events.iter().any(|event| event.event_type.is_run_terminal())
+}
+
 /// What operators count of this transition, for the observer once it commits.
 fn observe<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, insert_run: bool) {
     let namespace = &run.namespace;
@@ -128,7 +136,7 @@ fn observe<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, insert_run: boo
             workflow_type: run.workflow_type.clone(),
         });
     }
-    if effects.events.iter().any(|event| event.event_type.is_run_terminal()) {
+    if closes_run(effects) {
         tx.observe(Fact::RunClosed {
             namespace: namespace.clone(),
             workflow_type: run.workflow_type.clone(),
@@ -359,16 +367,35 @@ async fn persist_ledger<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects) ->
     Ok(())
 }
 
-/// A new instance's row, as a start writes it.
+/// A new instance's row, as a start writes it: `run` is its current run.
 pub(crate) async fn insert_instance<T: Tx>(tx: &mut T, run: &RunState, now: Millis) -> StoreResult<()> {
     let args = args![run.workflow_id.as_str(), &run.namespace, run.run_id.as_str(), now];
-    tx.execute(INSERT_INSTANCE, &args).await.map(drop)
+    tx.execute(INSERT_INSTANCE, &args).await?;
+    run_counts::made_current(tx, run);
+    Ok(())
 }
 
-/// Makes `run` its instance's current run (a new run of an existing instance).
+/// The current run of an instance, as its count knows it: namespace, type, queue, run id, status.
+const CURRENT_RUN_COUNTED: &str = "SELECT r.namespace, r.workflow_type, r.task_queue, r.run_id, r.status
+     FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1";
+
+/// Makes `run` its instance's current run (a new run of an existing instance); the run it
+/// replaces is written already.
 pub(crate) async fn set_current_run<T: Tx>(tx: &mut T, run: &RunState) -> StoreResult<()> {
+    if let Some(row) = tx.query_opt(CURRENT_RUN_COUNTED, &args![run.workflow_id.as_str()]).await? {
+        let (namespace, workflow_type, task_queue, run_id) = (row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?);
+        let class = run_counts::class_of_status(row.str(4)?);
+        let previous = run_counts::Counted {
+            namespace,
+            workflow_type,
+            task_queue,
+            run_id,
+        };
+        run_counts::shift(tx, &previous, Some((class, true)), Some((class, false)));
+    }
     tx.execute(SET_CURRENT_RUN, &args![run.workflow_id.as_str(), run.run_id.as_str()])
         .await?;
+    run_counts::made_current(tx, run);
     Ok(())
 }
 

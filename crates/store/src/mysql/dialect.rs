@@ -110,10 +110,9 @@ fn rewrite_word(sql: &str, start: usize, end: usize, word: &str) -> Option<Rewri
     match upper.as_str() {
         "KEY" => Some(Rewrite { text: "`key`".into(), end }),
         "AS" => {
-            // Only inside CAST(… AS type): the type names MySQL knows.
-            let before = &sql[..start];
-            let open = before.rfind("CAST(")?;
-            if before[open..].contains(')') {
+            // Only inside CAST(… AS type), whatever the cast's operand nests: the type names
+            // MySQL knows.
+            if !inside_cast(&sql[..start]) {
                 return None;
             }
             let trimmed = rest.trim_start();
@@ -187,6 +186,20 @@ fn excluded_as_values(assignments: &str) -> String {
     out
 }
 
+/// Whether the innermost parenthesis still open at the end of `before` is a `CAST(`.
+fn inside_cast(before: &str) -> bool {
+    let mut depth = 0usize;
+    for (at, byte) in before.bytes().enumerate().rev() {
+        match byte {
+            b')' => depth += 1,
+            b'(' if depth == 0 => return before[..at].to_ascii_uppercase().ends_with("CAST"),
+            b'(' => depth -= 1,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The byte offset of `needle` (ASCII, matched case-insensitively) outside quoted text.
 fn find_outside_quotes(haystack: &str, needle: &str) -> Option<usize> {
     let mut quoted = false;
@@ -222,11 +235,11 @@ mod tests {
     #[test]
     fn casts_name_mysql_types() {
         let t = ok(
-            "SELECT 1 WHERE (CAST($2 AS TEXT) IS NULL OR s = $2) AND (CAST($4 AS BIGINT) IS NULL) AND CAST(r.n AS DOUBLE PRECISION) > $1",
+            "SELECT 1 WHERE (CAST($2 AS TEXT) IS NULL OR s = $2) AND (CAST($4 AS BIGINT) IS NULL) AND CAST(r.n AS DOUBLE PRECISION) > $1 AND CAST(SUM(n) AS BIGINT) > 0",
         );
         assert_eq!(
             t.sql,
-            "SELECT 1 WHERE (CAST(? AS CHAR) IS NULL OR s = ?) AND (CAST(? AS SIGNED) IS NULL) AND CAST(r.n AS DOUBLE) > ?"
+            "SELECT 1 WHERE (CAST(? AS CHAR) IS NULL OR s = ?) AND (CAST(? AS SIGNED) IS NULL) AND CAST(r.n AS DOUBLE) > ? AND CAST(SUM(n) AS SIGNED) > 0"
         );
     }
 

@@ -241,7 +241,7 @@ impl Mysql {
         }
         conn.exec_drop(
             "INSERT INTO schema_floor (id, floor) VALUES (1, ?) ON DUPLICATE KEY UPDATE floor = GREATEST(floor, VALUES(floor))",
-            (schema_floor::SCHEMA_FLOOR,),
+            (schema_floor::schema_floor(crate::tx::Dialect::Mysql),),
         )
         .await?;
         conn.exec_drop(

@@ -5,6 +5,7 @@
 //! transaction for the other nodes.
 
 use super::dialect::{self, Translated};
+use crate::logic::run_counts::{self, CountKey, Recounts};
 use crate::parked_polls::Delivery;
 use crate::shared::Committed;
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
@@ -34,6 +35,8 @@ pub struct MyTx {
     announced: Vec<WakeKey>,
     /// Leases for parked polls, answered once the transaction commits.
     deliveries: Vec<Delivery>,
+    /// Kept run counts' changes, applied just before COMMIT.
+    recounts: Recounts,
 }
 
 impl MyTx {
@@ -46,6 +49,7 @@ impl MyTx {
             announcer,
             announced: Vec::new(),
             deliveries: Vec::new(),
+            recounts: Recounts::new(),
         }
     }
 
@@ -341,6 +345,14 @@ impl Tx for MyTx {
 
     fn hand_off(&mut self, delivery: Delivery) {
         self.deliveries.push(delivery);
+    }
+
+    fn recount(&mut self, key: CountKey, delta: i64) {
+        run_counts::add(&mut self.recounts, key, delta);
+    }
+
+    fn take_recounts(&mut self) -> Recounts {
+        std::mem::take(&mut self.recounts)
     }
 }
 

@@ -135,7 +135,7 @@ impl Postgres {
             client
                 .execute(
                     "INSERT INTO schema_floor (id, floor) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET floor = GREATEST(schema_floor.floor, excluded.floor)",
-                    &[&schema_floor::SCHEMA_FLOOR],
+                    &[&schema_floor::schema_floor(crate::tx::Dialect::Postgres)],
                 )
                 .await?;
             client

@@ -3,6 +3,7 @@
 //! ready tasks are announced with `pg_notify`, which PostgreSQL delivers only when the
 //! transaction commits.
 
+use crate::logic::run_counts::{self, CountKey, Recounts};
 use crate::parked_polls::Delivery;
 use crate::shared::Committed;
 use crate::tx::{Cell, Dialect, Param, Row, Statement, Tx};
@@ -26,6 +27,8 @@ pub struct PgTx {
     facts: Vec<Fact>,
     /// Leases for parked polls, answered once the transaction commits.
     deliveries: Vec<Delivery>,
+    /// Kept run counts' changes, applied just before COMMIT.
+    recounts: Recounts,
 }
 
 impl PgTx {
@@ -39,6 +42,7 @@ impl PgTx {
             announced: Vec::new(),
             facts: Vec::new(),
             deliveries: Vec::new(),
+            recounts: Recounts::new(),
         }
     }
 
@@ -217,6 +221,14 @@ impl Tx for PgTx {
 
     fn hand_off(&mut self, delivery: Delivery) {
         self.deliveries.push(delivery);
+    }
+
+    fn recount(&mut self, key: CountKey, delta: i64) {
+        run_counts::add(&mut self.recounts, key, delta);
+    }
+
+    fn take_recounts(&mut self) -> Recounts {
+        std::mem::take(&mut self.recounts)
     }
 }
 

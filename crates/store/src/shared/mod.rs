@@ -19,6 +19,7 @@ mod claims;
 
 use crate::backend::{Backend, Claim, Unit};
 use crate::logic::admin;
+use crate::logic::run_counts::{CountKey, Recounts};
 use crate::mysql::{MyTx, Mysql};
 use crate::parked_polls::Delivery;
 use crate::postgres::{PgTx, Postgres};
@@ -116,6 +117,20 @@ impl Tx for SharedTx {
         match self {
             SharedTx::Postgres(tx) => tx.hand_off(delivery),
             SharedTx::Mysql(tx) => tx.hand_off(delivery),
+        }
+    }
+
+    fn recount(&mut self, key: CountKey, delta: i64) {
+        match self {
+            SharedTx::Postgres(tx) => tx.recount(key, delta),
+            SharedTx::Mysql(tx) => tx.recount(key, delta),
+        }
+    }
+
+    fn take_recounts(&mut self) -> Recounts {
+        match self {
+            SharedTx::Postgres(tx) => tx.take_recounts(),
+            SharedTx::Mysql(tx) => tx.take_recounts(),
         }
     }
 }
@@ -241,7 +256,12 @@ impl SharedStore {
 
     /// Commits `tx`, then hands its facts and the commit's time to the observer and answers
     /// the parked polls it leased tasks to.
-    async fn commit(&self, tx: SharedTx) -> StoreResult<()> {
+    async fn commit(&self, mut tx: SharedTx) -> StoreResult<()> {
+        // Last, so the counter rows' locks are held only for the COMMIT.
+        if let Err(error) = crate::logic::run_counts::flush(&mut tx).await {
+            self.rollback(tx).await;
+            return Err(error);
+        }
         let started = std::time::Instant::now();
         let Committed { facts, deliveries } = match tx {
             SharedTx::Postgres(tx) => tx.commit().await?,

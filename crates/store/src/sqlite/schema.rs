@@ -586,6 +586,30 @@ ALTER TABLE tasks ADD COLUMN poll_request_id TEXT;
 CREATE INDEX tasks_poll ON tasks (poll_request_id) WHERE poll_request_id IS NOT NULL;
 "#,
     ),
+    (
+        32,
+        r#"
+-- Runs counted per namespace, type, queue, class ('open' or a closed status) and whether they
+-- are their instance's current run, kept in the transactions that change them
+-- (logic/run_counts.rs); a key's count is spread over slots so writers do not queue on one row.
+CREATE TABLE run_counts (
+    namespace     TEXT NOT NULL,
+    workflow_type TEXT NOT NULL,
+    task_queue    TEXT NOT NULL,
+    run_class     TEXT NOT NULL,
+    is_current    INTEGER NOT NULL,
+    slot          INTEGER NOT NULL,
+    n             INTEGER NOT NULL,
+    PRIMARY KEY (namespace, workflow_type, task_queue, run_class, is_current, slot)
+);
+INSERT INTO run_counts (namespace, workflow_type, task_queue, run_class, is_current, slot, n)
+SELECT r.namespace, r.workflow_type, r.task_queue,
+       CASE WHEN r.status IN ('pending', 'running', 'waiting') THEN 'open' ELSE r.status END,
+       CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END, 0, COUNT(*)
+FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
+GROUP BY 1, 2, 3, 4, 5;
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that
@@ -618,7 +642,7 @@ pub fn migrate(conn: &mut Connection, now: i64) -> crate::StoreResult<()> {
     }
     conn.execute(
         "INSERT INTO schema_floor (id, floor) VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET floor = MAX(floor, excluded.floor)",
-        [schema_floor::SCHEMA_FLOOR],
+        [schema_floor::schema_floor(crate::tx::Dialect::Sqlite)],
     )?;
     conn.execute(
         "INSERT OR IGNORE INTO namespaces (name, description, created_at) VALUES ('default', 'Default namespace', ?1)",

@@ -2,6 +2,7 @@
 //! completes before it returns, so the futures it hands out are ready at once and the writer
 //! drives the shared logic with [`drive`].
 
+use crate::logic::run_counts::{self, CountKey, Recounts};
 use crate::parked_polls::Delivery;
 use crate::tx::{sqlite_placeholders, Cell, Dialect, Param, Row, Statement, Tx};
 use crate::{Fact, StoreResult, WakeKey};
@@ -18,6 +19,8 @@ pub enum Notice {
     Fact(Fact),
     /// A lease for a parked poll: answer it.
     HandOff(Box<Delivery>),
+    /// A kept run count's change, applied before the job ends (`logic::run_counts::flush`).
+    Recount(CountKey, i64),
 }
 
 pub struct SqliteTx<'c> {
@@ -124,6 +127,27 @@ impl Tx for SqliteTx<'_> {
         if let Some(announced) = self.announced.as_mut() {
             announced.push(Notice::HandOff(Box::new(delivery)));
         }
+    }
+
+    fn recount(&mut self, key: CountKey, delta: i64) {
+        // A reader changes no run.
+        if let Some(announced) = self.announced.as_mut() {
+            announced.push(Notice::Recount(key, delta));
+        }
+    }
+
+    fn take_recounts(&mut self) -> Recounts {
+        let mut recounts = Recounts::new();
+        if let Some(announced) = self.announced.as_mut() {
+            announced.retain(|notice| match notice {
+                Notice::Recount(key, delta) => {
+                    run_counts::add(&mut recounts, key.clone(), *delta);
+                    false
+                }
+                _ => true,
+            });
+        }
+        recounts
     }
 }
 

@@ -11,7 +11,7 @@
 //! answered exactly once, a failed job that cannot be undone taking its batch down) is
 //! `capstan_sync::group_commit`, model-checked there under loom; this file is the SQLite side.
 
-use super::tx::{Notice, SqliteTx};
+use super::tx::{drive, Notice, SqliteTx};
 use crate::observe::{Commit, ObserverSlot};
 use crate::{StoreError, StoreResult, WakeKey};
 use capstan_sync::group_commit::{self, Backend, Ending, Job};
@@ -87,6 +87,8 @@ impl Writer {
                     }
                     Notice::Fact(fact) => observer.committed(std::slice::from_ref(&fact)),
                     Notice::HandOff(delivery) => delivery.deliver(),
+                    // Applied before the job ended; none is left by then.
+                    Notice::Recount(..) => {}
                 })
             })
             .expect("spawn the SQLite writer thread");
@@ -134,7 +136,9 @@ impl Writer {
         F: for<'t> FnOnce(&'t mut SqliteTx<'t>) -> StoreResult<T> + Send + 'static,
     {
         let (job, reply) = group_commit::job::<Sqlite, T, StoreError, _>(move |conn: &mut Connection, announced: &mut Vec<Notice>| {
-            job(&mut SqliteTx::new(conn, announced))
+            let value = job(&mut SqliteTx::new(conn, announced))?;
+            drive(crate::logic::run_counts::flush(&mut SqliteTx::new(conn, announced)))?;
+            Ok(value)
         });
         self.jobs
             .send(job)

@@ -14,6 +14,7 @@ mod handoff;
 mod imports;
 mod operators;
 mod row_lease;
+mod run_counts;
 mod schedules;
 mod service_calls;
 mod standalone;
@@ -30,6 +31,7 @@ pub use handoff::*;
 pub use imports::*;
 pub use operators::*;
 pub use row_lease::*;
+pub use run_counts::*;
 pub use schedules::*;
 pub use service_calls::*;
 pub use standalone::*;
@@ -1561,6 +1563,13 @@ pub async fn concurrent_transitions_all_commit<S: Store + Clone>(store: S) {
     }
 }
 
+/// After every check: the run counts kept in its transactions equal a full count, whatever
+/// the check did to its runs.
+pub async fn run_counts_are_exact<S: Store>(store: &S) {
+    let drift = store.run_count_drift(None).await.unwrap();
+    assert!(drift.is_empty(), "kept run counts differ from a full count: {drift:#?}");
+}
+
 /// Expands to one `#[tokio::test]` per suite check, each on a fresh store from `$make`, an
 /// expression giving `(store, guard)`; the guard (a temp dir, a scratch schema) lives as long
 /// as the test.
@@ -1637,6 +1646,7 @@ macro_rules! store_suite {
             build_id_cohorts_drain_resume_and_promote,
             search_attribute_definitions_are_defined_once_and_deleted,
             the_roster_and_queue_snapshots_show_workers_and_tasks,
+            run_counts_follow_every_change_and_can_be_rebuilt,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -1644,7 +1654,9 @@ macro_rules! store_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let (store, _guard) = $make.await;
+                let counted = store.clone();
                 $crate::suite::$name(store).await;
+                $crate::suite::run_counts_are_exact(&counted).await;
             }
         )*
     };
