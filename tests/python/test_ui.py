@@ -152,6 +152,28 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             await expect(page.locator("#action-cancel")).to_be_disabled()
             await screenshot(page, "run")
 
+            # Pause a waiting run from its page: a badge and a note say so, the list has a Paused
+            # tab; resume it from the same page.
+            await open_page(page, f"{server_url}/#/workflows/{signal_id}")
+            await page.locator("#action-pause").click()
+            await expect(page.locator("#toast")).to_contain_text("Paused")
+            await expect(page.locator("#paused-note")).to_contain_text("paused from the Capstan UI")
+            await expect(page.locator("h1 .badge.paused")).to_have_text("paused")
+            await screenshot(page, "run-paused")
+            await open_page(page, server_url + "/")
+            await page.get_by_role("link", name="Paused (1)").click()
+            await page.wait_for_selector("body[data-ready='true']")
+            await expect(page.get_by_role("link", name=signal_id)).to_be_visible()
+            await expect(page.get_by_role("link", name=cancel_id)).to_have_count(0)
+            await open_page(page, f"{server_url}/#/workflows/{signal_id}")
+            await page.locator("#action-resume").click()
+            await expect(page.locator("#toast")).to_contain_text("Resumed")
+            audit_trail = page.locator("table").filter(has_text="Queries, pauses and resumes of this workflow")
+            await expect(audit_trail).to_contain_text("pause: paused from the Capstan UI")
+            await expect(audit_trail).to_contain_text("resume: resumed from the Capstan UI")
+            await expect(page.locator("#paused-note")).to_have_count(0)
+            await expect(page.locator("#action-pause")).to_be_enabled()
+
             # Signal one waiting run by form, cancel the other by clicking.
             await open_page(page, f"{server_url}/#/workflows/{signal_id}")
             await expect(page.locator("#dispatch-class")).to_have_text("priority 2, class tenant-ui (weight 4)")
@@ -302,7 +324,7 @@ def test_the_page_says_who_is_signed_in_and_who_did_what(server_factory, tmp_pat
             await expect(started_event.locator(".principal")).to_have_text("by alice")
             signalled = page.locator("#history li").filter(has_text="SignalReceived")
             await expect(signalled.locator(".principal")).to_have_text("by bob")
-            await expect(page.get_by_text("No one has queried this workflow.")).to_be_visible()
+            await expect(page.get_by_text("No one has queried, paused or resumed this workflow.")).to_be_visible()
             await screenshot(page, "run-principals")
 
             # A credential bound to a namespace is put in it, and sees only it.

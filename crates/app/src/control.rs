@@ -151,7 +151,7 @@ pub struct Target {
 }
 
 impl Target {
-    fn locator(&self) -> RunLocator {
+    pub(crate) fn locator(&self) -> RunLocator {
         RunLocator::Current(WorkflowId(self.workflow_id.clone()))
     }
 }
@@ -228,7 +228,7 @@ where
     }
 }
 
-fn keyed(command_type: &str, request_id: Option<String>, intent: &[&str]) -> Option<CommandKey> {
+pub(crate) fn keyed(command_type: &str, request_id: Option<String>, intent: &[&str]) -> Option<CommandKey> {
     request_id.filter(|r| !r.is_empty()).map(|request_id| CommandKey {
         command_type: command_type.into(),
         intent_hash: intent_hash(intent),

@@ -38,6 +38,7 @@ pub mod imports;
 pub mod ledger;
 pub mod local_activities;
 pub mod message_streams;
+pub mod pause;
 pub mod polls;
 pub mod queries;
 pub mod queue_limits;

@@ -39,7 +39,7 @@ pub enum WorkflowCommand {
     },
     /// List workflows (newest first).
     List {
-        /// running, completed or failed.
+        /// running, completed, failed or paused.
         #[arg(long)]
         status: Option<String>,
         #[arg(long = "type")]
@@ -96,6 +96,19 @@ pub enum WorkflowCommand {
         reason: Option<String>,
     },
     Terminate {
+        workflow_id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Hold a running workflow: none of its workflow or activity tasks goes to a worker until it
+    /// is resumed (timers, signals and timeouts go on).
+    Pause {
+        workflow_id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let a paused workflow go on.
+    Resume {
         workflow_id: String,
         #[arg(long)]
         reason: Option<String>,
@@ -283,11 +296,13 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
         "run_id",
         "workflow_type",
         "status",
+        "paused",
         "task_queue",
         "started_at",
         "workflow_task_failing",
         "history_budget_pressure",
     ];
+    let is_pause = matches!(command, WorkflowCommand::Pause { .. });
     run(async move {
         match command {
             WorkflowCommand::Start {
@@ -425,6 +440,17 @@ pub fn workflow(connection: Connection, command: WorkflowCommand) -> ExitCode {
                     )
                     .await?;
                 print(output, &closed, &["workflow_id", "run_id", "outcome"], None);
+            }
+            WorkflowCommand::Pause { workflow_id, reason } | WorkflowCommand::Resume { workflow_id, reason } => {
+                let operation = if is_pause { "pause" } else { "resume" };
+                let held = client
+                    .call(
+                        Method::POST,
+                        &format!("/workflows/{}/{operation}", encode(&workflow_id)),
+                        Some(json!({"reason": reason})),
+                    )
+                    .await?;
+                print(output, &held, &["workflow_id", "run_id", "outcome"], None);
             }
         }
         Ok(())

@@ -5,10 +5,11 @@
 use serde_json::{json, Value};
 
 /// An authenticated actor, in DW's shape: `{"type": "auth:token", "id": "alice"}`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Principal {
     /// `auth:token` for a bearer token, `auth:mtls` for a client certificate; `server` for the
     /// anonymous caller of a server without authentication.
+    #[serde(rename = "type")]
     pub kind: String,
     pub id: String,
 }

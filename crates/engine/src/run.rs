@@ -337,6 +337,10 @@ pub struct RunState {
     /// the run makes no progress until an operator closes the incident.
     #[serde(default)]
     pub integrity_incident: Option<String>,
+    /// An operator's hold (`crate::pause`): none of the run's workflow or activity tasks is
+    /// dispatched until it is resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<crate::RunPause>,
     /// Running attempts a cooperative cancellation stopped, with their workers' stop receipts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stopped_attempts: BTreeMap<ActivityAttemptId, crate::activity_stop::StoppedAttempt>,
@@ -521,6 +525,9 @@ pub struct Effects {
     pub probe_answer: Option<crate::ledger_probe::ProbeAnswer>,
     /// What operators count of this transition (leases that ran out, timeouts, timers fired).
     pub observations: Vec<crate::Observation>,
+    /// The run's class before this transition changed it (it closed, or was paused or resumed),
+    /// for the store's kept counts.
+    pub reclassed_from: Option<crate::RunClass>,
 }
 
 /// A cooperative cancellation a parent's delivery asks of a child run.

@@ -185,6 +185,8 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "status_bucket": run.status.bucket(),
         "is_terminal": closed,
         "archived": run.archived,
+        "paused": run.paused.is_some(),
+        "pause": pause(run.paused.as_ref()),
         "closed_reason": run.closed_reason.map(|r| r.as_str()),
         "task_queue": run.task_queue,
         "priority": run.scheduling.priority,
@@ -241,6 +243,7 @@ pub fn describe(run: &RunState, run_count: usize, current_run_id: &RunId) -> Val
         "actions": {
             "can_signal": !closed, "can_query": true, "can_update": !closed,
             "can_cancel": !closed, "can_terminate": !closed, "can_repair": !closed, "can_archive": closed && !run.archived,
+            "can_pause": !closed && run.paused.is_none(), "can_resume": !closed && run.paused.is_some(),
         },
     });
     body["pending_activities"] = json!(pending_activities(run));
@@ -399,6 +402,19 @@ pub fn summary(row: &RunSummary) -> Value {
         "workflow_task_failing": row.workflow_task_failing.is_some(),
         "workflow_task_consecutive_failures": row.workflow_task_failing.as_ref().map(|f| f.0),
         "workflow_task_last_error": row.workflow_task_failing.as_ref().map(|f| f.1.clone()),
+        "paused": row.paused.is_some(),
+        "pause": pause(row.paused.as_ref()),
+    })
+}
+
+/// An operator's hold on a run (Capstan): when, why and by whom; `null` when it runs free.
+pub fn pause(paused: Option<&capstan_engine::RunPause>) -> Value {
+    paused.map_or(Value::Null, |p| {
+        json!({
+            "paused_at": time(p.paused_at),
+            "reason": p.reason,
+            "principal": capstan_engine::principal::recorded(p.principal.as_ref()),
+        })
     })
 }
 

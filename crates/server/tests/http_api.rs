@@ -23,6 +23,8 @@ mod history_budget;
 mod imports;
 #[path = "http_api/metrics.rs"]
 mod metrics;
+#[path = "http_api/pause.rs"]
+mod pause;
 #[path = "http_api/prepared_local.rs"]
 mod prepared_local;
 #[path = "http_api/principals.rs"]
@@ -4104,6 +4106,8 @@ async fn every_route_family_checks_its_roles() {
         (Method::GET, "/api/cluster/info", json!(null), W | O | A),
         (Method::GET, "/api/workflows", json!(null), O | A),
         (Method::GET, "/api/workflows/nobody/audit-events", json!(null), O | A),
+        (Method::POST, "/api/workflows/nobody/pause", json!({}), O | A),
+        (Method::POST, "/api/workflows/nobody/runs/r/resume", json!({}), O | A),
         (
             Method::POST,
             "/api/workflows",

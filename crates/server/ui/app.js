@@ -232,6 +232,20 @@ function toast(message, kind) {
   setTimeout(() => item.remove(), 6000);
 }
 
+/** An audit event in words: the query asked, or the pause or resume and why. */
+function auditText(event) {
+  const detail = event.detail || {};
+  if (event.action === "workflow.query") return `query ${detail.query_name || ""}`;
+  const action = String(event.action || "").replace(/^workflow\./, "");
+  return detail.reason ? `${action}: ${detail.reason}` : action;
+}
+
+/** The hold an operator put on a run, with when and why on hover. */
+function pausedBadge(pause) {
+  const title = pause ? `paused ${pause.paused_at}${pause.reason ? ": " + pause.reason : ""}` : "paused";
+  return h("span", { class: "badge warn paused", title }, "paused");
+}
+
 function badge(text) {
   return text ? h("span", { class: "badge " + String(text).replace(/[^a-z_]/gi, "") }, text) : "—";
 }
@@ -388,7 +402,7 @@ async function workflowsPage(params) {
     h("button", { class: "primary", type: "submit" }, "Filter"),
     h("a", { href: "#/workflows" }, "Clear"));
   const tabs = h("div", { class: "tabs", role: "navigation", "aria-label": "Status buckets" },
-    [["", "All", counts.total], ["running", "Running", counts.running], ["completed", "Completed", counts.completed], ["failed", "Failed", counts.failed]]
+    [["", "All", counts.total], ["running", "Running", counts.running], ["paused", "Paused", counts.paused], ["completed", "Completed", counts.completed], ["failed", "Failed", counts.failed]]
       .map(([status, label, count]) => h("a", { href: link({ status }), "aria-current": String(status === filters.status) }, `${label} (${count})`)));
   const rows = listed.workflows || [];
   const pager = h("div", { class: "pager" },
@@ -402,6 +416,7 @@ async function workflowsPage(params) {
       ["Workflow ID", (w) => h("a", { href: `#/workflows/${enc(w.workflow_id)}` }, w.workflow_id), "wrap"],
       ["Type", (w) => w.workflow_type],
       ["Status", (w) => [badge(w.status),
+        w.paused ? [" ", pausedBadge(w.pause)] : null,
         w.workflow_task_failing ? [" ", h("span", { class: "badge bad task-failing", title: w.workflow_task_last_error || "" }, `task failing ×${w.workflow_task_consecutive_failures}`)] : null,
         w.history_budget_pressure && w.history_budget_pressure !== "ok"
           ? [" ", h("span", { class: `badge ${w.history_budget_pressure === "approaching" ? "warn" : "bad"}` }, w.history_budget_pressure === "approaching" ? "history budget" : "continue as new")]
@@ -459,6 +474,14 @@ async function runPage(workflowId, runId) {
       onclick: () => confirm(`Cancel ${workflowId}?`) && post("Cancel requested", "cancel", { reason: "cancelled from the Capstan UI" }) }, "Cancel"),
     h("button", { type: "button", id: "action-terminate", class: "danger", disabled: !can.can_terminate,
       onclick: () => confirm(`Terminate ${workflowId}? Workflow code gets no chance to clean up.`) && post("Terminated", "terminate", { reason: "terminated from the Capstan UI" }) }, "Terminate"),
+    can.can_resume
+      ? h("button", { type: "button", id: "action-resume", class: "primary",
+        onclick: () => post("Resumed", "resume", { reason: "resumed from the Capstan UI" }) }, "Resume")
+      : h("button", { type: "button", id: "action-pause", disabled: !can.can_pause,
+        onclick: () => {
+          const reason = prompt(`Pause ${workflowId}? Its workflow and activity tasks stay with the server until it is resumed; timers, signals and timeouts go on. Why?`, "");
+          if (reason !== null) post("Paused", "pause", { reason: reason || "paused from the Capstan UI" });
+        } }, "Pause"),
     h("button", { type: "button", id: "action-repair", disabled: !can.can_repair,
       onclick: () => act("Repair requested", () => api("POST", `/workflows/${enc(workflowId)}/repair`, {})).then(refresh) }, "Repair"));
 
@@ -497,7 +520,10 @@ async function runPage(workflowId, runId) {
 
   show(
     h("p", {}, h("a", { href: "#/workflows" }, "← Workflows")),
-    h("div", { class: "title-row" }, h("h1", {}, h("span", { id: "run-title" }, workflowId), badge(run.status)), liveToggle, buttons),
+    h("div", { class: "title-row" }, h("h1", {}, h("span", { id: "run-title" }, workflowId), badge(run.status), run.paused ? [" ", pausedBadge(run.pause)] : null), liveToggle, buttons),
+    run.paused ? h("div", { class: "diagnostic", id: "paused-note" }, "Paused ", when(run.pause.paused_at),
+      run.pause.principal ? ` by ${principalText(run.pause.principal)}` : "", run.pause.reason ? `: ${run.pause.reason}` : "",
+      ". No workflow or activity task of this run goes to a worker until it is resumed; timers, signals and timeouts go on.") : null,
     run.workflow_task_failure ? taskFailureBox(run.workflow_task_failure, open) : null,
     run.integrity_incident ? h("div", { class: "error-box", role: "alert" }, "This run is blocked by an integrity incident: its stored history does not verify.") : null,
     run.blocked_by ? h("div", { class: "diagnostic" }, "Blocked: ", run.blocked_by.reason || "", " ", run.blocked_by.ledger_key ? h("a", { href: `#/ledger/${enc(run.blocked_by.ledger_key)}` }, run.blocked_by.ledger_key) : "") : null,
@@ -588,14 +614,14 @@ async function runPage(workflowId, runId) {
 
     can.can_signal ? h("section", { class: "card" }, h("h2", {}, "Send a signal"), signalForm) : null,
 
-    h("h2", {}, "Queries (audit trail)"),
-    h("p", { class: "muted" }, "Queries write no history; who asked what is kept here, newest first."),
-    table("Queries of this workflow", [
+    h("h2", {}, "Audit trail"),
+    h("p", { class: "muted" }, "Queries, pauses and resumes write no history; who did what is kept here, newest first."),
+    table("Queries, pauses and resumes of this workflow", [
       ["When", (e) => when(e.recorded_at)],
       ["Who", (e) => h("span", { class: "principal" }, principalText(e.principal))],
-      ["Query", (e) => h("span", { class: "mono" }, (e.detail || {}).query_name || e.action)],
+      ["What", (e) => h("span", { class: "mono" }, auditText(e))],
       ["Run", (e) => h("span", { class: "mono" }, e.run_id || "—")],
-    ], audit.events || [], "No one has queried this workflow."),
+    ], audit.events || [], "No one has queried, paused or resumed this workflow."),
 
     h("h2", {}, `History (${history.length} events)`),
     h("ol", { class: "timeline", id: "history" }, history.map((event) => {

@@ -104,6 +104,18 @@ pub(crate) fn check_lease_grant(
     Ok(())
 }
 
+/// Nothing of a paused run is leased: the run a lease came with was not paused when it was
+/// taken.
+pub(crate) fn check_not_paused(world: &World, task: &Task, run: &RunState) -> Result<(), Failure> {
+    match &run.paused {
+        Some(pause) => Err(world.fail(format!(
+            "task {} of {} was leased while its run was paused (since {})",
+            task.id, run.workflow_id, pause.paused_at
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A session activity is leased only by its session's holder, inside the session's lease.
 pub(crate) async fn check_session_holder(world: &mut World, task: &Task, run: &RunState, owner: &str) -> Result<(), Failure> {
     let Some(requirement) = capstan_app::sessions::session_of_task(run, &task.id) else {

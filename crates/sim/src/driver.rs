@@ -4,7 +4,7 @@
 //! must finish), and ends with the checks of the whole seed.
 
 use crate::checks::{check_all, check_settled, check_touched};
-use crate::clients::operators::{limit_activities, resolve_one_unknown, resolve_unknown, set_activity_limits};
+use crate::clients::operators::{hold, limit_activities, resolve_one_unknown, resolve_unknown, set_activity_limits};
 use crate::clients::queries::send_query;
 use crate::clients::schedules::pause_or_resume;
 use crate::clients::{request_cooperative_cancellation, Clients};
@@ -125,7 +125,14 @@ impl Sim {
                 Acted::Done
             }
             42..=53 => workers.deliver_held(world).await?,
-            54..=63 => Acted::Idle, // the time passes
+            54..=61 => Acted::Idle, // the time passes
+            62..=63 => match clients.random_started_workflow(world) {
+                Some(workflow_id) => {
+                    let pause_it = world.rng.random_bool(0.6);
+                    hold(world, &workflow_id, pause_it).await?
+                }
+                None => Acted::Idle,
+            },
             64 if world.rng.random_bool(0.5) => limit_activities(world).await?,
             64 => clients.collect_payloads(world).await?,
             65..=69 if world.rng.random_bool(0.3) => clients.append_message(world).await?,
@@ -232,6 +239,10 @@ impl Sim {
             deliver(world, delivery).await?;
         }
         for workflow_id in open_workflows(world).await? {
+            // A paused run would never finish: operators resume them.
+            if world.current_run(&workflow_id).await?.is_some_and(|run| run.paused.is_some()) {
+                hold(world, &workflow_id, false).await?;
+            }
             clients.signal_waiting(world, &workflow_id).await?;
         }
         while resolve_one_unknown(world).await? {}

@@ -866,6 +866,8 @@ pub struct RunSummary {
     pub history_budget: capstan_engine::HistoryBudget,
     /// The workflow task's failures in a row and the last one's message, while it keeps failing.
     pub workflow_task_failing: Option<(u32, String)>,
+    /// An operator's hold on the run, while it lasts.
+    pub paused: Option<capstan_engine::RunPause>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -875,7 +877,8 @@ pub struct ListFilter {
     /// Keyset paging: only rows after this one in the listing order (newest first), so a deep
     /// page costs what the first one does.
     pub after: Option<ListCursor>,
-    /// A status bucket: `running`, `completed` or `failed`.
+    /// A status bucket: `running`, `completed` or `failed`; or `paused` (open runs an operator
+    /// holds, within `running`).
     pub status_bucket: Option<String>,
     /// Substring of the workflow id or business key.
     pub query: Option<String>,
@@ -902,6 +905,8 @@ pub struct RunCounts {
     pub running: u64,
     pub completed: u64,
     pub failed: u64,
+    /// Open runs an operator holds (counted in `running` too).
+    pub paused: u64,
 }
 
 /// A task whose deadline has passed, claimed by one node's background clock under a duty fence.

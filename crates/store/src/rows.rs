@@ -24,10 +24,12 @@ pub(crate) fn task_status(task: &Task) -> &'static str {
     }
 }
 
-/// The row status of an open task: a run blocked by an integrity incident offers nothing.
+/// The row status of an open task: a run blocked by an integrity incident offers nothing; a
+/// paused run offers no workflow or activity task (its timers and deadlines still fire).
 pub(crate) fn task_row_status(run: &RunState, task: &Task) -> &'static str {
     match (&run.integrity_incident, &task.state) {
         (Some(_), TaskState::Ready) => "blocked",
+        (None, TaskState::Ready) if run.paused.is_some() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) => "paused",
         _ => task_status(task),
     }
 }
@@ -61,6 +63,7 @@ pub(crate) fn summary_of(run: &RunState) -> RunSummary {
             .as_ref()
             .filter(|_| !run.is_closed())
             .map(|f| (f.consecutive, f.message.clone())),
+        paused: run.paused.clone(),
     }
 }
 
@@ -91,16 +94,21 @@ pub(crate) fn check_fingerprints(existing: &WorkerRecord, incoming: &WorkerRecor
 /// The run statuses of a list-filter bucket.
 pub(crate) fn bucket_statuses(bucket: &str) -> &'static [&'static str] {
     match bucket {
-        "running" => &["pending", "running", "waiting"],
+        "running" | "paused" => &["pending", "running", "waiting"],
         "completed" => &["completed"],
         _ => &["failed", "cancelled", "terminated"],
     }
 }
 
 /// Adds `count` runs of `status` to its bucket.
-pub(crate) fn count_into(counts: &mut RunCounts, status: &str, count: u64) {
-    match status {
-        "pending" | "running" | "waiting" => counts.running += count,
+/// Adds `count` runs of `class` (a status, or a kept count's class) to their bucket.
+pub(crate) fn count_into(counts: &mut RunCounts, class: &str, count: u64) {
+    match class {
+        "pending" | "running" | "waiting" | "open" => counts.running += count,
+        "paused" => {
+            counts.running += count;
+            counts.paused += count;
+        }
         "completed" => counts.completed += count,
         _ => counts.failed += count,
     }

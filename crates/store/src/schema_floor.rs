@@ -13,11 +13,12 @@ use crate::{StoreError, StoreResult};
 
 /// The lowest migration version a binary must know to run against what this binary writes,
 /// per backend (their migrations are numbered apart). Raised by the kept run counts
-/// (`run_counts`): an older binary would change runs without counting them.
+/// (`run_counts`: an older binary would change runs without counting them), then by paused
+/// runs (an older binary would dispatch a paused run's tasks).
 pub fn schema_floor(dialect: Dialect) -> i64 {
     match dialect {
-        Dialect::Sqlite => 32,
-        Dialect::Postgres | Dialect::Mysql => 33,
+        Dialect::Sqlite => 33,
+        Dialect::Postgres | Dialect::Mysql => 34,
     }
 }
 

@@ -14,6 +14,9 @@ pub(super) fn close_run(run: &mut RunState, cx: &mut Cx, status: RunStatus, reas
     run.record_deferred_signals(cx);
     // No attempt of a prepared local activity runs on, nor is retried, once the run has closed.
     run.prepared_locals.clear();
+    // A closed run is held by nothing; the store moves it out of the open (or paused) count.
+    cx.effects.reclassed_from = Some(crate::RunClass::of(run));
+    run.paused = None;
     run.status = status;
     run.closed_reason = Some(reason);
     run.closed_at = Some(cx.now);

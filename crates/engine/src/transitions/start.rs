@@ -120,6 +120,7 @@ pub(super) fn blank_run(cx: &Cx, start: StartRun, run_number: u32, execution_dea
         ledger: BTreeMap::new(),
         ledger_head: crate::history::GENESIS_HASH.to_string(),
         integrity_incident: None,
+        paused: None,
         stopped_attempts: BTreeMap::new(),
         prepared_locals: BTreeMap::new(),
         local_receipts: Default::default(),

@@ -21,7 +21,9 @@ pub(crate) async fn render<S: Store>(state: &AppState<S>, only: Option<&BTreeSet
     }
     let loads = state.store.queue_loads(now, LABEL_VALUES_MAX).await?;
     let ledger = state.store.ledger_stats().await?;
+    let classes = state.store.current_run_classes().await?;
     let mut gauges = Families::new();
+    run_gauges(&mut gauges, &classes);
     queue_gauges(&mut gauges, &loads, now);
     ledger_gauges(&mut gauges, &namespaces, &ledger, now);
     pool_gauges(&mut gauges, state.store.pool_use());
@@ -66,6 +68,19 @@ fn reported(f: &mut Families, readings: Vec<super::Reading>) {
         } else {
             f.gauges(reading.name, reading.help, &[]).with_label_values(&[]).set(reading.value);
         }
+    }
+}
+
+/// Current runs per class, from the counts kept in the transactions (a few rows however many
+/// runs there are). Alert on `class="paused"` for runs an operator left held.
+fn run_gauges(f: &mut Families, classes: &[(String, String, i64)]) {
+    let runs = f.gauges(
+        "capstan_workflow_runs",
+        "Current runs (each instance's latest) per class: open, paused (held by an operator), or how they closed.",
+        &["namespace", "class"],
+    );
+    for (namespace, class, count) in classes {
+        runs.with_label_values(&[namespace, class]).set(*count);
     }
 }
 

@@ -22,7 +22,7 @@ fn control_plane(operation: &str, workflow_id: &str) -> Value {
 }
 
 /// Adds `control_plane.operation` to an error so the SDKs can route it (signal vs query…).
-fn in_operation(mut error: ApiError, operation: &str, workflow_id: &str) -> ApiError {
+pub(super) fn in_operation(mut error: ApiError, operation: &str, workflow_id: &str) -> ApiError {
     error
         .fields
         .entry("control_plane")
@@ -130,7 +130,7 @@ pub async fn start<S: Store>(
 }
 
 /// Wakes the clock for a fresh application's new deadlines.
-fn applied<S: Store>(state: &AppState<S>, receipt: control::Receipt) -> (Value, bool) {
+pub(super) fn applied<S: Store>(state: &AppState<S>, receipt: control::Receipt) -> (Value, bool) {
     if let Some(run) = &receipt.run {
         state.run_changed(run);
     }
@@ -249,8 +249,13 @@ pub(super) async fn list_page<S: Store>(
     };
     let status_bucket = match query.get("status").map(String::as_str) {
         None | Some("") => None,
-        Some(s @ ("running" | "completed" | "failed")) => Some(s.to_string()),
-        Some(_) => return Err(ApiError::validation("status", "status must be running, completed or failed.")),
+        Some(s @ ("running" | "completed" | "failed" | "paused")) => Some(s.to_string()),
+        Some(_) => {
+            return Err(ApiError::validation(
+                "status",
+                "status must be running, completed, failed or paused.",
+            ))
+        }
     };
     // Page tokens name the last row returned (keyset paging, so a deep page costs what the
     // first one does); a bare number is an offset, as older tokens were.
@@ -283,6 +288,7 @@ pub async fn counts<S: Store>(
         "running": counts.running,
         "completed": counts.completed,
         "failed": counts.failed,
+        "paused": counts.paused,
         "total": counts.running + counts.completed + counts.failed,
     })))
 }
@@ -428,7 +434,7 @@ pub async fn history<S: Store>(
 // ------------------------------------------------------------------------------------------
 // Signal, cancel, terminate
 
-fn target(namespace: &str, workflow_id: &str, run_id: Option<String>) -> control::Target {
+pub(super) fn target(namespace: &str, workflow_id: &str, run_id: Option<String>) -> control::Target {
     control::Target {
         namespace: namespace.to_string(),
         workflow_id: workflow_id.to_string(),

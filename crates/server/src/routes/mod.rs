@@ -18,6 +18,7 @@ mod ledger;
 mod local_activities;
 mod message_streams;
 mod namespaces;
+mod pause;
 mod query;
 mod redrive;
 mod schedules;
@@ -266,6 +267,10 @@ fn workflow_routes<S: Store>() -> ServerTable<S> {
         )
         .route("/workflows/:workflow_id/terminate", post(control::terminate::<S>))
         .route("/workflows/:workflow_id/runs/:run_id/terminate", post(control::terminate_run::<S>))
+        .route("/workflows/:workflow_id/pause", post(pause::pause::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/pause", post(pause::pause_run::<S>))
+        .route("/workflows/:workflow_id/resume", post(pause::resume::<S>))
+        .route("/workflows/:workflow_id/runs/:run_id/resume", post(pause::resume_run::<S>))
 }
 
 /// The control plane's routes for operators: schedules, the ledger and integrity incidents, the

@@ -128,6 +128,32 @@ async fn metrics_exist_from_start_up_and_count_what_happens() {
     let queue = ["namespace=\"default\"", "kind=\"workflow\"", "queue=\"metered-q\""];
     assert_eq!(value(&text, "capstan_task_queue_ready", &queue), 1.0);
     assert_eq!(value(&text, "capstan_task_queue_leased", &queue), 0.0);
+    let runs = |class: &str| format!("class=\"{class}\"");
+    assert_eq!(
+        value(&text, "capstan_workflow_runs", &["namespace=\"default\"", &runs("open")]),
+        1.0
+    );
+    assert_eq!(
+        value(&text, "capstan_workflow_runs", &["namespace=\"default\"", &runs("completed")]),
+        1.0
+    );
+    h.cpost("/api/workflows/waiting/pause", json!({})).await.ok(200);
+    let held = scrape(&h).await;
+    assert_eq!(
+        value(&held, "capstan_workflow_runs", &["namespace=\"default\"", &runs("paused")]),
+        1.0
+    );
+    assert_eq!(
+        value(&held, "capstan_workflow_runs", &["namespace=\"default\"", &runs("open")]),
+        0.0
+    );
+    assert!(
+        !held
+            .lines()
+            .any(|l| l.starts_with("capstan_task_queue_ready{") && l.contains("queue=\"metered-q\"")),
+        "a paused run's task is not waiting for a worker"
+    );
+    h.cpost("/api/workflows/waiting/resume", json!({})).await.ok(200);
     assert!(value(&text, "capstan_store_commit_seconds_count", &[]) >= 3.0, "commits are timed");
     assert!(
         text.lines().all(|line| !line.contains("metered\"") && !line.contains("waiting\"")),

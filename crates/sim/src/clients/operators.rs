@@ -1,10 +1,12 @@
 //! Operators in the workload: an operator settles `outcome_unknown` ledger entries, either
-//! way (the effect was absent, or it happened with a result), and limits the queue's activity
-//! tasks live.
+//! way (the effect was absent, or it happened with a result), limits the queue's activity
+//! tasks live, and pauses and resumes workflows.
 
 use crate::report::Failure;
 use crate::workload::{NAMESPACE, PAYLOAD, QUEUE, SIMULATED_OPERATOR};
 use crate::world::{Acted, World};
+use capstan_app::control::Target;
+use capstan_app::pause::{self, PauseRequest};
 use capstan_app::{ledger, queue_limits};
 use capstan_engine::flow::{KeyLimits, QueueLimits};
 use capstan_engine::{LedgerDecision, LedgerState, Payload, Principal, TaskKind};
@@ -97,4 +99,41 @@ pub(crate) async fn set_activity_limits(world: &mut World, limits: QueueLimits) 
     world.trace(|| format!("operator limits activity tasks: {limits:?}"));
     let set = queue_limits::set(&world.app, NAMESPACE, QUEUE, TaskKind::Activity, limits).await;
     world.declined(set).map(drop)
+}
+
+/// An operator pauses (or resumes) a workflow; a closed one refuses, which is fine. While it is
+/// paused nothing of it may be leased (`checks::check_not_paused`).
+pub(crate) async fn hold(world: &mut World, workflow_id: &str, pause_it: bool) -> Result<Acted, Failure> {
+    let request = PauseRequest {
+        target: Target {
+            namespace: NAMESPACE.into(),
+            workflow_id: workflow_id.to_string(),
+            run_id: None,
+        },
+        reason: Some("simulated operator".into()),
+        request_id: None,
+        principal: Some(Principal::token(SIMULATED_OPERATOR)),
+    };
+    let render = |changed: &bool, _: &capstan_engine::RunState| json!(changed);
+    let result = match pause_it {
+        true => pause::pause(&world.app, request, render).await,
+        false => pause::resume(&world.app, request, render).await,
+    };
+    let Some(receipt) = world.declined(result)? else {
+        return Ok(Acted::Done);
+    };
+    world.trace(|| {
+        format!(
+            "operator {} {workflow_id}: {}",
+            if pause_it { "pauses" } else { "resumes" },
+            receipt.body
+        )
+    });
+    if let Some(run) = &receipt.run {
+        world.seen.acknowledge(run);
+        if receipt.body == json!(true) && pause_it {
+            world.counters.paused += 1;
+        }
+    }
+    Ok(Acted::Done)
 }

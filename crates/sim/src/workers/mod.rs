@@ -14,7 +14,7 @@ pub(crate) mod deliveries;
 mod local;
 pub(crate) mod probes;
 
-use crate::checks::{check_activity_cap, check_replay_mode, check_session_holder};
+use crate::checks::{check_activity_cap, check_not_paused, check_replay_mode, check_session_holder};
 use crate::clients::request_cooperative_cancellation;
 use crate::program::replay::{command_identity, decide};
 use crate::program::Programs;
@@ -235,6 +235,7 @@ impl Workers {
         let Some((owner, task, run)) = self.lease(world, TaskKind::Workflow, WORKFLOW_LEASE_MS, faulty).await? else {
             return Ok(false);
         };
+        check_not_paused(world, &task, &run)?;
         // When it was leased (a lease handed to a parked poll may be read later).
         let leased_at = task.lease().map_or(world.now, |lease| lease.expires_at - WORKFLOW_LEASE_MS);
         check_replay_mode(world, &self.retired, &task, &run, &owner, leased_at)?;
@@ -321,6 +322,7 @@ impl Workers {
         let Some((owner, task, run)) = self.lease(world, TaskKind::Activity, ACTIVITY_LEASE_MS, faulty).await? else {
             return Ok(false);
         };
+        check_not_paused(world, &task, &run)?;
         world.seen.acknowledge(&run);
         check_activity_cap(world, &run).await?;
         let TaskDetail::Activity {

@@ -213,6 +213,12 @@ pub trait RunStore: Backend {
         self.read(move |tx| Box::pin(async move { run_counts::drift(tx, namespace.as_deref()).await }))
     }
 
+    /// Current runs per namespace and class (`open`, `paused`, or a closed status), from the
+    /// kept counts.
+    fn current_run_classes(&self) -> impl Future<Output = StoreResult<Vec<(String, String, i64)>>> + Send {
+        self.read(move |tx| Box::pin(async move { run_counts::current_by_namespace(tx).await }))
+    }
+
     /// Rebuilds the kept run counts from a full count (a repair); how many keys were wrong.
     fn recount_runs(&self, namespace: Option<&str>) -> impl Future<Output = StoreResult<usize>> + Send {
         let namespace = namespace.map(str::to_string);

@@ -39,6 +39,15 @@ pub(crate) async fn lease_candidate<T: Tx>(
     env: &Env,
 ) -> StoreResult<Claimed> {
     let (task_id, now) = (candidate.task_id.clone(), wanted.now);
+    // Paused after the candidate was read: its row is held now too (the pause wrote it), and
+    // nothing of the run is dispatched.
+    if run.paused.is_some() {
+        if let Some(task) = run.tasks.get(&task_id) {
+            tx.execute(REPAIR_ROW, &args![task_id.as_str(), task_row_status(&run, task)])
+                .await?;
+        }
+        return Ok(Claimed::Stale);
+    }
     let activity_type = run.tasks.get(&task_id).and_then(|t| match &t.detail {
         TaskDetail::Activity { activity_type, .. } => Some(activity_type.clone()),
         _ => None,

@@ -29,7 +29,7 @@ const REMOVE_INSTANCE: [&str; 10] = [
 /// work for this node until then: the clock sleeps instead of spinning on it).
 pub(crate) async fn next_deadline<T: Tx>(tx: &mut T) -> StoreResult<Option<Millis>> {
     let sql = "SELECT MIN(CASE WHEN duty_expires_at > deadline_at THEN duty_expires_at ELSE deadline_at END)
-               FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased')";
+               FROM tasks WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased', 'paused')";
     Ok(tx.query_opt(sql, &[]).await?.map(|row| row.opt_int(0)).transpose()?.flatten())
 }
 
@@ -76,7 +76,8 @@ pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow
 
 /// Takes an instance's runs out of the kept counts, before they are removed.
 async fn uncount_instance<T: Tx>(tx: &mut T, workflow_id: &str, namespace: &str) -> StoreResult<()> {
-    let sql = "SELECT r.workflow_type, r.task_queue, r.run_id, r.status, CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END
+    let sql =
+        "SELECT r.workflow_type, r.task_queue, r.run_id, r.status, CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END, r.paused_at
                FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
                WHERE r.workflow_id = $1 AND r.namespace = $2";
     for row in tx.query(sql, &args![workflow_id, namespace]).await? {
@@ -86,7 +87,7 @@ async fn uncount_instance<T: Tx>(tx: &mut T, workflow_id: &str, namespace: &str)
             task_queue: row.str(1)?,
             run_id: row.str(2)?,
         };
-        let class = run_counts::class_of_status(row.str(3)?);
+        let class = run_counts::class_of_row(row.str(3)?, row.opt_int(5)?);
         run_counts::shift(tx, &run, Some((class, row.int(4)? != 0)), None);
     }
     Ok(())
@@ -168,7 +169,7 @@ pub(crate) async fn system_counts<T: Tx>(tx: &mut T, namespace: &str, now: Milli
 
 const DUE_TASKS: Locking = locking!(
     "SELECT namespace, task_id, duty_fence FROM tasks
-     WHERE deadline_at IS NOT NULL AND deadline_at <= $1 AND status IN ('ready', 'leased')
+     WHERE deadline_at IS NOT NULL AND deadline_at <= $1 AND status IN ('ready', 'leased', 'paused')
        AND (duty_expires_at IS NULL OR duty_expires_at <= $1)
      ORDER BY deadline_at LIMIT $2",
     "FOR UPDATE SKIP LOCKED"

@@ -33,7 +33,7 @@ impl HandedRun {
 /// Leases each task `effects` made ready to a parked poll that may take it; the deliveries are
 /// answered once the transaction commits.
 pub(crate) async fn offer<T: Tx>(tx: &mut T, run: &RunState, effects: &Effects, env: &Env) -> StoreResult<Option<HandedRun>> {
-    if env.parked.parked() == 0 || run.integrity_incident.is_some() || run.is_closed() {
+    if env.parked.parked() == 0 || run.integrity_incident.is_some() || run.paused.is_some() || run.is_closed() {
         return Ok(None);
     }
     // The transition's time (its last event's), as a claim takes its caller's; the store's

@@ -94,6 +94,9 @@ fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, like_esca
             .map(|status| binds.push(Bound::Text(status.to_string())))
             .collect();
         sql.push_str(&format!(" AND r.status IN ({})", marks.join(", ")));
+        if bucket == "paused" {
+            sql.push_str(" AND r.paused_at IS NOT NULL");
+        }
     }
     if let Some(query) = &filter.query {
         let mark = binds.push(Bound::Text(like_pattern(query)));
@@ -167,20 +170,21 @@ pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &List
         let mut counts = RunCounts::default();
         let kept = super::run_counts::current(tx, namespace, filter.workflow_type.as_deref(), filter.task_queue.as_deref()).await?;
         for (class, count) in kept {
-            count_into(&mut counts, if class == "open" { "running" } else { &class }, count.max(0) as u64);
+            count_into(&mut counts, &class, count.max(0) as u64);
         }
         return Ok(counts);
     }
     let dialect = CurrentRuns::of(tx.dialect());
     let mut binds = Binds(Vec::new());
     let sql = format!(
-        "SELECT r.status, COUNT(*) FROM {} WHERE {} GROUP BY r.status",
+        "SELECT r.status, CASE WHEN r.paused_at IS NULL THEN NULL ELSE 1 END, COUNT(*) FROM {} WHERE {} GROUP BY 1, 2",
         dialect.count_from,
         conditions(namespace, filter, false, dialect.like_escape, &mut binds)
     );
     let mut counts = RunCounts::default();
     for row in tx.query(&sql, &binds.params()).await? {
-        count_into(&mut counts, row.str(0)?, row.int(1)? as u64);
+        let class = super::run_counts::class_of_row(row.str(0)?, row.opt_int(1)?);
+        count_into(&mut counts, class, row.int(2)? as u64);
     }
     Ok(counts)
 }

@@ -1,8 +1,8 @@
 //! Run counts kept in the transactions that change them, so a count by status costs a handful
 //! of rows however many runs there are.
 //!
-//! `run_counts` holds, per namespace, workflow type, task queue, class (`open` or a closed
-//! status), whether the runs are their instance's current run, and a slot, how many runs there
+//! `run_counts` holds, per namespace, workflow type, task queue, class (`RunClass`: `open`,
+//! `paused`, or a closed status), whether the runs are their instance's current run, and a slot, how many runs there
 //! are. The writers say what changed ([`Tx::recount`]); the changes of one transaction are
 //! summed and applied just before it commits, in key order ([`flush`]), so two transactions
 //! never take the counter rows' locks in opposite orders, and each holds them only for its
@@ -13,7 +13,7 @@
 //! - a run is inserted (`run_rows::write_change`): +1, not current;
 //! - it becomes current (`insert_instance`, `set_current_run`), the previous current run
 //!   stops being so;
-//! - an open run closes (a terminal event in its change): open → its status; an open run is
+//! - an open run closes, or is paused or resumed (`Effects::reclassed_from`); an open run is
 //!   always its instance's current one (a successor becomes current in the transaction that
 //!   closes its predecessor, after it);
 //! - an instance is removed (`duties::prune_instances`): its runs go.
@@ -44,15 +44,15 @@ pub struct CountKey {
 /// Changes to kept counts, summed per key (zero sums are dropped when applied).
 pub type Recounts = BTreeMap<CountKey, i64>;
 
-/// A run's class: `open` while it runs, its status once closed.
-pub(crate) fn class_of_status(status: &str) -> &str {
-    match status {
-        "pending" | "running" | "waiting" => OPEN,
-        closed => closed,
+/// A stored run's class (`RunClass` of its document): `open` or `paused` while it runs, its
+/// status once closed.
+pub(crate) fn class_of_row(status: &str, paused_at: Option<Millis>) -> &str {
+    match (status, paused_at) {
+        ("pending" | "running" | "waiting", None) => RunClass::Open.as_str(),
+        ("pending" | "running" | "waiting", Some(_)) => RunClass::Paused.as_str(),
+        (closed, _) => closed,
     }
 }
-
-const OPEN: &str = "open";
 
 /// The slot a run's changes go to.
 fn slot_of(dialect: Dialect, run_id: &str) -> u32 {
@@ -112,18 +112,21 @@ pub(crate) fn shift<T: Tx>(tx: &mut T, run: &Counted<'_>, from: Option<(&str, bo
 
 /// A new run: counted, not yet current.
 pub(crate) fn inserted<T: Tx>(tx: &mut T, run: &RunState) {
-    shift(tx, &Counted::of(run), None, Some((class_of_status(run.status.as_str()), false)));
+    shift(tx, &Counted::of(run), None, Some((RunClass::of(run).as_str(), false)));
 }
 
-/// An open run closed (it is its instance's current run).
-pub(crate) fn closed<T: Tx>(tx: &mut T, run: &RunState) {
-    let class = class_of_status(run.status.as_str());
-    shift(tx, &Counted::of(run), Some((OPEN, true)), Some((class, true)));
+/// An open run's class changed from `from` (it closed, or was paused or resumed); an open run
+/// is its instance's current one.
+pub(crate) fn reclassed<T: Tx>(tx: &mut T, run: &RunState, from: RunClass) {
+    let to = RunClass::of(run);
+    if to != from {
+        shift(tx, &Counted::of(run), Some((from.as_str(), true)), Some((to.as_str(), true)));
+    }
 }
 
 /// A run became its instance's current run.
 pub(crate) fn made_current<T: Tx>(tx: &mut T, run: &RunState) {
-    let class = class_of_status(run.status.as_str());
+    let class = RunClass::of(run).as_str();
     shift(tx, &Counted::of(run), Some((class, false)), Some((class, true)));
 }
 
@@ -175,6 +178,14 @@ pub(crate) async fn current<T: Tx>(
     rows.iter().map(|r| Ok((r.text(0)?, r.int(1)?))).collect()
 }
 
+/// Current runs per namespace and class, every namespace (for the metrics scrape).
+pub(crate) async fn current_by_namespace<T: Tx>(tx: &mut T) -> StoreResult<Vec<(String, String, i64)>> {
+    let sql = "SELECT namespace, run_class, CAST(SUM(n) AS BIGINT) FROM run_counts WHERE is_current = 1
+               GROUP BY namespace, run_class ORDER BY namespace, run_class";
+    let rows = tx.query(sql, &[]).await?;
+    rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)?))).collect()
+}
+
 /// Counts per class of every run of `namespace`, current or not.
 pub(crate) async fn all<T: Tx>(tx: &mut T, namespace: &str) -> StoreResult<Vec<(String, i64)>> {
     let sql = "SELECT run_class, CAST(SUM(n) AS BIGINT) FROM run_counts WHERE namespace = $1 GROUP BY run_class ORDER BY run_class";
@@ -184,7 +195,7 @@ pub(crate) async fn all<T: Tx>(tx: &mut T, namespace: &str) -> StoreResult<Vec<(
 
 /// The counts a full count gives, by key without the slot (slot 0 in the result).
 const FULL_COUNT: &str = "SELECT r.namespace, r.workflow_type, r.task_queue,
-        CASE WHEN r.status IN ('pending', 'running', 'waiting') THEN 'open' ELSE r.status END,
+        CASE WHEN r.status NOT IN ('pending', 'running', 'waiting') THEN r.status WHEN r.paused_at IS NULL THEN 'open' ELSE 'paused' END,
         CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END, COUNT(*)
      FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id";
 const KEPT_COUNT: &str = "SELECT namespace, workflow_type, task_queue, run_class, is_current, CAST(SUM(n) AS BIGINT) FROM run_counts";
@@ -269,10 +280,12 @@ mod tests {
     #[test]
     fn open_statuses_share_a_class_and_closed_ones_keep_theirs() {
         for open in ["pending", "running", "waiting"] {
-            assert_eq!(class_of_status(open), "open");
+            assert_eq!(class_of_row(open, None), "open");
+            assert_eq!(class_of_row(open, Some(1)), "paused");
         }
         for closed in ["completed", "failed", "cancelled", "terminated"] {
-            assert_eq!(class_of_status(closed), closed);
+            assert_eq!(class_of_row(closed, None), closed);
+            assert_eq!(class_of_row(closed, Some(1)), closed);
         }
     }
 

@@ -12,9 +12,9 @@ use crate::tx::{args, locking, Locking, Statement, Tx};
 use crate::*;
 use std::collections::BTreeSet;
 
-const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
-const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $4 WHERE run_id = $1";
+const INSERT_RUN: &str = "INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key, started_at, closed_at, state, paused_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+const UPDATE_RUN: &str = "UPDATE runs SET status = $2, closed_at = $3, state = $4, paused_at = $5 WHERE run_id = $1";
 /// Events go in one statement per transaction (up to [`EVENTS_PER_INSERT`] rows each).
 const EVENTS_PER_INSERT: usize = 32;
 const EVENT_COLUMNS: usize = 10;
@@ -103,11 +103,12 @@ pub(crate) async fn write_change<T: Tx>(
             run.started_at,
             run.closed_at,
             state.as_str(),
+            run.paused.as_ref().map(|p| p.paused_at),
         ];
         tx.execute(INSERT_RUN, &args).await?;
         run_counts::inserted(tx, run);
-    } else if closes_run(effects) {
-        run_counts::closed(tx, run);
+    } else if let Some(from) = effects.reclassed_from {
+        run_counts::reclassed(tx, run, from);
     }
     persist_ledger(tx, run, effects).await?;
     // The run document keeps payloads it will hand out later (messages, updates, a child's input).
@@ -187,7 +188,14 @@ async fn write_rows<T: Tx>(
     if let Some(state) = updated_state {
         statements.push(Statement {
             sql: UPDATE_RUN,
-            args: args![run_id, run.status.as_str(), run.closed_at, state].into(),
+            args: args![
+                run_id,
+                run.status.as_str(),
+                run.closed_at,
+                state,
+                run.paused.as_ref().map(|p| p.paused_at)
+            ]
+            .into(),
         });
     }
     let rows: Vec<(&&HistoryEvent, &String)> = events.iter().zip(&payloads).collect();
@@ -251,7 +259,8 @@ async fn write_rows<T: Tx>(
             ]
             .into(),
         });
-        if task.is_ready() && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
+        // Announced only when a poller may take it (not blocked, not paused).
+        if task_row_status(run, task) == "ready" && matches!(task.kind, TaskKind::Workflow | TaskKind::Activity) {
             let key = (run.namespace.clone(), task.kind, task.queue.clone());
             if !ready_queues.contains(&key) {
                 ready_queues.push(key);
@@ -376,7 +385,7 @@ pub(crate) async fn insert_instance<T: Tx>(tx: &mut T, run: &RunState, now: Mill
 }
 
 /// The current run of an instance, as its count knows it: namespace, type, queue, run id, status.
-const CURRENT_RUN_COUNTED: &str = "SELECT r.namespace, r.workflow_type, r.task_queue, r.run_id, r.status
+const CURRENT_RUN_COUNTED: &str = "SELECT r.namespace, r.workflow_type, r.task_queue, r.run_id, r.status, r.paused_at
      FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id WHERE i.workflow_id = $1";
 
 /// Makes `run` its instance's current run (a new run of an existing instance); the run it
@@ -384,7 +393,7 @@ const CURRENT_RUN_COUNTED: &str = "SELECT r.namespace, r.workflow_type, r.task_q
 pub(crate) async fn set_current_run<T: Tx>(tx: &mut T, run: &RunState) -> StoreResult<()> {
     if let Some(row) = tx.query_opt(CURRENT_RUN_COUNTED, &args![run.workflow_id.as_str()]).await? {
         let (namespace, workflow_type, task_queue, run_id) = (row.str(0)?, row.str(1)?, row.str(2)?, row.str(3)?);
-        let class = run_counts::class_of_status(row.str(4)?);
+        let class = run_counts::class_of_row(row.str(4)?, row.opt_int(5)?);
         let previous = run_counts::Counted {
             namespace,
             workflow_type,

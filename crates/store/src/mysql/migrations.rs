@@ -157,6 +157,7 @@ CREATE INDEX tasks_poll ON tasks (poll_request_id);
 -- Runs counted per namespace, type, queue, class ('open' or a closed status) and whether they
 -- are their instance's current run, kept in the transactions that change them
 -- (logic/run_counts.rs); a key's count is spread over slots so writers do not queue on one row.
+-- Namespace names are at most 128 characters (docs/limits.md): the key fits InnoDB's limit.
 CREATE TABLE IF NOT EXISTS run_counts (namespace VARCHAR(128) NOT NULL, workflow_type VARCHAR(255) NOT NULL, task_queue VARCHAR(255) NOT NULL,
   run_class VARCHAR(16) NOT NULL, is_current INT NOT NULL, slot INT NOT NULL, n BIGINT NOT NULL,
   PRIMARY KEY (namespace, workflow_type, task_queue, run_class, is_current, slot)) {table};
@@ -167,6 +168,12 @@ SELECT r.namespace, r.workflow_type, r.task_queue,
        CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END, 0, COUNT(*)
 FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
 GROUP BY 1, 2, 3, 4, 5;
+"#,
+    ),
+    (
+        34,
+        r#"
+ALTER TABLE runs ADD COLUMN paused_at BIGINT;
 "#,
     ),
 ];

@@ -610,4 +610,15 @@ FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
 GROUP BY 1, 2, 3, 4, 5;
 "#,
     ),
+    (
+        34,
+        r#"
+-- An operator's hold on a run (its document holds who and why): when it began, for listings and
+-- counts. A held run's ready workflow and activity tasks are written 'paused'; their deadlines
+-- still run, so the deadline index covers them.
+ALTER TABLE runs ADD COLUMN paused_at BIGINT;
+DROP INDEX tasks_deadline;
+CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased', 'paused');
+"#,
+    ),
 ];

@@ -13,6 +13,7 @@ mod flow;
 mod handoff;
 mod imports;
 mod operators;
+mod pause;
 mod row_lease;
 mod run_counts;
 mod schedules;
@@ -30,6 +31,7 @@ pub use flow::*;
 pub use handoff::*;
 pub use imports::*;
 pub use operators::*;
+pub use pause::*;
 pub use row_lease::*;
 pub use run_counts::*;
 pub use schedules::*;
@@ -1427,7 +1429,8 @@ pub async fn listing_filters_and_pages<S: Store>(store: S) {
         RunCounts {
             running: 4,
             completed: 0,
-            failed: 1
+            failed: 1,
+            paused: 0,
         }
     );
     assert_eq!(store.count_runs("default", by_queue).await.unwrap().running, 1);
@@ -1647,6 +1650,7 @@ macro_rules! store_suite {
             search_attribute_definitions_are_defined_once_and_deleted,
             the_roster_and_queue_snapshots_show_workers_and_tasks,
             run_counts_follow_every_change_and_can_be_rebuilt,
+            a_paused_run_dispatches_nothing_until_resumed,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

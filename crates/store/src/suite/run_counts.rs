@@ -26,6 +26,7 @@ fn counts(running: u64, completed: u64, failed: u64) -> RunCounts {
         running,
         completed,
         failed,
+        paused: 0,
     }
 }
 

@@ -28,6 +28,8 @@ pub(super) fn fail_workflow(run: &mut RunState, cx: &mut Cx, at: At, failure: Wo
 /// Closes this run and builds the next run of the instance, whose chain continues this one.
 pub(super) fn continue_as_new(run: &mut RunState, cx: &mut Cx, at: At, next_run: NextRun, tags: StepTags) {
     let At { step, task: wt } = at;
+    // An operator's hold is on the instance's work: the next run starts held too.
+    let held = run.paused.clone();
     close_run(run, cx, RunStatus::Completed, ClosedReason::Continued);
     // The successor is built with its own effects; its events belong to its own run.
     let (successor, successor_effects) = {
@@ -40,6 +42,7 @@ pub(super) fn continue_as_new(run: &mut RunState, cx: &mut Cx, at: At, next_run:
     run.append(cx, EventType::WorkflowContinuedAsNew, payload, wt, None);
     // Link the chains: the successor's first event follows this run's last.
     let mut successor = successor;
+    successor.paused = held;
     let mut successor_effects = successor_effects;
     relink(&mut successor, &mut successor_effects, &run.last_hash);
     cx.effects.successor = Some(Box::new((successor, successor_effects)));
