@@ -227,6 +227,20 @@ def test_an_operator_works_through_every_page_in_chromium(server_url, worker_url
             await page.get_by_label("Task kind").select_option("activity")
             await page.get_by_role("button", name="Clear limits").click()
             await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()
+            # Pause the queue's activity tasks from its page, then resume them.
+            await page.locator("#queue-pause-activity").click()
+            await expect(page.locator("#toast")).to_contain_text("The queue's activity tasks paused")
+            await expect(page.locator("#queue-activity .badge.paused")).to_have_text("paused")
+            await expect(page.locator("#queue-workflow")).to_contain_text("open")
+            await expect(page.get_by_text("task_queue_paused")).to_be_visible()
+            described = (await http.get(f"/api/task-queues/{queue}")).json()
+            assert described["admission"]["activity_tasks"]["status"] == "paused", described["admission"]
+            assert described["admission"]["workflow_tasks"]["status"] == "open", described["admission"]
+            await screenshot(page, "task-queue-paused")
+            await page.locator("#queue-resume-activity").click()
+            await expect(page.locator("#toast")).to_contain_text("The queue's activity tasks resumed")
+            await expect(page.locator("#queue-pause-activity")).to_be_visible()
+            await expect(page.get_by_text("No limits: tasks go out as fast as workers take them.")).to_be_visible()
 
             # The ledger: the unknown entry waits; resolve it by form (the effect was absent).
             await open_page(page, f"{server_url}/#/ledger")

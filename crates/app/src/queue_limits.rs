@@ -6,7 +6,7 @@
 use crate::{AppError, AppResult, Services};
 use capstan_engine::flow::{KeyLimits, QueueLimits};
 use capstan_engine::scheduling::{self, DEFAULT_CLASS};
-use capstan_engine::TaskKind;
+use capstan_engine::{PauseRecord, Principal, TaskKind};
 use capstan_store::prelude::*;
 use capstan_store::QueueLimitState;
 use serde_json::{Map, Value};
@@ -34,6 +34,55 @@ pub async fn set<V: Services>(services: &V, namespace: &str, queue: &str, kind: 
         .set_queue_limits(namespace, queue, kind, limits, services.now())
         .await?;
     Ok(())
+}
+
+/// Pauses a queue's tasks of each of `kinds` (`docs/pause.md`): none is leased until it is
+/// resumed; its backlog stays where it is, visible. Per kind, whether it was running free.
+pub async fn pause<V: Services>(
+    services: &V,
+    namespace: &str,
+    queue: &str,
+    kinds: &[TaskKind],
+    reason: Option<String>,
+    principal: Option<Principal>,
+) -> AppResult<Vec<(TaskKind, bool)>> {
+    let now = services.now();
+    let record = PauseRecord {
+        paused_at: now,
+        reason,
+        principal,
+    };
+    let mut changed = Vec::new();
+    for kind in kinds {
+        let done = services
+            .store()
+            .set_queue_pause(namespace, queue, *kind, Some(record.clone()), now)
+            .await?;
+        changed.push((*kind, done));
+    }
+    tracing::info!(namespace, queue, ?changed, principal = ?record.principal, reason = ?record.reason, "task queue paused");
+    Ok(changed)
+}
+
+/// Lets a paused queue's tasks of each of `kinds` go to workers again (its parked polls are
+/// woken); per kind, whether it was paused.
+pub async fn resume<V: Services>(
+    services: &V,
+    namespace: &str,
+    queue: &str,
+    kinds: &[TaskKind],
+    principal: Option<Principal>,
+) -> AppResult<Vec<(TaskKind, bool)>> {
+    let mut changed = Vec::new();
+    for kind in kinds {
+        let done = services
+            .store()
+            .set_queue_pause(namespace, queue, *kind, None, services.now())
+            .await?;
+        changed.push((*kind, done));
+    }
+    tracing::info!(namespace, queue, ?changed, ?principal, "task queue resumed");
+    Ok(changed)
 }
 
 /// The limits set on one queue, per kind.
@@ -119,6 +168,8 @@ pub fn from_json(object: &Map<String, Value>) -> AppResult<QueueLimits> {
         fairness_key_limits,
         fairness_key_overrides,
         fairness_weights,
+        // A pause is set on its own route, never with limits.
+        paused: None,
     })
 }
 

@@ -172,6 +172,23 @@ pub enum TaskQueueCommand {
         #[arg(long, conflicts_with_all = ["rate", "burst", "max_leased", "key_rate", "key_burst", "key_max_leased", "key_limits", "weights"])]
         clear: bool,
     },
+    /// Pause a queue's workflow or activity tasks (both without --kind): none goes to a worker
+    /// until they are resumed; the backlog stays.
+    Pause {
+        task_queue: String,
+        /// workflow or activity.
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let a paused queue's tasks go to workers again.
+    Resume {
+        task_queue: String,
+        /// workflow or activity.
+        #[arg(long)]
+        kind: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -604,6 +621,18 @@ pub fn task_queue(connection: Connection, command: TaskQueueCommand) -> ExitCode
                     }
                 }
             }
+            TaskQueueCommand::Pause { task_queue, kind, reason } => {
+                let path = format!("/task-queues/{}/pause", encode(&task_queue));
+                let held = client
+                    .call(Method::POST, &path, Some(json!({"kind": kind, "reason": reason})))
+                    .await?;
+                print_pauses(output, &held);
+            }
+            TaskQueueCommand::Resume { task_queue, kind } => {
+                let path = format!("/task-queues/{}/resume", encode(&task_queue));
+                let held = client.call(Method::POST, &path, Some(json!({"kind": kind}))).await?;
+                print_pauses(output, &held);
+            }
             TaskQueueCommand::Limits { task_queue } => {
                 let limits = client
                     .call(Method::GET, &format!("/task-queues/{}/limits", encode(&task_queue)), None)
@@ -898,4 +927,25 @@ fn key_weight(spec: &str) -> Result<(String, Value), String> {
         .parse()
         .map_err(|_| format!("--weight {spec:?}: the weight must be a whole number"))?;
     Ok((key.trim().to_string(), json!(weight)))
+}
+
+/// A queue's holds per task kind: paused or not, since when and why.
+fn print_pauses(output: Output, held: &Value) {
+    let rows: Vec<Value> = ["workflow", "activity"]
+        .iter()
+        .map(|kind| {
+            let of_kind = &held["kinds"][kind];
+            json!({"kind": kind, "paused": of_kind["paused"], "paused_at": of_kind["pause"]["paused_at"],
+                   "reason": of_kind["pause"]["reason"]})
+        })
+        .collect();
+    match output {
+        Output::Json => print(output, held, &[], None),
+        Output::Table => print(
+            output,
+            &json!({"kinds": rows}),
+            &["kind", "paused", "paused_at", "reason"],
+            Some("kinds"),
+        ),
+    }
 }

@@ -33,6 +33,10 @@ pub struct QueueLimits {
     /// Named fairness keys' weights, in place of the weight their runs were started with.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fairness_weights: BTreeMap<String, u16>,
+    /// An operator's hold on the queue's tasks of this kind: none is leased until it is resumed
+    /// (`docs/pause.md`). Kept with the limits; setting or clearing limits leaves it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<crate::PauseRecord>,
 }
 
 /// One fairness key's limits: a dispatch rate with a burst, a cap on its tasks leased at once.
@@ -148,6 +152,7 @@ impl QueueLimits {
             && self.fairness_key_limits.is_none()
             && self.fairness_key_overrides.is_empty()
             && self.fairness_weights.is_empty()
+            && self.paused.is_none()
     }
 
     /// The limits a fairness class is held to, if any: its own, else the default. A key's own
@@ -220,6 +225,8 @@ pub enum Held {
     KeyRate,
     /// As many of the fairness key's tasks are leased as its cap allows.
     KeyLeased,
+    /// An operator paused the queue's tasks of this kind.
+    Paused,
 }
 
 impl Held {
@@ -229,6 +236,7 @@ impl Held {
             Held::Leased => "max_leased_tasks",
             Held::KeyRate => "fairness_key_dispatch_rate",
             Held::KeyLeased => "fairness_key_max_leased_tasks",
+            Held::Paused => "paused",
         }
     }
 }

@@ -65,7 +65,7 @@ pub use local_activity::*;
 pub use memo::{MemoBase, MemoCodec, MergedMemo};
 pub use message_stream::{MessageStream, StreamAppendReceipt, StreamProgress, MESSAGE_STREAM_SIGNAL};
 pub use observation::Observation;
-pub use pause::{RunClass, RunPause};
+pub use pause::{PauseRecord, RunClass};
 pub use payload::{Payload, PayloadReference};
 pub use principal::Principal;
 pub use query::{QueryKind, QueryOutcome, QueryState, QueryTask};

@@ -6,9 +6,9 @@
 use crate::{Millis, Principal, RunState, RunStatus};
 use serde::{Deserialize, Serialize};
 
-/// Who paused a run, when, and why.
+/// Who paused a run (or a task queue's kind of tasks), when, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunPause {
+pub struct PauseRecord {
     pub paused_at: Millis,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

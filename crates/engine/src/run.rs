@@ -340,7 +340,7 @@ pub struct RunState {
     /// An operator's hold (`crate::pause`): none of the run's workflow or activity tasks is
     /// dispatched until it is resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused: Option<crate::RunPause>,
+    pub paused: Option<crate::PauseRecord>,
     /// Running attempts a cooperative cancellation stopped, with their workers' stop receipts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stopped_attempts: BTreeMap<ActivityAttemptId, crate::activity_stop::StoppedAttempt>,

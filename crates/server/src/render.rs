@@ -408,7 +408,7 @@ pub fn summary(row: &RunSummary) -> Value {
 }
 
 /// An operator's hold on a run (Capstan): when, why and by whom; `null` when it runs free.
-pub fn pause(paused: Option<&capstan_engine::RunPause>) -> Value {
+pub fn pause(paused: Option<&capstan_engine::PauseRecord>) -> Value {
     paused.map_or(Value::Null, |p| {
         json!({
             "paused_at": time(p.paused_at),

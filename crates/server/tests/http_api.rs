@@ -4107,6 +4107,7 @@ async fn every_route_family_checks_its_roles() {
         (Method::GET, "/api/workflows", json!(null), O | A),
         (Method::GET, "/api/workflows/nobody/audit-events", json!(null), O | A),
         (Method::POST, "/api/workflows/nobody/pause", json!({}), O | A),
+        (Method::POST, "/api/task-queues/q/resume", json!({}), O | A),
         (Method::POST, "/api/workflows/nobody/runs/r/resume", json!({}), O | A),
         (
             Method::POST,

@@ -819,6 +819,7 @@ async function taskQueuePage(name) {
     h("p", {}, h("a", { href: "#/workers" }, "← Workers and task queues")),
     h("h1", {}, "Task queue ", h("span", { class: "mono" }, queue.name)),
     (queue.diagnostics || []).map((d) => h("div", { class: "diagnostic", role: "note" }, h("strong", {}, d.reason), ": ", d.message)),
+    queueHolds(name, queue.admission || {}),
     h("div", { class: "grid" },
       h("section", { class: "card" }, h("h2", {}, "Backlog"), facts([
         ["Backlog", String(stats.backlog ?? 0)],
@@ -853,10 +854,38 @@ async function taskQueuePage(name) {
     ], queue.current_leases || [], "No task is leased."));
 }
 
+/** Whether each kind of the queue's tasks goes to workers, with a Pause or Resume button each. */
+function queueHolds(name, admission) {
+  const row = (kind) => {
+    const state = admission[`${kind}_tasks`] || {};
+    const pause = state.pause;
+    const post = (op, body) => act(op === "pause" ? `The queue's ${kind} tasks paused` : `The queue's ${kind} tasks resumed`,
+      () => api("POST", `/task-queues/${enc(name)}/${op}`, { kind, ...body })).then(() => route());
+    return h("div", { class: "title-row", id: `queue-${kind}` },
+      h("span", {}, `${kind[0].toUpperCase()}${kind.slice(1)} tasks `, pause ? pausedBadge(pause) : badge("open"),
+        pause ? h("span", { class: "muted" }, " since ", when(pause.paused_at), pause.principal ? ` by ${principalText(pause.principal)}` : "",
+          pause.reason ? `: ${pause.reason}` : "") : null),
+      pause
+        ? h("button", { type: "button", id: `queue-resume-${kind}`, class: "primary", onclick: () => post("resume", {}) }, "Resume")
+        : h("button", { type: "button", id: `queue-pause-${kind}`, onclick: () => {
+          const reason = prompt(`Pause the ${kind} tasks of ${name}? None goes to a worker until they are resumed. Why?`, "");
+          if (reason !== null) post("pause", { reason: reason || "paused from the Capstan UI" });
+        } }, "Pause"));
+  };
+  return h("section", { class: "card", "aria-labelledby": "holds-h" },
+    h("h2", { id: "holds-h" }, "Dispatch"), row("workflow"), row("activity"));
+}
+
+/** Whether a kind's limits row holds any limit (it may hold only a pause). */
+function hasLimits(l) {
+  return l.dispatch_rate_per_second != null || l.max_leased_tasks != null || l.fairness_key_limits
+    || Object.keys(l.fairness_key_overrides || {}).length > 0 || Object.keys(l.fairness_weights || {}).length > 0;
+}
+
 /** The queue's flow-control limits per task kind, and a form that sets them live. */
 function flowControl(name, limits) {
   const rows = [["workflow", limits.workflow_task], ["activity", limits.activity_task]]
-    .filter(([, l]) => l).map(([kind, l]) => ({ kind, ...l }));
+    .filter(([, l]) => l && hasLimits(l)).map(([kind, l]) => ({ kind, ...l }));
   const kind = h("select", { id: "limit-kind" }, h("option", { value: "workflow" }, "workflow"), h("option", { value: "activity" }, "activity"));
   const rate = h("input", { id: "limit-rate", type: "number", min: "0", step: "any", placeholder: "no limit" });
   const burst = h("input", { id: "limit-burst", type: "number", min: "1", step: "1", placeholder: "the rate" });

@@ -867,7 +867,7 @@ pub struct RunSummary {
     /// The workflow task's failures in a row and the last one's message, while it keeps failing.
     pub workflow_task_failing: Option<(u32, String)>,
     /// An operator's hold on the run, while it lasts.
-    pub paused: Option<capstan_engine::RunPause>,
+    pub paused: Option<capstan_engine::PauseRecord>,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -2,7 +2,7 @@
 //! writes a paused run's ready workflow and activity tasks as held, and a resumed run's as ready.
 
 use crate::transitions::control::require_open;
-use crate::{Cx, Refusal, RunClass, RunPause, RunState, TaskId};
+use crate::{Cx, PauseRecord, Refusal, RunClass, RunState, TaskId};
 
 /// Holds an open run: none of its workflow or activity tasks is dispatched until it is resumed.
 /// A paused run needs nothing (`false`).
@@ -12,7 +12,7 @@ pub fn pause(run: &mut RunState, cx: &mut Cx, reason: Option<String>) -> Result<
         return Ok(false);
     }
     cx.effects.reclassed_from = Some(RunClass::Open);
-    run.paused = Some(RunPause {
+    run.paused = Some(PauseRecord {
         paused_at: cx.now,
         reason,
         principal: cx.principal.clone(),

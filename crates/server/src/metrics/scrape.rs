@@ -22,8 +22,10 @@ pub(crate) async fn render<S: Store>(state: &AppState<S>, only: Option<&BTreeSet
     let loads = state.store.queue_loads(now, LABEL_VALUES_MAX).await?;
     let ledger = state.store.ledger_stats().await?;
     let classes = state.store.current_run_classes().await?;
+    let paused = state.store.paused_queues().await?;
     let mut gauges = Families::new();
     run_gauges(&mut gauges, &classes);
+    paused_queue_gauges(&mut gauges, &paused, now);
     queue_gauges(&mut gauges, &loads, now);
     ledger_gauges(&mut gauges, &namespaces, &ledger, now);
     pool_gauges(&mut gauges, state.store.pool_use());
@@ -81,6 +83,19 @@ fn run_gauges(f: &mut Families, classes: &[(String, String, i64)]) {
     );
     for (namespace, class, count) in classes {
         runs.with_label_values(&[namespace, class]).set(*count);
+    }
+}
+
+/// How long each paused queue kind has been paused: alert on one left paused.
+fn paused_queue_gauges(f: &mut Families, paused: &[(String, String, String, Millis)], now: Millis) {
+    let held = f.gauges(
+        "capstan_task_queue_paused_seconds",
+        "How long an operator has held a queue's workflow or activity tasks (present only while paused).",
+        &["namespace", "kind", "queue"],
+    );
+    for (namespace, queue, kind, paused_at) in paused.iter().take(LABEL_VALUES_MAX) {
+        held.with_label_values(&[namespace, kind, queue])
+            .set(((now - paused_at).max(0)) / 1000);
     }
 }
 

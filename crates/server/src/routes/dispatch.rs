@@ -120,6 +120,8 @@ async fn limits_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str) 
                 "fairness_key_limits": s.limits.fairness_key_limits,
                 "fairness_key_overrides": s.limits.fairness_key_overrides,
                 "fairness_weights": s.limits.fairness_weights,
+                "paused": s.limits.paused.is_some(),
+                "pause": crate::render::pause(s.limits.paused.as_ref()),
                 "updated_at": crate::render::time(s.updated_at),
             })
         })

@@ -213,6 +213,12 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
     }
     stats.insert("backlog".into(), json!(backlog));
     stats.insert("poller_count".into(), json!(live.len()));
+    // An operator's holds on the queue (`docs/pause.md`): its backlog stays shown.
+    let paused: Vec<(String, capstan_engine::PauseRecord)> = capstan_app::queue_limits::of_queue(&**state, namespace, queue)
+        .await?
+        .into_iter()
+        .filter_map(|s| s.limits.paused.map(|p| (s.kind.as_str().to_string(), p)))
+        .collect();
     let admission = |kind: &str| {
         let ready = snapshot
             .counts
@@ -226,8 +232,10 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
             .filter(|c| c.0 == kind && c.1 == "leased")
             .map(|c| c.2)
             .sum::<i64>();
-        json!({"status": "open", "budget_source": "worker_slots", "active_worker_count": live.len(),
-               "ready_count": ready, "leased_count": leased})
+        let pause = paused.iter().find(|(k, _)| k.as_str() == kind).map(|(_, p)| p);
+        json!({"status": if pause.is_some() { "paused" } else { "open" }, "budget_source": "worker_slots",
+               "active_worker_count": live.len(), "ready_count": ready, "leased_count": leased,
+               "pause": render::pause(pause)})
     };
     let rollouts = rollouts(state, namespace, queue).await?;
     let undrained = live
@@ -247,6 +255,11 @@ async fn queue_json<S: Store>(state: &Shared<S>, namespace: &str, queue: &str, d
             diagnostics.push(json!({"reason": "no_compatible_worker", "build_id": build,
                 "message": format!("{count} workflow task(s) of runs pinned to build {build} wait and no live, undrained worker has that build.")}));
         }
+    }
+    for (kind, pause) in &paused {
+        diagnostics.push(json!({"reason": "task_queue_paused", "kind": kind,
+            "message": format!("The queue's {kind} tasks are paused{}: none goes to a worker until they are resumed.",
+                pause.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())}));
     }
     if backlog > 0 && live.is_empty() {
         diagnostics.push(json!({"reason": "no_live_worker",

@@ -20,6 +20,7 @@ mod message_streams;
 mod namespaces;
 mod pause;
 mod query;
+mod queue_pause;
 mod redrive;
 mod schedules;
 pub(crate) mod search_attributes;
@@ -313,6 +314,8 @@ fn operator_routes<S: Store>() -> ServerTable<S> {
         .route("/task-queues/:task_queue", get(fleet::describe_task_queue::<S>))
         .route("/task-queues/:task_queue/priority-fairness", get(dispatch::priority_fairness::<S>))
         .route("/task-queues/:task_queue/limits", get(dispatch::limits::<S>))
+        .route("/task-queues/:task_queue/pause", post(queue_pause::pause::<S>))
+        .route("/task-queues/:task_queue/resume", post(queue_pause::resume::<S>))
         .route(
             "/task-queues/:task_queue/limits/:kind",
             put(dispatch::set_limits::<S>).delete(dispatch::clear_limits::<S>),

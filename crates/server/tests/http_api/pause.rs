@@ -100,3 +100,76 @@ async fn a_paused_run_gives_workers_nothing_until_resumed() {
         .await
         .err(404, "instance_not_found");
 }
+
+#[tokio::test]
+async fn a_paused_queue_kind_gives_polls_nothing_until_resumed() {
+    let h = Harness::start().await;
+    let queue = unique("held-queue");
+    h.register("w", &queue).await;
+    let path = |op: &str| format!("/api/task-queues/{queue}/{op}");
+
+    let paused = h
+        .cpost(&path("pause"), json!({"kind": "workflow", "reason": "deploying"}))
+        .await
+        .ok(200);
+    assert_eq!(paused["outcome"], "paused", "{paused}");
+    assert_eq!(
+        (&paused["kinds"]["workflow"]["paused"], &paused["kinds"]["activity"]["paused"]),
+        (&json!(true), &json!(false))
+    );
+    assert_eq!(paused["kinds"]["workflow"]["pause"]["reason"], "deploying");
+    assert_eq!(
+        h.cpost(&path("pause"), json!({"kind": "workflow"})).await.ok(200)["outcome"],
+        "pause_not_needed"
+    );
+
+    // Work waits, visible: a poll gets nothing, the queue shows its backlog and why.
+    let workflow_id = unique("on-held-queue");
+    h.start_workflow(&workflow_id, &queue).await;
+    assert!(h.poll_workflow("w", &queue, 1).await.is_null(), "a paused kind hands out nothing");
+    let described = h.cget(&format!("/api/task-queues/{queue}")).await.ok(200);
+    assert_eq!(described["admission"]["workflow_tasks"]["status"], "paused", "{described}");
+    assert_eq!(described["admission"]["activity_tasks"]["status"], "open");
+    assert_eq!(described["stats"]["workflow_tasks"]["ready_count"], 1);
+    let reasons: Vec<&str> = described["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons.contains(&"task_queue_paused"), "{described}");
+    let limits = h.cget(&format!("/api/task-queues/{queue}/limits")).await.ok(200);
+    assert_eq!(limits["workflow_task"]["paused"], true, "{limits}");
+    let metrics = h.http.get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let series = format!("capstan_task_queue_paused_seconds{{kind=\"workflow\",namespace=\"default\",queue=\"{queue}\"}}");
+    assert!(metrics.contains(&series), "{series} while paused:\n{metrics}");
+
+    // A long poll parked on the paused kind gets the task once it is resumed.
+    let waiting = {
+        let (base, http, queue) = (h.base.clone(), h.http.clone(), queue.clone());
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{base}/api/worker/workflow-tasks/poll"))
+                .header("X-Durable-Workflow-Protocol-Version", "1.20")
+                .json(&json!({"worker_id": "w", "task_queue": queue, "poll_request_id": "queue-resume", "timeout_seconds": 10}))
+                .send()
+                .await
+                .unwrap();
+            response.json::<Value>().await.unwrap()["task"].clone()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resumed = h.cpost(&path("resume"), json!({})).await.ok(200);
+    assert_eq!(resumed["outcome"], "resumed", "{resumed}");
+    assert_eq!(resumed["kinds"]["workflow"]["paused"], false);
+    let task = waiting.await.unwrap();
+    assert_eq!(task["workflow_id"], json!(workflow_id), "the parked poll gets the task: {task}");
+    assert_eq!(h.cpost(&path("resume"), json!({})).await.ok(200)["outcome"], "resume_not_needed");
+
+    h.cpost(&path("pause"), json!({"kind": "timer"}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost(&path("pause"), json!({"until": "later"}))
+        .await
+        .err(422, "validation_failed");
+}

@@ -156,6 +156,32 @@ pub trait FleetStore: Backend {
         }
     }
 
+    /// Pauses (`Some`) or resumes (`None`) one queue's tasks of one kind; whether that changed
+    /// anything. In force for this process's next claim, and on other nodes within a second.
+    fn set_queue_pause(
+        &self,
+        namespace: &str,
+        queue: &str,
+        kind: TaskKind,
+        pause: Option<capstan_engine::PauseRecord>,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<bool>> + Send {
+        let (namespace, queue, env) = (namespace.to_string(), queue.to_string(), self.env().clone());
+        async move {
+            let (ns, q) = (namespace.clone(), queue.clone());
+            let changed = self
+                .write(move |tx| Box::pin(async move { flow::set_pause(tx, &ns, &q, kind, pause, now).await }))
+                .await?;
+            env.limited.add(&namespace, &queue, kind);
+            Ok(changed)
+        }
+    }
+
+    /// Every paused queue kind, `(namespace, queue, kind, paused at)`.
+    fn paused_queues(&self) -> impl Future<Output = StoreResult<Vec<(String, String, String, Millis)>>> + Send {
+        self.read(move |tx| Box::pin(async move { flow::paused(tx).await }))
+    }
+
     /// The flow-control limits set on one queue, per task kind.
     fn queue_limits(&self, namespace: &str, queue: &str) -> impl Future<Output = StoreResult<Vec<QueueLimitState>>> + Send {
         let (namespace, queue) = (namespace.to_string(), queue.to_string());

@@ -26,6 +26,9 @@ const DELETE_LIMITS: &str = "DELETE FROM queue_limits WHERE namespace = $1 AND t
 const QUEUE_LIMITS: &str =
     "SELECT kind, limits, bucket, updated_at FROM queue_limits WHERE namespace = $1 AND task_queue = $2 ORDER BY kind";
 
+/// How soon a poll of a paused queue looks again (a resume also wakes it at once).
+const PAUSED_RECHECK_MS: i64 = 1_000;
+
 /// A claim let through by its queue's limits, to be recorded in the bucket when it leases.
 pub(crate) struct Admitted {
     pub limits: QueueLimits,
@@ -44,6 +47,9 @@ pub(crate) async fn admit<T: Tx>(tx: &mut T, wanted: &Claim, env: &Env) -> Store
         return Ok(None);
     };
     let limits: QueueLimits = serde_json::from_str(row.str(0)?)?;
+    if limits.paused.is_some() {
+        return Err(throttled(Held::Paused, PAUSED_RECHECK_MS));
+    }
     let Buckets { queue: bucket, keys } = serde_json::from_str(row.str(1)?)?;
     let leased = match limits.max_leased_tasks {
         Some(_) => leased(tx, namespace, queue, kind).await?,
@@ -151,11 +157,17 @@ pub(crate) async fn set<T: Tx>(
     now: Millis,
 ) -> StoreResult<()> {
     let key = args![namespace, queue, kind.as_str()];
+    let sql = LOCK_LIMITS.sql(tx.dialect());
+    let stored = tx.query_opt(sql, &key).await?;
+    // A pause is not a limit: setting or clearing limits keeps it.
+    let mut limits = limits.clone();
+    if let Some(row) = &stored {
+        limits.paused = serde_json::from_str::<QueueLimits>(row.str(0)?)?.paused;
+    }
     if limits.is_empty() {
         return tx.execute(DELETE_LIMITS, &key).await.map(drop);
     }
-    let sql = LOCK_LIMITS.sql(tx.dialect());
-    let bucket = match tx.query_opt(sql, &key).await? {
+    let bucket = match stored {
         Some(row) => {
             let old: Buckets = serde_json::from_str(row.str(1)?)?;
             // What is left of each bucket, up to its new burst; a key no longer rate-limited
@@ -180,9 +192,62 @@ pub(crate) async fn set<T: Tx>(
             keys: Default::default(),
         },
     };
-    let (limits, bucket) = (serde_json::to_string(limits)?, serde_json::to_string(&bucket)?);
+    let (limits, bucket) = (serde_json::to_string(&limits)?, serde_json::to_string(&bucket)?);
     let args = args![namespace, queue, kind.as_str(), limits.as_str(), bucket.as_str(), now];
     tx.execute(UPSERT_LIMITS, &args).await.map(drop)
+}
+
+/// Pauses (`Some`) or resumes (`None`) one queue's tasks of one kind, keeping its limits;
+/// whether that changed anything. A resume wakes the queue's parked polls.
+pub(crate) async fn set_pause<T: Tx>(
+    tx: &mut T,
+    namespace: &str,
+    queue: &str,
+    kind: TaskKind,
+    pause: Option<capstan_engine::PauseRecord>,
+    now: Millis,
+) -> StoreResult<bool> {
+    let key = args![namespace, queue, kind.as_str()];
+    let sql = LOCK_LIMITS.sql(tx.dialect());
+    let (mut limits, bucket) = match tx.query_opt(sql, &key).await? {
+        Some(row) => (serde_json::from_str::<QueueLimits>(row.str(0)?)?, row.text(1)?),
+        None => {
+            let fresh = QueueLimits::default();
+            let bucket = Buckets {
+                queue: fresh.full(now),
+                keys: Default::default(),
+            };
+            (fresh, serde_json::to_string(&bucket)?)
+        }
+    };
+    if limits.paused.is_some() == pause.is_some() {
+        return Ok(false);
+    }
+    let resumed = pause.is_none();
+    limits.paused = pause;
+    if limits.is_empty() {
+        tx.execute(DELETE_LIMITS, &key).await?;
+    } else {
+        let text = serde_json::to_string(&limits)?;
+        let args = args![namespace, queue, kind.as_str(), text.as_str(), bucket.as_str(), now];
+        tx.execute(UPSERT_LIMITS, &args).await?;
+    }
+    if resumed {
+        tx.announce((namespace.to_string(), kind, queue.to_string())).await?;
+    }
+    Ok(true)
+}
+
+/// Every paused queue kind: `(namespace, queue, kind, paused at)`.
+pub(crate) async fn paused<T: Tx>(tx: &mut T) -> StoreResult<Vec<(String, String, String, Millis)>> {
+    let sql = "SELECT namespace, task_queue, kind, limits FROM queue_limits ORDER BY namespace, task_queue, kind";
+    let mut paused = Vec::new();
+    for row in tx.query(sql, &[]).await? {
+        if let Some(pause) = serde_json::from_str::<QueueLimits>(row.str(3)?)?.paused {
+            paused.push((row.text(0)?, row.text(1)?, row.text(2)?, pause.paused_at));
+        }
+    }
+    Ok(paused)
 }
 
 /// The limits set on a queue, per kind, with how many of its tasks are leased now.

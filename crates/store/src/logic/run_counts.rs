@@ -130,25 +130,49 @@ pub(crate) fn made_current<T: Tx>(tx: &mut T, run: &RunState) {
     shift(tx, &Counted::of(run), Some((class, false)), Some((class, true)));
 }
 
-const UPSERT: &str = "INSERT INTO run_counts (namespace, workflow_type, task_queue, run_class, is_current, slot, n)
-     VALUES ($1, $2, $3, $4, $5, $6, $7)
-     ON CONFLICT (namespace, workflow_type, task_queue, run_class, is_current, slot) DO UPDATE SET n = run_counts.n + excluded.n";
+/// The upsert of `rows` counts, its text built once per row count (a transaction changes a
+/// few: one statement, one round trip).
+fn upsert(rows: usize) -> &'static str {
+    const MOST: usize = 16;
+    static TEXTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        (1..=MOST)
+            .map(|rows| {
+                let values: Vec<String> = (0..rows)
+                    .map(|row| {
+                        let marks: Vec<String> = (1..=7).map(|c| format!("${}", row * 7 + c)).collect();
+                        format!("({})", marks.join(", "))
+                    })
+                    .collect();
+                format!(
+                    "INSERT INTO run_counts (namespace, workflow_type, task_queue, run_class, is_current, slot, n) VALUES {}
+                     ON CONFLICT (namespace, workflow_type, task_queue, run_class, is_current, slot) DO UPDATE SET n = run_counts.n + excluded.n",
+                    values.join(", ")
+                )
+            })
+            .collect()
+    });
+    &TEXTS[rows.min(MOST) - 1]
+}
 
 /// Applies the transaction's count changes, in key order. Called by every backend just before
 /// COMMIT.
 pub(crate) async fn flush<T: Tx>(tx: &mut T) -> StoreResult<()> {
     let recounts = tx.take_recounts();
-    for (key, delta) in recounts.iter().filter(|(_, delta)| **delta != 0) {
-        let args = args![
-            key.namespace.as_str(),
-            key.workflow_type.as_str(),
-            key.task_queue.as_str(),
-            key.class.as_str(),
-            i64::from(key.current),
-            key.slot,
-            *delta,
-        ];
-        tx.execute(UPSERT, &args).await?;
+    let changes: Vec<(&CountKey, &i64)> = recounts.iter().filter(|(_, delta)| **delta != 0).collect();
+    for chunk in changes.chunks(16) {
+        let mut params = Vec::with_capacity(chunk.len() * 7);
+        for (key, delta) in chunk {
+            params.extend(args![
+                key.namespace.as_str(),
+                key.workflow_type.as_str(),
+                key.task_queue.as_str(),
+                key.class.as_str(),
+                i64::from(key.current),
+                key.slot,
+                **delta,
+            ]);
+        }
+        tx.execute(upsert(chunk.len()), &params).await?;
     }
     Ok(())
 }

@@ -144,4 +144,71 @@ pub async fn a_limit_set_on_one_node_holds_on_another_within_a_second<S: Store>(
     assert!(claim(&node_a, "late-cap", "a1", NOW).await.unwrap().is_some());
     let later = NOW + crate::limited_queues::REFRESH_MS;
     assert_eq!(held(claim(&node_b, "late-cap", "b1", later).await).0, "max_leased_tasks");
+    // A pause set through node A holds on node B within the same second.
+    backlog(&node_a, "late-pause", 1).await;
+    let record = PauseRecord {
+        paused_at: later,
+        reason: None,
+        principal: None,
+    };
+    assert!(node_a
+        .set_queue_pause("default", "late-pause", TaskKind::Workflow, Some(record), later)
+        .await
+        .unwrap());
+    let after = later + crate::limited_queues::REFRESH_MS;
+    assert_eq!(held(claim(&node_b, "late-pause", "b2", after).await).0, "paused");
+}
+
+/// A paused kind of a queue's tasks: no claim leases one (the claim is held back, `paused`),
+/// the queue's other kind and its limits are untouched, setting or clearing limits keeps the
+/// pause, and a resume lets claims through at once.
+pub async fn a_paused_queue_kind_leases_nothing_until_resumed<S: Store>(store: S) {
+    backlog(&store, "held-q", 2).await;
+    let record = PauseRecord {
+        paused_at: NOW,
+        reason: Some("deploying the workers".into()),
+        principal: Some(Principal::token("ops")),
+    };
+    let pause = |on: bool| store.set_queue_pause("default", "held-q", TaskKind::Workflow, on.then(|| record.clone()), NOW);
+    assert!(pause(true).await.unwrap());
+    assert!(!pause(true).await.unwrap(), "a paused kind needs nothing");
+    assert_eq!(held(claim(&store, "held-q", "w1", NOW).await), ("paused".into(), 1_000));
+    let set = store.queue_limits("default", "held-q").await.unwrap();
+    assert_eq!((set.len(), set[0].limits.paused.as_ref()), (1, Some(&record)));
+    // Limits set and cleared meanwhile leave the pause alone.
+    store
+        .set_queue_limits("default", "held-q", TaskKind::Workflow, cap(5), NOW)
+        .await
+        .unwrap();
+    assert_eq!(held(claim(&store, "held-q", "w1", NOW).await).0, "paused");
+    store
+        .set_queue_limits("default", "held-q", TaskKind::Workflow, QueueLimits::default(), NOW)
+        .await
+        .unwrap();
+    assert_eq!(held(claim(&store, "held-q", "w1", NOW).await).0, "paused");
+    // The other kind goes on (it has nothing here to lease, and is not held).
+    assert!(store
+        .claim_task("default", TaskKind::Activity, "held-q", &[], "a", 60_000, NOW, None)
+        .await
+        .unwrap()
+        .is_none());
+    // The backlog stays, visible.
+    assert_eq!(
+        store
+            .queue_loads(NOW, 100)
+            .await
+            .unwrap()
+            .iter()
+            .find(|l| l.queue == "held-q")
+            .map(|l| l.ready),
+        Some(2)
+    );
+
+    assert!(pause(false).await.unwrap());
+    assert!(!pause(false).await.unwrap(), "a running kind needs nothing");
+    assert!(
+        store.queue_limits("default", "held-q").await.unwrap().is_empty(),
+        "no limits, no pause: no row"
+    );
+    assert!(claim(&store, "held-q", "w1", NOW).await.unwrap().is_some(), "resumed at once");
 }

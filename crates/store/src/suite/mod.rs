@@ -1651,6 +1651,7 @@ macro_rules! store_suite {
             the_roster_and_queue_snapshots_show_workers_and_tasks,
             run_counts_follow_every_change_and_can_be_rebuilt,
             a_paused_run_dispatches_nothing_until_resumed,
+            a_paused_queue_kind_leases_nothing_until_resumed,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
