@@ -93,3 +93,33 @@ def test_a_paused_workflow_waits_and_then_finishes_on_the_sdk_worker(server_url,
     assert result == [[10, 20, 30], ["while paused"]], result
     assert [RUNS[(key, n)] for n in (1, 2, 3)] == [1, 1, 1], RUNS
     assert_history_invariants(history, terminal="WorkflowCompleted")
+
+
+def test_the_cli_runs_a_batch_over_a_query_and_follows_it(server_url):
+    queue = unique("cli-batch")
+
+    def cli(*args: str, output: str = "json") -> subprocess.CompletedProcess:
+        return subprocess.run([str(capstan_binary()), *args, "--server", server_url, "--output", output],
+                              capture_output=True, text=True, timeout=120)
+
+    def ok(*args: str) -> dict:
+        done = cli(*args)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
+    for i in range(30):
+        ok("workflow", "start", "cli.batched", "--task-queue", queue, "--workflow-id", f"{queue}-{i}")
+    counted = ok("batch", "start", "terminate", "--task-queue", queue, "--status", "running", "--dry-run")
+    assert counted["matched"] == 30, counted
+    followed = cli("batch", "start", "terminate", "--task-queue", queue, "--status", "running",
+                   "--reason", "cleanup", "--rate", "20", "--follow", output="table")
+    assert followed.returncode == 0, (followed.stdout, followed.stderr)
+    assert "completed" in followed.stdout and "terminate" in followed.stdout, followed.stdout
+    [latest] = ok("batch", "list", "--limit", "1")["batch_operations"]
+    assert (latest["state"], latest["matched"], latest["done"]) == ("completed", 30, 30), latest
+    described = ok("batch", "describe", latest["batch_id"])
+    assert described["request"]["reason"] == "cleanup", described
+    listed = ok("workflow", "list", "--status", "failed")
+    assert sum(1 for w in listed["workflows"] if w["task_queue"] == queue) == 30, listed
+    refused = cli("batch", "describe", "no-such-batch")
+    assert refused.returncode == 1 and "batch_operation_not_found" in refused.stderr, refused.stderr

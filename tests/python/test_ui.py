@@ -617,3 +617,53 @@ def test_an_imported_run_shows_where_it_came_from(server_factory, run_worker):
             await browser.close()
 
     run_async(main(), timeout=90)
+
+
+def test_an_operator_counts_starts_follows_and_cancels_a_batch(server_url):
+    """The Batches page: a batch over a queue's runs counted, started, followed to its end; a
+    slow one cancelled from its row."""
+    queue, slow_queue = unique("ui-batch"), unique("ui-batch-slow")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server_url, headers=CONTROL_HEADERS, timeout=30.0) as http, \
+                async_playwright() as playwright:
+            for q, n in ((queue, 12), (slow_queue, 40)):
+                for i in range(n):
+                    started = await http.post("/api/workflows", json={"workflow_type": "ui.batched", "task_queue": q, "workflow_id": f"{q}-{i}"})
+                    assert started.status_code in (200, 201), started.text
+            browser = await playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1366, "height": 900})
+            problems: list[str] = []
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+
+            await open_page(page, server_url + "/#/batches")
+            await expect(page.get_by_role("heading", name="Batch operations")).to_be_visible()
+            await page.get_by_label("Action").select_option("pause")
+            await page.get_by_label("Task queue").fill(queue)
+            await page.locator("#batch-count-button").click()
+            await expect(page.locator("#batch-count")).to_have_text("12 run(s) selected now")
+            await page.get_by_role("button", name="Start batch").click()
+            await expect(page.locator("#toast")).to_contain_text("Batch started")
+            row = page.locator("tr").filter(has_text=f"queue {queue}")
+            await expect(row.locator(".badge")).to_have_text("completed", timeout=20_000)
+            await expect(row.locator(".batch-progress")).to_contain_text("12 visited: 12 done")
+            await screenshot(page, "batches")
+
+            # A slow batch (2 a second) is cancelled from its row while it runs.
+            await page.get_by_label("Action").select_option("terminate")
+            await page.get_by_label("Task queue").fill(slow_queue)
+            await page.get_by_label("Runs per second, at most").fill("2")
+            await page.get_by_role("button", name="Start batch").click()
+            await expect(page.locator("#toast")).to_contain_text("Batch started")
+            slow = page.locator("tr").filter(has_text=f"queue {slow_queue}")
+            await expect(slow.locator(".badge")).to_have_text("running")
+            await slow.get_by_role("button", name="Cancel").click()
+            await expect(slow.locator(".badge")).to_have_text("cancelled")
+            counts = (await http.get(f"/api/workflow-counts?task_queue={slow_queue}")).json()
+            await browser.close()
+            return counts, problems
+
+    counts, problems = run_async(main(), timeout=120)
+    assert counts["running"] > 20, counts
+    assert problems == [], problems

@@ -27,6 +27,7 @@
 //! - [`external_payloads`], [`message_streams`], [`service_calls`]: payload references, message
 //!   streams, Nexus calls made outside a run.
 
+pub mod batches;
 pub mod cancellation;
 pub mod catalog;
 pub mod contracts;
@@ -36,6 +37,7 @@ pub mod duties;
 pub mod external_payloads;
 pub mod imports;
 pub mod ledger;
+pub mod listing;
 pub mod local_activities;
 pub mod message_streams;
 pub mod pause;

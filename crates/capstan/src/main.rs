@@ -4,6 +4,7 @@
 //! library until SIGINT or SIGTERM.
 
 mod backup;
+mod batch;
 mod cli;
 mod config;
 mod credentials;
@@ -57,6 +58,13 @@ enum Command {
         connection: cli::Connection,
         #[command(subcommand)]
         command: ops::WorkflowCommand,
+    },
+    /// Batch operations: one action on every run a query selects, followed with a progress bar.
+    Batch {
+        #[command(flatten)]
+        connection: cli::Connection,
+        #[command(subcommand)]
+        command: batch::BatchCommand,
     },
     /// Registered workers.
     Worker {
@@ -646,6 +654,7 @@ fn main() -> ExitCode {
         Command::Actions { connection, command } => cli::actions(connection, command),
         Command::Ledger { connection, command } => cli::ledger(connection, command),
         Command::Workflow { connection, command } => ops::workflow(connection, command),
+        Command::Batch { connection, command } => batch::batch(connection, command),
         Command::Worker { connection, command } => ops::worker(connection, command),
         Command::TaskQueue { connection, command } => ops::task_queue(connection, command),
         Command::Schedule { connection, command } => ops::schedule(connection, command),

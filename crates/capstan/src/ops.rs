@@ -253,7 +253,7 @@ pub enum ServerCommand {
 
 /// JSON from the command line as the arguments envelope: a list is the argument list, anything
 /// else the single argument.
-fn arguments(input: Option<&str>) -> Result<Value, String> {
+pub(crate) fn arguments(input: Option<&str>) -> Result<Value, String> {
     let list = match input {
         None => Vec::new(),
         Some(text) => match parse_json("input", text)? {
@@ -300,7 +300,7 @@ pub(crate) fn encode(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-fn run(body: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+pub(crate) fn run(body: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
     finish(runtime.block_on(body))
 }

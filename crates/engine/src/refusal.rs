@@ -173,6 +173,8 @@ reasons! {
     IntegrityIncidentOpen => "integrity_incident_open",
     IntegrityChainBroken => "integrity_chain_broken",
     IntegrityIncidentNotFound => "integrity_incident_not_found",
+    BatchOperationNotFound => "batch_operation_not_found",
+    BatchOperationsExhausted => "batch_operations_exhausted",
     NamespaceAlreadyExists => "namespace_already_exists",
     NamespaceNotEmpty => "namespace_not_empty",
     ScheduleNotFound => "schedule_not_found",

@@ -79,7 +79,8 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::OperationNotFound
         | Reason::ServiceCallNotFound
         | Reason::CredentialNotFound
-        | Reason::CredentialSecretNotFound => StatusCode::NOT_FOUND,
+        | Reason::CredentialSecretNotFound
+        | Reason::BatchOperationNotFound => StatusCode::NOT_FOUND,
         Reason::ValidationFailed
         | Reason::SearchAttributeReserved
         | Reason::UnknownSearchAttribute
@@ -94,9 +95,11 @@ pub fn status_of(reason: Reason) -> StatusCode {
         | Reason::RuntimeReservedSignal
         | Reason::InvalidWorkflowStreamCommand
         | Reason::ImportRejected => StatusCode::UNPROCESSABLE_ENTITY,
-        Reason::MessageStreamBacklogFull | Reason::StreamFull | Reason::TaskQueueThrottled | Reason::LongPollCapacityExhausted => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
+        Reason::MessageStreamBacklogFull
+        | Reason::StreamFull
+        | Reason::TaskQueueThrottled
+        | Reason::LongPollCapacityExhausted
+        | Reason::BatchOperationsExhausted => StatusCode::TOO_MANY_REQUESTS,
         Reason::InvalidStreamName => StatusCode::BAD_REQUEST,
         Reason::InvalidJson
         | Reason::MissingProtocolVersion

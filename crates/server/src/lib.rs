@@ -9,6 +9,7 @@ pub mod admission;
 mod atomic;
 pub mod auth;
 mod avro;
+mod batch_runner;
 mod body;
 mod canonical;
 mod clock;
@@ -294,6 +295,7 @@ pub async fn serve<S: Store>(
         .await
         .map_err(|e| std::io::Error::other(format!("task queue limits from the configuration: {e}")))?;
     let clock = tokio::spawn(clock::run(state.clone()));
+    let batch_runner = tokio::spawn(batch_runner::run(state.clone()));
     let scheduler = tokio::spawn(scheduler::run(state.clone()));
     let give_back = tokio::spawn(long_poll::give_back_undelivered(state.clone()));
     let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
@@ -331,6 +333,7 @@ pub async fn serve<S: Store>(
         }
     };
     clock.abort();
+    batch_runner.abort();
     scheduler.abort();
     give_back.abort();
     for task in [executor, credentials].into_iter().flatten() {

@@ -1,7 +1,7 @@
 //! The operator web UI: static files embedded in the binary (no network at runtime, no build
 //! step), served at `/` and `/ui/*` beside the API. The page talks to `/api` and `/metrics` like
 //! any other client. Scripts are ES modules: `app.js` (pages, routing), `dom.js` (DOM and time
-//! helpers), `timeline.js` (a run as a timeline), `server.js` (the server's charts).
+//! helpers), `timeline.js` (a run as a timeline), `server.js` (the server's charts), `access.js` and `batches.js` (those pages).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,6 +15,7 @@ const DOM_JS: &str = include_str!("../ui/dom.js");
 const TIMELINE_JS: &str = include_str!("../ui/timeline.js");
 const SERVER_JS: &str = include_str!("../ui/server.js");
 const ACCESS_JS: &str = include_str!("../ui/access.js");
+const BATCHES_JS: &str = include_str!("../ui/batches.js");
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
 /// Only our own script, styles and API: a workflow id or payload rendered into the page cannot
@@ -23,7 +24,7 @@ const CONTENT_SECURITY_POLICY: &str =
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The page's paths (the request metrics declare a series for each).
-pub const PATHS: [&str; 7] = [
+pub const PATHS: [&str; 8] = [
     "/",
     "/ui/app.js",
     "/ui/app.css",
@@ -31,6 +32,7 @@ pub const PATHS: [&str; 7] = [
     "/ui/timeline.js",
     "/ui/server.js",
     "/ui/access.js",
+    "/ui/batches.js",
 ];
 
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
@@ -41,6 +43,7 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui/timeline.js", get(|| async { asset(TIMELINE_JS, JAVASCRIPT) }))
         .route("/ui/server.js", get(|| async { asset(SERVER_JS, JAVASCRIPT) }))
         .route("/ui/access.js", get(|| async { asset(ACCESS_JS, JAVASCRIPT) }))
+        .route("/ui/batches.js", get(|| async { asset(BATCHES_JS, JAVASCRIPT) }))
         .route("/ui/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
 }
 

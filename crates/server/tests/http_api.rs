@@ -8,6 +8,8 @@ mod activity_lease;
 mod activity_stop;
 #[path = "http_api/admission.rs"]
 mod admission;
+#[path = "http_api/batches.rs"]
+mod batches;
 mod common;
 #[path = "http_api/credentials_api.rs"]
 mod credentials_api;
@@ -4108,6 +4110,7 @@ async fn every_route_family_checks_its_roles() {
         (Method::GET, "/api/workflows/nobody/audit-events", json!(null), O | A),
         (Method::POST, "/api/workflows/nobody/pause", json!({}), O | A),
         (Method::POST, "/api/task-queues/q/resume", json!({}), O | A),
+        (Method::GET, "/api/batch-operations", json!(null), O | A),
         (Method::POST, "/api/workflows/nobody/runs/r/resume", json!({}), O | A),
         (
             Method::POST,

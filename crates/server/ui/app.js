@@ -5,6 +5,7 @@ import { h, append, when, span } from "./dom.js";
 import { timelineModel, timelineSection } from "./timeline.js";
 import { serverPage } from "./server.js";
 import { accessPage } from "./access.js";
+import { batchesPage } from "./batches.js";
 
 const CONTROL_PLANE_VERSION = "2";
 /// How often the page of a running workflow looks for new history.
@@ -1033,6 +1034,12 @@ async function route() {
         markSection("schedules");
         document.title = "Schedules · Capstan";
         return schedulesPage();
+      case "batches": {
+        markSection("batches");
+        document.title = "Batch operations · Capstan";
+        stopPage = await batchesPage(main(), { api, act, table, badge, principalText, argumentsEnvelope });
+        return;
+      }
       case "access":
         markSection("access");
         document.title = "Access · Capstan";

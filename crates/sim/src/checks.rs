@@ -187,6 +187,7 @@ pub(crate) async fn check_all(world: &mut World, clients: &Clients) -> Result<()
     }
     clients.imports.check(world).await?;
     clients.uploads.check_held(world).await?;
+    clients.batches.check(world).await?;
     check_run_counts(world).await
 }
 

@@ -18,7 +18,7 @@ use crate::world::nodes::Cluster;
 use crate::world::{Acted, World};
 use capstan_app::ledger::{self, ActionDeclaration};
 use capstan_engine::{RecoveryMode, WorkflowId};
-use capstan_store::{RunLocator, RunStore};
+use capstan_store::{ListFilter, RunLocator, RunStore};
 use rand::Rng;
 
 /// Rounds the calm phase may take before the seed fails liveness.
@@ -125,7 +125,8 @@ impl Sim {
                 Acted::Done
             }
             42..=53 => workers.deliver_held(world).await?,
-            54..=61 => Acted::Idle, // the time passes
+            54..=60 => Acted::Idle, // the time passes
+            61 => clients.batches.start(world).await?,
             62..=63 => match clients.random_started_workflow(world) {
                 Some(workflow_id) => {
                     let pause_it = world.rng.random_bool(0.6);
@@ -212,6 +213,7 @@ impl Sim {
         // A slow rate must not read as a liveness failure: operators lift the limits.
         set_activity_limits(world, Default::default()).await?;
         clients.redrive_every_failed(world).await?;
+        clients.batches.cancel_running(world).await?;
         while let Some(delivery) = workers.held.next() {
             world.step += 1;
             deliver(world, delivery).await?;
@@ -238,11 +240,21 @@ impl Sim {
         while let Some(delivery) = workers.held.next() {
             deliver(world, delivery).await?;
         }
+        // A paused run would never finish: operators resume every one (a batch may have paused
+        // runs no client knows of, such as a Nexus call's linked run).
+        let paused = ListFilter {
+            status_bucket: Some("paused".into()),
+            ..ListFilter::default()
+        };
+        let (held, _) = world
+            .store()
+            .list_runs(NAMESPACE, paused, 0, 1_000)
+            .await
+            .map_err(|e| world.fail(format!("list paused runs: {e}")))?;
+        for run in held {
+            hold(world, run.workflow_id.as_str(), false).await?;
+        }
         for workflow_id in open_workflows(world).await? {
-            // A paused run would never finish: operators resume them.
-            if world.current_run(&workflow_id).await?.is_some_and(|run| run.paused.is_some()) {
-                hold(world, &workflow_id, false).await?;
-            }
             clients.signal_waiting(world, &workflow_id).await?;
         }
         while resolve_one_unknown(world).await? {}

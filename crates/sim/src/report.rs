@@ -59,6 +59,8 @@ counters! {
     outcome_unknown_resolved: usize,
     /// Workflows an operator paused (each resumed before the end).
     paused: usize,
+    /// Batch operations operators started (nodes step them).
+    batches: usize,
     lost_tasks: usize,
     updates_accepted: usize,
     update_retries_answered_from_receipt: usize,
@@ -175,7 +177,7 @@ impl Totals {
         let c = &self.counters;
         let refusals: Vec<String> = c.refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!(
-            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, {} workflows paused, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} hand-offs to parked polls, {} condition waits timed out, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, closed runs imported/imports repeated/open runs rebuilt {}/{}/{}, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
+            "{} seeds, {} steps, {} workflows finished ({} children, {} scheduled, {} continued runs), {} updates ({} retries answered from the receipt), {} queries answered, {} cancelled or terminated by clients, {} restarts, {} duplicate deliveries, {} lost tasks, {} unknown outcomes resolved, {} workflows paused, {} batch operations, workflow leases cold/sticky-hit/forced-cold {}/{}/{}, {} session activity attempts, {} workers retired, {} hand-offs to parked polls, {} condition waits timed out, {} activity leases renewed, cooperative cancellations requested/delivered/deferred/stops acknowledged {}/{}/{}/{}, prepared local attempts admitted/retried/recovered/stopped {}/{}/{}/{}, {} standalone activities, {} redrives, closed runs imported/imports repeated/open runs rebuilt {}/{}/{}, stream messages ingested/retries answered/reused ids refused {}/{}/{}, {} output-stream items checked, {} unused uploads collected, {} Nexus calls' linked runs, {} node pauses ({} duty take-overs; woken nodes' stale duties applied/refused {}/{}, schedule starts {}), {} power cuts ({} inside a commit; {} unsynced writes lost), probe answers found/absent/inconclusive/after the operator {}/{}/{}/{}; refusals: {}",
             self.seeds,
             self.steps,
             c.completed,
@@ -191,6 +193,7 @@ impl Totals {
             c.lost_tasks,
             c.outcome_unknown_resolved,
             c.paused,
+            c.batches,
             c.replay_modes[0],
             c.replay_modes[1],
             c.replay_modes[2],

@@ -26,6 +26,7 @@ fn a_few_hundred_seeds_keep_every_guarantee() {
     );
     assert!(counted.outcome_unknown_resolved > 0, "{}", totals.summary());
     assert!(counted.paused > 0, "{}", totals.summary());
+    assert!(counted.batches > 0, "{}", totals.summary());
     // So was the whole workload: every kind of durable id had its chance to be doubled.
     assert!(
         counted.updates_accepted > 0

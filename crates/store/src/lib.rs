@@ -467,6 +467,39 @@ pub struct BuildIdRollout {
     pub promoted_at: Option<Millis>,
 }
 
+/// A batch operation (`docs/batch-operations.md`): an action applied to every current run a
+/// query selects, a step at a time. `request` (the query and the action's parameters) and
+/// `progress` (where it got to, and what it did) are the app's JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOperation {
+    pub namespace: String,
+    pub batch_id: String,
+    pub action: String,
+    pub request: serde_json::Value,
+    /// `running`, `completed` or `cancelled`.
+    pub state: String,
+    pub progress: serde_json::Value,
+    /// Who asked: every run the batch acts on records them.
+    pub principal: Option<capstan_engine::Principal>,
+    pub request_id: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    pub finished_at: Option<Millis>,
+    /// When the next step may run (the batch's rate holds it back).
+    pub next_step_at: Millis,
+}
+
+/// What one step of a batch saves, under the fence its claim took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchStep {
+    pub batch_id: String,
+    pub fence: u64,
+    pub progress: serde_json::Value,
+    pub next_step_at: Millis,
+    /// The state the batch ended in with this step (`completed`), if it did.
+    pub finished: Option<String>,
+}
+
 /// Counts for the system metrics endpoints.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SystemCounts {
@@ -889,6 +922,9 @@ pub struct ListFilter {
     pub business_key: Option<String>,
     /// A parsed, type-checked visibility filter (`capstan_engine::visibility`).
     pub filter: Option<capstan_engine::visibility::Filter>,
+    /// Only runs started at or before this time (a batch operation visits the runs there were
+    /// when it was created).
+    pub started_at_most: Option<Millis>,
 }
 
 /// The last row of a listing page: the next page starts after `(started_at, run_id)`.

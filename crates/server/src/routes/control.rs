@@ -296,23 +296,13 @@ pub async fn counts<S: Store>(
 /// The filters a listing and its counts share: `workflow_type`, `task_queue` and `query` (a
 /// visibility filter, or free text matched against workflow ids and business keys).
 async fn list_filter<S: Store>(state: &Shared<S>, namespace: &str, query: &HashMap<String, String>) -> ApiResult<ListFilter> {
-    let mut filter = ListFilter {
-        workflow_type: query.get("workflow_type").filter(|s| !s.is_empty()).cloned(),
-        task_queue: query.get("task_queue").filter(|s| !s.is_empty()).cloned(),
-        ..ListFilter::default()
+    let asked = capstan_app::listing::ListQuery {
+        workflow_type: query.get("workflow_type").cloned(),
+        task_queue: query.get("task_queue").cloned(),
+        status: None,
+        query: query.get("query").cloned(),
     };
-    if let Some(text) = query.get("query").filter(|s| !s.trim().is_empty()) {
-        if capstan_engine::visibility::looks_like_filter(text) {
-            let schema = state.store.search_attribute_definitions(namespace).await?;
-            let parsed = capstan_engine::visibility::parse_filter(text, &schema)
-                .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.reason, e.message).with("field", "query"))?;
-            filter.filter = Some(parsed);
-        } else {
-            // Free text (no operator): a substring of the workflow id or business key, as in DW.
-            filter.query = Some(text.clone());
-        }
-    }
-    Ok(filter)
+    Ok(capstan_app::listing::filter(&**state, namespace, &asked).await?)
 }
 
 fn list_token(last: &RunSummary) -> String {

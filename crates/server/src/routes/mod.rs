@@ -4,6 +4,7 @@
 mod activities;
 mod activity_lease;
 mod audit;
+mod batches;
 mod bridge;
 mod cancellation;
 mod control;
@@ -315,6 +316,9 @@ fn operator_routes<S: Store>() -> ServerTable<S> {
         .route("/task-queues/:task_queue/priority-fairness", get(dispatch::priority_fairness::<S>))
         .route("/task-queues/:task_queue/limits", get(dispatch::limits::<S>))
         .route("/task-queues/:task_queue/pause", post(queue_pause::pause::<S>))
+        .route("/batch-operations", get(batches::list::<S>).post(batches::create::<S>))
+        .route("/batch-operations/:batch_id", get(batches::show::<S>))
+        .route("/batch-operations/:batch_id/cancel", post(batches::cancel::<S>))
         .route("/task-queues/:task_queue/resume", post(queue_pause::resume::<S>))
         .route(
             "/task-queues/:task_queue/limits/:kind",

@@ -8,6 +8,7 @@
 //! by the import contract), `schedules`, and the features `payloads`, `redrive`, `standalone`
 //! and `streams`.
 
+pub(crate) mod batches;
 pub(crate) mod imports;
 mod keyed;
 pub(crate) mod operators;
@@ -51,6 +52,8 @@ pub(crate) struct Clients {
     standalone: Standalone,
     /// The closed runs operators imported, and what each copy must hold.
     pub(crate) imports: imports::Imports,
+    /// The batch operations operators started.
+    pub(crate) batches: batches::Batches,
 }
 
 impl Clients {

@@ -98,7 +98,10 @@ impl Cluster {
             });
             return Ok(());
         }
-        act(world, &node, now, claimed, schedules, false).await
+        act(world, &node, now, claimed, schedules, false).await?;
+        // The node's batch runner: one step of a due batch, if any.
+        let stepped = capstan_app::batches::step(&world.app, &node).await;
+        world.declined(stepped).map(drop)
     }
 
     /// Every frozen node wakes (the calm phase begins: no more pauses).

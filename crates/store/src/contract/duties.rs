@@ -1,7 +1,7 @@
 //! Background duties: deadlines claimed under a duty fence and run, retention, pruning.
 
 use crate::backend::Backend;
-use crate::logic::{duties, runs};
+use crate::logic::{batches, duties, runs};
 use crate::*;
 
 /// The background duties: due deadlines under a duty fence, retention and pruning.
@@ -30,6 +30,58 @@ pub trait DutyStore: Backend {
         let due = due.clone();
         let env = self.env().clone();
         self.write_guarded(move |tx| Box::pin(async move { runs::run_duty(tx, &due, now, &env, transition).await }))
+    }
+
+    /// Creates a batch operation, or answers the one created under its request id before
+    /// (`false`); refused (`batch_operations_exhausted`) past `running_max` running in its
+    /// namespace.
+    fn create_batch(&self, batch: BatchOperation, running_max: usize) -> impl Future<Output = StoreResult<(BatchOperation, bool)>> + Send {
+        self.write(move |tx| Box::pin(async move { batches::create(tx, &batch, running_max).await }))
+    }
+
+    fn batch(&self, namespace: &str, batch_id: &str) -> impl Future<Output = StoreResult<Option<BatchOperation>>> + Send {
+        let (namespace, batch_id) = (namespace.to_string(), batch_id.to_string());
+        self.read(move |tx| Box::pin(async move { batches::get(tx, &namespace, &batch_id).await }))
+    }
+
+    /// A namespace's batch operations, newest first.
+    fn batches(&self, namespace: &str, limit: usize) -> impl Future<Output = StoreResult<Vec<BatchOperation>>> + Send {
+        let namespace = namespace.to_string();
+        self.read(move |tx| Box::pin(async move { batches::list(tx, &namespace, limit).await }))
+    }
+
+    /// Claims the running batch whose next step is due longest, for `node` until
+    /// `now + hold_ms`, under a new duty fence; a batch another node holds is skipped.
+    fn claim_batch(
+        &self,
+        node: &str,
+        now: Millis,
+        hold_ms: i64,
+    ) -> impl Future<Output = StoreResult<Option<(BatchOperation, u64)>>> + Send {
+        let node = node.to_string();
+        self.write(move |tx| Box::pin(async move { batches::claim(tx, &node, now, hold_ms).await }))
+    }
+
+    /// Saves a claimed step's progress and gives the duty up; `stale_fence` when the claim was
+    /// taken over or the batch cancelled since.
+    fn advance_batch(&self, step: BatchStep, now: Millis) -> impl Future<Output = StoreResult<()>> + Send {
+        self.write(move |tx| Box::pin(async move { batches::advance(tx, &step, now).await }))
+    }
+
+    /// When any running batch's next step is due (a read: nodes look before they claim).
+    fn next_batch_step(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send {
+        self.read(move |tx| Box::pin(async move { batches::next_step(tx).await }))
+    }
+
+    /// Cancels a running batch (a finished one stays as it is); the batch as it is now.
+    fn cancel_batch(
+        &self,
+        namespace: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> impl Future<Output = StoreResult<Option<BatchOperation>>> + Send {
+        let (namespace, batch_id) = (namespace.to_string(), batch_id.to_string());
+        self.write(move |tx| Box::pin(async move { batches::cancel(tx, &namespace, &batch_id, now).await }))
     }
 
     /// The earliest pending deadline, so the clock can sleep until then.

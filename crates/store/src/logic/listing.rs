@@ -98,6 +98,9 @@ fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, like_esca
             sql.push_str(" AND r.paused_at IS NOT NULL");
         }
     }
+    if let Some(at_most) = filter.started_at_most {
+        sql.push_str(&format!(" AND r.started_at <= {}", binds.push(Bound::Int(at_most))));
+    }
     if let Some(query) = &filter.query {
         let mark = binds.push(Bound::Text(like_pattern(query)));
         sql.push_str(&format!(
@@ -202,8 +205,14 @@ fn kept_counts_answer(filter: &ListFilter) -> bool {
         workflow_id,
         business_key,
         filter,
+        started_at_most,
     } = filter;
-    query.is_none() && attributes.is_empty() && workflow_id.is_none() && business_key.is_none() && filter.is_none()
+    query.is_none()
+        && attributes.is_empty()
+        && workflow_id.is_none()
+        && business_key.is_none()
+        && filter.is_none()
+        && started_at_most.is_none()
 }
 
 /// `AND {column} IN ($n, …)` over `values`, numbered after `taken` parameters; nothing for an

@@ -5,6 +5,7 @@
 pub(crate) mod actions;
 pub(crate) mod admin;
 pub(crate) mod audit;
+pub(crate) mod batches;
 pub(crate) mod catalog;
 pub(crate) mod claim;
 pub(crate) mod class_heads;

@@ -176,4 +176,15 @@ GROUP BY 1, 2, 3, 4, 5;
 ALTER TABLE runs ADD COLUMN paused_at BIGINT;
 "#,
     ),
+    (
+        35,
+        r#"
+CREATE TABLE IF NOT EXISTS batch_operations (batch_id VARCHAR(64) PRIMARY KEY, namespace VARCHAR(255) NOT NULL, action VARCHAR(32) NOT NULL,
+  request LONGTEXT NOT NULL, state VARCHAR(16) NOT NULL, progress LONGTEXT NOT NULL, principal TEXT, request_id VARCHAR(255),
+  created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, finished_at BIGINT, next_step_at BIGINT NOT NULL,
+  duty_owner VARCHAR(255), duty_fence BIGINT NOT NULL, duty_expires_at BIGINT,
+  UNIQUE KEY batch_operations_request (namespace, request_id), INDEX batch_operations_listed (namespace, created_at),
+  INDEX batch_operations_due (state, next_step_at)) {table};
+"#,
+    ),
 ];

@@ -621,4 +621,31 @@ DROP INDEX tasks_deadline;
 CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased', 'paused');
 "#,
     ),
+    (
+        35,
+        r#"
+-- Batch operations (docs/batch-operations.md): an action applied to every current run a query
+-- selects, a step at a time under a duty fence; request and progress are the app's JSON.
+CREATE TABLE batch_operations (
+    batch_id        TEXT PRIMARY KEY,
+    namespace       TEXT NOT NULL,
+    action          TEXT NOT NULL,
+    request         TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    progress        TEXT NOT NULL,
+    principal       TEXT,
+    request_id      TEXT,
+    created_at      BIGINT NOT NULL,
+    updated_at      BIGINT NOT NULL,
+    finished_at     BIGINT,
+    next_step_at    BIGINT NOT NULL,
+    duty_owner      TEXT,
+    duty_fence      BIGINT NOT NULL,
+    duty_expires_at BIGINT
+);
+CREATE UNIQUE INDEX batch_operations_request ON batch_operations (namespace, request_id) WHERE request_id IS NOT NULL;
+CREATE INDEX batch_operations_listed ON batch_operations (namespace, created_at);
+CREATE INDEX batch_operations_due ON batch_operations (next_step_at) WHERE state = 'running';
+"#,
+    ),
 ];

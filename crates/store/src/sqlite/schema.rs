@@ -621,6 +621,33 @@ DROP INDEX tasks_deadline;
 CREATE INDEX tasks_deadline ON tasks (deadline_at) WHERE deadline_at IS NOT NULL AND status IN ('ready', 'leased', 'paused');
 "#,
     ),
+    (
+        34,
+        r#"
+-- Batch operations (docs/batch-operations.md): an action applied to every current run a query
+-- selects, a step at a time under a duty fence; request and progress are the app's JSON.
+CREATE TABLE batch_operations (
+    batch_id        TEXT PRIMARY KEY,
+    namespace       TEXT NOT NULL,
+    action          TEXT NOT NULL,
+    request         TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    progress        TEXT NOT NULL,
+    principal       TEXT,
+    request_id      TEXT,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    finished_at     INTEGER,
+    next_step_at    INTEGER NOT NULL,
+    duty_owner      TEXT,
+    duty_fence      INTEGER NOT NULL,
+    duty_expires_at INTEGER
+);
+CREATE UNIQUE INDEX batch_operations_request ON batch_operations (namespace, request_id) WHERE request_id IS NOT NULL;
+CREATE INDEX batch_operations_listed ON batch_operations (namespace, created_at);
+CREATE INDEX batch_operations_due ON batch_operations (next_step_at) WHERE state = 'running';
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

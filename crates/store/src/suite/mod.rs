@@ -5,6 +5,7 @@
 //! new backend gets every check by adding one line.
 
 mod actions;
+mod batches;
 mod catalog;
 mod credentials;
 mod dispatch;
@@ -23,6 +24,7 @@ mod streams;
 mod two_nodes;
 
 pub use actions::*;
+pub use batches::*;
 pub use catalog::*;
 pub use credentials::*;
 pub use dispatch::*;
@@ -1652,6 +1654,7 @@ macro_rules! store_suite {
             run_counts_follow_every_change_and_can_be_rebuilt,
             a_paused_run_dispatches_nothing_until_resumed,
             a_paused_queue_kind_leases_nothing_until_resumed,
+            batch_operations_are_claimed_under_a_fence_advanced_and_cancelled,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

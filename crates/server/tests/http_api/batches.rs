@@ -1,0 +1,158 @@
+//! Batch operations over HTTP on every backend: a dry run counts, a batch acts on every run its
+//! query selects (each once, skipped runs with their reason), reports progress, follows its
+//! rate, can be cancelled; refusals.
+
+use super::*;
+
+/// Polls a batch until it leaves `running` (or the wait runs out).
+async fn finished(h: &Harness, batch_id: &str) -> Value {
+    wait_for("the batch to finish", Duration::from_secs(60), || async {
+        let batch = h.cget(&format!("/api/batch-operations/{batch_id}")).await.ok(200);
+        (batch["state"] != "running").then_some(batch)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_acts_once_on_every_run_its_query_selects() {
+    let h = Harness::start().await;
+    let queue = unique("batch-q");
+    for i in 0..120 {
+        h.start_workflow(&format!("{queue}-{i:03}"), &queue).await;
+    }
+    // One is closed already: the batch skips it, with its reason.
+    h.cpost(&format!("/api/workflows/{queue}-000/terminate"), json!({})).await.ok(200);
+    let other_queue = unique("untouched-q");
+    h.start_workflow(&format!("{other_queue}-0"), &other_queue).await;
+
+    let dry = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "pause", "task_queue": queue, "status": "running", "dry_run": true}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(dry["matched"], 119, "{dry}");
+
+    let created = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "pause", "task_queue": queue, "reason": "maintenance", "request_id": "pause-all"}),
+        )
+        .await
+        .ok(201);
+    let batch_id = created["batch_id"].as_str().unwrap().to_string();
+    assert_eq!(created["state"], "running");
+    // The same request again is the same batch.
+    let repeated = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "pause", "task_queue": queue, "reason": "maintenance", "request_id": "pause-all"}),
+        )
+        .await
+        .ok(200);
+    assert_eq!(repeated["batch_id"], json!(batch_id));
+    let done = finished(&h, &batch_id).await;
+    assert_eq!(done["state"], "completed", "{done}");
+    assert_eq!(
+        (&done["matched"], &done["done"], &done["failed"]),
+        (&json!(120), &json!(119), &json!(0)),
+        "{done}"
+    );
+    assert_eq!(done["skipped_by_reason"]["run_not_active"], 1, "{done}");
+    assert!(done["principal"].is_object());
+    let counts = h.cget(&format!("/api/workflow-counts?task_queue={queue}")).await.ok(200);
+    assert_eq!(counts["paused"], 119, "{counts}");
+    let untouched = h.describe(&format!("{other_queue}-0")).await;
+    assert_eq!(untouched["paused"], false, "a run the query does not select is left alone");
+    // Each run was paused once, by the batch's principal, with its reason.
+    let audit = h.cget(&format!("/api/workflows/{queue}-007/audit-events")).await.ok(200);
+    let pauses: Vec<&Value> = audit["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "workflow.pause")
+        .collect();
+    assert_eq!(pauses.len(), 1, "{audit}");
+    assert_eq!(pauses[0]["detail"]["reason"], "maintenance");
+
+    // A signal batch, then a terminate batch over the same runs.
+    let signalled = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "signal", "task_queue": queue, "signal_name": "poke"}),
+        )
+        .await
+        .ok(201);
+    let signalled = finished(&h, signalled["batch_id"].as_str().unwrap()).await;
+    assert_eq!(signalled["done"], 119, "{signalled}");
+    let history = h
+        .history(
+            &format!("{queue}-042"),
+            h.describe(&format!("{queue}-042")).await["run_id"].as_str().unwrap(),
+        )
+        .await;
+    assert_eq!(count_events(&history, "SignalReceived"), 1);
+    let terminated = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "terminate", "task_queue": queue, "status": "running"}),
+        )
+        .await
+        .ok(201);
+    let terminated = finished(&h, terminated["batch_id"].as_str().unwrap()).await;
+    assert_eq!(terminated["done"], 119, "{terminated}");
+    let counts = h.cget(&format!("/api/workflow-counts?task_queue={queue}")).await.ok(200);
+    assert_eq!((&counts["running"], &counts["failed"]), (&json!(0), &json!(120)), "{counts}");
+    let listed = h.cget("/api/batch-operations").await.ok(200);
+    assert_eq!(listed["batch_operations"].as_array().unwrap().len(), 3);
+    assert_eq!(listed["batch_operations"][0]["action"], "terminate", "newest first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_follows_its_rate_and_stops_when_cancelled() {
+    let h = Harness::start().await;
+    let queue = unique("slow-batch-q");
+    for i in 0..40 {
+        h.start_workflow(&format!("{queue}-{i:02}"), &queue).await;
+    }
+    let created = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "cancel", "task_queue": queue, "rate_per_second": 10}),
+        )
+        .await
+        .ok(201);
+    let batch_id = created["batch_id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let cancelled = h
+        .cpost(&format!("/api/batch-operations/{batch_id}/cancel"), json!({}))
+        .await
+        .ok(200);
+    assert_eq!(cancelled["state"], "cancelled");
+    let matched = cancelled["matched"].as_u64().unwrap();
+    assert!((1..=30).contains(&matched), "10 a second for about a second: {cancelled}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let later = h.cget(&format!("/api/batch-operations/{batch_id}")).await.ok(200);
+    assert!(
+        later["matched"].as_u64().unwrap() <= matched + 10,
+        "nothing after the cancel but the step under way: {later}"
+    );
+    let counts = h.cget(&format!("/api/workflow-counts?task_queue={queue}")).await.ok(200);
+    assert!(counts["running"].as_u64().unwrap() >= 10, "{counts}");
+
+    // Refusals.
+    h.cpost("/api/batch-operations", json!({"action": "explode"}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost("/api/batch-operations", json!({"action": "signal"}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost("/api/batch-operations", json!({"action": "pause", "colour": "red"}))
+        .await
+        .err(422, "validation_failed");
+    h.cpost("/api/batch-operations", json!({"action": "pause", "query": "Nope = 1"}))
+        .await
+        .err(422, "unknown_search_attribute");
+    h.cget("/api/batch-operations/nope").await.err(404, "batch_operation_not_found");
+}
