@@ -2,7 +2,7 @@
 //! query selects, a page at a time by whichever node claims the batch's next step.
 //!
 //! - **At most once per run.** Each run is acted on through its ordinary use case (close,
-//!   signal, pause, resume) with the request id `batch:{batch_id}`: a page visited again after
+//!   signal, pause, resume, redrive, archive) with the request id `batch:{batch_id}`: a page visited again after
 //!   a crash is answered from the receipts the first visit stored, and counted once, since the
 //!   progress is saved only with the page.
 //! - **The runs there were.** A batch visits the current runs started before it was created,
@@ -14,6 +14,7 @@
 use crate::control::{self, CloseRequest, SignalRequest, Target};
 use crate::listing::{self, ListQuery};
 use crate::pause::{self, PauseRequest};
+use crate::redrive::{self, RedriveRequest};
 use crate::{AppError, AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
@@ -40,15 +41,21 @@ pub enum BatchAction {
     Signal,
     Pause,
     Resume,
+    /// A failed run goes on from its failed step (`crate::redrive`).
+    Redrive,
+    /// A closed run becomes read-only.
+    Archive,
 }
 
 impl BatchAction {
-    pub const ALL: [BatchAction; 5] = [
+    pub const ALL: [BatchAction; 7] = [
         BatchAction::Cancel,
         BatchAction::Terminate,
         BatchAction::Signal,
         BatchAction::Pause,
         BatchAction::Resume,
+        BatchAction::Redrive,
+        BatchAction::Archive,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +65,8 @@ impl BatchAction {
             BatchAction::Signal => "signal",
             BatchAction::Pause => "pause",
             BatchAction::Resume => "resume",
+            BatchAction::Redrive => "redrive",
+            BatchAction::Archive => "archive",
         }
     }
 
@@ -306,6 +315,25 @@ async fn act_on<V: Services>(
                 BatchAction::Pause => pause::pause(services, hold, render).await,
                 _ => pause::resume(services, hold, render).await,
             }
+        }
+        BatchAction::Redrive => {
+            let asked = RedriveRequest {
+                namespace: batch.namespace.clone(),
+                workflow_id: target.workflow_id,
+                run_id: run.run_id.as_str().to_string(),
+                request_id,
+                principal,
+            };
+            // One successor per failed run, whoever asks: a repeat is `not_needed`.
+            redrive::redrive(services, asked).await.map(|outcome| control::Receipt {
+                body: json!(outcome.fresh),
+                retained: false,
+                run: None,
+            })
+        }
+        BatchAction::Archive => {
+            let render = |(changed, _): &(bool, CommandReceipt), _: &RunState| json!(changed);
+            control::archive(services, target, request.reason.clone(), request_id, principal, render).await
         }
     };
     match applied {

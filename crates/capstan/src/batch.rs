@@ -12,7 +12,7 @@ use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum BatchCommand {
-    /// Start a batch: ACTION (cancel, terminate, signal, pause, resume) on every current run the
+    /// Start a batch: ACTION (cancel, terminate, signal, pause, resume, redrive, archive) on every current run the
     /// selection matches now.
     Start(Box<StartArgs>),
     /// The namespace's batches, newest first.

@@ -156,3 +156,44 @@ async fn a_batch_follows_its_rate_and_stops_when_cancelled() {
         .err(422, "unknown_search_attribute");
     h.cget("/api/batch-operations/nope").await.err(404, "batch_operation_not_found");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_redrives_failed_runs_and_archives_closed_ones() {
+    let h = Harness::start().await;
+    let queue = unique("redrive-batch-q");
+    let failed: Vec<String> = {
+        let mut runs = Vec::new();
+        for i in 0..3 {
+            runs.push(super::redrive::fail_at_step_two(&h, &format!("{queue}-failed-{i}"), &queue).await);
+        }
+        runs
+    };
+    h.start_workflow(&format!("{queue}-open"), &queue).await;
+    let redriven = h
+        .cpost("/api/batch-operations", json!({"action": "redrive", "task_queue": queue}))
+        .await
+        .ok(201);
+    let redriven = finished(&h, redriven["batch_id"].as_str().unwrap()).await;
+    assert_eq!((&redriven["matched"], &redriven["done"]), (&json!(4), &json!(3)), "{redriven}");
+    assert_eq!(redriven["skipped_by_reason"]["run_not_failed"], 1, "{redriven}");
+    for (i, run_id) in failed.iter().enumerate() {
+        let source = h.cget(&format!("/api/workflows/{queue}-failed-{i}/runs/{run_id}")).await.ok(200);
+        assert!(source["redriven_to_run_id"].is_string(), "{source}");
+    }
+    // Archive: the open successors and the open run are skipped; terminate them, then archive.
+    let terminated = h
+        .cpost("/api/batch-operations", json!({"action": "terminate", "task_queue": queue}))
+        .await
+        .ok(201);
+    finished(&h, terminated["batch_id"].as_str().unwrap()).await;
+    let archived = h
+        .cpost(
+            "/api/batch-operations",
+            json!({"action": "archive", "task_queue": queue, "reason": "audit"}),
+        )
+        .await
+        .ok(201);
+    let archived = finished(&h, archived["batch_id"].as_str().unwrap()).await;
+    assert_eq!((&archived["matched"], &archived["done"]), (&json!(4), &json!(4)), "{archived}");
+    assert_eq!(h.describe(&format!("{queue}-open")).await["archived"], true);
+}
