@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use capstan_app::standalone::{self, StartActivityRequest};
 use capstan_engine::*;
-use capstan_store::{ListFilter, RunLocator, Store};
+use capstan_store::{RunLocator, Store};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -103,10 +103,12 @@ pub async fn list<S: Store>(
     Extension(Namespace(namespace)): Extension<Namespace>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
-    let filter = ListFilter {
+    let asked = capstan_app::listing::ListQuery {
         workflow_type: Some(STANDALONE_ACTIVITY_TYPE.to_string()),
-        ..ListFilter::default()
+        status: query.get("status").cloned(),
+        ..Default::default()
     };
+    let filter = capstan_app::listing::filter(&*state, &namespace, &asked).await?;
     let ListPage { rows, next_page_token } = list_page(&state, &namespace, &query, filter).await?;
     let mut activities = Vec::with_capacity(rows.len());
     for row in &rows {

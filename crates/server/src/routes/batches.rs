@@ -141,7 +141,7 @@ fn batch_json(batch: &BatchOperation) -> Value {
     let progress: BatchProgress = serde_json::from_value(batch.progress.clone()).unwrap_or_default();
     let mut request = batch.request.clone();
     if let Some(map) = request.as_object_mut() {
-        // The signal's input is an Avro envelope: shown as it was given, not as stored JSON.
+        // Shown once, at the top.
         map.remove("action");
     }
     json!({

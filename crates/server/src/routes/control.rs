@@ -247,16 +247,6 @@ pub(super) async fn list_page<S: Store>(
             .filter(|n| (1..=LIST_PAGE_MAX).contains(n))
             .ok_or_else(|| ApiError::validation("page_size", format!("page_size must be between 1 and {LIST_PAGE_MAX}.")))?,
     };
-    let status_bucket = match query.get("status").map(String::as_str) {
-        None | Some("") => None,
-        Some(s @ ("running" | "completed" | "failed" | "paused")) => Some(s.to_string()),
-        Some(_) => {
-            return Err(ApiError::validation(
-                "status",
-                "status must be running, completed, failed or paused.",
-            ))
-        }
-    };
     // Page tokens name the last row returned (keyset paging, so a deep page costs what the
     // first one does); a bare number is an offset, as older tokens were.
     let (offset, after) = match query.get("next_page_token").filter(|t| !t.is_empty()) {
@@ -264,7 +254,6 @@ pub(super) async fn list_page<S: Store>(
         Some(token) => parse_list_token(token)
             .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, Reason::InvalidPageToken, "The page token is not valid."))?,
     };
-    filter.status_bucket = status_bucket;
     filter.after = after;
     let (rows, more) = state.store.list_runs(namespace, filter, offset, page_size).await?;
     let next_page_token = match rows.last() {
@@ -293,13 +282,14 @@ pub async fn counts<S: Store>(
     })))
 }
 
-/// The filters a listing and its counts share: `workflow_type`, `task_queue` and `query` (a
-/// visibility filter, or free text matched against workflow ids and business keys).
+/// The filters a listing and its counts share: `workflow_type`, `task_queue`, `status` (a
+/// bucket; counts ignore it) and `query` (a visibility filter, or free text matched against
+/// workflow ids and business keys).
 async fn list_filter<S: Store>(state: &Shared<S>, namespace: &str, query: &HashMap<String, String>) -> ApiResult<ListFilter> {
     let asked = capstan_app::listing::ListQuery {
         workflow_type: query.get("workflow_type").cloned(),
         task_queue: query.get("task_queue").cloned(),
-        status: None,
+        status: query.get("status").cloned(),
         query: query.get("query").cloned(),
     };
     Ok(capstan_app::listing::filter(&**state, namespace, &asked).await?)

@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// A worker's long poll of `queue`'s workflow tasks (10 s), left waiting; its task, or null.
+fn parked_workflow_poll(h: &Harness, queue: &str, poll_request_id: &str) -> tokio::task::JoinHandle<Value> {
+    let (base, http) = (h.base.clone(), h.http.clone());
+    let body = json!({"worker_id": "w", "task_queue": queue, "poll_request_id": poll_request_id, "timeout_seconds": 10});
+    tokio::spawn(async move {
+        let response = http
+            .post(format!("{base}/api/worker/workflow-tasks/poll"))
+            .header("X-Durable-Workflow-Protocol-Version", "1.20")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        response.json::<Value>().await.unwrap()["task"].clone()
+    })
+}
+
 #[tokio::test]
 async fn a_paused_run_gives_workers_nothing_until_resumed() {
     let h = Harness::start().await;
@@ -49,19 +65,7 @@ async fn a_paused_run_gives_workers_nothing_until_resumed() {
     assert_eq!((&counts["running"], &counts["paused"]), (&json!(1), &json!(1)), "{counts}");
 
     // A long poll parked meanwhile gets the task once the run is resumed.
-    let waiting = {
-        let (base, http, queue) = (h.base.clone(), h.http.clone(), queue.clone());
-        tokio::spawn(async move {
-            let response = http
-                .post(format!("{base}/api/worker/workflow-tasks/poll"))
-                .header("X-Durable-Workflow-Protocol-Version", "1.20")
-                .json(&json!({"worker_id": "w", "task_queue": queue, "poll_request_id": "after-resume", "timeout_seconds": 10}))
-                .send()
-                .await
-                .unwrap();
-            response.json::<Value>().await.unwrap()["task"].clone()
-        })
-    };
+    let waiting = parked_workflow_poll(&h, &queue, "after-resume");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let resumed = h.cpost(&path("resume"), json!({"reason": "fixed"})).await.ok(200);
     assert_eq!((&resumed["outcome"], &resumed["pause"]), (&json!("resumed"), &json!(null)));
@@ -145,19 +149,7 @@ async fn a_paused_queue_kind_gives_polls_nothing_until_resumed() {
     assert!(metrics.contains(&series), "{series} while paused:\n{metrics}");
 
     // A long poll parked on the paused kind gets the task once it is resumed.
-    let waiting = {
-        let (base, http, queue) = (h.base.clone(), h.http.clone(), queue.clone());
-        tokio::spawn(async move {
-            let response = http
-                .post(format!("{base}/api/worker/workflow-tasks/poll"))
-                .header("X-Durable-Workflow-Protocol-Version", "1.20")
-                .json(&json!({"worker_id": "w", "task_queue": queue, "poll_request_id": "queue-resume", "timeout_seconds": 10}))
-                .send()
-                .await
-                .unwrap();
-            response.json::<Value>().await.unwrap()["task"].clone()
-        })
-    };
+    let waiting = parked_workflow_poll(&h, &queue, "queue-resume");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let resumed = h.cpost(&path("resume"), json!({})).await.ok(200);
     assert_eq!(resumed["outcome"], "resumed", "{resumed}");
