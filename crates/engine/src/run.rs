@@ -978,7 +978,12 @@ impl RunState {
         if self.is_closed() || self.workflow_task.is_some() {
             return None;
         }
-        // Accepted updates get their own tasks, one at a time, ahead of other work.
+        // Accepted updates get their own tasks, one at a time, ahead of other work. One that an
+        // earlier task's worker already settled (it saw the acceptance in history) needs none.
+        self.pending_updates.retain(|resume| match resume {
+            ResumeContext::Update { update_id, .. } => self.updates.get(update_id).is_some_and(|u| u.status == UpdateStatus::Accepted),
+            _ => true,
+        });
         if let Some(update) = self.pending_updates.pop_front() {
             let still_wanted = self.workflow_task_wanted;
             let id = self.create_workflow_task(cx, Some(update));

@@ -1858,3 +1858,55 @@ fn signals_past_the_pending_cap_are_refused_until_workflow_code_takes_them() {
     assert!(sim.run.pending_signal_count() < 3);
     sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("x"), "c4".into())).unwrap();
 }
+
+#[test]
+fn an_update_settled_by_an_earlier_task_gets_no_task_of_its_own() {
+    let mut sim = Sim::start();
+    let wait = WorkflowCommand::OpenConditionWait {
+        condition_key: Some("k".into()),
+        fingerprint: None,
+        timeout_seconds: None,
+        tags: Map::new(),
+        occurrence_id: None,
+    };
+    sim.complete_workflow("w", vec![wait]).unwrap();
+    // A signal's task is ready when the update arrives, so the update waits behind it.
+    sim.apply(|run, cx| signal(run, cx, "s", Payload::avro("x"), "c-sig".into()))
+        .unwrap();
+    let (update_id, _) = sim
+        .apply(|run, cx| accept_update(run, cx, "add", Payload::avro("args"), "c-up".into()))
+        .unwrap();
+    assert_eq!(sim.run.pending_updates.len(), 1);
+    // That task's worker sees the accepted update in history and settles it.
+    let (task, fence) = sim.lease_workflow("w");
+    assert!(matches!(
+        &sim.run.tasks[&task].detail,
+        TaskDetail::Workflow {
+            resume: Some(ResumeContext::Signal { .. }),
+            ..
+        }
+    ));
+    let settle = WorkflowCommand::CompleteUpdate {
+        update_id: update_id.clone(),
+        result: Payload::avro("1"),
+    };
+    sim.apply(|run, cx| complete_workflow_task(run, cx, &task, "w", fence, vec![settle]))
+        .unwrap();
+    assert_eq!(sim.run.updates[&update_id].status, UpdateStatus::Completed);
+    assert!(sim.run.pending_updates.is_empty(), "a settled update no longer waits");
+    let update_tasks = sim
+        .run
+        .tasks
+        .values()
+        .filter(|t| {
+            matches!(
+                &t.detail,
+                TaskDetail::Workflow {
+                    resume: Some(ResumeContext::Update { .. }),
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(update_tasks, 0, "no task runs the handler of a settled update again");
+}
