@@ -343,6 +343,21 @@ pub fn closing_of(event_type: EventType) -> Option<(RunStatus, ClosedReason)> {
     })
 }
 
+/// The event that closed a run's history, if it is closed: the last one before any archive
+/// bookkeeping (an archived run's `ArchiveRequested` and `WorkflowArchived` follow its close).
+pub fn closing_event(events: &[ImportedEvent]) -> Option<&ImportedEvent> {
+    events
+        .iter()
+        .rev()
+        .find(|e| !matches!(e.event_type, EventType::ArchiveRequested | EventType::WorkflowArchived))
+        .or(events.last())
+}
+
+/// Whether a history records its run's archiving.
+pub fn is_archived(events: &[ImportedEvent]) -> bool {
+    events.iter().any(|e| e.event_type == EventType::WorkflowArchived)
+}
+
 /// Whether a bundle's closed reason agrees with the one its closing event stands for: a
 /// `WorkflowFailed` also closes a run that timed out (a standalone activity's host run).
 fn reason_agrees(given: ClosedReason, closing: ClosedReason) -> bool {
@@ -519,7 +534,7 @@ fn history_findings(run: &ImportedRun, history_events_max: usize) -> Vec<Finding
         ));
     }
     let terminal_events = run.events.iter().filter(|e| e.event_type.is_run_terminal()).count();
-    let last = run.events.last().expect("not empty");
+    let last = closing_event(&run.events).expect("not empty");
     if run.status.is_terminal() {
         match closing_of(last.event_type) {
             None => errors.push(Finding::new(
@@ -653,6 +668,23 @@ mod tests {
             ["workflow.source_runtime_unsupported"]
         );
         assert_eq!(rules(eligibility(&run, &complete(), 2)), ["history_events.limit_exceeded"]);
+    }
+
+    #[test]
+    fn an_archived_closed_history_is_eligible_and_imports_archived() {
+        let mut archived = completed_run();
+        archived.events.push(event(4, EventType::ArchiveRequested));
+        archived.events.push(event(5, EventType::WorkflowArchived));
+        assert_eq!(eligibility(&archived, &complete(), 100), vec![]);
+        let limits = crate::Limits::default();
+        let mut ids = crate::SequentialIds::new("id");
+        let mut cx = crate::Cx::new(6_000, &mut ids, &limits);
+        let run = crate::import_run(&mut cx, archived, &complete()).expect("imports");
+        assert_eq!((run.status, run.archived, run.closed_at), (RunStatus::Completed, true, Some(1_003)));
+        // Archive bookkeeping does not stand in for the closing event.
+        let mut unclosed = completed_run();
+        unclosed.events[2] = event(3, EventType::WorkflowArchived);
+        assert_eq!(rules(eligibility(&unclosed, &complete(), 100)), ["workflow.terminal_event_missing"]);
     }
 
     #[test]

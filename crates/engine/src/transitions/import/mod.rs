@@ -5,7 +5,7 @@
 mod rebuild;
 
 use super::start::{blank_run, StartRun};
-use crate::import::{closed_reason_of, closing_of, eligibility, Finding, ImportedEvent, ImportedRun, InFlight};
+use crate::import::{closed_reason_of, closing_event, closing_of, eligibility, is_archived, Finding, ImportedEvent, ImportedRun, InFlight};
 use crate::refusal::{Reason, Refusal};
 use crate::{Cx, RunState, TaskScheduling, WorkflowFailure};
 use serde_json::Value;
@@ -69,13 +69,14 @@ fn open_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
 /// A closed run, its fields taken from the event that closed it.
 fn closed_run(cx: &mut Cx, imported: ImportedRun) -> RunState {
     let mut run = base_run(cx, &imported);
-    let last = imported.events.last().expect("an eligible history is not empty");
+    let last = closing_event(&imported.events).expect("an eligible history is not empty");
     let (status, closing) = closing_of(last.event_type).expect("an eligible closed history ends with its closing event");
     run.status = status;
     run.closed_reason = Some(closed_reason_of(imported.closed_reason, closing));
     run.closed_at = Some(last.recorded_at);
     run.output = imported.output;
     run.failure = recorded_failure(&last.payload, last.event_type);
+    run.archived = is_archived(&imported.events);
     run.updates = rebuild::updates_of(&imported.events);
     super::close::fail_unapplied_updates(&mut run.updates, last.recorded_at);
     copy_history(&mut run, cx, imported.events);
