@@ -4,7 +4,8 @@
 //! - **At most once per run.** Each run is acted on through its ordinary use case (close,
 //!   signal, pause, resume, redrive, archive) with the request id `batch:{batch_id}`: a page visited again after
 //!   a crash is answered from the receipts the first visit stored, and counted once, since the
-//!   progress is saved only with the page.
+//!   progress is saved only with the page. A delete leaves no receipt to answer from, so its
+//!   page's instances go in the transaction that saves the page's progress.
 //! - **The runs there were.** A batch visits the current runs started before it was created,
 //!   newest first, by a keyset cursor that a run's status changes do not move.
 //! - **Fenced.** A step's progress is saved only under the duty fence its claim took: a node
@@ -18,7 +19,7 @@ use crate::redrive::{self, RedriveRequest};
 use crate::{AppError, AppResult, Services};
 use capstan_engine::*;
 use capstan_store::prelude::*;
-use capstan_store::{BatchOperation, BatchStep, ListCursor, RunSummary, StoreError};
+use capstan_store::{AuditEvent, BatchOperation, BatchStep, ListCursor, RunSummary, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -45,10 +46,12 @@ pub enum BatchAction {
     Redrive,
     /// A closed run becomes read-only.
     Archive,
+    /// A closed run's instance is deleted with all its runs, as retention deletes it (admin only).
+    Delete,
 }
 
 impl BatchAction {
-    pub const ALL: [BatchAction; 7] = [
+    pub const ALL: [BatchAction; 8] = [
         BatchAction::Cancel,
         BatchAction::Terminate,
         BatchAction::Signal,
@@ -56,6 +59,7 @@ impl BatchAction {
         BatchAction::Resume,
         BatchAction::Redrive,
         BatchAction::Archive,
+        BatchAction::Delete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +71,7 @@ impl BatchAction {
             BatchAction::Resume => "resume",
             BatchAction::Redrive => "redrive",
             BatchAction::Archive => "archive",
+            BatchAction::Delete => "delete",
         }
     }
 
@@ -203,11 +208,27 @@ fn check(request: &BatchRequest) -> AppResult<()> {
 
 /// Claims the batch whose next step is due and runs that step; whether there was one.
 pub async fn step<V: Services>(services: &V, node: &str) -> AppResult<bool> {
-    let store = services.store();
-    let Some((batch, fence)) = store.claim_batch(node, services.now(), BATCH_STEP_HOLD_MS).await? else {
+    let Some((batch, fence)) = services.store().claim_batch(node, services.now(), BATCH_STEP_HOLD_MS).await? else {
         return Ok(false);
     };
     let request: BatchRequest = decoded(&batch.request)?;
+    // A delete step whose page changed under it (a new run of an id) did nothing: it reads the
+    // page again, a few times, before leaving the batch to the claim's hold.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match take_page(services, &batch, fence, &request).await {
+            Err(AppError::Store(StoreError::Refused(refusal))) if refusal.reason == Reason::RunNotClosed && attempts < 3 => {}
+            // Taken over, or cancelled meanwhile: what this step did is kept by the runs' receipts.
+            Err(AppError::Store(StoreError::Refused(refusal))) if refusal.reason == Reason::StaleFence => return Ok(true),
+            outcome => return outcome.map(|()| true),
+        }
+    }
+}
+
+/// Visits the batch's next page, acts on its runs and saves where it got to.
+async fn take_page<V: Services>(services: &V, batch: &BatchOperation, fence: u64, request: &BatchRequest) -> AppResult<()> {
+    let store = services.store();
     let mut progress: BatchProgress = decoded(&batch.progress)?;
     let left = request.limit.map_or(u64::MAX, |limit| limit.saturating_sub(progress.matched));
     let by_rate = request
@@ -221,8 +242,12 @@ pub async fn step<V: Services>(services: &V, node: &str) -> AppResult<bool> {
         0 => (Vec::new(), false),
         _ => store.list_runs(&batch.namespace, filter, 0, page).await?,
     };
+    let mut deletions = Vec::new();
     for run in &runs {
-        act_on(services, &batch, &request, run, &mut progress).await?;
+        match request.action {
+            BatchAction::Delete => deletions.extend(doom(services, batch, run, &mut progress)),
+            _ => act_on(services, batch, request, run, &mut progress).await?,
+        }
         progress.after = Some((run.started_at, run.run_id.as_str().to_string()));
     }
     let finished = !more || request.limit.is_some_and(|limit| progress.matched >= limit);
@@ -238,18 +263,39 @@ pub async fn step<V: Services>(services: &V, node: &str) -> AppResult<bool> {
         next_step_at,
         finished: finished.then(|| "completed".to_string()),
     };
-    match store.advance_batch(step, now).await {
-        Ok(()) => {
-            if finished {
-                tracing::info!(namespace = %batch.namespace, batch_id = %batch.batch_id, matched = progress.matched,
-                    done = progress.done, failed = progress.failed, "batch operation completed");
-            }
-            Ok(true)
-        }
-        // Taken over, or cancelled meanwhile: what this step did is kept by the runs' receipts.
-        Err(StoreError::Refused(refusal)) if refusal.reason == Reason::StaleFence => Ok(true),
-        Err(error) => Err(error.into()),
+    match request.action {
+        BatchAction::Delete => store.advance_batch_deleting(step, now, deletions).await?,
+        _ => store.advance_batch(step, now).await?,
     }
+    if finished {
+        tracing::info!(namespace = %batch.namespace, batch_id = %batch.batch_id, matched = progress.matched,
+            done = progress.done, failed = progress.failed, "batch operation completed");
+    }
+    Ok(())
+}
+
+/// Counts a run a delete batch visits: a closed one's instance is to go (the audit event kept
+/// of it is returned), an open one is skipped.
+fn doom<V: Services>(services: &V, batch: &BatchOperation, run: &RunSummary, progress: &mut BatchProgress) -> Option<AuditEvent> {
+    progress.matched += 1;
+    if !run.status.is_terminal() {
+        *progress.skipped.entry(Reason::RunNotClosed.as_str().into()).or_default() += 1;
+        return None;
+    }
+    progress.done += 1;
+    let mut detail = serde_json::Map::new();
+    detail.insert("batch_id".into(), json!(batch.batch_id));
+    detail.insert("status".into(), json!(run.status.as_str()));
+    Some(AuditEvent {
+        audit_id: services.new_id().to_lowercase(),
+        namespace: batch.namespace.clone(),
+        workflow_id: run.workflow_id.as_str().to_string(),
+        run_id: Some(run.run_id.as_str().to_string()),
+        action: "workflow.delete".into(),
+        principal: batch.principal.clone(),
+        recorded_at: services.now(),
+        detail,
+    })
 }
 
 fn decoded<T: for<'de> Deserialize<'de>>(value: &Value) -> AppResult<T> {
@@ -335,6 +381,8 @@ async fn act_on<V: Services>(
             let render = |(changed, _): &(bool, CommandReceipt), _: &RunState| json!(changed);
             control::archive(services, target, request.reason.clone(), request_id, principal, render).await
         }
+        // A delete batch's runs go with its step's progress (`doom`), never one at a time.
+        BatchAction::Delete => return Err(StoreError::Storage("a delete batch acts on a page, not a run".into()).into()),
     };
     match applied {
         Ok(receipt) if receipt.body == json!(false) => *progress.skipped.entry("not_needed".into()).or_default() += 1,

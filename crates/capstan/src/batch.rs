@@ -12,8 +12,8 @@ use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum BatchCommand {
-    /// Start a batch: ACTION (cancel, terminate, signal, pause, resume, redrive, archive) on every current run the
-    /// selection matches now.
+    /// Start a batch: ACTION (cancel, terminate, signal, pause, resume, redrive, archive, delete) on every
+    /// current run the selection matches now.
     Start(Box<StartArgs>),
     /// The namespace's batches, newest first.
     List {

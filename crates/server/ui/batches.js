@@ -4,7 +4,7 @@
 
 import { h, when } from "./dom.js";
 
-const ACTIONS = ["cancel", "terminate", "signal", "pause", "resume", "redrive", "archive"];
+const ACTIONS = ["cancel", "terminate", "signal", "pause", "resume", "redrive", "archive", "delete"];
 /// How often the page looks again while a batch runs.
 const FOLLOW_MS = 1000;
 

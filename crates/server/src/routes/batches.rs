@@ -45,6 +45,13 @@ pub async fn create<S: Store>(
 ) -> ApiResult<Response> {
     let caller = state.config.auth.require_in(&headers, &[Role::Operator, Role::Admin], &namespace)?;
     let (request, request_id, dry_run) = read_request(&state, &body)?;
+    if request.action == BatchAction::Delete && !dry_run && !caller.roles.contains(&Role::Admin) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            capstan_engine::Reason::Forbidden,
+            "A delete batch takes the admin role.",
+        ));
+    }
     if dry_run {
         let matched = batches::dry_run(&*state, &namespace, &request).await?;
         return Ok(

@@ -197,3 +197,54 @@ async fn a_batch_redrives_failed_runs_and_archives_closed_ones() {
     assert_eq!((&archived["matched"], &archived["done"]), (&json!(4), &json!(4)), "{archived}");
     assert_eq!(h.describe(&format!("{queue}-open")).await["archived"], true);
 }
+
+/// A delete batch takes the admin role; it deletes the closed runs' instances, skips the open
+/// one, and keeps who deleted each in its audit trail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_batch_removes_closed_instances_for_an_admin_only() {
+    let h = Harness::with_config(
+        ServerConfig {
+            auth: Tokens::config(),
+            ..ServerConfig::default()
+        },
+        Some(Tokens::ADMIN),
+    )
+    .await;
+    let queue = unique("delete-batch-q");
+    for i in 0..3 {
+        h.start_workflow(&format!("{queue}-{i}"), &queue).await;
+    }
+    for i in 0..2 {
+        h.cpost(&format!("/api/workflows/{queue}-{i}/terminate"), json!({"reason": "done"}))
+            .await
+            .ok(200);
+    }
+    let delete = json!({"action": "delete", "task_queue": queue, "reason": "cleanup"});
+    let as_operator = |body: &Value| {
+        h.bare(Method::POST, "/api/batch-operations")
+            .header(CONTROL_HEADER, "2")
+            .header("X-Namespace", "default")
+            .bearer_auth(Tokens::OPERATOR)
+            .json(body)
+    };
+    send(as_operator(&delete)).await.err(403, "forbidden");
+    let mut dry = delete.clone();
+    dry["dry_run"] = json!(true);
+    assert_eq!(send(as_operator(&dry)).await.ok(200)["matched"], 3, "an operator may count");
+
+    let batch = h.cpost("/api/batch-operations", delete).await.ok(201);
+    let batch = finished(&h, batch["batch_id"].as_str().unwrap()).await;
+    assert_eq!((&batch["matched"], &batch["done"]), (&json!(3), &json!(2)), "{batch}");
+    assert_eq!(batch["skipped_by_reason"]["run_not_closed"], 1, "{batch}");
+    for i in 0..2 {
+        h.cget(&format!("/api/workflows/{queue}-{i}")).await.err(404, "instance_not_found");
+        let audit = h.cget(&format!("/api/workflows/{queue}-{i}/audit-events")).await.ok(200);
+        let events = audit["events"].as_array().unwrap();
+        assert_eq!(events.len(), 1, "{audit}");
+        assert_eq!(events[0]["action"], "workflow.delete");
+        assert_eq!(events[0]["principal"]["id"], "role:admin", "{audit}");
+    }
+    assert_eq!(h.describe(&format!("{queue}-2")).await["status"], "pending", "the open run stays");
+    let counts = h.cget(&format!("/api/workflow-counts?task_queue={queue}")).await.ok(200);
+    assert_eq!(counts["running"], 1, "{counts}");
+}

@@ -1,5 +1,5 @@
 //! Operators' batch operations in the workload: a batch pauses, resumes or signals the running
-//! workflows of the queue; nodes step the batches in their duty passes (and freeze, and lose
+//! workflows of the queue, or archives its closed ones; nodes step the batches in their duty passes (and freeze, and lose
 //! power, like any holder of a duty). Checks: a batch's tallies add up, and a signal batch sent
 //! its signal to no run twice.
 
@@ -21,13 +21,19 @@ pub(crate) struct Batches {
 impl Batches {
     /// An operator starts a batch over the queue's running workflows.
     pub(crate) async fn start(&mut self, world: &mut World) -> Result<Acted, Failure> {
-        let action = [BatchAction::Pause, BatchAction::Resume, BatchAction::Signal][world.rng.random_range(0..3)];
+        let actions = [BatchAction::Pause, BatchAction::Resume, BatchAction::Signal, BatchAction::Archive];
+        let action = actions[world.rng.random_range(0..actions.len())];
         let signal_name = (action == BatchAction::Signal).then(|| format!("batch-signal-{}", self.started.len()));
+        // An archive batch takes closed runs (open ones would be skipped); the others, running ones.
+        let status = match action {
+            BatchAction::Archive => ["completed", "failed"][world.rng.random_range(0..2)],
+            _ => "running",
+        };
         let request = BatchRequest {
             action,
             select: ListQuery {
                 task_queue: Some(QUEUE.into()),
-                status: Some("running".into()),
+                status: Some(status.into()),
                 ..ListQuery::default()
             },
             reason: Some("simulated batch".into()),

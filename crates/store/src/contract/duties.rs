@@ -68,6 +68,18 @@ pub trait DutyStore: Backend {
         self.write(move |tx| Box::pin(async move { batches::advance(tx, &step, now).await }))
     }
 
+    /// [`Self::advance_batch`] for a delete batch: saves the step and deletes the instances it
+    /// closed out, each given as the audit event kept of its deletion, all in one transaction;
+    /// `run_not_closed` (nothing done) when one of them has a new current run since.
+    fn advance_batch_deleting(
+        &self,
+        step: BatchStep,
+        now: Millis,
+        deletions: Vec<AuditEvent>,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        self.write(move |tx| Box::pin(async move { batches::advance_deleting(tx, &step, now, &deletions).await }))
+    }
+
     /// When any running batch's next step is due (a read: nodes look before they claim).
     fn next_batch_step(&self) -> impl Future<Output = StoreResult<Option<Millis>>> + Send {
         self.read(move |tx| Box::pin(async move { batches::next_step(tx).await }))

@@ -27,6 +27,11 @@ const CLAIM: &str = "UPDATE batch_operations SET duty_owner = $2, duty_fence = d
 const ADVANCE: &str = "UPDATE batch_operations SET progress = $3, next_step_at = $4, state = $5, finished_at = $6, updated_at = $7,
          duty_owner = NULL, duty_expires_at = NULL
      WHERE batch_id = $1 AND duty_fence = $2 AND state = 'running'";
+const LOCK_CLOSED_CURRENT: Locking = locking!(
+    "SELECT 1 FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
+     WHERE i.workflow_id = $1 AND i.namespace = $2 AND r.run_id = $3 AND r.closed_at IS NOT NULL",
+    "FOR UPDATE OF i"
+);
 const CANCEL: &str = "UPDATE batch_operations SET state = 'cancelled', finished_at = $3, updated_at = $3
      WHERE namespace = $1 AND batch_id = $2 AND state = 'running'";
 
@@ -146,6 +151,31 @@ pub(crate) async fn advance<T: Tx>(tx: &mut T, step: &BatchStep, now: Millis) ->
         )
         .with("batch_id", step.batch_id.as_str())
         .into());
+    }
+    Ok(())
+}
+
+/// [`advance`], and in the same transaction deletes the instances the step closed out: each
+/// is given as the audit event that records its deletion (kept after it, naming who and which
+/// batch). Refused, with nothing deleted and no progress saved, when one of them is no longer
+/// what the step saw, a closed current run (`run_not_closed`: a new run of the id started
+/// since), so that the step reads its page again.
+pub(crate) async fn advance_deleting<T: Tx>(tx: &mut T, step: &BatchStep, now: Millis, deletions: &[AuditEvent]) -> StoreResult<()> {
+    advance(tx, step, now).await?;
+    for deletion in deletions {
+        let run_id = deletion.run_id.as_deref().unwrap_or_default();
+        let locked = LOCK_CLOSED_CURRENT.sql(tx.dialect());
+        let args = args![deletion.workflow_id.as_str(), deletion.namespace.as_str(), run_id];
+        if tx.query_opt(locked, &args).await?.is_none() {
+            return Err(Refusal::new(
+                Reason::RunNotClosed,
+                "The instance's current run is no longer the closed run the batch step saw.",
+            )
+            .with("workflow_id", deletion.workflow_id.as_str())
+            .into());
+        }
+        super::duties::remove_instance(tx, &deletion.workflow_id, &deletion.namespace).await?;
+        super::audit::record_audit(tx, deletion).await?;
     }
     Ok(())
 }

@@ -65,13 +65,20 @@ pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow
         if tx.query_opt(sql, &args![workflow_id, namespace, cutoff]).await?.is_none() {
             continue;
         }
-        uncount_instance(tx, workflow_id, namespace).await?;
-        for sql in REMOVE_INSTANCE {
-            tx.execute(sql, &args![workflow_id, namespace]).await?;
-        }
+        remove_instance(tx, workflow_id, namespace).await?;
         pruned += 1;
     }
     Ok(pruned)
+}
+
+/// Deletes an instance: its runs, what hangs off them, and their share of the kept counts. The
+/// caller holds the instance's row lock (a start of the same id waits, then makes a new one).
+pub(crate) async fn remove_instance<T: Tx>(tx: &mut T, workflow_id: &str, namespace: &str) -> StoreResult<()> {
+    uncount_instance(tx, workflow_id, namespace).await?;
+    for sql in REMOVE_INSTANCE {
+        tx.execute(sql, &args![workflow_id, namespace]).await?;
+    }
+    Ok(())
 }
 
 /// Takes an instance's runs out of the kept counts, before they are removed.

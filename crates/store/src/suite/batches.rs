@@ -132,3 +132,86 @@ pub async fn batch_operations_are_claimed_under_a_fence_advanced_and_cancelled<S
     assert!(store.cancel_batch("default", "nope", NOW).await.unwrap().is_none());
     assert!(store.batch("elsewhere", &other.batch_id).await.unwrap().is_none(), "per namespace");
 }
+
+/// A delete step's instances go in the transaction that saves its progress, under its fence:
+/// a stale step deletes nothing, and so does one whose page changed (a run still open).
+pub async fn a_delete_step_removes_its_closed_instances_with_its_progress<S: Store>(store: S) {
+    for id in ["gone-1", "gone-2", "still-open"] {
+        super::started(&store, id, "q").await;
+    }
+    for id in ["gone-1", "gone-2"] {
+        store
+            .mutate_run("default", RunLocator::Current(WorkflowId(id.into())), NOW, |run, cx| {
+                close_by_command(run, cx, CloseCommand::Terminate, None, "c".into())
+            })
+            .await
+            .unwrap();
+    }
+    let deletion = |id: &str| AuditEvent {
+        audit_id: format!("delete-{id}"),
+        namespace: "default".into(),
+        workflow_id: id.into(),
+        run_id: Some(format!("run-{id}")),
+        action: "workflow.delete".into(),
+        principal: Some(Principal::token("admin")),
+        recorded_at: NOW,
+        detail: Default::default(),
+    };
+    let mut delete_batch = batch("b-delete", None);
+    delete_batch.action = "delete".into();
+    store.create_batch(delete_batch, 2).await.unwrap();
+    let (_, fence) = store.claim_batch("node-a", NOW, 1_000).await.unwrap().expect("due");
+    let step = |fence: u64, matched: u64| BatchStep {
+        batch_id: "b-delete".into(),
+        fence,
+        progress: json!({"matched": matched}),
+        next_step_at: NOW,
+        finished: None,
+    };
+
+    let stale = store
+        .advance_batch_deleting(step(fence - 1, 9), NOW, vec![deletion("gone-1")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&stale, StoreError::Refused(r) if r.reason == Reason::StaleFence),
+        "{stale:?}"
+    );
+    let changed = store
+        .advance_batch_deleting(step(fence, 9), NOW, vec![deletion("gone-1"), deletion("still-open")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&changed, StoreError::Refused(r) if r.reason == Reason::RunNotClosed),
+        "{changed:?}"
+    );
+    assert!(exists(&store, "gone-1").await, "a refused step deletes nothing");
+    let saved = store.batch("default", "b-delete").await.unwrap().unwrap();
+    assert_eq!(saved.progress, json!({"matched": 0}), "nor saves its progress");
+
+    store
+        .advance_batch_deleting(step(fence, 2), NOW, vec![deletion("gone-1"), deletion("gone-2")])
+        .await
+        .unwrap();
+    assert!(!exists(&store, "gone-1").await && !exists(&store, "gone-2").await);
+    assert!(exists(&store, "still-open").await);
+    let saved = store.batch("default", "b-delete").await.unwrap().unwrap();
+    assert_eq!(saved.progress, json!({"matched": 2}));
+    assert!(store.history(&RunId("run-gone-1".into()), 0, 100, 100).await.unwrap().is_empty());
+    // What is kept of a deleted instance is who deleted it.
+    let trail = store.audit_events("default", "gone-1", None, 10).await.unwrap();
+    assert_eq!(
+        trail.iter().map(|e| (e.action.as_str(), e.principal.clone())).collect::<Vec<_>>(),
+        [("workflow.delete", Some(Principal::token("admin")))]
+    );
+    // The id is free again.
+    super::started(&store, "gone-1", "q").await;
+}
+
+async fn exists<S: Store>(store: &S, workflow_id: &str) -> bool {
+    store
+        .load_run("default", RunLocator::Current(WorkflowId(workflow_id.into())))
+        .await
+        .unwrap()
+        .is_some()
+}

@@ -1655,6 +1655,7 @@ macro_rules! store_suite {
             a_paused_run_dispatches_nothing_until_resumed,
             a_paused_queue_kind_leases_nothing_until_resumed,
             batch_operations_are_claimed_under_a_fence_advanced_and_cancelled,
+            a_delete_step_removes_its_closed_instances_with_its_progress,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
