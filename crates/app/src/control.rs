@@ -201,7 +201,10 @@ where
             .await?
         {
             (KeyedReceipt::Retained(mut body), _) => {
-                body["retained"] = json!(true);
+                // An object body says so itself; another (a batch's `true`) is told by `retained`.
+                if let Some(fields) = body.as_object_mut() {
+                    fields.insert("retained".into(), json!(true));
+                }
                 Ok(Receipt {
                     body,
                     retained: true,
