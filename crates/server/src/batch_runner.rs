@@ -21,13 +21,18 @@ pub(crate) async fn run<S: Store>(state: Arc<AppState<S>>) {
             }
         };
         if due {
-            match capstan_app::batches::step(&*state, &state.config.server_id).await {
-                Ok(true) => {
+            // A step runs as a task of its own: were one to panic, this runner would live on
+            // (the step is taken again when its hold runs out) instead of dying with it.
+            let stepping = Arc::clone(&state);
+            let step = tokio::spawn(async move { capstan_app::batches::step(&*stepping, &stepping.config.server_id).await });
+            match step.await {
+                Ok(Ok(true)) => {
                     tokio::task::yield_now().await;
                     continue;
                 }
-                Ok(false) => {}
-                Err(error) => tracing::warn!(%error, "batch operations: a step failed; it is taken again"),
+                Ok(Ok(false)) => {}
+                Ok(Err(error)) => tracing::warn!(%error, "batch operations: a step failed; it is taken again"),
+                Err(error) => tracing::error!(%error, "batch operations: a step panicked; it is taken again"),
             }
         }
         tokio::time::sleep(Duration::from_millis(IDLE_RECHECK_MS as u64)).await;
