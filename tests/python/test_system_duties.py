@@ -109,3 +109,42 @@ def test_a_retention_pass_given_run_ids_removes_only_those(server_factory, run_w
     assert between["expired_workflow_ids"] == [first_id], between
     assert unknown["pruned"] == 0 and unknown["workflow_ids"] == [], unknown
     assert rest["pruned"] == 1 and rest["workflow_ids"] == [first_id], rest
+
+
+def test_the_retention_duty_drains_every_expired_instance_in_one_pass(server_factory):
+    """More instances expired than one batch (or the 500 a pass once took): the pass at startup
+    removes them all, a batch per transaction, without waiting for the next pass a minute on."""
+    server = server_factory.create()
+    namespace, queue = unique("keep1day"), unique("drain")
+    expired = 640
+    headers = {**CONTROL_HEADERS, "X-Namespace": namespace}
+
+    async def fill():
+        async with httpx.AsyncClient(base_url=server.url, headers=CONTROL_HEADERS, timeout=30.0) as http:
+            created = await http.post("/api/namespaces", json={"name": namespace, "retention_days": 1})
+            assert created.status_code == 201, created.text
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30.0) as http:
+            for i in range(expired + 1):
+                started = await http.post("/api/workflows", json={
+                    "workflow_type": "duties.quick", "workflow_id": f"{queue}-{i}", "task_queue": queue,
+                })
+                assert started.status_code == 201, started.text
+                ended = await http.post(f"/api/workflows/{queue}-{i}/terminate", json={"reason": "done"})
+                assert ended.status_code == 200, ended.text
+
+    run_async(fill(), timeout=120)
+    # All but the last closed two days ago; the duty's first pass comes with the next start.
+    two_days_ago = int(time.time() * 1000) - 2 * 86_400_000
+    with sqlite3.connect(server.data_dir / "capstan.db") as db:
+        db.execute("UPDATE runs SET closed_at = ? WHERE namespace = ? AND workflow_id != ?",
+                   (two_days_ago, namespace, f"{queue}-{expired}"))
+    server.terminate()
+    server.start()
+    deadline = time.monotonic() + 30
+    while True:
+        counts = httpx.get(f"{server.url}/api/workflow-counts", headers=headers).json()
+        if counts.get("terminated", counts.get("failed")) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    listed = httpx.get(f"{server.url}/api/workflows?page_size=10", headers=headers).json()
+    assert [w["workflow_id"] for w in listed["workflows"]] == [f"{queue}-{expired}"], (counts, listed)

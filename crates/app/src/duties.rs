@@ -234,7 +234,7 @@ pub async fn retention_pass<S: Store>(
         return Ok(ids);
     }
     let pruned = store.prune_instances(namespace, ids.clone(), cutoff).await?;
-    tracing::info!(namespace, pruned, retention_days, "retention: closed workflows removed");
+    tracing::debug!(namespace, pruned, retention_days, "retention: closed workflows removed");
     Ok(ids)
 }
 

@@ -13,10 +13,6 @@ use std::time::Duration;
 const BATCH: usize = 256;
 const IDLE_RECHECK_MS: i64 = 1_000;
 
-/// The retention duty runs this often, removing at most this many instances per namespace a pass.
-const RETENTION_EVERY_MS: i64 = 60_000;
-const RETENTION_BATCH: usize = 500;
-
 /// Poll memos only need to outlive a lease; older ones are pruned this often.
 const PRUNE_EVERY_MS: i64 = 60_000;
 const POLL_MEMO_TTL_MS: i64 = 3_600_000;
@@ -78,7 +74,6 @@ impl ClockAlarm {
 
 pub async fn run<S: Store>(state: Arc<AppState<S>>) {
     let mut pruned_at = 0;
-    let mut retained_at = 0;
     loop {
         let now = state.now();
         if now - pruned_at >= PRUNE_EVERY_MS {
@@ -95,26 +90,6 @@ pub async fn run<S: Store>(state: Arc<AppState<S>>) {
                 continue;
             }
         };
-        if now - retained_at >= RETENTION_EVERY_MS {
-            retained_at = now;
-            for namespace in state.store.namespaces().await.unwrap_or_default() {
-                if let Err(error) = retention_pass(&state, &namespace.name, namespace.retention_days, now).await {
-                    tracing::warn!(namespace = %namespace.name, %error, "clock: retention pass failed");
-                }
-            }
-            // Uploaded payloads nothing uses (their instances removed, or never referenced).
-            match crate::payload_storage::collect_unused(&state).await {
-                Ok(collected) if collected.deleted > 0 => {
-                    tracing::info!(deleted = collected.deleted, "clock: unused external payloads deleted")
-                }
-                Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "clock: external payload collection failed"),
-            }
-            // Closed output streams past their own retention go with their items.
-            if let Err(error) = state.store.expire_streams(now).await {
-                tracing::warn!(%error, "clock: stream retention failed");
-            }
-        }
         if due == BATCH {
             continue;
         }
@@ -161,19 +136,6 @@ pub(crate) async fn apply_due<S: Store>(state: &Arc<AppState<S>>, now: i64) -> c
         }
     }
     Ok(outcomes.len())
-}
-
-/// The clock's retention pass over one namespace (nothing without a retention).
-async fn retention_pass<S: Store>(
-    state: &AppState<S>,
-    namespace: &str,
-    retention_days: Option<i64>,
-    now: i64,
-) -> capstan_store::StoreResult<()> {
-    if let Some(days) = retention_days {
-        duties::retention_pass(&state.store, namespace, days, duties::RetentionScope::Oldest(RETENTION_BATCH), now).await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

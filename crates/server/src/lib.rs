@@ -17,6 +17,7 @@ pub mod error;
 pub mod fuzzing;
 mod history_cache;
 mod history_export;
+mod housekeeping;
 mod hub;
 pub mod integrity;
 mod long_poll;
@@ -296,6 +297,7 @@ pub async fn serve<S: Store>(
         .map_err(|e| std::io::Error::other(format!("task queue limits from the configuration: {e}")))?;
     let clock = tokio::spawn(clock::run(state.clone()));
     let batch_runner = tokio::spawn(batch_runner::run(state.clone()));
+    let housekeeping = tokio::spawn(housekeeping::run(state.clone()));
     let scheduler = tokio::spawn(scheduler::run(state.clone()));
     let give_back = tokio::spawn(long_poll::give_back_undelivered(state.clone()));
     let executor = (!state.config.atomic_actions.is_empty()).then(|| tokio::spawn(atomic::run(state.clone())));
@@ -334,6 +336,7 @@ pub async fn serve<S: Store>(
     };
     clock.abort();
     batch_runner.abort();
+    housekeeping.abort();
     scheduler.abort();
     give_back.abort();
     for task in [executor, credentials].into_iter().flatten() {
