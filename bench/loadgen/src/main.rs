@@ -8,6 +8,7 @@ mod avro;
 mod matching;
 mod overload;
 mod proc_stats;
+mod scale;
 
 use clap::{Parser, ValueEnum};
 use reqwest::Client;
@@ -41,6 +42,9 @@ enum Workload {
     Priority,
     /// A backlog drained under --rate-limit and/or --max-leased, by workers on every --node.
     Limits,
+    /// W1 up to each of --checkpoints (10k, 100k, 1M): per stretch wf/s, bytes per closed run,
+    /// RSS, list/count/filter latency; then with --retention-seconds, retention under that load.
+    Scale,
     /// Starts offered at --overload-multiple times what the machine sustains, for --seconds:
     /// refusals, the admitted starts' latency against the unloaded one, memory, recovery, and
     /// `capstan verify` against the acknowledged starts. Spawns its own servers (--spawn).
@@ -115,6 +119,12 @@ struct Args {
     /// Matching workloads: more nodes of the same cluster; workers poll every node in turn.
     #[arg(long)]
     node: Vec<String>,
+    /// `scale`: the run totals to measure at.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    checkpoints: Vec<usize>,
+    /// `scale`: seconds of steady load with a retention after the last checkpoint (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    retention_seconds: f64,
 }
 
 const WORKER_HEADERS: [(&str, &str); 2] = [("X-Durable-Workflow-Protocol-Version", "1.20"), ("X-Namespace", "default")];
@@ -227,7 +237,13 @@ fn decide(workload: Workload, steps: usize, task: &Value, events: &[Value]) -> V
             commands.push(json!({"type": "complete_workflow", "result": input}));
             commands
         }
-        Workload::IdlePolls | Workload::Open | Workload::Fairness | Workload::Priority | Workload::Limits | Workload::Overload => vec![],
+        Workload::IdlePolls
+        | Workload::Open
+        | Workload::Fairness
+        | Workload::Priority
+        | Workload::Limits
+        | Workload::Overload
+        | Workload::Scale => vec![],
     }
 }
 
@@ -499,6 +515,23 @@ async fn main() {
             _ => matching::limits(&setup).await,
         };
         println!("{report}");
+        return;
+    }
+
+    if args.workload == Workload::Scale {
+        let setup = scale::Setup {
+            load: scale::Load {
+                api: api.clone(),
+                queue: queue.clone(),
+                concurrency: args.concurrency,
+            },
+            database: scale::Database::of(spawned.as_ref().map(|s| s.data_dir()), args.server_args.as_deref()),
+            checkpoints: args.checkpoints.clone(),
+            workers: args.workers,
+            payload_bytes: args.payload_bytes,
+            retention_seconds: args.retention_seconds,
+        };
+        println!("{}", scale::run(setup, spawned.as_ref()).await);
         return;
     }
 

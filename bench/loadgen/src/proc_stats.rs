@@ -52,6 +52,11 @@ impl SpawnedServer {
     }
 
     /// Stops the server (SIGKILL: what it acknowledged must be on disk already).
+    /// The server's data directory.
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.data.path().to_path_buf()
+    }
+
     pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -5,7 +5,8 @@
 //! A pass drains: it removes expired instances a batch (one transaction) at a time until none is
 //! left, so retention keeps pace with however many runs close; a pass that runs out of its time
 //! budget is followed by the next one at once. Small batches keep each write short (on SQLite the
-//! writer is shared with every other transaction).
+//! writer is shared with every other transaction), and each is followed by a pause as long as it
+//! took, so a drain takes at most about half of the writer.
 
 use crate::AppState;
 use capstan_app::duties::{self, RetentionScope};
@@ -62,6 +63,7 @@ async fn drain<S: Store>(state: &AppState<S>, namespace: &str, days: i64, began:
     let mut removed = 0;
     let drained = loop {
         let scope = RetentionScope::Oldest(RETENTION_BATCH);
+        let batch_began = Instant::now();
         let expired = duties::retention_pass(&state.store, namespace, days, scope, state.now()).await?;
         removed += expired.len();
         if expired.len() < RETENTION_BATCH {
@@ -70,6 +72,9 @@ async fn drain<S: Store>(state: &AppState<S>, namespace: &str, days: i64, began:
         if began.elapsed() >= PASS_BUDGET {
             break false;
         }
+        // As long again for everyone else: a drain holds the database's writer about half the
+        // time at most, so the load it runs under slows rather than stalls.
+        tokio::time::sleep(batch_began.elapsed()).await;
     };
     if removed > 0 {
         tracing::info!(

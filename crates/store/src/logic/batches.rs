@@ -174,7 +174,20 @@ pub(crate) async fn advance_deleting<T: Tx>(tx: &mut T, step: &BatchStep, now: M
             .with("workflow_id", deletion.workflow_id.as_str())
             .into());
         }
-        super::duties::remove_instance(tx, &deletion.workflow_id, &deletion.namespace).await?;
+    }
+    for namespace in deletions
+        .iter()
+        .map(|d| d.namespace.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let ids: Vec<String> = deletions
+            .iter()
+            .filter(|d| d.namespace == namespace)
+            .map(|d| d.workflow_id.clone())
+            .collect();
+        super::duties::remove_instances(tx, namespace, &ids).await?;
+    }
+    for deletion in deletions {
         super::audit::record_audit(tx, deletion).await?;
     }
     Ok(())

@@ -5,24 +5,33 @@ use super::run_counts;
 use crate::tx::{args, locking, Locking, Param, Tx};
 use crate::*;
 
-const LOCK_EXPIRED_INSTANCE: Locking = locking!(
-    "SELECT 1 FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
-     WHERE i.workflow_id = $1 AND i.namespace = $2 AND r.closed_at IS NOT NULL AND r.closed_at < $3",
+/// The instances among `{ids}` whose current run closed before `$2`, locked.
+const LOCK_EXPIRED_INSTANCES: Locking = locking!(
+    "SELECT i.workflow_id FROM workflow_instances i JOIN runs r ON r.run_id = i.current_run_id
+     WHERE i.namespace = $1 AND r.closed_at IS NOT NULL AND r.closed_at < $2 AND i.workflow_id IN ({ids})",
     "FOR UPDATE OF i"
 );
-/// What removing an instance deletes, children first.
-const REMOVE_INSTANCE: [&str; 10] = [
-    "DELETE FROM audit_events WHERE workflow_id = $1 AND namespace = $2",
-    "DELETE FROM external_payload_uses WHERE workflow_id = $1 AND namespace = $2",
-    "DELETE FROM workflow_stream_items WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
-    "DELETE FROM workflow_streams WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
-    "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
-    "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
-    "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id = $1 AND namespace = $2)",
-    "DELETE FROM runs WHERE workflow_id = $1 AND namespace = $2",
-    "DELETE FROM command_requests WHERE workflow_id = $1 AND namespace = $2",
-    "DELETE FROM workflow_instances WHERE workflow_id = $1 AND namespace = $2",
+/// What removing instances deletes, children first: one statement per table for a whole batch
+/// (`{ids}`: the workflow ids from `$2` on; `$1`: the namespace).
+const REMOVE_INSTANCES: [&str; 10] = [
+    "DELETE FROM audit_events WHERE namespace = $1 AND workflow_id IN ({ids})",
+    "DELETE FROM external_payload_uses WHERE namespace = $1 AND workflow_id IN ({ids})",
+    "DELETE FROM workflow_stream_items WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
+    "DELETE FROM workflow_streams WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
+    "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
+    "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
+    "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
+    "DELETE FROM runs WHERE namespace = $1 AND workflow_id IN ({ids})",
+    "DELETE FROM command_requests WHERE namespace = $1 AND workflow_id IN ({ids})",
+    "DELETE FROM workflow_instances WHERE namespace = $1 AND workflow_id IN ({ids})",
 ];
+/// Instances removed by one set of statements.
+const REMOVE_CHUNK: usize = 100;
+
+/// `$first, $first+1, …`: one placeholder per id.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
+}
 
 /// When the next duty can be taken: a task's deadline, or, while a node's claim on it is
 /// live, the claim's expiry (a due task another node holds, or one whose run was locked, is not
@@ -57,37 +66,52 @@ pub(crate) async fn expired_instances<T: Tx>(
 }
 
 /// Removes the instances still expired at `cutoff` (a run started since keeps its instance);
-/// the instance row lock keeps a concurrent start of the id out while it goes.
+/// the instances' row locks keep a concurrent start of an id out while they go.
 pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow_ids: &[String], cutoff: Millis) -> StoreResult<usize> {
     let mut pruned = 0;
-    for workflow_id in workflow_ids {
-        let sql = LOCK_EXPIRED_INSTANCE.sql(tx.dialect());
-        if tx.query_opt(sql, &args![workflow_id, namespace, cutoff]).await?.is_none() {
-            continue;
-        }
-        remove_instance(tx, workflow_id, namespace).await?;
-        pruned += 1;
+    for chunk in workflow_ids.chunks(REMOVE_CHUNK) {
+        let sql = LOCK_EXPIRED_INSTANCES
+            .sql(tx.dialect())
+            .replace("{ids}", &placeholders(3, chunk.len()));
+        let mut params: Vec<Param> = vec![namespace.into(), cutoff.into()];
+        params.extend(chunk.iter().map(Param::from));
+        let expired: Vec<String> = tx
+            .query(&sql, &params)
+            .await?
+            .iter()
+            .map(|r| r.text(0))
+            .collect::<StoreResult<_>>()?;
+        remove_instances(tx, namespace, &expired).await?;
+        pruned += expired.len();
     }
     Ok(pruned)
 }
 
-/// Deletes an instance: its runs, what hangs off them, and their share of the kept counts. The
-/// caller holds the instance's row lock (a start of the same id waits, then makes a new one).
-pub(crate) async fn remove_instance<T: Tx>(tx: &mut T, workflow_id: &str, namespace: &str) -> StoreResult<()> {
-    uncount_instance(tx, workflow_id, namespace).await?;
-    for sql in REMOVE_INSTANCE {
-        tx.execute(sql, &args![workflow_id, namespace]).await?;
+/// Deletes instances: their runs, what hangs off them, and their share of the kept counts, one
+/// statement per table for each hundred. The caller holds the instances' row locks (a start of
+/// one of the ids waits, then makes a new instance).
+pub(crate) async fn remove_instances<T: Tx>(tx: &mut T, namespace: &str, workflow_ids: &[String]) -> StoreResult<()> {
+    for chunk in workflow_ids.chunks(REMOVE_CHUNK) {
+        let ids = placeholders(2, chunk.len());
+        let mut params: Vec<Param> = vec![namespace.into()];
+        params.extend(chunk.iter().map(Param::from));
+        uncount_instances(tx, namespace, &ids, &params).await?;
+        for template in REMOVE_INSTANCES {
+            tx.execute(&template.replace("{ids}", &ids), &params).await?;
+        }
     }
     Ok(())
 }
 
-/// Takes an instance's runs out of the kept counts, before they are removed.
-async fn uncount_instance<T: Tx>(tx: &mut T, workflow_id: &str, namespace: &str) -> StoreResult<()> {
-    let sql =
+/// Takes instances' runs out of the kept counts, before they are removed (`ids` and `params`
+/// as [`remove_instances`] binds them).
+async fn uncount_instances<T: Tx>(tx: &mut T, namespace: &str, ids: &str, params: &[Param<'_>]) -> StoreResult<()> {
+    let sql = format!(
         "SELECT r.workflow_type, r.task_queue, r.run_id, r.status, CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END, r.paused_at
-               FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
-               WHERE r.workflow_id = $1 AND r.namespace = $2";
-    for row in tx.query(sql, &args![workflow_id, namespace]).await? {
+         FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
+         WHERE r.namespace = $1 AND r.workflow_id IN ({ids})"
+    );
+    for row in tx.query(&sql, params).await? {
         let run = run_counts::Counted {
             namespace,
             workflow_type: row.str(0)?,
