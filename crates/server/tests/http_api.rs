@@ -1871,6 +1871,7 @@ async fn list_filters_and_pages() {
     );
     let counts = h.cget("/api/workflow-counts?query=list-&status=completed").await.ok(200);
     assert_eq!((&counts["running"], &counts["failed"]), (&json!(2), &json!(1)));
+    assert_eq!(counts["exact"], true, "within the bound a filtered count is exact");
     // The unfiltered counts above are kept in the transactions; they match a full count.
     let check = h.cget("/api/system/run-counts").await.ok(200);
     assert_eq!((&check["exact"], &check["drift"]), (&json!(true), &json!([])), "{check}");

@@ -404,7 +404,10 @@ async function workflowsPage(params) {
     h("a", { href: "#/workflows" }, "Clear"));
   const tabs = h("div", { class: "tabs", role: "navigation", "aria-label": "Status buckets" },
     [["", "All", counts.total], ["running", "Running", counts.running], ["paused", "Paused", counts.paused], ["completed", "Completed", counts.completed], ["failed", "Failed", counts.failed]]
-      .map(([status, label, count]) => h("a", { href: link({ status }), "aria-current": String(status === filters.status) }, `${label} (${count})`)));
+      // A count the filter made too long to finish is a lower bound: "10001+".
+      .map(([status, label, count]) => h("a", { href: link({ status }), "aria-current": String(status === filters.status),
+        title: counts.exact === false ? "at least: the filter matched more runs than a count goes through" : null },
+        `${label} (${count}${counts.exact === false ? "+" : ""})`)));
   const rows = listed.workflows || [];
   const pager = h("div", { class: "pager" },
     token ? h("a", { href: link({}) }, "First page") : null,

@@ -925,7 +925,13 @@ pub struct ListFilter {
     /// Only runs started at or before this time (a batch operation visits the runs there were
     /// when it was created).
     pub started_at_most: Option<Millis>,
+    /// A count the kept counts cannot answer stops after this many matching runs (`None`:
+    /// [`COUNT_SCAN_MAX`]); its figures are then lower bounds (`RunCounts::at_least`).
+    pub count_at_most: Option<u64>,
 }
+
+/// Runs a count under a filter the kept counts cannot answer goes through at most.
+pub const COUNT_SCAN_MAX: u64 = 10_000;
 
 /// The last row of a listing page: the next page starts after `(started_at, run_id)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -943,6 +949,8 @@ pub struct RunCounts {
     pub failed: u64,
     /// Open runs an operator holds (counted in `running` too).
     pub paused: u64,
+    /// More runs matched than a count goes through: each figure is a lower bound.
+    pub at_least: bool,
 }
 
 /// A task whose deadline has passed, claimed by one node's background clock under a duty fence.

@@ -70,8 +70,10 @@ pub(crate) fn compile(filter: &Filter, runs: &str, params: &mut Vec<SqlParam>, m
                 Operand::Text(text) => ("value", push(SqlParam::Text(text.clone()), params)),
                 Operand::Number(number) => ("num", push(SqlParam::Number(*number), params)),
             };
+            // The runs the attribute index names, not a probe of the index per run: a count or
+            // a selective filter then reads the matches, not every run.
             format!(
-                "EXISTS (SELECT 1 FROM search_attribute_index s WHERE s.run_id = {runs}run_id AND s.key = {key} AND s.{column} {} {p})",
+                "{runs}run_id IN (SELECT s.run_id FROM search_attribute_index s WHERE s.key = {key} AND s.{column} {} {p})",
                 op.sql()
             )
         }

@@ -279,6 +279,9 @@ pub async fn counts<S: Store>(
         "failed": counts.failed,
         "paused": counts.paused,
         "total": counts.running + counts.completed + counts.failed,
+        // false: the filter matched more runs than a count goes through (`COUNT_SCAN_MAX`),
+        // and each figure is a lower bound.
+        "exact": !counts.at_least,
     })))
 }
 

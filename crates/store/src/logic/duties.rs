@@ -12,18 +12,42 @@ const LOCK_EXPIRED_INSTANCES: Locking = locking!(
     "FOR UPDATE OF i"
 );
 /// What removing instances deletes, children first: one statement per table for a whole batch
-/// (`{ids}`: the workflow ids from `$2` on; `$1`: the namespace).
-const REMOVE_INSTANCES: [&str; 10] = [
-    "DELETE FROM audit_events WHERE namespace = $1 AND workflow_id IN ({ids})",
-    "DELETE FROM external_payload_uses WHERE namespace = $1 AND workflow_id IN ({ids})",
-    "DELETE FROM workflow_stream_items WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
-    "DELETE FROM workflow_streams WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
-    "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
-    "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
-    "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE namespace = $1 AND workflow_id IN ({ids}))",
-    "DELETE FROM runs WHERE namespace = $1 AND workflow_id IN ({ids})",
-    "DELETE FROM command_requests WHERE namespace = $1 AND workflow_id IN ({ids})",
-    "DELETE FROM workflow_instances WHERE namespace = $1 AND workflow_id IN ({ids})",
+/// (`{ids}`: the workflow ids). A statement marked `true` also binds the namespace as `$1`, the
+/// ids then from `$2`. Runs are found by workflow id alone: ids are unique across namespaces,
+/// and a namespace condition beside it would lead the planner to `runs_by_namespace`, a scan of
+/// every run of the namespace.
+const REMOVE_INSTANCES: [(&str, bool); 10] = [
+    ("DELETE FROM audit_events WHERE namespace = $1 AND workflow_id IN ({ids})", true),
+    (
+        "DELETE FROM external_payload_uses WHERE namespace = $1 AND workflow_id IN ({ids})",
+        true,
+    ),
+    (
+        "DELETE FROM workflow_stream_items WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id IN ({ids}))",
+        false,
+    ),
+    (
+        "DELETE FROM workflow_streams WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id IN ({ids}))",
+        false,
+    ),
+    (
+        "DELETE FROM history_events WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id IN ({ids}))",
+        false,
+    ),
+    (
+        "DELETE FROM tasks WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id IN ({ids}))",
+        false,
+    ),
+    (
+        "DELETE FROM search_attribute_index WHERE run_id IN (SELECT run_id FROM runs WHERE workflow_id IN ({ids}))",
+        false,
+    ),
+    ("DELETE FROM runs WHERE workflow_id IN ({ids})", false),
+    ("DELETE FROM command_requests WHERE namespace = $1 AND workflow_id IN ({ids})", true),
+    (
+        "DELETE FROM workflow_instances WHERE namespace = $1 AND workflow_id IN ({ids})",
+        true,
+    ),
 ];
 /// Instances removed by one set of statements.
 const REMOVE_CHUNK: usize = 100;
@@ -59,7 +83,10 @@ pub(crate) async fn expired_instances<T: Tx>(
     cutoff: Millis,
     limit: usize,
 ) -> StoreResult<Vec<(String, String, Millis)>> {
-    let sql = "SELECT i.workflow_id, r.run_id, r.closed_at FROM runs r JOIN workflow_instances i ON i.current_run_id = r.run_id
+    // Joined by the instance's key too: by `current_run_id` alone it is a scan of every instance
+    // per expired run.
+    let sql = "SELECT i.workflow_id, r.run_id, r.closed_at FROM runs r
+               JOIN workflow_instances i ON i.workflow_id = r.workflow_id AND i.current_run_id = r.run_id
                WHERE r.namespace = $1 AND r.closed_at IS NOT NULL AND r.closed_at < $2 ORDER BY r.closed_at LIMIT $3";
     let rows = tx.query(sql, &args![namespace, cutoff, limit as i64]).await?;
     rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)?))).collect()
@@ -92,24 +119,25 @@ pub(crate) async fn prune_instances<T: Tx>(tx: &mut T, namespace: &str, workflow
 /// one of the ids waits, then makes a new instance).
 pub(crate) async fn remove_instances<T: Tx>(tx: &mut T, namespace: &str, workflow_ids: &[String]) -> StoreResult<()> {
     for chunk in workflow_ids.chunks(REMOVE_CHUNK) {
-        let ids = placeholders(2, chunk.len());
-        let mut params: Vec<Param> = vec![namespace.into()];
-        params.extend(chunk.iter().map(Param::from));
-        uncount_instances(tx, namespace, &ids, &params).await?;
-        for template in REMOVE_INSTANCES {
-            tx.execute(&template.replace("{ids}", &ids), &params).await?;
+        let ids: Vec<Param> = chunk.iter().map(Param::from).collect();
+        let scoped: Vec<Param> = std::iter::once(namespace.into()).chain(ids.iter().cloned()).collect();
+        uncount_instances(tx, namespace, &placeholders(1, chunk.len()), &ids).await?;
+        for (template, namespaced) in REMOVE_INSTANCES {
+            let (first, params) = if namespaced { (2, &scoped) } else { (1, &ids) };
+            tx.execute(&template.replace("{ids}", &placeholders(first, chunk.len())), params)
+                .await?;
         }
     }
     Ok(())
 }
 
-/// Takes instances' runs out of the kept counts, before they are removed (`ids` and `params`
-/// as [`remove_instances`] binds them).
+/// Takes instances' runs out of the kept counts, before they are removed (`ids`: the
+/// placeholders of the workflow ids `params` binds).
 async fn uncount_instances<T: Tx>(tx: &mut T, namespace: &str, ids: &str, params: &[Param<'_>]) -> StoreResult<()> {
     let sql = format!(
         "SELECT r.workflow_type, r.task_queue, r.run_id, r.status, CASE WHEN i.current_run_id = r.run_id THEN 1 ELSE 0 END, r.paused_at
          FROM runs r LEFT JOIN workflow_instances i ON i.workflow_id = r.workflow_id
-         WHERE r.namespace = $1 AND r.workflow_id IN ({ids})"
+         WHERE r.workflow_id IN ({ids})"
     );
     for row in tx.query(&sql, params).await? {
         let run = run_counts::Counted {

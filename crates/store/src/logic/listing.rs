@@ -179,16 +179,24 @@ pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &List
     }
     let dialect = CurrentRuns::of(tx.dialect());
     let mut binds = Binds(Vec::new());
+    // Bounded: a filter matching a million runs would otherwise read them all on every count.
+    let at_most = filter.count_at_most.unwrap_or(COUNT_SCAN_MAX);
     let sql = format!(
-        "SELECT r.status, CASE WHEN r.paused_at IS NULL THEN NULL ELSE 1 END, COUNT(*) FROM {} WHERE {} GROUP BY 1, 2",
+        "SELECT status, paused, COUNT(*) FROM (SELECT r.status AS status, CASE WHEN r.paused_at IS NULL THEN NULL ELSE 1 END AS paused
+         FROM {} WHERE {} LIMIT {}) matched GROUP BY 1, 2",
         dialect.count_from,
-        conditions(namespace, filter, false, dialect.like_escape, &mut binds)
+        conditions(namespace, filter, false, dialect.like_escape, &mut binds),
+        at_most + 1
     );
     let mut counts = RunCounts::default();
+    let mut seen = 0;
     for row in tx.query(&sql, &binds.params()).await? {
         let class = super::run_counts::class_of_row(row.str(0)?, row.opt_int(1)?);
-        count_into(&mut counts, class, row.int(2)? as u64);
+        let n = row.int(2)? as u64;
+        count_into(&mut counts, class, n);
+        seen += n;
     }
+    counts.at_least = seen > at_most;
     Ok(counts)
 }
 
@@ -206,6 +214,7 @@ fn kept_counts_answer(filter: &ListFilter) -> bool {
         business_key,
         filter,
         started_at_most,
+        count_at_most: _,
     } = filter;
     query.is_none()
         && attributes.is_empty()

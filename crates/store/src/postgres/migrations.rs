@@ -648,4 +648,12 @@ CREATE INDEX batch_operations_listed ON batch_operations (namespace, created_at)
 CREATE INDEX batch_operations_due ON batch_operations (next_step_at) WHERE state = 'running';
 "#,
     ),
+    (
+        36,
+        r#"
+-- A removed instance's tasks are found by their run (retention, a delete batch), not by a scan
+-- of every task (MySQL has had this index from the start).
+CREATE INDEX tasks_by_run ON tasks (run_id);
+"#,
+    ),
 ];

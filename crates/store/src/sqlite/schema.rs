@@ -648,6 +648,14 @@ CREATE INDEX batch_operations_listed ON batch_operations (namespace, created_at)
 CREATE INDEX batch_operations_due ON batch_operations (next_step_at) WHERE state = 'running';
 "#,
     ),
+    (
+        35,
+        r#"
+-- A removed instance's tasks are found by their run (retention, a delete batch), not by a scan
+-- of every task (MySQL has had this index from the start).
+CREATE INDEX tasks_by_run ON tasks (run_id);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that

@@ -1433,9 +1433,21 @@ pub async fn listing_filters_and_pages<S: Store>(store: S) {
             completed: 0,
             failed: 1,
             paused: 0,
+            at_least: false,
         }
     );
     assert_eq!(store.count_runs("default", by_queue).await.unwrap().running, 1);
+    // A count the kept counts cannot answer stops after so many runs, and says so.
+    let up_to = |at_most: u64| ListFilter {
+        query: Some("list-".into()),
+        count_at_most: Some(at_most),
+        ..Default::default()
+    };
+    let bounded = store.count_runs("default", up_to(2)).await.unwrap();
+    assert!(bounded.at_least, "{bounded:?}");
+    assert_eq!(bounded.running + bounded.failed, 3, "the bound and one more, to know it was passed");
+    let whole = store.count_runs("default", up_to(5)).await.unwrap();
+    assert_eq!((whole.running + whole.failed, whole.at_least), (5, false));
     let failed_only = ListFilter {
         status_bucket: Some("failed".into()),
         ..Default::default()

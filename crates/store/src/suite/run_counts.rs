@@ -27,6 +27,7 @@ fn counts(running: u64, completed: u64, failed: u64) -> RunCounts {
         completed,
         failed,
         paused: 0,
+        at_least: false,
     }
 }
 
