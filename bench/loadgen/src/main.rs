@@ -548,17 +548,7 @@ async fn main() {
     if args.workload == Workload::Open {
         let input = avro::argument_list_of_string(&"x".repeat(args.payload_bytes));
         let rss_idle = spawned.as_ref().map(|s| s.current_rss_mib());
-        // The listing filter below uses a keyword attribute; attributes are typed and defined
-        // per namespace (an existing definition is fine).
-        let (status, body) = api
-            .control(
-                reqwest::Method::POST,
-                "/search-attributes",
-                Some(json!({"name": "Bucket", "type": "keyword"})),
-            )
-            .await
-            .expect("define Bucket");
-        assert!(status == 201 || status == 200 || status == 409, "defining Bucket failed: {body}");
+        define_bucket(&api).await;
         let begin = Instant::now();
         let gate = Arc::new(Semaphore::new(args.concurrency));
         let mut starts = Vec::new();
@@ -755,6 +745,17 @@ async fn main() {
     if problems > 0 || completed as usize != args.workflows {
         std::process::exit(1);
     }
+}
+
+/// Defines the keyword attribute `Bucket` the listing filters use (attributes are typed and
+/// defined per namespace; an existing definition is fine).
+async fn define_bucket(api: &Api) {
+    let definition = json!({"name": "Bucket", "type": "keyword"});
+    let (status, body) = api
+        .control(reqwest::Method::POST, "/search-attributes", Some(definition))
+        .await
+        .expect("define Bucket");
+    assert!(matches!(status, 200 | 201 | 409), "defining Bucket failed: {body}");
 }
 
 /// Percent-encodes a query value (page tokens are base64: `+`, `/` and `=` need it).

@@ -164,15 +164,7 @@ async fn closed_runs(api: &Api) -> u64 {
 
 pub async fn run(setup: Setup, spawned: Option<&crate::proc_stats::SpawnedServer>) -> Value {
     let api = setup.load.api.clone();
-    let (status, body) = api
-        .control(
-            reqwest::Method::POST,
-            "/search-attributes",
-            Some(json!({"name": "Bucket", "type": "keyword"})),
-        )
-        .await
-        .expect("define Bucket");
-    assert!(matches!(status, 200 | 201 | 409), "defining Bucket failed: {body}");
+    crate::define_bucket(&api).await;
     let payload = "x".repeat(setup.payload_bytes);
     let input = avro::argument_list_of_string(&payload);
     let ledger = Arc::new(Ledger {

@@ -175,17 +175,10 @@ pub(crate) async fn advance_deleting<T: Tx>(tx: &mut T, step: &BatchStep, now: M
             .into());
         }
     }
-    for namespace in deletions
-        .iter()
-        .map(|d| d.namespace.as_str())
-        .collect::<std::collections::BTreeSet<_>>()
-    {
-        let ids: Vec<String> = deletions
-            .iter()
-            .filter(|d| d.namespace == namespace)
-            .map(|d| d.workflow_id.clone())
-            .collect();
-        super::duties::remove_instances(tx, namespace, &ids).await?;
+    // A step's deletions are all in its batch's namespace.
+    if let Some(first) = deletions.first() {
+        let ids: Vec<String> = deletions.iter().map(|d| d.workflow_id.clone()).collect();
+        super::duties::remove_instances(tx, &first.namespace, &ids).await?;
     }
     for deletion in deletions {
         super::audit::record_audit(tx, deletion).await?;
