@@ -172,6 +172,21 @@ pub enum Filter {
     In { field: Field, values: Vec<Operand> },
 }
 
+impl Filter {
+    /// Whether every run this filter selects has a row in the search-attribute index that one
+    /// of its comparisons names: then the index's matches can drive the search instead of a
+    /// walk over every run. `!=` and `NOT` match runs without the attribute, so they do not.
+    pub fn requires_attribute(&self) -> bool {
+        match self {
+            Filter::And(parts) => parts.iter().any(Filter::requires_attribute),
+            Filter::Or(parts) => !parts.is_empty() && parts.iter().all(Filter::requires_attribute),
+            Filter::Not(_) => false,
+            Filter::Compare { field, op, .. } => matches!(field, Field::Custom { .. }) && *op != Op::Ne,
+            Filter::In { field, .. } => matches!(field, Field::Custom { .. }),
+        }
+    }
+}
+
 /// A query the grammar or the schema refuses: `reason` is the DW-style error reason.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueryError {
@@ -572,6 +587,22 @@ mod tests {
         );
         let grouped = parse_filter(r#"(Tier = 'a' OR Tier = 'b') AND WorkflowType = "t""#, &schema()).unwrap();
         assert!(matches!(grouped, Filter::And(ref parts) if matches!(parts[0], Filter::Or(_))));
+    }
+
+    #[test]
+    fn only_filters_every_match_of_which_is_indexed_require_an_attribute() {
+        let requires = |q: &str| parse_filter(q, &schema()).unwrap().requires_attribute();
+        assert!(requires(r#"Tier = "gold""#));
+        assert!(requires(r#"Amount >= 10 AND WorkflowType = "t""#));
+        assert!(requires(r#"Tier = "a" OR Amount > 3"#));
+        assert!(requires(r#"Tier IN ("a", "b")"#));
+        assert!(!requires(r#"Tier != "gold""#), "a run without Tier matches");
+        assert!(!requires(r#"NOT Tier = "gold""#));
+        assert!(
+            !requires(r#"Tier = "a" OR WorkflowType = "t""#),
+            "a run matching the type needs no Tier"
+        );
+        assert!(!requires(r#"WorkflowType = "t""#));
     }
 
     #[test]

@@ -40,44 +40,76 @@ impl Binds {
     }
 }
 
-/// How a dialect reaches the current run of each instance (`runs r`, `workflow_instances i`).
+/// How a dialect reaches the current run of each instance (`runs r`, `workflow_instances i`)
+/// for one statement.
 struct CurrentRuns {
-    /// The FROM clause of a page of runs, and the condition that keeps current runs only.
-    list_from: &'static str,
-    list_current: &'static str,
-    /// The FROM clause of a count by status.
-    count_from: &'static str,
+    /// The FROM clause, and the condition that keeps current runs only.
+    from: &'static str,
+    current: &'static str,
+    /// The namespace column as the condition names it.
+    namespace: &'static str,
     /// What follows a LIKE pattern (a backslash escapes `%` and `_` in it).
     like_escape: &'static str,
 }
 
+/// PostgreSQL and MySQL join each run to its instance by the instance's key (and check it is
+/// the current run): the planner may then look instances up, not scan them.
+const JOINED: CurrentRuns = CurrentRuns {
+    from: "runs r JOIN workflow_instances i ON i.workflow_id = r.workflow_id AND i.current_run_id = r.run_id",
+    current: "",
+    namespace: "r.namespace",
+    // Backslash is LIKE's default escape on PostgreSQL and MySQL.
+    like_escape: "",
+};
+
+/// SQLite walks runs (newest first, by the namespace index) and checks each is current (a
+/// primary-key lookup). Its LIKE has no escape character unless told.
+const SQLITE_WALK: CurrentRuns = CurrentRuns {
+    from: "runs r",
+    current: " AND r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)",
+    namespace: "r.namespace",
+    like_escape: " ESCAPE '\\'",
+};
+
 impl CurrentRuns {
-    fn of(dialect: Dialect) -> Self {
+    /// For a page of runs.
+    fn list(dialect: Dialect) -> Self {
         match dialect {
-            // SQLite walks runs newest first and checks each is current (a primary-key
-            // lookup); counts go from the instances to their current runs. SQLite's LIKE has
-            // no escape character unless told.
+            Dialect::Sqlite => SQLITE_WALK,
+            Dialect::Postgres | Dialect::Mysql => JOINED,
+        }
+    }
+
+    /// For a count under `filter`. SQLite counts from the instances to their current runs;
+    /// but when every match is in the attribute index, from the runs the index names: the
+    /// namespace is then written `+r.namespace`, which keeps SQLite's planner (without
+    /// statistics) off the namespace index, a walk of every run.
+    fn count(dialect: Dialect, filter: &ListFilter) -> Self {
+        match dialect {
+            Dialect::Sqlite if requires_attribute(filter) => CurrentRuns {
+                namespace: "+r.namespace",
+                ..SQLITE_WALK
+            },
             Dialect::Sqlite => CurrentRuns {
-                list_from: "runs r",
-                list_current: " AND r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)",
-                count_from: "workflow_instances i JOIN runs r ON r.run_id = i.current_run_id",
-                like_escape: " ESCAPE '\\'",
+                from: "workflow_instances i JOIN runs r ON r.run_id = i.current_run_id",
+                current: "",
+                ..SQLITE_WALK
             },
-            // Backslash is LIKE's default escape on PostgreSQL and MySQL.
-            Dialect::Postgres | Dialect::Mysql => CurrentRuns {
-                list_from: "runs r JOIN workflow_instances i ON i.current_run_id = r.run_id",
-                list_current: "",
-                count_from: "runs r JOIN workflow_instances i ON i.current_run_id = r.run_id",
-                like_escape: "",
-            },
+            Dialect::Postgres | Dialect::Mysql => JOINED,
         }
     }
 }
 
+/// Whether every run `filter` selects has a row in the attribute index it names.
+fn requires_attribute(filter: &ListFilter) -> bool {
+    !filter.attributes.is_empty() || filter.filter.as_ref().is_some_and(|parsed| parsed.requires_attribute())
+}
+
 /// The WHERE conditions of a listing over `runs r` joined to the current run of each instance.
 /// The status bucket is left out for counts.
-fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, like_escape: &str, binds: &mut Binds) -> String {
-    let mut sql = format!("r.namespace = {}", binds.push(Bound::Text(namespace.to_string())));
+fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, runs: &CurrentRuns, binds: &mut Binds) -> String {
+    let like_escape = runs.like_escape;
+    let mut sql = format!("{} = {}", runs.namespace, binds.push(Bound::Text(namespace.to_string())));
     for (column, value) in [
         ("workflow_type", &filter.workflow_type),
         ("task_queue", &filter.task_queue),
@@ -135,13 +167,13 @@ pub(crate) async fn list_runs<T: Tx>(
     offset: usize,
     limit: usize,
 ) -> StoreResult<(Vec<RunSummary>, bool)> {
-    let dialect = CurrentRuns::of(tx.dialect());
+    let runs = CurrentRuns::list(tx.dialect());
     let mut binds = Binds(Vec::new());
     let mut sql = format!(
         "SELECT r.state FROM {} WHERE {}{}",
-        dialect.list_from,
-        conditions(namespace, filter, true, dialect.like_escape, &mut binds),
-        dialect.list_current,
+        runs.from,
+        conditions(namespace, filter, true, &runs, &mut binds),
+        runs.current,
     );
     if let Some(after) = &filter.after {
         let started = binds.push(Bound::Int(after.started_at));
@@ -177,15 +209,16 @@ pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &List
         }
         return Ok(counts);
     }
-    let dialect = CurrentRuns::of(tx.dialect());
+    let runs = CurrentRuns::count(tx.dialect(), filter);
     let mut binds = Binds(Vec::new());
     // Bounded: a filter matching a million runs would otherwise read them all on every count.
     let at_most = filter.count_at_most.unwrap_or(COUNT_SCAN_MAX);
     let sql = format!(
         "SELECT status, paused, COUNT(*) FROM (SELECT r.status AS status, CASE WHEN r.paused_at IS NULL THEN NULL ELSE 1 END AS paused
-         FROM {} WHERE {} LIMIT {}) matched GROUP BY 1, 2",
-        dialect.count_from,
-        conditions(namespace, filter, false, dialect.like_escape, &mut binds),
+         FROM {} WHERE {}{} LIMIT {}) matched GROUP BY 1, 2",
+        runs.from,
+        conditions(namespace, filter, false, &runs, &mut binds),
+        runs.current,
         at_most + 1
     );
     let mut counts = RunCounts::default();

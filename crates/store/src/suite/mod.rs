@@ -1085,6 +1085,16 @@ pub async fn typed_visibility_filters_select_exactly_the_matching_runs<S: Store>
         start.search_attributes = attributes.as_object().unwrap().clone();
         store.start_workflow(start, DuplicatePolicy::Fail, NOW).await.unwrap();
     }
+    // One instance continues as new: its first run keeps its index rows but is no longer
+    // current, so no listing or count may name it (its successor is current).
+    let continued = WorkflowCommand::ContinueAsNew {
+        arguments: Payload::avro("wwHioz3/VYAiNwwA"),
+        workflow_type: None,
+        queue: None,
+        tags: Default::default(),
+        observability_context: None,
+    };
+    assert!(complete_next(&store, "q", vec![continued]).await.is_closed());
     for (query, expected) in [
         ("Amount > 10", vec!["tv-2", "tv-3"]),
         ("Amount >= 5 AND Amount < 500", vec!["tv-1", "tv-2"]),
@@ -1099,10 +1109,16 @@ pub async fn typed_visibility_filters_select_exactly_the_matching_runs<S: Store>
             filter: Some(parse_filter(query, &schema).unwrap()),
             ..Default::default()
         };
-        let (rows, _) = store.list_runs("default", filter, 0, 50).await.unwrap();
+        let (rows, _) = store.list_runs("default", filter.clone(), 0, 50).await.unwrap();
         let mut ids: Vec<String> = rows.iter().map(|r| r.workflow_id.as_str().to_string()).collect();
         ids.sort();
         assert_eq!(ids, expected, "{query}");
+        let counted = store.count_runs("default", filter).await.unwrap();
+        assert_eq!(
+            (counted.running + counted.completed, counted.at_least),
+            (rows.len() as u64, false),
+            "the count under {query} is of current runs"
+        );
     }
     // Another namespace sees none of them.
     let filter = ListFilter {
