@@ -14,11 +14,12 @@ use crate::{StoreError, StoreResult};
 /// The lowest migration version a binary must know to run against what this binary writes,
 /// per backend (their migrations are numbered apart). Raised by the kept run counts
 /// (`run_counts`: an older binary would change runs without counting them), then by paused
-/// runs (an older binary would dispatch a paused run's tasks).
+/// runs (an older binary would dispatch a paused run's tasks), then by `runs.is_current` (an
+/// older binary would continue a run as new and leave its predecessor listed).
 pub fn schema_floor(dialect: Dialect) -> i64 {
     match dialect {
-        Dialect::Sqlite => 33,
-        Dialect::Postgres | Dialect::Mysql => 34,
+        Dialect::Sqlite | Dialect::Postgres => 37,
+        Dialect::Mysql => 36,
     }
 }
 

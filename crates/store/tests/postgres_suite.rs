@@ -107,7 +107,7 @@ fn sqlite_shape(path: &std::path::Path) -> SchemaShape {
         shape.extend(columns.into_iter().map(|column| format!("{table}.{column}")));
     }
     let indexes: Vec<String> = conn
-        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex_%'")
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex_%' AND name NOT LIKE '%_pkey'")
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
@@ -133,7 +133,8 @@ async fn postgres_shape(schema: &str) -> SchemaShape {
             .iter()
             .map(|r| format!("{}.{}", r.get::<_, String>(0), r.get::<_, String>(1))),
     );
-    // Primary keys are indexes PostgreSQL makes itself (SQLite's are its autoindexes, left out too).
+    // Primary keys are indexes PostgreSQL makes itself (SQLite's are its autoindexes, or a
+    // `_pkey` index where a rowid table keeps its key apart: left out too).
     let indexes = client
         .query(
             "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname NOT LIKE '%_pkey'",

@@ -165,6 +165,98 @@ async fn a_lease_written_around_folds_on_the_history_its_worker_saw() {
     assert!(matches!(folded.detail, TaskDetail::Workflow { history_snapshot, .. } if history_snapshot == seen));
 }
 
+/// The migration that made history a rowid table (36) keeps every event, in order, with its
+/// hash chain, and the key still refuses a second event at one sequence.
+#[tokio::test]
+async fn history_moves_to_an_appended_table_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capstan.db");
+    let mut runs = Vec::new();
+    {
+        let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+        for id in ["moved-1", "moved-2", "moved-3"] {
+            let (_, run) = store
+                .start_workflow(start_request(id, "q"), DuplicatePolicy::Fail, NOW)
+                .await
+                .unwrap();
+            runs.push(run.run_id.clone());
+        }
+    }
+    // As a database from before the migration: history clustered by its key.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE clustered (run_id TEXT NOT NULL, sequence INTEGER NOT NULL, event_id TEXT NOT NULL,
+             event_type TEXT NOT NULL, payload TEXT NOT NULL, workflow_task_id TEXT, workflow_command_id TEXT,
+             recorded_at INTEGER NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
+             PRIMARY KEY (run_id, sequence)) WITHOUT ROWID;
+         INSERT INTO clustered SELECT run_id, sequence, event_id, event_type, payload, workflow_task_id,
+             workflow_command_id, recorded_at, prev_hash, hash FROM history_events;
+         DROP TABLE history_events;
+         ALTER TABLE clustered RENAME TO history_events;
+         DELETE FROM schema_migrations WHERE version = 36;",
+    )
+    .unwrap();
+    let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+    let table: String = conn
+        .query_row("SELECT sql FROM sqlite_master WHERE name = 'history_events'", [], |r| r.get(0))
+        .unwrap();
+    assert!(!table.contains("WITHOUT ROWID"), "{table}");
+    for run_id in &runs {
+        let events = store.stored_history(run_id, 0, u64::MAX, 100).await.unwrap();
+        assert!(events.len() >= 2, "{events:?}");
+        assert!(events.iter().enumerate().all(|(i, e)| e.sequence == i as u64 + 1));
+        assert!(events.windows(2).all(|pair| pair[1].prev_hash == pair[0].hash), "the chain holds");
+    }
+    let second = conn.execute(
+        "INSERT INTO history_events SELECT * FROM history_events WHERE run_id = ?1 AND sequence = 1",
+        [runs[0].as_str()],
+    );
+    assert!(second.is_err(), "one event per (run, sequence)");
+}
+
+/// The migration that marks superseded runs (37) finds them in a database from before it: a
+/// listing and a count then skip them by that mark alone.
+#[tokio::test]
+async fn superseded_runs_are_marked_by_the_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("capstan.db");
+    {
+        let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+        store
+            .start_workflow(start_request("chained", "q"), DuplicatePolicy::Fail, NOW)
+            .await
+            .unwrap();
+    }
+    // As a database from before the migration, with an earlier run of the instance.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE runs DROP COLUMN is_current;
+         INSERT INTO runs (run_id, namespace, workflow_id, run_number, workflow_type, task_queue, status, business_key,
+             started_at, closed_at, state, paused_at)
+         SELECT 'earlier-run', namespace, workflow_id, 0, workflow_type, task_queue, 'completed', business_key,
+             started_at + 1, started_at, state, NULL FROM runs;
+         DELETE FROM schema_migrations WHERE version = 37;",
+    )
+    .unwrap();
+    let store = SqliteStore::open(&path, Limits::default(), NOW).unwrap();
+    let marked: Vec<(String, i64)> = conn
+        .prepare("SELECT run_id, is_current FROM runs ORDER BY run_id = 'earlier-run'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(marked.len(), 2);
+    assert_eq!((marked[0].1, &marked[1].0, marked[1].1), (1, &"earlier-run".to_string(), 0));
+    let (listed, _) = store.list_runs("default", ListFilter::default(), 0, 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let counted = ListFilter {
+        query: Some("chained".into()),
+        ..ListFilter::default()
+    };
+    assert_eq!(store.count_runs("default", counted).await.unwrap().running, 1);
+}
+
 /// The migration that brought kept run counts fills them from the runs already there, and a
 /// count that drifted (written by hand here) is found and rebuilt.
 #[tokio::test]
@@ -190,8 +282,8 @@ async fn kept_run_counts_are_backfilled_and_a_drift_is_found_and_rebuilt() {
     assert!(store.run_count_drift(None).await.unwrap().is_empty());
     let floor: i64 = conn.query_row("SELECT floor FROM schema_floor", [], |r| r.get(0)).unwrap();
     assert_eq!(
-        floor, 33,
-        "binaries that do not count runs (or hold paused runs) may no longer open the file"
+        floor, 37,
+        "binaries that do not count runs (nor hold paused runs, nor mark superseded ones) may no longer open the file"
     );
 
     conn.execute("UPDATE run_counts SET n = n + 5", []).unwrap();

@@ -2,7 +2,7 @@
 //! filtered (type, queue, id, business key, status bucket, substring, search attributes, a
 //! visibility filter), newest first, keyset-paged. Every value is a bind parameter; lists are
 //! spelled out as `IN (…)`, which every dialect has. Where the dialects differ (how SQLite's
-//! planner reaches the current runs fastest, its LIKE escape) [`CurrentRuns`] says so.
+//! planner is kept to the attribute index's matches, its LIKE escape) [`CurrentRuns`] says so.
 
 use crate::rows::*;
 use crate::tx::{Dialect, Param, Tx};
@@ -40,63 +40,41 @@ impl Binds {
     }
 }
 
-/// How a dialect reaches the current run of each instance (`runs r`, `workflow_instances i`)
-/// for one statement.
+/// How one statement reads the current runs (`runs r`, kept to current ones by `is_current`).
 struct CurrentRuns {
-    /// The FROM clause, and the condition that keeps current runs only.
-    from: &'static str,
-    current: &'static str,
     /// The namespace column as the condition names it.
     namespace: &'static str,
     /// What follows a LIKE pattern (a backslash escapes `%` and `_` in it).
     like_escape: &'static str,
 }
 
-/// PostgreSQL and MySQL join each run to its instance by the instance's key (and check it is
-/// the current run): the planner may then look instances up, not scan them.
-const JOINED: CurrentRuns = CurrentRuns {
-    from: "runs r JOIN workflow_instances i ON i.workflow_id = r.workflow_id AND i.current_run_id = r.run_id",
-    current: "",
-    namespace: "r.namespace",
-    // Backslash is LIKE's default escape on PostgreSQL and MySQL.
-    like_escape: "",
-};
-
-/// SQLite walks runs (newest first, by the namespace index) and checks each is current (a
-/// primary-key lookup). Its LIKE has no escape character unless told.
-const SQLITE_WALK: CurrentRuns = CurrentRuns {
-    from: "runs r",
-    current: " AND r.run_id = (SELECT current_run_id FROM workflow_instances i WHERE i.workflow_id = r.workflow_id)",
-    namespace: "r.namespace",
-    like_escape: " ESCAPE '\\'",
-};
+/// Keeps an instance's current run only: a column of the row read anyway, so a page walks the
+/// namespace index newest first and stops when full.
+const CURRENT_ONLY: &str = " AND r.is_current = 1";
 
 impl CurrentRuns {
-    /// For a page of runs.
-    fn list(dialect: Dialect) -> Self {
-        match dialect {
-            Dialect::Sqlite => SQLITE_WALK,
-            Dialect::Postgres | Dialect::Mysql => JOINED,
+    /// For a page of runs, or a count that cannot read the attribute index's matches.
+    fn of(dialect: Dialect) -> Self {
+        CurrentRuns {
+            namespace: "r.namespace",
+            // SQLite's LIKE has no escape character unless told; backslash is the default on
+            // PostgreSQL and MySQL.
+            like_escape: if dialect == Dialect::Sqlite { " ESCAPE '\\'" } else { "" },
         }
     }
 
-    /// For a count under `filter`. SQLite counts from the instances to their current runs;
-    /// but when every match is in the attribute index, from the runs the index names: the
-    /// namespace is then written `+r.namespace`, which keeps SQLite's planner (without
-    /// statistics) off the namespace index, a walk of every run.
+    /// For a count under `filter`. When every match is in the attribute index, SQLite's count
+    /// reads the runs the index names: the namespace is then written `+r.namespace`, which
+    /// keeps its planner (without statistics) off the namespace index, a walk of every run.
     fn count(dialect: Dialect, filter: &ListFilter) -> Self {
-        match dialect {
-            Dialect::Sqlite if requires_attribute(filter) => CurrentRuns {
+        let runs = Self::of(dialect);
+        if dialect == Dialect::Sqlite && requires_attribute(filter) {
+            return CurrentRuns {
                 namespace: "+r.namespace",
-                ..SQLITE_WALK
-            },
-            Dialect::Sqlite => CurrentRuns {
-                from: "workflow_instances i JOIN runs r ON r.run_id = i.current_run_id",
-                current: "",
-                ..SQLITE_WALK
-            },
-            Dialect::Postgres | Dialect::Mysql => JOINED,
+                ..runs
+            };
         }
+        runs
     }
 }
 
@@ -105,7 +83,7 @@ fn requires_attribute(filter: &ListFilter) -> bool {
     !filter.attributes.is_empty() || filter.filter.as_ref().is_some_and(|parsed| parsed.requires_attribute())
 }
 
-/// The WHERE conditions of a listing over `runs r` joined to the current run of each instance.
+/// The WHERE conditions of a listing over `runs r`.
 /// The status bucket is left out for counts.
 fn conditions(namespace: &str, filter: &ListFilter, with_status: bool, runs: &CurrentRuns, binds: &mut Binds) -> String {
     let like_escape = runs.like_escape;
@@ -167,13 +145,11 @@ pub(crate) async fn list_runs<T: Tx>(
     offset: usize,
     limit: usize,
 ) -> StoreResult<(Vec<RunSummary>, bool)> {
-    let runs = CurrentRuns::list(tx.dialect());
+    let runs = CurrentRuns::of(tx.dialect());
     let mut binds = Binds(Vec::new());
     let mut sql = format!(
-        "SELECT r.state FROM {} WHERE {}{}",
-        runs.from,
+        "SELECT r.state FROM runs r WHERE {}{CURRENT_ONLY}",
         conditions(namespace, filter, true, &runs, &mut binds),
-        runs.current,
     );
     if let Some(after) = &filter.after {
         let started = binds.push(Bound::Int(after.started_at));
@@ -215,10 +191,8 @@ pub(crate) async fn count_runs<T: Tx>(tx: &mut T, namespace: &str, filter: &List
     let at_most = filter.count_at_most.unwrap_or(COUNT_SCAN_MAX);
     let sql = format!(
         "SELECT status, paused, COUNT(*) FROM (SELECT r.status AS status, CASE WHEN r.paused_at IS NULL THEN NULL ELSE 1 END AS paused
-         FROM {} WHERE {}{} LIMIT {}) matched GROUP BY 1, 2",
-        runs.from,
+         FROM runs r WHERE {}{CURRENT_ONLY} LIMIT {}) matched GROUP BY 1, 2",
         conditions(namespace, filter, false, &runs, &mut binds),
-        runs.current,
         at_most + 1
     );
     let mut counts = RunCounts::default();

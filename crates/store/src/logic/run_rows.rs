@@ -77,6 +77,7 @@ const INSERT_CHECKPOINT: &str =
 const STORED_CHECKPOINT: &str = "SELECT doc FROM ledger_checkpoints WHERE namespace = $1 AND workflow_id = $2 AND hash = $3";
 const INSERT_INSTANCE: &str = "INSERT INTO workflow_instances (workflow_id, namespace, current_run_id, created_at) VALUES ($1, $2, $3, $4)";
 const SET_CURRENT_RUN: &str = "UPDATE workflow_instances SET current_run_id = $2 WHERE workflow_id = $1";
+const SUPERSEDE_RUN: &str = "UPDATE runs SET is_current = 0 WHERE run_id = $1";
 
 /// Writes what one transition changed in `run` (`insert_run`: the run is new), and what the
 /// hand-offs that followed it added (`leases`: their events, leased tasks and polls).
@@ -401,6 +402,7 @@ pub(crate) async fn set_current_run<T: Tx>(tx: &mut T, run: &RunState) -> StoreR
             run_id,
         };
         run_counts::shift(tx, &previous, Some((class, true)), Some((class, false)));
+        tx.execute(SUPERSEDE_RUN, &args![run_id]).await?;
     }
     tx.execute(SET_CURRENT_RUN, &args![run.workflow_id.as_str(), run.run_id.as_str()])
         .await?;

@@ -187,4 +187,14 @@ CREATE TABLE IF NOT EXISTS batch_operations (batch_id VARCHAR(64) PRIMARY KEY, n
   INDEX batch_operations_due (state, next_step_at)) {table};
 "#,
     ),
+    (
+        36,
+        r#"
+-- Whether a run is its instance's current run, kept by the transaction that makes a successor
+-- current. A listing keeps current runs by a column of the row it reads already: a lookup of
+-- the instance per run left PostgreSQL's planner guessing, and it sorted every run for a page.
+ALTER TABLE runs ADD COLUMN is_current INT NOT NULL DEFAULT 1;
+UPDATE runs r JOIN workflow_instances i ON i.workflow_id = r.workflow_id SET r.is_current = 0 WHERE i.current_run_id <> r.run_id;
+"#,
+    ),
 ];

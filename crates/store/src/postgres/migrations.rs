@@ -656,4 +656,14 @@ CREATE INDEX batch_operations_due ON batch_operations (next_step_at) WHERE state
 CREATE INDEX tasks_by_run ON tasks (run_id);
 "#,
     ),
+    (
+        37,
+        r#"
+-- Whether a run is its instance's current run, kept by the transaction that makes a successor
+-- current. A listing keeps current runs by a column of the row it reads already: a lookup of
+-- the instance per run left PostgreSQL's planner guessing, and it sorted every run for a page.
+ALTER TABLE runs ADD COLUMN is_current INTEGER NOT NULL DEFAULT 1;
+UPDATE runs r SET is_current = 0 FROM workflow_instances i WHERE i.workflow_id = r.workflow_id AND i.current_run_id <> r.run_id;
+"#,
+    ),
 ];

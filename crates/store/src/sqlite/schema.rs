@@ -656,6 +656,46 @@ CREATE INDEX batch_operations_due ON batch_operations (next_step_at) WHERE state
 CREATE INDEX tasks_by_run ON tasks (run_id);
 "#,
     ),
+    (
+        36,
+        r#"
+-- History as a rowid table with its key in an index. Clustered by (run_id, sequence), the events
+-- of the runs in flight arrived interleaved and split pages half full for good (46% used at
+-- 100,000 closed runs); appended by rowid, pages fill. The copy is in run order. The key's index
+-- is named as PostgreSQL names a primary key's.
+CREATE TABLE history_events_appended (
+    run_id              TEXT NOT NULL,
+    sequence            INTEGER NOT NULL,
+    event_id            TEXT NOT NULL,
+    event_type          TEXT NOT NULL,
+    payload             TEXT NOT NULL,
+    workflow_task_id    TEXT,
+    workflow_command_id TEXT,
+    recorded_at         INTEGER NOT NULL,
+    prev_hash           TEXT NOT NULL,
+    hash                TEXT NOT NULL
+);
+INSERT INTO history_events_appended (run_id, sequence, event_id, event_type, payload, workflow_task_id,
+    workflow_command_id, recorded_at, prev_hash, hash)
+SELECT run_id, sequence, event_id, event_type, payload, workflow_task_id, workflow_command_id, recorded_at,
+    prev_hash, hash
+FROM history_events ORDER BY run_id, sequence;
+DROP TABLE history_events;
+ALTER TABLE history_events_appended RENAME TO history_events;
+CREATE UNIQUE INDEX history_events_pkey ON history_events (run_id, sequence);
+"#,
+    ),
+    (
+        37,
+        r#"
+-- Whether a run is its instance's current run, kept by the transaction that makes a successor
+-- current. A listing keeps current runs by a column of the row it reads already: a lookup of
+-- the instance per run left PostgreSQL's planner guessing, and it sorted every run for a page.
+ALTER TABLE runs ADD COLUMN is_current INTEGER NOT NULL DEFAULT 1;
+UPDATE runs SET is_current = 0 WHERE run_id IN (
+    SELECT r.run_id FROM runs r JOIN workflow_instances i ON i.workflow_id = r.workflow_id WHERE i.current_run_id <> r.run_id);
+"#,
+    ),
 ];
 
 /// Applies every migration not yet recorded, each in its own transaction, after checking that
